@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# build.sh [release|asan]: configure (once) and build into build/ or build-asan/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+kind="${1:-release}"
+case "$kind" in
+  release) dir=build; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSINFER_WERROR=ON) ;;
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug -DDSINFER_WERROR=ON -DDSINFER_SANITIZE=ON) ;;
+  *) echo "usage: build.sh [release|asan]" >&2; exit 2 ;;
+esac
+if [[ ! -f "$dir/build.ninja" ]]; then
+  cmake -S . -B "$dir" -G Ninja "${flags[@]}" >/dev/null
+fi
+ninja -C "$dir" -j "$(nproc)"

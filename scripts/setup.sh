@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Installs exactly what the build, tests and benchmarks need. Idempotent: a second
+# run installs nothing. Run as root on Debian 12 (uses apt-get and npm).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEB_PACKAGES=(
+  build-essential cmake ninja-build ccache pkg-config
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nlohmann-json3-dev libcli11-dev libxxhash-dev
+  nodejs npm
+)
+
+missing=()
+for p in "${DEB_PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    # nodejs/npm may come from outside Debian (e.g. NodeSource); accept any working binary.
+    if [[ "$p" == nodejs ]] && command -v node >/dev/null; then continue; fi
+    if [[ "$p" == npm ]] && command -v npm >/dev/null; then continue; fi
+    missing+=("$p")
+  fi
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq || true
+  apt-get install -y -qq "${missing[@]}"
+fi
+
+# npm test peers, each into its own project-local folder (never global).
+for dir in tests/llamacpp; do
+  if [[ -f "$dir/package-lock.json" ]]; then
+    stamp="$dir/node_modules/.dsinfer-lock-stamp"
+    if [[ ! -f "$stamp" ]] || ! cmp -s "$dir/package-lock.json" "$stamp"; then
+      echo "setup: npm ci in $dir"
+      (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+      cp "$dir/package-lock.json" "$stamp"
+    fi
+  fi
+done
