@@ -1,0 +1,536 @@
+#include "model/deepseek.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <optional>
+
+#include "base/logging.h"
+
+namespace dsi {
+namespace {
+
+constexpr int kLanes = 16;
+
+// Dot product with kLanes partial sums combined in a fixed order: deterministic,
+// and simple enough for the compiler to vectorise.
+float dot(const float* a, const float* b, int64_t n) {
+    float acc[kLanes] = {};
+    int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        for (int j = 0; j < kLanes; ++j) acc[j] += a[i + j] * b[i + j];
+    }
+    for (int j = 0; i < n; ++i, ++j) acc[j] += a[i] * b[i];
+    for (int w = kLanes / 2; w > 0; w /= 2) {
+        for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+    }
+    return acc[0];
+}
+
+void axpy(float a, const float* x, float* y, int64_t n) {
+    for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+struct Mlp {
+    WeightMatrix gate, up, down;
+};
+
+struct Layer {
+    int64_t index = 0;
+    std::vector<float> input_norm, post_norm;
+    WeightMatrix q_a, q_b, q;  // q_a/q_b with q_lora, else q
+    std::vector<float> q_a_norm;
+    WeightMatrix kv_a;
+    std::vector<float> kv_a_norm;
+    std::vector<float> kv_b;  // [heads * (nope + v), kv_lora] dequantised for attention
+    WeightMatrix o;
+    bool moe = false;
+    Mlp dense;
+    WeightMatrix gate;
+    std::vector<float> gate_bias;  // noaux_tc only
+    std::vector<Mlp> experts;
+    bool has_shared = false;
+    Mlp shared;
+};
+
+struct Mtp {
+    WeightMatrix embed, eh_proj, head;
+    std::vector<float> enorm, hnorm, head_norm;
+    Layer block;
+};
+
+}  // namespace
+
+struct DeepseekModel::Impl {
+    std::unique_ptr<WeightSource> source;
+    ModelConfig cfg;
+    std::unique_ptr<ThreadPool> pool;
+    WeightMatrix embed;
+    std::vector<Layer> layers;
+    std::vector<float> final_norm;
+    WeightMatrix lm_head;
+    std::optional<Mtp> mtp;
+    std::vector<double> inv_freq;
+    double rope_factor = 1.0;
+    float softmax_scale = 1.0f;
+
+    Status load_layer(int64_t i, Layer& layer);
+    Status load_mlp(const std::string& prefix, int64_t inter, Mlp& mlp);
+
+    // Y[t, r] = W[r, :] . X[t, :] for t < T.
+    void matmul(const WeightMatrix& w, const float* x, int64_t num_tokens, float* y);
+    void embed_rows(const WeightMatrix& table, std::span<const int32_t> tokens, float* x);
+    void rms_norm(const float* x, const std::vector<float>& w, int64_t num_tokens, int64_t dim,
+                  float* y) const;
+    void rope(float* v, int64_t pos) const;
+    void attention(const Layer& layer, const float* h, int64_t num_tokens, int64_t start_pos,
+                   KvCache& cache, float* out);
+    void mlp(const Mlp& m, const float* h, int64_t num_tokens, float* out);
+    void moe(const Layer& layer, const float* h, int64_t num_tokens, float* out);
+    void route(const Layer& layer, const float* h, std::vector<int32_t>& ids,
+               std::vector<float>& weights);
+    void block(const Layer& layer, float* x, int64_t num_tokens, int64_t start_pos,
+               KvCache& cache);
+};
+
+Status DeepseekModel::Impl::load_mlp(const std::string& p, int64_t inter, Mlp& m) {
+    const int64_t H = cfg.hidden_size;
+    DSI_ASSIGN_OR_RETURN(m.gate, source->matrix(p + "gate_proj.weight", inter, H));
+    DSI_ASSIGN_OR_RETURN(m.up, source->matrix(p + "up_proj.weight", inter, H));
+    DSI_ASSIGN_OR_RETURN(m.down, source->matrix(p + "down_proj.weight", H, inter));
+    return Status::ok();
+}
+
+Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
+    const ModelConfig& c = cfg;
+    const int64_t H = c.hidden_size;
+    const int64_t nh = c.num_attention_heads;
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    L.index = i;
+    DSI_ASSIGN_OR_RETURN(L.input_norm, source->vector(p + "input_layernorm.weight", H));
+    DSI_ASSIGN_OR_RETURN(L.post_norm, source->vector(p + "post_attention_layernorm.weight", H));
+    if (c.q_lora_rank > 0) {
+        DSI_ASSIGN_OR_RETURN(L.q_a, source->matrix(p + "self_attn.q_a_proj.weight", c.q_lora_rank, H));
+        DSI_ASSIGN_OR_RETURN(L.q_a_norm,
+                             source->vector(p + "self_attn.q_a_layernorm.weight", c.q_lora_rank));
+        DSI_ASSIGN_OR_RETURN(L.q_b, source->matrix(p + "self_attn.q_b_proj.weight",
+                                                   nh * c.qk_head_dim(), c.q_lora_rank));
+    } else {
+        DSI_ASSIGN_OR_RETURN(L.q, source->matrix(p + "self_attn.q_proj.weight", nh * c.qk_head_dim(), H));
+    }
+    DSI_ASSIGN_OR_RETURN(L.kv_a, source->matrix(p + "self_attn.kv_a_proj_with_mqa.weight",
+                                                c.kv_lora_rank + c.qk_rope_head_dim, H));
+    DSI_ASSIGN_OR_RETURN(L.kv_a_norm,
+                         source->vector(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank));
+    const int64_t kvb_rows = nh * (c.qk_nope_head_dim + c.v_head_dim);
+    DSI_ASSIGN_OR_RETURN(WeightMatrix kv_b,
+                         source->matrix(p + "self_attn.kv_b_proj.weight", kvb_rows, c.kv_lora_rank));
+    L.kv_b.resize(static_cast<size_t>(kvb_rows * c.kv_lora_rank));
+    for (int64_t r = 0; r < kvb_rows; ++r) kv_b.dequantize_row(r, L.kv_b.data() + r * c.kv_lora_rank);
+    DSI_ASSIGN_OR_RETURN(L.o, source->matrix(p + "self_attn.o_proj.weight", H, nh * c.v_head_dim));
+    L.moe = c.is_moe_layer(i);
+    if (!L.moe) return load_mlp(p + "mlp.", c.intermediate_size, L.dense);
+    DSI_ASSIGN_OR_RETURN(L.gate, source->matrix(p + "mlp.gate.weight", c.n_routed_experts, H));
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+        DSI_ASSIGN_OR_RETURN(L.gate_bias, source->vector(p + "mlp.gate.e_score_correction_bias",
+                                                         c.n_routed_experts));
+    }
+    L.experts.resize(static_cast<size_t>(c.n_routed_experts));
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        DSI_RETURN_IF_ERROR(load_mlp(p + "mlp.experts." + std::to_string(e) + ".",
+                                     c.moe_intermediate_size, L.experts[e]));
+    }
+    if (c.n_shared_experts > 0) {
+        L.has_shared = true;
+        DSI_RETURN_IF_ERROR(load_mlp(p + "mlp.shared_experts.",
+                                     c.n_shared_experts * c.moe_intermediate_size, L.shared));
+    }
+    return Status::ok();
+}
+
+void DeepseekModel::Impl::matmul(const WeightMatrix& w, const float* x, int64_t num_tokens,
+                                 float* y) {
+    const int64_t rows = w.rows;
+    const int64_t cols = w.cols;
+    pool->parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
+        std::vector<float> row(static_cast<size_t>(cols));
+        for (int64_t r = begin; r < end; ++r) {
+            w.dequantize_row(r, row.data());
+            for (int64_t t = 0; t < num_tokens; ++t) {
+                y[t * rows + r] = dot(row.data(), x + t * cols, cols);
+            }
+        }
+    });
+}
+
+void DeepseekModel::Impl::embed_rows(const WeightMatrix& table, std::span<const int32_t> tokens,
+                                     float* x) {
+    for (size_t t = 0; t < tokens.size(); ++t) {
+        table.dequantize_row(tokens[t], x + static_cast<int64_t>(t) * table.cols);
+    }
+}
+
+void DeepseekModel::Impl::rms_norm(const float* x, const std::vector<float>& w,
+                                   int64_t num_tokens, int64_t dim, float* y) const {
+    const float eps = static_cast<float>(cfg.rms_norm_eps);
+    for (int64_t t = 0; t < num_tokens; ++t) {
+        const float* xt = x + t * dim;
+        float ss = dot(xt, xt, dim);
+        float inv = 1.0f / std::sqrt(ss / static_cast<float>(dim) + eps);
+        for (int64_t i = 0; i < dim; ++i) y[t * dim + i] = xt[i] * inv * w[i];
+    }
+}
+
+// Rotates adjacent pairs (2i, 2i+1) by pos * inv_freq[i]: the layout DeepSeek's
+// weights are stored in (HF de-interleaves and rotates halves, which gives the
+// same dot products).
+void DeepseekModel::Impl::rope(float* v, int64_t pos) const {
+    for (size_t i = 0; i < inv_freq.size(); ++i) {
+        double angle = static_cast<double>(pos) * inv_freq[i];
+        float c = static_cast<float>(std::cos(angle) * rope_factor);
+        float s = static_cast<float>(std::sin(angle) * rope_factor);
+        float a = v[2 * i];
+        float b = v[2 * i + 1];
+        v[2 * i] = a * c - b * s;
+        v[2 * i + 1] = a * s + b * c;
+    }
+}
+
+void DeepseekModel::Impl::attention(const Layer& L, const float* h, int64_t T, int64_t start_pos,
+                                    KvCache& cache, float* out) {
+    const ModelConfig& c = cfg;
+    const int64_t H = c.hidden_size;
+    const int64_t nh = c.num_attention_heads;
+    const int64_t nope = c.qk_nope_head_dim;
+    const int64_t rd = c.qk_rope_head_dim;
+    const int64_t qk = c.qk_head_dim();
+    const int64_t vd = c.v_head_dim;
+    const int64_t lora = c.kv_lora_rank;
+
+    std::vector<float> q(static_cast<size_t>(T * nh * qk));
+    if (c.q_lora_rank > 0) {
+        std::vector<float> qa(static_cast<size_t>(T * c.q_lora_rank));
+        matmul(L.q_a, h, T, qa.data());
+        rms_norm(qa.data(), L.q_a_norm, T, c.q_lora_rank, qa.data());
+        matmul(L.q_b, qa.data(), T, q.data());
+    } else {
+        matmul(L.q, h, T, q.data());
+    }
+    std::vector<float> kv(static_cast<size_t>(T * (lora + rd)));
+    matmul(L.kv_a, h, T, kv.data());
+    for (int64_t t = 0; t < T; ++t) {
+        float* row = cache.row(L.index, start_pos + t);
+        rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
+        std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
+        rope(row + lora, start_pos + t);
+        for (int64_t hd = 0; hd < nh; ++hd) rope(q.data() + (t * nh + hd) * qk + nope, start_pos + t);
+    }
+
+    std::vector<float> attn(static_cast<size_t>(T * nh * vd));
+    pool->parallel_for(T * nh, 1, [&](int64_t begin, int64_t end) {
+        std::vector<float> q_lat(static_cast<size_t>(lora));
+        std::vector<float> o_lat(static_cast<size_t>(lora));
+        std::vector<float> scores;
+        for (int64_t th = begin; th < end; ++th) {
+            const int64_t t = th / nh;
+            const int64_t hd = th % nh;
+            const int64_t pos = start_pos + t;
+            const float* qh = q.data() + th * qk;
+            const float* kvb = L.kv_b.data() + hd * (nope + vd) * lora;
+            // Absorb W_kb into the query: q_lat = sum_d q_nope[d] * W_kb[d, :].
+            std::fill(q_lat.begin(), q_lat.end(), 0.0f);
+            for (int64_t d = 0; d < nope; ++d) axpy(qh[d], kvb + d * lora, q_lat.data(), lora);
+            scores.resize(static_cast<size_t>(pos + 1));
+            float max_score = -INFINITY;
+            for (int64_t s = 0; s <= pos; ++s) {
+                const float* row = cache.row(L.index, s);
+                float sc = (dot(q_lat.data(), row, lora) + dot(qh + nope, row + lora, rd)) *
+                           softmax_scale;
+                scores[s] = sc;
+                max_score = std::max(max_score, sc);
+            }
+            float sum = 0.0f;
+            for (int64_t s = 0; s <= pos; ++s) {
+                scores[s] = std::exp(scores[s] - max_score);
+                sum += scores[s];
+            }
+            std::fill(o_lat.begin(), o_lat.end(), 0.0f);
+            for (int64_t s = 0; s <= pos; ++s) {
+                axpy(scores[s] / sum, cache.row(L.index, s), o_lat.data(), lora);
+            }
+            float* oh = attn.data() + th * vd;
+            for (int64_t j = 0; j < vd; ++j) oh[j] = dot(kvb + (nope + j) * lora, o_lat.data(), lora);
+        }
+    });
+    (void)H;
+    matmul(L.o, attn.data(), T, out);
+}
+
+void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* out) {
+    const int64_t inter = m.gate.rows;
+    std::vector<float> g(static_cast<size_t>(T * inter));
+    std::vector<float> u(static_cast<size_t>(T * inter));
+    matmul(m.gate, h, T, g.data());
+    matmul(m.up, h, T, u.data());
+    for (size_t i = 0; i < g.size(); ++i) {
+        float x = g[i];
+        g[i] = x / (1.0f + std::exp(-x)) * u[i];
+    }
+    matmul(m.down, g.data(), T, out);
+}
+
+// Chooses num_experts_per_tok experts for one token and their weights; `ids` comes
+// back sorted by expert id so the MoE sum has one fixed order.
+void DeepseekModel::Impl::route(const Layer& L, const float* h, std::vector<int32_t>& ids,
+                                std::vector<float>& weights) {
+    const ModelConfig& c = cfg;
+    const int64_t E = c.n_routed_experts;
+    const int64_t k = c.num_experts_per_tok;
+    std::vector<float> row(static_cast<size_t>(c.hidden_size));
+    std::vector<float> scores(static_cast<size_t>(E));
+    for (int64_t e = 0; e < E; ++e) {
+        L.gate.dequantize_row(e, row.data());
+        scores[e] = dot(row.data(), h, c.hidden_size);
+    }
+    if (c.scoring_func == ScoringFunc::kSoftmax) {
+        float mx = *std::max_element(scores.begin(), scores.end());
+        float sum = 0;
+        for (float& s : scores) {
+            s = std::exp(s - mx);
+            sum += s;
+        }
+        for (float& s : scores) s /= sum;
+    } else {
+        for (float& s : scores) s = 1.0f / (1.0f + std::exp(-s));
+    }
+    // Selection scores: with noaux_tc the bias steers the choice, not the weights.
+    std::vector<float> choice = scores;
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+        for (int64_t e = 0; e < E; ++e) choice[e] += L.gate_bias[e];
+    }
+    std::vector<bool> allowed(static_cast<size_t>(E), true);
+    if (c.topk_method != TopkMethod::kGreedy && c.n_group > 1) {
+        const int64_t per = E / c.n_group;
+        std::vector<float> group_score(static_cast<size_t>(c.n_group));
+        for (int64_t g = 0; g < c.n_group; ++g) {
+            std::vector<float> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
+            std::sort(v.begin(), v.end(), std::greater<float>());
+            // noaux_tc: sum of the top 2 per group; group_limited_greedy: the max.
+            group_score[g] = c.topk_method == TopkMethod::kNoauxTc ? v[0] + (per > 1 ? v[1] : 0.0f)
+                                                                   : v[0];
+        }
+        std::vector<int64_t> order(static_cast<size_t>(c.n_group));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int64_t a, int64_t b) { return group_score[a] > group_score[b]; });
+        std::fill(allowed.begin(), allowed.end(), false);
+        for (int64_t gi = 0; gi < c.topk_group; ++gi) {
+            for (int64_t e = order[gi] * per; e < (order[gi] + 1) * per; ++e) allowed[e] = true;
+        }
+    }
+    std::vector<int32_t> order;
+    for (int64_t e = 0; e < E; ++e) {
+        if (allowed[e]) order.push_back(static_cast<int32_t>(e));
+    }
+    // Top-k by selection score; ties go to the lower expert id.
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int32_t a, int32_t b) { return choice[a] > choice[b]; });
+    ids.assign(order.begin(), order.begin() + k);
+    std::sort(ids.begin(), ids.end());
+    weights.resize(static_cast<size_t>(k));
+    float sum = 0;
+    for (int64_t j = 0; j < k; ++j) {
+        weights[j] = scores[ids[j]];
+        sum += weights[j];
+    }
+    if (c.norm_topk_prob && k > 1) {
+        for (float& w : weights) w /= sum + 1e-20f;
+    }
+    for (float& w : weights) w *= static_cast<float>(c.routed_scaling_factor);
+}
+
+void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* out) {
+    const ModelConfig& c = cfg;
+    const int64_t H = c.hidden_size;
+    const int64_t E = c.n_routed_experts;
+    std::vector<std::vector<int32_t>> ids(static_cast<size_t>(T));
+    std::vector<std::vector<float>> weights(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) route(L, h + t * H, ids[t], weights[t]);
+    // Group tokens by expert; accumulate each token's routed outputs in expert-id
+    // order (ids are sorted), so a token's result does not depend on its batch.
+    std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
+    for (int64_t t = 0; t < T; ++t) {
+        for (int32_t e : ids[t]) tokens_of[e].push_back(t);
+    }
+    std::vector<float> expert_out(static_cast<size_t>(T * c.num_experts_per_tok * H));
+    std::vector<int64_t> slot_of(static_cast<size_t>(T * E), -1);
+    for (int64_t e = 0; e < E; ++e) {
+        const auto& toks = tokens_of[e];
+        if (toks.empty()) continue;
+        std::vector<float> xin(toks.size() * H);
+        for (size_t i = 0; i < toks.size(); ++i) {
+            std::copy_n(h + toks[i] * H, H, xin.data() + i * H);
+        }
+        std::vector<float> y(toks.size() * H);
+        mlp(L.experts[e], xin.data(), static_cast<int64_t>(toks.size()), y.data());
+        for (size_t i = 0; i < toks.size(); ++i) {
+            const int64_t t = toks[i];
+            const int64_t j = std::find(ids[t].begin(), ids[t].end(), e) - ids[t].begin();
+            std::copy_n(y.data() + i * H, H, expert_out.data() + (t * c.num_experts_per_tok + j) * H);
+        }
+    }
+    std::fill(out, out + T * H, 0.0f);
+    for (int64_t t = 0; t < T; ++t) {
+        for (int64_t j = 0; j < c.num_experts_per_tok; ++j) {
+            axpy(weights[t][j], expert_out.data() + (t * c.num_experts_per_tok + j) * H, out + t * H, H);
+        }
+    }
+    if (L.has_shared) {
+        std::vector<float> s(static_cast<size_t>(T * H));
+        mlp(L.shared, h, T, s.data());
+        for (int64_t i = 0; i < T * H; ++i) out[i] += s[i];
+    }
+}
+
+void DeepseekModel::Impl::block(const Layer& L, float* x, int64_t T, int64_t start_pos,
+                                KvCache& cache) {
+    const int64_t H = cfg.hidden_size;
+    std::vector<float> h(static_cast<size_t>(T * H));
+    std::vector<float> y(static_cast<size_t>(T * H));
+    rms_norm(x, L.input_norm, T, H, h.data());
+    attention(L, h.data(), T, start_pos, cache, y.data());
+    for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+    rms_norm(x, L.post_norm, T, H, h.data());
+    if (L.moe) {
+        moe(L, h.data(), T, y.data());
+    } else {
+        mlp(L.dense, h.data(), T, y.data());
+    }
+    for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+}
+
+DeepseekModel::DeepseekModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+DeepseekModel::~DeepseekModel() = default;
+
+const ModelConfig& DeepseekModel::config() const { return impl_->cfg; }
+int64_t DeepseekModel::kv_row_floats() const {
+    return impl_->cfg.kv_lora_rank + impl_->cfg.qk_rope_head_dim;
+}
+int64_t DeepseekModel::kv_num_layers() const {
+    return impl_->cfg.num_hidden_layers + (impl_->mtp ? 1 : 0);
+}
+std::unique_ptr<KvCache> DeepseekModel::new_kv_cache(int64_t capacity) const {
+    return std::make_unique<ContiguousKvCache>(kv_num_layers(), kv_row_floats(), capacity);
+}
+
+Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<WeightSource> source,
+                                                           Options options) {
+    auto impl = std::make_unique<Impl>();
+    impl->cfg = source->config();
+    DSI_RETURN_IF_ERROR(impl->cfg.validate());
+    impl->source = std::move(source);
+    impl->pool = std::make_unique<ThreadPool>(options.num_threads);
+    const ModelConfig& c = impl->cfg;
+    WeightSource& src = *impl->source;
+    const int64_t H = c.hidden_size;
+    DSI_ASSIGN_OR_RETURN(impl->embed, src.matrix("model.embed_tokens.weight", c.vocab_size, H));
+    impl->layers.resize(static_cast<size_t>(c.num_hidden_layers));
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        DSI_RETURN_IF_ERROR(impl->load_layer(i, impl->layers[i]));
+    }
+    DSI_ASSIGN_OR_RETURN(impl->final_norm, src.vector("model.norm.weight", H));
+    if (c.tie_word_embeddings) {
+        impl->lm_head = impl->embed;
+    } else {
+        DSI_ASSIGN_OR_RETURN(impl->lm_head, src.matrix("lm_head.weight", c.vocab_size, H));
+    }
+    const std::string mtp_prefix = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
+    if (c.num_nextn_predict_layers > 0 && src.has(mtp_prefix + "eh_proj.weight")) {
+        Mtp m;
+        DSI_ASSIGN_OR_RETURN(m.embed, src.matrix(mtp_prefix + "embed_tokens.weight", c.vocab_size, H));
+        DSI_ASSIGN_OR_RETURN(m.eh_proj, src.matrix(mtp_prefix + "eh_proj.weight", H, 2 * H));
+        DSI_ASSIGN_OR_RETURN(m.enorm, src.vector(mtp_prefix + "enorm.weight", H));
+        DSI_ASSIGN_OR_RETURN(m.hnorm, src.vector(mtp_prefix + "hnorm.weight", H));
+        DSI_ASSIGN_OR_RETURN(m.head_norm, src.vector(mtp_prefix + "shared_head.norm.weight", H));
+        DSI_ASSIGN_OR_RETURN(m.head,
+                             src.matrix(mtp_prefix + "shared_head.head.weight", c.vocab_size, H));
+        DSI_RETURN_IF_ERROR(impl->load_layer(c.num_hidden_layers, m.block));
+        impl->mtp = std::move(m);
+    }
+    impl->inv_freq = c.rope_inv_freq();
+    impl->rope_factor = c.rope_attention_factor();
+    impl->softmax_scale = static_cast<float>(c.softmax_scale());
+    return std::unique_ptr<DeepseekModel>(new DeepseekModel(std::move(impl)));
+}
+
+Status DeepseekModel::forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
+                              bool all_logits, ForwardOutput& out) {
+    Impl& m = *impl_;
+    const ModelConfig& c = m.cfg;
+    const int64_t T = static_cast<int64_t>(tokens.size());
+    const int64_t H = c.hidden_size;
+    if (T == 0) return invalid_argument("forward: no tokens");
+    for (int32_t t : tokens) {
+        if (t < 0 || t >= c.vocab_size) {
+            return invalid_argument("forward: token id " + std::to_string(t) +
+                                    " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+        }
+    }
+    if (start_pos < 0 || start_pos + T > cache.capacity()) {
+        return out_of_range("forward: positions [" + std::to_string(start_pos) + ", " +
+                            std::to_string(start_pos + T) + ") exceed the KV capacity " +
+                            std::to_string(cache.capacity()));
+    }
+    std::vector<float> x(static_cast<size_t>(T * H));
+    m.embed_rows(m.embed, tokens, x.data());
+    for (const Layer& layer : m.layers) m.block(layer, x.data(), T, start_pos, cache);
+    out.hidden.resize(static_cast<size_t>(T * H));
+    m.rms_norm(x.data(), m.final_norm, T, H, out.hidden.data());
+    const int64_t rows = all_logits ? T : 1;
+    const float* hin = out.hidden.data() + (T - rows) * H;
+    out.logits.resize(static_cast<size_t>(rows * c.vocab_size));
+    m.matmul(m.lm_head, hin, rows, out.logits.data());
+    return Status::ok();
+}
+
+Status DeepseekModel::mtp_forward(std::span<const int32_t> next_tokens,
+                                  std::span<const float> hidden, int64_t start_pos,
+                                  KvCache& cache, std::vector<float>& logits) {
+    Impl& m = *impl_;
+    if (!m.mtp) return failed_precondition("mtp_forward: the checkpoint has no MTP layer");
+    const ModelConfig& c = m.cfg;
+    const int64_t T = static_cast<int64_t>(next_tokens.size());
+    const int64_t H = c.hidden_size;
+    if (T == 0 || static_cast<int64_t>(hidden.size()) != T * H) {
+        return invalid_argument("mtp_forward: hidden must be [tokens, hidden_size]");
+    }
+    for (int32_t t : next_tokens) {
+        if (t < 0 || t >= c.vocab_size) return invalid_argument("mtp_forward: token id out of range");
+    }
+    if (start_pos < 0 || start_pos + T > cache.capacity()) {
+        return out_of_range("mtp_forward: positions exceed the KV capacity");
+    }
+    const Mtp& mtp = *m.mtp;
+    std::vector<float> cat(static_cast<size_t>(T * 2 * H));
+    std::vector<float> e(static_cast<size_t>(T * H));
+    m.embed_rows(mtp.embed, next_tokens, e.data());
+    std::vector<float> en(static_cast<size_t>(T * H));
+    std::vector<float> hn(static_cast<size_t>(T * H));
+    m.rms_norm(e.data(), mtp.enorm, T, H, en.data());
+    m.rms_norm(hidden.data(), mtp.hnorm, T, H, hn.data());
+    for (int64_t t = 0; t < T; ++t) {
+        // Embedding first, then the hidden state (DeepSeek V3 MTP).
+        std::copy_n(en.data() + t * H, H, cat.data() + t * 2 * H);
+        std::copy_n(hn.data() + t * H, H, cat.data() + t * 2 * H + H);
+    }
+    std::vector<float> x(static_cast<size_t>(T * H));
+    m.matmul(mtp.eh_proj, cat.data(), T, x.data());
+    m.block(mtp.block, x.data(), T, start_pos, cache);
+    std::vector<float> xn(static_cast<size_t>(T * H));
+    m.rms_norm(x.data(), mtp.head_norm, T, H, xn.data());
+    logits.resize(static_cast<size_t>(T * c.vocab_size));
+    m.matmul(mtp.head, xn.data(), T, logits.data());
+    return Status::ok();
+}
+
+}  // namespace dsi

@@ -1,0 +1,84 @@
+// DeepseekModel: the reference forward pass of the DeepSeek V2/V3 family.
+//
+// Plain C++ with fp32 accumulation: embeddings, RMSNorm, MLA (optional q_lora,
+// compressed KV with its norm, decoupled rope key shared by all heads, YaRN rope
+// and the mscale softmax correction as the HF config defines it), dense MLP for the
+// first `first_k_dense_replace` layers, the MoE gate (V2 softmax greedy /
+// group-limited; V3 sigmoid + e_score_correction_bias + noaux_tc group top-k,
+// norm_topk_prob, routed_scaling_factor), SwiGLU routed and shared experts, final
+// norm, lm_head, and the MTP module. Attention uses the absorbed MLA form: queries
+// are mapped into the latent space, attend over the cached latent rows, and the
+// value up-projection is applied after.
+//
+// Weights stay in their stored format (bf16, fp8 + block scales, q8_0, f32) and are
+// dequantised row by row. Every output element is reduced in one fixed order, so
+// results do not depend on the thread count or on which other tokens are in the
+// call (batch invariance by construction).
+//
+// Thread model: a loaded model is immutable; forward() may run concurrently for
+// different sequences if each has its own KvCache, but it uses the model's thread
+// pool, so callers serialise forward() calls on one model.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "base/thread_pool.h"
+#include "model/config.h"
+#include "model/kv_cache.h"
+#include "model/weights.h"
+
+namespace dsi {
+
+struct ForwardOutput {
+    // Logits [num_rows, vocab]: for every input token if all_logits, else only the last.
+    std::vector<float> logits;
+    // Final-normed hidden states [num_tokens, hidden] (the MTP module's input).
+    std::vector<float> hidden;
+};
+
+class DeepseekModel {
+public:
+    struct Options {
+        int num_threads = 1;
+    };
+
+    // Reads and checks every tensor the config needs (presence, shape); the
+    // returned model keeps `source` alive.
+    static Result<std::unique_ptr<DeepseekModel>> load(std::unique_ptr<WeightSource> source,
+                                                       Options options);
+    ~DeepseekModel();
+
+    const ModelConfig& config() const;
+    // Floats per cached token per layer (kv_lora_rank + qk_rope_head_dim).
+    int64_t kv_row_floats() const;
+    // Layers a KvCache must hold: main layers plus the MTP layer(s).
+    int64_t kv_num_layers() const;
+    std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const;
+
+    // Runs `tokens` at positions [start_pos, start_pos + T): writes their KV rows
+    // and fills `out`. Errors: token id outside the vocabulary, positions past the
+    // cache capacity.
+    Status forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
+                   bool all_logits, ForwardOutput& out);
+
+    // MTP (num_nextn_predict_layers = 1): for each i, combines the main model's
+    // final hidden state of token i (`hidden` [T, hidden]) with the embedding of
+    // the next token `next_tokens[i]` and returns draft logits [T, vocab] for the
+    // token after it. Uses the MTP layer's rows of `cache` at the same positions.
+    // FAILED_PRECONDITION if the checkpoint has no MTP layer.
+    Status mtp_forward(std::span<const int32_t> next_tokens, std::span<const float> hidden,
+                       int64_t start_pos, KvCache& cache, std::vector<float>& logits);
+
+    struct Impl;
+
+private:
+    explicit DeepseekModel(std::unique_ptr<Impl> impl);
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace dsi

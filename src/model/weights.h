@@ -1,0 +1,92 @@
+// Weight access independent of the checkpoint format.
+//
+// A WeightSource serves tensors by their Hugging Face name
+// ("model.layers.3.mlp.experts.7.gate_proj.weight"), whatever the file format: HF
+// safetensors directories map 1:1, GGUF files map llama.cpp names (and slices of
+// merged expert tensors) back to HF names. Every lookup checks presence, dtype and
+// shape and names the tensor in its error. Thread model: sources are immutable after
+// open and may be read from any thread; views live as long as the source.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/env.h"
+#include "base/status.h"
+#include "model/config.h"
+#include "tensor/dtype.h"
+#include "tensor/tensor.h"
+
+namespace dsi {
+
+// A matrix [rows (outputs), cols (inputs)] in its stored format, row-major.
+struct WeightMatrix {
+    DType dtype = DType::kF32;
+    int64_t rows = 0;
+    int64_t cols = 0;
+    const uint8_t* data = nullptr;
+    // FP8 e4m3 block scales (weight_scale_inv, f32): [ceil(rows/br), ceil(cols/bc)].
+    const float* block_scale = nullptr;
+    int64_t block_rows = 128;
+    int64_t block_cols = 128;
+    // Keeps reconstructed data alive (e.g. kv_b rebuilt from GGUF's k_b/v_b).
+    std::shared_ptr<const std::vector<uint8_t>> owned;
+
+    int64_t row_bytes() const { return dtype_row_bytes(dtype, cols); }
+    // Dequantises row r into out[cols] (f32), applying FP8 block scales.
+    void dequantize_row(int64_t r, float* out) const;
+};
+
+class WeightSource {
+public:
+    virtual ~WeightSource() = default;
+    virtual const ModelConfig& config() const = 0;
+    virtual bool has(const std::string& name) const = 0;
+    // A [rows, cols] matrix; NOT_FOUND / INVALID_ARGUMENT naming file and tensor.
+    virtual Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) = 0;
+    // A vector of n values (norm weights, biases) as f32.
+    virtual Result<std::vector<float>> vector(const std::string& name, int64_t n) = 0;
+    // Where the weights come from ("hf:/path", "gguf:/path"), for messages.
+    virtual std::string description() const = 0;
+};
+
+// Opens a checkpoint: a directory with config.json + *.safetensors (HF), or a
+// .gguf file. REQUIRES: env outlives the source.
+Result<std::unique_ptr<WeightSource>> open_checkpoint(Env* env, const std::string& path);
+
+// An in-memory source of f32 tensors, for tests and for make-model.
+class MemoryWeightSource : public WeightSource {
+public:
+    struct Tensor {
+        std::vector<int64_t> shape;
+        std::vector<float> data;
+    };
+    explicit MemoryWeightSource(ModelConfig config) : config_(std::move(config)) {}
+    void add(std::string name, std::vector<int64_t> shape, std::vector<float> data);
+    const std::map<std::string, Tensor>& tensors() const { return tensors_; }
+
+    const ModelConfig& config() const override { return config_; }
+    bool has(const std::string& name) const override { return tensors_.count(name) != 0; }
+    Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override;
+    Result<std::vector<float>> vector(const std::string& name, int64_t n) override;
+    std::string description() const override { return "memory"; }
+
+private:
+    ModelConfig config_;
+    std::map<std::string, Tensor> tensors_;
+};
+
+// All HF tensor names of a DeepSeek V2/V3 model with their shapes, in a stable
+// order (layers, then MTP). Used by loaders (presence checks) and make-model.
+struct TensorSpec {
+    std::string name;
+    std::vector<int64_t> shape;
+    bool quantizable;  // FP8 in DeepSeek's checkpoints (linear weights, not norms/gate/embeddings)
+};
+std::vector<TensorSpec> deepseek_tensor_specs(const ModelConfig& config);
+
+}  // namespace dsi
