@@ -1,23 +1,27 @@
-// dsinfer: one binary, subcommands. main() only parses flags (base/settings.h)
-// and calls into the libraries.
+// dsinfer: one binary, subcommands. main() only parses flags (base/settings.h);
+// each subcommand's callback calls into the libraries and throws
+// CLI::RuntimeError(exit_code) to end the program with that code.
 #include <cstdio>
 #include <string>
 
 #include "base/logging.h"
 #include "base/settings.h"
 
+namespace dsi {
+void register_model_commands(CLI::App& app);
+}  // namespace dsi
+
 int main(int argc, char** argv) {
     CLI::App app{"dsinfer: DeepSeek-style MoE inference"};
     app.require_subcommand(1);
     std::string log_level = "info";
-    dsi::add_setting(app, "--log-level", log_level, "debug|info|warning|error|off");
+    dsi::add_setting(app, "--log-level", log_level, "debug|info|warning|error|off")
+        ->check(CLI::IsMember({"debug", "info", "warning", "warn", "error", "off"}));
+    // Runs after flags are parsed, before any subcommand's callback.
+    app.parse_complete_callback([&log_level] { dsi::set_log_level(*dsi::parse_log_level(log_level)); });
+
+    dsi::register_model_commands(app);
 
     CLI11_PARSE(app, argc, argv);
-    auto level = dsi::parse_log_level(log_level);
-    if (!level.is_ok()) {
-        std::fprintf(stderr, "%s\n", level.status().to_string().c_str());
-        return 2;
-    }
-    dsi::set_log_level(*level);
     return 0;
 }

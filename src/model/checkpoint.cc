@@ -1,0 +1,218 @@
+// open_checkpoint: Hugging Face directories and GGUF files behind one WeightSource.
+#include <sys/stat.h>
+
+#include <cmath>
+#include <cstring>
+
+#include "model/gguf.h"
+#include "model/gguf_names.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+
+namespace dsi {
+namespace {
+
+bool is_directory(const std::string& path) {
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_float_dtype(DType t) {
+    return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kQ8_0;
+}
+
+Status check_shape(const std::string& where, const std::string& name, const TensorView& v,
+                   const std::vector<int64_t>& want) {
+    if (v.shape != want) {
+        return invalid_argument(where + ": tensor '" + name + "' has shape " +
+                                shape_to_string(v.shape) + ", expected " + shape_to_string(want));
+    }
+    return Status::ok();
+}
+
+Result<std::vector<float>> to_f32(const std::string& where, const std::string& name,
+                                  const TensorView& v) {
+    if (!is_float_dtype(v.dtype) && v.dtype != DType::kF8E4M3) {
+        return invalid_argument(where + ": tensor '" + name + "' has dtype " +
+                                std::string(dtype_name(v.dtype)) + ", expected a float type");
+    }
+    std::vector<float> out(static_cast<size_t>(v.numel()));
+    dequantize_row(v.dtype, v.data.data(), out.data(), v.numel());
+    return out;
+}
+
+// ---- Hugging Face: config.json + safetensors (bf16/f16/f32, or FP8 + scale_inv) ----
+
+class HfWeightSource final : public WeightSource {
+public:
+    HfWeightSource(ModelConfig config, SafetensorsSet set, std::string dir)
+        : config_(std::move(config)), set_(std::move(set)), dir_(std::move(dir)) {}
+
+    const ModelConfig& config() const override { return config_; }
+    bool has(const std::string& name) const override { return set_.has(name); }
+    std::string description() const override { return "hf:" + dir_; }
+
+    Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+        DSI_ASSIGN_OR_RETURN(TensorView v, set_.view(name));
+        DSI_RETURN_IF_ERROR(check_shape(where(name), name, v, {rows, cols}));
+        WeightMatrix m;
+        m.dtype = v.dtype;
+        m.rows = rows;
+        m.cols = cols;
+        m.data = v.data.data();
+        if (v.dtype == DType::kF8E4M3) {
+            DSI_RETURN_IF_ERROR(attach_fp8_scales(name, m));
+        } else if (!is_float_dtype(v.dtype)) {
+            return invalid_argument(where(name) + ": tensor '" + name + "' has unsupported dtype " +
+                                    std::string(dtype_name(v.dtype)));
+        }
+        return m;
+    }
+
+    Result<std::vector<float>> vector(const std::string& name, int64_t n) override {
+        DSI_ASSIGN_OR_RETURN(TensorView v, set_.view(name));
+        DSI_RETURN_IF_ERROR(check_shape(where(name), name, v, {n}));
+        return to_f32(where(name), name, v);
+    }
+
+private:
+    std::string where(const std::string& name) const {
+        const SafetensorsFile* f = set_.file_of(name);
+        return f ? f->path() : dir_;
+    }
+
+    // DeepSeek FP8: `<name minus .weight>.weight_scale_inv`, f32 (or e8m0), one
+    // scale per block_rows x block_cols block.
+    Status attach_fp8_scales(const std::string& name, WeightMatrix& m) {
+        const std::string scale_name = name + "_scale_inv";
+        if (!set_.has(scale_name)) {
+            return invalid_argument(where(name) + ": FP8 tensor '" + name + "' has no '" + scale_name + "'");
+        }
+        DSI_ASSIGN_OR_RETURN(TensorView s, set_.view(scale_name));
+        m.block_rows = config_.fp8_block_rows;
+        m.block_cols = config_.fp8_block_cols;
+        const std::vector<int64_t> want = {(m.rows + m.block_rows - 1) / m.block_rows,
+                                           (m.cols + m.block_cols - 1) / m.block_cols};
+        DSI_RETURN_IF_ERROR(check_shape(where(scale_name), scale_name, s, want));
+        if (s.dtype == DType::kF32) {
+            m.block_scale = reinterpret_cast<const float*>(s.data.data());
+            if (reinterpret_cast<uintptr_t>(m.block_scale) % alignof(float) != 0) {
+                DSI_ASSIGN_OR_RETURN(auto f, to_f32(where(scale_name), scale_name, s));
+                keep_scales(m, std::move(f));
+            }
+        } else if (s.dtype == DType::kE8M0 || s.dtype == DType::kBF16) {
+            DSI_ASSIGN_OR_RETURN(auto f, to_f32(where(scale_name), scale_name, s));
+            keep_scales(m, std::move(f));
+        } else {
+            return invalid_argument(where(scale_name) + ": tensor '" + scale_name +
+                                    "' has dtype " + std::string(dtype_name(s.dtype)) +
+                                    ", expected F32 or F8_E8M0");
+        }
+        for (int64_t i = 0; i < want[0] * want[1]; ++i) {
+            float v = m.block_scale[i];
+            if (!(v > 0.0f) || !std::isfinite(v)) {
+                return invalid_argument(where(scale_name) + ": tensor '" + scale_name +
+                                        "' has a non-positive or non-finite scale");
+            }
+        }
+        return Status::ok();
+    }
+
+    static void keep_scales(WeightMatrix& m, std::vector<float> f) {
+        auto bytes = std::make_shared<std::vector<uint8_t>>(f.size() * sizeof(float));
+        std::memcpy(bytes->data(), f.data(), bytes->size());
+        m.block_scale = reinterpret_cast<const float*>(bytes->data());
+        m.owned = std::move(bytes);
+    }
+
+    ModelConfig config_;
+    SafetensorsSet set_;
+    std::string dir_;
+};
+
+// ---- GGUF (llama.cpp deepseek2) ----
+
+class GgufWeightSource final : public WeightSource {
+public:
+    GgufWeightSource(ModelConfig config, GgufFile file)
+        : config_(std::move(config)), file_(std::move(file)) {}
+
+    const ModelConfig& config() const override { return config_; }
+    std::string description() const override { return "gguf:" + file_.path(); }
+
+    bool has(const std::string& name) const override {
+        std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(config_, name);
+        return ref && file_.find_tensor(ref->gguf_name) != nullptr;
+    }
+
+    Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+        DSI_ASSIGN_OR_RETURN(GgufTensorRef ref, resolve(name));
+        DSI_ASSIGN_OR_RETURN(TensorView v, file_.view(ref.gguf_name));
+        if (!is_float_dtype(v.dtype)) {
+            return invalid_argument(file_.path() + ": tensor '" + ref.gguf_name +
+                                    "' has unsupported dtype " + std::string(dtype_name(v.dtype)));
+        }
+        WeightMatrix m;
+        m.dtype = v.dtype;
+        m.rows = rows;
+        m.cols = cols;
+        if (ref.expert >= 0) {
+            // A slice [expert] of a merged [experts, rows, cols] tensor.
+            DSI_RETURN_IF_ERROR(check_shape(file_.path(), ref.gguf_name, v,
+                                            {config_.n_routed_experts, rows, cols}));
+            const int64_t slice_bytes = rows * dtype_row_bytes(v.dtype, cols);
+            m.data = v.data.data() + ref.expert * slice_bytes;
+            return m;
+        }
+        DSI_RETURN_IF_ERROR(check_shape(file_.path(), ref.gguf_name, v, {rows, cols}));
+        m.data = v.data.data();
+        return m;
+    }
+
+    Result<std::vector<float>> vector(const std::string& name, int64_t n) override {
+        DSI_ASSIGN_OR_RETURN(GgufTensorRef ref, resolve(name));
+        DSI_ASSIGN_OR_RETURN(TensorView v, file_.view(ref.gguf_name));
+        DSI_RETURN_IF_ERROR(check_shape(file_.path(), ref.gguf_name, v, {n}));
+        return to_f32(file_.path(), ref.gguf_name, v);
+    }
+
+private:
+    Result<GgufTensorRef> resolve(const std::string& name) const {
+        std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(config_, name);
+        if (!ref) return not_found(file_.path() + ": no GGUF tensor for '" + name + "'");
+        if (file_.find_tensor(ref->gguf_name) == nullptr) {
+            return not_found(file_.path() + ": missing tensor '" + ref->gguf_name + "' (for '" +
+                             name + "')");
+        }
+        return *ref;
+    }
+
+    ModelConfig config_;
+    GgufFile file_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<WeightSource>> open_checkpoint(Env* env, const std::string& path) {
+    if (is_directory(path)) {
+        const std::string config_path = path + "/config.json";
+        DSI_ASSIGN_OR_RETURN(std::string text, env->read_file(config_path));
+        Result<ModelConfig> config = parse_hf_config(text);
+        if (!config.is_ok()) return config.status().with_context(config_path);
+        DSI_ASSIGN_OR_RETURN(SafetensorsSet set, SafetensorsSet::open_dir(env, path));
+        return std::unique_ptr<WeightSource>(
+            new HfWeightSource(std::move(config).value(), std::move(set), path));
+    }
+    if (path.size() > 5 && path.substr(path.size() - 5) == ".gguf") {
+        DSI_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(env, path));
+        Result<ModelConfig> config = config_from_gguf(file);
+        if (!config.is_ok()) return config.status().with_context(path);
+        return std::unique_ptr<WeightSource>(
+            new GgufWeightSource(std::move(config).value(), std::move(file)));
+    }
+    if (!env->file_exists(path)) return not_found("checkpoint '" + path + "' does not exist");
+    return invalid_argument("checkpoint '" + path +
+                            "' is neither a Hugging Face directory nor a .gguf file");
+}
+
+}  // namespace dsi

@@ -1,0 +1,220 @@
+#include "model/checkpoint_writer.h"
+
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "model/gguf.h"
+#include "model/gguf_names.h"
+#include "model/safetensors.h"
+#include "model/synthetic.h"
+#include "model/weights.h"
+
+namespace dsi {
+namespace {
+
+using nlohmann::json;
+
+std::vector<uint8_t> to_bytes(DType dtype, const std::vector<float>& v) {
+    std::vector<uint8_t> out(static_cast<size_t>(dtype_row_bytes(dtype, static_cast<int64_t>(v.size()))));
+    switch (dtype) {
+        case DType::kF32:
+            std::memcpy(out.data(), v.data(), out.size());
+            break;
+        case DType::kBF16:
+            for (size_t i = 0; i < v.size(); ++i) {
+                uint16_t h = f32_to_bf16(v[i]);
+                std::memcpy(out.data() + 2 * i, &h, 2);
+            }
+            break;
+        case DType::kF16:
+            for (size_t i = 0; i < v.size(); ++i) {
+                uint16_t h = f32_to_f16(v[i]);
+                std::memcpy(out.data() + 2 * i, &h, 2);
+            }
+            break;
+        case DType::kQ8_0:
+            quantize_row_q8_0(v.data(), out.data(), static_cast<int64_t>(v.size()));
+            break;
+        default:
+            DSI_CHECK(false, "to_bytes: unsupported dtype ", dtype_name(dtype));
+    }
+    return out;
+}
+
+bool is_matrix(const TensorSpec& s) {
+    return s.shape.size() == 2 && s.name.find("mlp.gate.weight") == std::string::npos;
+}
+
+}  // namespace
+
+Result<TokenizerFiles> read_tokenizer_files(Env* env, const std::string& dir) {
+    TokenizerFiles t;
+    DSI_ASSIGN_OR_RETURN(t.tokenizer_json, env->read_file(dir + "/tokenizer.json"));
+    DSI_ASSIGN_OR_RETURN(t.tokenizer_config_json, env->read_file(dir + "/tokenizer_config.json"));
+    return t;
+}
+
+Status write_hf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
+                           const TokenizerFiles& tokenizer, const std::string& dir,
+                           uint64_t max_shard_bytes) {
+    DSI_RETURN_IF_ERROR(env->create_dirs(dir));
+    std::vector<std::vector<uint8_t>> storage;
+    std::vector<SafetensorsTensor> tensors;
+    const std::vector<TensorSpec> specs = deepseek_tensor_specs(c);
+    storage.reserve(specs.size() * 2);
+    for (const TensorSpec& spec : specs) {
+        if (c.fp8 && spec.quantizable) {
+            Fp8Matrix m = synthetic_fp8(c, spec, seed);
+            storage.push_back(std::move(m.codes));
+            tensors.push_back({spec.name, DType::kF8E4M3, spec.shape, storage.back()});
+            std::vector<int64_t> sshape = {(spec.shape[0] + c.fp8_block_rows - 1) / c.fp8_block_rows,
+                                           (spec.shape[1] + c.fp8_block_cols - 1) / c.fp8_block_cols};
+            storage.push_back(to_bytes(DType::kF32, m.scale_inv));
+            tensors.push_back({spec.name + "_scale_inv", DType::kF32, sshape, storage.back()});
+            continue;
+        }
+        const bool keep_f32 = spec.name.find("e_score_correction_bias") != std::string::npos;
+        const DType dtype = keep_f32 ? DType::kF32 : DType::kBF16;
+        storage.push_back(to_bytes(dtype, synthetic_tensor(c, spec, seed)));
+        tensors.push_back({spec.name, dtype, spec.shape, storage.back()});
+    }
+    DSI_RETURN_IF_ERROR(write_sharded_safetensors(env, dir, tensors, max_shard_bytes,
+                                                  {{"format", "pt"}}));
+    DSI_RETURN_IF_ERROR(env->write_file(dir + "/config.json", to_hf_config_json(c)));
+    json gen = {{"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id},
+                {"do_sample", false}};
+    DSI_RETURN_IF_ERROR(env->write_file(dir + "/generation_config.json", gen.dump(2) + "\n"));
+    DSI_RETURN_IF_ERROR(env->write_file(dir + "/tokenizer.json", tokenizer.tokenizer_json));
+    DSI_RETURN_IF_ERROR(env->write_file(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json));
+    return Status::ok();
+}
+
+namespace {
+
+// llama.cpp token types.
+constexpr int32_t kTokenNormal = 1;
+constexpr int32_t kTokenControl = 3;
+constexpr int32_t kTokenUserDefined = 4;
+constexpr int32_t kTokenUnused = 5;
+
+Status add_tokenizer_metadata(const ModelConfig& c, const TokenizerFiles& files, GgufWriter& w) {
+    json tok = json::parse(files.tokenizer_json, nullptr, false);
+    if (tok.is_discarded() || !tok.contains("model") || !tok["model"].contains("vocab")) {
+        return invalid_argument("tokenizer.json: not a BPE tokenizer file");
+    }
+    std::vector<std::string> tokens(static_cast<size_t>(c.vocab_size));
+    std::vector<int32_t> types(static_cast<size_t>(c.vocab_size), kTokenUnused);
+    std::vector<bool> set(static_cast<size_t>(c.vocab_size), false);
+    for (auto& [text, id_json] : tok["model"]["vocab"].items()) {
+        int64_t id = id_json.get<int64_t>();
+        if (id < 0 || id >= c.vocab_size) return invalid_argument("tokenizer.json: id out of range");
+        tokens[id] = text;
+        types[id] = kTokenNormal;
+        set[id] = true;
+    }
+    for (const json& a : tok.value("added_tokens", json::array())) {
+        int64_t id = a.at("id").get<int64_t>();
+        if (id < 0 || id >= c.vocab_size) return invalid_argument("tokenizer.json: id out of range");
+        tokens[id] = a.at("content").get<std::string>();
+        types[id] = a.value("special", false) ? kTokenControl : kTokenUserDefined;
+        set[id] = true;
+    }
+    for (int64_t i = 0; i < c.vocab_size; ++i) {
+        if (!set[i]) tokens[i] = "[PAD" + std::to_string(i) + "]";
+    }
+    std::vector<std::string> merges;
+    for (const json& m : tok["model"].value("merges", json::array())) {
+        if (m.is_string()) {
+            merges.push_back(m.get<std::string>());
+        } else if (m.is_array() && m.size() == 2) {
+            merges.push_back(m[0].get<std::string>() + " " + m[1].get<std::string>());
+        } else {
+            return invalid_argument("tokenizer.json: malformed merge");
+        }
+    }
+    w.add_kv("tokenizer.ggml.model", std::string("gpt2"));
+    w.add_kv("tokenizer.ggml.pre", std::string("deepseek-v3"));
+    w.add_kv("tokenizer.ggml.tokens", GgufArray(std::move(tokens)));
+    w.add_kv("tokenizer.ggml.token_type", GgufArray(std::move(types)));
+    w.add_kv("tokenizer.ggml.merges", GgufArray(std::move(merges)));
+    w.add_kv("tokenizer.ggml.bos_token_id", static_cast<uint32_t>(c.bos_token_id));
+    w.add_kv("tokenizer.ggml.eos_token_id", static_cast<uint32_t>(c.eos_token_id));
+    w.add_kv("tokenizer.ggml.padding_token_id", static_cast<uint32_t>(c.eos_token_id));
+    w.add_kv("tokenizer.ggml.add_bos_token", true);
+    w.add_kv("tokenizer.ggml.add_eos_token", false);
+    return Status::ok();
+}
+
+}  // namespace
+
+Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
+                             const TokenizerFiles& tokenizer, DType matrix_dtype,
+                             const std::string& path) {
+    if (matrix_dtype != DType::kF32 && matrix_dtype != DType::kF16 &&
+        matrix_dtype != DType::kBF16 && matrix_dtype != DType::kQ8_0) {
+        return invalid_argument("GGUF matrix dtype must be f32, f16, bf16 or q8_0");
+    }
+    GgufWriter w;
+    for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
+    DSI_RETURN_IF_ERROR(add_tokenizer_metadata(c, tokenizer, w));
+
+    // Merged expert tensors: [experts, rows, cols], gathered in expert order.
+    struct Merged {
+        std::vector<int64_t> shape;
+        std::vector<float> values;
+    };
+    std::map<std::string, Merged> merged;
+    std::vector<std::string> merged_order;
+    for (const TensorSpec& spec : deepseek_tensor_specs(c)) {
+        std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(c, spec.name);
+        DSI_CHECK(ref.has_value(), "no GGUF name for ", spec.name);
+        std::vector<float> v = synthetic_tensor(c, spec, seed);
+        const DType dtype = is_matrix(spec) ? matrix_dtype : DType::kF32;
+        if (ref->expert >= 0) {
+            Merged& m = merged[ref->gguf_name];
+            if (m.shape.empty()) {
+                m.shape = {c.n_routed_experts, spec.shape[0], spec.shape[1]};
+                m.values.reserve(static_cast<size_t>(shape_numel(m.shape)));
+                merged_order.push_back(ref->gguf_name);
+            }
+            m.values.insert(m.values.end(), v.begin(), v.end());
+            continue;
+        }
+        w.add_tensor(ref->gguf_name, dtype, spec.shape, to_bytes(dtype, v));
+        if (spec.name.find("kv_b_proj") != std::string::npos) {
+            // llama.cpp's MLA path wants W_kb per head as [heads, kv_lora, nope]
+            // (transposed) and W_vb as [heads, v, kv_lora].
+            const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim,
+                          vd = c.v_head_dim, lora = c.kv_lora_rank;
+            std::vector<float> kb(static_cast<size_t>(nh * lora * nope));
+            std::vector<float> vb(static_cast<size_t>(nh * vd * lora));
+            for (int64_t h = 0; h < nh; ++h) {
+                for (int64_t d = 0; d < nope; ++d) {
+                    for (int64_t l = 0; l < lora; ++l) {
+                        kb[(h * lora + l) * nope + d] = v[(h * (nope + vd) + d) * lora + l];
+                    }
+                }
+                for (int64_t j = 0; j < vd; ++j) {
+                    for (int64_t l = 0; l < lora; ++l) {
+                        vb[(h * vd + j) * lora + l] = v[(h * (nope + vd) + nope + j) * lora + l];
+                    }
+                }
+            }
+            const std::string blk = ref->gguf_name.substr(0, ref->gguf_name.find("attn_kv_b"));
+            const DType kb_dtype = nope % 32 == 0 ? dtype : DType::kF32;
+            w.add_tensor(blk + "attn_k_b.weight", kb_dtype, {nh, lora, nope}, to_bytes(kb_dtype, kb));
+            w.add_tensor(blk + "attn_v_b.weight", dtype, {nh, vd, lora}, to_bytes(dtype, vb));
+        }
+    }
+    for (const std::string& name : merged_order) {
+        Merged& m = merged[name];
+        w.add_tensor(name, matrix_dtype, m.shape, to_bytes(matrix_dtype, m.values));
+        m.values = {};
+    }
+    size_t slash = path.rfind('/');
+    if (slash != std::string::npos) DSI_RETURN_IF_ERROR(env->create_dirs(path.substr(0, slash)));
+    return w.write(env, path);
+}
+
+}  // namespace dsi

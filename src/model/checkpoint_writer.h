@@ -1,0 +1,40 @@
+// Writers for synthetic checkpoints in the real formats (`dsinfer make-model`).
+//
+// Both writers take the same deterministic values (model/synthetic.h), so an HF
+// directory and a GGUF file written from one (config, seed) hold the same weights:
+// HF bf16 = GGUF F32/BF16 exactly; HF FP8 = codes * scale_inv = GGUF F32 exactly.
+// Thread model: single-threaded functions.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "base/env.h"
+#include "base/status.h"
+#include "model/config.h"
+#include "tensor/dtype.h"
+
+namespace dsi {
+
+struct TokenizerFiles {
+    std::string tokenizer_json;         // contents of tokenizer.json
+    std::string tokenizer_config_json;  // contents of tokenizer_config.json
+};
+// Reads tokenizer.json and tokenizer_config.json from `dir`.
+Result<TokenizerFiles> read_tokenizer_files(Env* env, const std::string& dir);
+
+// Writes config.json, *.safetensors (bf16, or FP8 e4m3 + f32 weight_scale_inv when
+// config.fp8; shards of at most `max_shard_bytes` with an index), generation_config.json
+// and the tokenizer files into `dir`.
+Status write_hf_checkpoint(Env* env, const ModelConfig& config, uint64_t seed,
+                           const TokenizerFiles& tokenizer, const std::string& dir,
+                           uint64_t max_shard_bytes = 2ull << 30);
+
+// Writes a llama.cpp `deepseek2` GGUF with matrices in `matrix_dtype` (F32, F16, BF16
+// or Q8_0; norms, biases and the router stay F32) and the tokenizer metadata llama.cpp
+// needs (gpt2 BPE, pre-tokenizer deepseek-v3, vocabulary padded to vocab_size).
+Status write_gguf_checkpoint(Env* env, const ModelConfig& config, uint64_t seed,
+                             const TokenizerFiles& tokenizer, DType matrix_dtype,
+                             const std::string& path);
+
+}  // namespace dsi
