@@ -1,0 +1,146 @@
+#include "sim/simulator.h"
+
+#include <gtest/gtest.h>
+
+#include "sim/svg_plot.h"
+
+namespace dsi::sim {
+namespace {
+
+Trace small_trace(int64_t n, uint64_t seed, double long_fraction = 0.02) {
+    SyntheticTraceSettings s;
+    s.num_requests = n;
+    s.seed = seed;
+    s.rate_per_s = 50;
+    s.long_context_fraction = long_fraction;
+    s.output_median_tokens = 50;
+    return *generate_synthetic_trace(s);
+}
+
+ClusterDescription small_cluster() {
+    ClusterDescription c;
+    c.num_prefill = 8;
+    c.num_decode = 8;
+    return c;
+}
+
+TEST(SimulatorTest, DeterministicAndConserving) {
+    const Trace t = small_trace(3000, 5);
+    SimOptions o;
+    o.target_load = 0.8;
+    auto a = simulate(t, small_cluster(), o);
+    auto b = simulate(t, small_cluster(), o);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    ASSERT_TRUE(b.is_ok());
+    EXPECT_TRUE(a->conservation_ok);
+    EXPECT_EQ(a->num_finished, 3000);
+    EXPECT_EQ(a->hit_tokens + a->computed_tokens, a->input_tokens);
+    EXPECT_EQ(a->decoded_tokens, a->expected_decode_tokens);
+    EXPECT_EQ(a->events, b->events);
+    EXPECT_EQ(a->makespan_s, b->makespan_s);
+    EXPECT_EQ(a->ttft_ms.p99, b->ttft_ms.p99);
+    EXPECT_GT(a->bucket_requests[3], 0);  // >= 256K requests went through bucket 3
+    EXPECT_GT(a->prefill_reassignments, 0);
+    EXPECT_GT(a->lb_efficiency, 0.0);
+    EXPECT_LE(a->lb_efficiency, 1.0 + 1e-9);
+    EXPECT_LE(a->prefill_lb_efficiency, 1.0 + 1e-9);
+    EXPECT_GT(a->cost_per_million_tokens, 0.0);
+    EXPECT_GT(a->hit_rate, 0.1);
+}
+
+TEST(SimulatorTest, EveryPolicyAndStoreModeConserves) {
+    const Trace t = small_trace(1500, 9);
+    for (auto pr : {PrefillRouting::kDeepSeek, PrefillRouting::kRoundRobin,
+                    PrefillRouting::kLeastLoaded, PrefillRouting::kPrefixAffinity}) {
+        for (auto dr : {DecodeRouting::kDeepSeek, DecodeRouting::kRoundRobin,
+                        DecodeRouting::kLeastLoaded}) {
+            for (auto store : {StoreKind::kShared, StoreKind::kPerEngine}) {
+                if (pr == PrefillRouting::kDeepSeek && store == StoreKind::kPerEngine) {
+                    continue;
+                }
+                SimOptions o;
+                o.prefill_routing = pr;
+                o.decode_routing = dr;
+                o.store = store;
+                o.target_load = 0.9;
+                auto r = simulate(t, small_cluster(), o);
+                ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+                EXPECT_TRUE(r->conservation_ok)
+                    << prefill_routing_name(pr) << "/" << decode_routing_name(dr);
+                EXPECT_EQ(r->num_finished, 1500);
+            }
+        }
+    }
+}
+
+TEST(SimulatorTest, StoreCapacityAndTtlLowerHitRate) {
+    const Trace t = small_trace(3000, 11, 0.0);
+    ClusterDescription c = small_cluster();
+    SimOptions o;
+    o.time_scale = 1.0;
+    const double unlimited = simulate(t, c, o)->hit_rate;
+    c.store_capacity_tokens = 100'000;
+    const double small = simulate(t, c, o)->hit_rate;
+    c.store_capacity_tokens = 0;
+    c.store_ttl_ns = 1'000'000'000;
+    const double short_ttl = simulate(t, c, o)->hit_rate;
+    EXPECT_GT(unlimited, small);
+    EXPECT_GT(unlimited, short_ttl);
+}
+
+TEST(SimulatorTest, RejectsBadInputs) {
+    const Trace t = small_trace(10, 1);
+    SimOptions o;
+    o.store = StoreKind::kPerEngine;  // DeepSeek LB needs the shared store
+    EXPECT_FALSE(simulate(t, small_cluster(), o).is_ok());
+    ClusterDescription c = small_cluster();
+    c.num_decode = 0;
+    EXPECT_FALSE(simulate(t, c, SimOptions{}).is_ok());
+    EXPECT_FALSE(simulate(Trace{}, small_cluster(), SimOptions{}).is_ok());
+}
+
+TEST(SimulatorTest, ClusterDescriptionParsing) {
+    auto c = parse_cluster_description(
+        R"({"num_prefill": 4, "num_decode": 2, "prefill_cost": {"per_q_ns": 1000},
+            "store_ttl_ns": 5, "device": "x"})");
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    EXPECT_EQ(c->num_prefill, 4);
+    EXPECT_EQ(c->prefill_cost.per_q_ns, 1000);
+    EXPECT_EQ(c->device, "x");
+    const char* bad[] = {
+        "[]",
+        "{\"num_prefill\": 0}",
+        "{\"num_prefil\": 4}",
+        "{\"num_prefill\": 2.5}",
+        "{\"num_decode\": \"8\"}",
+        "{\"prefill_cost\": {\"per_q_ns\": -1}}",
+        "{\"prefill_cost\": {\"bogus\": 1}}",
+        "{\"p2d_bytes_per_s\": 0}",
+        "{not json",
+    };
+    for (const char* b : bad) {
+        auto r = parse_cluster_description(b);
+        EXPECT_FALSE(r.is_ok()) << b;
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+    }
+}
+
+TEST(SvgPlotTest, RendersLinesAndBars) {
+    SvgPlot p;
+    p.title = "a < b";
+    p.series = {{"s1", {{1, 2}, {10, 3}}}, {"s2", {{1, 1}, {10, 4}}}};
+    p.log_x = true;
+    p.h_lines = {{"goal", 3.5}};
+    const std::string svg = p.render();
+    EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+    EXPECT_NE(svg.find("a &lt; b"), std::string::npos);
+    EXPECT_NE(svg.find("polyline"), std::string::npos);
+    SvgPlot b;
+    b.bars = true;
+    b.categories = {"x", "y"};
+    b.series = {{"s", {{0, 1}, {1, 2}}}};
+    EXPECT_NE(b.render().find("<rect"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace dsi::sim
