@@ -1,0 +1,290 @@
+// sim_figures: the figures of issue 9, measured in one run, printed as Markdown tables
+// and written as SVG (docs/figures/). Every number is timed or simulated here; ratios
+// are against references run in the same process (round robin; no EPLB; the trace
+// generator for speed).
+//
+//   sim_figures [out_dir]      (default: <source>/docs/figures)
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "base/env.h"
+#include "cluster/eplb.h"
+#include "sim/simulator.h"
+#include "sim/svg_plot.h"
+#include "sim/trace.h"
+
+namespace dsi {
+namespace {
+
+double now_s() {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void write(const std::string& path, const std::string& text) {
+    Status st = Env::default_env()->write_file(path, text);
+    if (!st.is_ok()) {
+        std::fprintf(stderr, "%s\n", st.to_string().c_str());
+    }
+}
+
+struct Policy {
+    const char* name;
+    sim::PrefillRouting prefill;
+    sim::DecodeRouting decode;
+    sim::StoreKind store;
+};
+
+const Policy kPolicies[] = {
+    {"deepseek", sim::PrefillRouting::kDeepSeek, sim::DecodeRouting::kDeepSeek,
+     sim::StoreKind::kShared},
+    {"round-robin", sim::PrefillRouting::kRoundRobin, sim::DecodeRouting::kRoundRobin,
+     sim::StoreKind::kShared},
+    {"least-loaded", sim::PrefillRouting::kLeastLoaded, sim::DecodeRouting::kLeastLoaded,
+     sim::StoreKind::kShared},
+    {"prefix-affinity", sim::PrefillRouting::kPrefixAffinity, sim::DecodeRouting::kLeastLoaded,
+     sim::StoreKind::kPerEngine},
+};
+
+void lb_figure(const std::string& traces, const std::string& out, double load) {
+    const char* files[] = {"mooncake_synthetic_trace.jsonl", "azure2023_code.csv",
+                           "azure2023_conv.csv"};
+    sim::SvgPlot plot;
+    plot.title = "LB efficiency, 64 prefill + 64 decode, offered load " + std::to_string(load).substr(0, 4);
+    plot.y_label = "ideal makespan / achieved";
+    plot.bars = true;
+    plot.y_min = 0;
+    plot.y_max = 1.05;
+    plot.h_lines = {{"goal 0.90", 0.9}, {"DeepSeek reported ~0.80", 0.8}};
+    for (const Policy& p : kPolicies) {
+        plot.series.push_back({p.name, {}});
+    }
+    std::printf("\n### LB efficiency (load %.2f of ideal capacity, 64 + 64 devices)\n\n", load);
+    std::printf("| trace | policy | LB eff. | prefill eff. | decode eff. | vs RR | TTFT p50 / p99 ms "
+                "| TPOT p50 ms | hit rate | USD / M tok |\n|---|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t t = 0; t < std::size(files); ++t) {
+        auto trace = sim::load_trace(Env::default_env(), traces + files[t]);
+        if (!trace.is_ok()) {
+            std::printf("| %s | could not load: %s |\n", files[t], trace.status().to_string().c_str());
+            continue;
+        }
+        plot.categories.push_back(std::string(files[t]).substr(0, std::string(files[t]).find('.')));
+        sim::ClusterDescription c;  // 64 + 64, H800-class defaults
+        std::vector<sim::SimResult> res;
+        for (const Policy& p : kPolicies) {
+            sim::SimOptions o;
+            o.prefill_routing = p.prefill;
+            o.decode_routing = p.decode;
+            o.store = p.store;
+            o.target_load = load;
+            auto r = sim::simulate(*trace, c, o);
+            if (!r.is_ok()) {
+                std::printf("| %s | %s | error %s |\n", files[t], p.name, r.status().to_string().c_str());
+                res.push_back({});
+                continue;
+            }
+            res.push_back(*r);
+        }
+        for (size_t i = 0; i < res.size(); ++i) {
+            const auto& r = res[i];
+            std::printf("| %s | %s | %.3f | %.3f | %.3f | %.2fx | %.0f / %.0f | %.1f | %.3f | %.3f |%s\n",
+                        plot.categories.back().c_str(), kPolicies[i].name, r.lb_efficiency,
+                        r.prefill_lb_efficiency, r.decode_lb_efficiency,
+                        res[1].lb_efficiency > 0 ? r.lb_efficiency / res[1].lb_efficiency : 0.0,
+                        r.ttft_ms.p50, r.ttft_ms.p99, r.tpot_ms.p50, r.hit_rate,
+                        r.cost_per_million_tokens, r.conservation_ok ? "" : " CONSERVATION FAILED");
+            plot.series[i].points.push_back(
+                {static_cast<double>(plot.categories.size() - 1), r.lb_efficiency});
+        }
+    }
+    write(out + "/sim_lb_efficiency.svg", plot.render(820, 420));
+}
+
+void hit_rate_figure(const std::string& traces, const std::string& out) {
+    auto trace = sim::load_trace(Env::default_env(), traces + "mooncake_synthetic_trace.jsonl");
+    if (!trace.is_ok()) {
+        std::printf("hit-rate figure: %s\n", trace.status().to_string().c_str());
+        return;
+    }
+    std::vector<uint64_t> ids(trace->blocks);
+    std::sort(ids.begin(), ids.end());
+    const int64_t unique_blocks = std::unique(ids.begin(), ids.end()) - ids.begin();
+    const double span_s = trace->requests.back().arrival_ns / 1e9;
+    std::printf("\n### Hit rate vs store capacity and TTL (Mooncake trace, %lld unique 512-token "
+                "blocks, %.0f s of traffic, real timing)\n\n",
+                static_cast<long long>(unique_blocks), span_s);
+    const double fractions[] = {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0};
+    const double ttls_s[] = {30, 120, 600, 0};
+    sim::SvgPlot plot;
+    plot.title = "Prefix hit rate vs store capacity (Mooncake trace)";
+    plot.x_label = "store capacity, fraction of the trace's unique blocks (log)";
+    plot.y_label = "hit tokens / input tokens";
+    plot.log_x = true;
+    std::printf("| capacity (share of unique blocks) |");
+    for (double ttl : ttls_s) {
+        std::printf(" TTL %s |", ttl > 0 ? (std::to_string(static_cast<int>(ttl)) + " s").c_str() : "none");
+    }
+    std::printf("\n|---|---|---|---|---|\n");
+    std::vector<std::vector<double>> grid(std::size(fractions));
+    for (double ttl : ttls_s) {
+        plot.series.push_back({ttl > 0 ? "TTL " + std::to_string(static_cast<int>(ttl)) + " s"
+                                       : "no TTL",
+                               {}});
+    }
+    for (size_t i = 0; i < std::size(fractions); ++i) {
+        std::printf("| %.2f |", fractions[i]);
+        for (size_t k = 0; k < std::size(ttls_s); ++k) {
+            sim::ClusterDescription c;
+            c.store_capacity_tokens =
+                static_cast<int64_t>(fractions[i] * unique_blocks) * trace->block_tokens;
+            c.store_ttl_ns = static_cast<int64_t>(ttls_s[k] * 1e9);
+            sim::SimOptions o;  // DeepSeek policies, shared store, the trace's own timing
+            auto r = sim::simulate(*trace, c, o);
+            const double h = r.is_ok() ? r->hit_rate : -1;
+            std::printf(" %.3f |", h);
+            plot.series[k].points.push_back({fractions[i], h});
+        }
+        std::printf("\n");
+    }
+    write(out + "/sim_hit_rate.svg", plot.render());
+}
+
+std::vector<double> zipf(int layers, int experts, double s, double drift, uint64_t seed) {
+    SplitMix64 rng(seed);
+    std::vector<double> w(static_cast<size_t>(layers) * experts);
+    for (int l = 0; l < layers; ++l) {
+        SplitMix64 perm_rng(1000 + l);  // the same hot experts for every seed
+        std::vector<int> perm(experts);
+        for (int i = 0; i < experts; ++i) {
+            perm[i] = i;
+        }
+        for (int i = experts - 1; i > 0; --i) {
+            std::swap(perm[i], perm[perm_rng.next() % (i + 1)]);
+        }
+        for (int e = 0; e < experts; ++e) {
+            w[static_cast<size_t>(l) * experts + perm[e]] =
+                1e6 / std::pow(e + 1.0, s) * std::exp(drift * rng.next_normal());
+        }
+    }
+    return w;
+}
+
+void eplb_figure(const std::string& out) {
+    struct Setup {
+        const char* name;
+        int experts, ep, redundant, groups, nodes;
+    };
+    const Setup setups[] = {
+        {"decode EP64, 384 experts, 1 redundant/rank (7 per rank), global", 384, 64, 1, 1, 1},
+        {"decode EP64, 256 experts, 1 redundant/rank (5 per rank), global", 256, 64, 1, 1, 1},
+        {"decode EP64, 384 experts, hierarchical 8 groups / 8 nodes", 384, 64, 1, 8, 8},
+        {"prefill EP32, 256 experts, 4 redundant/rank, 4 nodes", 256, 32, 4, 8, 4},
+    };
+    const double skews[] = {0.2, 0.4, 0.6, 0.8, 1.0};
+    const int layers = 8;
+    std::printf("\n### EPLB moe_lb (max rank / mean rank) on Zipf-skewed loads, %d layers; "
+                "'next' = placed on one window, measured on the next (10%% log-normal drift)\n\n",
+                layers);
+    std::printf("| setup | Zipf s | no EPLB | reference heuristic | ours (refined) | ours, next window "
+                "| ours vs no EPLB | place ms |\n|---|---|---|---|---|---|---|---|\n");
+    sim::SvgPlot plot;
+    plot.title = "EPLB moe_lb, decode EP64, 384 experts, global (lower is better)";
+    plot.x_label = "Zipf exponent of expert popularity";
+    plot.y_label = "moe_lb (mean over layers)";
+    plot.h_lines = {{"goal 1.05", 1.05}, {"DeepSeek reported 1.090", 1.09}};
+    plot.series = {{"no EPLB", {}}, {"reference heuristic", {}}, {"ours", {}}, {"ours, next window", {}}};
+    for (const Setup& s : setups) {
+        cluster::EplbLayout layout{s.groups, s.nodes, s.ep,
+                                   cluster::num_physical_experts(s.experts, s.ep, s.redundant)};
+        for (double z : skews) {
+            const auto w = zipf(layers, s.experts, z, 0.05, 1);
+            const auto next = zipf(layers, s.experts, z, 0.10, 2);
+            auto ident = cluster::identity_placement(layers, s.experts, layout);
+            auto ref = cluster::place_experts(w, layers, s.experts, layout, false);
+            const double t0 = now_s();
+            auto ours = cluster::place_experts(w, layers, s.experts, layout, true);
+            const double ms = (now_s() - t0) * 1e3;
+            if (!ident.is_ok() || !ref.is_ok() || !ours.is_ok() || !ours->validate().is_ok()) {
+                std::printf("| %s | %.1f | placement failed |\n", s.name, z);
+                continue;
+            }
+            const double a = cluster::moe_lb(*ident, w).mean;
+            const double b = cluster::moe_lb(*ref, w).mean;
+            const double c = cluster::moe_lb(*ours, w).mean;
+            const double d = cluster::moe_lb(*ours, next).mean;
+            double hot = 0;
+            for (int e = 0; e < s.experts; ++e) {
+                hot = std::max(hot, w[e]);
+            }
+            double sum = 0;
+            for (int e = 0; e < s.experts; ++e) {
+                sum += w[e];
+            }
+            std::printf("| %s | %.1f (hottest %.1fx mean) | %.3f | %.3f | %.3f | %.3f | %.2fx | %.1f |\n",
+                        s.name, z, hot / (sum / s.experts), a, b, c, d, a / c, ms);
+            if (&s == &setups[0]) {
+                plot.series[0].points.push_back({z, a});
+                plot.series[1].points.push_back({z, b});
+                plot.series[2].points.push_back({z, c});
+                plot.series[3].points.push_back({z, d});
+            }
+        }
+    }
+    plot.y_min = 1.0;
+    plot.y_max = 3.0;
+    write(out + "/eplb_moe_lb.svg", plot.render());
+}
+
+void speed_figure() {
+    sim::SyntheticTraceSettings s;
+    s.num_requests = 1'000'000;
+    s.rate_per_s = 2000;
+    s.long_context_fraction = 0.001;
+    s.output_median_tokens = 200;
+    const double g0 = now_s();
+    auto trace = sim::generate_synthetic_trace(s);
+    const double gen_s = now_s() - g0;
+    if (!trace.is_ok()) {
+        return;
+    }
+    std::printf("\n### Simulator speed (1,000,000 synthetic requests, 64 + 64 devices, load 0.9)\n\n");
+    std::printf("| policy | wall s | requests / wall minute | vs goal 1M/min | sim wall / trace "
+                "generation | events | conserved |\n|---|---|---|---|---|---|---|\n");
+    for (const Policy& p : {kPolicies[0], kPolicies[1]}) {
+        sim::ClusterDescription c;
+        sim::SimOptions o;
+        o.prefill_routing = p.prefill;
+        o.decode_routing = p.decode;
+        o.store = p.store;
+        o.target_load = 0.9;
+        const double t0 = now_s();
+        auto r = sim::simulate(*trace, c, o);
+        const double wall = now_s() - t0;
+        if (!r.is_ok()) {
+            continue;
+        }
+        const double per_min = r->num_requests / wall * 60;
+        std::printf("| %s | %.2f | %.2fM | %.2fx | %.2fx | %lld | %s |\n", p.name, wall, per_min / 1e6,
+                    per_min / 1e6, wall / gen_s, static_cast<long long>(r->events),
+                    r->conservation_ok ? "yes" : "NO");
+    }
+}
+
+}  // namespace
+}  // namespace dsi
+
+int main(int argc, char** argv) {
+    const std::string src = DSINFER_SOURCE_DIR;
+    const std::string out = argc > 1 ? argv[1] : src + "/docs/figures";
+    const std::string traces = src + "/../shared/data/traces/";
+    (void)dsi::Env::default_env()->create_dirs(out);
+    std::printf("## Cluster simulator figures (issue 9)\n");
+    dsi::lb_figure(traces, out, 0.9);
+    dsi::hit_rate_figure(traces, out);
+    dsi::eplb_figure(out);
+    dsi::speed_figure();
+    return 0;
+}
