@@ -9,6 +9,7 @@
 
 namespace dsi {
 void register_model_commands(CLI::App& app);
+void register_sim_commands(CLI::App& app);  // apps/dsinfer/cmd_sim.cc
 }  // namespace dsi
 
 int main(int argc, char** argv) {
@@ -21,6 +22,7 @@ int main(int argc, char** argv) {
     app.parse_complete_callback([&log_level] { dsi::set_log_level(*dsi::parse_log_level(log_level)); });
 
     dsi::register_model_commands(app);
+    dsi::register_sim_commands(app);
 
     CLI11_PARSE(app, argc, argv);
     return 0;

@@ -107,8 +107,12 @@ std::string SvgPlot::render(int width_px, int height_px) const {
     o += "<text transform=\"translate(18," + fmt(top + ph / 2) +
          ") rotate(-90)\" text-anchor=\"middle\">" + esc(y_label) + "</text>\n";
     const size_t ns = std::max<size_t>(1, series.size());
+    // Data outside a fixed y range is clipped to the plot area.
+    o += "<clipPath id=\"plot\"><rect x=\"" + fmt(left) + "\" y=\"" + fmt(top) + "\" width=\"" +
+         fmt(pw) + "\" height=\"" + fmt(ph) + "\"/></clipPath>\n";
     for (size_t s = 0; s < series.size(); ++s) {
         const char* col = kColours[s % 6];
+        o += "<g clip-path=\"url(#plot)\">\n";
         if (bars) {
             const double group_w = pw / std::max<size_t>(1, categories.size()) * 0.8;
             const double bw = group_w / ns;
@@ -129,6 +133,7 @@ std::string SvgPlot::render(int width_px, int height_px) const {
             o += "<polyline fill=\"none\" stroke=\"" + std::string(col) +
                  "\" stroke-width=\"2\" points=\"" + pts + "\"/>\n";
         }
+        o += "</g>\n";
         o += "<rect x=\"" + fmt(left + pw + 12) + "\" y=\"" + fmt(top + 18.0 * s) +
              "\" width=\"12\" height=\"12\" fill=\"" + col + "\"/>\n";
         o += "<text x=\"" + fmt(left + pw + 30) + "\" y=\"" + fmt(top + 18.0 * s + 10) + "\">" +

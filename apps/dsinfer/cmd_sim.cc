@@ -1,0 +1,260 @@
+// `dsinfer sim` (trace-driven cluster simulator) and `dsinfer capacity` (capacity
+// arithmetic as JSON). Flag parsing only; the work is in sim/ and cluster/.
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "base/env.h"
+#include "base/settings.h"
+#include "cluster/capacity.h"
+#include "sim/simulator.h"
+#include "sim/trace.h"
+
+namespace dsi {
+namespace {
+
+struct SimFlags {
+    std::string trace;
+    int64_t synthetic_requests = 0;
+    double synthetic_rate = 100;
+    double synthetic_long_fraction = 0.01;
+    uint64_t seed = 1;
+    std::string write_trace;
+    std::string cluster;
+    int num_prefill = 0;
+    int num_decode = 0;
+    std::string prefill_policy = "deepseek";
+    std::string decode_policy = "deepseek";
+    std::string store = "shared";
+    int64_t store_capacity_tokens = -1;
+    double store_ttl_s = -1;
+    double load = 0;
+    double time_scale = 1.0;
+    double price = -1;
+};
+
+nlohmann::json dist_json(const sim::Distribution& d) {
+    return {{"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}, {"max", d.max}};
+}
+
+nlohmann::json result_json(const sim::SimResult& r) {
+    double pu = 0;
+    double du = 0;
+    for (double u : r.prefill_utilisation) pu += u / r.prefill_utilisation.size();
+    for (double u : r.decode_utilisation) du += u / r.decode_utilisation.size();
+    return {{"requests", r.num_requests},
+            {"finished", r.num_finished},
+            {"time_scale", r.time_scale},
+            {"makespan_s", r.makespan_s},
+            {"ttft_ms", dist_json(r.ttft_ms)},
+            {"tpot_ms", dist_json(r.tpot_ms)},
+            {"input_tokens_per_s", r.input_tokens_per_s},
+            {"output_tokens_per_s", r.output_tokens_per_s},
+            {"hit_rate", r.hit_rate},
+            {"prefill_utilisation", r.prefill_utilisation},
+            {"decode_utilisation", r.decode_utilisation},
+            {"prefill_utilisation_mean", pu},
+            {"decode_utilisation_mean", du},
+            {"lb_efficiency", r.lb_efficiency},
+            {"prefill_lb_efficiency", r.prefill_lb_efficiency},
+            {"decode_lb_efficiency", r.decode_lb_efficiency},
+            {"cost_per_million_tokens_usd", r.cost_per_million_tokens},
+            {"bucket_requests", r.bucket_requests},
+            {"prefill_reassignments", r.prefill_reassignments},
+            {"conservation_ok", r.conservation_ok},
+            {"events", r.events}};
+}
+
+int run_sim(const SimFlags& f) {
+    Env* env = Env::default_env();
+    Result<sim::Trace> trace = invalid_argument("sim: give --trace PATH or --synthetic-requests N");
+    if (!f.trace.empty()) {
+        trace = sim::load_trace(env, f.trace);
+    } else if (f.synthetic_requests > 0) {
+        sim::SyntheticTraceSettings s;
+        s.num_requests = f.synthetic_requests;
+        s.rate_per_s = f.synthetic_rate;
+        s.long_context_fraction = f.synthetic_long_fraction;
+        s.seed = f.seed;
+        trace = sim::generate_synthetic_trace(s);
+    }
+    if (!trace.is_ok()) {
+        std::fprintf(stderr, "%s\n", trace.status().to_string().c_str());
+        return 2;
+    }
+    if (!f.write_trace.empty()) {
+        Status st = env->write_file(f.write_trace, sim::to_mooncake_jsonl(*trace));
+        if (!st.is_ok()) {
+            std::fprintf(stderr, "%s\n", st.to_string().c_str());
+            return 1;
+        }
+    }
+    sim::ClusterDescription cluster;
+    if (!f.cluster.empty()) {
+        auto text = env->read_file(f.cluster);
+        auto parsed = text.is_ok() ? sim::parse_cluster_description(*text)
+                                   : Result<sim::ClusterDescription>(text.status());
+        if (!parsed.is_ok()) {
+            std::fprintf(stderr, "%s\n", parsed.status().with_context(f.cluster).to_string().c_str());
+            return 2;
+        }
+        cluster = *parsed;
+    }
+    if (f.num_prefill > 0) cluster.num_prefill = f.num_prefill;
+    if (f.num_decode > 0) cluster.num_decode = f.num_decode;
+    if (f.store_capacity_tokens >= 0) cluster.store_capacity_tokens = f.store_capacity_tokens;
+    if (f.store_ttl_s >= 0) cluster.store_ttl_ns = static_cast<int64_t>(f.store_ttl_s * 1e9);
+    if (f.price >= 0) cluster.price_per_device_hour = f.price;
+
+    std::vector<std::string> prefill_policies = {f.prefill_policy};
+    if (f.prefill_policy == "all") {
+        prefill_policies = {"deepseek", "round-robin", "least-loaded", "prefix-affinity"};
+    }
+    nlohmann::json runs = nlohmann::json::array();
+    for (const std::string& pp : prefill_policies) {
+        auto pr = sim::parse_prefill_routing(pp);
+        const bool baseline_all = f.prefill_policy == "all";
+        // With --prefill-policy all, each baseline pairs with its natural decode router
+        // and store: DeepSeek with its own; the baselines with least loaded (round robin
+        // with round robin); prefix affinity with per-engine caches.
+        std::string dp = f.decode_policy;
+        std::string store = f.store;
+        if (baseline_all && pp != "deepseek") {
+            dp = pp == "round-robin" ? "round-robin" : "least-loaded";
+            store = pp == "prefix-affinity" ? "per-engine" : "shared";
+        }
+        auto dr = sim::parse_decode_routing(dp);
+        if (!pr.is_ok() || !dr.is_ok() || (store != "shared" && store != "per-engine")) {
+            std::fprintf(stderr, "%s\n",
+                         !pr.is_ok()   ? pr.status().to_string().c_str()
+                         : !dr.is_ok() ? dr.status().to_string().c_str()
+                                       : "INVALID_ARGUMENT: --store shared|per-engine");
+            return 2;
+        }
+        sim::SimOptions o;
+        o.prefill_routing = *pr;
+        o.decode_routing = *dr;
+        o.store = store == "shared" ? sim::StoreKind::kShared : sim::StoreKind::kPerEngine;
+        o.target_load = f.load;
+        o.time_scale = f.time_scale;
+        const int64_t t0 = env->now_ns();
+        auto r = sim::simulate(*trace, cluster, o);
+        const double wall_s = (env->now_ns() - t0) / 1e9;
+        if (!r.is_ok()) {
+            std::fprintf(stderr, "%s\n", r.status().to_string().c_str());
+            return 2;
+        }
+        nlohmann::json j = result_json(*r);
+        j["prefill_policy"] = pp;
+        j["decode_policy"] = dp;
+        j["store"] = store;
+        j["wall_s"] = wall_s;
+        j["requests_per_wall_minute"] = wall_s > 0 ? r->num_requests / wall_s * 60 : 0.0;
+        runs.push_back(j);
+    }
+    nlohmann::json out = {{"trace", trace->source},
+                          {"cluster",
+                           {{"device", cluster.device},
+                            {"num_prefill", cluster.num_prefill},
+                            {"num_decode", cluster.num_decode},
+                            {"store_capacity_tokens", cluster.store_capacity_tokens},
+                            {"store_ttl_ns", cluster.store_ttl_ns},
+                            {"price_per_device_hour", cluster.price_per_device_hour}}},
+                          {"runs", runs}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+}
+
+struct CapacityFlags {
+    int64_t devices = 128;
+    int swa_layers = 20;
+    double tokens_per_day = 155e12;  // S-SCALE
+    double tokens_per_s_per_device = 0;
+};
+
+int run_capacity(const CapacityFlags& f) {
+    cluster::CapacitySettings s;
+    s.swa_stored_layers = f.swa_layers;
+    auto store = cluster::store_servers_for_devices(s, f.devices);
+    if (!store.is_ok()) {
+        std::fprintf(stderr, "%s\n", store.status().to_string().c_str());
+        return 2;
+    }
+    nlohmann::json out = {
+        {"swa_state_bytes_per_sequence", cluster::swa_state_bytes_per_sequence(s)},
+        {"swa_formula", std::to_string(s.swa_stored_layers) + " layers x " +
+                            std::to_string(s.swa_tokens) + " tokens x " +
+                            std::to_string(s.swa_bytes_per_token) + " B"},
+        {"devices", f.devices},
+        {"store",
+         {{"logical_bytes", store->logical_bytes},
+          {"raw_bytes_with_erasure_coding", store->raw_bytes},
+          {"server_raw_bytes", store->server_raw_bytes},
+          {"servers", store->servers},
+          {"erasure_coding", std::to_string(s.ec_data) + "+" + std::to_string(s.ec_parity)}}}};
+    if (f.tokens_per_s_per_device > 0) {
+        auto need = cluster::devices_for_tokens_per_day(f.tokens_per_day, f.tokens_per_s_per_device);
+        auto have = cluster::tokens_per_day_for_devices(f.devices, f.tokens_per_s_per_device);
+        if (!need.is_ok() || !have.is_ok()) {
+            std::fprintf(stderr, "%s\n", need.status().to_string().c_str());
+            return 2;
+        }
+        out["tokens_per_day"] = f.tokens_per_day;
+        out["tokens_per_s_per_device"] = f.tokens_per_s_per_device;
+        out["devices_for_tokens_per_day"] = *need;
+        out["tokens_per_day_of_devices"] = *have;
+    }
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+}
+
+}  // namespace
+
+void register_sim_commands(CLI::App& app) {
+    auto sf = std::make_shared<SimFlags>();
+    CLI::App* sim = app.add_subcommand("sim", "trace-driven cluster simulator (JSON to stdout)");
+    add_setting(*sim, "--trace", sf->trace, "trace file: Mooncake .jsonl or Azure .csv");
+    add_setting(*sim, "--synthetic-requests", sf->synthetic_requests,
+                "generate a synthetic trace of N requests instead");
+    add_setting(*sim, "--synthetic-rate", sf->synthetic_rate, "synthetic arrivals per second");
+    add_setting(*sim, "--synthetic-long-fraction", sf->synthetic_long_fraction,
+                "share of synthetic requests with 256K..1M tokens");
+    add_setting(*sim, "--seed", sf->seed, "synthetic trace seed");
+    add_setting(*sim, "--write-trace", sf->write_trace, "also write the trace as Mooncake JSONL");
+    add_setting(*sim, "--cluster", sf->cluster, "cluster description JSON (defaults: 64+64)");
+    add_setting(*sim, "--num-prefill", sf->num_prefill, "override prefill engines");
+    add_setting(*sim, "--num-decode", sf->num_decode, "override decode engines");
+    add_setting(*sim, "--prefill-policy", sf->prefill_policy,
+                "deepseek|round-robin|least-loaded|prefix-affinity|all");
+    add_setting(*sim, "--decode-policy", sf->decode_policy, "deepseek|round-robin|least-loaded");
+    add_setting(*sim, "--store", sf->store, "shared|per-engine KV store");
+    add_setting(*sim, "--store-capacity-tokens", sf->store_capacity_tokens,
+                "store capacity (0 = unlimited, -1 = from --cluster)");
+    add_setting(*sim, "--store-ttl-s", sf->store_ttl_s, "store TTL seconds (0 = none, -1 = from --cluster)");
+    add_setting(*sim, "--load", sf->load,
+                "scale arrivals so the busier stage sees this share of ideal capacity (0 = off)");
+    add_setting(*sim, "--time-scale", sf->time_scale, "multiply arrival times (when --load is 0)");
+    add_setting(*sim, "--price", sf->price, "USD per device-hour (-1 = from --cluster)");
+    sim->callback([sf] {
+        if (const int rc = run_sim(*sf); rc != 0) {
+            throw CLI::RuntimeError(rc);
+        }
+    });
+
+    auto cf = std::make_shared<CapacityFlags>();
+    CLI::App* cap = app.add_subcommand("capacity", "capacity arithmetic of the deployment (JSON)");
+    add_setting(*cap, "--devices", cf->devices, "online devices");
+    add_setting(*cap, "--swa-layers", cf->swa_layers, "layers whose SWA state is stored");
+    add_setting(*cap, "--tokens-per-day", cf->tokens_per_day, "tokens per day to serve");
+    add_setting(*cap, "--tokens-per-s-per-device", cf->tokens_per_s_per_device,
+                "throughput of one device (enables tokens/day <-> devices)");
+    cap->callback([cf] {
+        if (const int rc = run_capacity(*cf); rc != 0) {
+            throw CLI::RuntimeError(rc);
+        }
+    });
+}
+
+}  // namespace dsi
