@@ -190,7 +190,8 @@ TEST(GgufTest, ManyTensorsZeroSizeAndEmptyFile) {
     for (int i = 0; i < 500; ++i) {
         writer.add_tensor_borrowed("blk." + std::to_string(i), DType::kF16, {i % 5}, data[i]);
     }
-    Result<GgufFile> file = GgufFile::parse_bytes(as_bytes(*writer.serialize()));
+    const std::string bytes = *writer.serialize();  // parse_bytes borrows it
+    Result<GgufFile> file = GgufFile::parse_bytes(as_bytes(bytes));
     ASSERT_TRUE(file.is_ok()) << file.status().to_string();
     ASSERT_EQ(file->tensors().size(), 500u);
     for (int i = 0; i < 500; ++i) {
@@ -198,7 +199,8 @@ TEST(GgufTest, ManyTensorsZeroSizeAndEmptyFile) {
         EXPECT_EQ(std::vector<uint8_t>(v.data.begin(), v.data.end()), data[i]);
     }
 
-    Result<GgufFile> none = GgufFile::parse_bytes(as_bytes(*GgufWriter().serialize()));
+    const std::string empty_bytes = *GgufWriter().serialize();
+    Result<GgufFile> none = GgufFile::parse_bytes(as_bytes(empty_bytes));
     ASSERT_TRUE(none.is_ok()) << none.status().to_string();
     EXPECT_TRUE(none->tensors().empty());
     EXPECT_TRUE(none->kvs().empty());
@@ -214,7 +216,8 @@ TEST(GgufTest, ManyTensorsZeroSizeAndEmptyFile) {
 TEST(GgufTest, TypedGetters) {
     GgufWriter writer;
     for (const auto& [key, value] : every_value_type()) writer.add_kv(key, value);
-    Result<GgufFile> file = GgufFile::parse_bytes(as_bytes(*writer.serialize()), "g.gguf");
+    const std::string bytes = *writer.serialize();
+    Result<GgufFile> file = GgufFile::parse_bytes(as_bytes(bytes), "g.gguf");
     ASSERT_TRUE(file.is_ok());
     const GgufFile& f = *file;
     EXPECT_EQ(*f.get_u32("u8"), 200u);  // any integer type that fits

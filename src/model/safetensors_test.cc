@@ -138,8 +138,8 @@ TEST(SafetensorsTest, ZeroSizeAndNoTensors) {
 
 TEST(SafetensorsTest, MissingTensorNamesFileAndTensor) {
     SafetensorsWriter writer;
-    Result<SafetensorsFile> file =
-        SafetensorsFile::parse_bytes(as_bytes(*writer.serialize()), "x.safetensors");
+    const std::string bytes = *writer.serialize();  // parse_bytes borrows it
+    Result<SafetensorsFile> file = SafetensorsFile::parse_bytes(as_bytes(bytes), "x.safetensors");
     ASSERT_TRUE(file.is_ok());
     EXPECT_EQ(file->find("nope"), nullptr);
     expect_error(file->view("nope").status(), StatusCode::kNotFound, {"x.safetensors", "'nope'"});

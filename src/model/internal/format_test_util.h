@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <initializer_list>
 #include <span>
 #include <string>
@@ -26,11 +27,25 @@ inline std::string to_string(std::span<const uint8_t> b) {
     return {reinterpret_cast<const char*>(b.data()), b.size()};
 }
 
-// A fresh directory under $TMPDIR for this process and `name`.
-inline std::string temp_dir(const std::string& name) {
+inline std::string temp_root() {
     const char* t = std::getenv("TMPDIR");
-    std::string dir = std::string(t ? t : "/tmp") + "/dsi_model_format_test_" +
-                      std::to_string(::getpid()) + "/" + name;
+    return std::string(t ? t : "/tmp") + "/dsi_model_format_test_" + std::to_string(::getpid());
+}
+
+// Removes temp_root() when the test binary finishes.
+class TempRootCleanup : public ::testing::Environment {
+public:
+    void TearDown() override {
+        std::error_code ec;
+        std::filesystem::remove_all(temp_root(), ec);
+    }
+};
+inline ::testing::Environment* const kTempRootCleanup =
+    ::testing::AddGlobalTestEnvironment(new TempRootCleanup);
+
+// A fresh directory under temp_root() for `name`.
+inline std::string temp_dir(const std::string& name) {
+    std::string dir = temp_root() + "/" + name;
     EXPECT_TRUE(Env::default_env()->create_dirs(dir).is_ok());
     return dir;
 }
