@@ -2,6 +2,7 @@
 #include <sys/stat.h>
 
 #include <cmath>
+#include <algorithm>
 #include <cstring>
 
 #include "model/gguf.h"
@@ -146,6 +147,11 @@ public:
     }
 
     Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+        std::optional<GgufTensorRef> direct = gguf_tensor_for_hf_name(config_, name);
+        if (direct && direct->gguf_name.ends_with("attn_kv_b.weight") &&
+            file_.find_tensor(direct->gguf_name) == nullptr) {
+            return kv_b_from_split(*direct, rows, cols);
+        }
         DSI_ASSIGN_OR_RETURN(GgufTensorRef ref, resolve(name));
         DSI_ASSIGN_OR_RETURN(TensorView v, file_.view(ref.gguf_name));
         if (!is_float_dtype(v.dtype)) {
@@ -177,6 +183,46 @@ public:
     }
 
 private:
+    // llama.cpp's MLA files store kv_b_proj split per head: attn_k_b [heads, kv_lora,
+    // nope] (transposed) and attn_v_b [heads, v, kv_lora]. Rebuild [heads * (nope + v),
+    // kv_lora] in f32.
+    Result<WeightMatrix> kv_b_from_split(const GgufTensorRef& ref, int64_t rows, int64_t cols) {
+        const std::string blk = ref.gguf_name.substr(0, ref.gguf_name.size() - std::string("attn_kv_b.weight").size());
+        const int64_t nh = config_.num_attention_heads, nope = config_.qk_nope_head_dim,
+                      vd = config_.v_head_dim, lora = config_.kv_lora_rank;
+        DSI_CHECK_EQ(rows, nh * (nope + vd));
+        DSI_CHECK_EQ(cols, lora);
+        if (file_.find_tensor(blk + "attn_k_b.weight") == nullptr) {
+            return not_found(file_.path() + ": missing tensor '" + ref.gguf_name + "' (or '" + blk +
+                             "attn_k_b.weight' + '" + blk + "attn_v_b.weight')");
+        }
+        DSI_ASSIGN_OR_RETURN(TensorView kb, file_.view(blk + "attn_k_b.weight"));
+        DSI_ASSIGN_OR_RETURN(TensorView vb, file_.view(blk + "attn_v_b.weight"));
+        DSI_RETURN_IF_ERROR(check_shape(file_.path(), blk + "attn_k_b.weight", kb, {nh, lora, nope}));
+        DSI_RETURN_IF_ERROR(check_shape(file_.path(), blk + "attn_v_b.weight", vb, {nh, vd, lora}));
+        DSI_ASSIGN_OR_RETURN(std::vector<float> k, to_f32(file_.path(), blk + "attn_k_b.weight", kb));
+        DSI_ASSIGN_OR_RETURN(std::vector<float> v, to_f32(file_.path(), blk + "attn_v_b.weight", vb));
+        auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * cols * 4));
+        float* out = reinterpret_cast<float*>(bytes->data());
+        for (int64_t h = 0; h < nh; ++h) {
+            for (int64_t d = 0; d < nope; ++d) {
+                for (int64_t l = 0; l < lora; ++l) {
+                    out[(h * (nope + vd) + d) * lora + l] = k[(h * lora + l) * nope + d];
+                }
+            }
+            for (int64_t j = 0; j < vd; ++j) {
+                std::copy_n(&v[(h * vd + j) * lora], lora, out + (h * (nope + vd) + nope + j) * lora);
+            }
+        }
+        WeightMatrix m;
+        m.dtype = DType::kF32;
+        m.rows = rows;
+        m.cols = cols;
+        m.data = bytes->data();
+        m.owned = std::move(bytes);
+        return m;
+    }
+
     Result<GgufTensorRef> resolve(const std::string& name) const {
         std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(config_, name);
         if (!ref) return not_found(file_.path() + ": no GGUF tensor for '" + name + "'");

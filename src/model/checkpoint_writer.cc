@@ -181,10 +181,11 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
             m.values.insert(m.values.end(), v.begin(), v.end());
             continue;
         }
-        w.add_tensor(ref->gguf_name, dtype, spec.shape, to_bytes(dtype, v));
-        if (spec.name.find("kv_b_proj") != std::string::npos) {
-            // llama.cpp's MLA path wants W_kb per head as [heads, kv_lora, nope]
-            // (transposed) and W_vb as [heads, v, kv_lora].
+        if (spec.name.find("kv_b_proj") == std::string::npos) {
+            w.add_tensor(ref->gguf_name, dtype, spec.shape, to_bytes(dtype, v));
+        } else {
+            // llama.cpp's MLA layout: no attn_kv_b, but W_kb per head as [heads,
+            // kv_lora, nope] (transposed) and W_vb as [heads, v, kv_lora].
             const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim,
                           vd = c.v_head_dim, lora = c.kv_lora_rank;
             std::vector<float> kb(static_cast<size_t>(nh * lora * nope));

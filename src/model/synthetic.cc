@@ -84,7 +84,9 @@ Result<ModelConfig> synthetic_preset(std::string_view name) {
         c.hidden_size = 128;
         c.intermediate_size = 256;
         c.moe_intermediate_size = 64;
-        c.num_hidden_layers = 3;
+        // 26 layers: llama.cpp's deepseek2 loader takes "no q_lora" (V2-Lite) only
+        // for 26- or 27-layer models, and tiny cross-checks that path.
+        c.num_hidden_layers = 26;
         c.num_attention_heads = 4;
         c.q_lora_rank = 0;
         c.kv_lora_rank = 64;
@@ -130,7 +132,10 @@ Result<ModelConfig> synthetic_preset(std::string_view name) {
         c.fp8 = true;
         c.fp8_scale_ue8m0 = false;
     } else if (name == "small") {
-        // DeepSeek-V2-Lite widths with 3 layers (1 dense + 2 MoE).
+        // DeepSeek-V2-Lite widths with 3 layers (1 dense + 2 MoE). V2-Lite has no
+        // q_lora, but llama.cpp only accepts that for 26/27-layer models, so this
+        // preset uses DeepSeek-V2's q_lora_rank 1536 to stay loadable by llama.cpp
+        // for side-by-side benchmarks.
         c.architecture = "DeepseekV2ForCausalLM";
         c.family = ModelFamily::kDeepseekV2;
         c.hidden_size = 2048;
@@ -138,7 +143,7 @@ Result<ModelConfig> synthetic_preset(std::string_view name) {
         c.moe_intermediate_size = 1408;
         c.num_hidden_layers = 3;
         c.num_attention_heads = 16;
-        c.q_lora_rank = 0;
+        c.q_lora_rank = 1536;
         c.kv_lora_rank = 512;
         c.qk_nope_head_dim = 128;
         c.qk_rope_head_dim = 64;
