@@ -8,6 +8,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
+  libicu-dev
   nodejs npm
 )
 
@@ -28,7 +29,7 @@ if ((${#missing[@]})); then
 fi
 
 # npm test peers, each into its own project-local folder (never global).
-for dir in tests/llamacpp; do
+for dir in tests/llamacpp tests/tokenizer; do
   if [[ -f "$dir/package-lock.json" ]]; then
     stamp="$dir/node_modules/.dsinfer-lock-stamp"
     if [[ ! -f "$stamp" ]] || ! cmp -s "$dir/package-lock.json" "$stamp"; then
