@@ -34,7 +34,7 @@ for dir in tests/llamacpp tests/tokenizer; do
     stamp="$dir/node_modules/.dsinfer-lock-stamp"
     if [[ ! -f "$stamp" ]] || ! cmp -s "$dir/package-lock.json" "$stamp"; then
       echo "setup: npm ci in $dir"
-      (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund --loglevel=error)
+      (cd "$dir" && npm ci --ignore-scripts --omit=optional --no-audit --no-fund --loglevel=error)
       cp "$dir/package-lock.json" "$stamp"
     fi
   fi
