@@ -53,6 +53,14 @@ struct Layer {
     Mlp shared;
 };
 
+// Where each token of a (possibly multi-sequence) batch sits: its position and the
+// KV cache of its sequence.
+struct TokenSlots {
+    std::vector<int64_t> pos;
+    std::vector<KvCache*> cache;
+    int64_t size() const { return static_cast<int64_t>(pos.size()); }
+};
+
 struct Mtp {
     WeightMatrix embed, eh_proj, head;
     std::vector<float> enorm, hnorm, head_norm;
@@ -83,14 +91,12 @@ struct DeepseekModel::Impl {
     void rms_norm(const float* x, const std::vector<float>& w, int64_t num_tokens, int64_t dim,
                   float* y) const;
     void rope(float* v, int64_t pos) const;
-    void attention(const Layer& layer, const float* h, int64_t num_tokens, int64_t start_pos,
-                   KvCache& cache, float* out);
+    void attention(const Layer& layer, const float* h, const TokenSlots& slots, float* out);
     void mlp(const Mlp& m, const float* h, int64_t num_tokens, float* out);
     void moe(const Layer& layer, const float* h, int64_t num_tokens, float* out);
     void route(const Layer& layer, const float* h, std::vector<int32_t>& ids,
                std::vector<float>& weights);
-    void block(const Layer& layer, float* x, int64_t num_tokens, int64_t start_pos,
-               KvCache& cache);
+    void block(const Layer& layer, float* x, const TokenSlots& slots);
 };
 
 Status DeepseekModel::Impl::load_mlp(const std::string& p, int64_t inter, Mlp& m) {
@@ -196,8 +202,9 @@ void DeepseekModel::Impl::rope(float* v, int64_t pos) const {
     }
 }
 
-void DeepseekModel::Impl::attention(const Layer& L, const float* h, int64_t T, int64_t start_pos,
-                                    KvCache& cache, float* out) {
+void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenSlots& slots,
+                                    float* out) {
+    const int64_t T = slots.size();
     const ModelConfig& c = cfg;
     const int64_t H = c.hidden_size;
     const int64_t nh = c.num_attention_heads;
@@ -219,11 +226,11 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, int64_t T, i
     std::vector<float> kv(static_cast<size_t>(T * (lora + rd)));
     matmul(L.kv_a, h, T, kv.data());
     for (int64_t t = 0; t < T; ++t) {
-        float* row = cache.row(L.index, start_pos + t);
+        float* row = slots.cache[t]->row(L.index, slots.pos[t]);
         rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
         std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
-        rope(row + lora, start_pos + t);
-        for (int64_t hd = 0; hd < nh; ++hd) rope(q.data() + (t * nh + hd) * qk + nope, start_pos + t);
+        rope(row + lora, slots.pos[t]);
+        for (int64_t hd = 0; hd < nh; ++hd) rope(q.data() + (t * nh + hd) * qk + nope, slots.pos[t]);
     }
 
     std::vector<float> attn(static_cast<size_t>(T * nh * vd));
@@ -234,7 +241,8 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, int64_t T, i
         for (int64_t th = begin; th < end; ++th) {
             const int64_t t = th / nh;
             const int64_t hd = th % nh;
-            const int64_t pos = start_pos + t;
+            const int64_t pos = slots.pos[t];
+            KvCache& cache = *slots.cache[t];
             const float* qh = q.data() + th * qk;
             const float* kvb = L.kv_b.data() + hd * (nope + vd) * lora;
             // Absorb W_kb into the query: q_lat = sum_d q_nope[d] * W_kb[d, :].
@@ -392,13 +400,13 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
     }
 }
 
-void DeepseekModel::Impl::block(const Layer& L, float* x, int64_t T, int64_t start_pos,
-                                KvCache& cache) {
+void DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& slots) {
+    const int64_t T = slots.size();
     const int64_t H = cfg.hidden_size;
     std::vector<float> h(static_cast<size_t>(T * H));
     std::vector<float> y(static_cast<size_t>(T * H));
     rms_norm(x, L.input_norm, T, H, h.data());
-    attention(L, h.data(), T, start_pos, cache, y.data());
+    attention(L, h.data(), slots, y.data());
     for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
     rms_norm(x, L.post_norm, T, H, h.data());
     if (L.moe) {
@@ -465,31 +473,66 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
 
 Status DeepseekModel::forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
                               bool all_logits, ForwardOutput& out) {
+    SequenceStep step{tokens, start_pos, &cache, all_logits};
+    BatchOutput batch;
+    DSI_RETURN_IF_ERROR(forward_batch(std::span<const SequenceStep>(&step, 1), batch));
+    out.logits = std::move(batch.logits);
+    out.hidden = std::move(batch.hidden);
+    return Status::ok();
+}
+
+Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) {
     Impl& m = *impl_;
     const ModelConfig& c = m.cfg;
-    const int64_t T = static_cast<int64_t>(tokens.size());
     const int64_t H = c.hidden_size;
-    if (T == 0) return invalid_argument("forward: no tokens");
-    for (int32_t t : tokens) {
-        if (t < 0 || t >= c.vocab_size) {
-            return invalid_argument("forward: token id " + std::to_string(t) +
-                                    " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+    if (steps.empty()) return invalid_argument("forward: empty batch");
+    TokenSlots slots;
+    std::vector<int32_t> tokens;
+    out.logit_row.clear();
+    std::vector<int64_t> logit_tokens;  // batch token index of each logits row
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const SequenceStep& st = steps[i];
+        const int64_t T = static_cast<int64_t>(st.tokens.size());
+        if (T == 0) return invalid_argument("forward: sequence " + std::to_string(i) + " has no tokens");
+        if (st.cache == nullptr) return invalid_argument("forward: sequence " + std::to_string(i) + " has no KV cache");
+        for (int32_t t : st.tokens) {
+            if (t < 0 || t >= c.vocab_size) {
+                return invalid_argument("forward: token id " + std::to_string(t) +
+                                        " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+            }
+        }
+        if (st.start_pos < 0 || st.start_pos + T > st.cache->capacity()) {
+            return out_of_range("forward: positions [" + std::to_string(st.start_pos) + ", " +
+                                std::to_string(st.start_pos + T) + ") exceed the KV capacity " +
+                                std::to_string(st.cache->capacity()));
+        }
+        for (size_t j = 0; j < i; ++j) {
+            if (steps[j].cache == st.cache) {
+                return invalid_argument("forward: two batch entries share one KV cache");
+            }
+        }
+        out.logit_row.push_back(static_cast<int64_t>(logit_tokens.size()));
+        for (int64_t t = 0; t < T; ++t) {
+            const int64_t index = static_cast<int64_t>(tokens.size());
+            tokens.push_back(st.tokens[t]);
+            slots.pos.push_back(st.start_pos + t);
+            slots.cache.push_back(st.cache);
+            if (st.all_logits || t == T - 1) logit_tokens.push_back(index);
         }
     }
-    if (start_pos < 0 || start_pos + T > cache.capacity()) {
-        return out_of_range("forward: positions [" + std::to_string(start_pos) + ", " +
-                            std::to_string(start_pos + T) + ") exceed the KV capacity " +
-                            std::to_string(cache.capacity()));
-    }
-    std::vector<float> x(static_cast<size_t>(T * H));
+    const int64_t N = slots.size();
+    std::vector<float> x(static_cast<size_t>(N * H));
     m.embed_rows(m.embed, tokens, x.data());
-    for (const Layer& layer : m.layers) m.block(layer, x.data(), T, start_pos, cache);
-    out.hidden.resize(static_cast<size_t>(T * H));
-    m.rms_norm(x.data(), m.final_norm, T, H, out.hidden.data());
-    const int64_t rows = all_logits ? T : 1;
-    const float* hin = out.hidden.data() + (T - rows) * H;
+    for (const Layer& layer : m.layers) m.block(layer, x.data(), slots);
+    out.hidden.resize(static_cast<size_t>(N * H));
+    m.rms_norm(x.data(), m.final_norm, N, H, out.hidden.data());
+    const int64_t rows = static_cast<int64_t>(logit_tokens.size());
+    std::vector<float> hin(static_cast<size_t>(rows * H));
+    for (int64_t r = 0; r < rows; ++r) {
+        std::copy_n(out.hidden.data() + logit_tokens[r] * H, H, hin.data() + r * H);
+    }
     out.logits.resize(static_cast<size_t>(rows * c.vocab_size));
-    m.matmul(m.lm_head, hin, rows, out.logits.data());
+    m.matmul(m.lm_head, hin.data(), rows, out.logits.data());
     return Status::ok();
 }
 
@@ -525,7 +568,12 @@ Status DeepseekModel::mtp_forward(std::span<const int32_t> next_tokens,
     }
     std::vector<float> x(static_cast<size_t>(T * H));
     m.matmul(mtp.eh_proj, cat.data(), T, x.data());
-    m.block(mtp.block, x.data(), T, start_pos, cache);
+    TokenSlots slots;
+    for (int64_t t = 0; t < T; ++t) {
+        slots.pos.push_back(start_pos + t);
+        slots.cache.push_back(&cache);
+    }
+    m.block(mtp.block, x.data(), slots);
     std::vector<float> xn(static_cast<size_t>(T * H));
     m.rms_norm(x.data(), mtp.head_norm, T, H, xn.data());
     logits.resize(static_cast<size_t>(T * c.vocab_size));

@@ -41,6 +41,24 @@ struct ForwardOutput {
     std::vector<float> hidden;
 };
 
+// One sequence's part of a batched step: `tokens` at positions [start_pos,
+// start_pos + tokens.size()) of the sequence whose KV lives in `cache`.
+struct SequenceStep {
+    std::span<const int32_t> tokens;
+    int64_t start_pos = 0;
+    KvCache* cache = nullptr;
+    bool all_logits = false;  // logits for every token, else only for the last
+};
+
+struct BatchOutput {
+    // Logits rows [rows, vocab]; sequence i's rows start at logit_row[i] (one row, or
+    // one per token with all_logits).
+    std::vector<float> logits;
+    std::vector<int64_t> logit_row;
+    // Final-normed hidden states [total tokens, hidden], in batch order.
+    std::vector<float> hidden;
+};
+
 class DeepseekModel {
 public:
     struct Options {
@@ -65,6 +83,12 @@ public:
     // cache capacity.
     Status forward(std::span<const int32_t> tokens, int64_t start_pos, KvCache& cache,
                    bool all_logits, ForwardOutput& out);
+
+    // Runs several sequences in one step: matrix products batch all their tokens;
+    // attention reads each token's own sequence only. Each sequence's results are
+    // bitwise the same as running it alone (batch invariance). REQUIRES: entries use
+    // distinct caches.
+    Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out);
 
     // MTP (num_nextn_predict_layers = 1): for each i, combines the main model's
     // final hidden state of token i (`hidden` [T, hidden]) with the embedding of

@@ -290,6 +290,54 @@ TEST(ForwardTest, IncrementalDecodeIsBitwiseEqualToPrefill) {
     }
 }
 
+TEST(ForwardTest, BatchedSequencesAreBitwiseEqualToAlone) {
+    ModelConfig c = small_vocab("tiny-v3");
+    auto model = load_model(c, 2);
+    const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3, 4, 5}, {9}, {7, 7, 7, 300, 2, 11, 4}};
+    // Alone: prefill, then one decode step each.
+    std::vector<std::vector<float>> alone_prefill, alone_decode;
+    for (const auto& p : prompts) {
+        auto cache = model->new_kv_cache(16);
+        ForwardOutput o;
+        ASSERT_TRUE(model->forward(p, 0, *cache, true, o).is_ok());
+        alone_prefill.push_back(o.logits);
+        std::vector<int32_t> next = {42};
+        ASSERT_TRUE(model->forward(next, static_cast<int64_t>(p.size()), *cache, false, o).is_ok());
+        alone_decode.push_back(o.logits);
+    }
+    // Together: all prefills in one batch; then a mixed batch (decode of 0 and 2,
+    // with a fresh prefill of prompt 1 in the middle).
+    std::vector<std::unique_ptr<KvCache>> caches;
+    std::vector<SequenceStep> steps;
+    for (const auto& p : prompts) {
+        caches.push_back(model->new_kv_cache(16));
+        steps.push_back({p, 0, caches.back().get(), true});
+    }
+    BatchOutput b;
+    ASSERT_TRUE(model->forward_batch(steps, b).is_ok());
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        std::vector<float> got(b.logits.begin() + b.logit_row[i] * c.vocab_size,
+                               b.logits.begin() + (b.logit_row[i] + prompts[i].size()) * c.vocab_size);
+        EXPECT_EQ(got, alone_prefill[i]) << "sequence " << i;
+    }
+    std::vector<int32_t> next = {42};
+    auto fresh = model->new_kv_cache(16);
+    std::vector<SequenceStep> mixed = {{next, 5, caches[0].get(), false},
+                                       {prompts[1], 0, fresh.get(), true},
+                                       {next, 7, caches[2].get(), false}};
+    ASSERT_TRUE(model->forward_batch(mixed, b).is_ok());
+    auto row = [&](size_t i) {
+        return std::vector<float>(b.logits.begin() + b.logit_row[i] * c.vocab_size,
+                                  b.logits.begin() + (b.logit_row[i] + 1) * c.vocab_size);
+    };
+    EXPECT_EQ(row(0), alone_decode[0]);
+    EXPECT_EQ(row(1), alone_prefill[1]);
+    EXPECT_EQ(row(2), alone_decode[2]);
+    // Two entries on one cache are rejected.
+    std::vector<SequenceStep> dup = {{next, 5, caches[0].get(), false}, {next, 6, caches[0].get(), false}};
+    EXPECT_EQ(model->forward_batch(dup, b).code(), StatusCode::kInvalidArgument);
+}
+
 TEST(ForwardTest, ThreadCountDoesNotChangeBits) {
     ModelConfig c = small_vocab("tiny");
     auto m1 = load_model(c, 1);
