@@ -66,5 +66,123 @@ TEST(SamplerTest, ValidatesParams) {
     EXPECT_TRUE(validate_sampling(SamplingParams{}).is_ok());
 }
 
+TEST(SamplerTest, ValidatesExtendedParams) {
+    auto bad = [](auto mutate) {
+        SamplingParams p;
+        mutate(p);
+        return validate_sampling(p, 100).code() == StatusCode::kInvalidArgument;
+    };
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.min_p = 1.5; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.repetition_penalty = 0; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.frequency_penalty = 3; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.presence_penalty = std::nan(""); }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.max_tokens = 0; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.min_tokens = 20; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.logprobs = 21; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.n = 0; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.logit_bias = {{100, 1.0f}}; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.logit_bias = {{1, 101.0f}}; }));
+    EXPECT_TRUE(bad([](SamplingParams& p) { p.stop_token_ids = {-1}; }));
+}
+
+TEST(SamplerTest, LogitBiasAndPenaltiesChangeGreedyChoice) {
+    std::vector<float> l = {1.0f, 2.0f, 1.5f};
+    Sampler s;
+    SamplingParams p;
+    EXPECT_EQ(s.sample(l, p, {}, 0).token, 1);
+    p.logit_bias = {{0, 5.0f}};
+    EXPECT_EQ(s.sample(l, p, {}, 0).token, 0);
+    p = {};
+    std::vector<int32_t> out = {1, 1};
+    p.frequency_penalty = 0.3;  // 2.0 - 0.6 = 1.4 < 1.5
+    EXPECT_EQ(s.sample(l, p, {{}, out}, 0).token, 2);
+    p = {};
+    p.presence_penalty = 0.6;  // once: 2.0 - 0.6 = 1.4
+    EXPECT_EQ(s.sample(l, p, {{}, std::span<const int32_t>(out).first(1)}, 0).token, 2);
+    p = {};
+    p.repetition_penalty = 2.0;  // prompt holds 1: 2.0 / 2 = 1.0 < 1.5
+    std::vector<int32_t> prompt = {1};
+    EXPECT_EQ(s.sample(l, p, {prompt, {}}, 0).token, 2);
+}
+
+TEST(SamplerTest, MinTokensBlocksEosAndStopIds) {
+    std::vector<float> l = {0.0f, 9.0f, 8.0f, 1.0f};  // eos = 1 is best, stop id 2 next
+    Sampler s;
+    SamplingParams p;
+    p.max_tokens = 10;
+    p.min_tokens = 2;
+    p.stop_token_ids = {2};
+    std::vector<int32_t> out = {3};
+    SampleContext ctx{{}, out, /*eos_id=*/1, nullptr};
+    EXPECT_EQ(s.sample(l, p, ctx, 0).token, 3);
+    out = {3, 3};
+    ctx.output = out;
+    EXPECT_EQ(s.sample(l, p, ctx, 0).token, 1);
+}
+
+class EvenOnly : public TokenMaskProvider {
+public:
+    void fill(std::span<const int32_t> output, TokenMask& allowed) override {
+        seen = output.size();
+        for (int32_t i = 1; i < allowed.size(); i += 2) allowed.set(i, false);
+    }
+    size_t seen = 0;
+};
+
+TEST(SamplerTest, MaskHookRestrictsEveryMode) {
+    std::vector<float> l(130);
+    for (size_t i = 0; i < l.size(); ++i) l[i] = static_cast<float>(i % 2 ? 10 : 0) + 0.01f * i;
+    EvenOnly mask;
+    Sampler s;
+    std::vector<int32_t> out = {4, 6};
+    SamplingParams p;
+    SampleContext ctx{{}, out, -1, &mask};
+    EXPECT_EQ(s.sample(l, p, ctx, 0).token, 128);
+    EXPECT_EQ(mask.seen, 2u);
+    p.temperature = 5.0;
+    for (uint64_t pos = 0; pos < 200; ++pos) EXPECT_EQ(s.sample(l, p, ctx, pos).token % 2, 0);
+    TokenMask m(130);
+    m.set(129, false);
+    EXPECT_FALSE(m.allowed(129));
+    EXPECT_TRUE(m.allowed(128));
+}
+
+TEST(SamplerTest, NothingAllowedGivesMinusOne) {
+    class None : public TokenMaskProvider {
+        void fill(std::span<const int32_t>, TokenMask& a) override { a.reset(a.size(), false); }
+    } none;
+    std::vector<float> l = {1, 2, 3};
+    Sampler s;
+    EXPECT_EQ(s.sample(l, SamplingParams{}, {{}, {}, -1, &none}, 0).token, -1);
+}
+
+TEST(SamplerTest, MinPDropsUnlikelyTokens) {
+    std::vector<float> l = {5.0f, 4.8f, 0.0f, 0.0f};
+    SamplingParams p;
+    p.temperature = 1.0;
+    p.min_p = 0.5;  // exp(-0.2) = 0.82 stays; exp(-5) does not
+    for (uint64_t pos = 0; pos < 500; ++pos) EXPECT_LT(sample_token(l, p, pos), 2);
+}
+
+TEST(SamplerTest, LogprobsAreLogSoftmaxOfProcessedRow) {
+    std::vector<float> l = {0.0f, std::log(3.0f), -100.0f};
+    Sampler s;
+    SamplingParams p;
+    p.logprobs = 2;
+    SampledToken t = s.sample(l, p, {}, 0);
+    EXPECT_EQ(t.token, 1);
+    EXPECT_NEAR(t.logprob, std::log(0.75), 1e-5);
+    ASSERT_EQ(t.top_logprobs.size(), 2u);
+    EXPECT_EQ(t.top_logprobs[0].first, 1);
+    EXPECT_EQ(t.top_logprobs[1].first, 0);
+    EXPECT_NEAR(t.top_logprobs[1].second, std::log(0.25), 1e-5);
+}
+
+TEST(SamplerTest, DerivedSeedsDiffer) {
+    EXPECT_EQ(derive_seed(7, 0), 7u);
+    EXPECT_NE(derive_seed(7, 1), derive_seed(7, 2));
+    EXPECT_NE(derive_seed(7, 1), 7u);
+}
+
 }  // namespace
 }  // namespace dsi
