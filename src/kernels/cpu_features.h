@@ -1,0 +1,30 @@
+// CPU feature detection and the instruction-set level the kernels run at.
+//
+// The binary targets x86-64-v3 (AVX2 + FMA + F16C) as its floor; faster
+// variants are compiled per file with their own flags and chosen once, at first
+// use, from cpuid. DSINFER_ISA=scalar|avx2|avx512 (environment) caps the
+// choice, for tests and benchmarks. Thread model: the choice is made once
+// (thread-safe static); afterwards everything here is read-only.
+#pragma once
+
+#include <string_view>
+#include <vector>
+
+namespace dsi::kernels {
+
+enum class Isa {
+  kScalar, // portable C++, the reference every variant is tested against
+  kAvx2,   // AVX2 + FMA + F16C (x86-64-v3)
+  kAvx512, // AVX-512 F/BW/VL/DQ + VNNI
+};
+
+std::string_view isa_name(Isa isa);
+// Parses "scalar", "avx2", "avx512"; false if unknown.
+bool parse_isa(std::string_view name, Isa *out);
+
+// Every level this CPU can run, lowest first (always includes kScalar).
+std::vector<Isa> supported_isas();
+// The level kernels use: the best supported one, capped by DSINFER_ISA.
+Isa active_isa();
+
+} // namespace dsi::kernels
