@@ -23,31 +23,30 @@ namespace dsi {
 
 class ThreadPool {
 public:
-  // num_threads includes the calling thread; 1 means run inline.
-  explicit ThreadPool(int num_threads);
-  ~ThreadPool();
-  ThreadPool(const ThreadPool &) = delete;
-  ThreadPool &operator=(const ThreadPool &) = delete;
+    // num_threads includes the calling thread; 1 means run inline.
+    explicit ThreadPool(int num_threads);
+    ~ThreadPool();
+    ThreadPool(const ThreadPool&) = delete;
+    ThreadPool& operator=(const ThreadPool&) = delete;
 
-  int num_threads() const { return num_threads_; }
-  // Calls fn(begin, end) on disjoint chunks covering [0, n); chunk boundaries
-  // are multiples of `grain` (except the last). Chunk i runs on thread i.
-  void parallel_for(int64_t n, int64_t grain,
-                    const std::function<void(int64_t, int64_t)> &fn);
+    int num_threads() const { return num_threads_; }
+    // Calls fn(begin, end) on disjoint chunks covering [0, n); chunk boundaries
+    // are multiples of `grain` (except the last). Chunk i runs on thread i.
+    void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn);
 
 private:
-  void worker_loop(int index);
+    void worker_loop(int index);
 
-  int num_threads_;
-  std::vector<std::thread> workers_;
-  // Job description: written by the owner before it bumps generation_
-  // (release); read by workers after they see the new generation (acquire).
-  const std::function<void(int64_t, int64_t)> *fn_ = nullptr;
-  int64_t n_ = 0;
-  int64_t grain_ = 1;
-  std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
-  std::atomic<bool> stop_{false};
+    int num_threads_;
+    std::vector<std::thread> workers_;
+    // Job description: written by the owner before it bumps generation_
+    // (release); read by workers after they see the new generation (acquire).
+    const std::function<void(int64_t, int64_t)>* fn_ = nullptr;
+    int64_t n_ = 0;
+    int64_t grain_ = 1;
+    std::atomic<uint64_t> generation_{0};
+    std::atomic<int> pending_{0};
+    std::atomic<bool> stop_{false};
 };
 
-} // namespace dsi
+}  // namespace dsi

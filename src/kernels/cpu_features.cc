@@ -7,74 +7,72 @@ namespace {
 
 bool cpu_has_avx2() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 #else
-  return false;
+    return false;
 #endif
 }
 
 bool cpu_has_avx512() {
 #if defined(__x86_64__)
-  __builtin_cpu_init();
-  return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
-         __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") &&
-         __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni");
+    __builtin_cpu_init();
+    return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+           __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
 #else
-  return false;
+    return false;
 #endif
 }
 
 Isa choose_isa() {
-  std::vector<Isa> all = supported_isas();
-  Isa best = all.back();
-  if (const char *env = std::getenv("DSINFER_ISA")) {
-    Isa cap;
-    if (parse_isa(env, &cap) && static_cast<int>(cap) < static_cast<int>(best))
-      best = cap;
-  }
-  return best;
+    std::vector<Isa> all = supported_isas();
+    Isa best = all.back();
+    if (const char* env = std::getenv("DSINFER_ISA")) {
+        Isa cap;
+        if (parse_isa(env, &cap) && static_cast<int>(cap) < static_cast<int>(best))
+            best = cap;
+    }
+    return best;
 }
 
-} // namespace
+}  // namespace
 
 std::string_view isa_name(Isa isa) {
-  switch (isa) {
-  case Isa::kScalar:
-    return "scalar";
-  case Isa::kAvx2:
-    return "avx2";
-  case Isa::kAvx512:
-    return "avx512";
-  }
-  return "?";
+    switch (isa) {
+        case Isa::kScalar:
+            return "scalar";
+        case Isa::kAvx2:
+            return "avx2";
+        case Isa::kAvx512:
+            return "avx512";
+    }
+    return "?";
 }
 
-bool parse_isa(std::string_view name, Isa *out) {
-  for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
-    if (name == isa_name(isa)) {
-      *out = isa;
-      return true;
+bool parse_isa(std::string_view name, Isa* out) {
+    for (Isa isa : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512}) {
+        if (name == isa_name(isa)) {
+            *out = isa;
+            return true;
+        }
     }
-  }
-  return false;
+    return false;
 }
 
 std::vector<Isa> supported_isas() {
-  std::vector<Isa> out = {Isa::kScalar};
-  if (cpu_has_avx2())
-    out.push_back(Isa::kAvx2);
-  if (cpu_has_avx512())
-    out.push_back(Isa::kAvx512);
-  return out;
+    std::vector<Isa> out = {Isa::kScalar};
+    if (cpu_has_avx2())
+        out.push_back(Isa::kAvx2);
+    if (cpu_has_avx512())
+        out.push_back(Isa::kAvx512);
+    return out;
 }
 
 Isa active_isa() {
-  static const Isa isa = choose_isa();
-  return isa;
+    static const Isa isa = choose_isa();
+    return isa;
 }
 
-} // namespace dsi::kernels
+}  // namespace dsi::kernels

@@ -13,18 +13,18 @@
 namespace dsi::kernels {
 
 enum class Isa {
-  kScalar, // portable C++, the reference every variant is tested against
-  kAvx2,   // AVX2 + FMA + F16C (x86-64-v3)
-  kAvx512, // AVX-512 F/BW/VL/DQ + VNNI
+    kScalar,  // portable C++, the reference every variant is tested against
+    kAvx2,    // AVX2 + FMA + F16C (x86-64-v3)
+    kAvx512,  // AVX-512 F/BW/VL/DQ + VNNI
 };
 
 std::string_view isa_name(Isa isa);
 // Parses "scalar", "avx2", "avx512"; false if unknown.
-bool parse_isa(std::string_view name, Isa *out);
+bool parse_isa(std::string_view name, Isa* out);
 
 // Every level this CPU can run, lowest first (always includes kScalar).
 std::vector<Isa> supported_isas();
 // The level kernels use: the best supported one, capped by DSINFER_ISA.
 Isa active_isa();
 
-} // namespace dsi::kernels
+}  // namespace dsi::kernels

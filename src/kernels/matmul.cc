@@ -14,94 +14,88 @@ using internal::kQ8Block;
 namespace {
 
 internal::GemmFn gemm_for(Isa isa) {
-  switch (isa) {
-  case Isa::kAvx512:
-    return internal::gemm_avx512;
-  case Isa::kAvx2:
-    return internal::gemm_avx2;
-  case Isa::kScalar:
-    break;
-  }
-  return internal::gemm_scalar;
-}
-
-} // namespace
-
-void quantize_act_q8(const float *x, int64_t k, int8_t *q, float *d,
-                     int32_t *s128) {
-  for (int64_t b = 0; b < k / kQ8Block; ++b) {
-    const float *xb = x + b * kQ8Block;
-    float amax = 0.0f;
-    for (int j = 0; j < kQ8Block; ++j)
-      amax = std::max(amax, std::fabs(xb[j]));
-    // ggml-cpu's x86 quantize_row_q8_0: d = amax/127 stored as f16, q = rne(x *
-    // 127/amax).
-    d[b] = f16_to_f32(f32_to_f16(amax / 127.0f));
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    int32_t sum = 0;
-    for (int j = 0; j < kQ8Block; ++j) {
-      const int v = static_cast<int>(std::nearbyint(xb[j] * id));
-      q[b * kQ8Block + j] = static_cast<int8_t>(v);
-      sum += v;
+    switch (isa) {
+        case Isa::kAvx512:
+            return internal::gemm_avx512;
+        case Isa::kAvx2:
+            return internal::gemm_avx2;
+        case Isa::kScalar:
+            break;
     }
-    s128[b] = 128 * sum;
-  }
+    return internal::gemm_scalar;
 }
 
-void matmul_isa(Isa isa, const PackedMatrix &w, const float *x, int64_t m,
-                float *y, ThreadPool *pool) {
-  if (m <= 0 || w.rows() == 0)
-    return;
-  const internal::PackedView &v = w.view();
-  const internal::GemmFn fn = gemm_for(isa);
-  internal::Q8Acts xq;
-  std::vector<int8_t> q;
-  std::vector<float> d;
-  std::vector<int32_t> s;
-  if (v.format == internal::PackFormat::kQ8) {
-    const int64_t K = v.cols;
-    const int64_t nb = K / kQ8Block;
-    q.resize(static_cast<size_t>(m * K));
-    d.resize(static_cast<size_t>(m * nb));
-    s.resize(static_cast<size_t>(m * nb));
-    for (int64_t t = 0; t < m; ++t) {
-      quantize_act_q8(x + t * K, K, q.data() + t * K, d.data() + t * nb,
-                      s.data() + t * nb);
+}  // namespace
+
+void quantize_act_q8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s128) {
+    for (int64_t b = 0; b < k / kQ8Block; ++b) {
+        const float* xb = x + b * kQ8Block;
+        float amax = 0.0f;
+        for (int j = 0; j < kQ8Block; ++j)
+            amax = std::max(amax, std::fabs(xb[j]));
+        // ggml-cpu's x86 quantize_row_q8_0: d = amax/127 stored as f16, q = rne(x *
+        // 127/amax).
+        d[b] = f16_to_f32(f32_to_f16(amax / 127.0f));
+        const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int j = 0; j < kQ8Block; ++j) {
+            const int v = static_cast<int>(std::nearbyint(xb[j] * id));
+            q[b * kQ8Block + j] = static_cast<int8_t>(v);
+            sum += v;
+        }
+        s128[b] = 128 * sum;
     }
-    xq = {q.data(), d.data(), s.data()};
-  }
-  // Chunks of whole groups: which thread computes a row never changes its bits.
-  const int64_t groups = v.num_groups;
-  const int64_t threads = pool ? pool->num_threads() : 1;
-  if (threads <= 1 || groups < 2) {
-    fn(v, x, xq, m, y, 0, groups);
-    return;
-  }
-  const int64_t grain =
-      std::max<int64_t>(1, std::min<int64_t>(8, groups / threads));
-  pool->parallel_for(groups, grain, [&](int64_t gb, int64_t ge) {
-    fn(v, x, xq, m, y, gb, ge);
-  });
 }
 
-void matmul(const PackedMatrix &w, const float *x, int64_t m, float *y,
-            ThreadPool *pool) {
-  matmul_isa(active_isa(), w, x, m, y, pool);
+void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
+                ThreadPool* pool) {
+    if (m <= 0 || w.rows() == 0)
+        return;
+    const internal::PackedView& v = w.view();
+    const internal::GemmFn fn = gemm_for(isa);
+    internal::Q8Acts xq;
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s;
+    if (v.format == internal::PackFormat::kQ8) {
+        const int64_t K = v.cols;
+        const int64_t nb = K / kQ8Block;
+        q.resize(static_cast<size_t>(m * K));
+        d.resize(static_cast<size_t>(m * nb));
+        s.resize(static_cast<size_t>(m * nb));
+        for (int64_t t = 0; t < m; ++t) {
+            quantize_act_q8(x + t * K, K, q.data() + t * K, d.data() + t * nb, s.data() + t * nb);
+        }
+        xq = {q.data(), d.data(), s.data()};
+    }
+    // Chunks of whole groups: which thread computes a row never changes its bits.
+    const int64_t groups = v.num_groups;
+    const int64_t threads = pool ? pool->num_threads() : 1;
+    if (threads <= 1 || groups < 2) {
+        fn(v, x, xq, m, y, 0, groups);
+        return;
+    }
+    const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(8, groups / threads));
+    pool->parallel_for(groups, grain, [&](int64_t gb, int64_t ge) { fn(v, x, xq, m, y, gb, ge); });
 }
 
-float read_sum(Isa isa, const float *x, int64_t n) {
-  switch (isa) {
-  case Isa::kAvx512:
-    return internal::sum_avx512(x, n);
-  case Isa::kAvx2:
-    return internal::sum_avx2(x, n);
-  case Isa::kScalar:
-    break;
-  }
-  float s = 0;
-  for (int64_t i = 0; i < n; ++i)
-    s += x[i];
-  return s;
+void matmul(const PackedMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
+    matmul_isa(active_isa(), w, x, m, y, pool);
 }
 
-} // namespace dsi::kernels
+float read_sum(Isa isa, const float* x, int64_t n) {
+    switch (isa) {
+        case Isa::kAvx512:
+            return internal::sum_avx512(x, n);
+        case Isa::kAvx2:
+            return internal::sum_avx2(x, n);
+        case Isa::kScalar:
+            break;
+    }
+    float s = 0;
+    for (int64_t i = 0; i < n; ++i)
+        s += x[i];
+    return s;
+}
+
+}  // namespace dsi::kernels

@@ -23,19 +23,17 @@ namespace dsi::kernels {
 
 // y[t * w.rows() + r] = sum_k W[r, k] * x[t * w.cols() + k] for t < m.
 // REQUIRES: x holds m * cols floats, y m * rows floats; no aliasing.
-void matmul(const PackedMatrix &w, const float *x, int64_t m, float *y,
-            ThreadPool *pool);
+void matmul(const PackedMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool);
 // The same with an explicit ISA (tests, benchmarks). REQUIRES: isa is
 // supported.
-void matmul_isa(Isa isa, const PackedMatrix &w, const float *x, int64_t m,
-                float *y, ThreadPool *pool);
+void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
+                ThreadPool* pool);
 
 // Quantises one activation row of k floats (k % 32 == 0) to Q8_0 blocks: q[k],
 // d[k/32] (f16-rounded scales), s128[k/32] = 128 * sum of the block's q.
-void quantize_act_q8(const float *x, int64_t k, int8_t *q, float *d,
-                     int32_t *s128);
+void quantize_act_q8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s128);
 
 // Sum of n floats with the widest loads the ISA has (a read-bandwidth probe).
-float read_sum(Isa isa, const float *x, int64_t n);
+float read_sum(Isa isa, const float* x, int64_t n);
 
-} // namespace dsi::kernels
+}  // namespace dsi::kernels

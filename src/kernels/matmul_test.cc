@@ -13,227 +13,216 @@ namespace {
 // A source matrix in one stored dtype, with its bytes and f32 dequantised
 // values.
 struct Source {
-  SourceMatrix m;
-  std::vector<uint8_t> bytes;
-  std::vector<float> scales;
-  std::vector<float> values; // [rows, cols] dequantised (with scales)
+    SourceMatrix m;
+    std::vector<uint8_t> bytes;
+    std::vector<float> scales;
+    std::vector<float> values;  // [rows, cols] dequantised (with scales)
 };
 
 Source make_source(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  Source s;
-  s.m.dtype = dtype;
-  s.m.rows = rows;
-  s.m.cols = cols;
-  s.bytes.resize(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
-  std::vector<float> row(static_cast<size_t>(cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    for (float &v : row)
-      v = nd(rng);
-    uint8_t *dst = s.bytes.data() + r * dtype_row_bytes(dtype, cols);
-    for (int64_t c = 0; c < cols; ++c) {
-      switch (dtype) {
-      case DType::kF32:
-        std::memcpy(dst + 4 * c, &row[c], 4);
-        break;
-      case DType::kBF16: {
-        uint16_t h = f32_to_bf16(row[c]);
-        std::memcpy(dst + 2 * c, &h, 2);
-        break;
-      }
-      case DType::kF16: {
-        uint16_t h = f32_to_f16(row[c]);
-        std::memcpy(dst + 2 * c, &h, 2);
-        break;
-      }
-      case DType::kF8E4M3:
-        dst[c] = f32_to_e4m3(row[c] * 100.0f);
-        break;
-      default:
-        break;
-      }
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    Source s;
+    s.m.dtype = dtype;
+    s.m.rows = rows;
+    s.m.cols = cols;
+    s.bytes.resize(static_cast<size_t>(rows * dtype_row_bytes(dtype, cols)));
+    std::vector<float> row(static_cast<size_t>(cols));
+    for (int64_t r = 0; r < rows; ++r) {
+        for (float& v : row)
+            v = nd(rng);
+        uint8_t* dst = s.bytes.data() + r * dtype_row_bytes(dtype, cols);
+        for (int64_t c = 0; c < cols; ++c) {
+            switch (dtype) {
+                case DType::kF32:
+                    std::memcpy(dst + 4 * c, &row[c], 4);
+                    break;
+                case DType::kBF16: {
+                    uint16_t h = f32_to_bf16(row[c]);
+                    std::memcpy(dst + 2 * c, &h, 2);
+                    break;
+                }
+                case DType::kF16: {
+                    uint16_t h = f32_to_f16(row[c]);
+                    std::memcpy(dst + 2 * c, &h, 2);
+                    break;
+                }
+                case DType::kF8E4M3:
+                    dst[c] = f32_to_e4m3(row[c] * 100.0f);
+                    break;
+                default:
+                    break;
+            }
+        }
+        if (dtype == DType::kQ8_0)
+            quantize_row_q8_0(row.data(), dst, cols);
     }
-    if (dtype == DType::kQ8_0)
-      quantize_row_q8_0(row.data(), dst, cols);
-  }
-  if (dtype == DType::kF8E4M3) {
-    s.m.block_rows = 128;
-    s.m.block_cols = 128;
-    const int64_t nrb = (rows + 127) / 128, ncb = (cols + 127) / 128;
-    std::uniform_real_distribution<float> ud(0.001f, 0.02f);
-    for (int64_t i = 0; i < nrb * ncb; ++i)
-      s.scales.push_back(ud(rng));
-    s.m.block_scale = s.scales.data();
-  }
-  s.m.data = s.bytes.data();
-  s.values.resize(static_cast<size_t>(rows * cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    dequantize_row(dtype, s.bytes.data() + r * dtype_row_bytes(dtype, cols),
-                   s.values.data() + r * cols, cols);
     if (dtype == DType::kF8E4M3) {
-      const int64_t ncb = (cols + 127) / 128;
-      for (int64_t c = 0; c < cols; ++c)
-        s.values[r * cols + c] *= s.scales[(r / 128) * ncb + c / 128];
+        s.m.block_rows = 128;
+        s.m.block_cols = 128;
+        const int64_t nrb = (rows + 127) / 128, ncb = (cols + 127) / 128;
+        std::uniform_real_distribution<float> ud(0.001f, 0.02f);
+        for (int64_t i = 0; i < nrb * ncb; ++i)
+            s.scales.push_back(ud(rng));
+        s.m.block_scale = s.scales.data();
     }
-  }
-  return s;
+    s.m.data = s.bytes.data();
+    s.values.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r) {
+        dequantize_row(dtype, s.bytes.data() + r * dtype_row_bytes(dtype, cols),
+                       s.values.data() + r * cols, cols);
+        if (dtype == DType::kF8E4M3) {
+            const int64_t ncb = (cols + 127) / 128;
+            for (int64_t c = 0; c < cols; ++c)
+                s.values[r * cols + c] *= s.scales[(r / 128) * ncb + c / 128];
+        }
+    }
+    return s;
 }
 
 std::vector<float> random_x(int64_t m, int64_t cols, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(m * cols));
-  for (float &v : x)
-    v = nd(rng);
-  return x;
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(m * cols));
+    for (float& v : x)
+        v = nd(rng);
+    return x;
 }
 
-bool same_bits(const float *a, const float *b, int64_t n) {
-  return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
+bool same_bits(const float* a, const float* b, int64_t n) {
+    return std::memcmp(a, b, static_cast<size_t>(n) * sizeof(float)) == 0;
 }
 
 struct Case {
-  DType dtype;
-  WeightFormat format;
+    DType dtype;
+    WeightFormat format;
 };
 
 const Case kCases[] = {
-    {DType::kF32, WeightFormat::kF32},
-    {DType::kBF16, WeightFormat::kBF16},
-    {DType::kF16, WeightFormat::kF16},
-    {DType::kF8E4M3, WeightFormat::kE4M3},
-    {DType::kQ8_0, WeightFormat::kQ8_0},
-    {DType::kBF16, WeightFormat::kQ8_0},
+    {DType::kF32, WeightFormat::kF32},     {DType::kBF16, WeightFormat::kBF16},
+    {DType::kF16, WeightFormat::kF16},     {DType::kF8E4M3, WeightFormat::kE4M3},
+    {DType::kQ8_0, WeightFormat::kQ8_0},   {DType::kBF16, WeightFormat::kQ8_0},
     {DType::kF8E4M3, WeightFormat::kBF16},
 };
 
-std::string case_name(const Case &c) {
-  return std::string(dtype_name(c.dtype)) + "->" +
-         std::string(weight_format_name(c.format));
+std::string case_name(const Case& c) {
+    return std::string(dtype_name(c.dtype)) + "->" + std::string(weight_format_name(c.format));
 }
 
 TEST(PackedMatrixTest, NativeFormatsUnpackExactly) {
-  for (const Case &c : kCases) {
-    if (native_weight_format(c.dtype) != c.format)
-      continue;
-    Source s = make_source(c.dtype, 37, 160, 1);
-    auto p = pack_matrix(s.m, c.format);
-    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
-    std::vector<float> row(160);
-    for (int64_t r = 0; r < 37; ++r) {
-      unpack_row(*p, r, row.data());
-      EXPECT_TRUE(same_bits(row.data(), s.values.data() + r * 160, 160))
-          << case_name(c) << " row " << r;
+    for (const Case& c : kCases) {
+        if (native_weight_format(c.dtype) != c.format)
+            continue;
+        Source s = make_source(c.dtype, 37, 160, 1);
+        auto p = pack_matrix(s.m, c.format);
+        ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+        std::vector<float> row(160);
+        for (int64_t r = 0; r < 37; ++r) {
+            unpack_row(*p, r, row.data());
+            EXPECT_TRUE(same_bits(row.data(), s.values.data() + r * 160, 160))
+                << case_name(c) << " row " << r;
+        }
     }
-  }
 }
 
 // Scalar reference vs a float64 product of the stored values; every ISA variant
 // vs the scalar reference, bitwise; odd sizes and tails.
 TEST(MatmulTest, VariantsMatchReference) {
-  const int64_t shapes[][2] = {
-      {1, 32}, {17, 64}, {64, 288}, {100, 160}, {33, 1024}};
-  for (const Case &c : kCases) {
-    for (const auto &sh : shapes) {
-      const int64_t rows = sh[0], cols = sh[1];
-      Source s = make_source(c.dtype, rows, cols,
-                             static_cast<uint32_t>(rows * 7 + cols));
-      auto p = pack_matrix(s.m, c.format);
-      ASSERT_TRUE(p.is_ok()) << p.status().to_string();
-      const int64_t m = 7;
-      std::vector<float> x = random_x(m, cols, 99);
-      std::vector<float> ref(static_cast<size_t>(m * rows));
-      matmul_isa(Isa::kScalar, *p, x.data(), m, ref.data(), nullptr);
-      // The packed weights (possibly re-rounded) as f32.
-      std::vector<float> wrow(static_cast<size_t>(cols));
-      for (int64_t r = 0; r < rows; ++r) {
-        unpack_row(*p, r, wrow.data());
-        for (int64_t t = 0; t < m; ++t) {
-          double exact = 0, mag = 0;
-          for (int64_t k = 0; k < cols; ++k) {
-            exact += static_cast<double>(wrow[k]) * x[t * cols + k];
-            mag += std::fabs(static_cast<double>(wrow[k]) * x[t * cols + k]);
-          }
-          // f32 accumulation: ~cols * 2^-24 relative to sum |w x|; q8_0 also
-          // rounds activations to 8 bits (<= 1/254 of each |x|).
-          const double bound = c.format == WeightFormat::kQ8_0
-                                   ? 5e-3 * mag + 1e-6
-                                   : 1e-6 * mag + 1e-6;
-          ASSERT_NEAR(ref[t * rows + r], exact, bound)
-              << case_name(c) << " " << rows << "x" << cols << " r " << r
-              << " t " << t;
+    const int64_t shapes[][2] = {{1, 32}, {17, 64}, {64, 288}, {100, 160}, {33, 1024}};
+    for (const Case& c : kCases) {
+        for (const auto& sh : shapes) {
+            const int64_t rows = sh[0], cols = sh[1];
+            Source s = make_source(c.dtype, rows, cols, static_cast<uint32_t>(rows * 7 + cols));
+            auto p = pack_matrix(s.m, c.format);
+            ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+            const int64_t m = 7;
+            std::vector<float> x = random_x(m, cols, 99);
+            std::vector<float> ref(static_cast<size_t>(m * rows));
+            matmul_isa(Isa::kScalar, *p, x.data(), m, ref.data(), nullptr);
+            // The packed weights (possibly re-rounded) as f32.
+            std::vector<float> wrow(static_cast<size_t>(cols));
+            for (int64_t r = 0; r < rows; ++r) {
+                unpack_row(*p, r, wrow.data());
+                for (int64_t t = 0; t < m; ++t) {
+                    double exact = 0, mag = 0;
+                    for (int64_t k = 0; k < cols; ++k) {
+                        exact += static_cast<double>(wrow[k]) * x[t * cols + k];
+                        mag += std::fabs(static_cast<double>(wrow[k]) * x[t * cols + k]);
+                    }
+                    // f32 accumulation: ~cols * 2^-24 relative to sum |w x|; q8_0 also
+                    // rounds activations to 8 bits (<= 1/254 of each |x|).
+                    const double bound =
+                        c.format == WeightFormat::kQ8_0 ? 5e-3 * mag + 1e-6 : 1e-6 * mag + 1e-6;
+                    ASSERT_NEAR(ref[t * rows + r], exact, bound)
+                        << case_name(c) << " " << rows << "x" << cols << " r " << r << " t " << t;
+                }
+            }
+            for (Isa isa : supported_isas()) {
+                std::vector<float> y(ref.size(), -1.0f);
+                matmul_isa(isa, *p, x.data(), m, y.data(), nullptr);
+                EXPECT_TRUE(same_bits(y.data(), ref.data(), m * rows))
+                    << case_name(c) << " " << isa_name(isa) << " " << rows << "x" << cols;
+            }
         }
-      }
-      for (Isa isa : supported_isas()) {
-        std::vector<float> y(ref.size(), -1.0f);
-        matmul_isa(isa, *p, x.data(), m, y.data(), nullptr);
-        EXPECT_TRUE(same_bits(y.data(), ref.data(), m * rows))
-            << case_name(c) << " " << isa_name(isa) << " " << rows << "x"
-            << cols;
-      }
     }
-  }
 }
 
 // Row t of Y is bitwise the same for M = 1, 3, 16, 64 and 1 or 2 threads.
 TEST(MatmulTest, BatchInvariant) {
-  ThreadPool pool2(2);
-  for (const Case &c : kCases) {
-    Source s = make_source(c.dtype, 200, 256, 5);
-    auto p = pack_matrix(s.m, c.format);
-    ASSERT_TRUE(p.is_ok());
-    std::vector<float> x = random_x(64, 256, 11);
-    for (Isa isa : supported_isas()) {
-      // Each row alone, one thread: the reference rows.
-      std::vector<float> alone(64 * 200);
-      for (int64_t t = 0; t < 64; ++t) {
-        matmul_isa(isa, *p, x.data() + t * 256, 1, alone.data() + t * 200,
-                   nullptr);
-      }
-      for (int64_t m : {1, 3, 16, 64}) {
-        for (ThreadPool *pool : {static_cast<ThreadPool *>(nullptr), &pool2}) {
-          // Rows [64 - m, 64) so that a row sits at different batch positions.
-          std::vector<float> y(static_cast<size_t>(m * 200));
-          matmul_isa(isa, *p, x.data() + (64 - m) * 256, m, y.data(), pool);
-          EXPECT_TRUE(
-              same_bits(y.data(), alone.data() + (64 - m) * 200, m * 200))
-              << case_name(c) << " " << isa_name(isa) << " m " << m
-              << " threads " << (pool ? 2 : 1);
+    ThreadPool pool2(2);
+    for (const Case& c : kCases) {
+        Source s = make_source(c.dtype, 200, 256, 5);
+        auto p = pack_matrix(s.m, c.format);
+        ASSERT_TRUE(p.is_ok());
+        std::vector<float> x = random_x(64, 256, 11);
+        for (Isa isa : supported_isas()) {
+            // Each row alone, one thread: the reference rows.
+            std::vector<float> alone(64 * 200);
+            for (int64_t t = 0; t < 64; ++t) {
+                matmul_isa(isa, *p, x.data() + t * 256, 1, alone.data() + t * 200, nullptr);
+            }
+            for (int64_t m : {1, 3, 16, 64}) {
+                for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+                    // Rows [64 - m, 64) so that a row sits at different batch positions.
+                    std::vector<float> y(static_cast<size_t>(m * 200));
+                    matmul_isa(isa, *p, x.data() + (64 - m) * 256, m, y.data(), pool);
+                    EXPECT_TRUE(same_bits(y.data(), alone.data() + (64 - m) * 200, m * 200))
+                        << case_name(c) << " " << isa_name(isa) << " m " << m << " threads "
+                        << (pool ? 2 : 1);
+                }
+            }
         }
-      }
     }
-  }
 }
 
 TEST(MatmulTest, QuantizeActMatchesGgmlRounding) {
-  std::vector<float> x = random_x(1, 64, 3);
-  x[5] = 0.0f;
-  std::vector<int8_t> q(64);
-  float d[2];
-  int32_t s[2];
-  quantize_act_q8(x.data(), 64, q.data(), d, s);
-  for (int b = 0; b < 2; ++b) {
-    float amax = 0;
-    int sum = 0;
-    for (int j = 0; j < 32; ++j)
-      amax = std::max(amax, std::fabs(x[b * 32 + j]));
-    for (int j = 0; j < 32; ++j) {
-      EXPECT_EQ(q[b * 32 + j], static_cast<int>(std::nearbyint(
-                                   x[b * 32 + j] * (127.0f / amax))));
-      sum += q[b * 32 + j];
+    std::vector<float> x = random_x(1, 64, 3);
+    x[5] = 0.0f;
+    std::vector<int8_t> q(64);
+    float d[2];
+    int32_t s[2];
+    quantize_act_q8(x.data(), 64, q.data(), d, s);
+    for (int b = 0; b < 2; ++b) {
+        float amax = 0;
+        int sum = 0;
+        for (int j = 0; j < 32; ++j)
+            amax = std::max(amax, std::fabs(x[b * 32 + j]));
+        for (int j = 0; j < 32; ++j) {
+            EXPECT_EQ(q[b * 32 + j],
+                      static_cast<int>(std::nearbyint(x[b * 32 + j] * (127.0f / amax))));
+            sum += q[b * 32 + j];
+        }
+        EXPECT_EQ(d[b], f16_to_f32(f32_to_f16(amax / 127.0f)));
+        EXPECT_EQ(s[b], 128 * sum);
     }
-    EXPECT_EQ(d[b], f16_to_f32(f32_to_f16(amax / 127.0f)));
-    EXPECT_EQ(s[b], 128 * sum);
-  }
 }
 
 TEST(CpuFeaturesTest, ActiveIsSupported) {
-  auto all = supported_isas();
-  EXPECT_EQ(all.front(), Isa::kScalar);
-  EXPECT_NE(std::find(all.begin(), all.end(), active_isa()), all.end());
-  std::printf("active ISA: %s\n", std::string(isa_name(active_isa())).c_str());
+    auto all = supported_isas();
+    EXPECT_EQ(all.front(), Isa::kScalar);
+    EXPECT_NE(std::find(all.begin(), all.end(), active_isa()), all.end());
+    std::printf("active ISA: %s\n", std::string(isa_name(active_isa())).c_str());
 }
 
-} // namespace
-} // namespace dsi::kernels
+}  // namespace
+}  // namespace dsi::kernels

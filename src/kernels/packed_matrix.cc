@@ -10,240 +10,231 @@ using internal::kQ8BlockBytes;
 using internal::PackFormat;
 
 std::string_view weight_format_name(WeightFormat f) {
-  switch (f) {
-  case WeightFormat::kF32:
-    return "f32";
-  case WeightFormat::kBF16:
-    return "bf16";
-  case WeightFormat::kF16:
-    return "f16";
-  case WeightFormat::kE4M3:
-    return "e4m3";
-  case WeightFormat::kQ8_0:
-    return "q8_0";
-  }
-  return "?";
+    switch (f) {
+        case WeightFormat::kF32:
+            return "f32";
+        case WeightFormat::kBF16:
+            return "bf16";
+        case WeightFormat::kF16:
+            return "f16";
+        case WeightFormat::kE4M3:
+            return "e4m3";
+        case WeightFormat::kQ8_0:
+            return "q8_0";
+    }
+    return "?";
 }
 
-bool parse_weight_format(std::string_view name, WeightFormat *out) {
-  if (name == "fp8")
-    name = "e4m3";
-  if (name == "int8")
-    name = "q8_0";
-  for (WeightFormat f :
-       {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kF16,
-        WeightFormat::kE4M3, WeightFormat::kQ8_0}) {
-    if (name == weight_format_name(f)) {
-      *out = f;
-      return true;
+bool parse_weight_format(std::string_view name, WeightFormat* out) {
+    if (name == "fp8")
+        name = "e4m3";
+    if (name == "int8")
+        name = "q8_0";
+    for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kF16,
+                           WeightFormat::kE4M3, WeightFormat::kQ8_0}) {
+        if (name == weight_format_name(f)) {
+            *out = f;
+            return true;
+        }
     }
-  }
-  return false;
+    return false;
 }
 
 WeightFormat native_weight_format(DType dtype) {
-  switch (dtype) {
-  case DType::kBF16:
-    return WeightFormat::kBF16;
-  case DType::kF16:
-    return WeightFormat::kF16;
-  case DType::kF8E4M3:
-    return WeightFormat::kE4M3;
-  case DType::kQ8_0:
-    return WeightFormat::kQ8_0;
-  default:
-    return WeightFormat::kF32;
-  }
+    switch (dtype) {
+        case DType::kBF16:
+            return WeightFormat::kBF16;
+        case DType::kF16:
+            return WeightFormat::kF16;
+        case DType::kF8E4M3:
+            return WeightFormat::kE4M3;
+        case DType::kQ8_0:
+            return WeightFormat::kQ8_0;
+        default:
+            return WeightFormat::kF32;
+    }
 }
 
 namespace {
 
 // Row r of the source as f32, with FP8 block scales applied.
-void source_row(const SourceMatrix &s, int64_t r, float *out) {
-  dequantize_row(s.dtype, s.data + r * dtype_row_bytes(s.dtype, s.cols), out,
-                 s.cols);
-  if (s.dtype == DType::kF8E4M3 && s.block_scale != nullptr) {
-    const int64_t ncb = (s.cols + s.block_cols - 1) / s.block_cols;
-    const float *sc = s.block_scale + (r / s.block_rows) * ncb;
-    for (int64_t c = 0; c < s.cols; ++c)
-      out[c] *= sc[c / s.block_cols];
-  }
+void source_row(const SourceMatrix& s, int64_t r, float* out) {
+    dequantize_row(s.dtype, s.data + r * dtype_row_bytes(s.dtype, s.cols), out, s.cols);
+    if (s.dtype == DType::kF8E4M3 && s.block_scale != nullptr) {
+        const int64_t ncb = (s.cols + s.block_cols - 1) / s.block_cols;
+        const float* sc = s.block_scale + (r / s.block_rows) * ncb;
+        for (int64_t c = 0; c < s.cols; ++c)
+            out[c] *= sc[c / s.block_cols];
+    }
 }
 
 int64_t element_bytes(WeightFormat f) {
-  switch (f) {
-  case WeightFormat::kF32:
-    return 4;
-  case WeightFormat::kBF16:
-  case WeightFormat::kF16:
-    return 2;
-  default:
-    return 1;
-  }
+    switch (f) {
+        case WeightFormat::kF32:
+            return 4;
+        case WeightFormat::kBF16:
+        case WeightFormat::kF16:
+            return 2;
+        default:
+            return 1;
+    }
 }
 
 PackFormat pack_format(WeightFormat f) {
-  switch (f) {
-  case WeightFormat::kF32:
+    switch (f) {
+        case WeightFormat::kF32:
+            return PackFormat::kF32;
+        case WeightFormat::kBF16:
+            return PackFormat::kBF16;
+        case WeightFormat::kF16:
+            return PackFormat::kF16;
+        case WeightFormat::kE4M3:
+            return PackFormat::kE4M3;
+        case WeightFormat::kQ8_0:
+            return PackFormat::kQ8;
+    }
     return PackFormat::kF32;
-  case WeightFormat::kBF16:
-    return PackFormat::kBF16;
-  case WeightFormat::kF16:
-    return PackFormat::kF16;
-  case WeightFormat::kE4M3:
-    return PackFormat::kE4M3;
-  case WeightFormat::kQ8_0:
-    return PackFormat::kQ8;
-  }
-  return PackFormat::kF32;
 }
 
 // Writes one Q8_0 row (34-byte blocks) into row `i` of group `group`.
-void put_q8_row(const uint8_t *q8_row, int64_t cols, int i, uint8_t *group) {
-  for (int64_t b = 0; b < cols / kQ8Block; ++b) {
-    const uint8_t *src = q8_row + b * 34;
-    uint8_t *blk = group + b * kQ8BlockBytes;
-    std::memcpy(blk + 2 * i, src, 2);
-    for (int j = 0; j < kQ8Block; ++j) {
-      int v = static_cast<int8_t>(src[2 + j]);
-      if (v < -127)
-        v = -127; // the AVX2 sign trick needs |w| <= 127
-      blk[32 + ((j / 4) * kGroupRows + i) * 4 + j % 4] =
-          static_cast<uint8_t>(v + 128);
+void put_q8_row(const uint8_t* q8_row, int64_t cols, int i, uint8_t* group) {
+    for (int64_t b = 0; b < cols / kQ8Block; ++b) {
+        const uint8_t* src = q8_row + b * 34;
+        uint8_t* blk = group + b * kQ8BlockBytes;
+        std::memcpy(blk + 2 * i, src, 2);
+        for (int j = 0; j < kQ8Block; ++j) {
+            int v = static_cast<int8_t>(src[2 + j]);
+            if (v < -127)
+                v = -127;  // the AVX2 sign trick needs |w| <= 127
+            blk[32 + ((j / 4) * kGroupRows + i) * 4 + j % 4] = static_cast<uint8_t>(v + 128);
+        }
     }
-  }
 }
 
-} // namespace
+}  // namespace
 
-Result<PackedMatrix> pack_matrix(const SourceMatrix &src, WeightFormat format) {
-  const int64_t R = src.rows;
-  const int64_t K = src.cols;
-  if (format == WeightFormat::kE4M3) {
-    if (src.dtype != DType::kF8E4M3 || src.block_scale == nullptr) {
-      return invalid_argument(
-          "pack_matrix: e4m3 needs an FP8 source with block scales");
+Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
+    const int64_t R = src.rows;
+    const int64_t K = src.cols;
+    if (format == WeightFormat::kE4M3) {
+        if (src.dtype != DType::kF8E4M3 || src.block_scale == nullptr) {
+            return invalid_argument("pack_matrix: e4m3 needs an FP8 source with block scales");
+        }
+        if (src.block_rows % kGroupRows != 0) {
+            return invalid_argument("pack_matrix: FP8 block rows must be a multiple of 16");
+        }
     }
-    if (src.block_rows % kGroupRows != 0) {
-      return invalid_argument(
-          "pack_matrix: FP8 block rows must be a multiple of 16");
+    if (format == WeightFormat::kQ8_0 && K % kQ8Block != 0) {
+        return invalid_argument("pack_matrix: q8_0 needs cols % 32 == 0, got " + std::to_string(K));
     }
-  }
-  if (format == WeightFormat::kQ8_0 && K % kQ8Block != 0) {
-    return invalid_argument("pack_matrix: q8_0 needs cols % 32 == 0, got " +
-                            std::to_string(K));
-  }
-  PackedMatrix m;
-  m.format_ = format;
-  internal::PackedView &v = m.view_;
-  v.format = pack_format(format);
-  v.rows = R;
-  v.cols = K;
-  v.num_groups = (R + kGroupRows - 1) / kGroupRows;
-  v.group_bytes = format == WeightFormat::kQ8_0
-                      ? (K / kQ8Block) * kQ8BlockBytes
-                      : K * kGroupRows * element_bytes(format);
-  // Zero padding: tail rows are 0 (q8: scale 0 and biased 128).
-  m.data_.assign(static_cast<size_t>(v.num_groups * v.group_bytes), 0);
-  std::vector<float> row(static_cast<size_t>(K));
-  std::vector<uint8_t> q8(static_cast<size_t>(K / kQ8Block * 34 + 34));
-  for (int64_t r = 0; r < R; ++r) {
+    PackedMatrix m;
+    m.format_ = format;
+    internal::PackedView& v = m.view_;
+    v.format = pack_format(format);
+    v.rows = R;
+    v.cols = K;
+    v.num_groups = (R + kGroupRows - 1) / kGroupRows;
+    v.group_bytes = format == WeightFormat::kQ8_0 ? (K / kQ8Block) * kQ8BlockBytes
+                                                  : K * kGroupRows * element_bytes(format);
+    // Zero padding: tail rows are 0 (q8: scale 0 and biased 128).
+    m.data_.assign(static_cast<size_t>(v.num_groups * v.group_bytes), 0);
+    std::vector<float> row(static_cast<size_t>(K));
+    std::vector<uint8_t> q8(static_cast<size_t>(K / kQ8Block * 34 + 34));
+    for (int64_t r = 0; r < R; ++r) {
+        const int64_t g = r / kGroupRows;
+        const int i = static_cast<int>(r % kGroupRows);
+        uint8_t* group = m.data_.data() + g * v.group_bytes;
+        const uint8_t* srow = src.data + r * dtype_row_bytes(src.dtype, K);
+        if (format == WeightFormat::kQ8_0) {
+            if (src.dtype == DType::kQ8_0) {
+                put_q8_row(srow, K, i, group);
+            } else {
+                source_row(src, r, row.data());
+                quantize_row_q8_0(row.data(), q8.data(), K);
+                put_q8_row(q8.data(), K, i, group);
+            }
+            continue;
+        }
+        const int64_t eb = element_bytes(format);
+        const bool same = (src.dtype == DType::kF32 && format == WeightFormat::kF32) ||
+                          (src.dtype == DType::kBF16 && format == WeightFormat::kBF16) ||
+                          (src.dtype == DType::kF16 && format == WeightFormat::kF16) ||
+                          (src.dtype == DType::kF8E4M3 && format == WeightFormat::kE4M3);
+        if (same) {
+            // Exact copy of the stored element (e4m3 codes without their scale).
+            for (int64_t k = 0; k < K; ++k) {
+                std::memcpy(group + (k * kGroupRows + i) * eb, srow + k * eb, eb);
+            }
+            continue;
+        }
+        source_row(src, r, row.data());
+        for (int64_t k = 0; k < K; ++k) {
+            uint8_t* dst = group + (k * kGroupRows + i) * eb;
+            if (format == WeightFormat::kF32) {
+                std::memcpy(dst, &row[k], 4);
+            } else {
+                uint16_t h =
+                    format == WeightFormat::kBF16 ? f32_to_bf16(row[k]) : f32_to_f16(row[k]);
+                std::memcpy(dst, &h, 2);
+            }
+        }
+    }
+    if (format == WeightFormat::kE4M3) {
+        const int64_t ncb = (K + src.block_cols - 1) / src.block_cols;
+        v.scale_blocks = ncb;
+        v.scale_block_cols = src.block_cols;
+        m.scales_.assign(static_cast<size_t>(v.num_groups * ncb), 0.0f);
+        for (int64_t g = 0; g < v.num_groups; ++g) {
+            const int64_t rb = g * kGroupRows / src.block_rows;
+            for (int64_t kb = 0; kb < ncb; ++kb)
+                m.scales_[g * ncb + kb] = src.block_scale[rb * ncb + kb];
+        }
+        v.scales = m.scales_.data();
+    }
+    v.data = m.data_.data();
+    return m;
+}
+
+void unpack_row(const PackedMatrix& m, int64_t r, float* out) {
+    const internal::PackedView& v = m.view();
     const int64_t g = r / kGroupRows;
     const int i = static_cast<int>(r % kGroupRows);
-    uint8_t *group = m.data_.data() + g * v.group_bytes;
-    const uint8_t *srow = src.data + r * dtype_row_bytes(src.dtype, K);
-    if (format == WeightFormat::kQ8_0) {
-      if (src.dtype == DType::kQ8_0) {
-        put_q8_row(srow, K, i, group);
-      } else {
-        source_row(src, r, row.data());
-        quantize_row_q8_0(row.data(), q8.data(), K);
-        put_q8_row(q8.data(), K, i, group);
-      }
-      continue;
+    const uint8_t* group = v.data + g * v.group_bytes;
+    for (int64_t k = 0; k < v.cols; ++k) {
+        const int64_t idx = k * kGroupRows + i;
+        switch (v.format) {
+            case PackFormat::kF32:
+                std::memcpy(&out[k], group + idx * 4, 4);
+                break;
+            case PackFormat::kBF16: {
+                uint16_t h;
+                std::memcpy(&h, group + idx * 2, 2);
+                out[k] = bf16_to_f32(h);
+                break;
+            }
+            case PackFormat::kF16: {
+                uint16_t h;
+                std::memcpy(&h, group + idx * 2, 2);
+                out[k] = f16_to_f32(h);
+                break;
+            }
+            case PackFormat::kE4M3:
+                out[k] =
+                    e4m3_to_f32(group[idx]) * v.scales[g * v.scale_blocks + k / v.scale_block_cols];
+                break;
+            case PackFormat::kQ8: {
+                const int64_t b = k / kQ8Block;
+                const int j = static_cast<int>(k % kQ8Block);
+                const uint8_t* blk = group + b * kQ8BlockBytes;
+                uint16_t dh;
+                std::memcpy(&dh, blk + 2 * i, 2);
+                const int q =
+                    static_cast<int>(blk[32 + ((j / 4) * kGroupRows + i) * 4 + j % 4]) - 128;
+                out[k] = f16_to_f32(dh) * static_cast<float>(q);
+                break;
+            }
+        }
     }
-    const int64_t eb = element_bytes(format);
-    const bool same =
-        (src.dtype == DType::kF32 && format == WeightFormat::kF32) ||
-        (src.dtype == DType::kBF16 && format == WeightFormat::kBF16) ||
-        (src.dtype == DType::kF16 && format == WeightFormat::kF16) ||
-        (src.dtype == DType::kF8E4M3 && format == WeightFormat::kE4M3);
-    if (same) {
-      // Exact copy of the stored element (e4m3 codes without their scale).
-      for (int64_t k = 0; k < K; ++k) {
-        std::memcpy(group + (k * kGroupRows + i) * eb, srow + k * eb, eb);
-      }
-      continue;
-    }
-    source_row(src, r, row.data());
-    for (int64_t k = 0; k < K; ++k) {
-      uint8_t *dst = group + (k * kGroupRows + i) * eb;
-      if (format == WeightFormat::kF32) {
-        std::memcpy(dst, &row[k], 4);
-      } else {
-        uint16_t h = format == WeightFormat::kBF16 ? f32_to_bf16(row[k])
-                                                   : f32_to_f16(row[k]);
-        std::memcpy(dst, &h, 2);
-      }
-    }
-  }
-  if (format == WeightFormat::kE4M3) {
-    const int64_t ncb = (K + src.block_cols - 1) / src.block_cols;
-    v.scale_blocks = ncb;
-    v.scale_block_cols = src.block_cols;
-    m.scales_.assign(static_cast<size_t>(v.num_groups * ncb), 0.0f);
-    for (int64_t g = 0; g < v.num_groups; ++g) {
-      const int64_t rb = g * kGroupRows / src.block_rows;
-      for (int64_t kb = 0; kb < ncb; ++kb)
-        m.scales_[g * ncb + kb] = src.block_scale[rb * ncb + kb];
-    }
-    v.scales = m.scales_.data();
-  }
-  v.data = m.data_.data();
-  return m;
 }
 
-void unpack_row(const PackedMatrix &m, int64_t r, float *out) {
-  const internal::PackedView &v = m.view();
-  const int64_t g = r / kGroupRows;
-  const int i = static_cast<int>(r % kGroupRows);
-  const uint8_t *group = v.data + g * v.group_bytes;
-  for (int64_t k = 0; k < v.cols; ++k) {
-    const int64_t idx = k * kGroupRows + i;
-    switch (v.format) {
-    case PackFormat::kF32:
-      std::memcpy(&out[k], group + idx * 4, 4);
-      break;
-    case PackFormat::kBF16: {
-      uint16_t h;
-      std::memcpy(&h, group + idx * 2, 2);
-      out[k] = bf16_to_f32(h);
-      break;
-    }
-    case PackFormat::kF16: {
-      uint16_t h;
-      std::memcpy(&h, group + idx * 2, 2);
-      out[k] = f16_to_f32(h);
-      break;
-    }
-    case PackFormat::kE4M3:
-      out[k] = e4m3_to_f32(group[idx]) *
-               v.scales[g * v.scale_blocks + k / v.scale_block_cols];
-      break;
-    case PackFormat::kQ8: {
-      const int64_t b = k / kQ8Block;
-      const int j = static_cast<int>(k % kQ8Block);
-      const uint8_t *blk = group + b * kQ8BlockBytes;
-      uint16_t dh;
-      std::memcpy(&dh, blk + 2 * i, 2);
-      const int q =
-          static_cast<int>(blk[32 + ((j / 4) * kGroupRows + i) * 4 + j % 4]) -
-          128;
-      out[k] = f16_to_f32(dh) * static_cast<float>(q);
-      break;
-    }
-    }
-  }
-}
-
-} // namespace dsi::kernels
+}  // namespace dsi::kernels

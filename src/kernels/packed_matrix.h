@@ -27,48 +27,47 @@ enum class WeightFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8_0 };
 std::string_view weight_format_name(WeightFormat f);
 // "f32", "bf16", "f16", "e4m3" (alias "fp8"), "q8_0" (alias "int8"); false if
 // unknown.
-bool parse_weight_format(std::string_view name, WeightFormat *out);
+bool parse_weight_format(std::string_view name, WeightFormat* out);
 // The format that keeps a stored dtype exact (kI8 etc. are not matrices).
 WeightFormat native_weight_format(DType dtype);
 
 // A matrix in its stored format (as model/weights.h's WeightMatrix, without
 // owner).
 struct SourceMatrix {
-  DType dtype = DType::kF32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  const uint8_t *data = nullptr;
-  const float *block_scale = nullptr; // FP8: [ceil(rows/br), ceil(cols/bc)] f32
-  int64_t block_rows = 128;
-  int64_t block_cols = 128;
+    DType dtype = DType::kF32;
+    int64_t rows = 0;
+    int64_t cols = 0;
+    const uint8_t* data = nullptr;
+    const float* block_scale = nullptr;  // FP8: [ceil(rows/br), ceil(cols/bc)] f32
+    int64_t block_rows = 128;
+    int64_t block_cols = 128;
 };
 
 class PackedMatrix {
 public:
-  PackedMatrix() = default;
-  int64_t rows() const { return view_.rows; }
-  int64_t cols() const { return view_.cols; }
-  WeightFormat format() const { return format_; }
-  // Bytes one full pass over the weights reads (data + scales).
-  int64_t bytes() const {
-    return static_cast<int64_t>(data_.size() + scales_.size() * sizeof(float));
-  }
-  const internal::PackedView &view() const { return view_; }
+    PackedMatrix() = default;
+    int64_t rows() const { return view_.rows; }
+    int64_t cols() const { return view_.cols; }
+    WeightFormat format() const { return format_; }
+    // Bytes one full pass over the weights reads (data + scales).
+    int64_t bytes() const {
+        return static_cast<int64_t>(data_.size() + scales_.size() * sizeof(float));
+    }
+    const internal::PackedView& view() const { return view_; }
 
 private:
-  friend Result<PackedMatrix> pack_matrix(const SourceMatrix &src,
-                                          WeightFormat format);
-  WeightFormat format_ = WeightFormat::kF32;
-  std::vector<uint8_t> data_;
-  std::vector<float> scales_;
-  internal::PackedView view_;
+    friend Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format);
+    WeightFormat format_ = WeightFormat::kF32;
+    std::vector<uint8_t> data_;
+    std::vector<float> scales_;
+    internal::PackedView view_;
 };
 
 // Packs `src` into `format`. INVALID_ARGUMENT: e4m3 from a non-FP8source or
 // with block rows not a multiple of 16; q8_0 with cols % 32 != 0.
-Result<PackedMatrix> pack_matrix(const SourceMatrix &src, WeightFormat format);
+Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format);
 
 // Row r of the packed matrix as f32 (for tests and embedding lookups).
-void unpack_row(const PackedMatrix &m, int64_t r, float *out);
+void unpack_row(const PackedMatrix& m, int64_t r, float* out);
 
-} // namespace dsi::kernels
+}  // namespace dsi::kernels

@@ -29,46 +29,46 @@ namespace dsi::kernels::internal {
 
 constexpr int kGroupRows = 16;
 constexpr int kQ8Block = 32;
-constexpr int64_t kQ8BlockBytes = 32 + 16 * 32; // per (group, block)
+constexpr int64_t kQ8BlockBytes = 32 + 16 * 32;  // per (group, block)
 
 enum class PackFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8 };
 
 struct PackedView {
-  PackFormat format = PackFormat::kF32;
-  int64_t rows = 0;
-  int64_t cols = 0;
-  int64_t num_groups = 0;
-  int64_t group_bytes = 0;
-  const uint8_t *data = nullptr;
-  // e4m3: [num_groups][scale_blocks] f32.
-  const float *scales = nullptr;
-  int64_t scale_blocks = 0;
-  int64_t scale_block_cols = 0;
+    PackFormat format = PackFormat::kF32;
+    int64_t rows = 0;
+    int64_t cols = 0;
+    int64_t num_groups = 0;
+    int64_t group_bytes = 0;
+    const uint8_t* data = nullptr;
+    // e4m3: [num_groups][scale_blocks] f32.
+    const float* scales = nullptr;
+    int64_t scale_blocks = 0;
+    int64_t scale_block_cols = 0;
 };
 
 // Activations quantised per 32-block (q8 weights): per token row of `cols`:
 // q[cols] int8, d[cols/32] f32 (f16-rounded, as GGUF Q8_0), s128[cols/32] =
 // 128*sum(q).
 struct Q8Acts {
-  const int8_t *q = nullptr;
-  const float *d = nullptr;
-  const int32_t *s128 = nullptr;
+    const int8_t* q = nullptr;
+    const float* d = nullptr;
+    const int32_t* s128 = nullptr;
 };
 
 // y[t * w.rows + r] for t < m and rows of groups [g_begin, g_end). x is [m,
 // cols] f32 (f32 family) or xq (q8).
-using GemmFn = void (*)(const PackedView &w, const float *x, const Q8Acts &xq,
-                        int64_t m, float *y, int64_t g_begin, int64_t g_end);
+using GemmFn = void (*)(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m, float* y,
+                        int64_t g_begin, int64_t g_end);
 
-void gemm_scalar(const PackedView &w, const float *x, const Q8Acts &xq,
-                 int64_t m, float *y, int64_t g_begin, int64_t g_end);
-void gemm_avx2(const PackedView &w, const float *x, const Q8Acts &xq, int64_t m,
-               float *y, int64_t g_begin, int64_t g_end);
-void gemm_avx512(const PackedView &w, const float *x, const Q8Acts &xq,
-                 int64_t m, float *y, int64_t g_begin, int64_t g_end);
+void gemm_scalar(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m, float* y,
+                 int64_t g_begin, int64_t g_end);
+void gemm_avx2(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m, float* y,
+               int64_t g_begin, int64_t g_end);
+void gemm_avx512(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m, float* y,
+                 int64_t g_begin, int64_t g_end);
 
 // STREAM-style read bandwidth probe used by benchmarks: sum of n floats.
-float sum_avx512(const float *x, int64_t n);
-float sum_avx2(const float *x, int64_t n);
+float sum_avx512(const float* x, int64_t n);
+float sum_avx2(const float* x, int64_t n);
 
-} // namespace dsi::kernels::internal
+}  // namespace dsi::kernels::internal
