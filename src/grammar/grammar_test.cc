@@ -1,0 +1,234 @@
+// Grammar front ends from case files (tests/cases/grammar/*.json), masks against
+// brute force on the real DeepSeek V3 vocabulary, rollback / draft masks against a
+// fresh matcher, limits and pathological inputs.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/ebnf.h"
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "grammar/regex.h"
+#include "tokenizer/tokenizer.h"
+
+namespace dsi::grammar {
+namespace {
+
+using ojson = nlohmann::ordered_json;
+
+ojson read_cases(const std::string& name) {
+    std::ifstream f(std::string(DSINFER_SOURCE_DIR) + "/tests/cases/grammar/" + name);
+    EXPECT_TRUE(f.good()) << name;
+    return ojson::parse(f);
+}
+
+std::shared_ptr<const Vocabulary> byte_vocab() {
+    // 256 single-byte tokens + stop id 256: masks over bytes, no tokenizer needed.
+    std::vector<std::string> toks;
+    for (int b = 0; b < 256; ++b) toks.push_back(std::string(1, static_cast<char>(b)));
+    toks.push_back("");
+    return Vocabulary::from_tokens(std::move(toks), {256});
+}
+
+const Tokenizer& real_tokenizer() {
+    static std::unique_ptr<Tokenizer> tok = [] {
+        auto dir = find_reference_tokenizer_dir(Env::default_env(), DSINFER_SOURCE_DIR);
+        DSI_CHECK(dir.is_ok(), dir.status().to_string());
+        auto t = Tokenizer::load(Env::default_env(), *dir);
+        DSI_CHECK(t.is_ok(), t.status().to_string());
+        return std::move(t).value();
+    }();
+    return *tok;
+}
+
+std::shared_ptr<const Vocabulary> real_vocab() {
+    static auto v = Vocabulary::from_tokenizer(real_tokenizer());
+    return v;
+}
+
+bool full_match(const std::shared_ptr<const CompiledGrammar>& g, const std::string& s) {
+    GrammarMatcher m(g);
+    return m.advance_bytes(s) && m.is_accepted();
+}
+
+void run_cases(const ojson& cases, const std::string& key,
+               const std::function<Result<Grammar>(const ojson&)>& compile) {
+    for (const auto& c : cases["cases"]) {
+        std::string label = c[key].dump();
+        auto g = compile(c[key]);
+        if (c.contains("error")) {
+            ASSERT_FALSE(g.is_ok()) << label;
+            EXPECT_NE(g.status().message().find(c["error"].get<std::string>()), std::string::npos)
+                << label << " -> " << g.status().to_string();
+            continue;
+        }
+        ASSERT_TRUE(g.is_ok()) << label << " -> " << g.status().to_string();
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+        for (const auto& s : c["accept"]) {
+            EXPECT_TRUE(full_match(cg, s.get<std::string>())) << label << " should accept " << s;
+        }
+        for (const auto& s : c["reject"]) {
+            EXPECT_FALSE(full_match(cg, s.get<std::string>())) << label << " should reject " << s;
+        }
+    }
+}
+
+TEST(GrammarCases, Regex) {
+    run_cases(read_cases("regex.json"), "pattern", [](const ojson& p) -> Result<Grammar> {
+        auto e = compile_regex(p.get<std::string>(), RegexMatch::kFull, CharEncoding::kUtf8, {});
+        if (!e.is_ok()) return e.status();
+        GrammarBuilder b;
+        uint32_t root = b.declare("root");
+        b.define(root, *e);
+        return b.build(root);
+    });
+}
+
+TEST(GrammarCases, Ebnf) {
+    run_cases(read_cases("ebnf.json"), "grammar",
+              [](const ojson& g) { return compile_ebnf(g.get<std::string>()); });
+}
+
+TEST(GrammarCases, JsonSchema) {
+    run_cases(read_cases("json_schema.json"), "schema",
+              [](const ojson& s) { return compile_json_schema(s); });
+}
+
+TEST(Grammar, SerializeRoundTrip) {
+    auto g = compile_json_schema(read_cases("json_schema.json")["cases"][0]["schema"]);
+    ASSERT_TRUE(g.is_ok());
+    std::string bytes = g->serialize();
+    auto back = Grammar::deserialize(bytes);
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(back->to_string(), g->to_string());
+    EXPECT_FALSE(Grammar::deserialize(bytes.substr(0, bytes.size() - 3)).is_ok());
+    std::string bad = bytes;
+    bad[bad.size() / 2] ^= 0x7F;
+    (void)Grammar::deserialize(bad);  // must not crash
+}
+
+// Mask == brute force: every token whose bytes the matcher accepts, and stop ids
+// only when accepted.
+void expect_mask_exact(GrammarMatcher& m, const Vocabulary& v) {
+    TokenBitmask mask(v.size());
+    m.fill_mask(&mask);
+    TokenBitmask uncached(v.size());
+    m.fill_mask_uncached(&uncached);
+    ASSERT_EQ(mask, uncached);
+    for (int32_t t = 0; t < v.size(); ++t) {
+        bool ok = m.advance(t);
+        if (ok) {
+            ASSERT_TRUE(m.rollback(1).is_ok());
+        }
+        ASSERT_EQ(mask.test(t), ok) << "token " << t << " '" << v.token_bytes(t) << "'";
+    }
+}
+
+TEST(Matcher, MaskEqualsBruteForceOnRealVocabulary) {
+    auto v = real_vocab();
+    auto g = compile_json_schema(std::string_view(
+        R"({"type":"object","properties":{"id":{"type":"integer"},"tags":{"type":"array","items":{"type":"string","maxLength":4}}},"required":["id"],"additionalProperties":false})"));
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v);
+    GrammarMatcher m(cg);
+    for (std::string prefix : {"", "{\"id\":1", "{\"id\":12,\"tags\":[\"ab", "{\"id\":0}"}) {
+        GrammarMatcher fresh(cg);
+        ASSERT_TRUE(fresh.advance_bytes(prefix)) << prefix;
+        expect_mask_exact(fresh, *v);
+    }
+}
+
+TEST(Matcher, RollbackAndDraftMasksEqualFreshMatcher) {
+    auto v = real_vocab();
+    auto g = compile_json_schema(std::string_view(
+        R"({"type":"object","properties":{"name":{"type":"string"},"n":{"type":"number"}},"required":["name","n"]})"));
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v);
+    std::string text = R"({"name":"Ada Lovelace","n":-12.5e3})";
+    std::vector<int32_t> ids = real_tokenizer().encode(text);
+    ASSERT_GT(ids.size(), 5u);
+    GrammarMatcher m(cg);
+    for (int32_t id : ids) ASSERT_TRUE(m.advance(id)) << id;
+    EXPECT_TRUE(m.is_accepted());
+    // Roll back 4 tokens: masks equal a fresh matcher fed the same prefix.
+    ASSERT_TRUE(m.rollback(4).is_ok());
+    GrammarMatcher fresh(cg);
+    for (size_t i = 0; i + 4 < ids.size(); ++i) ASSERT_TRUE(fresh.advance(ids[i]));
+    TokenBitmask a(v->size()), b(v->size());
+    m.fill_mask_uncached(&a);
+    fresh.fill_mask_uncached(&b);
+    EXPECT_EQ(a, b);
+    EXPECT_FALSE(m.rollback(1000).is_ok());
+    // Draft masks for the last 4 tokens.
+    std::vector<int32_t> draft(ids.end() - 4, ids.end());
+    std::vector<TokenBitmask> masks(draft.size() + 1, TokenBitmask(v->size()));
+    EXPECT_EQ(m.fill_draft_masks(draft, masks), 4);
+    for (size_t i = 0; i <= draft.size(); ++i) {
+        GrammarMatcher f(cg);
+        for (size_t k = 0; k + 4 < ids.size() + i; ++k) ASSERT_TRUE(f.advance(ids[k]));
+        TokenBitmask expect(v->size());
+        f.fill_mask_uncached(&expect);
+        EXPECT_EQ(masks[i], expect) << "draft position " << i;
+    }
+    // The state is unchanged by the draft check.
+    m.fill_mask_uncached(&b);
+    EXPECT_EQ(a, b);
+    // EOS only at the end.
+    int32_t eos = real_tokenizer().eos_id();
+    EXPECT_FALSE(m.advance(eos));
+    for (size_t i = ids.size() - 4; i < ids.size(); ++i) ASSERT_TRUE(m.advance(ids[i]));
+    EXPECT_TRUE(m.advance(eos));
+    EXPECT_TRUE(m.is_terminated());
+}
+
+TEST(Matcher, PathologicalInputsAreBounded) {
+    using clock = std::chrono::steady_clock;
+    auto t0 = clock::now();
+    // Ambiguous regex: hash-consed stacks keep the state small.
+    auto e = compile_regex("(a|a|aa)*(a|aa)*b", RegexMatch::kFull, CharEncoding::kUtf8, {});
+    ASSERT_TRUE(e.is_ok());
+    GrammarBuilder b;
+    uint32_t root = b.declare("root");
+    b.define(root, *e);
+    auto g = b.build(root);
+    ASSERT_TRUE(g.is_ok());
+    auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+    EXPECT_TRUE(full_match(cg, std::string(2000, 'a') + "b"));
+    // Deep nesting in a schema: a clear error, not a stack overflow.
+    std::string deep = "true";
+    for (int i = 0; i < 1000; ++i) deep = R"({"items":)" + deep + "}";
+    auto d = compile_json_schema(std::string_view(deep));
+    ASSERT_FALSE(d.is_ok());
+    EXPECT_EQ(d.status().code(), StatusCode::kResourceExhausted) << d.status().to_string();
+    // Huge enum: over the limit is an error; at the limit it compiles.
+    ojson big = {{"enum", ojson::array()}};
+    for (int i = 0; i < 10001; ++i) big["enum"].push_back("v" + std::to_string(i));
+    EXPECT_EQ(compile_json_schema(big).status().code(), StatusCode::kResourceExhausted);
+    big["enum"].erase(big["enum"].begin());
+    EXPECT_TRUE(compile_json_schema(big).is_ok());
+    // Nested bounded repetition past the grammar size limit.
+    auto r = compile_regex("((a{20000}){20000}){20000}", RegexMatch::kFull, CharEncoding::kUtf8, {});
+    ASSERT_TRUE(r.is_ok());
+    Limits small;
+    small.max_elements = 30000;
+    GrammarBuilder b2(small);
+    uint32_t root2 = b2.declare("root");
+    b2.define(root2, *r);
+    auto g2 = b2.build(root2);
+    EXPECT_FALSE(g2.is_ok());
+    // Deeply nested groups.
+    EXPECT_EQ(compile_regex(std::string(5000, '(') + std::string(5000, ')'), RegexMatch::kFull,
+                            CharEncoding::kUtf8, {})
+                  .status()
+                  .code(),
+              StatusCode::kResourceExhausted);
+    EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 10.0);
+}
+
+}  // namespace
+}  // namespace dsi::grammar

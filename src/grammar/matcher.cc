@@ -1,0 +1,345 @@
+#include "grammar/matcher.h"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <limits>
+
+namespace dsi::grammar {
+
+namespace {
+inline uint64_t hash_pair(uint32_t a, uint32_t b) {
+    uint64_t x = (uint64_t{a} << 32) | b;
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdull;
+    x ^= x >> 33;
+    return x;
+}
+// Expansion deeper than this means a grammar the left-recursion check missed.
+constexpr int kMaxExpandDepth = 100000;
+}  // namespace
+
+int64_t TokenBitmask::count() const {
+    int64_t n = 0;
+    for (uint64_t w : words_) n += std::popcount(w);
+    return n;
+}
+
+void apply_token_bitmask(std::span<float> logits, const TokenBitmask& mask) {
+    const float kNegInf = -std::numeric_limits<float>::infinity();
+    size_t n = std::min(logits.size(), static_cast<size_t>(mask.size()));
+    auto words = mask.words();
+    for (size_t w = 0; w * 64 < n; ++w) {
+        uint64_t bits = words[w];
+        if (bits == ~uint64_t{0}) continue;
+        size_t end = std::min(n, w * 64 + 64);
+        for (size_t i = w * 64; i < end; ++i) {
+            if (!((bits >> (i & 63)) & 1)) logits[i] = kNegInf;
+        }
+    }
+    for (size_t i = n; i < logits.size(); ++i) logits[i] = kNegInf;
+}
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocab,
+                                 MatcherOptions options)
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)), options_(options) {}
+
+bool CompiledGrammar::lookup_mask(const std::string& key, TokenBitmask* out) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = cache_.find(key);
+    if (it == cache_.end()) {
+        misses_.fetch_add(1, std::memory_order_relaxed);
+        return false;
+    }
+    auto words = out->words();
+    std::memcpy(words.data(), it->second.data(),
+                std::min(words.size(), it->second.size()) * sizeof(uint64_t));
+    hits_.fetch_add(1, std::memory_order_relaxed);
+    return true;
+}
+
+void CompiledGrammar::store_mask(const std::string& key, const TokenBitmask& mask) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    // Bounded: when full, stop caching (the walk stays correct, only slower). A
+    // state set that large is unusual; the bound keeps memory predictable.
+    if (cache_.size() >= options_.mask_cache_entries) return;
+    auto w = mask.words();
+    cache_.emplace(key, std::vector<uint64_t>(w.begin(), w.end()));
+}
+
+CompiledGrammar::CacheStats CompiledGrammar::cache_stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return CacheStats{hits_.load(), misses_.load(), static_cast<int64_t>(cache_.size())};
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
+    : compiled_(std::move(grammar)),
+      g_(&compiled_->grammar()),
+      elems_(&g_->elements()),
+      classes_(&g_->classes()) {
+    slots_.assign(1024, 0);
+    initial_state();
+}
+
+uint32_t GrammarMatcher::node(uint32_t pos, uint32_t parent) {
+    size_t mask = slots_.size() - 1;
+    size_t i = hash_pair(pos, parent) & mask;
+    while (slots_[i] != 0) {
+        const Node& n = nodes_[slots_[i] - 1];
+        if (n.pos == pos && n.parent == parent) return slots_[i] - 1;
+        i = (i + 1) & mask;
+    }
+    uint32_t id = static_cast<uint32_t>(nodes_.size());
+    nodes_.push_back(Node{pos, parent});
+    slots_[i] = id + 1;
+    if (nodes_.size() * 2 > slots_.size()) rehash();
+    return id;
+}
+
+void GrammarMatcher::rehash() {
+    slots_.assign(slots_.size() * 2, 0);
+    size_t mask = slots_.size() - 1;
+    for (uint32_t id = 0; id < nodes_.size(); ++id) {
+        size_t i = hash_pair(nodes_[id].pos, nodes_[id].parent) & mask;
+        while (slots_[i] != 0) i = (i + 1) & mask;
+        slots_[i] = id + 1;
+    }
+}
+
+void GrammarMatcher::truncate_pool(size_t mark) {
+    // Nodes are removed in reverse insertion order, so clearing each one's slot keeps
+    // every remaining probe chain intact (a later key never sits before an earlier
+    // key's slot on that key's chain once everything inserted after it is gone).
+    size_t mask = slots_.size() - 1;
+    while (nodes_.size() > mark) {
+        uint32_t id = static_cast<uint32_t>(nodes_.size() - 1);
+        const Node& n = nodes_.back();
+        size_t i = hash_pair(n.pos, n.parent) & mask;
+        while (slots_[i] != id + 1) i = (i + 1) & mask;
+        slots_[i] = 0;
+        nodes_.pop_back();
+    }
+}
+
+void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>* out,
+                            int depth) {
+    if (depth > kMaxExpandDepth) {
+        overflow_ = true;
+        return;
+    }
+    const auto& elems = *elems_;
+    while (true) {
+        uint32_t e = elems[pos];
+        uint32_t tag = Grammar::tag(e);
+        if (tag == Grammar::kTagClass) {
+            uint32_t id = node(pos, parent);
+            if (std::find(out->begin(), out->end(), id) == out->end()) {
+                if (out->size() >= compiled_->options().max_stacks) {
+                    overflow_ = true;
+                    return;
+                }
+                out->push_back(id);
+            }
+            return;
+        }
+        if (tag == Grammar::kTagEnd) {
+            if (parent == kNone) {
+                if (std::find(out->begin(), out->end(), kNone) == out->end()) out->push_back(kNone);
+                return;
+            }
+            Node p = nodes_[parent];
+            pos = p.pos;
+            parent = p.parent;
+            continue;
+        }
+        // Rule reference: continuation after it (tail call when it ends the alternative).
+        uint32_t rule = Grammar::payload(e);
+        for (auto& v : visited_) {
+            if (v.first == pos && v.second == parent) return;  // nullable cycle
+        }
+        visited_.push_back({pos, parent});
+        uint32_t cont = elems[pos + 1] == Grammar::kEnd ? parent : node(pos + 1, parent);
+        const auto& alts = g_->alternatives(rule);
+        for (uint32_t a : alts) expand(a, cont, out, depth + 1);
+        return;
+    }
+}
+
+void GrammarMatcher::step(std::span<const uint32_t> in, uint8_t b, std::vector<uint32_t>* out) {
+    out->clear();
+    visited_.clear();
+    const auto& classes = *classes_;
+    const auto& elems = *elems_;
+    for (uint32_t id : in) {
+        if (id == kNone) continue;
+        const Node n = nodes_[id];
+        if (!classes[Grammar::payload(elems[n.pos])].test(b)) continue;
+        expand(n.pos + 1, n.parent, out, 0);
+    }
+    if (out->size() > 1) std::sort(out->begin(), out->end());
+}
+
+void GrammarMatcher::initial_state() {
+    nodes_.clear();
+    std::fill(slots_.begin(), slots_.end(), 0);
+    history_.clear();
+    State s;
+    visited_.clear();
+    for (uint32_t a : g_->alternatives(g_->root())) expand(a, kNone, &s.stacks, 0);
+    std::sort(s.stacks.begin(), s.stacks.end());
+    s.pool_mark = nodes_.size();
+    history_.push_back(std::move(s));
+}
+
+bool GrammarMatcher::is_accepted() const {
+    const State& s = history_.back();
+    return !s.terminated && !s.stacks.empty() && s.stacks.back() == kNone;
+}
+
+bool GrammarMatcher::advance_state_bytes(std::string_view bytes, std::vector<uint32_t>* stacks) {
+    std::vector<uint32_t>& a = scratch_a_;
+    std::vector<uint32_t>& b = scratch_b_;
+    a = *stacks;
+    for (char c : bytes) {
+        overflow_ = false;
+        step(a, static_cast<uint8_t>(c), &b);
+        if (b.empty() || overflow_) return false;
+        std::swap(a, b);
+    }
+    *stacks = a;
+    return true;
+}
+
+bool GrammarMatcher::advance(int32_t token_id) {
+    const State& cur = history_.back();
+    if (cur.terminated || token_id < 0 || token_id >= compiled_->vocab().size()) return false;
+    if (compiled_->vocab().is_stop(token_id)) {
+        if (!is_accepted()) return false;
+        State s{cur.stacks, nodes_.size(), true};
+        history_.push_back(std::move(s));
+        return true;
+    }
+    std::string_view bytes = compiled_->vocab().token_bytes(token_id);
+    if (bytes.empty()) return false;
+    return advance_bytes(bytes);
+}
+
+bool GrammarMatcher::advance_bytes(std::string_view bytes) {
+    const State& cur = history_.back();
+    if (cur.terminated) return false;
+    size_t mark = nodes_.size();
+    std::vector<uint32_t> stacks = cur.stacks;
+    if (!advance_state_bytes(bytes, &stacks)) {
+        truncate_pool(mark);
+        return false;
+    }
+    history_.push_back(State{std::move(stacks), nodes_.size(), false});
+    return true;
+}
+
+Status GrammarMatcher::rollback(int n) {
+    if (n < 0 || n > num_steps()) {
+        return out_of_range("rollback(" + std::to_string(n) + ") past the " +
+                            std::to_string(num_steps()) + " steps taken");
+    }
+    history_.resize(history_.size() - n);
+    truncate_pool(history_.back().pool_mark);
+    return Status::ok();
+}
+
+std::string GrammarMatcher::state_key(std::span<const uint32_t> stacks) const {
+    std::vector<std::vector<uint32_t>> chains;
+    chains.reserve(stacks.size());
+    for (uint32_t id : stacks) {
+        std::vector<uint32_t> chain;
+        for (uint32_t n = id; n != kNone; n = nodes_[n].parent) chain.push_back(nodes_[n].pos);
+        chains.push_back(std::move(chain));
+    }
+    std::sort(chains.begin(), chains.end());
+    std::string key;
+    for (const auto& c : chains) {
+        key.append(reinterpret_cast<const char*>(c.data()), c.size() * sizeof(uint32_t));
+        uint32_t sep = kNone;
+        key.append(reinterpret_cast<const char*>(&sep), sizeof(sep));
+    }
+    return key;
+}
+
+void GrammarMatcher::fill_mask(TokenBitmask* mask) {
+    const State& cur = history_.back();
+    if (cur.terminated) {
+        mask->clear();
+        return;
+    }
+    std::string key = state_key(cur.stacks);
+    if (compiled_->lookup_mask(key, mask)) return;
+    fill_mask_uncached(mask);
+    compiled_->store_mask(key, *mask);
+}
+
+void GrammarMatcher::fill_mask_uncached(TokenBitmask* mask) {
+    mask->clear();
+    const State& cur = history_.back();
+    if (cur.terminated) return;
+    const Vocabulary& vocab = compiled_->vocab();
+    if (is_accepted()) {
+        for (int32_t s : vocab.stop_ids()) mask->set(s);
+    }
+    const auto& trie = vocab.trie();
+    const auto& trie_tokens = vocab.trie_tokens();
+    size_t depth_cap = static_cast<size_t>(vocab.max_token_bytes()) + 1;
+    if (levels_.size() < depth_cap) {
+        levels_.resize(depth_cap);
+        level_marks_.resize(depth_cap);
+    }
+    levels_[0] = cur.stacks;
+    size_t base_mark = nodes_.size();
+    level_marks_[0] = base_mark;
+    // Quick prune: first bytes any stack can take.
+    ByteSet first;
+    for (uint32_t id : cur.stacks) {
+        if (id == kNone) continue;
+        const ByteSet& c = (*classes_)[Grammar::payload((*elems_)[nodes_[id].pos])];
+        for (int w = 0; w < 4; ++w) first.words[w] |= c.words[w];
+    }
+    uint32_t n = static_cast<uint32_t>(trie.size() - 1);
+    uint32_t i = 0;
+    while (i < n) {
+        const auto& t = trie[i];
+        if (t.depth == 1 && !first.test(t.byte)) {
+            i = t.subtree_end;
+            continue;
+        }
+        size_t d = t.depth;
+        truncate_pool(level_marks_[d - 1]);
+        overflow_ = false;
+        step(levels_[d - 1], t.byte, &levels_[d]);
+        if (levels_[d].empty() || overflow_) {
+            i = t.subtree_end;
+            continue;
+        }
+        level_marks_[d] = nodes_.size();
+        for (uint32_t k = t.token_begin; k < trie[i + 1].token_begin; ++k) mask->set(trie_tokens[k]);
+        ++i;
+    }
+    truncate_pool(base_mark);
+}
+
+int GrammarMatcher::fill_draft_masks(std::span<const int32_t> draft,
+                                     std::span<TokenBitmask> masks) {
+    DSI_CHECK(masks.size() == draft.size() + 1, "fill_draft_masks: need draft.size() + 1 masks");
+    int accepted = 0;
+    fill_mask(&masks[0]);
+    for (size_t i = 0; i < draft.size(); ++i) {
+        if (accepted == static_cast<int>(i) && advance(draft[i])) {
+            ++accepted;
+            fill_mask(&masks[i + 1]);
+        } else {
+            masks[i + 1].clear();
+        }
+    }
+    DSI_CHECK(rollback(accepted).is_ok());
+    return accepted;
+}
+
+}  // namespace dsi::grammar
