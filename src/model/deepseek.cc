@@ -6,6 +6,7 @@
 #include <optional>
 
 #include "base/logging.h"
+#include "kernels/matmul.h"
 
 namespace dsi {
 namespace {
@@ -31,22 +32,34 @@ void axpy(float a, const float* x, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
+// A linear layer's weights: as stored (for the reference path and for lookups)
+// and repacked for kernels/ (unless the reference path is on).
+struct Linear {
+    WeightMatrix w;
+    kernels::PackedMatrix packed;
+    bool is_packed = false;
+    int64_t rows() const { return w.rows; }
+};
+
+// Tensor classes that --weight-format chooses formats for.
+enum class WeightClass { kAttn, kMlp, kShared, kExperts, kRouter, kHead, kCount };
+
 struct Mlp {
-    WeightMatrix gate, up, down;
+    Linear gate, up, down;
 };
 
 struct Layer {
     int64_t index = 0;
     std::vector<float> input_norm, post_norm;
-    WeightMatrix q_a, q_b, q;  // q_a/q_b with q_lora, else q
+    Linear q_a, q_b, q;  // q_a/q_b with q_lora, else q
     std::vector<float> q_a_norm;
-    WeightMatrix kv_a;
+    Linear kv_a;
     std::vector<float> kv_a_norm;
     std::vector<float> kv_b;  // [heads * (nope + v), kv_lora] dequantised for attention
-    WeightMatrix o;
+    Linear o;
     bool moe = false;
     Mlp dense;
-    WeightMatrix gate;
+    Linear gate;
     std::vector<float> gate_bias;  // noaux_tc only
     std::vector<Mlp> experts;
     bool has_shared = false;
@@ -62,7 +75,8 @@ struct TokenSlots {
 };
 
 struct Mtp {
-    WeightMatrix embed, eh_proj, head;
+    WeightMatrix embed;
+    Linear eh_proj, head;
     std::vector<float> enorm, hnorm, head_norm;
     Layer block;
 };
@@ -76,17 +90,25 @@ struct DeepseekModel::Impl {
     WeightMatrix embed;
     std::vector<Layer> layers;
     std::vector<float> final_norm;
-    WeightMatrix lm_head;
+    Linear lm_head;
     std::optional<Mtp> mtp;
+    bool reference_kernels = false;
+    // Per WeightClass: the format to repack into; nullopt = the stored one.
+    std::optional<kernels::WeightFormat> class_format[static_cast<int>(WeightClass::kCount)];
     std::vector<double> inv_freq;
     double rope_factor = 1.0;
     float softmax_scale = 1.0f;
 
     Status load_layer(int64_t i, Layer& layer);
-    Status load_mlp(const std::string& prefix, int64_t inter, Mlp& mlp);
+    Status load_mlp(const std::string& prefix, int64_t inter, WeightClass cls, Mlp& mlp);
+    Status load_linear(const std::string& name, int64_t rows, int64_t cols, WeightClass cls,
+                       Linear& out);
+    Status pack(WeightClass cls, Linear& lin);
 
-    // Y[t, r] = W[r, :] . X[t, :] for t < T.
-    void matmul(const WeightMatrix& w, const float* x, int64_t num_tokens, float* y);
+    // Y[t, r] = W[r, :] . X[t, :] for t < T: kernels/ on the packed weights, or the
+    // reference loop.
+    void matmul(const Linear& w, const float* x, int64_t num_tokens, float* y);
+    void matmul_reference(const WeightMatrix& w, const float* x, int64_t num_tokens, float* y);
     void embed_rows(const WeightMatrix& table, std::span<const int32_t> tokens, float* x);
     void rms_norm(const float* x, const std::vector<float>& w, int64_t num_tokens, int64_t dim,
                   float* y) const;
@@ -94,16 +116,42 @@ struct DeepseekModel::Impl {
     void attention(const Layer& layer, const float* h, const TokenSlots& slots, float* out);
     void mlp(const Mlp& m, const float* h, int64_t num_tokens, float* out);
     void moe(const Layer& layer, const float* h, int64_t num_tokens, float* out);
-    void route(const Layer& layer, const float* h, std::vector<int32_t>& ids,
+    // `logits`: the router's E raw scores for one token.
+    void route(const float* logits, const Layer& layer, std::vector<int32_t>& ids,
                std::vector<float>& weights);
     void block(const Layer& layer, float* x, const TokenSlots& slots);
 };
 
-Status DeepseekModel::Impl::load_mlp(const std::string& p, int64_t inter, Mlp& m) {
+Status DeepseekModel::Impl::pack(WeightClass cls, Linear& lin) {
+    if (reference_kernels) return Status::ok();
+    const WeightMatrix& w = lin.w;
+    kernels::SourceMatrix src{w.dtype, w.rows, w.cols, w.data, w.block_scale, w.block_rows,
+                              w.block_cols};
+    const kernels::WeightFormat native = kernels::native_weight_format(w.dtype);
+    kernels::WeightFormat format = class_format[static_cast<int>(cls)].value_or(native);
+    Result<kernels::PackedMatrix> packed = kernels::pack_matrix(src, format);
+    if (!packed.is_ok() && format != native) {
+        // The requested format does not fit this tensor: keep the stored one.
+        packed = kernels::pack_matrix(src, native);
+    }
+    if (!packed.is_ok()) return packed.status();
+    lin.packed = std::move(packed).value();
+    lin.is_packed = true;
+    return Status::ok();
+}
+
+Status DeepseekModel::Impl::load_linear(const std::string& name, int64_t rows, int64_t cols,
+                                        WeightClass cls, Linear& out) {
+    DSI_ASSIGN_OR_RETURN(out.w, source->matrix(name, rows, cols));
+    return pack(cls, out);
+}
+
+Status DeepseekModel::Impl::load_mlp(const std::string& p, int64_t inter, WeightClass cls,
+                                     Mlp& m) {
     const int64_t H = cfg.hidden_size;
-    DSI_ASSIGN_OR_RETURN(m.gate, source->matrix(p + "gate_proj.weight", inter, H));
-    DSI_ASSIGN_OR_RETURN(m.up, source->matrix(p + "up_proj.weight", inter, H));
-    DSI_ASSIGN_OR_RETURN(m.down, source->matrix(p + "down_proj.weight", H, inter));
+    DSI_RETURN_IF_ERROR(load_linear(p + "gate_proj.weight", inter, H, cls, m.gate));
+    DSI_RETURN_IF_ERROR(load_linear(p + "up_proj.weight", inter, H, cls, m.up));
+    DSI_RETURN_IF_ERROR(load_linear(p + "down_proj.weight", H, inter, cls, m.down));
     return Status::ok();
 }
 
@@ -116,16 +164,19 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
     DSI_ASSIGN_OR_RETURN(L.input_norm, source->vector(p + "input_layernorm.weight", H));
     DSI_ASSIGN_OR_RETURN(L.post_norm, source->vector(p + "post_attention_layernorm.weight", H));
     if (c.q_lora_rank > 0) {
-        DSI_ASSIGN_OR_RETURN(L.q_a, source->matrix(p + "self_attn.q_a_proj.weight", c.q_lora_rank, H));
+        DSI_RETURN_IF_ERROR(load_linear(p + "self_attn.q_a_proj.weight", c.q_lora_rank, H,
+                                        WeightClass::kAttn, L.q_a));
         DSI_ASSIGN_OR_RETURN(L.q_a_norm,
                              source->vector(p + "self_attn.q_a_layernorm.weight", c.q_lora_rank));
-        DSI_ASSIGN_OR_RETURN(L.q_b, source->matrix(p + "self_attn.q_b_proj.weight",
-                                                   nh * c.qk_head_dim(), c.q_lora_rank));
+        DSI_RETURN_IF_ERROR(load_linear(p + "self_attn.q_b_proj.weight", nh * c.qk_head_dim(),
+                                        c.q_lora_rank, WeightClass::kAttn, L.q_b));
     } else {
-        DSI_ASSIGN_OR_RETURN(L.q, source->matrix(p + "self_attn.q_proj.weight", nh * c.qk_head_dim(), H));
+        DSI_RETURN_IF_ERROR(load_linear(p + "self_attn.q_proj.weight", nh * c.qk_head_dim(), H,
+                                        WeightClass::kAttn, L.q));
     }
-    DSI_ASSIGN_OR_RETURN(L.kv_a, source->matrix(p + "self_attn.kv_a_proj_with_mqa.weight",
-                                                c.kv_lora_rank + c.qk_rope_head_dim, H));
+    DSI_RETURN_IF_ERROR(load_linear(p + "self_attn.kv_a_proj_with_mqa.weight",
+                                    c.kv_lora_rank + c.qk_rope_head_dim, H, WeightClass::kAttn,
+                                    L.kv_a));
     DSI_ASSIGN_OR_RETURN(L.kv_a_norm,
                          source->vector(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank));
     const int64_t kvb_rows = nh * (c.qk_nope_head_dim + c.v_head_dim);
@@ -133,10 +184,12 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
                          source->matrix(p + "self_attn.kv_b_proj.weight", kvb_rows, c.kv_lora_rank));
     L.kv_b.resize(static_cast<size_t>(kvb_rows * c.kv_lora_rank));
     for (int64_t r = 0; r < kvb_rows; ++r) kv_b.dequantize_row(r, L.kv_b.data() + r * c.kv_lora_rank);
-    DSI_ASSIGN_OR_RETURN(L.o, source->matrix(p + "self_attn.o_proj.weight", H, nh * c.v_head_dim));
+    DSI_RETURN_IF_ERROR(load_linear(p + "self_attn.o_proj.weight", H, nh * c.v_head_dim,
+                                    WeightClass::kAttn, L.o));
     L.moe = c.is_moe_layer(i);
-    if (!L.moe) return load_mlp(p + "mlp.", c.intermediate_size, L.dense);
-    DSI_ASSIGN_OR_RETURN(L.gate, source->matrix(p + "mlp.gate.weight", c.n_routed_experts, H));
+    if (!L.moe) return load_mlp(p + "mlp.", c.intermediate_size, WeightClass::kMlp, L.dense);
+    DSI_RETURN_IF_ERROR(load_linear(p + "mlp.gate.weight", c.n_routed_experts, H,
+                                    WeightClass::kRouter, L.gate));
     if (c.topk_method == TopkMethod::kNoauxTc) {
         DSI_ASSIGN_OR_RETURN(L.gate_bias, source->vector(p + "mlp.gate.e_score_correction_bias",
                                                          c.n_routed_experts));
@@ -144,18 +197,28 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
     L.experts.resize(static_cast<size_t>(c.n_routed_experts));
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
         DSI_RETURN_IF_ERROR(load_mlp(p + "mlp.experts." + std::to_string(e) + ".",
-                                     c.moe_intermediate_size, L.experts[e]));
+                                     c.moe_intermediate_size, WeightClass::kExperts,
+                                     L.experts[e]));
     }
     if (c.n_shared_experts > 0) {
         L.has_shared = true;
         DSI_RETURN_IF_ERROR(load_mlp(p + "mlp.shared_experts.",
-                                     c.n_shared_experts * c.moe_intermediate_size, L.shared));
+                                     c.n_shared_experts * c.moe_intermediate_size,
+                                     WeightClass::kShared, L.shared));
     }
     return Status::ok();
 }
 
-void DeepseekModel::Impl::matmul(const WeightMatrix& w, const float* x, int64_t num_tokens,
-                                 float* y) {
+void DeepseekModel::Impl::matmul(const Linear& w, const float* x, int64_t num_tokens, float* y) {
+    if (w.is_packed) {
+        kernels::matmul(w.packed, x, num_tokens, y, pool.get());
+    } else {
+        matmul_reference(w.w, x, num_tokens, y);
+    }
+}
+
+void DeepseekModel::Impl::matmul_reference(const WeightMatrix& w, const float* x,
+                                           int64_t num_tokens, float* y) {
     const int64_t rows = w.rows;
     const int64_t cols = w.cols;
     pool->parallel_for(rows, 16, [&](int64_t begin, int64_t end) {
@@ -275,7 +338,7 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
 }
 
 void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* out) {
-    const int64_t inter = m.gate.rows;
+    const int64_t inter = m.gate.rows();
     std::vector<float> g(static_cast<size_t>(T * inter));
     std::vector<float> u(static_cast<size_t>(T * inter));
     matmul(m.gate, h, T, g.data());
@@ -289,17 +352,12 @@ void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* ou
 
 // Chooses num_experts_per_tok experts for one token and their weights; `ids` comes
 // back sorted by expert id so the MoE sum has one fixed order.
-void DeepseekModel::Impl::route(const Layer& L, const float* h, std::vector<int32_t>& ids,
+void DeepseekModel::Impl::route(const float* logits, const Layer& L, std::vector<int32_t>& ids,
                                 std::vector<float>& weights) {
     const ModelConfig& c = cfg;
     const int64_t E = c.n_routed_experts;
     const int64_t k = c.num_experts_per_tok;
-    std::vector<float> row(static_cast<size_t>(c.hidden_size));
-    std::vector<float> scores(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
-        L.gate.dequantize_row(e, row.data());
-        scores[e] = dot(row.data(), h, c.hidden_size);
-    }
+    std::vector<float> scores(logits, logits + E);
     if (c.scoring_func == ScoringFunc::kSoftmax) {
         float mx = *std::max_element(scores.begin(), scores.end());
         float sum = 0;
@@ -363,7 +421,9 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
     const int64_t E = c.n_routed_experts;
     std::vector<std::vector<int32_t>> ids(static_cast<size_t>(T));
     std::vector<std::vector<float>> weights(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) route(L, h + t * H, ids[t], weights[t]);
+    std::vector<float> gate_logits(static_cast<size_t>(T * E));
+    matmul(L.gate, h, T, gate_logits.data());
+    for (int64_t t = 0; t < T; ++t) route(gate_logits.data() + t * E, L, ids[t], weights[t]);
     // Group tokens by expert; accumulate each token's routed outputs in expert-id
     // order (ids are sorted), so a token's result does not depend on its batch.
     std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
@@ -417,6 +477,55 @@ void DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& slot
     for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
 }
 
+namespace {
+
+// Parses Options::weight_format (see deepseek.h) into one optional format per class.
+Status parse_weight_formats(const std::string& spec,
+                            std::optional<kernels::WeightFormat> (&out)[static_cast<int>(
+                                WeightClass::kCount)]) {
+    static const char* const kClassNames[] = {"attn",    "mlp",    "shared",
+                                              "experts", "router", "head"};
+    auto parse_one = [](std::string_view v, std::optional<kernels::WeightFormat>& f) {
+        if (v == "auto") {
+            f.reset();
+            return true;
+        }
+        kernels::WeightFormat wf;
+        if (!kernels::parse_weight_format(v, &wf)) return false;
+        f = wf;
+        return true;
+    };
+    for (auto& f : out) f.reset();
+    if (spec.empty()) return Status::ok();
+    std::string_view rest = spec;
+    while (!rest.empty()) {
+        const size_t comma = rest.find(',');
+        std::string_view item = rest.substr(0, comma);
+        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+        const size_t eq = item.find('=');
+        if (eq == std::string_view::npos) {
+            std::optional<kernels::WeightFormat> f;
+            if (!parse_one(item, f)) {
+                return invalid_argument("weight format: unknown format '" + std::string(item) + "'");
+            }
+            for (auto& o : out) o = f;
+            continue;
+        }
+        const std::string_view cls = item.substr(0, eq);
+        int index = -1;
+        for (int i = 0; i < static_cast<int>(WeightClass::kCount); ++i) {
+            if (cls == kClassNames[i]) index = i;
+        }
+        if (index < 0 || !parse_one(item.substr(eq + 1), out[index])) {
+            return invalid_argument("weight format: bad entry '" + std::string(item) +
+                                    "' (classes: attn, mlp, shared, experts, router, head)");
+        }
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
 DeepseekModel::DeepseekModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DeepseekModel::~DeepseekModel() = default;
 
@@ -438,6 +547,8 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
     DSI_RETURN_IF_ERROR(impl->cfg.validate());
     impl->source = std::move(source);
     impl->pool = std::make_unique<ThreadPool>(options.num_threads);
+    impl->reference_kernels = options.reference_kernels;
+    DSI_RETURN_IF_ERROR(parse_weight_formats(options.weight_format, impl->class_format));
     const ModelConfig& c = impl->cfg;
     WeightSource& src = *impl->source;
     const int64_t H = c.hidden_size;
@@ -448,20 +559,23 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
     }
     DSI_ASSIGN_OR_RETURN(impl->final_norm, src.vector("model.norm.weight", H));
     if (c.tie_word_embeddings) {
-        impl->lm_head = impl->embed;
+        impl->lm_head.w = impl->embed;
+        DSI_RETURN_IF_ERROR(impl->pack(WeightClass::kHead, impl->lm_head));
     } else {
-        DSI_ASSIGN_OR_RETURN(impl->lm_head, src.matrix("lm_head.weight", c.vocab_size, H));
+        DSI_RETURN_IF_ERROR(
+            impl->load_linear("lm_head.weight", c.vocab_size, H, WeightClass::kHead, impl->lm_head));
     }
     const std::string mtp_prefix = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
     if (c.num_nextn_predict_layers > 0 && src.has(mtp_prefix + "eh_proj.weight")) {
         Mtp m;
         DSI_ASSIGN_OR_RETURN(m.embed, src.matrix(mtp_prefix + "embed_tokens.weight", c.vocab_size, H));
-        DSI_ASSIGN_OR_RETURN(m.eh_proj, src.matrix(mtp_prefix + "eh_proj.weight", H, 2 * H));
+        DSI_RETURN_IF_ERROR(impl->load_linear(mtp_prefix + "eh_proj.weight", H, 2 * H,
+                                              WeightClass::kHead, m.eh_proj));
         DSI_ASSIGN_OR_RETURN(m.enorm, src.vector(mtp_prefix + "enorm.weight", H));
         DSI_ASSIGN_OR_RETURN(m.hnorm, src.vector(mtp_prefix + "hnorm.weight", H));
         DSI_ASSIGN_OR_RETURN(m.head_norm, src.vector(mtp_prefix + "shared_head.norm.weight", H));
-        DSI_ASSIGN_OR_RETURN(m.head,
-                             src.matrix(mtp_prefix + "shared_head.head.weight", c.vocab_size, H));
+        DSI_RETURN_IF_ERROR(impl->load_linear(mtp_prefix + "shared_head.head.weight",
+                                              c.vocab_size, H, WeightClass::kHead, m.head));
         DSI_RETURN_IF_ERROR(impl->load_layer(c.num_hidden_layers, m.block));
         impl->mtp = std::move(m);
     }
