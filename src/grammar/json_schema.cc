@@ -252,6 +252,14 @@ private:
     static bool merge_into(json* a, const json& b) {
         if (b.is_boolean()) return b.get<bool>();
         if (!b.is_object()) return false;
+        // additionalProperties reads only its own schema's properties, items only its
+        // own prefixItems: merging them across schemas would change their meaning.
+        for (auto [dep, on] : {std::pair{"additionalProperties", "properties"},
+                               std::pair{"items", "prefixItems"}}) {
+            if ((b.contains(dep) && a->contains(on)) || (a->contains(dep) && b.contains(on))) {
+                return false;
+            }
+        }
         for (auto it = b.begin(); it != b.end(); ++it) {
             const std::string& k = it.key();
             if (!is_constraint(k)) continue;
