@@ -9,6 +9,7 @@ DEB_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libicu-dev
+  liburing-dev libhiredis-dev libisal-dev redis-server
   nodejs npm
 )
 

@@ -1,0 +1,216 @@
+// Block encode/decode. Every read path goes through decode_block, so "a block that
+// fails any check is a miss" (issue 8) holds for every tier.
+#include "kvstore/block_format.h"
+
+#include <xxhash.h>
+
+#include <cstring>
+
+namespace dsi::kvstore {
+namespace {
+
+constexpr char kMagic[8] = {'D', 'S', 'I', 'K', 'V', 'B', 'L', 'K'};
+
+template <typename T>
+void store_le(uint8_t* p, T v) {
+    std::memcpy(p, &v, sizeof(T));  // the project targets little-endian hosts only
+}
+
+template <typename T>
+T load_le(const uint8_t* p) {
+    T v;
+    std::memcpy(&v, p, sizeof(T));
+    return v;
+}
+
+StoreKey load_key(const uint8_t* p) { return {load_le<uint64_t>(p), load_le<uint64_t>(p + 8)}; }
+
+void store_key(uint8_t* p, const StoreKey& k) {
+    store_le<uint64_t>(p, k.lo);
+    store_le<uint64_t>(p + 8, k.hi);
+}
+
+// Parses and checks the header in `bytes` (which may be only a prefix of the block).
+// On success fills info and layer sizes.
+Status parse_header(std::span<const uint8_t> bytes, BlockInfo& info,
+                    std::vector<uint64_t>* layer_sizes, uint64_t* payload_bytes,
+                    uint64_t* payload_checksum) {
+    if (bytes.size() < kFixedHeaderBytes) {
+        return data_loss("block shorter than its fixed header");
+    }
+    const uint8_t* p = bytes.data();
+    if (std::memcmp(p, kMagic, sizeof(kMagic)) != 0) {
+        return data_loss("bad block magic");
+    }
+    uint16_t version = load_le<uint16_t>(p + 8);
+    if (version != kBlockFormatVersion) {
+        return data_loss("unsupported block format version " + std::to_string(version));
+    }
+    uint16_t cls = load_le<uint16_t>(p + 10);
+    if (cls >= kNumTrafficClasses) {
+        return data_loss("bad traffic class");
+    }
+    info.traffic_class = static_cast<TrafficClass>(cls);
+    info.num_layers = load_le<uint32_t>(p + 12);
+    if (info.num_layers == 0 || info.num_layers > kMaxLayers) {
+        return data_loss("layer count out of range");
+    }
+    size_t hdr = header_bytes(info.num_layers);
+    if (bytes.size() < hdr) {
+        return data_loss("block shorter than its header");
+    }
+    info.key = load_key(p + 16);
+    info.model = load_key(p + 32);
+    info.dtype = load_le<uint32_t>(p + 48);
+    info.num_tokens = load_le<uint32_t>(p + 52);
+    if (info.num_tokens == 0 || info.num_tokens > kMaxTokens) {
+        return data_loss("token count out of range");
+    }
+    info.token_hash = load_le<uint64_t>(p + 56);
+    uint64_t want = load_le<uint64_t>(p + hdr - 8);
+    if (XXH3_64bits(p, hdr - 8) != want) {
+        return data_loss("header checksum mismatch");
+    }
+    uint64_t total = load_le<uint64_t>(p + 64);
+    if (total > kMaxBlockBytes) {
+        return data_loss("payload size over the limit");
+    }
+    uint64_t sum = 0;
+    if (layer_sizes != nullptr) {
+        layer_sizes->resize(info.num_layers);
+    }
+    for (uint32_t i = 0; i < info.num_layers; ++i) {
+        uint64_t n = load_le<uint64_t>(p + kFixedHeaderBytes + 8 * i);
+        if (n > kMaxBlockBytes) {
+            return data_loss("layer size over the limit");
+        }
+        sum += n;
+        if (layer_sizes != nullptr) {
+            (*layer_sizes)[i] = n;
+        }
+    }
+    if (sum != total) {
+        return data_loss("layer sizes do not add up to the payload size");
+    }
+    if (payload_bytes != nullptr) {
+        *payload_bytes = total;
+    }
+    if (payload_checksum != nullptr) {
+        *payload_checksum = load_le<uint64_t>(p + 72);
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+StoreKey model_identity(std::string_view model_id) {
+    XXH128_hash_t h = XXH3_128bits(model_id.data(), model_id.size());
+    return {h.low64, h.high64};
+}
+
+uint64_t token_ids_hash(std::span<const int32_t> token_ids) {
+    return XXH3_64bits(token_ids.data(), token_ids.size_bytes());
+}
+
+size_t header_bytes(uint32_t num_layers) { return kFixedHeaderBytes + 8 * size_t{num_layers} + 8; }
+
+Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
+                                          std::span<const std::span<const uint8_t>> layers) {
+    if (info.num_layers == 0 || info.num_layers > kMaxLayers) {
+        return invalid_argument("num_layers out of range");
+    }
+    if (layers.size() != info.num_layers) {
+        return invalid_argument("layers.size() != num_layers");
+    }
+    if (info.num_tokens == 0 || info.num_tokens > kMaxTokens) {
+        return invalid_argument("num_tokens out of range");
+    }
+    uint64_t total = 0;
+    for (const auto& l : layers) {
+        total += l.size();
+    }
+    if (total > kMaxBlockBytes) {
+        return invalid_argument("block over kMaxBlockBytes");
+    }
+    size_t hdr = header_bytes(info.num_layers);
+    std::vector<uint8_t> out(hdr + total);
+    uint8_t* p = out.data();
+    std::memcpy(p, kMagic, sizeof(kMagic));
+    store_le<uint16_t>(p + 8, kBlockFormatVersion);
+    store_le<uint16_t>(p + 10, static_cast<uint16_t>(info.traffic_class));
+    store_le<uint32_t>(p + 12, info.num_layers);
+    store_key(p + 16, info.key);
+    store_key(p + 32, info.model);
+    store_le<uint32_t>(p + 48, info.dtype);
+    store_le<uint32_t>(p + 52, info.num_tokens);
+    store_le<uint64_t>(p + 56, info.token_hash);
+    store_le<uint64_t>(p + 64, total);
+    uint8_t* dst = p + hdr;
+    for (uint32_t i = 0; i < info.num_layers; ++i) {
+        store_le<uint64_t>(p + kFixedHeaderBytes + 8 * i, layers[i].size());
+        if (!layers[i].empty()) {
+            std::memcpy(dst, layers[i].data(), layers[i].size());
+        }
+        dst += layers[i].size();
+    }
+    store_le<uint64_t>(p + 72, XXH3_64bits(p + hdr, total));
+    store_le<uint64_t>(p + hdr - 8, XXH3_64bits(p, hdr - 8));
+    return out;
+}
+
+std::span<const uint8_t> Block::layer(uint32_t i) const {
+    DSI_CHECK_LT(i, info_.num_layers);
+    return std::span<const uint8_t>(bytes_).subspan(layer_offsets_[i],
+                                                    layer_offsets_[i + 1] - layer_offsets_[i]);
+}
+
+std::span<const uint8_t> Block::payload() const {
+    if (layer_offsets_.empty()) {
+        return {};
+    }
+    return std::span<const uint8_t>(bytes_).subspan(layer_offsets_.front());
+}
+
+Result<Block> decode_block(std::vector<uint8_t> bytes, const BlockInfo* expect) {
+    Block b;
+    std::vector<uint64_t> sizes;
+    uint64_t total = 0;
+    uint64_t checksum = 0;
+    DSI_RETURN_IF_ERROR(parse_header(bytes, b.info_, &sizes, &total, &checksum));
+    size_t hdr = header_bytes(b.info_.num_layers);
+    if (bytes.size() != hdr + total) {
+        return data_loss(bytes.size() < hdr + total ? "block truncated"
+                                                    : "block has trailing bytes");
+    }
+    if (XXH3_64bits(bytes.data() + hdr, total) != checksum) {
+        return data_loss("payload checksum mismatch");
+    }
+    if (expect != nullptr) {
+        const BlockInfo& e = *expect;
+        if (e.key != b.info_.key) {
+            return failed_precondition("block key mismatch");
+        }
+        if (e.model != b.info_.model || e.num_layers != b.info_.num_layers ||
+            e.dtype != b.info_.dtype || e.num_tokens != b.info_.num_tokens) {
+            return failed_precondition("block is of another model or shape");
+        }
+        if (e.token_hash != 0 && e.token_hash != b.info_.token_hash) {
+            return failed_precondition("block token-id hash mismatch");
+        }
+    }
+    b.layer_offsets_.resize(sizes.size() + 1);
+    b.layer_offsets_[0] = hdr;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+        b.layer_offsets_[i + 1] = b.layer_offsets_[i] + sizes[i];
+    }
+    b.bytes_ = std::move(bytes);
+    return b;
+}
+
+Result<BlockInfo> peek_block_info(std::span<const uint8_t> prefix) {
+    BlockInfo info;
+    DSI_RETURN_IF_ERROR(parse_header(prefix, info, nullptr, nullptr, nullptr));
+    return info;
+}
+
+}  // namespace dsi::kvstore

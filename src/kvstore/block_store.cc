@@ -1,0 +1,97 @@
+#include "kvstore/block_store.h"
+
+#include <charconv>
+
+#include "base/env.h"
+#include "kvstore/file_store.h"
+#include "kvstore/uri.h"
+
+namespace dsi::kvstore {
+
+int64_t deadline_after_ms(int64_t ms) { return Env::default_env()->now_ns() + ms * 1'000'000; }
+
+std::vector<Result<Block>> BlockStore::get_many(std::span<const StoreKey> keys,
+                                                std::span<const BlockInfo> expects,
+                                                int64_t deadline_ns) {
+    DSI_CHECK(expects.empty() || expects.size() == keys.size());
+    std::vector<Result<Block>> out;
+    out.reserve(keys.size());
+    for (size_t i = 0; i < keys.size(); ++i) {
+        out.push_back(get(keys[i], expects.empty() ? nullptr : &expects[i], deadline_ns));
+    }
+    return out;
+}
+
+Result<int64_t> BlockStore::match_prefix(std::span<const StoreKey> chain, int64_t deadline_ns) {
+    int64_t n = 0;
+    for (const StoreKey& key : chain) {
+        DSI_ASSIGN_OR_RETURN(bool present, contains(key, deadline_ns));
+        if (!present) {
+            break;
+        }
+        ++n;
+    }
+    return n;
+}
+
+Result<StoreUri> parse_store_uri(std::string_view text) {
+    size_t sep = text.find("://");
+    if (sep == std::string_view::npos || sep == 0) {
+        return invalid_argument("store uri needs scheme://: " + std::string(text));
+    }
+    StoreUri uri;
+    uri.scheme = std::string(text.substr(0, sep));
+    std::string_view rest = text.substr(sep + 3);
+    size_t q = rest.find('?');
+    uri.rest = std::string(rest.substr(0, q));
+    if (q != std::string_view::npos) {
+        std::string_view query = rest.substr(q + 1);
+        while (!query.empty()) {
+            size_t amp = query.find('&');
+            std::string_view kv = query.substr(0, amp);
+            size_t eq = kv.find('=');
+            if (eq == std::string_view::npos || eq == 0) {
+                return invalid_argument("store uri: bad query item '" + std::string(kv) + "'");
+            }
+            uri.query[std::string(kv.substr(0, eq))] = std::string(kv.substr(eq + 1));
+            query = amp == std::string_view::npos ? std::string_view() : query.substr(amp + 1);
+        }
+    }
+    return uri;
+}
+
+Result<int64_t> uri_int(const StoreUri& uri, const std::string& name, int64_t fallback) {
+    auto it = uri.query.find(name);
+    if (it == uri.query.end()) {
+        return fallback;
+    }
+    int64_t v = 0;
+    const std::string& s = it->second;
+    auto [ptr, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+    if (ec != std::errc() || ptr != s.data() + s.size() || v < 0) {
+        return invalid_argument("store uri: " + name + " must be a non-negative integer");
+    }
+    return v;
+}
+
+Result<std::unique_ptr<BlockStore>> open_block_store(const std::string& text) {
+    DSI_ASSIGN_OR_RETURN(StoreUri uri, parse_store_uri(text));
+    if (uri.scheme == "file") {
+        FileStoreOptions options;
+        DSI_ASSIGN_OR_RETURN(options.capacity_bytes, uri_int(uri, "capacity", 0));
+        DSI_ASSIGN_OR_RETURN(int64_t fsync, uri_int(uri, "fsync", 1));
+        options.fsync = fsync != 0;
+        auto io = uri.query.find("io");
+        if (io != uri.query.end()) {
+            if (io->second != "pread" && io->second != "uring") {
+                return invalid_argument("store uri: io must be pread or uring");
+            }
+            options.use_io_uring = io->second == "uring";
+        }
+        DSI_ASSIGN_OR_RETURN(auto store, FileBlockStore::open(uri.rest, std::move(options)));
+        return std::unique_ptr<BlockStore>(std::move(store));
+    }
+    return invalid_argument("unknown store scheme '" + uri.scheme + "'");
+}
+
+}  // namespace dsi::kvstore

@@ -1,0 +1,89 @@
+// FileBlockStore: the `file://PATH` backend. One file per block on a local SSD or any
+// mounted shared file system (the way 3FS is used), so every engine that mounts PATH
+// hits every prefix (S-KV-1).
+//
+// Layout: PATH/blocks/<first 2 hex digits>/<32 hex digits>.blk, PATH/tmp/ for writes
+// in flight. Policy:
+//   - atomic publish: write to PATH/tmp/<unique>.tmp, fsync, rename into blocks/,
+//     fsync the directory. A crash at any point leaves at most a tmp file, never a
+//     partial block under blocks/; tmp files older than `stale_tmp_age_s` are swept
+//     at open and by the GC worker's scan.
+//   - reads: io_uring when the kernel allows it (probed at open), else pread; chosen
+//     at run time, `use_io_uring = false` forces pread. get_many submits all reads in
+//     one batch. A block that fails decode is a miss and its file is removed.
+//   - last access is the file's atime, set explicitly on every hit (works under
+//     noatime/relatime); the GC worker (gc_worker.h) reads it with the class from the
+//     header. The store itself never deletes for age or space (S-KV-3).
+//   - a write that fails for space (ENOSPC, EDQUOT, EFBIG) is dropped and counted in
+//     puts_dropped; reads go on.
+// Thread model: thread-safe. The io_uring ring is shared under a mutex; a thread that
+// finds it busy reads with pread instead of waiting.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvstore/block_store.h"
+
+namespace dsi::kvstore {
+
+struct FileStoreOptions {
+    int64_t capacity_bytes = 0;  // 0: the size of the file system holding PATH
+    bool use_io_uring = true;    // false: always pread
+    bool fsync = true;           // fsync file and directory before a block is visible
+    unsigned io_uring_entries = 64;
+    int64_t stale_tmp_age_s = 600;
+    // Test hook (fault injection): called before every write(2) of a put with the
+    // bytes about to be written; a non-zero return is taken as that errno.
+    std::function<int(size_t)> inject_write_errno;
+};
+
+class FileBlockStore : public BlockStore {
+public:
+    // Creates PATH/blocks and PATH/tmp if needed. kInvalidArgument for an empty path.
+    static Result<std::unique_ptr<FileBlockStore>> open(const std::string& root,
+                                                        FileStoreOptions options = {});
+    ~FileBlockStore() override;
+
+    Status put(const BlockInfo& info, std::span<const std::span<const uint8_t>> layers,
+               int64_t deadline_ns = kNoDeadline) override;
+    Result<Block> get(const StoreKey& key, const BlockInfo* expect,
+                      int64_t deadline_ns = kNoDeadline) override;
+    std::vector<Result<Block>> get_many(std::span<const StoreKey> keys,
+                                        std::span<const BlockInfo> expects,
+                                        int64_t deadline_ns = kNoDeadline) override;
+    Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) override;
+    Status remove(const StoreKey& key) override;
+    std::string uri() const override { return "file://" + root_; }
+
+    Result<std::vector<GcEntry>> list_blocks() override;
+    Result<int64_t> capacity_bytes() override;
+    StoreMetrics& metrics() override { return metrics_; }
+
+    // Removes tmp files older than `min_age_s`; returns how many.
+    int sweep_tmp(int64_t min_age_s);
+    bool using_io_uring() const { return ring_ != nullptr; }
+    std::string block_path(const StoreKey& key) const;
+
+private:
+    struct Ring;
+    FileBlockStore(std::string root, FileStoreOptions options);
+    // Reads whole files: fds[i] with sizes[i] into bufs[i]; false entries failed.
+    std::vector<bool> read_files(std::span<const int> fds, std::vector<std::vector<uint8_t>>& bufs,
+                                 int64_t deadline_ns);
+    Result<Block> finish_read(const StoreKey& key, std::vector<uint8_t> bytes,
+                              const BlockInfo* expect, int fd);
+
+    const std::string root_;
+    const FileStoreOptions options_;
+    StoreMetrics metrics_;
+    std::unique_ptr<Ring> ring_;
+    std::mutex ring_mu_;  // guards *ring_
+};
+
+}  // namespace dsi::kvstore

@@ -1,0 +1,328 @@
+#include "kvstore/file_store.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "kvstore/test_util.h"
+
+namespace dsi::kvstore {
+namespace {
+
+using testing::make_block;
+using testing::TempDir;
+
+std::unique_ptr<FileBlockStore> open_store(const std::string& dir, FileStoreOptions o = {}) {
+    auto r = FileBlockStore::open(dir, std::move(o));
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    return std::move(r).value();
+}
+
+int count_files(const std::string& dir) {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::recursive_directory_iterator(dir, ec)) {
+        n += e.is_regular_file() ? 1 : 0;
+    }
+    return n;
+}
+
+class FileStoreTest : public ::testing::TestWithParam<bool> {
+protected:
+    FileStoreOptions options() const {
+        FileStoreOptions o;
+        o.use_io_uring = GetParam();
+        return o;
+    }
+    TempDir dir_;
+};
+
+TEST_P(FileStoreTest, PutGetContainsRemove) {
+    auto store = open_store(dir_.path(), options());
+    auto b = make_block(1, 3, 5000);
+    EXPECT_FALSE(*store->contains(b.info.key));
+    auto spans = b.spans();
+    ASSERT_TRUE(store->put(b.info, spans).is_ok());
+    EXPECT_TRUE(*store->contains(b.info.key));
+    auto got = store->get(b.info.key, &b.info);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    for (uint32_t i = 0; i < 3; ++i) {
+        ASSERT_EQ(0, std::memcmp(got->layer(i).data(), b.layers[i].data(), 5000));
+    }
+    ASSERT_TRUE(store->remove(b.info.key).is_ok());
+    EXPECT_EQ(store->get(b.info.key, &b.info).status().code(), StatusCode::kNotFound);
+    ASSERT_TRUE(store->remove(b.info.key).is_ok());  // absent is OK
+    auto m = store->metrics().snapshot();
+    EXPECT_EQ(m.hits, 1);
+    EXPECT_EQ(m.misses, 1);
+    EXPECT_EQ(m.puts, 1);
+    EXPECT_GT(m.bytes_written, 15000);
+    EXPECT_GT(m.bytes_read, 15000);
+}
+
+TEST_P(FileStoreTest, GetManyMixesHitsAndMisses) {
+    auto store = open_store(dir_.path(), options());
+    std::vector<StoreKey> keys;
+    std::vector<BlockInfo> infos;
+    for (uint64_t s = 0; s < 20; ++s) {
+        auto b = make_block(s, 2, 4096 + s);
+        if (s % 3 != 0) {
+            auto spans = b.spans();
+            ASSERT_TRUE(store->put(b.info, spans).is_ok());
+        }
+        keys.push_back(b.info.key);
+        infos.push_back(b.info);
+    }
+    auto r = store->get_many(keys, infos);
+    ASSERT_EQ(r.size(), 20u);
+    for (size_t s = 0; s < 20; ++s) {
+        EXPECT_EQ(r[s].is_ok(), s % 3 != 0) << s;
+        if (r[s].is_ok()) {
+            EXPECT_EQ(r[s]->layer(1).size(), 4096 + s);
+        }
+    }
+}
+
+TEST_P(FileStoreTest, MatchPrefixStopsAtFirstHole) {
+    auto store = open_store(dir_.path(), options());
+    std::vector<StoreKey> chain;
+    for (uint64_t s = 0; s < 8; ++s) {
+        auto b = make_block(100 + s, 1, 16);
+        chain.push_back(b.info.key);
+        if (s != 3) {
+            auto spans = b.spans();
+            ASSERT_TRUE(store->put(b.info, spans).is_ok());
+        }
+    }
+    EXPECT_EQ(*store->match_prefix(chain), 3);
+    EXPECT_EQ(*store->match_prefix(std::span<const StoreKey>(chain).subspan(4)), 4);
+    EXPECT_EQ(*store->match_prefix({}), 0);
+    EXPECT_EQ(store->metrics().snapshot().bytes_read, 0);  // metadata only
+}
+
+TEST_P(FileStoreTest, CorruptedOrTruncatedFileIsAMiss) {
+    auto store = open_store(dir_.path(), options());
+    auto a = make_block(1, 2, 3000);
+    auto b = make_block(2, 2, 3000);
+    auto c = make_block(3, 2, 3000);
+    for (auto* x : {&a, &b, &c}) {
+        auto spans = x->spans();
+        ASSERT_TRUE(store->put(x->info, spans).is_ok());
+    }
+    {  // flip one payload byte
+        std::fstream f(store->block_path(a.info.key),
+                       std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(static_cast<std::streamoff>(header_bytes(2) + 100));
+        f.put('\x5a');
+    }
+    std::filesystem::resize_file(store->block_path(b.info.key), header_bytes(2) + 10);
+    std::filesystem::resize_file(store->block_path(c.info.key), 5);
+    for (auto* x : {&a, &b, &c}) {
+        auto r = store->get(x->info.key, &x->info);
+        EXPECT_EQ(r.status().code(), StatusCode::kNotFound) << r.status().to_string();
+        EXPECT_FALSE(*store->contains(x->info.key)) << "damaged file is removed";
+    }
+    auto m = store->metrics().snapshot();
+    EXPECT_EQ(m.corrupt, 3);
+    EXPECT_EQ(m.hits, 0);
+    // A rewrite of the same key works again.
+    auto spans = a.spans();
+    ASSERT_TRUE(store->put(a.info, spans).is_ok());
+    EXPECT_TRUE(store->get(a.info.key, &a.info).is_ok());
+}
+
+TEST_P(FileStoreTest, BlockOfAnotherModelIsAMiss) {
+    auto store = open_store(dir_.path(), options());
+    auto a = make_block(1);
+    auto spans = a.spans();
+    ASSERT_TRUE(store->put(a.info, spans).is_ok());
+    BlockInfo other = a.info;
+    other.model = model_identity("another");
+    EXPECT_EQ(store->get(a.info.key, &other).status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(store->metrics().snapshot().corrupt, 1);
+    EXPECT_TRUE(store->get(a.info.key, &a.info).is_ok()) << "kept: it is not damaged";
+}
+
+TEST_P(FileStoreTest, InjectedFullDiskDropsWritesAndReadsGoOn) {
+    bool full = false;
+    FileStoreOptions o = options();
+    o.inject_write_errno = [&full](size_t) { return full ? ENOSPC : 0; };
+    auto store = open_store(dir_.path(), o);
+    auto a = make_block(1);
+    auto b = make_block(2);
+    auto sa = a.spans();
+    auto sb = b.spans();
+    ASSERT_TRUE(store->put(a.info, sa).is_ok());
+    full = true;
+    Status s = store->put(b.info, sb);
+    EXPECT_EQ(s.code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(store->metrics().snapshot().puts_dropped, 1);
+    EXPECT_FALSE(*store->contains(b.info.key));
+    EXPECT_TRUE(store->get(a.info.key, &a.info).is_ok());
+    EXPECT_EQ(count_files(dir_.path() + "/tmp"), 0) << "no tmp file left behind";
+}
+
+TEST_P(FileStoreTest, PastDeadlineDoesNotHang) {
+    auto store = open_store(dir_.path(), options());
+    std::vector<StoreKey> keys;
+    for (uint64_t s = 0; s < 8; ++s) {
+        auto b = make_block(s, 4, 1 << 16);
+        auto spans = b.spans();
+        ASSERT_TRUE(store->put(b.info, spans).is_ok());
+        keys.push_back(b.info.key);
+    }
+    auto r = store->get_many(keys, {}, Env::default_env()->now_ns() - 1);
+    ASSERT_EQ(r.size(), keys.size());
+    for (auto& x : r) {
+        EXPECT_TRUE(x.is_ok() || x.status().code() == StatusCode::kDeadlineExceeded ||
+                    x.status().code() == StatusCode::kNotFound);
+    }
+}
+
+TEST_P(FileStoreTest, ConcurrentWritersAndReadersNeverSeeAPartialBlock) {
+    auto store = open_store(dir_.path(), options());
+    auto b = make_block(9, 8, 64 << 10);
+    std::atomic<bool> stop{false};
+    std::atomic<int> bad{0};
+    std::atomic<int> hits{0};
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 2; ++t) {
+        threads.emplace_back([&] {
+            auto spans = b.spans();
+            for (int i = 0; i < 20; ++i) {
+                EXPECT_TRUE(store->put(b.info, spans).is_ok());
+            }
+        });
+    }
+    threads.emplace_back([&] {
+        while (!stop.load()) {
+            auto r = store->get(b.info.key, &b.info);
+            if (r.is_ok()) {
+                ++hits;
+            } else if (r.status().code() != StatusCode::kNotFound) {
+                ++bad;
+            }
+        }
+    });
+    threads[0].join();
+    threads[1].join();
+    stop = true;
+    threads[2].join();
+    EXPECT_EQ(bad.load(), 0);
+    EXPECT_EQ(store->metrics().snapshot().corrupt, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Io, FileStoreTest, ::testing::Values(true, false),
+                         [](const auto& p) { return p.param ? "uring" : "pread"; });
+
+TEST(FileStore, ReportsWhetherIoUringIsUsed) {
+    TempDir dir;
+    FileStoreOptions o;
+    o.use_io_uring = false;
+    EXPECT_FALSE(open_store(dir.path(), o)->using_io_uring());
+    // With io_uring requested the store either has a ring or fell back; both work.
+    auto s = open_store(dir.path());
+    std::printf("io_uring available: %d\n", s->using_io_uring() ? 1 : 0);
+}
+
+TEST(FileStore, KillNineMidWriteLeavesNothingVisible) {
+    TempDir dir;
+    auto b = make_block(42, 16, 1 << 20);  // 16 MiB
+    int pipefd[2];
+    ASSERT_EQ(::pipe(pipefd), 0);
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        ::close(pipefd[0]);
+        FileStoreOptions o;
+        int calls = 0;
+        // After the first chunk is on disk, tell the parent and stall mid-block.
+        o.inject_write_errno = [&](size_t) {
+            if (++calls == 2) {
+                char c = 1;
+                (void)!::write(pipefd[1], &c, 1);
+                ::sleep(30);
+            }
+            return 0;
+        };
+        auto store = FileBlockStore::open(dir.path(), o);
+        auto spans = b.spans();
+        (void)(*store)->put(b.info, spans);
+        ::_exit(0);
+    }
+    ::close(pipefd[1]);
+    struct pollfd p = {pipefd[0], POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 20'000), 1) << "child never started writing";
+    ::kill(child, SIGKILL);
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    ::close(pipefd[0]);
+    EXPECT_TRUE(WIFSIGNALED(status));
+    auto store = open_store(dir.path());
+    EXPECT_FALSE(*store->contains(b.info.key));
+    EXPECT_EQ(store->get(b.info.key, &b.info).status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(count_files(dir.path() + "/blocks"), 0);
+    EXPECT_EQ(count_files(dir.path() + "/tmp"), 1) << "the partial tmp file is all there is";
+    EXPECT_EQ(store->sweep_tmp(0), 1);
+    auto listed = store->list_blocks();
+    ASSERT_TRUE(listed.is_ok());
+    EXPECT_TRUE(listed->empty());
+}
+
+TEST(FileStore, RealWriteLimitDropsWritesAndReadsGoOn) {
+    // A real kernel write failure without root: RLIMIT_FSIZE in a child (EFBIG).
+    TempDir dir;
+    {
+        auto store = open_store(dir.path());
+        auto small = make_block(1, 2, 1000);
+        auto spans = small.spans();
+        ASSERT_TRUE(store->put(small.info, spans).is_ok());
+    }
+    pid_t child = ::fork();
+    ASSERT_GE(child, 0);
+    if (child == 0) {
+        ::signal(SIGXFSZ, SIG_IGN);
+        struct rlimit lim = {64 << 10, 64 << 10};
+        ::setrlimit(RLIMIT_FSIZE, &lim);
+        auto store = std::move(FileBlockStore::open(dir.path())).value();
+        auto big = make_block(2, 4, 100 << 10);
+        auto spans = big.spans();
+        Status s = store->put(big.info, spans);
+        auto small = make_block(1, 2, 1000);
+        bool read_ok = store->get(small.info.key, &small.info).is_ok();
+        auto m = store->metrics().snapshot();
+        bool ok = s.code() == StatusCode::kResourceExhausted && m.puts_dropped == 1 && read_ok &&
+                  !*store->contains(big.info.key);
+        ::_exit(ok ? 0 : 1);
+    }
+    int status = 0;
+    ASSERT_EQ(::waitpid(child, &status, 0), child);
+    ASSERT_TRUE(WIFEXITED(status));
+    EXPECT_EQ(WEXITSTATUS(status), 0);
+    EXPECT_EQ(count_files(dir.path() + "/tmp"), 0);
+}
+
+TEST(FileStore, OpenRejectsEmptyPathAndUris) {
+    EXPECT_EQ(FileBlockStore::open("").status().code(), StatusCode::kInvalidArgument);
+    EXPECT_FALSE(open_block_store("nonsense").is_ok());
+    EXPECT_FALSE(open_block_store("ftp://x").is_ok());
+    TempDir dir;
+    EXPECT_FALSE(open_block_store("file://" + dir.path() + "?io=bogus").is_ok());
+    EXPECT_FALSE(open_block_store("file://" + dir.path() + "?capacity=-5").is_ok());
+    EXPECT_FALSE(open_block_store("file://" + dir.path() + "?x").is_ok());
+    auto s = open_block_store("file://" + dir.path() + "?io=pread&capacity=1000");
+    ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+    EXPECT_EQ(*(*s)->capacity_bytes(), 1000);
+}
+
+}  // namespace
+}  // namespace dsi::kvstore
