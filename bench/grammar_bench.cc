@@ -1,0 +1,111 @@
+// Structured-output figures (issue 7): compile time per schema and mask time per
+// token at the DeepSeek V3 vocabulary, over the JSON-Schema-Test-Suite schemas we
+// support and the realistic schemas of tests/cases/grammar/json_schema.json.
+// Mask time is measured on random walks (sampling only allowed tokens): "cold" is a
+// fresh compiled grammar (every new state walks the trie), "warm" is a second
+// request on the same compiled grammar (the compile service's cache hit case).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "grammar/json_schema.h"
+#include "grammar/matcher.h"
+#include "tokenizer/tokenizer.h"
+
+using namespace dsi;
+using namespace dsi::grammar;
+using ojson = nlohmann::ordered_json;
+namespace fs = std::filesystem;
+
+static double now_us() {
+    return std::chrono::duration<double, std::micro>(
+               std::chrono::steady_clock::now().time_since_epoch())
+        .count();
+}
+
+static double pct(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+int main() {
+    auto dir = find_reference_tokenizer_dir(Env::default_env(), DSINFER_SOURCE_DIR);
+    if (!dir.is_ok()) {
+        std::fprintf(stderr, "%s\n", dir.status().to_string().c_str());
+        return 1;
+    }
+    auto tok = Tokenizer::load(Env::default_env(), *dir);
+    if (!tok.is_ok()) return 1;
+    auto vocab = Vocabulary::from_tokenizer(**tok);
+    std::vector<ojson> schemas;
+    fs::path suite = fs::path(DSINFER_SOURCE_DIR) / ".." / "shared" / "conformance" /
+                     "json-schema-test-suite" / "tests" / "draft2020-12";
+    if (fs::exists(suite)) {
+        for (const auto& e : fs::directory_iterator(suite)) {
+            if (e.path().extension() != ".json") continue;
+            std::ifstream f(e.path());
+            for (const auto& g : ojson::parse(f)) schemas.push_back(g["schema"]);
+        }
+    }
+    size_t num_suite = schemas.size();
+    std::ifstream cf(std::string(DSINFER_SOURCE_DIR) + "/tests/cases/grammar/json_schema.json");
+    for (const auto& c : ojson::parse(cf)["cases"]) {
+        if (!c.contains("error")) schemas.push_back(c["schema"]);
+    }
+    std::vector<double> compile_us, cold_us, warm_us, uncached_us;
+    std::mt19937_64 rng(1);
+    int compiled = 0;
+    for (size_t i = 0; i < schemas.size(); ++i) {
+        double t0 = now_us();
+        auto g = compile_json_schema(schemas[i]);
+        double t1 = now_us();
+        if (!g.is_ok()) continue;
+        ++compiled;
+        compile_us.push_back(t1 - t0);
+        if (i < num_suite && i % 4 != 0) continue;  // mask timing on a quarter of the suite
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), vocab);
+        for (int pass = 0; pass < 2; ++pass) {
+            std::mt19937_64 walk_rng(i);
+            GrammarMatcher m(cg);
+            TokenBitmask mask(vocab->size());
+            for (int step = 0; step < 64 && !m.is_terminated(); ++step) {
+                double a = now_us();
+                m.fill_mask(&mask);
+                double b = now_us();
+                (pass == 0 ? cold_us : warm_us).push_back(b - a);
+                if (pass == 0 && step % 8 == 0) {
+                    double c = now_us();
+                    m.fill_mask_uncached(&mask);
+                    uncached_us.push_back(now_us() - c);
+                }
+                std::vector<int32_t> allowed;
+                for (int32_t t = 0; t < vocab->size(); ++t) {
+                    if (mask.test(t)) allowed.push_back(t);
+                }
+                if (allowed.empty()) break;
+                int32_t pick = allowed[walk_rng() % allowed.size()];
+                if (m.is_accepted() && walk_rng() % 2 == 0) pick = (*tok)->eos_id();
+                if (!m.advance(pick)) break;
+            }
+        }
+    }
+    std::printf("schemas: %zu (%d compiled), vocabulary %d ids\n", schemas.size(), compiled,
+                vocab->size());
+    std::printf("compile        median %8.1f us  p99 %8.1f us   (goal median <= 5000 us)\n",
+                pct(compile_us, 0.5), pct(compile_us, 0.99));
+    std::printf("mask cold      median %8.1f us  p99 %8.1f us   n=%zu\n", pct(cold_us, 0.5),
+                pct(cold_us, 0.99), cold_us.size());
+    std::printf("mask warm      median %8.1f us  p99 %8.1f us   n=%zu (goal median <= 10, p99 <= 500)\n",
+                pct(warm_us, 0.5), pct(warm_us, 0.99), warm_us.size());
+    std::printf("trie walk      median %8.1f us  p99 %8.1f us   n=%zu (uncached, every state)\n",
+                pct(uncached_us, 0.5), pct(uncached_us, 0.99), uncached_us.size());
+    std::printf("ratio cold/goal median %.2f, warm/goal median %.2f, warm p99/goal p99 %.2f\n",
+                pct(cold_us, 0.5) / 10.0, pct(warm_us, 0.5) / 10.0, pct(warm_us, 0.99) / 500.0);
+    return 0;
+}
