@@ -379,8 +379,17 @@ struct Engine::Impl {
     Result<bool> schedule_and_submit() {
         std::vector<SeqView> run_views, wait_views;
         for (int64_t id : running) run_views.push_back(view(seqs.at(id)));
+        // FIFO admission stops at max_running_seqs, so only the head of the queue needs
+        // a prefix lookup; deeper sequences are only checked for their deadline.
+        const size_t max_views = static_cast<size_t>(options.scheduler.max_running_seqs) + 1;
+        const int64_t now = env->now_ns();
+        std::vector<int64_t> expired_deep;
         for (auto& [id, s] : seqs) {
             if (s.running || s.gated) continue;
+            if (wait_views.size() >= max_views) {
+                if (s.deadline_ns > 0 && now >= s.deadline_ns) expired_deep.push_back(id);
+                continue;
+            }
             SeqView v;
             v.id = id;
             v.num_tokens = static_cast<int64_t>(s.tokens.size());
@@ -396,6 +405,7 @@ struct Engine::Impl {
             wait_views.push_back(v);
         }
         ScheduleDecision d = scheduler.schedule(run_views, wait_views, pool->num_available());
+        d.expired.insert(d.expired.end(), expired_deep.begin(), expired_deep.end());
         for (int64_t id : d.expired) finish(seqs.at(id), FinishReason::kDeadline, true);
         for (int64_t id : d.preempted) preempt(seqs.at(id));
         // Pin every admitted hit before allocating, so allocation cannot evict them.
