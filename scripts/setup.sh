@@ -9,6 +9,7 @@ DEB_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libicu-dev
+  libopenblas-dev
   liburing-dev libhiredis-dev libisal-dev redis-server
   nodejs npm
 )
@@ -30,7 +31,7 @@ if ((${#missing[@]})); then
 fi
 
 # npm test peers, each into its own project-local folder (never global).
-for dir in tests/llamacpp tests/tokenizer; do
+for dir in tests/llamacpp tests/tokenizer tests/grammar; do
   if [[ -f "$dir/package-lock.json" ]]; then
     stamp="$dir/node_modules/.dsinfer-lock-stamp"
     if [[ ! -f "$stamp" ]] || ! cmp -s "$dir/package-lock.json" "$stamp"; then

@@ -10,6 +10,7 @@
 namespace dsi {
 void register_model_commands(CLI::App& app);
 void register_sim_commands(CLI::App& app);  // apps/dsinfer/cmd_sim.cc
+void register_bench_commands(CLI::App& app);  // apps/dsinfer/cmd_bench.cc
 }  // namespace dsi
 
 int main(int argc, char** argv) {
@@ -23,6 +24,7 @@ int main(int argc, char** argv) {
 
     dsi::register_model_commands(app);
     dsi::register_sim_commands(app);
+    dsi::register_bench_commands(app);
 
     CLI11_PARSE(app, argc, argv);
     return 0;

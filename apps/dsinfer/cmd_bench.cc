@@ -1,0 +1,260 @@
+// dsinfer bench kernels | model: kernel and model throughput, each with the machine
+// limit or the llama.cpp figure measured in the same run (issue 3; bench/RESULTS.md).
+//
+// kernels: STREAM-style read bandwidth, GEMV GB/s per weight format vs that bandwidth,
+//   GEMM (prefill, M = 512) GFLOP/s vs OpenBLAS sgemm (dlopen'd, if installed).
+// model: prefill (512-token prompt) and decode (128 tokens) tokens/s of dsinfer and of
+//   llama.cpp (bench/llamacpp_bench.mjs) on the same GGUF, 1 and 2 threads.
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/env.h"
+#include "base/settings.h"
+#include "base/thread_pool.h"
+#include "kernels/matmul.h"
+#include "model/deepseek.h"
+
+namespace dsi {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+    return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Best of `reps` runs of fn(), in seconds.
+template <typename F>
+double best_time(int reps, F fn) {
+    double best = 1e30;
+    for (int i = 0; i < reps; ++i) {
+        auto t0 = Clock::now();
+        fn();
+        best = std::min(best, seconds_since(t0));
+    }
+    return best;
+}
+
+struct KernelFlags {
+    bool json = false;
+    int max_threads = 2;
+    int64_t gemv_bytes = 768ll << 20;  // more than the LLC holds for one thread's share
+};
+
+// Read bandwidth: each thread sums its contiguous half of a large buffer.
+double read_bandwidth(kernels::Isa isa, ThreadPool& pool, const std::vector<float>& buf) {
+    const int64_t n = static_cast<int64_t>(buf.size());
+    volatile float sink = 0;
+    double t = best_time(5, [&] {
+        pool.parallel_for(pool.num_threads(), 1, [&](int64_t b, int64_t e) {
+            for (int64_t i = b; i < e; ++i) {
+                const int64_t per = n / pool.num_threads();
+                sink = sink + kernels::read_sum(isa, buf.data() + i * per, per);
+            }
+        });
+    });
+    return static_cast<double>(n) * 4 / t / 1e9;
+}
+
+using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
+                         int, float, float*, int);
+
+int run_bench_kernels(const KernelFlags& f) {
+    json out = {{"isa_active", std::string(kernels::isa_name(kernels::active_isa()))}};
+    std::vector<float> buf(static_cast<size_t>(f.gemv_bytes / 4), 1.0f);
+    std::vector<kernels::Isa> isas = kernels::supported_isas();
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    for (int threads = 1; threads <= f.max_threads; ++threads) {
+        ThreadPool pool(threads);
+        json th;
+        double bw = read_bandwidth(kernels::active_isa(), pool, buf);
+        th["read_bandwidth_gb_s"] = bw;
+        // GEMV: a 4096 x 4096 matrix, copied until the copies hold gemv_bytes, one pass.
+        const int64_t R = 4096, K = 4096;
+        std::vector<float> wf(static_cast<size_t>(R * K));
+        for (float& v : wf) v = nd(rng) * 0.02f;
+        std::vector<float> x(static_cast<size_t>(512 * K));
+        for (float& v : x) v = nd(rng);
+        for (auto format : {kernels::WeightFormat::kBF16, kernels::WeightFormat::kQ8_0,
+                            kernels::WeightFormat::kF32}) {
+            kernels::SourceMatrix src{DType::kF32, R, K, reinterpret_cast<const uint8_t*>(wf.data()),
+                                      nullptr, 128, 128};
+            kernels::PackedMatrix one = kernels::pack_matrix(src, format).value();
+            const int64_t copies = std::max<int64_t>(1, f.gemv_bytes / one.bytes());
+            std::vector<kernels::PackedMatrix> mats(static_cast<size_t>(copies), one);
+            std::vector<float> y(static_cast<size_t>(512 * R));
+            const std::string name(kernels::weight_format_name(format));
+            for (kernels::Isa isa : isas) {
+                if (isa == kernels::Isa::kScalar && format != kernels::WeightFormat::kBF16) continue;
+                const int64_t use = isa == kernels::Isa::kScalar ? 1 : copies;
+                double t = best_time(3, [&] {
+                    for (int64_t c = 0; c < use; ++c) {
+                        kernels::matmul_isa(isa, mats[c], x.data(), 1, y.data(), &pool);
+                    }
+                });
+                const double gbs = static_cast<double>(use * one.bytes()) / t / 1e9;
+                th["gemv"][name][std::string(kernels::isa_name(isa))] = {
+                    {"gb_s", gbs}, {"fraction_of_read_bandwidth", gbs / bw}};
+            }
+            // GEMM M = 512 on a 2048 x 2048 corner of the weights.
+            kernels::SourceMatrix sub{DType::kF32, 2048, 2048, src.data, nullptr, 128, 128};
+            std::vector<float> wsub(2048 * 2048);
+            for (int64_t r = 0; r < 2048; ++r) {
+                std::copy_n(wf.data() + r * K, 2048, wsub.data() + r * 2048);
+            }
+            sub.data = reinterpret_cast<const uint8_t*>(wsub.data());
+            kernels::PackedMatrix pm = kernels::pack_matrix(sub, format).value();
+            double t = best_time(3, [&] {
+                kernels::matmul(pm, x.data(), 512, y.data(), &pool);
+            });
+            th["gemm_m512_2048x2048"][name] = {{"gflop_s", 2.0 * 512 * 2048 * 2048 / t / 1e9}};
+        }
+        // Anchor: OpenBLAS sgemm, same shape (C[512,2048] = X[512,2048] W^T).
+        if (void* lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL)) {
+            auto sgemm = reinterpret_cast<SgemmFn>(dlsym(lib, "cblas_sgemm"));
+            auto set_threads = reinterpret_cast<void (*)(int)>(dlsym(lib, "openblas_set_num_threads"));
+            if (sgemm && set_threads) {
+                set_threads(threads);
+                std::vector<float> w2(2048 * 2048), c(512 * 2048);
+                for (float& v : w2) v = nd(rng);
+                // 101 = RowMajor, 111 = NoTrans, 112 = Trans.
+                double t = best_time(3, [&] {
+                    sgemm(101, 111, 112, 512, 2048, 2048, 1.0f, x.data(), 2048, w2.data(), 2048,
+                          0.0f, c.data(), 2048);
+                });
+                const double gf = 2.0 * 512 * 2048 * 2048 / t / 1e9;
+                th["openblas_sgemm_gflop_s"] = gf;
+                for (auto& [name, v] : th["gemm_m512_2048x2048"].items()) {
+                    v["ratio_to_openblas_sgemm"] = v["gflop_s"].get<double>() / gf;
+                }
+            }
+            dlclose(lib);
+        }
+        out["threads"][std::to_string(threads)] = th;
+    }
+    std::printf("%s\n", out.dump(f.json ? 2 : -1).c_str());
+    return 0;
+}
+
+struct ModelFlags {
+    std::string model;
+    bool json = false;
+    int max_threads = 2;
+    int prompt_tokens = 512;
+    int gen_tokens = 128;
+    std::string weight_format = "auto";
+    std::string llamacpp_amx = "on";
+    bool skip_llamacpp = false;
+};
+
+int run_bench_model(const ModelFlags& f) {
+    Env* env = Env::default_env();
+    json out = {{"model", f.model}, {"weight_format", f.weight_format},
+                {"isa", std::string(kernels::isa_name(kernels::active_isa()))},
+                {"prompt_tokens", f.prompt_tokens}, {"gen_tokens", f.gen_tokens}};
+    for (int threads = 1; threads <= f.max_threads; ++threads) {
+        json r;
+        {
+            auto source = open_checkpoint(env, f.model);
+            if (!source.is_ok()) {
+                std::fprintf(stderr, "%s\n", source.status().to_string().c_str());
+                return 1;
+            }
+            DeepseekModel::Options options;
+            options.num_threads = threads;
+            options.weight_format = f.weight_format;
+            auto t_load = Clock::now();
+            auto model = DeepseekModel::load(std::move(source).value(), options);
+            if (!model.is_ok()) {
+                std::fprintf(stderr, "%s\n", model.status().to_string().c_str());
+                return 1;
+            }
+            r["dsinfer"]["load_s"] = seconds_since(t_load);
+            DeepseekModel& m = **model;
+            auto cache = m.new_kv_cache(f.prompt_tokens + f.gen_tokens + 1);
+            std::vector<int32_t> prompt(static_cast<size_t>(f.prompt_tokens));
+            for (int i = 0; i < f.prompt_tokens; ++i) prompt[i] = 1000 + i;
+            ForwardOutput fo;
+            auto t0 = Clock::now();
+            Status s = m.forward(prompt, 0, *cache, false, fo);
+            const double pp_s = seconds_since(t0);
+            if (!s.is_ok()) return 1;
+            int32_t tok = static_cast<int32_t>(
+                std::max_element(fo.logits.begin(), fo.logits.end()) - fo.logits.begin());
+            t0 = Clock::now();
+            for (int i = 0; i < f.gen_tokens; ++i) {
+                std::vector<int32_t> one = {tok};
+                if (!m.forward(one, f.prompt_tokens + i, *cache, false, fo).is_ok()) return 1;
+                tok = static_cast<int32_t>(
+                    std::max_element(fo.logits.begin(), fo.logits.end()) - fo.logits.begin());
+            }
+            const double tg_s = seconds_since(t0);
+            r["dsinfer"]["pp_tokens_per_s"] = f.prompt_tokens / pp_s;
+            r["dsinfer"]["tg_tokens_per_s"] = f.gen_tokens / tg_s;
+        }
+        if (!f.skip_llamacpp) {
+            const std::string tmp = "/tmp/dsinfer_bench_llamacpp_" + std::to_string(::getpid()) + ".json";
+            const std::string cmd = "node " + std::string(DSINFER_SOURCE_DIR) +
+                                    "/bench/llamacpp_bench.mjs --model " + f.model + " --threads " +
+                                    std::to_string(threads) + " --prompt-tokens " +
+                                    std::to_string(f.prompt_tokens) + " --gen-tokens " +
+                                    std::to_string(f.gen_tokens) + " --amx " + f.llamacpp_amx +
+                                    " --out " + tmp;
+            if (std::system(cmd.c_str()) == 0) {
+                json l = json::parse(env->read_file(tmp).value());
+                r["llama_cpp"] = l;
+                r["ratio"]["pp"] = r["dsinfer"]["pp_tokens_per_s"].get<double>() /
+                                   l["pp_tokens_per_s"].get<double>();
+                r["ratio"]["tg"] = r["dsinfer"]["tg_tokens_per_s"].get<double>() /
+                                   l["tg_tokens_per_s"].get<double>();
+            } else {
+                r["llama_cpp"] = "failed: " + cmd;
+            }
+            std::remove(tmp.c_str());
+        }
+        out["threads"][std::to_string(threads)] = r;
+        std::fprintf(stderr, "threads %d: %s\n", threads, r.dump().c_str());
+    }
+    std::printf("%s\n", out.dump(f.json ? 2 : -1).c_str());
+    return 0;
+}
+
+}  // namespace
+
+void register_bench_commands(CLI::App& app) {
+    CLI::App* bench = app.add_subcommand("bench", "kernel and model benchmarks (bench/RESULTS.md)");
+    bench->require_subcommand(1);
+    auto kf = std::make_shared<KernelFlags>();
+    CLI::App* k = bench->add_subcommand("kernels", "GEMV/GEMM vs measured bandwidth and OpenBLAS");
+    k->add_flag("--json", kf->json, "pretty JSON");
+    add_setting(*k, "--max-threads", kf->max_threads, "runs 1..N threads");
+    k->callback([kf] {
+        if (int rc = run_bench_kernels(*kf); rc != 0) throw CLI::RuntimeError(rc);
+    });
+    auto mf = std::make_shared<ModelFlags>();
+    CLI::App* m = bench->add_subcommand("model", "prefill/decode tokens/s vs llama.cpp, same GGUF");
+    add_setting(*m, "--model", mf->model, "GGUF (or HF directory with --skip-llamacpp)")->required();
+    m->add_flag("--json", mf->json, "pretty JSON");
+    add_setting(*m, "--max-threads", mf->max_threads, "runs 1..N threads");
+    add_setting(*m, "--prompt-tokens", mf->prompt_tokens, "prompt length");
+    add_setting(*m, "--gen-tokens", mf->gen_tokens, "generated tokens");
+    add_setting(*m, "--weight-format", mf->weight_format, "see DeepseekModel::Options");
+    add_setting(*m, "--llamacpp-amx", mf->llamacpp_amx, "on | off (llama.cpp's AMX variant)");
+    m->add_flag("--skip-llamacpp", mf->skip_llamacpp, "dsinfer only");
+    m->callback([mf] {
+        if (int rc = run_bench_model(*mf); rc != 0) throw CLI::RuntimeError(rc);
+    });
+}
+
+}  // namespace dsi
