@@ -233,11 +233,12 @@ int run_generate(const GenerateFlags& f) {
     if (!stream) std::fputc('\n', stderr);
     std::fprintf(stderr,
                  "requests %lld, prompt tokens %lld (prefix hit %.1f%%), output tokens %lld, "
-                 "%.2f s, %.1f output tokens/s\n",
+                 "%.2f s, %.1f output tokens/s, %lld steps, host gap %.2f%% of step time\n",
                  static_cast<long long>(st.num_requests), static_cast<long long>(st.prompt_tokens),
                  st.prompt_tokens ? 100.0 * st.cached_prompt_tokens / st.prompt_tokens : 0.0,
                  static_cast<long long>(st.output_tokens), secs,
-                 secs > 0 ? st.output_tokens / secs : 0.0);
+                 secs > 0 ? st.output_tokens / secs : 0.0, static_cast<long long>(st.steps),
+                 st.forward_ns ? 100.0 * st.host_gap_ns / st.forward_ns : 0.0);
     return 0;
 }
 
