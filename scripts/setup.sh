@@ -31,7 +31,7 @@ if ((${#missing[@]})); then
 fi
 
 # npm test peers, each into its own project-local folder (never global).
-for dir in tests/llamacpp tests/tokenizer tests/grammar; do
+for dir in tests/llamacpp tests/tokenizer tests/grammar tests/protocol; do
   if [[ -f "$dir/package-lock.json" ]]; then
     stamp="$dir/node_modules/.dsinfer-lock-stamp"
     if [[ ! -f "$stamp" ]] || ! cmp -s "$dir/package-lock.json" "$stamp"; then
