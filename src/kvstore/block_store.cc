@@ -4,6 +4,7 @@
 
 #include "base/env.h"
 #include "kvstore/file_store.h"
+#include "kvstore/redis_store.h"
 #include "kvstore/uri.h"
 
 namespace dsi::kvstore {
@@ -89,6 +90,11 @@ Result<std::unique_ptr<BlockStore>> open_block_store(const std::string& text) {
             options.use_io_uring = io->second == "uring";
         }
         DSI_ASSIGN_OR_RETURN(auto store, FileBlockStore::open(uri.rest, std::move(options)));
+        return std::unique_ptr<BlockStore>(std::move(store));
+    }
+    if (uri.scheme == "redis") {
+        DSI_ASSIGN_OR_RETURN(RedisStoreOptions options, redis_options_from_uri(uri));
+        DSI_ASSIGN_OR_RETURN(auto store, RedisBlockStore::open(std::move(options)));
         return std::unique_ptr<BlockStore>(std::move(store));
     }
     return invalid_argument("unknown store scheme '" + uri.scheme + "'");
