@@ -1,0 +1,69 @@
+// GrammarMaskProvider: the engine's structured-output hook (sampling/sampler.h
+// TokenMaskProvider) backed by a compiled grammar. The engine calls fill(output,
+// allowed) before sampling each token, with the tokens generated so far; the
+// provider brings a GrammarMatcher to exactly `output` and ANDs the grammar's mask
+// into `allowed`. Stop ids (EOS) stay allowed only where the grammar accepts; ids
+// past the grammar's vocabulary (the model's padded rows) are disallowed.
+//
+// The engine gives no completion index and may shrink `output` after a preemption,
+// so the provider keeps a few matchers, each with the tokens it has consumed: fill()
+// takes the one sharing the longest prefix with `output`, rolls it back to that
+// prefix and advances over the rest. A request with n > 1 completions (which share
+// one provider) gets one matcher per completion this way; when a matcher would have
+// to roll back while another slot is free, it is copied first, so completions that
+// diverge do not thrash one matcher. More than max_matchers live completions still
+// work (LRU reuse), just with more replay.
+//
+// A token that the grammar rejects (only possible if someone else changed the
+// sampled token) makes that output dead: its mask allows nothing, and the engine
+// finishes the completion with an error.
+//
+// Thread model: fill() may be called from any thread; calls are serialised by an
+// internal mutex (the engine calls it from its one worker thread).
+// REQUIRES: the CompiledGrammar's vocabulary is the model's tokenizer's.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <vector>
+
+#include "grammar/matcher.h"
+#include "sampling/sampler.h"
+
+namespace dsi::grammar {
+
+class GrammarMaskProvider : public TokenMaskProvider {
+public:
+    explicit GrammarMaskProvider(std::shared_ptr<const CompiledGrammar> grammar,
+                                 int max_matchers = 8);
+
+    void fill(std::span<const int32_t> output, TokenMask& allowed) override;
+
+    struct Stats {
+        int64_t fills = 0;
+        int64_t advanced_tokens = 0;  // tokens fed to matchers (replay included)
+        int64_t rolled_back_tokens = 0;
+        int64_t rejected_tokens = 0;  // tokens the grammar refused (dead outputs)
+        int64_t matchers = 0;
+    };
+    Stats stats() const;
+
+private:
+    struct Slot {
+        GrammarMatcher matcher;
+        std::vector<int32_t> tokens;  // consumed, in order (rollback-able)
+        uint64_t last_use = 0;
+    };
+
+    std::shared_ptr<const CompiledGrammar> grammar_;
+    int max_matchers_;
+    mutable std::mutex mu_;
+    std::vector<Slot> slots_;  // GUARDED_BY(mu_)
+    TokenBitmask scratch_;     // GUARDED_BY(mu_)
+    uint64_t clock_ = 0;       // GUARDED_BY(mu_)
+    Stats stats_;              // GUARDED_BY(mu_)
+};
+
+}  // namespace dsi::grammar
