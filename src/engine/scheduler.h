@@ -30,7 +30,7 @@
 
 #include "base/env.h"
 #include "base/status.h"
-#include "cluster/prefill_cost_model.h"
+#include "engine/prefill_cost_model.h"
 
 namespace dsi::engine {
 
@@ -39,7 +39,7 @@ struct SchedulerConfig {
     int64_t max_batched_tokens = 8192;
     // S-LB compute_quota_limit: the time budget of one step.
     double step_budget_ns = 2e9;
-    cluster::PrefillCostModel cost;
+    PrefillCostModel cost;
 
     Status validate() const;
 };

@@ -68,7 +68,7 @@ TEST(SchedulerTest, ChunkCappedAtS_LBLimitAndBatchTokens) {
     std::vector<SeqView> w = {waiting(1, 100'000)};
     ScheduleDecision d = s.schedule({}, w, 10'000);
     ASSERT_EQ(d.scheduled.size(), 1u);
-    EXPECT_EQ(d.scheduled[0].num_new_tokens, cluster::kMaxPrefillChunkTokens);
+    EXPECT_EQ(d.scheduled[0].num_new_tokens, kMaxPrefillChunkTokens);
     cfg.max_batched_tokens = 300;
     Scheduler s2(cfg, &env);
     d = s2.schedule({}, w, 10'000);

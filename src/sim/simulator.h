@@ -28,7 +28,7 @@
 
 #include "base/status.h"
 #include "cluster/decode_lb.h"
-#include "cluster/prefill_cost_model.h"
+#include "engine/prefill_cost_model.h"
 #include "cluster/prefill_lb.h"
 #include "sim/trace.h"
 
@@ -39,7 +39,7 @@ struct ClusterDescription {
     std::string device = "H800-class (coefficients fitted to DeepSeek's published rates)";
     int num_prefill = 64;
     int num_decode = 64;
-    cluster::PrefillCostModel prefill_cost;
+    engine::PrefillCostModel prefill_cost;
     double prefill_step_overhead_ns = 1e6;
     double decode_base_ns = 15e6;
     double decode_per_request_ns = 100e3;

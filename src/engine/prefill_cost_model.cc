@@ -1,10 +1,10 @@
-#include "cluster/prefill_cost_model.h"
+#include "engine/prefill_cost_model.h"
 
 #include <algorithm>
 #include <cmath>
 #include <string>
 
-namespace dsi::cluster {
+namespace dsi::engine {
 
 Status PrefillCostModel::validate() const {
     const double coeffs[] = {base_ns, per_q_ns, per_c_ns, per_qc_ns, per_qq_ns};
@@ -59,4 +59,4 @@ int64_t PrefillCostModel::max_chunk_tokens(double budget_ns, int64_t c, int64_t 
     return q;
 }
 
-}  // namespace dsi::cluster
+}  // namespace dsi::engine

@@ -1,8 +1,8 @@
-#include "cluster/prefill_cost_model.h"
+#include "engine/prefill_cost_model.h"
 
 #include <gtest/gtest.h>
 
-namespace dsi::cluster {
+namespace dsi::engine {
 namespace {
 
 TEST(PrefillCostModelTest, CostIsQuadraticAndZeroForEmptyChunk) {
@@ -51,4 +51,4 @@ TEST(PrefillCostModelTest, RejectsNegativeOrDegenerate) {
 }
 
 }  // namespace
-}  // namespace dsi::cluster
+}  // namespace dsi::engine

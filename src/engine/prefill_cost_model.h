@@ -14,7 +14,7 @@
 
 #include "base/status.h"
 
-namespace dsi::cluster {
+namespace dsi::engine {
 
 // S-LB: a prefill step never takes more than this many new tokens of one sequence.
 inline constexpr int64_t kMaxPrefillChunkTokens = 32768;
@@ -37,4 +37,4 @@ struct PrefillCostModel {
     int64_t max_chunk_tokens(double budget_ns, int64_t c, int64_t max_q) const;
 };
 
-}  // namespace dsi::cluster
+}  // namespace dsi::engine
