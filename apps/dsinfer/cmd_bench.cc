@@ -154,7 +154,7 @@ struct ModelFlags {
     int prompt_tokens = 512;
     int gen_tokens = 128;
     std::string weight_format = "auto";
-    std::string llamacpp_amx = "on";
+    std::string llamacpp_amx = "off";  // "on" aborts on deepseek2 Q8_0 attn_k_b (docs/gguf_deepseek2.md)
     bool skip_llamacpp = false;
 };
 
