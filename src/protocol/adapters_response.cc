@@ -315,6 +315,9 @@ std::vector<SseEvent> StreamWriter::close_open_block() {
         ev("response.reasoning_text.done", J{{"item_id", open_item_id_},
                                              {"output_index", block_index_},
                                              {"content_index", 0}, {"text", open_text_}});
+        ev("response.content_part.done",
+           J{{"item_id", open_item_id_}, {"output_index", block_index_}, {"content_index", 0},
+             {"part", {{"type", "reasoning_text"}, {"text", open_text_}}}});
         item = responses_reasoning_item(open_item_id_, open_text_, true);
     } else if (open_kind_ == 2) {
         J part = {{"type", "output_text"}, {"text", open_text_}, {"annotations", J::array()}};
@@ -362,6 +365,10 @@ std::vector<SseEvent> StreamWriter::responses_event(const Event& e) {
         case EventKind::kReasoningDelta:
             if (open_kind_ != 1) {
                 open(1, responses_reasoning_item("rs_" + meta_.id + "_" + idx, "", false));
+                // The SDK's accumulator needs the reasoning_text part before its deltas.
+                ev("response.content_part.added",
+                   J{{"item_id", open_item_id_}, {"output_index", block_index_},
+                     {"content_index", 0}, {"part", {{"type", "reasoning_text"}, {"text", ""}}}});
             }
             open_text_ += e.text;
             done_.reasoning += e.text;

@@ -145,8 +145,15 @@ TEST(Adapters, ResponsesStreamOrder) {
     EXPECT_EQ(sse.back().event, "response.completed");
     std::vector<int> state;  // per output_index: 1 added, 2 done
     int64_t seq = -1;
+    bool reasoning_part = false;  // the SDK needs the part before reasoning_text deltas
     for (const auto& s : sse) {
         const J j = J::parse(s.data);
+        if (s.event == "response.content_part.added" && j["part"]["type"] == "reasoning_text") {
+            reasoning_part = true;
+        }
+        if (s.event == "response.reasoning_text.delta") {
+            EXPECT_TRUE(reasoning_part);
+        }
         EXPECT_EQ(j["type"], s.event);
         EXPECT_EQ(j["sequence_number"].get<int64_t>(), seq + 1);
         seq = j["sequence_number"].get<int64_t>();

@@ -8,7 +8,6 @@
 // equal HF's tokenisation of the rendered string (special tokens recognised).
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <string>
@@ -18,6 +17,7 @@
 #include "protocol/adapters.h"
 #include "protocol/encoder.h"
 #include "protocol/internal/test_util.h"
+#include "node_util.h"
 
 namespace dsi::protocol {
 namespace {
@@ -28,18 +28,6 @@ using internal::reference_tokenizer;
 using J = nlohmann::ordered_json;
 
 const std::string kSource = DSINFER_SOURCE_DIR;
-
-std::string shell_quote(const std::string& s) {
-    std::string out = "'";
-    for (char c : s) {
-        if (c == '\'') {
-            out += "'\\''";
-        } else {
-            out.push_back(c);
-        }
-    }
-    return out + "'";
-}
 
 TEST(JinjaV3, MatchesHuggingFaceJinja) {
     const std::string node_dir = kSource + "/tests/protocol";
@@ -56,23 +44,15 @@ TEST(JinjaV3, MatchesHuggingFaceJinja) {
                          ("dsinfer_jinja_v3_" + std::to_string(::getpid()));
     fs::create_directories(tmp);
     const std::string out_path = (tmp / "rendered.json").string();
-    const std::string cmd = "node " + shell_quote(node_dir + "/render_v3_template.mjs") + " " +
-                            shell_quote(config) + " " + shell_quote(cases_dir) + " " +
-                            shell_quote(out_path);
+    const std::string cmd =
+        node_test::node_command("render_v3_template.mjs", {config, cases_dir, out_path});
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
     const J rendered = J::parse(read_file_or_empty(out_path));
     fs::remove_all(tmp);
 
     const SpecialTokens st = SpecialTokens::from_tokenizer(*tok);
     size_t checked = 0;
-    std::vector<fs::path> files;
-    for (const auto& entry : fs::directory_iterator(cases_dir)) {
-        if (entry.path().extension() == ".json") {
-            files.push_back(entry.path());
-        }
-    }
-    std::sort(files.begin(), files.end());
-    for (const fs::path& file : files) {
+    for (const fs::path& file : node_test::json_case_files(cases_dir)) {
         const J cases = J::parse(read_file_or_empty(file.string()));
         for (const J& k : cases) {
             const std::string key =
