@@ -8,6 +8,7 @@ DEB_PACKAGES=(
   build-essential cmake ninja-build ccache pkg-config
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
+  libboost-dev libboost-system-dev
   libicu-dev
   libopenblas-dev
   liburing-dev libhiredis-dev libisal-dev redis-server
@@ -31,7 +32,7 @@ if ((${#missing[@]})); then
 fi
 
 # npm test peers, each into its own project-local folder (never global).
-for dir in tests/llamacpp tests/tokenizer tests/grammar tests/protocol; do
+for dir in tests/llamacpp tests/tokenizer tests/grammar tests/protocol tests/server; do
   if [[ -f "$dir/package-lock.json" ]]; then
     stamp="$dir/node_modules/.dsinfer-lock-stamp"
     if [[ ! -f "$stamp" ]] || ! cmp -s "$dir/package-lock.json" "$stamp"; then

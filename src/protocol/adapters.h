@@ -76,6 +76,11 @@ public:
     StreamWriter(ApiProtocol api, ResponseMeta meta);
     std::vector<SseEvent> start();
     std::vector<SseEvent> on_event(const Event& event);
+    // Output token counts for the closing events' usage (known only at the end).
+    void set_usage(int64_t completion_tokens, int64_t reasoning_tokens) {
+        meta_.completion_tokens = completion_tokens;
+        meta_.reasoning_tokens = reasoning_tokens;
+    }
 
 private:
     std::vector<SseEvent> chat_event(const Event& e);

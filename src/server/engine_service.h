@@ -1,0 +1,98 @@
+// EngineService: the one thread that owns an engine::Engine and serves it to the
+// HTTP layer through a typed command queue (submit / abort / stop), so no lock is
+// held around the engine and no HTTP thread ever touches it (STYLE 7).
+//
+// Each submitted generation carries a Sink that receives Updates: one per engine
+// TokenEvent (plus a final one for a rejected submission). Sinks run on the engine
+// thread and must only hand the update to their owner (post to an executor, push to
+// a queue); never block. A ticket (chosen by the caller) names the generation in
+// abort(), so an abort can be queued before the engine has assigned a RequestId;
+// commands are applied in FIFO order, so an abort after a submit always finds it.
+//
+// Thread model: submit / abort / stats_snapshot / stop are thread-safe; the engine
+// itself and every Sink call live on the service's own thread. The loop waits for
+// commands with a deadline (kIdleWait) when the engine has no work.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+namespace dsi::server {
+
+using Ticket = uint64_t;
+
+struct TokenOut {
+    int32_t token = -1;
+    std::string text;
+    float logprob = 0.0f;
+    std::vector<std::pair<int32_t, float>> top_logprobs;
+};
+
+struct Update {
+    Ticket ticket = 0;
+    std::vector<TokenOut> tokens;  // zero or one token
+    bool finished = false;
+    engine::FinishReason reason = engine::FinishReason::kNone;
+    Status error;  // non-OK: the engine refused the request (finished is true)
+};
+using Sink = std::function<void(Update)>;
+
+// What the HTTP layer shows on /metrics; refreshed by the engine thread after
+// every step (and when idle).
+struct ServiceStats {
+    engine::EngineStats engine;
+    int64_t queue_depth = 0;  // commands waiting for the engine thread
+    int64_t num_running = 0;  // generations admitted and not finished
+    int64_t num_step_errors = 0;
+};
+
+class EngineService {
+public:
+    // REQUIRES: `engine` was created on any thread but is used by nobody else.
+    explicit EngineService(std::unique_ptr<engine::Engine> engine);
+    ~EngineService();  // stop() + join
+
+    void submit(Ticket ticket, engine::GenerateRequest request, Sink sink);
+    void abort(Ticket ticket);
+    // Aborts every running generation (their sinks see kAbort).
+    void abort_all();
+    ServiceStats stats_snapshot() const;
+    // Ends the thread after the commands queued so far; running generations are
+    // aborted. Idempotent.
+    void stop();
+
+private:
+    struct Command {
+        enum class Kind { kSubmit, kAbort, kAbortAll } kind = Kind::kSubmit;
+        Ticket ticket = 0;
+        engine::GenerateRequest request;
+        Sink sink;
+    };
+    void loop();
+    void apply(Command& c);
+    void publish_stats();
+
+    std::unique_ptr<engine::Engine> engine_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::deque<Command> queue_;  // GUARDED_BY(mu_)
+    bool stopping_ = false;      // GUARDED_BY(mu_)
+    ServiceStats stats_;         // GUARDED_BY(mu_)
+    // Engine thread only.
+    std::unordered_map<Ticket, engine::RequestId> running_;
+    std::unordered_map<engine::RequestId, Ticket> tickets_;
+    int64_t num_step_errors_ = 0;
+    std::thread thread_;
+};
+
+}  // namespace dsi::server

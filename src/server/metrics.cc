@@ -1,0 +1,134 @@
+#include "server/metrics.h"
+
+#include <cstdio>
+
+namespace dsi::server {
+namespace {
+
+void line(std::string* out, const std::string& name, double v) {
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), " %.17g\n", v);
+    *out += name;
+    *out += buf;
+}
+
+void header(std::string* out, const std::string& name, const char* type, const std::string& help) {
+    *out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
+}
+
+void gauge(std::string* out, const std::string& name, const std::string& help, double v) {
+    header(out, name, "gauge", help);
+    line(out, name, v);
+}
+
+void counter(std::string* out, const std::string& name, const std::string& help, double v) {
+    header(out, name, "counter", help);
+    line(out, name, v);
+}
+
+}  // namespace
+
+void Histogram::observe(double seconds) {
+    size_t i = 0;
+    while (i < kBounds.size() && seconds > kBounds[i]) ++i;
+    ++counts_[i];
+    sum_ += seconds;
+    ++count_;
+}
+
+void Histogram::render(const std::string& name, const std::string& help, std::string* out) const {
+    header(out, name, "histogram", help);
+    int64_t cum = 0;
+    for (size_t i = 0; i < kBounds.size(); ++i) {
+        cum += counts_[i];
+        char le[32];
+        std::snprintf(le, sizeof(le), "%g", kBounds[i]);
+        line(out, name + "_bucket{le=\"" + le + "\"}", static_cast<double>(cum));
+    }
+    cum += counts_[kBounds.size()];
+    line(out, name + "_bucket{le=\"+Inf\"}", static_cast<double>(cum));
+    line(out, name + "_sum", sum_);
+    line(out, name + "_count", static_cast<double>(count_));
+}
+
+void Metrics::on_request(std::string_view endpoint, int http_status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requests_[{std::string(endpoint), http_status}];
+}
+
+void Metrics::on_first_token(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ttft_.observe(seconds);
+}
+
+void Metrics::on_inter_token(double seconds) {
+    std::lock_guard<std::mutex> lock(mu_);
+    tpot_.observe(seconds);
+}
+
+void Metrics::on_finish(double e2e_seconds, int64_t prompt_tokens, int64_t output_tokens) {
+    std::lock_guard<std::mutex> lock(mu_);
+    e2e_.observe(e2e_seconds);
+    prompt_tokens_ += prompt_tokens;
+    output_tokens_ += output_tokens;
+}
+
+void Metrics::on_disconnect() {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++disconnects_;
+}
+
+std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool ready) const {
+    std::string out;
+    std::lock_guard<std::mutex> lock(mu_);
+    header(&out, "dsinfer_requests_total", "counter", "HTTP requests by endpoint and status");
+    for (const auto& [key, n] : requests_) {
+        line(&out,
+             "dsinfer_requests_total{endpoint=\"" + key.first + "\",status=\"" +
+                 std::to_string(key.second) + "\"}",
+             static_cast<double>(n));
+    }
+    ttft_.render("dsinfer_time_to_first_token_seconds", "time to first token", &out);
+    tpot_.render("dsinfer_time_per_output_token_seconds", "time between output tokens", &out);
+    e2e_.render("dsinfer_e2e_request_latency_seconds", "request latency, end to end", &out);
+    counter(&out, "dsinfer_prompt_tokens_total", "prompt tokens of finished requests",
+            static_cast<double>(prompt_tokens_));
+    counter(&out, "dsinfer_generation_tokens_total", "output tokens of finished requests",
+            static_cast<double>(output_tokens_));
+    counter(&out, "dsinfer_client_disconnects_total", "requests aborted by a client disconnect",
+            static_cast<double>(disconnects_));
+    gauge(&out, "dsinfer_ready", "1 when the model is loaded and the server is not draining",
+          ready ? 1 : 0);
+    gauge(&out, "dsinfer_requests_in_flight", "generation requests the HTTP layer holds",
+          static_cast<double>(num_in_flight));
+    gauge(&out, "dsinfer_queue_depth", "commands waiting for the engine thread",
+          static_cast<double>(s.queue_depth));
+    gauge(&out, "dsinfer_requests_running", "generations admitted by the engine, not finished",
+          static_cast<double>(s.num_running));
+    const kv::BlockPoolStats& p = s.engine.pool;
+    gauge(&out, "dsinfer_kv_blocks_total", "KV blocks in the pool",
+          static_cast<double>(p.num_blocks));
+    gauge(&out, "dsinfer_kv_blocks_used", "KV blocks held by running sequences",
+          static_cast<double>(p.num_used));
+    gauge(&out, "dsinfer_kv_blocks_free", "KV blocks free (never cached or evicted)",
+          static_cast<double>(p.num_free));
+    gauge(&out, "dsinfer_kv_blocks_cached", "KV blocks unreferenced but kept for prefix hits",
+          static_cast<double>(p.num_cached));
+    counter(&out, "dsinfer_engine_prompt_tokens_total", "prompt tokens admitted by the engine",
+            static_cast<double>(s.engine.prompt_tokens));
+    counter(&out, "dsinfer_prefix_hit_tokens_total", "prompt tokens served from the prefix cache",
+            static_cast<double>(s.engine.cached_prompt_tokens));
+    gauge(&out, "dsinfer_prefix_hit_rate", "prefix hit tokens / admitted prompt tokens",
+          s.engine.prompt_tokens > 0 ? static_cast<double>(s.engine.cached_prompt_tokens) /
+                                           static_cast<double>(s.engine.prompt_tokens)
+                                     : 0.0);
+    counter(&out, "dsinfer_engine_output_tokens_total", "tokens sampled by the engine",
+            static_cast<double>(s.engine.output_tokens));
+    counter(&out, "dsinfer_engine_steps_total", "engine steps",
+            static_cast<double>(s.engine.steps));
+    counter(&out, "dsinfer_engine_preemptions_total", "sequences preempted",
+            static_cast<double>(s.engine.preemptions));
+    return out;
+}
+
+}  // namespace dsi::server
