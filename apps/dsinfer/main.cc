@@ -11,6 +11,8 @@ namespace dsi {
 void register_model_commands(CLI::App& app);
 void register_sim_commands(CLI::App& app);  // apps/dsinfer/cmd_sim.cc
 void register_bench_commands(CLI::App& app);  // apps/dsinfer/cmd_bench.cc
+void register_serve_commands(CLI::App& app);  // apps/dsinfer/cmd_serve.cc
+void register_kvstore_commands(CLI::App& app);  // apps/dsinfer/cmd_kvstore.cc
 }  // namespace dsi
 
 int main(int argc, char** argv) {
@@ -25,6 +27,8 @@ int main(int argc, char** argv) {
     dsi::register_model_commands(app);
     dsi::register_sim_commands(app);
     dsi::register_bench_commands(app);
+    dsi::register_serve_commands(app);
+    dsi::register_kvstore_commands(app);
 
     CLI11_PARSE(app, argc, argv);
     return 0;
