@@ -14,6 +14,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
+#include "grammar/test_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsi::grammar {
@@ -35,16 +36,7 @@ std::shared_ptr<const Vocabulary> byte_vocab() {
     return Vocabulary::from_tokens(std::move(toks), {256});
 }
 
-const Tokenizer& real_tokenizer() {
-    static std::unique_ptr<Tokenizer> tok = [] {
-        auto dir = find_reference_tokenizer_dir(Env::default_env(), DSINFER_SOURCE_DIR);
-        DSI_CHECK(dir.is_ok(), dir.status().to_string());
-        auto t = Tokenizer::load(Env::default_env(), *dir);
-        DSI_CHECK(t.is_ok(), t.status().to_string());
-        return std::move(t).value();
-    }();
-    return *tok;
-}
+const Tokenizer& real_tokenizer() { return test_util::real_tokenizer(); }
 
 std::shared_ptr<const Vocabulary> real_vocab() {
     static auto v = Vocabulary::from_tokenizer(real_tokenizer());

@@ -16,6 +16,7 @@
 
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
+#include "grammar/test_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsi::grammar {
@@ -24,16 +25,7 @@ namespace {
 using ojson = nlohmann::ordered_json;
 namespace fs = std::filesystem;
 
-const Tokenizer& tokenizer() {
-    static std::unique_ptr<Tokenizer> tok = [] {
-        auto dir = find_reference_tokenizer_dir(Env::default_env(), DSINFER_SOURCE_DIR);
-        DSI_CHECK(dir.is_ok(), dir.status().to_string());
-        auto t = Tokenizer::load(Env::default_env(), *dir);
-        DSI_CHECK(t.is_ok(), t.status().to_string());
-        return std::move(t).value();
-    }();
-    return *tok;
-}
+const Tokenizer& tokenizer() { return test_util::real_tokenizer(); }
 
 TEST(JsonSchemaSuite, Draft2020_12) {
     fs::path dir = fs::path(DSINFER_SOURCE_DIR) / ".." / "shared" / "conformance" /
