@@ -23,7 +23,8 @@ const char* grammar_kind_name(GrammarKind kind) {
 
 Result<Grammar> compile_grammar(const GrammarSpec& spec, const JsonSchemaOptions& options) {
     switch (spec.kind) {
-        case GrammarKind::kJsonSchema: return compile_json_schema(std::string_view(spec.text), options);
+        case GrammarKind::kJsonSchema:
+            return compile_json_schema(std::string_view(spec.text), options);
         case GrammarKind::kJsonObject: return json_object_grammar(true);
         case GrammarKind::kRegex: {
             auto e = compile_regex(spec.text, RegexMatch::kFull, CharEncoding::kUtf8,
@@ -207,7 +208,9 @@ CompileService::CompileService(CompileServiceOptions options, Env* env)
     core_->env = env;
     const int n = std::max(1, core_->options.num_workers);
     Core* c = core_.get();
-    for (int i = 0; i < n; ++i) core_->workers.push_back(env->start_thread([c] { c->worker_loop(); }));
+    for (int i = 0; i < n; ++i) {
+        core_->workers.push_back(env->start_thread([c] { c->worker_loop(); }));
+    }
 }
 
 CompileService::~CompileService() {

@@ -21,8 +21,9 @@
 //   - Bounded queue: submit() fails RESOURCE_EXHAUSTED when max_queue jobs wait.
 //
 // Thread model: every method of CompileService and CompileHandle is thread-safe.
-// Callbacks run on a worker thread (or inside submit() on a cache hit) with no lock
-// held; they must not block for long. The destructor cancels queued jobs (their
+// Callbacks run on a worker thread (or inside submit() on a cache hit, or inside a
+// poll / wait that notices an expired deadline) with no lock held; they must not block
+// for long. A callback already handed out may still run if cancel() races with it. The destructor cancels queued jobs (their
 // waiters get CANCELLED), waits for running compiles and joins the workers.
 // REQUIRES: the Env outlives the service; a handle may outlive the service.
 #pragma once
