@@ -177,6 +177,32 @@ private:
         }
         return cluster::kNumPrefillBuckets - 1;
     }
+    // Spreads a busy interval [start, start + dur) of one engine over the timeline bins.
+    void add_busy(std::vector<double>& bins, int64_t start_ns, double dur_ns) {
+        const double bin = static_cast<double>(o_.timeline_bin_ns);
+        double t = static_cast<double>(start_ns);
+        const double end = t + dur_ns;
+        while (t < end) {
+            const size_t i = static_cast<size_t>(t / bin);
+            if (i >= bins.size()) {
+                bins.resize(i + 1, 0.0);
+            }
+            const double bin_end = (static_cast<double>(i) + 1) * bin;
+            bins[i] += std::min(end, bin_end) - t;
+            t = bin_end;
+        }
+    }
+    void sample_waiting() {
+        const size_t i = static_cast<size_t>(now_ / o_.timeline_bin_ns);
+        if (i >= waiting_.size()) {
+            waiting_.resize(i + 1, -1);
+        }
+        int64_t n = prefill_lb_ ? static_cast<int64_t>(prefill_lb_->num_pending()) : 0;
+        for (const auto& e : prefill_) {
+            n += static_cast<int64_t>(e.queue.size());
+        }
+        waiting_[i] = n;
+    }
     void finish(uint32_t r) {
         Req& q = reqs_[r];
         q.finish_ns = now_;
@@ -203,6 +229,9 @@ private:
     int64_t num_finished_ = 0;
     size_t rr_prefill_ = 0;
     size_t wake_from_ = 0;
+    std::vector<double> prefill_busy_bins_;
+    std::vector<double> decode_busy_bins_;
+    std::vector<int64_t> waiting_;
     SimResult res_;
 };
 
@@ -334,6 +363,9 @@ void Sim::try_start_prefill(int e) {
     const double duration = c_.prefill_step_overhead_ns + total;
     pe.busy = true;
     pe.busy_ns += duration;
+    if (o_.timeline_bin_ns > 0) {
+        add_busy(prefill_busy_bins_, now_, duration);
+    }
     push(now_ + static_cast<int64_t>(std::ceil(duration)), Ev::kPrefillDone, e);
 }
 
@@ -423,6 +455,9 @@ void Sim::start_decode(int d) {
                             c_.decode_per_kv_token_ns * ranks_[d].kv_tokens;
     de.busy = true;
     de.busy_ns += duration;
+    if (o_.timeline_bin_ns > 0) {
+        add_busy(decode_busy_bins_, now_, duration);
+    }
     push(now_ + static_cast<int64_t>(std::ceil(duration)), Ev::kDecodeDone, d);
 }
 
@@ -465,6 +500,9 @@ SimResult Sim::run() {
         events_.pop();
         now_ = ev.t_ns;
         ++res_.events;
+        if (o_.timeline_bin_ns > 0) {
+            sample_waiting();
+        }
         switch (ev.type) {
             case Ev::kArrival:
                 if (next_arrival < trs.size()) {
@@ -497,6 +535,7 @@ void Sim::summarize() {
     int64_t prefill_end = t0;
     std::vector<double> ttft;
     std::vector<double> tpot;
+    std::array<std::vector<double>, cluster::kNumPrefillBuckets> bucket_ttft;
     ttft.reserve(n);
     int64_t output_tokens = 0;
     bool once = true;
@@ -507,6 +546,7 @@ void Sim::summarize() {
         end = std::max(end, q.finish_ns);
         prefill_end = std::max(prefill_end, q.prefill_done_ns);
         ttft.push_back((q.first_token_ns - q.arrival_ns) / 1e6);
+        bucket_ttft[bucket_of(tr.input_tokens)].push_back(ttft.back());
         if (tr.output_tokens >= 2) {
             tpot.push_back((q.finish_ns - q.first_token_ns) / 1e6 / (tr.output_tokens - 1));
             res_.expected_decode_tokens += tr.output_tokens - 1;
@@ -519,6 +559,9 @@ void Sim::summarize() {
     const double span_ns = std::max<double>(1.0, static_cast<double>(end - t0));
     res_.makespan_s = span_ns / 1e9;
     res_.ttft_ms = distribution(std::move(ttft));
+    for (int b = 0; b < cluster::kNumPrefillBuckets; ++b) {
+        res_.bucket_ttft_ms[b] = distribution(std::move(bucket_ttft[b]));
+    }
     res_.tpot_ms = distribution(std::move(tpot));
     res_.input_tokens_per_s = res_.input_tokens / res_.makespan_s;
     res_.output_tokens_per_s = output_tokens / res_.makespan_s;
@@ -573,6 +616,20 @@ void Sim::summarize() {
         total_tokens > 0 ? device_hours * c_.price_per_device_hour / (total_tokens / 1e6) : 0.0;
     if (prefill_lb_) {
         res_.prefill_reassignments = prefill_lb_->num_reassignments();
+    }
+    if (o_.timeline_bin_ns > 0) {
+        const size_t bins = std::max(prefill_busy_bins_.size(), decode_busy_bins_.size());
+        prefill_busy_bins_.resize(bins, 0.0);
+        decode_busy_bins_.resize(bins, 0.0);
+        waiting_.resize(bins, -1);
+        const double bin = static_cast<double>(o_.timeline_bin_ns);
+        int64_t last_waiting = 0;
+        for (size_t i = 0; i < bins; ++i) {
+            last_waiting = waiting_[i] >= 0 ? waiting_[i] : last_waiting;
+            res_.timeline.push_back({(static_cast<double>(i) * bin - t0) / 1e9,
+                                     prefill_busy_bins_[i] / (bin * np),
+                                     decode_busy_bins_[i] / (bin * nd), last_waiting});
+        }
     }
     res_.conservation_ok = once && res_.num_finished == static_cast<int64_t>(n) &&
                            res_.hit_tokens + res_.computed_tokens == res_.input_tokens &&
@@ -736,6 +793,9 @@ Result<SimResult> simulate(const Trace& trace, const ClusterDescription& cluster
     }
     if (!(options.time_scale > 0) || options.target_load < 0) {
         return invalid_argument("simulate: time_scale must be > 0 and target_load >= 0");
+    }
+    if (options.timeline_bin_ns < 0) {
+        return invalid_argument("simulate: timeline_bin_ns must be >= 0");
     }
     const auto& trs = trace.requests;
     const int64_t span_ns = std::max<int64_t>(1, trs.back().arrival_ns - trs.front().arrival_ns);

@@ -80,6 +80,17 @@ struct SimOptions {
     // that the offered load of the busier stage is target_load of its ideal capacity.
     double time_scale = 1.0;
     double target_load = 0;
+    // > 0: SimResult::timeline gets one point per bin of this many simulated ns.
+    int64_t timeline_bin_ns = 0;
+};
+
+// One bin of the timeline: mean share of busy engines of each stage, and the requests
+// waiting for prefill (in the LB and engine queues) at the bin's end.
+struct TimelinePoint {
+    double t_s = 0;  // bin start, from the first arrival
+    double prefill_busy = 0;
+    double decode_busy = 0;
+    int64_t prefill_waiting = 0;
 };
 
 struct Distribution {
@@ -103,6 +114,7 @@ struct SimResult {
     double lb_efficiency = 0;  // end to end: ideal makespan / achieved
     double cost_per_million_tokens = 0;
     std::array<int64_t, cluster::kNumPrefillBuckets> bucket_requests{};
+    std::array<Distribution, cluster::kNumPrefillBuckets> bucket_ttft_ms;  // by S-LB bucket
     int64_t prefill_reassignments = 0;
     // Conservation: tokens in = tokens out of each stage; every request finishes once.
     int64_t input_tokens = 0;
@@ -113,6 +125,7 @@ struct SimResult {
     int64_t kv_moved_tokens = 0;    // prefill -> decode
     bool conservation_ok = false;
     int64_t events = 0;
+    std::vector<TimelinePoint> timeline;  // empty unless SimOptions::timeline_bin_ns > 0
 };
 
 Result<SimResult> simulate(const Trace& trace, const ClusterDescription& cluster,
