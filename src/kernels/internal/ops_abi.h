@@ -1,0 +1,68 @@
+// The interface between the attention / small-op drivers (attention.cc, ops.cc)
+// and their per-ISA variants (ops_scalar.cc, ops_avx2.cc, ops_avx512.cc).
+//
+// As for gemm_abi.h, the variant files are compiled with their own -m flags and
+// include no STL: plain structs, pointers and intrinsics only.
+//
+// The fixed reduction orders every variant follows (so all ISAs agree bit for bit,
+// and a result never depends on batch, thread count or chunking; SPEC S-ENG-6):
+//   dot(a, b, n): 16 lane accumulators, acc[i % 16] = fma(a[i], b[i], acc[i % 16])
+//     in increasing i (lanes past n see fma(0, 0, acc)); then acc[j] += acc[j + w]
+//     for w = 8, 4, 2, 1; the result is acc[0].
+//   exp(x): one fixed polynomial (exp_ref in ops_scalar.cc), elementwise.
+//   MLA attention for one (token, head): positions in increasing order, in tiles of
+//     kKvBlockTokens aligned to absolute position 0. Per tile: scores s = (dot(q_lat,
+//     c) + dot(q_pe, k)) * scale; m' = max(m, tile max); alpha = exp(m - m');
+//     l = l * alpha, o = o * alpha; then per position p = exp(s - m'), l = l + p,
+//     o = fma(p, c, o). Finally o = o * (1 / l).
+#pragma once
+
+#include <cstdint>
+
+namespace dsi::kernels::internal {
+
+constexpr int64_t kKvBlockTokens = 128;
+// Heads one attention call handles (fixed-size score scratch on the stack).
+constexpr int64_t kMaxHeadsPerCall = 16;
+
+// One call: num_heads heads of one token attend over positions [0, num_positions).
+// Position p's latent row (lora floats of c_kv then rope floats of k_pe) is at
+// blocks[p / kKvBlockTokens] + (p % kKvBlockTokens) * row_stride.
+struct MlaArgs {
+    const float* const* blocks = nullptr;
+    int64_t row_stride = 0;
+    int64_t num_positions = 0;
+    int64_t lora = 0;
+    int64_t rope = 0;
+    float scale = 1.0f;
+    int64_t num_heads = 0;      // <= kMaxHeadsPerCall
+    const float* q_lat = nullptr;  // head h: q_lat + h * lora
+    const float* q_pe = nullptr;   // head h: q_pe + h * q_pe_stride
+    int64_t q_pe_stride = 0;
+    float* o_lat = nullptr;  // head h: o_lat + h * lora
+};
+
+struct OpsTable {
+    void (*mla)(const MlaArgs& a);
+    float (*dot)(const float* a, const float* b, int64_t n);
+    // y = (x * inv) * w with inv = 1 / sqrt(dot(x, x) / n + eps).
+    void (*rms_norm)(const float* x, const float* w, int64_t n, float eps, float* y);
+    // Adjacent pairs: v[i] = v[i] * cc[i] + v[i ^ 1] * ss[i] for i < 2 * pairs
+    // (cc = cos duplicated, ss = (-sin, +sin) per pair), for num_vecs vectors.
+    void (*rope)(float* v, int64_t num_vecs, int64_t stride, const float* cc, const float* ss,
+                 int64_t pairs);
+    // out = g / (1 + exp(-g)) * u.
+    void (*silu_mul)(const float* g, const float* u, int64_t n, float* out);
+    // In place: x = exp(x - max) * (1 / sum), sum in the dot lane order.
+    void (*softmax)(float* x, int64_t n);
+    // First index of the maximum (NaN-free input).
+    int64_t (*argmax)(const float* x, int64_t n);
+    // exp of n floats (tests).
+    void (*exp)(const float* x, int64_t n, float* y);
+};
+
+extern const OpsTable kOpsScalar;
+extern const OpsTable kOpsAvx2;
+extern const OpsTable kOpsAvx512;
+
+}  // namespace dsi::kernels::internal
