@@ -1,6 +1,7 @@
 #include "grammar/mask_provider.h"
 
 #include <algorithm>
+#include <chrono>
 
 namespace dsi::grammar {
 
@@ -12,7 +13,17 @@ GrammarMaskProvider::GrammarMaskProvider(std::shared_ptr<const CompiledGrammar> 
 
 void GrammarMaskProvider::fill(std::span<const int32_t> output, TokenMask& allowed) {
     std::lock_guard<std::mutex> lock(mu_);
+    const auto t0 = std::chrono::steady_clock::now();
+    fill_locked(output, allowed);
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count();
     ++stats_.fills;
+    stats_.fill_ns_total += ns;
+    stats_.fill_ns_max = std::max(stats_.fill_ns_max, ns);
+}
+
+void GrammarMaskProvider::fill_locked(std::span<const int32_t> output, TokenMask& allowed) {
     // The slot sharing the longest prefix with `output` (ties: most recently used).
     size_t best = SIZE_MAX;
     size_t best_lcp = 0;

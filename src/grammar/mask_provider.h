@@ -47,6 +47,8 @@ public:
         int64_t rolled_back_tokens = 0;
         int64_t rejected_tokens = 0;  // tokens the grammar refused (dead outputs)
         int64_t matchers = 0;
+        int64_t fill_ns_total = 0;  // time inside fill() (steady clock)
+        int64_t fill_ns_max = 0;
     };
     Stats stats() const;
 
@@ -56,6 +58,8 @@ private:
         std::vector<int32_t> tokens;  // consumed, in order (rollback-able)
         uint64_t last_use = 0;
     };
+
+    void fill_locked(std::span<const int32_t> output, TokenMask& allowed);
 
     std::shared_ptr<const CompiledGrammar> grammar_;
     int max_matchers_;
