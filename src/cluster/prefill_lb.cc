@@ -50,6 +50,7 @@ void PrefillLb::submit(const PrefillWork& work) {
     queues_[b].push_back(work);
     pending_cost_ns_[b] += work.cost_ns;
     round_demand_ns_[b] += work.cost_ns;
+    ++round_arrivals_[b];
 }
 
 double PrefillLb::quota_cap_ns(int engine) const {
@@ -153,6 +154,59 @@ std::array<int, kNumPrefillBuckets> PrefillLb::apportion(
     return count;
 }
 
+std::array<double, kNumPrefillBuckets> PrefillLb::min_max_completion_split(
+    int num_engines, const std::array<double, kNumPrefillBuckets>& demand_ns,
+    const std::array<double, kNumPrefillBuckets>& longest_ns,
+    const std::array<int, kNumPrefillBuckets>& max_engines) {
+    // S-LB (reassignment from quota demand), min-max form: the engines bucket b needs to
+    // finish its backlog by time t are demand / (t - longest), at
+    // most max_engines (more would idle). The sum falls with t; bisect for the smallest t
+    // whose need fits the engines. Engines left when every bucket is at its maximum are
+    // spread by demand (apportion gives them out in proportion).
+    auto need = [&](double t) {
+        std::array<double, kNumPrefillBuckets> n{};
+        for (int b = 0; b < kNumPrefillBuckets; ++b) {
+            if (demand_ns[b] <= 0) {
+                continue;
+            }
+            const double cap = std::max(1, max_engines[b]);
+            n[b] = t <= longest_ns[b] ? cap : std::min(cap, demand_ns[b] / (t - longest_ns[b]));
+        }
+        return n;
+    };
+    auto sum = [](const std::array<double, kNumPrefillBuckets>& n) {
+        double s = 0;
+        for (double x : n) {
+            s += x;
+        }
+        return s;
+    };
+    double lo = 0;
+    double hi = 1;
+    for (int b = 0; b < kNumPrefillBuckets; ++b) {
+        lo = std::max(lo, longest_ns[b]);
+        hi += longest_ns[b] + std::max(0.0, demand_ns[b]);
+    }
+    if (sum(need(lo)) <= num_engines) {
+        std::array<double, kNumPrefillBuckets> n = need(lo);
+        // Every bucket is at its cap: share the surplus by demand (work conservation).
+        const double spare = num_engines - sum(n);
+        double total = 0;
+        for (double d : demand_ns) {
+            total += std::max(0.0, d);
+        }
+        for (int b = 0; b < kNumPrefillBuckets && total > 0; ++b) {
+            n[b] += spare * std::max(0.0, demand_ns[b]) / total;
+        }
+        return n;
+    }
+    for (int it = 0; it < 60; ++it) {
+        const double mid = 0.5 * (lo + hi);
+        (sum(need(mid)) > num_engines ? lo : hi) = mid;
+    }
+    return need(hi);
+}
+
 void PrefillLb::reassign(const std::array<int, kNumPrefillBuckets>& target) {
     std::array<int, kNumPrefillBuckets> have{};
     std::vector<int> pool;
@@ -186,11 +240,20 @@ bool PrefillLb::tick(int64_t now_ns) {
     }
     // S-LB: engines per bucket follow each bucket's quota demand in the last round.
     std::array<double, kNumPrefillBuckets> demand{};
+    std::array<double, kNumPrefillBuckets> longest{};
+    std::array<int, kNumPrefillBuckets> max_engines{};
     double total = 0;
     for (int b = 0; b < kNumPrefillBuckets; ++b) {
         demand[b] = round_demand_ns_[b] + pending_cost_ns_[b];
         total += demand[b];
+        for (const PrefillWork& w : queues_[b]) {
+            longest[b] = std::max(longest[b], w.cost_ns);
+        }
+        // One request never uses more than one engine: the waiting ones, plus those that
+        // arrived this round (already pulled or not).
+        max_engines[b] = static_cast<int>(queues_[b].size()) + round_arrivals_[b];
         round_demand_ns_[b] = 0;
+        round_arrivals_[b] = 0;
     }
     const int64_t rounds = (now_ns - next_round_ns_) / settings_.round_ns + 1;
     next_round_ns_ += rounds * settings_.round_ns;
@@ -201,7 +264,12 @@ bool PrefillLb::tick(int64_t now_ns) {
     for (bool a : available_) {
         num_available += a ? 1 : 0;
     }
-    reassign(apportion(num_available, demand));
+    if (settings_.reassign == PrefillReassign::kMinMaxCompletion) {
+        const auto split = min_max_completion_split(num_available, demand, longest, max_engines);
+        reassign(apportion(num_available, split));
+    } else {
+        reassign(apportion(num_available, demand));
+    }
     ++num_reassignments_;
     return true;
 }

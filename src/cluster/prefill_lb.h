@@ -12,6 +12,13 @@
 //    engine *pulls* requests from its bucket, FIFO, while the cost of what it holds stays
 //    within the cap (an empty engine always takes the head request, which it then chunks).
 //  - No prefix affinity: the shared KV store lets any engine hit any prefix (S-KV-1).
+//  - Reassignment (a setting): kProportional splits engines in proportion to demand, so
+//    every bucket drains its backlog in the same time; kMinMaxCompletion (ours, default)
+//    chooses the split that minimises the latest expected completion over buckets,
+//    backlog / engines + the cost of the bucket's largest waiting request, with no bucket
+//    given more engines than it has requests (one request never spans engines). Long
+//    requests then wait less than short ones, so one 200K prompt does not start behind a
+//    queue it cannot overtake.
 //  - Work conservation (our addition, a setting): an empty engine whose bucket has no
 //    waiting work pulls from the bucket with the most waiting cost.
 //
@@ -30,6 +37,8 @@ namespace dsi::cluster {
 
 inline constexpr int kNumPrefillBuckets = 4;
 
+enum class PrefillReassign { kProportional, kMinMaxCompletion };
+
 struct PrefillLbSettings {
     // Upper bounds (exclusive) of buckets 0..2; bucket 3 is everything longer (S-LB).
     std::array<int64_t, kNumPrefillBuckets - 1> bucket_upper_tokens = {16384, 65536, 262144};
@@ -37,6 +46,7 @@ struct PrefillLbSettings {
     std::array<double, kNumPrefillBuckets> bucket_quota_ns = {1e9, 2e9, 4e9, 5e9};
     int64_t round_ns = 1'000'000'000;
     bool steal_when_idle = true;
+    PrefillReassign reassign = PrefillReassign::kMinMaxCompletion;
 
     Status validate() const;
 };
@@ -80,6 +90,14 @@ public:
     static std::array<int, kNumPrefillBuckets> apportion(
         int num_engines, const std::array<double, kNumPrefillBuckets>& demand);
 
+    // kMinMaxCompletion: engine counts (fractional) per bucket minimising
+    // max_b demand_b / n_b + longest_b, with n_b <= max_engines_b and sum n_b = num_engines.
+    // Exposed for tests.
+    static std::array<double, kNumPrefillBuckets> min_max_completion_split(
+        int num_engines, const std::array<double, kNumPrefillBuckets>& demand_ns,
+        const std::array<double, kNumPrefillBuckets>& longest_ns,
+        const std::array<int, kNumPrefillBuckets>& max_engines);
+
 private:
     void take_from(int bucket, double held_cost_ns, double cap_ns, std::vector<PrefillWork>& out);
     void reassign(const std::array<int, kNumPrefillBuckets>& target);
@@ -88,6 +106,7 @@ private:
     std::array<std::deque<PrefillWork>, kNumPrefillBuckets> queues_;
     std::array<double, kNumPrefillBuckets> pending_cost_ns_{};
     std::array<double, kNumPrefillBuckets> round_demand_ns_{};
+    std::array<int, kNumPrefillBuckets> round_arrivals_{};
     std::vector<int> engine_bucket_;
     std::vector<bool> available_;
     int64_t next_round_ns_ = 0;

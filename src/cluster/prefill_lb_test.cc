@@ -41,6 +41,7 @@ TEST(PrefillLbTest, ApportionFollowsDemandWithMinimumOne) {
 TEST(PrefillLbTest, ReassignsAtRoundEndFromDemand) {
     PrefillLbSettings s;
     s.round_ns = 1000;
+    s.reassign = PrefillReassign::kProportional;
     PrefillLb lb(s, 8, 0);
     EXPECT_EQ(lb.engines_per_bucket(), (std::array<int, 4>{2, 2, 2, 2}));
     for (int i = 0; i < 30; ++i) {
@@ -63,6 +64,51 @@ TEST(PrefillLbTest, ReassignsAtRoundEndFromDemand) {
     }
     EXPECT_FALSE(lb.tick(2000));
     EXPECT_EQ(lb.engines_per_bucket(), (std::array<int, 4>{6, 0, 2, 0}));
+}
+
+TEST(PrefillLbTest, MinMaxCompletionGivesLongRequestsTheirOwnEngines) {
+    // 1,000 short requests (0.1 s each) and 4 long ones (10 s each) on 10 engines.
+    // Proportional: 40 / 140 of 10 = 3 engines for the 4 long ones, so one waits ~10 s.
+    const std::array<double, 4> demand = {100e9, 0, 40e9, 0};
+    const std::array<double, 4> longest = {0.1e9, 0, 10e9, 0};
+    const std::array<int, 4> max_engines = {1000, 0, 4, 0};
+    EXPECT_EQ(PrefillLb::apportion(10, demand)[2], 3);
+    const auto split = PrefillLb::min_max_completion_split(10, demand, longest, max_engines);
+    EXPECT_NEAR(split[0] + split[1] + split[2] + split[3], 10.0, 1e-6);
+    EXPECT_NEAR(split[2], 4.0, 1e-9);  // capped at its number of requests
+    const auto c = PrefillLb::apportion(10, split);
+    EXPECT_EQ(c, (std::array<int, 4>{6, 0, 4, 0}));
+    // Completion of bucket 0 (100 s / 6 + 0.1 s) is then the latest, and below the
+    // proportional split's bucket 2 (40 s / 3 + 10 s).
+    EXPECT_LT(100.0 / 6 + 0.1, 40.0 / 3 + 10);
+}
+
+TEST(PrefillLbTest, MinMaxCompletionEqualisesWhenUncapped) {
+    // Equal longest costs and no caps: the split is proportional to demand.
+    const auto split = PrefillLb::min_max_completion_split(8, {30e9, 10e9, 0, 0},
+                                                           {1e9, 1e9, 0, 0}, {100, 100, 0, 0});
+    EXPECT_NEAR(split[0], 6.0, 1e-6);
+    EXPECT_NEAR(split[1], 2.0, 1e-6);
+    EXPECT_EQ(split[2], 0.0);
+    // Every bucket at its cap: the spare engines are shared by demand, sum kept.
+    const auto spare = PrefillLb::min_max_completion_split(8, {10e9, 0, 50e9, 0},
+                                                           {1e9, 0, 50e9, 0}, {2, 0, 1, 0});
+    EXPECT_NEAR(spare[0] + spare[2], 8.0, 1e-6);
+    EXPECT_GE(spare[2], 1.0);
+}
+
+TEST(PrefillLbTest, MinMaxReassignmentPutsLongWaitingRequestsFirst) {
+    PrefillLbSettings s;
+    s.round_ns = 1000;
+    PrefillLb lb(s, 10, 0);
+    for (int i = 0; i < 1000; ++i) {
+        lb.submit(work(i, 1000, 0.1e9));
+    }
+    for (int i = 0; i < 4; ++i) {
+        lb.submit(work(2000 + i, 100000, 10e9));
+    }
+    EXPECT_TRUE(lb.tick(1000));
+    EXPECT_EQ(lb.engines_per_bucket(), (std::array<int, 4>{6, 0, 4, 0}));
 }
 
 TEST(PrefillLbTest, PullByRemainingQuotaFifo) {

@@ -48,6 +48,45 @@ TEST(SimulatorTest, DeterministicAndConserving) {
     EXPECT_GT(a->hit_rate, 0.1);
 }
 
+TEST(SimulatorTest, TimelineMatchesUtilisation) {
+    const Trace t = small_trace(2000, 7);
+    SimOptions o;
+    o.target_load = 0.9;
+    o.timeline_bin_ns = 500'000'000;
+    auto r = simulate(t, small_cluster(), o);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_FALSE(r->timeline.empty());
+    double busy = 0;
+    for (const TimelinePoint& p : r->timeline) {
+        EXPECT_GE(p.prefill_busy, 0.0);
+        EXPECT_LE(p.prefill_busy, 1.0 + 1e-9);
+        EXPECT_LE(p.decode_busy, 1.0 + 1e-9);
+        EXPECT_GE(p.prefill_waiting, 0);
+        busy += p.prefill_busy * 0.5;  // engine-shares x seconds
+    }
+    double util = 0;
+    for (double u : r->prefill_utilisation) {
+        util += u / r->prefill_utilisation.size();
+    }
+    EXPECT_NEAR(busy, util * r->makespan_s, 0.01 * busy + 1e-6);
+    o.timeline_bin_ns = -1;
+    EXPECT_FALSE(simulate(t, small_cluster(), o).is_ok());
+}
+
+TEST(SimulatorTest, MinMaxReassignmentNoWorseOnLongContexts) {
+    const Trace t = small_trace(3000, 11, 0.05);
+    SimOptions o;
+    o.target_load = 0.9;
+    auto minmax = simulate(t, small_cluster(), o);
+    o.prefill_lb.reassign = cluster::PrefillReassign::kProportional;
+    auto proportional = simulate(t, small_cluster(), o);
+    ASSERT_TRUE(minmax.is_ok() && proportional.is_ok());
+    EXPECT_TRUE(minmax->conservation_ok);
+    EXPECT_TRUE(proportional->conservation_ok);
+    EXPECT_GE(minmax->lb_efficiency, proportional->lb_efficiency - 0.01);
+    EXPECT_LE(minmax->bucket_ttft_ms[3].max, proportional->bucket_ttft_ms[3].max * 1.01);
+}
+
 TEST(SimulatorTest, EveryPolicyAndStoreModeConserves) {
     const Trace t = small_trace(1500, 9);
     for (auto pr : {PrefillRouting::kDeepSeek, PrefillRouting::kRoundRobin,
