@@ -1,10 +1,13 @@
 // The engine's step loop: schedule -> forward -> sample -> post-process (S-ASYNC),
-// with the host scheduling step N+1 while a worker runs step N.
+// with the host scheduling step N+1 while a worker runs step N; KV store tiers
+// (write-behind, admission fetch, layer-wise swap-in: S-KV-4..7).
 #include "engine/engine.h"
 
 #include <algorithm>
 #include <chrono>
+#include <atomic>
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -14,6 +17,8 @@
 #include "base/check.h"
 #include "base/logging.h"
 #include "kv/paged_kv_cache.h"
+#include "kvstore/async_store.h"
+#include "kvstore/block_store.h"
 #include "sampling/stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -33,6 +38,15 @@ struct RequestShared {
     std::shared_ptr<TokenMaskProvider> mask;
 };
 
+// Dtype code of the engine's KV rows in the store's block header (f32 rows).
+constexpr uint32_t kStoreDtypeF32 = 1;
+
+// A fetched block to copy into pool block `block` before its rows are read (S-KV-6).
+struct SwapIn {
+    kv::BlockId block = 0;
+    std::shared_ptr<const kvstore::Block> data;
+};
+
 // One sequence's part of a planned step.
 struct StepItem {
     int64_t seq_id = 0;
@@ -46,6 +60,9 @@ struct StepItem {
     std::shared_ptr<const RequestShared> req;
     uint64_t seed = 0;
     std::vector<int32_t> output;  // tokens generated before this epoch
+    // Fetched blocks at positions [swap_begin_pos, swap_begin_pos + 128 * size).
+    std::vector<SwapIn> swap_in;
+    int64_t swap_begin_pos = 0;
 };
 
 struct StepPlan {
@@ -67,15 +84,26 @@ struct StepResult {
     std::vector<ItemResult> items;
     int64_t start_ns = 0;
     int64_t end_ns = 0;
+    // Swap-in (S-KV-6) of this step, if any.
+    int64_t swap_in_blocks = 0;
+    int64_t swap_in_bytes = 0;
+    int64_t swap_in_ns = 0;        // copy thread: start to last layer
+    int64_t swap_in_wait_ns = 0;   // attention waiting on layers
+    int64_t swap_in_overlapped = 0;  // items whose forward started before the last layer
 };
 
 // The device side: runs forward + sampling, owns per-sequence sampling state. Runs
 // inline (async off) or on its own thread fed by a queue (async on).
 class Worker {
 public:
-    Worker(DeepseekModel* model, bool record_logits)
+    // REQUIRES: pool outlives the worker (swap-in writes fetched blocks into it).
+    Worker(DeepseekModel* model, kv::BlockPool* pool, bool record_logits,
+           int64_t swap_in_layer_delay_us)
         : model_(model),
+          pool_(pool),
+          layer_floats_(kv::kBlockTokens * model->kv_row_floats()),
           record_logits_(record_logits),
+          swap_in_layer_delay_us_(swap_in_layer_delay_us),
           vocab_(model->config().vocab_size),
           eos_(static_cast<int32_t>(model->config().eos_token_id)) {}
     ~Worker() { stop(); }
@@ -164,7 +192,42 @@ private:
             }
             steps_.push_back({toks, it.start_pos, &it.cache, false});
         }
+        // S-KV-6: copy fetched blocks layer by layer on a swap-in thread while the
+        // forward pass runs; attention on those rows waits for its layer.
+        kv::LayerGate gate;
+        std::thread swapper;
+        int64_t swap_start_ns = 0;
+        std::atomic<int64_t> swap_end_ns{0};
+        bool any_swap = false;
+        for (StepItem& it : plan.items) {
+            if (it.swap_in.empty()) continue;
+            any_swap = true;
+            it.cache.set_gate(&gate, it.swap_begin_pos,
+                              it.swap_begin_pos +
+                                  static_cast<int64_t>(it.swap_in.size()) * kv::kBlockTokens);
+            r.swap_in_blocks += static_cast<int64_t>(it.swap_in.size());
+        }
+        if (any_swap) {
+            swap_start_ns = steady_ns();
+            swapper = std::thread([&] {
+                swap_in_layers(plan, gate);
+                swap_end_ns.store(steady_ns(), std::memory_order_release);
+            });
+            // Counted: this forward pass starts before the last layer has arrived.
+            if (gate.ready() < model_->kv_num_layers()) {
+                for (const StepItem& it : plan.items) r.swap_in_overlapped += !it.swap_in.empty();
+            }
+        }
         r.status = model_->forward_batch(steps_, out_);
+        if (any_swap) {
+            swapper.join();
+            r.swap_in_ns = swap_end_ns.load(std::memory_order_acquire) - swap_start_ns;
+            r.swap_in_wait_ns = gate.wait_ns();
+            for (const StepItem& it : plan.items) {
+                for (const SwapIn& sw : it.swap_in)
+                    r.swap_in_bytes += static_cast<int64_t>(sw.data->payload().size());
+            }
+        }
         if (r.status.is_ok()) {
             for (size_t i = 0; i < plan.items.size(); ++i) {
                 const StepItem& it = plan.items[i];
@@ -191,8 +254,29 @@ private:
         return r;
     }
 
+    // Layer-major copy of every fetched block of the plan into its pool block.
+    void swap_in_layers(StepPlan& plan, kv::LayerGate& gate) {
+        const int64_t num_layers = model_->kv_num_layers();
+        for (int64_t l = 0; l < num_layers; ++l) {
+            if (swap_in_layer_delay_us_ > 0)
+                std::this_thread::sleep_for(std::chrono::microseconds(swap_in_layer_delay_us_));
+            for (StepItem& it : plan.items) {
+                for (const SwapIn& sw : it.swap_in) {
+                    std::span<const uint8_t> src = sw.data->layer(static_cast<uint32_t>(l));
+                    // The host checked the layer sizes; a block is [layer][entry][floats].
+                    std::memcpy(pool_->data(0, sw.block) + l * layer_floats_, src.data(),
+                                src.size());
+                }
+            }
+            gate.set_ready(l + 1);
+        }
+    }
+
     DeepseekModel* model_;
+    kv::BlockPool* pool_;
+    int64_t layer_floats_;
     bool record_logits_;
+    int64_t swap_in_layer_delay_us_;
     int64_t vocab_;
     int32_t eos_;
     std::unordered_map<int64_t, WorkerSeq> seqs_;
@@ -230,6 +314,21 @@ struct Sequence {
     bool running = false;
     bool init_sent = false;
     bool gated = false;  // completion > 0 waiting for completion 0's prefill
+    // KV store (S-KV-4/5): asked once per epoch; while a fetch is in flight the
+    // sequence waits outside the admission queue (others are scheduled meanwhile).
+    bool store_checked = false;
+    std::shared_ptr<kvstore::FetchTicket> fetch;
+    int64_t fetch_first_block = 0;  // chain index of the first fetched key
+    int64_t fetch_num_blocks = 0;
+    int64_t fetch_submit_ns = 0;    // kvstore clock
+    int64_t fetch_deadline_ns = 0;  // kvstore clock
+    // A resolved fetch: the prefix blocks the waiting sequence holds (local hits pinned,
+    // then fetched blocks to swap in from staged_first on). Moved to `blocks` on admission.
+    std::vector<kv::BlockId> staged;
+    std::vector<std::shared_ptr<const kvstore::Block>> staged_data;
+    int64_t staged_first = 0;
+    int64_t num_store_blocks = 0;  // blocks [0, n) need no write-behind (came from a tier)
+    kvstore::TrafficClass traffic_class = kvstore::TrafficClass::kChatbot;
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop;
 
@@ -284,6 +383,14 @@ struct Engine::Impl {
     int64_t prev_end_ns = 0;
     Status fatal;
     EngineStats stats;
+    // KV store tiers (null: none). Declared after the pool/worker users they serve;
+    // destroyed first (their threads stop before the store goes).
+    std::unique_ptr<kvstore::BlockStore> owned_store;
+    kvstore::BlockStore* store = nullptr;
+    std::unique_ptr<kvstore::WriteBehind> write_behind;
+    std::unique_ptr<kvstore::Fetcher> fetcher;
+    kvstore::StoreKey model_identity;
+    int64_t num_fetching = 0;
 
     Impl(DeepseekModel* m, EngineOptions o, Env* e, std::unique_ptr<kv::BlockPool> p)
         : model(m),
@@ -291,12 +398,178 @@ struct Engine::Impl {
           env(e),
           scheduler(options.scheduler, e),
           pool(std::move(p)),
-          worker(m, options.record_logits) {
+          worker(m, pool.get(), options.record_logits, options.swap_in_layer_delay_us) {
         vocab = model->config().vocab_size;
         eos = static_cast<int32_t>(model->config().eos_token_id);
         max_model_len = options.max_model_len > 0 ? options.max_model_len
                                                   : model->config().max_position_embeddings;
         if (options.async) worker.start();
+        open_store();
+    }
+
+    ~Impl() {
+        // Stop the tier threads before the store they use goes (members die in reverse).
+        fetcher.reset();
+        // Shutdown drains the write-behind queue, bounded (a dead store cannot hold us).
+        if (write_behind != nullptr) (void)write_behind->flush(kvstore::deadline_after_ms(5000));
+        write_behind.reset();
+    }
+
+    // A store that cannot be opened is logged and left out: serving goes on.
+    void open_store() {
+        if (options.kv_store != nullptr) {
+            store = options.kv_store;
+        } else if (!options.kv_store_uri.empty()) {
+            Result<std::unique_ptr<kvstore::BlockStore>> st =
+                kvstore::open_block_store(options.kv_store_uri);
+            if (!st.is_ok()) {
+                DSI_LOG(kWarning) << "kv store " << options.kv_store_uri
+                                 << " unavailable, serving without it: "
+                                 << st.status().to_string();
+                return;
+            }
+            owned_store = std::move(st).value();
+            store = owned_store.get();
+        }
+        if (store == nullptr || !options.prefix_cache) {
+            store = nullptr;
+            return;
+        }
+        model_identity = kvstore::model_identity(options.model_id);
+        if (options.kv_store_write) {
+            kvstore::WriteBehind::Options wo;
+            wo.max_queued_bytes = options.kv_store_write_queue_bytes;
+            write_behind = std::make_unique<kvstore::WriteBehind>(store, wo);
+        }
+        fetcher = std::make_unique<kvstore::Fetcher>(store);
+    }
+
+    kvstore::BlockInfo store_info(const Sequence& s, int64_t b) const {
+        kvstore::BlockInfo info;
+        info.key = kvstore::StoreKey{s.keys[b].lo, s.keys[b].hi};
+        info.model = model_identity;
+        info.num_layers = static_cast<uint32_t>(model->kv_num_layers());
+        info.dtype = kStoreDtypeF32;
+        info.num_tokens = static_cast<uint32_t>(kv::kBlockTokens);
+        info.token_hash = kvstore::token_ids_hash(
+            std::span<const int32_t>(s.tokens).subspan(b * kv::kBlockTokens, kv::kBlockTokens));
+        info.traffic_class = s.traffic_class;
+        return info;
+    }
+
+    int64_t layer_bytes() const {
+        return kv::kBlockTokens * model->kv_row_floats() * static_cast<int64_t>(sizeof(float));
+    }
+
+    // S-KV-7: a block just published (prefill or decode) is offered to the store. One
+    // bounded copy here (WriteBehind::offer copies and never blocks; a full queue drops).
+    void offer_block(const Sequence& s, int64_t b) {
+        if (write_behind == nullptr) return;
+        const float* base = pool->data(0, s.blocks[b]);
+        const int64_t floats = kv::kBlockTokens * model->kv_row_floats();
+        std::vector<std::span<const uint8_t>> layers;
+        for (int64_t l = 0; l < model->kv_num_layers(); ++l) {
+            layers.emplace_back(reinterpret_cast<const uint8_t*>(base + l * floats),
+                                static_cast<size_t>(layer_bytes()));
+        }
+        if (write_behind->offer(store_info(s, b), layers)) {
+            ++stats.store_blocks_offered;
+            stats.store_bytes_offered += layer_bytes() * model->kv_num_layers();
+        } else {
+            ++stats.store_blocks_dropped;
+        }
+    }
+
+    void release_staged(Sequence& s) {
+        pool->release_all(s.staged);
+        s.staged.clear();
+        s.staged_data.clear();
+        s.staged_first = 0;
+    }
+
+    void drop_fetch(Sequence& s) {
+        if (s.fetch == nullptr) return;
+        s.fetch.reset();
+        --num_fetching;
+    }
+
+    // S-KV-4/5: after the local match, ask the store for the rest of the chain
+    // (metadata only) and fetch the hits off-thread. True if a fetch is now in flight.
+    bool start_fetch(Sequence& s, int64_t max_hit) {
+        s.store_checked = true;
+        const kv::PrefixPeek p =
+            pool->peek(std::span<const kv::BlockKey>(s.keys).first(static_cast<size_t>(max_hit)));
+        const int64_t first = p.num_hit_blocks;
+        if (first >= max_hit) return false;
+        std::vector<kvstore::StoreKey> chain;
+        for (int64_t b = first; b < max_hit; ++b) chain.push_back({s.keys[b].lo, s.keys[b].hi});
+        ++stats.store_lookups;
+        Result<int64_t> n = store->match_prefix(
+            chain, kvstore::deadline_after_ms(options.kv_store_match_timeout_ms));
+        if (!n.is_ok() || *n <= 0) return false;  // a dead store is a miss
+        chain.resize(static_cast<size_t>(*n));
+        std::vector<kvstore::BlockInfo> expects;
+        for (int64_t b = first; b < first + *n; ++b) expects.push_back(store_info(s, b));
+        s.fetch_first_block = first;
+        s.fetch_num_blocks = *n;
+        s.fetch_submit_ns = kvstore::deadline_after_ms(0);
+        s.fetch_deadline_ns = kvstore::deadline_after_ms(options.kv_store_fetch_timeout_ms);
+        s.fetch = fetcher->submit(std::move(chain), std::move(expects), s.fetch_deadline_ns);
+        ++num_fetching;
+        return true;
+    }
+
+    // A finished (or late) fetch: pin the local prefix, take the leading verified
+    // blocks into new pool blocks the sequence holds (staged). Anything unusable is a
+    // miss: the sequence computes those tokens.
+    void resolve_fetch(Sequence& s) {
+        std::shared_ptr<kvstore::FetchTicket> t = s.fetch;
+        const int64_t now = kvstore::deadline_after_ms(0);
+        drop_fetch(s);
+        if (!t->done()) {  // late: the fetch goes on, its result is dropped
+            stats.store_miss_blocks += s.fetch_num_blocks;
+            return;
+        }
+        const int64_t lat = now - s.fetch_submit_ns;
+        ++stats.fetch_count;
+        stats.fetch_sum_ns += lat;
+        stats.fetch_max_ns = std::max(stats.fetch_max_ns, lat);
+        std::vector<Result<kvstore::Block>>& res = t->results();
+        std::vector<std::shared_ptr<const kvstore::Block>> got;
+        for (Result<kvstore::Block>& r : res) {
+            if (!r.is_ok()) break;  // the chain stops at the first miss
+            bool ok = r->num_layers() == static_cast<uint32_t>(model->kv_num_layers());
+            for (uint32_t l = 0; ok && l < r->num_layers(); ++l)
+                ok = static_cast<int64_t>(r->layer(l).size()) == layer_bytes();
+            if (!ok) break;
+            got.push_back(std::make_shared<const kvstore::Block>(std::move(r).value()));
+        }
+        stats.store_miss_blocks += static_cast<int64_t>(res.size() - got.size());
+        if (got.empty()) return;
+        const int64_t first = s.fetch_first_block;
+        const int64_t end = first + static_cast<int64_t>(got.size());
+        // The local prefix may have changed while fetching: pin what is there now.
+        std::vector<kv::BlockId> pinned =
+            pool->match_and_pin(std::span<const kv::BlockKey>(s.keys).first(static_cast<size_t>(end)));
+        const int64_t m = static_cast<int64_t>(pinned.size());
+        if (m < first) {  // a parent was evicted meanwhile: the chain is broken
+            pool->release_all(pinned);
+            stats.store_miss_blocks += static_cast<int64_t>(got.size());
+            return;
+        }
+        const int64_t need = end - m;
+        if (need > 0) {
+            Result<std::vector<kv::BlockId>> nb = pool->allocate(need);
+            if (!nb.is_ok()) {  // pool short: compute instead
+                pool->release_all(pinned);
+                stats.store_miss_blocks += static_cast<int64_t>(got.size());
+                return;
+            }
+            pinned.insert(pinned.end(), nb->begin(), nb->end());
+            s.staged_data.assign(got.begin() + (m - first), got.end());
+        }
+        s.staged = std::move(pinned);
+        s.staged_first = m;
     }
 
     // Keys of the first n full blocks of seq.tokens.
@@ -340,6 +613,8 @@ struct Engine::Impl {
         }
         pool->release_all(s.blocks);
         s.blocks.clear();
+        release_staged(s);
+        drop_fetch(s);
         if (s.running) std::erase(running, s.id);
         if (s.init_sent) pending_release.push_back(s.id);
         auto rit = requests.find(s.request_id);
@@ -358,6 +633,8 @@ struct Engine::Impl {
         s.num_computed = s.num_confirmed = s.num_published = 0;
         s.num_sampled = s.num_output();  // in-flight samples are recomputed
         s.init_sent = false;
+        s.store_checked = false;
+        s.num_store_blocks = 0;
         ++s.epoch;
         ++stats.preemptions;
     }
@@ -386,6 +663,16 @@ struct Engine::Impl {
         std::vector<int64_t> expired_deep;
         for (auto& [id, s] : seqs) {
             if (s.running || s.gated) continue;
+            if (s.fetch != nullptr) {
+                // S-KV-5: waiting on the store; not in the queue meanwhile.
+                if (s.deadline_ns > 0 && now >= s.deadline_ns) {
+                    expired_deep.push_back(id);
+                    continue;
+                }
+                if (!s.fetch->done() && kvstore::deadline_after_ms(0) < s.fetch_deadline_ns)
+                    continue;
+                resolve_fetch(s);
+            }
             if (wait_views.size() >= max_views) {
                 if (s.deadline_ns > 0 && now >= s.deadline_ns) expired_deep.push_back(id);
                 continue;
@@ -395,7 +682,14 @@ struct Engine::Impl {
             v.num_tokens = static_cast<int64_t>(s.tokens.size());
             v.deadline_ns = s.deadline_ns;
             const int64_t max_hit = max_hit_blocks(s);
-            if (max_hit > 0) {
+            if (max_hit > 0 && store != nullptr && !s.store_checked && s.staged.empty()) {
+                ensure_keys(s, max_hit);
+                if (start_fetch(s, max_hit)) continue;
+            }
+            if (!s.staged.empty()) {
+                // Prefix blocks already held (local pins + fetched): nothing to pin.
+                v.num_cached_tokens = static_cast<int64_t>(s.staged.size()) * kv::kBlockTokens;
+            } else if (max_hit > 0) {
                 ensure_keys(s, max_hit);
                 kv::PrefixPeek p = pool->peek(
                     std::span<const kv::BlockKey>(s.keys).first(static_cast<size_t>(max_hit)));
@@ -417,11 +711,24 @@ struct Engine::Impl {
                 if (v.id == sc.id) wv = &v;
             }
             const int64_t hit = wv->num_cached_tokens / kv::kBlockTokens;
-            s.blocks = pool->match_and_pin(
-                std::span<const kv::BlockKey>(s.keys).first(static_cast<size_t>(hit)));
+            if (!s.staged.empty()) {
+                // S-KV-6: the fetched blocks go to the worker with this step's item;
+                // they are published after the step that copied them.
+                s.blocks = std::move(s.staged);
+                s.staged.clear();
+                s.num_published = s.staged_first;
+                s.num_store_blocks = static_cast<int64_t>(s.blocks.size());
+                const int64_t fetched = static_cast<int64_t>(s.staged_data.size());
+                stats.store_hit_blocks += fetched;
+                stats.store_hit_tokens += fetched * kv::kBlockTokens;
+            } else {
+                s.blocks = pool->match_and_pin(
+                    std::span<const kv::BlockKey>(s.keys).first(static_cast<size_t>(hit)));
+                s.num_published = hit;
+                s.num_store_blocks = hit;
+            }
             DSI_CHECK_EQ(static_cast<int64_t>(s.blocks.size()), hit);
             s.num_computed = s.num_confirmed = hit * kv::kBlockTokens;
-            s.num_published = hit;
             s.prefill_target = static_cast<int64_t>(s.tokens.size());
             s.num_sampled = s.num_output();
             s.running = true;
@@ -458,6 +765,14 @@ struct Engine::Impl {
             s.num_computed += sc.num_new_tokens;
             DSI_CHECK_LE(s.num_computed, static_cast<int64_t>(s.blocks.size()) * kv::kBlockTokens);
             it.cache = kv::PagedKvCache(pool.get(), 0, s.blocks);
+            if (!s.staged_data.empty()) {
+                it.swap_begin_pos = s.staged_first * kv::kBlockTokens;
+                for (size_t j = 0; j < s.staged_data.size(); ++j) {
+                    it.swap_in.push_back(
+                        {s.blocks[static_cast<size_t>(s.staged_first) + j], s.staged_data[j]});
+                }
+                s.staged_data.clear();
+            }
             if (!s.init_sent) {
                 it.init = true;
                 it.req = s.req;
@@ -474,6 +789,13 @@ struct Engine::Impl {
 
     void post_process(StepResult& r) {
         ++stats.steps;
+        if (r.swap_in_blocks > 0) {
+            ++stats.swap_in_count;
+            stats.swap_in_sum_ns += r.swap_in_ns;
+            stats.swap_in_wait_ns += r.swap_in_wait_ns;
+            stats.swap_in_overlapped += r.swap_in_overlapped;
+            stats.store_bytes_read += r.swap_in_bytes;
+        }
         stats.forward_ns += r.end_ns - r.start_ns;
         if (prev_end_ns > 0) stats.host_gap_ns += std::max<int64_t>(0, r.start_ns - prev_end_ns);
         prev_end_ns = r.end_ns;
@@ -493,8 +815,12 @@ struct Engine::Impl {
                     kv::kBlockTokens;
                 if (full > s.num_published) {
                     ensure_keys(s, full);
-                    for (int64_t b = s.num_published; b < full; ++b)
-                        pool->publish(s.blocks[b], s.keys[b]);
+                    for (int64_t b = s.num_published; b < full; ++b) {
+                        // S-KV-7: new blocks (prefill and decode) are written behind;
+                        // blocks that came from a tier are not written back.
+                        if (pool->publish(s.blocks[b], s.keys[b]) && b >= s.num_store_blocks)
+                            offer_block(s, b);
+                    }
                     s.num_published = full;
                 }
             }
@@ -636,6 +962,8 @@ Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback ca
         s.tokens = shared->prompt;
         s.num_prompt = static_cast<int64_t>(s.tokens.size());
         s.gated = i > 0 && m.options.prefix_cache;
+        s.traffic_class = request.agent_traffic ? kvstore::TrafficClass::kAgent
+                                                : kvstore::TrafficClass::kChatbot;
         if (m.options.tokenizer) {
             s.decoder = std::make_unique<IncrementalDecoder>(*m.options.tokenizer);
             if (!shared->sampling.stop.empty())
@@ -674,6 +1002,13 @@ Status Engine::step() {
         StepResult r = m.worker.wait();
         --m.in_flight;
         m.post_process(r);
+    } else if (!submitted && m.in_flight == 0 && m.num_fetching > 0) {
+        // Only store fetches are pending: wait (briefly, with a deadline) for one.
+        for (auto& [id, s] : m.seqs) {
+            if (s.fetch == nullptr) continue;
+            (void)s.fetch->wait(std::min(s.fetch_deadline_ns, kvstore::deadline_after_ms(2)));
+            break;
+        }
     }
     if (!has_work()) m.prev_end_ns = 0;  // idle: the next gap is not the host's
     return m.fatal;
@@ -685,8 +1020,9 @@ Status Engine::run() {
         const size_t before_seqs = impl_->seqs.size();
         const int before_in_flight = impl_->in_flight;
         DSI_RETURN_IF_ERROR(step());
+        // A pending store fetch always ends (done or past its deadline): not a stall.
         if (impl_->stats.steps == before_steps && impl_->seqs.size() == before_seqs &&
-            impl_->in_flight == before_in_flight) {
+            impl_->in_flight == before_in_flight && impl_->num_fetching == 0) {
             return internal_error("engine made no progress with " + std::to_string(before_seqs) +
                                   " sequences left");
         }
@@ -699,6 +1035,11 @@ bool Engine::has_work() const { return !impl_->seqs.empty() || impl_->in_flight 
 EngineStats Engine::stats() const {
     EngineStats s = impl_->stats;
     s.pool = impl_->pool->stats();
+    if (impl_->write_behind != nullptr) {
+        s.store_blocks_written = impl_->write_behind->num_written();
+        s.store_blocks_dropped = impl_->write_behind->num_dropped();
+    }
+    if (impl_->store != nullptr) s.store_puts_dropped = impl_->store->metrics().puts_dropped;
     return s;
 }
 
@@ -707,6 +1048,7 @@ Status Engine::check_invariants() const {
     std::vector<int32_t> refs(static_cast<size_t>(m.pool->num_blocks()), 0);
     for (const auto& [id, s] : m.seqs) {
         for (kv::BlockId b : s.blocks) ++refs[static_cast<size_t>(b)];
+        for (kv::BlockId b : s.staged) ++refs[static_cast<size_t>(b)];
         if (!s.running && !s.blocks.empty()) {
             return internal_error("waiting sequence " + std::to_string(id) + " holds blocks");
         }

@@ -27,6 +27,20 @@
 // randomness is keyed by (seed, position), so a request's tokens do not depend on
 // its neighbours (with the model's batch-invariant kernels, S-ENG-6).
 //
+// KV store tiers (S-KV-4..7, docs/kvstore.md), when EngineOptions::kv_store_uri (or
+// kv_store) is set:
+//   - write-behind: a block published to the prefix index from prefill or decode is
+//     offered to a kvstore::WriteBehind in post-processing (one bounded copy; the
+//     write happens on the WriteBehind thread; a full queue drops, counted);
+//   - admission: after the local prefix match, the rest of the hash chain is matched in
+//     the store (metadata only), the hits are fetched on the Fetcher thread while the
+//     sequence waits (other requests keep being scheduled), then placed into pool
+//     blocks the sequence owns; a block that fails its checks, a late fetch or a dead
+//     store is a miss and the sequence computes more;
+//   - swap-in (S-KV-6): the worker copies the fetched blocks into the pool on a
+//     swap-in thread layer by layer while the forward pass runs; attention on a
+//     fetched row waits (with a deadline) on a per-layer readiness counter.
+//
 // Thread model: add_request / abort / step / run / stats are called from one thread
 // (the owner); callbacks run on that thread inside step(). TokenMaskProvider::fill
 // runs on the worker thread. The model must not be used by anyone else meanwhile.
@@ -47,6 +61,9 @@
 #include "sampling/sampler.h"
 
 namespace dsi {
+namespace kvstore {
+class BlockStore;
+}
 class Tokenizer;
 }
 
@@ -67,6 +84,18 @@ struct EngineOptions {
     SchedulerConfig scheduler;
     bool record_logits = false;            // pass each sampled row's logits to the callback (tests)
     const Tokenizer* tokenizer = nullptr;  // needed for text and stop strings
+    // KV block store below the pool (S-KV-4..7): "" = none; else a kvstore URI
+    // ("file:///path", "redis://..."). An unreachable store is not an error: serving
+    // goes on without it (every store failure is a miss or a dropped write).
+    std::string kv_store_uri;
+    // Or a store the caller owns (tests, fault injection); wins over kv_store_uri.
+    // REQUIRES: outlives the engine.
+    kvstore::BlockStore* kv_store = nullptr;
+    int64_t kv_store_match_timeout_ms = 200;  // match_prefix deadline (metadata only)
+    int64_t kv_store_fetch_timeout_ms = 5000;  // a fetch later than this is a miss
+    int64_t kv_store_write_queue_bytes = int64_t{256} << 20;  // write-behind budget
+    bool kv_store_write = true;               // offer completed blocks to the store
+    int64_t swap_in_layer_delay_us = 0;       // tests: slow the swap-in per layer
 };
 
 struct GenerateRequest {
@@ -77,6 +106,8 @@ struct GenerateRequest {
     // Structured output; shared by the request's completions (reason: the caller
     // keeps it to inspect, the worker thread uses it until the request ends).
     std::shared_ptr<TokenMaskProvider> mask;
+    // S-KV-3 retention class of the blocks it writes to the KV store (agent: shorter TTL).
+    bool agent_traffic = false;
 };
 
 struct TokenEvent {
@@ -104,6 +135,21 @@ struct EngineStats {
     int64_t forward_ns = 0;   // worker busy time
     int64_t host_gap_ns = 0;  // worker idle between consecutive steps while work existed
     kv::BlockPoolStats pool;
+    // KV store tiers (hits per tier in blocks: device = pool.hit_blocks).
+    int64_t store_lookups = 0;         // admissions that asked the store
+    int64_t store_hit_blocks = 0;      // blocks fetched, verified and placed in the pool
+    int64_t store_miss_blocks = 0;     // matched in metadata but not usable (damaged, late)
+    int64_t store_hit_tokens = 0;      // prompt tokens taken from the store
+    int64_t store_bytes_read = 0;      // payload bytes swapped in
+    int64_t store_blocks_offered = 0;  // write-behind offers accepted
+    int64_t store_blocks_dropped = 0;  // write-behind drops (queue full or stopping)
+    int64_t store_blocks_written = 0;  // written by the write-behind thread
+    int64_t store_puts_dropped = 0;    // refused by the store (full, down): counted there
+    int64_t store_bytes_offered = 0;
+    int64_t fetch_count = 0, fetch_sum_ns = 0, fetch_max_ns = 0;  // submit -> ready
+    int64_t swap_in_count = 0, swap_in_sum_ns = 0;  // per step with swap-ins: copy time
+    int64_t swap_in_wait_ns = 0;   // attention time spent waiting on swap-in layers
+    int64_t swap_in_overlapped = 0;  // swap-ins whose forward started before the last layer
 };
 
 class Engine {

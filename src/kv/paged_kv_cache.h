@@ -4,16 +4,43 @@
 // tokens_per_entry of the chosen cache group; within a block the layout is
 // [layer][entry][floats_per_entry]. The table is a value copied into each step's
 // plan, so the thread running the forward pass never sees the scheduler grow it.
-// Thread model: one user at a time; holds no references (the owner pins blocks).
+// With a LayerGate set (S-KV-6 swap-in overlap), a read of a position in the gated
+// range waits until the swap-in thread has copied that layer: the forward pass may
+// start before the last layer of a fetched block has arrived.
+// Thread model: one user at a time (row() may be called from the forward pass's pool
+// threads concurrently, as the model does); holds no references (the owner pins
+// blocks). LayerGate: set_ready() from the swap-in thread, wait() from any thread.
 #pragma once
 
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "kv/block_pool.h"
 #include "model/kv_cache.h"
 
 namespace dsi::kv {
+
+// How many layers of a step's swapped-in blocks are in the pool (monotonic).
+class LayerGate {
+public:
+    // Layers [0, n) are ready. REQUIRES: n does not decrease.
+    void set_ready(int64_t n);
+    int64_t ready() const { return ready_.load(std::memory_order_acquire); }
+    // Waits until `layer` is ready; false at `deadline_ns` (steady clock).
+    bool wait(int64_t layer, int64_t deadline_ns);
+    int64_t wait_ns() const { return wait_ns_.load(std::memory_order_relaxed); }
+    int64_t num_waits() const { return num_waits_.load(std::memory_order_relaxed); }
+
+private:
+    std::atomic<int64_t> ready_{0};
+    std::atomic<int64_t> wait_ns_{0};
+    std::atomic<int64_t> num_waits_{0};
+    std::mutex mu_;
+    std::condition_variable cv_;
+};
 
 class PagedKvCache final : public KvCache {
 public:
@@ -24,6 +51,14 @@ public:
     int64_t capacity() const override { return static_cast<int64_t>(table_.size()) * kBlockTokens; }
     float* row(int64_t layer, int64_t pos) override;
     const std::vector<BlockId>& table() const { return table_; }
+    // Reads of positions [begin_pos, end_pos) wait on `gate` for their layer (aborts if
+    // a layer is not ready within 60 s: the swap-in is a local copy). REQUIRES: gate
+    // outlives every row() call; nullptr clears.
+    void set_gate(LayerGate* gate, int64_t begin_pos, int64_t end_pos) {
+        gate_ = gate;
+        gate_begin_ = begin_pos;
+        gate_end_ = end_pos;
+    }
 
 private:
     BlockPool* pool_ = nullptr;
@@ -32,6 +67,9 @@ private:
     int64_t tokens_per_entry_ = 1;
     int64_t floats_per_entry_ = 0;
     std::vector<BlockId> table_;
+    LayerGate* gate_ = nullptr;
+    int64_t gate_begin_ = 0;
+    int64_t gate_end_ = 0;
 };
 
 }  // namespace dsi::kv

@@ -1,0 +1,294 @@
+// Engine + KV block store (S-KV-4..7): restart hits from a file:// store with outputs
+// bitwise equal to a cold run, decode blocks written behind, a damaged block is a miss,
+// a dead / full store or a full write-behind queue never stops serving, swap-in
+// overlaps the forward pass (counted). Small in-memory model (reduced vocabulary).
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <random>
+
+#include "engine/engine.h"
+#include "kv/block_key.h"
+#include "kvstore/block_store.h"
+#include "model/synthetic.h"
+
+namespace dsi::engine {
+namespace {
+
+namespace fs = std::filesystem;
+
+DeepseekModel& shared_model() {
+    static std::unique_ptr<DeepseekModel> m = [] {
+        ModelConfig c = synthetic_preset("tiny-v3").value();
+        c.vocab_size = 512;
+        return DeepseekModel::load(synthetic_memory_model(c, 1234), {2}).value();
+    }();
+    return *m;
+}
+
+struct Output {
+    std::vector<int32_t> tokens;
+    std::vector<std::vector<float>> logits;
+};
+
+EngineOptions options(const std::string& uri = "") {
+    EngineOptions o;
+    o.num_kv_blocks = 32;
+    o.record_logits = true;
+    o.scheduler.step_budget_ns = 1e12;
+    o.kv_store_uri = uri;
+    return o;
+}
+
+std::vector<int32_t> prompt_of(int len, uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::vector<int32_t> p;
+    for (int i = 0; i < len; ++i) p.push_back(static_cast<int32_t>(rng() % 512));
+    return p;
+}
+
+// Runs one greedy request to the end (checking invariants between steps).
+Output run_one(Engine& e, std::vector<int32_t> prompt, int max_tokens) {
+    Output out;
+    GenerateRequest r;
+    r.prompt = std::move(prompt);
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    EXPECT_TRUE(e.add_request(std::move(r), [&](const TokenEvent& ev) {
+                     if (ev.token < 0) return;
+                     out.tokens.push_back(ev.token);
+                     out.logits.emplace_back(ev.logits.begin(), ev.logits.end());
+                 }).is_ok());
+    for (int i = 0; i < 100000 && e.has_work(); ++i) {
+        Status s = e.step();
+        EXPECT_TRUE(s.is_ok()) << s.to_string();
+        Status inv = e.check_invariants();
+        EXPECT_TRUE(inv.is_ok()) << inv.to_string();
+        if (!s.is_ok() || !inv.is_ok()) break;
+    }
+    EXPECT_FALSE(e.has_work());
+    return out;
+}
+
+Output run_fresh(EngineOptions o, const std::vector<int32_t>& prompt, int max_tokens,
+                 EngineStats* stats = nullptr) {
+    std::unique_ptr<Engine> e = Engine::create(&shared_model(), std::move(o),
+                                               Env::default_env()).value();
+    Output out = run_one(*e, prompt, max_tokens);
+    if (stats) *stats = e->stats();
+    return out;
+}
+
+struct TempDir {
+    fs::path path;
+    TempDir() {
+        path = fs::temp_directory_path() /
+               ("dsi_engine_store_" + std::to_string(::getpid()) + "_" +
+                std::to_string(std::random_device{}()));
+        fs::create_directories(path);
+    }
+    ~TempDir() { fs::remove_all(path); }
+    std::string uri() const { return "file://" + path.string(); }
+};
+
+void expect_same(const Output& a, const Output& b) {
+    ASSERT_EQ(a.tokens, b.tokens);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    for (size_t i = 0; i < a.logits.size(); ++i) EXPECT_EQ(a.logits[i], b.logits[i]) << i;
+}
+
+constexpr int kPromptLen = 5 * 128 + 40;
+
+TEST(EngineStoreTest, RestartHitsTheStoreWithColdOutputs) {
+    const std::vector<int32_t> prompt = prompt_of(kPromptLen, 1);
+    EngineStats cold_stats;
+    const Output cold = run_fresh(options(), prompt, 6, &cold_stats);
+    EXPECT_EQ(cold_stats.computed_prefill_tokens, kPromptLen);
+
+    TempDir dir;
+    EngineStats a;
+    expect_same(run_fresh(options(dir.uri()), prompt, 6, &a), cold);
+    EXPECT_EQ(a.store_blocks_offered, 5);
+    EXPECT_LE(a.store_blocks_written, 5);  // the rest drain in the destructor (B hits all 5)
+    EXPECT_EQ(a.store_hit_blocks, 0);
+
+    // Engine B: fresh pool, same store; the forward pass may start before the last
+    // layer of the fetched blocks has arrived (slowed swap-in makes it certain).
+    EngineOptions ob = options(dir.uri());
+    ob.swap_in_layer_delay_us = 3000;
+    EngineStats b;
+    expect_same(run_fresh(ob, prompt, 6, &b), cold);
+    EXPECT_EQ(b.store_lookups, 1);
+    EXPECT_EQ(b.store_hit_blocks, 5);
+    EXPECT_EQ(b.store_hit_tokens, 5 * 128);
+    EXPECT_EQ(b.computed_prefill_tokens, 40);
+    EXPECT_EQ(b.cached_prompt_tokens, 5 * 128);
+    EXPECT_EQ(b.store_blocks_offered, 0);  // fetched blocks are not written back
+    EXPECT_EQ(b.fetch_count, 1);
+    EXPECT_GT(b.store_bytes_read, 0);
+    EXPECT_EQ(b.swap_in_count, 1);
+    EXPECT_EQ(b.swap_in_overlapped, 1);
+    EXPECT_GE(b.swap_in_wait_ns, 0);  // > 0 unless the forward pass was slower than the copy
+    EXPECT_GE(b.swap_in_sum_ns, b.swap_in_wait_ns / 2);
+
+    // Async off: same outputs, same hits.
+    EngineOptions oc = options(dir.uri());
+    oc.async = false;
+    EngineStats c;
+    expect_same(run_fresh(oc, prompt, 6, &c), cold);
+    EXPECT_EQ(c.store_hit_blocks, 5);
+    EXPECT_EQ(c.computed_prefill_tokens, 40);
+}
+
+TEST(EngineStoreTest, DecodeBlocksAreWrittenBehind) {
+    // S-KV-7: 200 prompt tokens + 100 generated: block 1 completes during decode.
+    TempDir dir;
+    const std::vector<int32_t> prompt = prompt_of(200, 2);
+    EngineStats a;
+    const Output first = run_fresh(options(dir.uri()), prompt, 100, &a);
+    EXPECT_EQ(a.store_blocks_offered, 2);
+    // A follow-up turn (prompt + answer + more) hits both blocks from the store.
+    std::vector<int32_t> turn2 = prompt;
+    turn2.insert(turn2.end(), first.tokens.begin(), first.tokens.end());
+    turn2.push_back(7);
+    const Output cold = run_fresh(options(), turn2, 4);
+    EngineStats b;
+    expect_same(run_fresh(options(dir.uri()), turn2, 4, &b), cold);
+    EXPECT_EQ(b.store_hit_blocks, 2);
+    EXPECT_EQ(b.computed_prefill_tokens, static_cast<int64_t>(turn2.size()) - 256);
+}
+
+TEST(EngineStoreTest, DamagedBlockIsAMissAndOutputsStayCorrect) {
+    TempDir dir;
+    const std::vector<int32_t> prompt = prompt_of(kPromptLen, 3);
+    const Output cold = run_fresh(options(), prompt, 5);
+    (void)run_fresh(options(dir.uri()), prompt, 5);
+    // Flip a payload byte of block 2 (its file is named by the chain key).
+    const std::vector<kv::BlockKey> keys =
+        kv::chain_keys(prompt, kv::make_salt(options().model_id, ""));
+    const std::string name = kvstore::to_hex({keys[2].lo, keys[2].hi}) + ".blk";
+    bool found = false;
+    for (const auto& f : fs::recursive_directory_iterator(dir.path)) {
+        if (f.path().filename() != name) continue;
+        std::fstream io(f.path(), std::ios::in | std::ios::out | std::ios::binary);
+        io.seekp(static_cast<std::streamoff>(f.file_size() - 100));
+        char c = 0;
+        io.read(&c, 1);
+        io.seekp(static_cast<std::streamoff>(f.file_size() - 100));
+        c = static_cast<char>(c ^ 0x5a);
+        io.write(&c, 1);
+        found = true;
+    }
+    ASSERT_TRUE(found);
+    EngineStats b;
+    expect_same(run_fresh(options(dir.uri()), prompt, 5, &b), cold);
+    EXPECT_EQ(b.store_hit_blocks, 2);  // blocks 0, 1; the chain stops at the damage
+    EXPECT_GE(b.store_miss_blocks, 1);
+    EXPECT_EQ(b.computed_prefill_tokens, kPromptLen - 2 * 128);
+}
+
+// A store whose every operation fails (down, or full for writes).
+class FailingStore final : public kvstore::BlockStore {
+public:
+    explicit FailingStore(bool full) : full_(full) {}
+    Status put(const kvstore::BlockInfo&, std::span<const std::span<const uint8_t>>,
+               int64_t) override {
+        if (full_) {
+            metrics_.puts_dropped.fetch_add(1);
+            return resource_exhausted("disk full");
+        }
+        return unavailable("down");
+    }
+    Result<kvstore::Block> get(const kvstore::StoreKey&, const kvstore::BlockInfo*,
+                               int64_t) override {
+        return unavailable("down");
+    }
+    Result<bool> contains(const kvstore::StoreKey&, int64_t) override {
+        return unavailable("down");
+    }
+    Result<int64_t> match_prefix(std::span<const kvstore::StoreKey>, int64_t) override {
+        if (full_) return int64_t{0};
+        return unavailable("down");
+    }
+    Status remove(const kvstore::StoreKey&) override { return unavailable("down"); }
+    Result<std::vector<kvstore::GcEntry>> list_blocks() override { return unavailable("down"); }
+    Result<int64_t> capacity_bytes() override { return unavailable("down"); }
+    kvstore::StoreMetrics& metrics() override { return metrics_; }
+    std::string uri() const override { return "failing://"; }
+
+private:
+    bool full_;
+    kvstore::StoreMetrics metrics_;
+};
+
+TEST(EngineStoreTest, DeadOrFullStoreDoesNotStopServing) {
+    const std::vector<int32_t> prompt = prompt_of(kPromptLen, 4);
+    const Output cold = run_fresh(options(), prompt, 5);
+    for (bool full : {false, true}) {
+        FailingStore store(full);
+        EngineOptions o = options();
+        o.kv_store = &store;
+        EngineStats s;
+        expect_same(run_fresh(o, prompt, 5, &s), cold);
+        EXPECT_EQ(s.store_hit_blocks, 0);
+        EXPECT_EQ(s.computed_prefill_tokens, kPromptLen);
+        EXPECT_EQ(s.store_blocks_offered, 5);
+        if (full) {
+            EXPECT_EQ(s.store_puts_dropped, 5);
+        }
+    }
+    // An unreachable Redis and a malformed URI: served without a store.
+    for (const char* uri : {"redis://127.0.0.1:1?timeout_ms=50", "bogus://x"}) {
+        EngineStats s;
+        expect_same(run_fresh(options(uri), prompt, 5, &s), cold);
+        EXPECT_EQ(s.store_hit_blocks, 0);
+    }
+}
+
+TEST(EngineStoreTest, FullWriteQueueDropsAndCounts) {
+    TempDir dir;
+    const std::vector<int32_t> prompt = prompt_of(kPromptLen, 5);
+    const Output cold = run_fresh(options(), prompt, 3);
+    EngineOptions o = options(dir.uri());
+    o.kv_store_write_queue_bytes = 1;  // nothing fits
+    EngineStats s;
+    expect_same(run_fresh(o, prompt, 3, &s), cold);
+    EXPECT_EQ(s.store_blocks_offered, 0);
+    EXPECT_EQ(s.store_blocks_dropped, 5);
+}
+
+TEST(EngineStoreTest, OtherRequestsRunWhileOneFetches) {
+    // A slow swap-in and a fetch must not block a request that needs no store.
+    TempDir dir;
+    const std::vector<int32_t> shared = prompt_of(kPromptLen, 6);
+    (void)run_fresh(options(dir.uri()), shared, 2);
+    const std::vector<int32_t> other = prompt_of(50, 7);
+    const Output cold_shared = run_fresh(options(), shared, 4);
+    const Output cold_other = run_fresh(options(), other, 4);
+    std::unique_ptr<Engine> e =
+        Engine::create(&shared_model(), options(dir.uri()), Env::default_env()).value();
+    std::map<int, Output> out;
+    int idx = 0;
+    for (const auto* p : {&shared, &other}) {
+        GenerateRequest r;
+        r.prompt = *p;
+        r.sampling.max_tokens = 4;
+        r.sampling.ignore_eos = true;
+        const int k = idx++;
+        ASSERT_TRUE(e->add_request(std::move(r), [&out, k](const TokenEvent& ev) {
+                         if (ev.token < 0) return;
+                         out[k].tokens.push_back(ev.token);
+                         out[k].logits.emplace_back(ev.logits.begin(), ev.logits.end());
+                     }).is_ok());
+    }
+    ASSERT_TRUE(e->run().is_ok());
+    ASSERT_TRUE(e->check_invariants().is_ok());
+    expect_same(out[0], cold_shared);
+    expect_same(out[1], cold_other);
+    EXPECT_EQ(e->stats().store_hit_blocks, 5);
+}
+
+}  // namespace
+}  // namespace dsi::engine
