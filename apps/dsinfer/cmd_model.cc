@@ -87,6 +87,7 @@ struct GenerateFlags {
     bool async = true;
     bool prefix_cache = true;
     int64_t kv_cache_mb = 2048;
+    std::string kv_store;       // KV block store URI (S-KV-4..7); "" = none
     std::string tokenizer_dir;  // default: the model directory
 };
 
@@ -178,6 +179,7 @@ int run_generate(const GenerateFlags& f) {
     eo.async = f.async;
     eo.prefix_cache = f.prefix_cache;
     eo.kv_cache_bytes = f.kv_cache_mb << 20;
+    eo.kv_store_uri = f.kv_store;
     eo.model_id = f.model;
     eo.tokenizer = &tk;
     Result<std::unique_ptr<engine::Engine>> eng = engine::Engine::create(model->get(), eo, env);
@@ -239,6 +241,22 @@ int run_generate(const GenerateFlags& f) {
                  static_cast<long long>(st.output_tokens), secs,
                  secs > 0 ? st.output_tokens / secs : 0.0, static_cast<long long>(st.steps),
                  st.forward_ns ? 100.0 * st.host_gap_ns / st.forward_ns : 0.0);
+    if (!f.kv_store.empty()) {
+        std::fprintf(stderr,
+                     "kv store: %lld lookups, %lld hit blocks (%lld tokens, %lld bytes), %lld "
+                     "missed, %lld offered, %lld dropped, fetch mean %.2f ms, swap-in mean %.2f "
+                     "ms (%lld overlapped with compute)\n",
+                     static_cast<long long>(st.store_lookups),
+                     static_cast<long long>(st.store_hit_blocks),
+                     static_cast<long long>(st.store_hit_tokens),
+                     static_cast<long long>(st.store_bytes_read),
+                     static_cast<long long>(st.store_miss_blocks),
+                     static_cast<long long>(st.store_blocks_offered),
+                     static_cast<long long>(st.store_blocks_dropped),
+                     st.fetch_count ? st.fetch_sum_ns / 1e6 / st.fetch_count : 0.0,
+                     st.swap_in_count ? st.swap_in_sum_ns / 1e6 / st.swap_in_count : 0.0,
+                     static_cast<long long>(st.swap_in_overlapped));
+    }
     return 0;
 }
 
@@ -265,6 +283,8 @@ void register_model_commands(CLI::App& app) {
     add_setting(*gen, "--async", gen_flags->async, "overlap scheduling with compute (S-ASYNC)");
     add_setting(*gen, "--prefix-cache", gen_flags->prefix_cache, "reuse KV of shared prefixes");
     add_setting(*gen, "--kv-cache-mb", gen_flags->kv_cache_mb, "KV block pool size");
+    add_setting(*gen, "--kv-store", gen_flags->kv_store,
+                "KV block store below the pool: file:///path or redis://h:p,... (S-KV-4..7)");
     add_setting(*gen, "--max-tokens", gen_flags->max_tokens, "tokens to generate");
     add_setting(*gen, "--temperature", gen_flags->temperature, "0 = greedy");
     add_setting(*gen, "--seed", gen_flags->seed, "sampling seed");
