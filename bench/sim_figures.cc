@@ -13,6 +13,7 @@
 
 #include "base/env.h"
 #include "cluster/eplb.h"
+#include "sim/ops_sim.h"
 #include "sim/simulator.h"
 #include "sim/svg_plot.h"
 #include "sim/trace.h"
@@ -314,6 +315,113 @@ void speed_figure() {
     }
 }
 
+
+// Autoscaler, drain and EP failover over a compressed day (src/sim/ops_sim.h).
+void ops_figure(const std::string& out) {
+    sim::OpsSimSettings s;
+    s.duration_s = 4 * 3600;
+    s.day_s = 4 * 3600;
+    s.mean_rate_per_s = 40;
+    s.mean_output_tokens = 3000;  // ~100 s of decode, so drains end with requests left
+    s.autoscaler.decode_requests_per_instance = 400;  // of 512 slots (8 devices x 64)
+    s.autoscaler.prefill_missed_tokens_per_s_per_instance = 50'000;
+    s.autoscaler.scale_in_interval_ns = 120'000'000'000;
+    s.autoscaler.max_decode = 32;
+    s.autoscaler.max_prefill = 32;
+    s.fail_at_s = 2.5 * 3600;
+    s.fail_devices = 1;
+    const double t0 = now_s();
+    auto r = sim::run_ops_sim(s);
+    const double wall = now_s() - t0;
+    if (!r.is_ok()) {
+        std::printf("ops figure: %s\n", r.status().to_string().c_str());
+        return;
+    }
+    std::printf("\n### Autoscaler, drain and EP failover over a compressed day (4 h period, "
+                "%.0f req/s mean, rate x (1 - 0.7 cos), 8-device decode instances, one device "
+                "fails at 2.5 h; %.1f s wall)\n\n",
+                s.mean_rate_per_s, wall);
+    std::printf("| requests | finished | scale-out / scale-in decisions | scale-ins refused at "
+                "utilisation > 0.8 | drains started / completed | requests migrated with KV | KV "
+                "tokens migrated | re-routed through prefill | failures | EP size after restart "
+                "| decode instances min / max | wait p99 s | device-hours | conserved |\n"
+                "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf("| %lld | %lld | %d / %d | %d | %d / %d | %lld | %lld | %lld | %d | %d | %d / %d | "
+                "%.1f | %.0f | %s |\n",
+                static_cast<long long>(r->arrived), static_cast<long long>(r->finished),
+                r->scale_out_decisions, r->scale_in_decisions, r->blocked_by_utilisation,
+                r->drains_started, r->drains_completed,
+                static_cast<long long>(r->migrated_requests),
+                static_cast<long long>(r->migrated_kv_tokens),
+                static_cast<long long>(r->rerouted_requests), r->failures, r->restart_ep_size,
+                r->min_online_decode, r->max_online_decode, r->wait_p99_s, r->device_hours,
+                r->conservation_ok ? "yes" : "NO");
+    sim::SvgPlot plot;
+    plot.title = "Autoscaling over a compressed day; one decode device fails at 2.5 h";
+    plot.x_label = "time (h)";
+    plot.y_label = "instances (rate: requests/s / 4)";
+    plot.series = {{"offered rate / 4", {}},     {"decode online", {}},
+                   {"decode target", {}},        {"prefill online", {}},
+                   {"decode draining", {}},      {"decode restarting", {}}};
+    for (size_t i = 0; i < r->timeline.size(); i += 12) {  // one point per 2 minutes
+        const sim::OpsPoint& p = r->timeline[i];
+        const double h = p.t_s / 3600;
+        plot.series[0].points.push_back({h, p.rate_per_s / 4});
+        plot.series[1].points.push_back({h, static_cast<double>(p.online_decode)});
+        plot.series[2].points.push_back({h, static_cast<double>(p.target_decode)});
+        plot.series[3].points.push_back({h, static_cast<double>(p.online_prefill)});
+        plot.series[4].points.push_back({h, static_cast<double>(p.draining)});
+        plot.series[5].points.push_back({h, static_cast<double>(p.restarting)});
+    }
+    write(out + "/sim_autoscale.svg", plot.render(820, 420));
+}
+
+// The prefill utilisation over time on the Mooncake trace (diagnosis of the LB tail).
+void lb_timeline_figure(const std::string& traces, const std::string& out) {
+    auto trace = sim::load_trace(Env::default_env(), traces + "mooncake_synthetic_trace.jsonl");
+    if (!trace.is_ok()) {
+        return;
+    }
+    sim::SvgPlot plot;
+    plot.title = "Mooncake trace, load 0.9: busy share of the 64 prefill engines";
+    plot.x_label = "simulated time (s)";
+    plot.y_label = "busy share";
+    plot.y_min = 0;
+    plot.y_max = 1.05;
+    std::printf("\n### Prefill LB reassignment on the Mooncake trace (load 0.9): before / after\n\n"
+                "| reassignment | LB eff. | makespan s | TTFT p50 / p99 ms | TTFT max ms, bucket 64-256K "
+                "| prefill util. mean | busy engine-s after 95 s |\n|---|---|---|---|---|---|---|\n");
+    for (auto mode : {cluster::PrefillReassign::kProportional,
+                      cluster::PrefillReassign::kMinMaxCompletion}) {
+        sim::SimOptions o;
+        o.target_load = 0.9;
+        o.timeline_bin_ns = 1'000'000'000;
+        o.prefill_lb.reassign = mode;
+        auto r = sim::simulate(*trace, sim::ClusterDescription{}, o);
+        if (!r.is_ok()) {
+            continue;
+        }
+        const char* name = mode == cluster::PrefillReassign::kProportional
+                               ? "proportional (before)"
+                               : "min-max completion (after)";
+        sim::SvgSeries series{name, {}};
+        double tail = 0;
+        for (const sim::TimelinePoint& p : r->timeline) {
+            series.points.push_back({p.t_s, p.prefill_busy});
+            tail += p.t_s >= 95 ? p.prefill_busy : 0.0;
+        }
+        double util = 0;
+        for (double u : r->prefill_utilisation) {
+            util += u / r->prefill_utilisation.size();
+        }
+        std::printf("| %s | %.3f | %.1f | %.0f / %.0f | %.0f | %.3f | %.0f |\n", name,
+                    r->lb_efficiency, r->makespan_s, r->ttft_ms.p50, r->ttft_ms.p99,
+                    r->bucket_ttft_ms[2].max, util, tail * 64);
+        plot.series.push_back(std::move(series));
+    }
+    write(out + "/sim_lb_timeline.svg", plot.render(820, 420));
+}
+
 }  // namespace
 }  // namespace dsi
 
@@ -324,6 +432,8 @@ int main(int argc, char** argv) {
     (void)dsi::Env::default_env()->create_dirs(out);
     std::printf("## Cluster simulator figures (issue 9)\n");
     dsi::lb_figure(traces, out, 0.9);
+    dsi::lb_timeline_figure(traces, out);
+    dsi::ops_figure(out);
     dsi::hit_rate_figure(traces, out);
     dsi::eplb_figure(out);
     dsi::speed_figure();
