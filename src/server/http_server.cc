@@ -35,6 +35,8 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 constexpr size_t kHeaderLimitBytes = 16 * 1024;
+// An oversized body up to this size is read and dropped before the 413.
+constexpr uint64_t kDiscardLimitBytes = uint64_t{64} << 20;
 constexpr auto kDrainPoll = std::chrono::milliseconds(20);
 constexpr auto kAbortWait = std::chrono::seconds(5);
 
@@ -85,7 +87,9 @@ private:
     void read_header() {
         parser_.emplace();
         parser_->header_limit(kHeaderLimitBytes);
-        parser_->body_limit(static_cast<uint64_t>(ctx().limits.max_body_bytes));
+        // Beast checks Content-Length against this while parsing the header; the
+        // server's own limit is applied in on_header (so an oversized body gets a 413).
+        parser_->body_limit(kDiscardLimitBytes);
         const int64_t ms =
             num_requests_ == 0 ? ctx().limits.header_timeout_ms : ctx().limits.idle_timeout_ms;
         stream_.expires_after(std::chrono::milliseconds(ms));
@@ -95,6 +99,11 @@ private:
     }
 
     void on_header(beast::error_code ec) {
+        if (ec == http::error::body_limit) {
+            std::string target(parser_->get().target());
+            endpoint_ = endpoint_for_path(target.substr(0, target.find('?')));
+            return too_large();
+        }
         if (ec) return close();  // timeout (slow loris), EOF, or a malformed header
         ++num_requests_;
         const auto& req = parser_->get();
@@ -106,8 +115,19 @@ private:
             // A body over the limit fails this read with body_limit before buffering it.
             if (const auto len = parser_->content_length();
                 len && *len > static_cast<uint64_t>(ctx().limits.max_body_bytes)) {
-                return too_large();
+                if (*len > kDiscardLimitBytes) return too_large();
+                // Read (and drop) a moderately large body first: clients such as
+                // undici fail on a reply that arrives while they are still sending.
+                stream_.expires_after(std::chrono::milliseconds(ctx().limits.body_timeout_ms));
+                http::async_read(stream_, buffer_, *parser_,
+                                 [self = shared_from_this()](beast::error_code e, size_t) {
+                                     if (e) return self->close();
+                                     self->parser_->get().body().clear();
+                                     self->too_large();
+                                 });
+                return;
             }
+            parser_->body_limit(static_cast<uint64_t>(ctx().limits.max_body_bytes));
             stream_.expires_after(std::chrono::milliseconds(ctx().limits.body_timeout_ms));
             http::async_read(
                 stream_, buffer_, *parser_,

