@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# The main job: set up, build, create the embedded default model (once) and run
-# dsinfer on it.
+# The main job: set up, build, and run the dsinfer API server on the embedded default
+# model (a synthetic DeepSeek-style checkpoint with the real DeepSeek V3 tokenizer,
+# created on first run under ~/.cache/dsinfer and reused). Extra arguments go to
+# `dsinfer serve` (e.g. --port 8000 --model DIR|FILE.gguf). The server prints its
+# address and an example request; Ctrl-C (SIGTERM) drains and exits.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 scripts/build.sh release
-if [[ ! -f models/tiny/config.json ]]; then
-  build/apps/dsinfer/dsinfer make-model --preset tiny --out models/tiny
-fi
-exec build/apps/dsinfer/dsinfer generate --model models/tiny --prompt "${1:-The capital of France is}" --max-tokens 32
+exec build/apps/dsinfer/dsinfer serve "$@"
