@@ -6,7 +6,9 @@
 #include <optional>
 
 #include "base/logging.h"
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
+#include "kernels/ops.h"
 
 namespace dsi {
 namespace {
@@ -56,6 +58,9 @@ struct Layer {
     Linear kv_a;
     std::vector<float> kv_a_norm;
     std::vector<float> kv_b;  // [heads * (nope + v), kv_lora] dequantised for attention
+    // kernels/ path: per head W_kb^T [kv_lora, nope] (query absorption) and W_vb
+    // [v, kv_lora] (value up-projection), packed f32.
+    std::vector<kernels::PackedMatrix> kb_t, vb;
     Linear o;
     bool moe = false;
     Mlp dense;
@@ -114,6 +119,12 @@ struct DeepseekModel::Impl {
                   float* y) const;
     void rope(float* v, int64_t pos) const;
     void attention(const Layer& layer, const float* h, const TokenSlots& slots, float* out);
+    // After the KV rows are written: absorbed MLA on kernels/ (attention.h), or the
+    // reference loop. q: [T, heads, qk] with rope applied; attn: [T, heads, v].
+    void attend_kernels(const Layer& layer, const float* q, const TokenSlots& slots,
+                        float* attn);
+    void attend_reference(const Layer& layer, const float* q, const TokenSlots& slots,
+                          float* attn);
     void mlp(const Mlp& m, const float* h, int64_t num_tokens, float* out);
     void moe(const Layer& layer, const float* h, int64_t num_tokens, float* out);
     // `logits`: the router's E raw scores for one token.
@@ -184,6 +195,28 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
                          source->matrix(p + "self_attn.kv_b_proj.weight", kvb_rows, c.kv_lora_rank));
     L.kv_b.resize(static_cast<size_t>(kvb_rows * c.kv_lora_rank));
     for (int64_t r = 0; r < kvb_rows; ++r) kv_b.dequantize_row(r, L.kv_b.data() + r * c.kv_lora_rank);
+    if (!reference_kernels) {
+        const int64_t nope = c.qk_nope_head_dim;
+        const int64_t vd = c.v_head_dim;
+        const int64_t lora = c.kv_lora_rank;
+        std::vector<float> t(static_cast<size_t>(lora * nope));
+        for (int64_t hd = 0; hd < nh; ++hd) {
+            const float* w = L.kv_b.data() + hd * (nope + vd) * lora;
+            for (int64_t d = 0; d < nope; ++d) {
+                for (int64_t k = 0; k < lora; ++k) t[k * nope + d] = w[d * lora + k];
+            }
+            kernels::SourceMatrix kb{DType::kF32, lora, nope,
+                                     reinterpret_cast<const uint8_t*>(t.data())};
+            DSI_ASSIGN_OR_RETURN(kernels::PackedMatrix pk,
+                                 kernels::pack_matrix(kb, kernels::WeightFormat::kF32));
+            L.kb_t.push_back(std::move(pk));
+            kernels::SourceMatrix vb{DType::kF32, vd, lora,
+                                     reinterpret_cast<const uint8_t*>(w + nope * lora)};
+            DSI_ASSIGN_OR_RETURN(kernels::PackedMatrix pv,
+                                 kernels::pack_matrix(vb, kernels::WeightFormat::kF32));
+            L.vb.push_back(std::move(pv));
+        }
+    }
     DSI_RETURN_IF_ERROR(load_linear(p + "self_attn.o_proj.weight", H, nh * c.v_head_dim,
                                     WeightClass::kAttn, L.o));
     L.moe = c.is_moe_layer(i);
@@ -242,6 +275,13 @@ void DeepseekModel::Impl::embed_rows(const WeightMatrix& table, std::span<const 
 void DeepseekModel::Impl::rms_norm(const float* x, const std::vector<float>& w,
                                    int64_t num_tokens, int64_t dim, float* y) const {
     const float eps = static_cast<float>(cfg.rms_norm_eps);
+    if (!reference_kernels) {
+        const kernels::Isa isa = kernels::active_isa();
+        for (int64_t t = 0; t < num_tokens; ++t) {
+            kernels::rms_norm(isa, x + t * dim, w.data(), dim, eps, y + t * dim);
+        }
+        return;
+    }
     for (int64_t t = 0; t < num_tokens; ++t) {
         const float* xt = x + t * dim;
         float ss = dot(xt, xt, dim);
@@ -288,15 +328,49 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     }
     std::vector<float> kv(static_cast<size_t>(T * (lora + rd)));
     matmul(L.kv_a, h, T, kv.data());
-    for (int64_t t = 0; t < T; ++t) {
-        float* row = slots.cache[t]->row(L.index, slots.pos[t]);
-        rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
-        std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
-        rope(row + lora, slots.pos[t]);
-        for (int64_t hd = 0; hd < nh; ++hd) rope(q.data() + (t * nh + hd) * qk + nope, slots.pos[t]);
+    if (reference_kernels) {
+        for (int64_t t = 0; t < T; ++t) {
+            float* row = slots.cache[t]->row(L.index, slots.pos[t]);
+            rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
+            std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
+            rope(row + lora, slots.pos[t]);
+            for (int64_t hd = 0; hd < nh; ++hd) rope(q.data() + (t * nh + hd) * qk + nope, slots.pos[t]);
+        }
+    } else {
+        const kernels::Isa isa = kernels::active_isa();
+        const int64_t pairs = static_cast<int64_t>(inv_freq.size());
+        std::vector<float> cc(static_cast<size_t>(2 * pairs)), ss(static_cast<size_t>(2 * pairs));
+        for (int64_t t = 0; t < T; ++t) {
+            float* row = slots.cache[t]->row(L.index, slots.pos[t]);
+            rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
+            std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
+            kernels::rope_table(slots.pos[t], inv_freq.data(), pairs, rope_factor, cc.data(),
+                                ss.data());
+            kernels::rope_apply(isa, row + lora, 1, rd, cc.data(), ss.data(), pairs);
+            kernels::rope_apply(isa, q.data() + t * nh * qk + nope, nh, qk, cc.data(), ss.data(),
+                                pairs);
+        }
     }
-
     std::vector<float> attn(static_cast<size_t>(T * nh * vd));
+    if (reference_kernels) {
+        attend_reference(L, q.data(), slots, attn.data());
+    } else {
+        attend_kernels(L, q.data(), slots, attn.data());
+    }
+    (void)H;
+    matmul(L.o, attn.data(), T, out);
+}
+
+void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
+                                           const TokenSlots& slots, float* attn) {
+    const int64_t T = slots.size();
+    const ModelConfig& c = cfg;
+    const int64_t nh = c.num_attention_heads;
+    const int64_t nope = c.qk_nope_head_dim;
+    const int64_t rd = c.qk_rope_head_dim;
+    const int64_t qk = c.qk_head_dim();
+    const int64_t vd = c.v_head_dim;
+    const int64_t lora = c.kv_lora_rank;
     pool->parallel_for(T * nh, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> q_lat(static_cast<size_t>(lora));
         std::vector<float> o_lat(static_cast<size_t>(lora));
@@ -306,7 +380,7 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
             const int64_t hd = th % nh;
             const int64_t pos = slots.pos[t];
             KvCache& cache = *slots.cache[t];
-            const float* qh = q.data() + th * qk;
+            const float* qh = q + th * qk;
             const float* kvb = L.kv_b.data() + hd * (nope + vd) * lora;
             // Absorb W_kb into the query: q_lat = sum_d q_nope[d] * W_kb[d, :].
             std::fill(q_lat.begin(), q_lat.end(), 0.0f);
@@ -329,12 +403,81 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
             for (int64_t s = 0; s <= pos; ++s) {
                 axpy(scores[s] / sum, cache.row(L.index, s), o_lat.data(), lora);
             }
-            float* oh = attn.data() + th * vd;
+            float* oh = attn + th * vd;
             for (int64_t j = 0; j < vd; ++j) oh[j] = dot(kvb + (nope + j) * lora, o_lat.data(), lora);
         }
     });
-    (void)H;
-    matmul(L.o, attn.data(), T, out);
+}
+
+void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const TokenSlots& slots,
+                                         float* attn) {
+    static_assert(KvCache::kLatentBlockTokens == kernels::kKvBlockTokens);
+    const int64_t T = slots.size();
+    const ModelConfig& c = cfg;
+    const int64_t nh = c.num_attention_heads;
+    const int64_t nope = c.qk_nope_head_dim;
+    const int64_t rd = c.qk_rope_head_dim;
+    const int64_t qk = c.qk_head_dim();
+    const int64_t vd = c.v_head_dim;
+    const int64_t lora = c.kv_lora_rank;
+    // Absorb W_kb into the queries, one batch-invariant matmul per head:
+    // q_lat[t, h] = W_kb[h]^T q_nope[t, h].
+    std::vector<float> q_lat(static_cast<size_t>(T * nh * lora));
+    std::vector<float> xin(static_cast<size_t>(T * std::max(nope, lora)));
+    std::vector<float> yout(static_cast<size_t>(T * std::max(lora, vd)));
+    for (int64_t hd = 0; hd < nh; ++hd) {
+        for (int64_t t = 0; t < T; ++t) std::copy_n(q + (t * nh + hd) * qk, nope, xin.data() + t * nope);
+        kernels::matmul(L.kb_t[hd], xin.data(), T, yout.data(), pool.get());
+        for (int64_t t = 0; t < T; ++t) {
+            std::copy_n(yout.data() + t * lora, lora, q_lat.data() + (t * nh + hd) * lora);
+        }
+    }
+    // One block table per sequence (tokens of a sequence share its cache), covering
+    // the furthest position any of its tokens attends to.
+    std::vector<KvCache*> caches;
+    std::vector<int64_t> seq_of(static_cast<size_t>(T));
+    std::vector<int64_t> max_pos;
+    for (int64_t t = 0; t < T; ++t) {
+        const auto it = std::find(caches.begin(), caches.end(), slots.cache[t]);
+        const int64_t si = it - caches.begin();
+        if (it == caches.end()) {
+            caches.push_back(slots.cache[t]);
+            max_pos.push_back(slots.pos[t]);
+        }
+        max_pos[si] = std::max(max_pos[si], slots.pos[t]);
+        seq_of[t] = si;
+    }
+    std::vector<std::vector<const float*>> blocks(caches.size());
+    std::vector<int64_t> strides(caches.size());
+    for (size_t si = 0; si < caches.size(); ++si) {
+        strides[si] = caches[si]->latent_blocks(L.index, max_pos[si] + 1, blocks[si]);
+    }
+    // (token, group of heads) items; each head's result is the same whatever the
+    // grouping or thread (kernels/attention.h).
+    constexpr int64_t kHeadsPerItem = 8;
+    const int64_t groups = (nh + kHeadsPerItem - 1) / kHeadsPerItem;
+    std::vector<float> o_lat(static_cast<size_t>(T * nh * lora));
+    pool->parallel_for(T * groups, 1, [&](int64_t begin, int64_t end) {
+        for (int64_t item = begin; item < end; ++item) {
+            const int64_t t = item / groups;
+            const int64_t h0 = (item % groups) * kHeadsPerItem;
+            const size_t si = static_cast<size_t>(seq_of[t]);
+            const kernels::LatentKvView view{blocks[si].data(), strides[si]};
+            const kernels::MlaHeads heads{std::min(kHeadsPerItem, nh - h0),
+                                          q_lat.data() + (t * nh + h0) * lora,
+                                          q + (t * nh + h0) * qk + nope, qk,
+                                          o_lat.data() + (t * nh + h0) * lora};
+            kernels::mla_attention(view, slots.pos[t] + 1, lora, rd, softmax_scale, heads);
+        }
+    });
+    // Value up-projection per head: attn[t, h] = W_vb[h] o_lat[t, h].
+    for (int64_t hd = 0; hd < nh; ++hd) {
+        for (int64_t t = 0; t < T; ++t) {
+            std::copy_n(o_lat.data() + (t * nh + hd) * lora, lora, xin.data() + t * lora);
+        }
+        kernels::matmul(L.vb[hd], xin.data(), T, yout.data(), pool.get());
+        for (int64_t t = 0; t < T; ++t) std::copy_n(yout.data() + t * vd, vd, attn + (t * nh + hd) * vd);
+    }
 }
 
 void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* out) {
@@ -343,9 +486,13 @@ void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* ou
     std::vector<float> u(static_cast<size_t>(T * inter));
     matmul(m.gate, h, T, g.data());
     matmul(m.up, h, T, u.data());
-    for (size_t i = 0; i < g.size(); ++i) {
-        float x = g[i];
-        g[i] = x / (1.0f + std::exp(-x)) * u[i];
+    if (!reference_kernels) {
+        kernels::silu_mul(kernels::active_isa(), g.data(), u.data(), T * inter, g.data());
+    } else {
+        for (size_t i = 0; i < g.size(); ++i) {
+            float x = g[i];
+            g[i] = x / (1.0f + std::exp(-x)) * u[i];
+        }
     }
     matmul(m.down, g.data(), T, out);
 }

@@ -23,6 +23,31 @@ public:
     // REQUIRES: 0 <= layer < num_layers, 0 <= pos < capacity(). The row lives as long
     // as the cache.
     virtual float* row(int64_t layer, int64_t pos) = 0;
+
+    // Positions per block of latent_blocks(): the paged KV's block size.
+    static constexpr int64_t kLatentBlockTokens = 128;
+    // The rows of `layer` for positions [0, num_positions) as a block table for
+    // kernels/attention.h: `blocks` gets the row of each position b *
+    // kLatentBlockTokens; returns the stride in floats between consecutive
+    // positions inside one block. Both implementations keep a block's rows evenly
+    // spaced (checked). One or two row() calls per block, none per position.
+    // REQUIRES: 1 <= num_positions <= capacity().
+    int64_t latent_blocks(int64_t layer, int64_t num_positions,
+                          std::vector<const float*>& blocks) {
+        DSI_CHECK(num_positions >= 1 && num_positions <= capacity());
+        const int64_t nb = (num_positions + kLatentBlockTokens - 1) / kLatentBlockTokens;
+        blocks.resize(static_cast<size_t>(nb));
+        const int64_t stride =
+            num_positions >= 2 ? static_cast<int64_t>(row(layer, 1) - row(layer, 0)) : 0;
+        for (int64_t b = 0; b < nb; ++b) {
+            const int64_t p = b * kLatentBlockTokens;
+            blocks[static_cast<size_t>(b)] = row(layer, p);
+            if (p + 1 < num_positions) {
+                DSI_CHECK(row(layer, p + 1) - row(layer, p) == stride);
+            }
+        }
+        return stride;
+    }
 };
 
 class ContiguousKvCache final : public KvCache {
