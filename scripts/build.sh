@@ -6,7 +6,8 @@ kind="${1:-release}"
 case "$kind" in
   release) dir=build; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo -DDSINFER_WERROR=ON) ;;
   # -O1 keeps sanitised tests fast; Debug keeps DSI_DCHECK on.
-  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DDSINFER_WERROR=ON -DDSINFER_SANITIZE=ON) ;;
+  asan) dir=build-asan; flags=(-DCMAKE_BUILD_TYPE=Debug "-DCMAKE_CXX_FLAGS_DEBUG=-O1 -g" -DDSINFER_WERROR=ON -DDSINFER_SANITIZE=ON
+        -DDSINFER_BUILD_BENCH=OFF) ;;
   *) echo "usage: build.sh [release|asan]" >&2; exit 2 ;;
 esac
 if [[ ! -f "$dir/build.ninja" ]]; then
