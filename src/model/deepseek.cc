@@ -79,6 +79,16 @@ struct TokenSlots {
     int64_t size() const { return static_cast<int64_t>(pos.size()); }
 };
 
+// MLA sizes: heads, q/k nope and rope dims, q/k head dim, v head dim, kv_lora.
+struct MlaDims {
+    int64_t nh, nope, rd, qk, vd, lora;
+};
+
+MlaDims mla_dims(const ModelConfig& c) {
+    return {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.qk_head_dim(),
+            c.v_head_dim,          c.kv_lora_rank};
+}
+
 struct Mtp {
     WeightMatrix embed;
     Linear eh_proj, head;
@@ -310,12 +320,7 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     const int64_t T = slots.size();
     const ModelConfig& c = cfg;
     const int64_t H = c.hidden_size;
-    const int64_t nh = c.num_attention_heads;
-    const int64_t nope = c.qk_nope_head_dim;
-    const int64_t rd = c.qk_rope_head_dim;
-    const int64_t qk = c.qk_head_dim();
-    const int64_t vd = c.v_head_dim;
-    const int64_t lora = c.kv_lora_rank;
+    const auto [nh, nope, rd, qk, vd, lora] = mla_dims(c);
 
     std::vector<float> q(static_cast<size_t>(T * nh * qk));
     if (c.q_lora_rank > 0) {
@@ -365,12 +370,7 @@ void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
                                            const TokenSlots& slots, float* attn) {
     const int64_t T = slots.size();
     const ModelConfig& c = cfg;
-    const int64_t nh = c.num_attention_heads;
-    const int64_t nope = c.qk_nope_head_dim;
-    const int64_t rd = c.qk_rope_head_dim;
-    const int64_t qk = c.qk_head_dim();
-    const int64_t vd = c.v_head_dim;
-    const int64_t lora = c.kv_lora_rank;
+    const auto [nh, nope, rd, qk, vd, lora] = mla_dims(c);
     pool->parallel_for(T * nh, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> q_lat(static_cast<size_t>(lora));
         std::vector<float> o_lat(static_cast<size_t>(lora));
@@ -414,12 +414,7 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
     static_assert(KvCache::kLatentBlockTokens == kernels::kKvBlockTokens);
     const int64_t T = slots.size();
     const ModelConfig& c = cfg;
-    const int64_t nh = c.num_attention_heads;
-    const int64_t nope = c.qk_nope_head_dim;
-    const int64_t rd = c.qk_rope_head_dim;
-    const int64_t qk = c.qk_head_dim();
-    const int64_t vd = c.v_head_dim;
-    const int64_t lora = c.kv_lora_rank;
+    const auto [nh, nope, rd, qk, vd, lora] = mla_dims(c);
     // Absorb W_kb into the queries, one batch-invariant matmul per head:
     // q_lat[t, h] = W_kb[h]^T q_nope[t, h].
     std::vector<float> q_lat(static_cast<size_t>(T * nh * lora));
