@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -20,7 +21,9 @@
 #include "base/env.h"
 #include "base/settings.h"
 #include "base/thread_pool.h"
+#include "kernels/attention.h"
 #include "kernels/matmul.h"
+#include "kernels/ops.h"
 #include "model/deepseek.h"
 
 namespace dsi {
@@ -68,6 +71,72 @@ double read_bandwidth(kernels::Isa isa, ThreadPool& pool, const std::vector<floa
 
 using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                          int, float, float*, int);
+
+// One thread, per ISA: absorbed MLA decode (16 heads of DeepSeek-V3 shapes, kv_lora 512 +
+// rope 64, over a paged f32 latent cache) at several contexts, and the small ops at
+// model sizes. Attention GFLOP/s counts 2 * (576 + 512) flops per head and position.
+json bench_attention_and_ops(const std::vector<kernels::Isa>& isas) {
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    json out;
+    constexpr int64_t kLora = 512, kRope = 64, kHeads = 16, kRow = kLora + kRope;
+    for (int64_t ctx : {512, 2048, 8192}) {
+        const int64_t nb = (ctx + kernels::kKvBlockTokens - 1) / kernels::kKvBlockTokens;
+        std::vector<std::vector<float>> store(static_cast<size_t>(nb));
+        std::vector<const float*> blocks;
+        for (auto& b : store) {
+            b.resize(static_cast<size_t>(kernels::kKvBlockTokens * kRow));
+            for (float& v : b) v = nd(rng);
+            blocks.push_back(b.data());
+        }
+        std::vector<float> q_lat(kHeads * kLora), q_pe(kHeads * kRope), o(kHeads * kLora);
+        for (float& v : q_lat) v = nd(rng) * 0.05f;
+        for (float& v : q_pe) v = nd(rng) * 0.05f;
+        const kernels::MlaHeads heads{kHeads, q_lat.data(), q_pe.data(), kRope, o.data()};
+        for (kernels::Isa isa : isas) {
+            const double t = best_time(5, [&] {
+                kernels::mla_attention(isa, {blocks.data(), kRow}, ctx, kLora, kRope, 0.07f,
+                                       heads);
+            });
+            out["mla_decode_16heads"]["ctx" + std::to_string(ctx)]
+               [std::string(kernels::isa_name(isa))] = {
+                {"us", t * 1e6},
+                {"gflop_s", 2.0 * (kRow + kLora) * kHeads * ctx / t / 1e9},
+                {"kv_gb_s", 4.0 * kRow * ctx / t / 1e9}};
+        }
+    }
+    const int64_t kHidden = 7168, kInter = 18432, kVocab = 129280;
+    std::vector<float> a(kVocab), b(kVocab), y(kVocab);
+    for (float& v : a) v = nd(rng);
+    for (float& v : b) v = nd(rng);
+    std::vector<double> inv_freq(kRope / 2);
+    for (size_t i = 0; i < inv_freq.size(); ++i) inv_freq[i] = std::pow(10000.0, -2.0 * i / kRope);
+    std::vector<float> cc(kRope), ss(kRope), qh(128 * 192);
+    kernels::rope_table(1000, inv_freq.data(), kRope / 2, 1.0, cc.data(), ss.data());
+    for (kernels::Isa isa : isas) {
+        const std::string name(kernels::isa_name(isa));
+        auto rec = [&](const char* op, int64_t bytes, double t) {
+            out["ops"][op][name] = {{"us", t * 1e6}, {"gb_s", bytes / t / 1e9}};
+        };
+        rec("rms_norm_7168", 12 * kHidden, best_time(50, [&] {
+                kernels::rms_norm(isa, a.data(), b.data(), kHidden, 1e-6f, y.data());
+            }));
+        rec("silu_mul_18432", 12 * kInter, best_time(50, [&] {
+                kernels::silu_mul(isa, a.data(), b.data(), kInter, y.data());
+            }));
+        rec("rope_128heads_x64", 8 * 128 * kRope, best_time(50, [&] {
+                kernels::rope_apply(isa, qh.data() + 128, 128, 192, cc.data(), ss.data(), kRope / 2);
+            }));
+        rec("softmax_129280", 8 * kVocab, best_time(20, [&] {
+                std::copy(a.begin(), a.end(), y.begin());
+                kernels::softmax(isa, y.data(), kVocab);
+            }));
+        volatile int64_t sink = 0;
+        rec("argmax_129280", 4 * kVocab,
+            best_time(20, [&] { sink = sink + kernels::argmax(isa, a.data(), kVocab); }));
+    }
+    return out;
+}
 
 int run_bench_kernels(const KernelFlags& f) {
     json out = {{"isa_active", std::string(kernels::isa_name(kernels::active_isa()))}};
@@ -143,6 +212,7 @@ int run_bench_kernels(const KernelFlags& f) {
         }
         out["threads"][std::to_string(threads)] = th;
     }
+    out["attention_and_ops_1thread"] = bench_attention_and_ops(isas);
     std::printf("%s\n", out.dump(f.json ? 2 : -1).c_str());
     return 0;
 }
