@@ -1,7 +1,6 @@
 #include "model/gguf_names.h"
 
 #include <cmath>
-#include <regex>
 
 namespace dsi {
 namespace {
@@ -66,12 +65,21 @@ std::optional<GgufTensorRef> gguf_tensor_for_hf_name(const ModelConfig& c,
     for (const Row& r : kRows) {
         if (rest == r.hf) return GgufTensorRef{blk + r.gguf};
     }
-    static const std::regex kExpert(R"(mlp\.experts\.(\d+)\.(gate|up|down)_proj\.weight)");
-    std::smatch m;
-    if (std::regex_match(rest, m, kExpert)) {
-        int64_t e = std::stoll(m[1].str());
-        if (e >= c.n_routed_experts) return std::nullopt;
-        return GgufTensorRef{blk + "ffn_" + m[2].str() + "_exps.weight", e};
+    // "mlp.experts.<e>.<gate|up|down>_proj.weight" -> slice e of ffn_<kind>_exps.
+    static const std::string kExperts = "mlp.experts.";
+    if (rest.rfind(kExperts, 0) != 0) return std::nullopt;
+    const size_t dot = rest.find('.', kExperts.size());
+    if (dot == std::string::npos || dot == kExperts.size()) return std::nullopt;
+    const std::string num = rest.substr(kExperts.size(), dot - kExperts.size());
+    if (num.size() > 9 || num.find_first_not_of("0123456789") != std::string::npos) {
+        return std::nullopt;
+    }
+    const int64_t e = std::stoll(num);
+    if (e >= c.n_routed_experts) return std::nullopt;
+    for (const char* kind : {"gate", "up", "down"}) {
+        if (rest.substr(dot + 1) == std::string(kind) + "_proj.weight") {
+            return GgufTensorRef{blk + "ffn_" + kind + "_exps.weight", e};
+        }
     }
     return std::nullopt;
 }
