@@ -132,7 +132,8 @@ TEST(EngineStoreTest, RestartHitsTheStoreWithColdOutputs) {
     EXPECT_GT(b.store_bytes_read, 0);
     EXPECT_EQ(b.swap_in_count, 1);
     EXPECT_EQ(b.swap_in_overlapped, 1);
-    EXPECT_GE(b.swap_in_wait_ns, 0);  // > 0 unless the forward pass was slower than the copy
+    // swap_in_wait_ns (time attention waited on a layer) is reported, not asserted: it
+    // is 0 whenever the forward pass happens to be slower than the copy.
     EXPECT_GE(b.swap_in_sum_ns, b.swap_in_wait_ns / 2);
 
     // Async off: same outputs, same hits.
@@ -299,7 +300,8 @@ namespace dsi::engine {
 namespace {
 
 // Figure (bench/RESULTS.md): time to first token of a long shared prefix, cold vs a
-// restart that hits the file:// store. Prints; asserts only that the hit is faster.
+// restart that hits the file:// store. Prints the times (speed is a figure, not an
+// assertion); asserts the work: the hit computes only the suffix.
 TEST(EngineStoreTest, TtftStoreHitVsColdOnTinyPreset) {
     ModelConfig c = synthetic_preset("tiny").value();
     c.vocab_size = 512;
@@ -338,7 +340,8 @@ TEST(EngineStoreTest, TtftStoreHitVsColdOnTinyPreset) {
                 prompt.size(), cold_ms, hit_ms, hit_ms / cold_ms,
                 warm.fetch_sum_ns / 1e6, warm.swap_in_sum_ns / 1e6,
                 static_cast<long long>(warm.store_bytes_read));
-    EXPECT_LT(hit_ms, cold_ms);
+    EXPECT_EQ(cold.computed_prefill_tokens, static_cast<int64_t>(prompt.size()));
+    EXPECT_EQ(warm.computed_prefill_tokens, 16);
 }
 
 }  // namespace
