@@ -69,8 +69,10 @@ async function waitForBaseline(base, what) {
   throw new Error(`${what}: KV not back to baseline: used=${m.used} running=${m.running} in_flight=${m.inFlight}`);
 }
 
+// DSINFER_E2E_ONLY=substring runs only the tests whose name contains it (server_load_test).
+const only = process.env.DSINFER_E2E_ONLY;
 const tests = [];
-function test(name, fn) { tests.push({ name, fn }); }
+function test(name, fn) { if (!only || name.includes(only)) tests.push({ name, fn }); }
 
 // ---- setup: a tiny model in a temp dir ----
 const modelDir = path.join(tmp, 'tiny');
