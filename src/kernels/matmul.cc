@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/internal/gemm_mxfp4.h"
 
 namespace dsi::kernels {
 
@@ -23,6 +24,18 @@ internal::GemmFn gemm_for(Isa isa) {
             break;
     }
     return internal::gemm_scalar;
+}
+
+internal::GemmFn gemm_mxfp4_for(Isa isa) {
+    switch (isa) {
+        case Isa::kAvx512:
+            return internal::gemm_mxfp4_avx512;
+        case Isa::kAvx2:
+            return internal::gemm_mxfp4_avx2;
+        case Isa::kScalar:
+            break;
+    }
+    return internal::gemm_mxfp4_scalar;
 }
 
 }  // namespace
@@ -52,12 +65,13 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     if (m <= 0 || w.rows() == 0)
         return;
     const internal::PackedView& v = w.view();
-    const internal::GemmFn fn = gemm_for(isa);
+    const bool mxfp4 = v.format == internal::PackFormat::kMXFP4;
+    const internal::GemmFn fn = mxfp4 ? gemm_mxfp4_for(isa) : gemm_for(isa);
     internal::Q8Acts xq;
     std::vector<int8_t> q;
     std::vector<float> d;
     std::vector<int32_t> s;
-    if (v.format == internal::PackFormat::kQ8) {
+    if (v.format == internal::PackFormat::kQ8 || mxfp4) {
         const int64_t K = v.cols;
         const int64_t nb = K / kQ8Block;
         q.resize(static_cast<size_t>(m * K));

@@ -5,7 +5,7 @@
 // element is one accumulator reduced in a fixed order over the columns (see
 // internal/gemm_abi.h), so row t of Y is bitwise the same whatever m, whatever
 // other rows are in X and whatever the thread count. All ISA variants give the
-// same bits as the scalar reference. q8_0 weights quantise each activation row
+// same bits as the scalar reference. q8_0 and mxfp4 weights quantise each activation row
 // to Q8_0 per 32 values first (as llama.cpp: d = amax/127 as f16, q =
 // round-half-even(x*127/amax)).
 //

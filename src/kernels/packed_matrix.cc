@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "kernels/internal/gemm_mxfp4.h"
+
 namespace dsi::kernels {
 
 using internal::kGroupRows;
@@ -21,6 +23,8 @@ std::string_view weight_format_name(WeightFormat f) {
             return "e4m3";
         case WeightFormat::kQ8_0:
             return "q8_0";
+        case WeightFormat::kMXFP4:
+            return "mxfp4";
     }
     return "?";
 }
@@ -31,7 +35,7 @@ bool parse_weight_format(std::string_view name, WeightFormat* out) {
     if (name == "int8")
         name = "q8_0";
     for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kF16,
-                           WeightFormat::kE4M3, WeightFormat::kQ8_0}) {
+                           WeightFormat::kE4M3, WeightFormat::kQ8_0, WeightFormat::kMXFP4}) {
         if (name == weight_format_name(f)) {
             *out = f;
             return true;
@@ -50,6 +54,8 @@ WeightFormat native_weight_format(DType dtype) {
             return WeightFormat::kE4M3;
         case DType::kQ8_0:
             return WeightFormat::kQ8_0;
+        case DType::kMXFP4:
+            return WeightFormat::kMXFP4;
         default:
             return WeightFormat::kF32;
     }
@@ -92,6 +98,8 @@ PackFormat pack_format(WeightFormat f) {
             return PackFormat::kE4M3;
         case WeightFormat::kQ8_0:
             return PackFormat::kQ8;
+        case WeightFormat::kMXFP4:
+            return PackFormat::kMXFP4;
     }
     return PackFormat::kF32;
 }
@@ -111,6 +119,25 @@ void put_q8_row(const uint8_t* q8_row, int64_t cols, int i, uint8_t* group) {
     }
 }
 
+// Writes one GGUF MXFP4 row (17-byte blocks) into row `i` of group `group`
+// (layout: internal/gemm_mxfp4.h). False if a block has the NaN scale 0xff.
+bool put_mxfp4_row(const uint8_t* mx_row, int64_t cols, int i, uint8_t* group) {
+    for (int64_t b = 0; b < cols / internal::kMxfp4Block; ++b) {
+        const uint8_t* src = mx_row + b * 17;
+        if (src[0] == 0xff)
+            return false;
+        uint8_t* blk = group + b * internal::kMxfp4BlockBytes;
+        blk[i] = src[0];
+        for (int k = 0; k < internal::kMxfp4Block; ++k) {
+            // GGUF: byte 1 + j holds element j (low nibble) and j + 16 (high).
+            const int code = k < 16 ? (src[1 + k] & 0x0f) : (src[1 + k - 16] >> 4);
+            uint8_t& dst = blk[16 + (k / 8) * 64 + i * 4 + k % 4];
+            dst = static_cast<uint8_t>((k % 8) < 4 ? (dst & 0xf0) | code : (dst & 0x0f) | (code << 4));
+        }
+    }
+    return true;
+}
+
 }  // namespace
 
 Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
@@ -127,6 +154,9 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
     if (format == WeightFormat::kQ8_0 && K % kQ8Block != 0) {
         return invalid_argument("pack_matrix: q8_0 needs cols % 32 == 0, got " + std::to_string(K));
     }
+    if (format == WeightFormat::kMXFP4 && K % internal::kMxfp4Block != 0) {
+        return invalid_argument("pack_matrix: mxfp4 needs cols % 32 == 0, got " + std::to_string(K));
+    }
     PackedMatrix m;
     m.format_ = format;
     internal::PackedView& v = m.view_;
@@ -135,7 +165,9 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
     v.cols = K;
     v.num_groups = (R + kGroupRows - 1) / kGroupRows;
     v.group_bytes = format == WeightFormat::kQ8_0 ? (K / kQ8Block) * kQ8BlockBytes
-                                                  : K * kGroupRows * element_bytes(format);
+                    : format == WeightFormat::kMXFP4
+                        ? (K / internal::kMxfp4Block) * internal::kMxfp4BlockBytes
+                        : K * kGroupRows * element_bytes(format);
     // Zero padding: tail rows are 0 (q8: scale 0 and biased 128).
     m.data_.assign(static_cast<size_t>(v.num_groups * v.group_bytes), 0);
     std::vector<float> row(static_cast<size_t>(K));
@@ -145,6 +177,19 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
         const int i = static_cast<int>(r % kGroupRows);
         uint8_t* group = m.data_.data() + g * v.group_bytes;
         const uint8_t* srow = src.data + r * dtype_row_bytes(src.dtype, K);
+        if (format == WeightFormat::kMXFP4) {
+            const uint8_t* mx = srow;
+            if (src.dtype != DType::kMXFP4) {
+                source_row(src, r, row.data());
+                quantize_row_mxfp4(row.data(), q8.data(), K);
+                mx = q8.data();
+            }
+            if (!put_mxfp4_row(mx, K, i, group)) {
+                return invalid_argument("pack_matrix: MXFP4 row " + std::to_string(r) +
+                                        " has the NaN scale 0xff");
+            }
+            continue;
+        }
         if (format == WeightFormat::kQ8_0) {
             if (src.dtype == DType::kQ8_0) {
                 put_q8_row(srow, K, i, group);
@@ -222,6 +267,12 @@ void unpack_row(const PackedMatrix& m, int64_t r, float* out) {
                 out[k] =
                     e4m3_to_f32(group[idx]) * v.scales[g * v.scale_blocks + k / v.scale_block_cols];
                 break;
+            case PackFormat::kMXFP4: {
+                const uint8_t* blk = group + (k / 32) * internal::kMxfp4BlockBytes;
+                out[k] = internal::kMxfp4Values[internal::mxfp4_code(blk, i, k % 32)] *
+                         internal::mxfp4_scale(blk[i]);
+                break;
+            }
             case PackFormat::kQ8: {
                 const int64_t b = k / kQ8Block;
                 const int j = static_cast<int>(k % kQ8Block);

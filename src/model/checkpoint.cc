@@ -19,7 +19,8 @@ bool is_directory(const std::string& path) {
 }
 
 bool is_float_dtype(DType t) {
-    return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kQ8_0;
+    return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16 || t == DType::kQ8_0 ||
+           t == DType::kMXFP4;
 }
 
 Status check_shape(const std::string& where, const std::string& name, const TensorView& v,

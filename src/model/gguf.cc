@@ -288,6 +288,7 @@ std::optional<DType> dtype_from_ggml_type(uint32_t type_id) {
         case kGgmlTypeI32: return DType::kI32;
         case kGgmlTypeI64: return DType::kI64;
         case kGgmlTypeBF16: return DType::kBF16;
+        case kGgmlTypeMXFP4: return DType::kMXFP4;
         default: return std::nullopt;
     }
 }
@@ -301,6 +302,7 @@ std::optional<uint32_t> ggml_type_from_dtype(DType dtype) {
         case DType::kI32: return kGgmlTypeI32;
         case DType::kI64: return kGgmlTypeI64;
         case DType::kBF16: return kGgmlTypeBF16;
+        case DType::kMXFP4: return kGgmlTypeMXFP4;
         case DType::kF8E4M3:
         case DType::kE8M0: return std::nullopt;
     }

@@ -82,6 +82,7 @@ inline constexpr uint32_t kGgmlTypeI32 = 26;
 inline constexpr uint32_t kGgmlTypeI64 = 27;
 inline constexpr uint32_t kGgmlTypeF64 = 28;  // no DType yet: unsupported
 inline constexpr uint32_t kGgmlTypeBF16 = 30;
+inline constexpr uint32_t kGgmlTypeMXFP4 = 39;  // block_mxfp4: e8m0 + 16 bytes of e2m1 pairs
 std::optional<DType> dtype_from_ggml_type(uint32_t type_id);
 std::optional<uint32_t> ggml_type_from_dtype(DType dtype);
 

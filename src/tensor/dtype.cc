@@ -5,6 +5,27 @@
 #include "base/check.h"
 
 namespace dsi {
+namespace {
+
+// e2m1 values doubled (ggml's kvalues_mxfp4): code = sign bit + 3 magnitude bits.
+constexpr float kMxfp4Doubled[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// ggml's best_index_mxfp4: the code whose value is nearest to x, the lowest code
+// on ties (so +0 before -0 and the smaller magnitude between two neighbours).
+uint8_t nearest_mxfp4_code(float x, float d) {
+    int best = 0;
+    float best_err = std::fabs(kMxfp4Doubled[0] * d - x);
+    for (int i = 1; i < 16; ++i) {
+        const float err = std::fabs(kMxfp4Doubled[i] * d - x);
+        if (err < best_err) {
+            best = i;
+            best_err = err;
+        }
+    }
+    return static_cast<uint8_t>(best);
+}
+
+}  // namespace
 
 std::string_view dtype_name(DType t) {
     switch (t) {
@@ -17,6 +38,7 @@ std::string_view dtype_name(DType t) {
         case DType::kI32: return "i32";
         case DType::kI64: return "i64";
         case DType::kQ8_0: return "q8_0";
+        case DType::kMXFP4: return "mxfp4";
     }
     return "?";
 }
@@ -43,12 +65,13 @@ std::string_view dtype_safetensors_name(DType t) {
         case DType::kI8: return "I8";
         case DType::kI32: return "I32";
         case DType::kI64: return "I64";
-        case DType::kQ8_0: return "";
+        case DType::kQ8_0:
+        case DType::kMXFP4: return "";
     }
     return "";
 }
 
-int64_t dtype_block_elems(DType t) { return t == DType::kQ8_0 ? 32 : 1; }
+int64_t dtype_block_elems(DType t) { return t == DType::kQ8_0 || t == DType::kMXFP4 ? 32 : 1; }
 
 int64_t dtype_block_bytes(DType t) {
     switch (t) {
@@ -61,6 +84,7 @@ int64_t dtype_block_bytes(DType t) {
         case DType::kI32: return 4;
         case DType::kI64: return 8;
         case DType::kQ8_0: return 34;
+        case DType::kMXFP4: return 17;
     }
     return 0;
 }
@@ -200,6 +224,19 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n) {
             }
             return;
         }
+        case DType::kMXFP4: {
+            DSI_CHECK(n % 32 == 0, "MXFP4 row length ", n);
+            for (int64_t b = 0; b < n / 32; ++b) {
+                const uint8_t* blk = p + 17 * b;
+                // Code values are e2m1 doubled, so the scale is 2^(e - 128).
+                const float d = blk[0] == 0xff ? std::nanf("") : std::ldexp(1.0f, blk[0] - 128);
+                for (int j = 0; j < 16; ++j) {
+                    dst[32 * b + j] = d * kMxfp4Doubled[blk[1 + j] & 0x0f];
+                    dst[32 * b + 16 + j] = d * kMxfp4Doubled[blk[1 + j] >> 4];
+                }
+            }
+            return;
+        }
         case DType::kI32:
         case DType::kI64:
             break;
@@ -220,6 +257,31 @@ void quantize_row_q8_0(const float* src, void* dst, int64_t n) {
         std::memcpy(out + 34 * b, &dh, 2);
         for (int j = 0; j < 32; ++j) {
             out[34 * b + 2 + j] = static_cast<uint8_t>(static_cast<int8_t>(std::lround(x[j] * id)));
+        }
+    }
+}
+
+void quantize_row_mxfp4(const float* src, void* dst, int64_t n) {
+    DSI_CHECK(n % 32 == 0, "MXFP4 row length ", n);
+    uint8_t* out = static_cast<uint8_t*>(dst);
+    for (int64_t b = 0; b < n / 32; ++b) {
+        const float* x = src + 32 * b;
+        float amax = 0.0f;
+        for (int j = 0; j < 32; ++j) {
+            if (amax < std::fabs(x[j])) amax = std::fabs(x[j]);
+        }
+        // quantize_row_mxfp4_ref: e = floor(log2(amax)) - 2 + 127 (the largest e2m1
+        // magnitude is 6 = 1.5 * 2^2), computed in float as the reference does.
+        float ef = amax > 0.0f ? std::floor(std::log2(amax)) - 2.0f + 127.0f : 0.0f;
+        if (!(ef >= 0.0f)) ef = ef < 0.0f ? 0.0f : 254.0f;  // tiny or NaN
+        if (ef > 254.0f) ef = 254.0f;                        // inf
+        const uint8_t e = static_cast<uint8_t>(ef);
+        const float d = std::ldexp(1.0f, e - 128);  // GGML_E8M0_TO_FP32_HALF
+        uint8_t* blk = out + 17 * b;
+        blk[0] = e;
+        for (int j = 0; j < 16; ++j) {
+            blk[1 + j] = static_cast<uint8_t>(nearest_mxfp4_code(x[j], d) |
+                                              (nearest_mxfp4_code(x[16 + j], d) << 4));
         }
     }
 }

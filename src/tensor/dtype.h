@@ -23,6 +23,7 @@ enum class DType : uint8_t {
     kI32,
     kI64,
     kQ8_0,    // GGUF block: f16 scale + 32 x int8 (34 bytes per 32 elements)
+    kMXFP4,   // GGUF/OCP MX block: e8m0 scale + 16 bytes of e2m1 pairs (17 bytes per 32)
 };
 
 std::string_view dtype_name(DType t);
@@ -30,7 +31,7 @@ std::string_view dtype_name(DType t);
 std::optional<DType> dtype_from_safetensors(std::string_view name);
 std::string_view dtype_safetensors_name(DType t);
 
-// Elements per block (1 for scalar types, 32 for Q8_0) and bytes per block.
+// Elements per block (1 for scalar types, 32 for Q8_0 and MXFP4) and bytes per block.
 int64_t dtype_block_elems(DType t);
 int64_t dtype_block_bytes(DType t);
 // Bytes of `n` elements; n must be a multiple of dtype_block_elems(t).
@@ -79,5 +80,15 @@ void dequantize_row(DType t, const void* src, float* dst, int64_t n);
 // Quantise `n` f32 values into Q8_0 blocks (llama.cpp's reference rounding:
 // d = amax / 127 stored as f16, q = round(x / d)). REQUIRES: n % 32 == 0.
 void quantize_row_q8_0(const float* src, void* dst, int64_t n);
+
+// Quantise `n` f32 values into MXFP4 blocks (ggml's block_mxfp4: byte 0 = e8m0
+// exponent e, bytes 1..16 = e2m1 codes, low nibble = element j, high nibble =
+// element j + 16) with llama.cpp's reference rounding (quantize_row_mxfp4_ref):
+// e = floor(log2(amax)) - 2 + 127, each value to the nearest of the 16 e2m1
+// values times 2^(e - 127), ties to the lower code. Unlike the reference (which
+// is undefined there), e is clamped to [0, 254] for amax < 2^-125 or non-finite
+// input. Dequantisation: code value * 2^(e - 127); e = 0xff is NaN (OCP MX).
+// REQUIRES: n % 32 == 0.
+void quantize_row_mxfp4(const float* src, void* dst, int64_t n);
 
 }  // namespace dsi

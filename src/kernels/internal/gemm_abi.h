@@ -31,7 +31,8 @@ constexpr int kGroupRows = 16;
 constexpr int kQ8Block = 32;
 constexpr int64_t kQ8BlockBytes = 32 + 16 * 32;  // per (group, block)
 
-enum class PackFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8 };
+// kMXFP4: layout and kernels in gemm_mxfp4.h (matmul.cc dispatches it there).
+enum class PackFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8, kMXFP4 };
 
 struct PackedView {
     PackFormat format = PackFormat::kF32;

@@ -254,6 +254,8 @@ void gemm_avx512(const PackedView& w, const float* x, const Q8Acts& xq, int64_t 
         case PackFormat::kQ8:
             gemm_q8(w, xq, m, y, g_begin, g_end);
             break;
+        case PackFormat::kMXFP4:  // gemm_mxfp4_*.cc; matmul.cc never sends it here
+            break;
     }
 }
 

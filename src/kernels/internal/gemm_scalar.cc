@@ -30,6 +30,7 @@ float load_element(const PackedView& w, const uint8_t* group, int64_t k, int i) 
         case PackFormat::kE4M3:
             return e4m3_to_f32(group[idx]);
         case PackFormat::kQ8:
+        case PackFormat::kMXFP4:  // not float family
             break;
     }
     return 0.0f;
