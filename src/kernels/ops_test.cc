@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cmath>
 #include <numeric>
 #include <random>
@@ -94,33 +95,40 @@ TEST(OpsTest, ArgmaxTiesAndTopK) {
     }
 }
 
-// A latent cache of `positions` rows of lora + rope floats, stored as scattered
-// 128-token blocks (paged) or one buffer (contiguous), same values.
+// A latent cache of `positions` rows of lora + rope values encoded as `dtype`,
+// stored as scattered 128-token blocks (paged) or one buffer (contiguous), same
+// values. `values` keeps the f32 rows before encoding.
 struct TestKv {
     std::vector<std::vector<float>> storage;
     std::vector<const float*> blocks;
     int64_t stride = 0;
+    KvDtype dtype = KvDtype::kF32;
+    std::vector<float> values;
+    LatentKvView view() const { return {blocks.data(), stride, dtype}; }
 };
 
-TestKv make_kv(int64_t positions, int64_t row, uint32_t seed, bool paged) {
+TestKv make_kv(int64_t positions, int64_t row, uint32_t seed, bool paged,
+               KvDtype dtype = KvDtype::kF32) {
     TestKv kv;
-    const auto all = random_vec(positions * row, seed);
-    kv.stride = paged ? row + 3 : row;  // paged: padded rows in separate blocks
+    kv.dtype = dtype;
+    kv.values = random_vec(positions * row, seed);
+    const int64_t words = kv_row_words(dtype, row);
+    kv.stride = paged ? words + 3 : words;  // paged: padded rows in separate blocks
     const int64_t nb = (positions + kKvBlockTokens - 1) / kKvBlockTokens;
+    auto put = [&](int64_t p, float* dst) { kv_encode_row(dtype, kv.values.data() + p * row, row, dst); };
     if (paged) {
         for (int64_t b = 0; b < nb; ++b) {
             kv.storage.emplace_back(static_cast<size_t>(kKvBlockTokens * kv.stride), NAN);
             for (int64_t i = 0; i < kKvBlockTokens && b * kKvBlockTokens + i < positions; ++i) {
-                std::copy_n(all.data() + (b * kKvBlockTokens + i) * row, row,
-                            kv.storage.back().data() + i * kv.stride);
+                put(b * kKvBlockTokens + i, kv.storage.back().data() + i * kv.stride);
             }
         }
-        // Blocks in reverse allocation order, as a pool might hand them out.
         for (int64_t b = 0; b < nb; ++b) kv.blocks.push_back(kv.storage[b].data());
     } else {
-        kv.storage.push_back(all);
+        kv.storage.emplace_back(static_cast<size_t>(positions * words));
+        for (int64_t p = 0; p < positions; ++p) put(p, kv.storage[0].data() + p * words);
         for (int64_t b = 0; b < nb; ++b) {
-            kv.blocks.push_back(kv.storage[0].data() + b * kKvBlockTokens * row);
+            kv.blocks.push_back(kv.storage[0].data() + b * kKvBlockTokens * words);
         }
     }
     return kv;
@@ -131,17 +139,41 @@ struct AttnCase {
 };
 
 std::vector<float> run_mla(Isa isa, const TestKv& kv, const AttnCase& c, const float* q_lat,
-                           const float* q_pe, int64_t h_begin, int64_t h_count) {
+                           const float* q_pe, int64_t h_begin, int64_t h_count,
+                           int64_t positions = 0) {
     std::vector<float> o(static_cast<size_t>(h_count * c.lora));
     MlaHeads h{h_count, q_lat + h_begin * c.lora, q_pe + h_begin * (c.rope + 2), c.rope + 2,
                o.data()};
-    mla_attention(isa, {kv.blocks.data(), kv.stride}, c.positions, c.lora, c.rope, 0.3f, h);
+    mla_attention(isa, kv.view(), positions > 0 ? positions : c.positions, c.lora, c.rope, 0.3f,
+                  h);
+    return o;
+}
+
+// Plain double softmax attention of head h over rows `rows` (f32, row-major).
+std::vector<double> double_attention(const std::vector<float>& rows, const AttnCase& c,
+                                     const float* q_lat, const float* q_pe, int64_t h) {
+    const int64_t row = c.lora + c.rope;
+    std::vector<double> s(c.positions), o(c.lora, 0.0);
+    double mx = -1e300, sum = 0;
+    for (int64_t p = 0; p < c.positions; ++p) {
+        const float* r = rows.data() + p * row;
+        double d = 0;
+        for (int64_t k = 0; k < c.lora; ++k) d += double(q_lat[h * c.lora + k]) * r[k];
+        for (int64_t k = 0; k < c.rope; ++k) d += double(q_pe[h * (c.rope + 2) + k]) * r[c.lora + k];
+        s[p] = d * 0.3;
+        mx = std::max(mx, s[p]);
+    }
+    for (int64_t p = 0; p < c.positions; ++p) sum += s[p] = std::exp(s[p] - mx);
+    for (int64_t p = 0; p < c.positions; ++p) {
+        for (int64_t k = 0; k < c.lora; ++k) o[k] += s[p] / sum * rows[p * row + k];
+    }
     return o;
 }
 
 TEST(MlaAttentionTest, VariantsMatchScalarAndDouble) {
     const AttnCase cases[] = {{16, 4, 1, 1},     {37, 5, 3, 127},  {64, 8, 20, 128},
-                              {33, 2, 2, 129},  {512, 64, 4, 300}, {17, 3, 17, 257}};
+                              {33, 2, 2, 129},  {512, 64, 4, 300}, {17, 3, 17, 257},
+                              {32, 0, 70, 5}};
     for (const AttnCase& c : cases) {
         const int64_t row = c.lora + c.rope;
         const TestKv kv = make_kv(c.positions, row, 5, /*paged=*/true);
@@ -152,30 +184,154 @@ TEST(MlaAttentionTest, VariantsMatchScalarAndDouble) {
             EXPECT_EQ(run_mla(isa, kv, c, q_lat.data(), q_pe.data(), 0, c.heads), ref)
                 << isa_name(isa) << " lora " << c.lora << " positions " << c.positions;
         }
-        // Plain double softmax attention.
         for (int64_t h = 0; h < c.heads; ++h) {
-            std::vector<double> s(c.positions), o(c.lora, 0.0);
-            double mx = -1e300, sum = 0;
-            for (int64_t p = 0; p < c.positions; ++p) {
-                const float* r = kv.blocks[p / kKvBlockTokens] + (p % kKvBlockTokens) * kv.stride;
-                double d = 0;
-                for (int64_t k = 0; k < c.lora; ++k) d += double(q_lat[h * c.lora + k]) * r[k];
-                for (int64_t k = 0; k < c.rope; ++k) {
-                    d += double(q_pe[h * (c.rope + 2) + k]) * r[c.lora + k];
-                }
-                s[p] = d * 0.3;
-                mx = std::max(mx, s[p]);
-            }
-            for (int64_t p = 0; p < c.positions; ++p) sum += s[p] = std::exp(s[p] - mx);
-            for (int64_t p = 0; p < c.positions; ++p) {
-                const float* r = kv.blocks[p / kKvBlockTokens] + (p % kKvBlockTokens) * kv.stride;
-                for (int64_t k = 0; k < c.lora; ++k) o[k] += s[p] / sum * r[k];
-            }
+            const auto o = double_attention(kv.values, c, q_lat.data(), q_pe.data(), h);
             for (int64_t k = 0; k < c.lora; ++k) {
                 EXPECT_NEAR(ref[h * c.lora + k], o[k], 2e-5) << h << " " << k;
             }
         }
     }
+}
+
+// Per KV dtype: every ISA gives the scalar bits, and the result stays within the
+// stated bound of f32-KV attention in double (docs/kernels.md "KV dtypes").
+TEST(MlaAttentionTest, KvDtypesMatchScalarAndStayWithinBounds) {
+    const AttnCase cases[] = {{512, 64, 8, 300}, {64, 16, 3, 129}, {16, 16, 1, 1}, {48, 32, 5, 77}};
+    for (KvDtype dtype : {KvDtype::kBf16, KvDtype::kE4m3}) {
+        // Max abs error vs exact attention over f32 KV, values in [-1, 1].
+        const double bound = dtype == KvDtype::kBf16 ? 1e-2 : 0.2;  // measured 5.7e-3, 0.11
+        double worst = 0;
+        for (const AttnCase& c : cases) {
+            SCOPED_TRACE(std::string(kv_dtype_name(dtype)) + " lora " + std::to_string(c.lora));
+            const TestKv kv = make_kv(c.positions, c.lora + c.rope, 15, true, dtype);
+            const auto q_lat = random_vec(c.heads * c.lora, 16, -2.0f, 2.0f);
+            const auto q_pe = random_vec(c.heads * (c.rope + 2), 17, -2.0f, 2.0f);
+            const auto ref = run_mla(Isa::kScalar, kv, c, q_lat.data(), q_pe.data(), 0, c.heads);
+            for (Isa isa : supported_isas()) {
+                EXPECT_EQ(run_mla(isa, kv, c, q_lat.data(), q_pe.data(), 0, c.heads), ref)
+                    << isa_name(isa);
+            }
+            // The kernel reads exactly the decoded rows: double attention over them
+            // agrees as closely as for f32, and over the original rows within `bound`.
+            std::vector<float> decoded(kv.values.size());
+            const int64_t row = c.lora + c.rope;
+            for (int64_t p = 0; p < c.positions; ++p) {
+                const float* r = kv.blocks[p / kKvBlockTokens] + (p % kKvBlockTokens) * kv.stride;
+                kv_decode_row(dtype, r, row, decoded.data() + p * row);
+            }
+            for (int64_t h = 0; h < c.heads; ++h) {
+                const auto od = double_attention(decoded, c, q_lat.data(), q_pe.data(), h);
+                const auto of = double_attention(kv.values, c, q_lat.data(), q_pe.data(), h);
+                for (int64_t k = 0; k < c.lora; ++k) {
+                    EXPECT_NEAR(ref[h * c.lora + k], od[k], 2e-5) << h << " " << k;
+                    worst = std::max(worst, std::fabs(ref[h * c.lora + k] - of[k]));
+                }
+            }
+        }
+        std::printf("kv %s: max |attention - f32 KV attention| = %.3g (bound %.3g)\n",
+                    kv_dtype_name(dtype), worst, bound);
+        EXPECT_LT(worst, bound) << kv_dtype_name(dtype);
+        EXPECT_GT(worst, 0.0) << kv_dtype_name(dtype);  // really lossy: the test can fail
+    }
+}
+
+TEST(MlaAttentionTest, KvRowEncoding) {
+    EXPECT_EQ(kv_row_words(KvDtype::kF32, 576), 576);
+    EXPECT_EQ(kv_row_words(KvDtype::kBf16, 576), 288);
+    EXPECT_EQ(kv_row_words(KvDtype::kBf16, 3), 2);
+    EXPECT_EQ(kv_row_words(KvDtype::kE4m3, 576), 144 + 36);
+    KvDtype d = KvDtype::kF32;
+    EXPECT_TRUE(parse_kv_dtype("bf16", &d));
+    EXPECT_EQ(d, KvDtype::kBf16);
+    EXPECT_TRUE(parse_kv_dtype("fp8", &d));
+    EXPECT_EQ(d, KvDtype::kE4m3);
+    EXPECT_FALSE(parse_kv_dtype("f16", &d));
+    EXPECT_FALSE(parse_kv_dtype("", &d));
+    EXPECT_EQ(d, KvDtype::kE4m3);
+    // Round trips: bf16 within 2^-8 relative; e4m3 within 2^-4 of the group's amax
+    // scale, an all-zero (or denormal) group decodes to zeros, 448 saturates exactly.
+    std::vector<float> x = random_vec(64, 3, -5.0f, 5.0f);
+    for (int i = 16; i < 32; ++i) x[i] = i == 20 ? 1e-35f : 0.0f;
+    x[40] = 1e30f;
+    std::vector<float> w(static_cast<size_t>(kv_row_words(KvDtype::kE4m3, 64)));
+    std::vector<float> y(64);
+    kv_encode_row(KvDtype::kBf16, x.data(), 64, w.data());
+    kv_decode_row(KvDtype::kBf16, w.data(), 64, y.data());
+    for (int i = 0; i < 64; ++i) EXPECT_LE(std::fabs(y[i] - x[i]), std::fabs(x[i]) * 0x1.0p-8f) << i;
+    kv_encode_row(KvDtype::kE4m3, x.data(), 64, w.data());
+    kv_decode_row(KvDtype::kE4m3, w.data(), 64, y.data());
+    for (int g = 0; g < 4; ++g) {
+        float amax = 0;
+        for (int i = 0; i < 16; ++i) amax = std::max(amax, std::fabs(x[16 * g + i]));
+        for (int i = 0; i < 16; ++i) {
+            const int j = 16 * g + i;
+            if (g == 1) {
+                EXPECT_EQ(y[j], 0.0f) << j;
+            } else {
+                EXPECT_LE(std::fabs(y[j] - x[j]), amax * 0x1.0p-4f) << j;
+            }
+        }
+    }
+    EXPECT_NEAR(y[40], 1e30f, 1e30f * 1e-6f);
+}
+
+// Prefill: one call over a chunk of tokens (each with its own causal length) gives
+// every query the bits of a decode call for that token alone, for every ISA and KV
+// dtype, whatever the chunk split.
+TEST(MlaAttentionTest, TokensCallEqualsPerTokenCalls) {
+    const AttnCase c{64, 16, 6, 400};
+    const int64_t nt = 13;
+    const int64_t start = 250;  // tokens at positions 250..262: their tiles straddle 256
+    for (KvDtype dtype : {KvDtype::kF32, KvDtype::kBf16, KvDtype::kE4m3}) {
+        const TestKv kv = make_kv(c.positions, c.lora + c.rope, 21, true, dtype);
+        const int64_t qk = c.rope + 2;
+        const auto q_lat = random_vec(nt * c.heads * c.lora, 22, -2.0f, 2.0f);
+        const auto q_pe = random_vec(nt * c.heads * qk, 23, -2.0f, 2.0f);
+        std::vector<int64_t> npos(nt);
+        for (int64_t t = 0; t < nt; ++t) npos[t] = start + t + 1;
+        npos[5] = 3;  // a token far behind the others (another order of arrival)
+        for (Isa isa : supported_isas()) {
+            SCOPED_TRACE(std::string(isa_name(isa)) + " " + kv_dtype_name(dtype));
+            std::vector<float> alone(static_cast<size_t>(nt * c.heads * c.lora));
+            for (int64_t t = 0; t < nt; ++t) {
+                MlaHeads h{c.heads, q_lat.data() + t * c.heads * c.lora,
+                           q_pe.data() + t * c.heads * qk, qk,
+                           alone.data() + t * c.heads * c.lora};
+                mla_attention(isa, kv.view(), npos[t], c.lora, c.rope, 0.3f, h);
+            }
+            for (int64_t chunk : {nt, int64_t{4}, int64_t{1}}) {
+                std::vector<float> got(alone.size(), -1.0f);
+                for (int64_t t0 = 0; t0 < nt; t0 += chunk) {
+                    MlaTokens tk;
+                    tk.num_tokens = std::min(chunk, nt - t0);
+                    tk.num_positions = npos.data() + t0;
+                    tk.num_heads = c.heads;
+                    tk.q_lat = q_lat.data() + t0 * c.heads * c.lora;
+                    tk.q_lat_token_stride = c.heads * c.lora;
+                    tk.q_pe = q_pe.data() + t0 * c.heads * qk;
+                    tk.q_pe_token_stride = c.heads * qk;
+                    tk.q_pe_stride = qk;
+                    tk.o_lat = got.data() + t0 * c.heads * c.lora;
+                    tk.o_lat_token_stride = c.heads * c.lora;
+                    mla_attention_tokens(isa, kv.view(), c.lora, c.rope, 0.3f, tk);
+                }
+                EXPECT_EQ(got, alone) << "chunk " << chunk;
+            }
+        }
+    }
+}
+
+TEST(MlaAttentionDeathTest, RejectsBadShapes) {
+    const TestKv kv = make_kv(4, 40, 1, false, KvDtype::kBf16);
+    std::vector<float> q(64), o(64);
+    MlaHeads h{1, q.data(), q.data(), 8, o.data()};
+    LatentKvView v = kv.view();
+    v.dtype = KvDtype::kE4m3;  // lora 36 is not a multiple of 16
+    EXPECT_DEATH(mla_attention(Isa::kScalar, v, 4, 36, 4, 1.0f, h), "");
+    EXPECT_DEATH(mla_attention(Isa::kScalar, kv.view(), 0, 36, 4, 1.0f, h), "");
+    v = kv.view();
+    v.row_stride = 1;  // shorter than a row
+    EXPECT_DEATH(mla_attention(Isa::kScalar, v, 4, 36, 4, 1.0f, h), "");
 }
 
 TEST(MlaAttentionTest, InvariantToHeadGroupingAndLayout) {
@@ -186,6 +342,10 @@ TEST(MlaAttentionTest, InvariantToHeadGroupingAndLayout) {
     const auto q_pe = random_vec(c.heads * (c.rope + 2), 11, -3.0f, 3.0f);
     for (Isa isa : supported_isas()) {
         const auto all = run_mla(isa, paged, c, q_lat.data(), q_pe.data(), 0, c.heads);
+        // A longer cache read only up to c.positions gives the same bits.
+        EXPECT_EQ(run_mla(isa, make_kv(c.positions + 200, c.lora + c.rope, 9, true), c,
+                          q_lat.data(), q_pe.data(), 0, c.heads),
+                  all);
         EXPECT_EQ(run_mla(isa, flat, c, q_lat.data(), q_pe.data(), 0, c.heads), all);
         for (int64_t h = 0; h < c.heads; h += 5) {
             const int64_t n = std::min<int64_t>(5, c.heads - h);

@@ -10,11 +10,17 @@
 //     in increasing i (lanes past n see fma(0, 0, acc)); then acc[j] += acc[j + w]
 //     for w = 8, 4, 2, 1; the result is acc[0].
 //   exp(x): one fixed polynomial (exp_ref in ops_scalar.cc), elementwise.
-//   MLA attention for one (token, head): positions in increasing order, in tiles of
-//     kKvBlockTokens aligned to absolute position 0. Per tile: scores s = (dot(q_lat,
-//     c) + dot(q_pe, k)) * scale; m' = max(m, tile max); alpha = exp(m - m');
-//     l = l * alpha, o = o * alpha; then per position p = exp(s - m'), l = l + p,
-//     o = fma(p, c, o). Finally o = o * (1 / l).
+//   MLA attention for one query (token, head): positions in increasing order, in
+//     tiles of kKvBlockTokens aligned to absolute position 0. Per tile: scores s =
+//     (dot(q_lat, c) + dot(q_pe, k)) * scale; m' = max(m, tile max); alpha = exp(m -
+//     m'); l = l * alpha, o = o * alpha; then per position p = exp(s - m'), l = l + p
+//     in increasing position, o = fma(p, c, o) in increasing position. Finally o = o *
+//     (1 / l). A call may hold several tokens of one sequence (prefill): each query
+//     still sees exactly these operations, so one call over a chunk gives the bits of
+//     one call per token.
+//   KV dtypes: a cached value c is read as a float first (f32 as is; bf16 exactly;
+//     e4m3 as float(code) * scale of its 16-value group, one f32 rounding), then
+//     used as above.
 #pragma once
 
 #include <cstdint>
@@ -22,24 +28,43 @@
 namespace dsi::kernels::internal {
 
 constexpr int64_t kKvBlockTokens = 128;
-// Heads one attention call handles (fixed-size score scratch on the stack).
-constexpr int64_t kMaxHeadsPerCall = 16;
 
-// One call: num_heads heads of one token attend over positions [0, num_positions).
-// Position p's latent row (lora floats of c_kv then rope floats of k_pe) is at
-// blocks[p / kKvBlockTokens] + (p % kKvBlockTokens) * row_stride.
+// Queries one attention call handles (tokens x heads; fixed-size score scratch on
+// the stack).
+constexpr int64_t kMaxQueriesPerCall = 64;
+
+// KV row encodings (kernels::KvDtype mirrors these values). A row of n values is
+//   kKvF32:  n floats;
+//   kKvBf16: n bf16 (upper halves of f32), padded to 4 bytes;
+//   kKvE4m3: n e4m3fn codes, then n / 16 f32 scales (group g = values 16g..16g+15);
+//            REQUIRES lora % 16 == 0 and rope % 16 == 0 (groups never straddle).
+constexpr int32_t kKvF32 = 0;
+constexpr int32_t kKvBf16 = 1;
+constexpr int32_t kKvE4m3 = 2;
+
+// One call: num_heads heads of each of num_tokens tokens of one sequence; token t
+// attends over positions [0, num_positions[t]). Position p's latent row (lora values
+// of c_kv then rope values of k_pe, encoded as kv_dtype) starts at
+// blocks[p / kKvBlockTokens] + (p % kKvBlockTokens) * row_stride (in 4-byte words).
+// Query (t, h): q_lat + t * q_lat_token_stride + h * lora, q_pe + t *
+// q_pe_token_stride + h * q_pe_stride, o_lat + t * o_lat_token_stride + h * lora.
 struct MlaArgs {
     const float* const* blocks = nullptr;
     int64_t row_stride = 0;
-    int64_t num_positions = 0;
+    int32_t kv_dtype = kKvF32;
     int64_t lora = 0;
     int64_t rope = 0;
     float scale = 1.0f;
-    int64_t num_heads = 0;      // <= kMaxHeadsPerCall
-    const float* q_lat = nullptr;  // head h: q_lat + h * lora
-    const float* q_pe = nullptr;   // head h: q_pe + h * q_pe_stride
+    int64_t num_tokens = 1;
+    const int64_t* num_positions = nullptr;  // per token, each >= 1
+    int64_t num_heads = 0;  // num_tokens * num_heads <= kMaxQueriesPerCall
+    const float* q_lat = nullptr;
+    int64_t q_lat_token_stride = 0;
+    const float* q_pe = nullptr;
+    int64_t q_pe_token_stride = 0;
     int64_t q_pe_stride = 0;
-    float* o_lat = nullptr;  // head h: o_lat + h * lora
+    float* o_lat = nullptr;
+    int64_t o_lat_token_stride = 0;
 };
 
 struct OpsTable {

@@ -54,54 +54,83 @@ float exp_ref(float x) {
     return out;
 }
 
-void mla_ref(const MlaArgs& a) {
-    float sc[kMaxHeadsPerCall][kKvBlockTokens];
-    float m[kMaxHeadsPerCall];
-    float l[kMaxHeadsPerCall];
-    for (int64_t h = 0; h < a.num_heads; ++h) {
-        m[h] = -__builtin_inff();
-        l[h] = 0.0f;
-        for (int64_t k = 0; k < a.lora; ++k) a.o_lat[h * a.lora + k] = 0.0f;
+// Value j of a cached row of n values, as a float (ops_abi.h: KV dtypes).
+float kv_value(const MlaArgs& a, const unsigned char* row, int64_t n, int64_t j) {
+    if (a.kv_dtype == kKvBf16) {
+        uint16_t h;
+        __builtin_memcpy(&h, row + 2 * j, 2);
+        const uint32_t bits = static_cast<uint32_t>(h) << 16;
+        float f;
+        __builtin_memcpy(&f, &bits, 4);
+        return f;
     }
-    for (int64_t b0 = 0; b0 < a.num_positions; b0 += kKvBlockTokens) {
-        const int64_t left = a.num_positions - b0;
+    if (a.kv_dtype == kKvE4m3) {
+        const uint32_t code = row[j];
+        const uint32_t em = code & 0x7fu;
+        float f;
+        if (em < 8) {
+            f = static_cast<float>(em) * 0x1.0p-9f;  // subnormal: m * 2^-9
+        } else {
+            const uint32_t bits = (em << 20) + (120u << 23);
+            __builtin_memcpy(&f, &bits, 4);
+        }
+        if (code & 0x80u) f = -f;
+        float s;
+        __builtin_memcpy(&s, row + n + 4 * (j / 16), 4);
+        return f * s;
+    }
+    float f;
+    __builtin_memcpy(&f, row + 4 * j, 4);
+    return f;
+}
+
+// One query (token t, head h), spelled out as ops_abi.h states it.
+void mla_query_ref(const MlaArgs& a, int64_t t, int64_t h) {
+    const int64_t n = a.lora + a.rope;
+    const int64_t num_positions = a.num_positions[t];
+    const float* q_lat = a.q_lat + t * a.q_lat_token_stride + h * a.lora;
+    const float* q_pe = a.q_pe + t * a.q_pe_token_stride + h * a.q_pe_stride;
+    float* o = a.o_lat + t * a.o_lat_token_stride + h * a.lora;
+    float c[1024];  // one dequantised row (lora + rope <= 1024, checked by the driver)
+    float sc[kKvBlockTokens];
+    float m = -__builtin_inff();
+    float l = 0.0f;
+    for (int64_t k = 0; k < a.lora; ++k) o[k] = 0.0f;
+    for (int64_t b0 = 0; b0 < num_positions; b0 += kKvBlockTokens) {
+        const int64_t left = num_positions - b0;
         const int64_t cnt = left < kKvBlockTokens ? left : kKvBlockTokens;
-        const float* base = a.blocks[b0 / kKvBlockTokens];
+        const unsigned char* base =
+            reinterpret_cast<const unsigned char*>(a.blocks[b0 / kKvBlockTokens]);
+        const int64_t stride_bytes = a.row_stride * 4;
         for (int64_t i = 0; i < cnt; ++i) {
-            const float* row = base + i * a.row_stride;
-            for (int64_t h = 0; h < a.num_heads; ++h) {
-                const float s = dot_ref(a.q_lat + h * a.lora, row, a.lora) +
-                                dot_ref(a.q_pe + h * a.q_pe_stride, row + a.lora, a.rope);
-                sc[h][i] = s * a.scale;
-            }
+            const unsigned char* row = base + i * stride_bytes;
+            for (int64_t j = 0; j < n; ++j) c[j] = kv_value(a, row, n, j);
+            const float s = dot_ref(q_lat, c, a.lora) + dot_ref(q_pe, c + a.lora, a.rope);
+            sc[i] = s * a.scale;
         }
-        for (int64_t h = 0; h < a.num_heads; ++h) {
-            float mb = sc[h][0];
-            for (int64_t i = 1; i < cnt; ++i) mb = sc[h][i] > mb ? sc[h][i] : mb;
-            const float mn = mb > m[h] ? mb : m[h];
-            const float alpha = exp_ref(m[h] - mn);
-            l[h] = l[h] * alpha;
-            float* o = a.o_lat + h * a.lora;
-            for (int64_t k = 0; k < a.lora; ++k) o[k] = o[k] * alpha;
-            m[h] = mn;
-            for (int64_t i = 0; i < cnt; ++i) {
-                sc[h][i] = exp_ref(sc[h][i] - mn);
-                l[h] = l[h] + sc[h][i];
-            }
+        float mb = sc[0];
+        for (int64_t i = 1; i < cnt; ++i) mb = sc[i] > mb ? sc[i] : mb;
+        const float mn = mb > m ? mb : m;
+        const float alpha = exp_ref(m - mn);
+        l = l * alpha;
+        for (int64_t k = 0; k < a.lora; ++k) o[k] = o[k] * alpha;
+        m = mn;
+        for (int64_t i = 0; i < cnt; ++i) {
+            sc[i] = exp_ref(sc[i] - mn);
+            l = l + sc[i];
         }
         for (int64_t i = 0; i < cnt; ++i) {
-            const float* row = base + i * a.row_stride;
-            for (int64_t h = 0; h < a.num_heads; ++h) {
-                const float p = sc[h][i];
-                float* o = a.o_lat + h * a.lora;
-                for (int64_t k = 0; k < a.lora; ++k) o[k] = fma_ref(p, row[k], o[k]);
-            }
+            const unsigned char* row = base + i * stride_bytes;
+            for (int64_t k = 0; k < a.lora; ++k) o[k] = fma_ref(sc[i], kv_value(a, row, n, k), o[k]);
         }
     }
-    for (int64_t h = 0; h < a.num_heads; ++h) {
-        const float inv = 1.0f / l[h];
-        float* o = a.o_lat + h * a.lora;
-        for (int64_t k = 0; k < a.lora; ++k) o[k] = o[k] * inv;
+    const float inv = 1.0f / l;
+    for (int64_t k = 0; k < a.lora; ++k) o[k] = o[k] * inv;
+}
+
+void mla_ref(const MlaArgs& a) {
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+        for (int64_t h = 0; h < a.num_heads; ++h) mla_query_ref(a, t, h);
     }
 }
 
