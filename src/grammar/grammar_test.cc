@@ -112,6 +112,9 @@ void expect_mask_exact(GrammarMatcher& m, const Vocabulary& v) {
     TokenBitmask uncached(v.size());
     m.fill_mask_uncached(&uncached);
     ASSERT_EQ(mask, uncached);
+    TokenBitmask walked(v.size());
+    m.plain_walk_mask(&walked);
+    ASSERT_EQ(walked, uncached);
     for (int32_t t = 0; t < v.size(); ++t) {
         bool ok = m.advance(t);
         if (ok) {
@@ -133,6 +136,76 @@ TEST(Matcher, MaskEqualsBruteForceOnRealVocabulary) {
         ASSERT_TRUE(fresh.advance_bytes(prefix)) << prefix;
         expect_mask_exact(fresh, *v);
     }
+}
+
+// Masks from the per-position tables (accepted | checked uncertain) equal the plain
+// trie walk at every step of random walks over the case schemas and regexes, with the
+// real vocabulary; tables built lazily for some grammars and all up front for others.
+TEST(Matcher, PositionTablesEqualPlainWalk) {
+    auto v = real_vocab();
+    std::vector<Grammar> grammars;
+    const ojson cases = read_cases("json_schema.json");
+    for (const auto& c : cases["cases"]) {
+        if (c.contains("error")) continue;
+        auto g = compile_json_schema(c["schema"]);
+        if (g.is_ok()) grammars.push_back(std::move(g).value());
+    }
+    for (const char* re : {"[a-z]{2,5}(-[0-9]+)?", "(ab|a)*c", "\\d{3}-\\d{4}", ".{0,12}x"}) {
+        auto e = compile_regex(re, RegexMatch::kFull, CharEncoding::kUtf8, {});
+        ASSERT_TRUE(e.is_ok()) << re;
+        GrammarBuilder b;
+        uint32_t root = b.declare("root");
+        b.define(root, *e);
+        auto g = b.build(root);
+        ASSERT_TRUE(g.is_ok()) << re;
+        grammars.push_back(std::move(g).value());
+    }
+    ASSERT_GT(grammars.size(), 10u);
+    std::mt19937_64 rng(7);
+    int64_t num_uncertain = 0;
+    for (size_t gi = 0; gi < grammars.size(); ++gi) {
+        auto cg = std::make_shared<CompiledGrammar>(grammars[gi], v);
+        GrammarMatcher m(cg);
+        if (gi % 2 == 0) m.precompute();
+        TokenBitmask a(v->size()), b(v->size());
+        for (int step = 0; step < 12 && !m.is_terminated(); ++step) {
+            m.fill_mask_uncached(&a);
+            m.plain_walk_mask(&b);
+            ASSERT_EQ(a, b) << "grammar " << gi << " step " << step;
+            std::vector<int32_t> allowed;
+            for (int32_t t = 0; t < v->size(); ++t) {
+                if (a.test(t)) allowed.push_back(t);
+            }
+            if (allowed.empty()) break;
+            ASSERT_TRUE(m.advance(allowed[rng() % allowed.size()]));
+        }
+        auto st = cg->table_stats();
+        EXPECT_GT(st.built, 0);
+        if (gi % 2 == 0) {
+            EXPECT_EQ(st.built, st.positions);
+        }
+        num_uncertain += st.num_uncertain;
+    }
+    EXPECT_GT(num_uncertain, 0);  // the context-dependent path was exercised
+}
+
+// A table memory bound of zero: every position falls back to the plain walk.
+TEST(Matcher, PositionTableMemoryBoundFallsBackToWalk) {
+    auto v = real_vocab();
+    auto g = compile_json_schema(std::string_view(R"({"type":"array","items":{"type":"string"}})"));
+    ASSERT_TRUE(g.is_ok());
+    MatcherOptions opts;
+    opts.max_position_table_bytes = 0;
+    auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+    GrammarMatcher m(cg);
+    m.precompute();
+    EXPECT_EQ(cg->table_stats().built, 0);
+    ASSERT_TRUE(m.advance_bytes("[\"ab"));
+    TokenBitmask a(v->size()), b(v->size());
+    m.fill_mask_uncached(&a);
+    m.plain_walk_mask(&b);
+    EXPECT_EQ(a, b);
+    EXPECT_GT(a.count(), 1000);
 }
 
 TEST(Matcher, RollbackAndDraftMasksEqualFreshMatcher) {

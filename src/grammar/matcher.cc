@@ -42,7 +42,37 @@ void apply_token_bitmask(std::span<float> logits, const TokenBitmask& mask) {
 
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocab,
                                  MatcherOptions options)
-    : grammar_(std::move(grammar)), vocab_(std::move(vocab)), options_(options) {}
+    : grammar_(std::move(grammar)), vocab_(std::move(vocab)), options_(options) {
+    const auto& elems = grammar_.elements();
+    slot_of_pos_.assign(elems.size(), 0);
+    for (uint32_t pos = 0; pos < elems.size(); ++pos) {
+        if (Grammar::tag(elems[pos]) != Grammar::kTagClass) continue;
+        slot_of_pos_[pos] = static_cast<uint32_t>(class_positions_.size());
+        class_positions_.push_back(pos);
+    }
+    tables_ = std::make_unique<std::atomic<const PositionTokens*>[]>(class_positions_.size() + 1);
+    for (size_t i = 0; i <= class_positions_.size(); ++i) tables_[i].store(nullptr);
+}
+
+const PositionTokens* CompiledGrammar::store_position_tokens(
+    uint32_t pos, std::unique_ptr<PositionTokens> table) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& slot = tables_[slot_of_pos_[pos]];
+    if (const PositionTokens* have = slot.load(std::memory_order_acquire)) return have;
+    if (table_bytes_ + table->num_bytes() > options_.max_position_table_bytes) return nullptr;
+    table_bytes_ += table->num_bytes();
+    table_uncertain_ += static_cast<int64_t>(table->uncertain.size());
+    owned_tables_.push_back(std::move(table));
+    slot.store(owned_tables_.back().get(), std::memory_order_release);
+    return owned_tables_.back().get();
+}
+
+CompiledGrammar::TableStats CompiledGrammar::table_stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return TableStats{static_cast<int64_t>(class_positions_.size()),
+                      static_cast<int64_t>(owned_tables_.size()),
+                      static_cast<int64_t>(table_bytes_), table_uncertain_};
+}
 
 bool CompiledGrammar::lookup_mask(const std::string& key, TokenBitmask* out) const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -145,6 +175,10 @@ void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>
         if (tag == Grammar::kTagEnd) {
             if (parent == kNone) {
                 if (std::find(out->begin(), out->end(), kNone) == out->end()) out->push_back(kNone);
+                return;
+            }
+            if (parent == kContext) {
+                reached_context_ = true;
                 return;
             }
             Node p = nodes_[parent];
@@ -277,27 +311,36 @@ void GrammarMatcher::fill_mask(TokenBitmask* mask) {
     compiled_->store_mask(key, *mask);
 }
 
-void GrammarMatcher::fill_mask_uncached(TokenBitmask* mask) {
-    mask->clear();
-    const State& cur = history_.back();
-    if (cur.terminated) return;
-    const Vocabulary& vocab = compiled_->vocab();
-    if (is_accepted()) {
-        for (int32_t s : vocab.stop_ids()) mask->set(s);
-    }
-    const auto& trie = vocab.trie();
-    const auto& trie_tokens = vocab.trie_tokens();
-    size_t depth_cap = static_cast<size_t>(vocab.max_token_bytes()) + 1;
+void GrammarMatcher::ensure_levels() {
+    size_t depth_cap = static_cast<size_t>(compiled_->vocab().max_token_bytes()) + 1;
     if (levels_.size() < depth_cap) {
         levels_.resize(depth_cap);
         level_marks_.resize(depth_cap);
+        ctx_.resize(depth_cap);
     }
-    levels_[0] = cur.stacks;
+}
+
+void GrammarMatcher::plain_walk_mask(TokenBitmask* mask) {
+    mask->clear();
+    const State& cur = history_.back();
+    if (cur.terminated) return;
+    if (is_accepted()) {
+        for (int32_t s : compiled_->vocab().stop_ids()) mask->set(s);
+    }
+    walk_trie(cur.stacks, mask);
+}
+
+template <class Live, class Dead>
+void GrammarMatcher::walk(std::span<const uint32_t> stacks, Live on_live, Dead on_dead) {
+    const auto& trie = compiled_->vocab().trie();
+    ensure_levels();
     size_t base_mark = nodes_.size();
+    levels_[0].assign(stacks.begin(), stacks.end());
     level_marks_[0] = base_mark;
+    ctx_[0] = 0;
     // Quick prune: first bytes any stack can take.
     ByteSet first;
-    for (uint32_t id : cur.stacks) {
+    for (uint32_t id : stacks) {
         if (id == kNone) continue;
         const ByteSet& c = (*classes_)[Grammar::payload((*elems_)[nodes_[id].pos])];
         for (int w = 0; w < 4; ++w) first.words[w] |= c.words[w];
@@ -313,16 +356,153 @@ void GrammarMatcher::fill_mask_uncached(TokenBitmask* mask) {
         size_t d = t.depth;
         truncate_pool(level_marks_[d - 1]);
         overflow_ = false;
+        reached_context_ = false;
         step(levels_[d - 1], t.byte, &levels_[d]);
+        ctx_[d] = ctx_[d - 1] | (reached_context_ ? 1 : 0);
         if (levels_[d].empty() || overflow_) {
+            on_dead(i, ctx_[d] != 0);
             i = t.subtree_end;
             continue;
         }
         level_marks_[d] = nodes_.size();
-        for (uint32_t k = t.token_begin; k < trie[i + 1].token_begin; ++k) mask->set(trie_tokens[k]);
+        on_live(i);
         ++i;
     }
     truncate_pool(base_mark);
+}
+
+void GrammarMatcher::walk_trie(std::span<const uint32_t> stacks, TokenBitmask* mask) {
+    const auto& trie = compiled_->vocab().trie();
+    const auto& trie_tokens = compiled_->vocab().trie_tokens();
+    walk(
+        stacks,
+        [&](uint32_t i) {
+            for (uint32_t k = trie[i].token_begin; k < trie[i + 1].token_begin; ++k) {
+                mask->set(trie_tokens[k]);
+            }
+        },
+        [](uint32_t, bool) {});
+}
+
+std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t pos) {
+    const Vocabulary& vocab = compiled_->vocab();
+    const auto& trie = vocab.trie();
+    const auto& trie_tokens = vocab.trie_tokens();
+    std::vector<int32_t> accepted;
+    auto table = std::make_unique<PositionTokens>();
+    std::string_view prev_uncertain;
+    size_t base_mark = nodes_.size();
+    uint32_t start = node(pos, kContext);
+    walk(
+        std::span<const uint32_t>(&start, 1),
+        [&](uint32_t i) {
+            for (uint32_t k = trie[i].token_begin; k < trie[i + 1].token_begin; ++k) {
+                accepted.push_back(trie_tokens[k]);
+            }
+        },
+        [&](uint32_t i, bool reached_context) {
+            // Nothing inside the rule continues: the subtree's tokens are all rejected,
+            // or all depend on the caller.
+            if (!reached_context) return;
+            for (uint32_t k = trie[i].token_begin; k < trie[trie[i].subtree_end].token_begin; ++k) {
+                std::string_view b = vocab.token_bytes(trie_tokens[k]);
+                size_t lcp = 0;
+                while (lcp < prev_uncertain.size() && lcp < b.size() &&
+                       prev_uncertain[lcp] == b[lcp]) {
+                    ++lcp;
+                }
+                table->uncertain.push_back(k);
+                table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
+                prev_uncertain = b;
+            }
+        });
+    truncate_pool(base_mark);
+    // Dense when a bitmask is smaller than the id list.
+    size_t words = (static_cast<size_t>(vocab.size()) + 63) / 64;
+    if (accepted.size() * 4 > words * 8) {
+        table->accepted_bits.assign(words, 0);
+        for (int32_t id : accepted) table->accepted_bits[id >> 6] |= uint64_t{1} << (id & 63);
+    } else {
+        std::sort(accepted.begin(), accepted.end());
+        table->accepted_ids = std::move(accepted);
+    }
+    return table;
+}
+
+const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {
+    if (const PositionTokens* t = compiled_->position_tokens(pos)) return t;
+    return compiled_->store_position_tokens(pos, build_position_tokens(pos));
+}
+
+void GrammarMatcher::precompute() {
+    for (uint32_t pos : compiled_->class_positions()) {
+        if (table_for(pos) == nullptr) return;  // memory bound reached
+    }
+}
+
+void GrammarMatcher::check_uncertain(uint32_t id, const PositionTokens& t, TokenBitmask* mask) {
+    const Vocabulary& vocab = compiled_->vocab();
+    const auto& trie_tokens = vocab.trie_tokens();
+    ensure_levels();
+    size_t base_mark = nodes_.size();
+    levels_[0].assign(1, id);
+    level_marks_[0] = base_mark;
+    size_t valid = 0;                    // levels_[0..valid] hold the previous token's prefix
+    size_t fail_at = SIZE_MAX;           // the previous token's first fatal prefix length
+    for (size_t u = 0; u < t.uncertain.size(); ++u) {
+        int32_t tok = trie_tokens[t.uncertain[u]];
+        size_t lcp = t.uncertain_lcp[u];
+        if (fail_at <= lcp) continue;  // shares a prefix no stack takes
+        fail_at = SIZE_MAX;
+        valid = std::min(valid, lcp);
+        if (mask->test(tok)) continue;
+        std::string_view bytes = vocab.token_bytes(tok);
+        truncate_pool(level_marks_[valid]);
+        size_t d = valid;
+        for (; d < bytes.size(); ++d) {
+            overflow_ = false;
+            step(levels_[d], static_cast<uint8_t>(bytes[d]), &levels_[d + 1]);
+            if (levels_[d + 1].empty() || overflow_) break;
+            level_marks_[d + 1] = nodes_.size();
+        }
+        if (d == bytes.size()) {
+            mask->set(tok);
+            valid = d;
+        } else {
+            fail_at = d + 1;
+            valid = d;
+        }
+    }
+    truncate_pool(base_mark);
+}
+
+void GrammarMatcher::fill_mask_uncached(TokenBitmask* mask) {
+    mask->clear();
+    const State& cur = history_.back();
+    if (cur.terminated) return;
+    if (is_accepted()) {
+        for (int32_t s : compiled_->vocab().stop_ids()) mask->set(s);
+    }
+    auto words = mask->words();
+    uint32_t prev_pos = kNone;
+    for (uint32_t id : cur.stacks) {
+        if (id == kNone) continue;
+        uint32_t pos = nodes_[id].pos;
+        const PositionTokens* t = table_for(pos);
+        if (t == nullptr) {
+            walk_trie(std::span<const uint32_t>(&id, 1), mask);
+            continue;
+        }
+        if (pos != prev_pos) {  // stacks are sorted by node id, so equal tops often adjoin
+            if (!t->accepted_bits.empty()) {
+                for (size_t w = 0; w < words.size(); ++w) words[w] |= t->accepted_bits[w];
+            } else {
+                for (int32_t a : t->accepted_ids) mask->set(a);
+            }
+            prev_pos = pos;
+        }
+        check_uncertain(id, *t, mask);
+    }
 }
 
 int GrammarMatcher::fill_draft_masks(std::span<const int32_t> draft,

@@ -9,12 +9,24 @@
 // top byte class holds the byte and expands rule references / pops finished rules.
 // The empty stack means "accepted": stop ids (EOS) are allowed only there.
 //
-// Masks. fill_mask() walks the vocabulary trie (vocabulary.h) depth-first, advancing
-// the state byte by byte and pruning a whole subtree at the first byte no stack
-// takes; speculative nodes are popped from the pool as the walk backs up. Results
-// are cached in the CompiledGrammar keyed by the state's structure (the position
-// chains of its stacks), so a state seen before — by this request or any other using
-// the same compiled grammar — costs a hash lookup and a 16 KB copy.
+// Masks. A token is allowed when at least one stack of the state takes all its bytes,
+// so the mask is the union over stacks. Per stack-top position p (a byte-class
+// element) the compiled grammar holds p's context-independent token sets
+// (PositionTokens, the idea of XGrammar's adaptive token mask cache): walking the
+// vocabulary trie from the stack [p | unknown caller], a token is
+//   - accepted when some path consumes all its bytes without returning from p's rule
+//     (then every real caller accepts it too),
+//   - rejected when every path dies inside the rule,
+//   - uncertain otherwise (some path returns to the unknown caller first).
+// fill_mask() ORs the accepted set of each stack's top and checks only the uncertain
+// tokens against the real stack (a walk over them in trie order, sharing prefixes and
+// skipping tokens that share a failed prefix). The tables are built per position on
+// first use, or all at compile time by precompute() (the compile service does that).
+// plain_walk_mask() is the reference: a depth-first walk of the whole trie from the
+// full state, pruning a subtree at the first byte no stack takes.
+// On top, whole masks are cached in the CompiledGrammar keyed by the state's
+// structure (the position chains of its stacks), so a state seen before — by this
+// request or any other using the same compiled grammar — costs a lookup and a copy.
 //
 // Speculative decoding: rollback(n) undoes the last n advances (history of states
 // with pool marks); fill_draft_masks() gives the mask at every draft position.
@@ -68,6 +80,25 @@ void apply_token_bitmask(std::span<float> logits, const TokenBitmask& mask);
 struct MatcherOptions {
     size_t max_stacks = 4096;              // per state; more is a grammar error
     size_t mask_cache_entries = 4096;      // per compiled grammar (16 KB each at 129K)
+    // Memory for PositionTokens tables per compiled grammar; positions past it use the
+    // plain trie walk (correct, slower).
+    size_t max_position_table_bytes = size_t{256} << 20;
+    // The compile service builds every position's table at compile time.
+    bool precompute = true;
+};
+
+// Context-independent token sets of one stack-top position (see the file comment).
+// Accepted ids are stored densely (one bit per id) or as a sorted list, whichever is
+// smaller; uncertain tokens as indices into Vocabulary::trie_tokens() in pre-order
+// with the number of leading bytes each shares with the previous one.
+struct PositionTokens {
+    std::vector<uint64_t> accepted_bits;
+    std::vector<int32_t> accepted_ids;
+    std::vector<uint32_t> uncertain;
+    std::vector<uint8_t> uncertain_lcp;
+    size_t num_bytes() const {
+        return accepted_bits.size() * 8 + accepted_ids.size() * 4 + uncertain.size() * 5;
+    }
 };
 
 class CompiledGrammar {
@@ -90,10 +121,35 @@ public:
     };
     CacheStats cache_stats() const;
 
+    // PositionTokens of byte-class element `pos`, or nullptr when not built yet.
+    // The returned table lives as long as this CompiledGrammar.
+    const PositionTokens* position_tokens(uint32_t pos) const {
+        return tables_[slot_of_pos_[pos]].load(std::memory_order_acquire);
+    }
+    // Publishes a table for `pos` (the first one stored wins) and returns the
+    // published one; nullptr when the memory bound is reached (caller walks instead).
+    const PositionTokens* store_position_tokens(uint32_t pos,
+                                                std::unique_ptr<PositionTokens> table) const;
+    // Byte-class element positions (the possible stack tops).
+    const std::vector<uint32_t>& class_positions() const { return class_positions_; }
+    struct TableStats {
+        int64_t positions = 0;  // class positions in the grammar
+        int64_t built = 0;      // tables built
+        int64_t bytes = 0;      // their memory
+        int64_t num_uncertain = 0;
+    };
+    TableStats table_stats() const;
+
 private:
     Grammar grammar_;
     std::shared_ptr<const Vocabulary> vocab_;
     MatcherOptions options_;
+    std::vector<uint32_t> class_positions_;
+    std::vector<uint32_t> slot_of_pos_;  // element position -> slot (class elements only)
+    std::unique_ptr<std::atomic<const PositionTokens*>[]> tables_;
+    mutable std::vector<std::unique_ptr<PositionTokens>> owned_tables_;  // GUARDED_BY(mu_)
+    mutable size_t table_bytes_ = 0;                                     // GUARDED_BY(mu_)
+    mutable int64_t table_uncertain_ = 0;                                // GUARDED_BY(mu_)
     mutable std::mutex mu_;
     mutable std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // GUARDED_BY(mu_)
     mutable std::atomic<int64_t> hits_{0};
@@ -112,8 +168,13 @@ public:
     bool advance_bytes(std::string_view bytes);
     // The allowed tokens now. REQUIRES: mask sized to the vocabulary (or larger).
     void fill_mask(TokenBitmask* mask);
-    // Same without the cache (tests, benchmarks).
+    // Same without the whole-mask cache (tests, benchmarks); uses position tables.
     void fill_mask_uncached(TokenBitmask* mask);
+    // Reference: plain trie walk from the whole state, no tables, no cache.
+    void plain_walk_mask(TokenBitmask* mask);
+    // Builds the PositionTokens of every class position not built yet (the
+    // compile-time precomputation).
+    void precompute();
     // The output so far is a complete sentence of the grammar.
     bool is_accepted() const;
     // A stop id was consumed.
@@ -141,6 +202,8 @@ private:
         bool terminated = false;
     };
     static constexpr uint32_t kNone = UINT32_MAX;
+    // Parent of the stack a PositionTokens table is built from: the unknown caller.
+    static constexpr uint32_t kContext = UINT32_MAX - 1;
 
     uint32_t node(uint32_t pos, uint32_t parent);
     void truncate_pool(size_t mark);
@@ -151,6 +214,18 @@ private:
     void initial_state();
     std::string state_key(std::span<const uint32_t> stacks) const;
     bool advance_state_bytes(std::string_view bytes, std::vector<uint32_t>* stacks);
+    void ensure_levels();
+    // Depth-first trie walk from `stacks`: on_live(i) for each trie node whose bytes
+    // some stack takes; on_dead(i, reached_context) for the root of each subtree no
+    // stack takes (then skipped); reached_context: some path returned to kContext.
+    template <class Live, class Dead>
+    void walk(std::span<const uint32_t> stacks, Live on_live, Dead on_dead);
+    // Sets in `mask` every token some stack of `stacks` takes (plain trie walk).
+    void walk_trie(std::span<const uint32_t> stacks, TokenBitmask* mask);
+    std::unique_ptr<PositionTokens> build_position_tokens(uint32_t pos);
+    const PositionTokens* table_for(uint32_t pos);
+    // Sets the uncertain tokens of `t` that stack `id` takes.
+    void check_uncertain(uint32_t id, const PositionTokens& t, TokenBitmask* mask);
 
     std::shared_ptr<const CompiledGrammar> compiled_;
     const Grammar* g_;
@@ -161,8 +236,10 @@ private:
     std::vector<State> history_;
     std::vector<std::pair<uint32_t, uint32_t>> visited_;  // expansion cycle guard
     bool overflow_ = false;
+    bool reached_context_ = false;  // an expansion returned to kContext
     std::vector<std::vector<uint32_t>> levels_;  // trie walk scratch per depth
     std::vector<size_t> level_marks_;
+    std::vector<uint8_t> ctx_;  // per depth: some path returned to kContext
     std::vector<uint32_t> scratch_a_, scratch_b_;
 };
 
