@@ -10,7 +10,7 @@ DEB_PACKAGES=(
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libboost-dev libboost-system-dev
   libicu-dev
-  libopenblas-dev
+  libopenblas-dev libdnnl-dev
   liburing-dev libhiredis-dev libisal-dev redis-server
   nodejs npm
 )
