@@ -147,6 +147,12 @@ Status EplbSettings::validate() const {
     if (window_steps < 1 || rebalance_interval_steps < 1) {
         return invalid_argument("eplb: window and interval must be >= 1 step");
     }
+    if (smoothing_windows < 1 || smoothing_windows > 64) {
+        return invalid_argument("eplb: smoothing_windows must be in 1..64");
+    }
+    if (!(ema_alpha > 0 && ema_alpha <= 1)) {
+        return invalid_argument("eplb: ema_alpha must be in (0, 1]");
+    }
     return Status::ok();
 }
 
@@ -325,21 +331,54 @@ Result<ExpertPlacement> identity_placement(int num_layers, int num_logical,
 }
 
 std::vector<double> rank_loads(const ExpertPlacement& pl, std::span<const double> load,
-                               int layer) {
+                               int layer, ReplicaDispatch dispatch) {
     std::vector<double> r(pl.num_ranks, 0.0);
     const int slots = pl.slots_per_rank();
+    const int* phy = &pl.phy_to_log[static_cast<size_t>(layer) * pl.num_physical];
+    const int* count = &pl.replica_count[static_cast<size_t>(layer) * pl.num_logical];
+    const double* w = &load[static_cast<size_t>(layer) * pl.num_logical];
+    if (dispatch == ReplicaDispatch::kEvenSplit) {
+        for (int p = 0; p < pl.num_physical; ++p) {
+            r[p / slots] += w[phy[p]] / count[phy[p]];
+        }
+        return r;
+    }
+    // Least-loaded replica: single-replica experts are fixed; replicated experts' load is
+    // handed out in chunks to the least-loaded rank holding one of their replicas.
+    std::vector<std::vector<int>> holders(pl.num_logical);
     for (int p = 0; p < pl.num_physical; ++p) {
-        const int e = pl.phy_to_log[static_cast<size_t>(layer) * pl.num_physical + p];
-        r[p / slots] += load[static_cast<size_t>(layer) * pl.num_logical + e] /
-                        pl.replica_count[static_cast<size_t>(layer) * pl.num_logical + e];
+        if (count[phy[p]] == 1) {
+            r[p / slots] += w[phy[p]];
+        } else {
+            holders[phy[p]].push_back(p / slots);
+        }
+    }
+    std::vector<int> replicated;
+    for (int e = 0; e < pl.num_logical; ++e) {
+        if (!holders[e].empty()) {
+            replicated.push_back(e);
+        }
+    }
+    std::stable_sort(replicated.begin(), replicated.end(),
+                     [&](int a, int b) { return w[a] > w[b]; });
+    for (int c = 0; c < kDispatchChunks; ++c) {
+        for (int e : replicated) {
+            int best = holders[e][0];
+            for (int h : holders[e]) {
+                if (r[h] < r[best] || (r[h] == r[best] && h < best)) {
+                    best = h;
+                }
+            }
+            r[best] += w[e] / kDispatchChunks;
+        }
     }
     return r;
 }
 
-MoeLb moe_lb(const ExpertPlacement& pl, std::span<const double> load) {
+MoeLb moe_lb(const ExpertPlacement& pl, std::span<const double> load, ReplicaDispatch dispatch) {
     MoeLb out;
     for (int l = 0; l < pl.num_layers; ++l) {
-        const std::vector<double> r = rank_loads(pl, load, l);
+        const std::vector<double> r = rank_loads(pl, load, l, dispatch);
         const double sum = std::accumulate(r.begin(), r.end(), 0.0);
         const double mx = *std::max_element(r.begin(), r.end());
         const double v = sum > 0 ? mx / (sum / pl.num_ranks) : 1.0;  // S-EPLB: slowest / mean
@@ -357,7 +396,8 @@ EplbController::EplbController(const EplbSettings& settings, int num_layers, int
       layout_(layout),
       sub_window_steps_(std::max<int64_t>(1, settings.window_steps / kSubWindows)),
       sub_windows_(kSubWindows + 1,
-                   std::vector<double>(static_cast<size_t>(num_layers) * num_logical, 0.0)) {
+                   std::vector<double>(static_cast<size_t>(num_layers) * num_logical, 0.0)),
+      window_acc_(static_cast<size_t>(num_layers) * num_logical, 0.0) {
     DSI_CHECK(settings.validate().is_ok(), settings.validate().to_string());
 }
 
@@ -375,8 +415,30 @@ Status EplbController::record_step(std::span<const double> load) {
     std::vector<double>& cur = sub_windows_[current_];
     for (size_t i = 0; i < load.size(); ++i) {
         cur[i] += load[i];
+        window_acc_[i] += load[i];
     }
     ++steps_in_current_;
+    if (++steps_in_window_ == settings_.window_steps) {
+        // A completed window feeds the smoothed estimate.
+        if (settings_.smoothing == EplbSmoothing::kEma) {
+            if (ema_.empty()) {
+                ema_ = window_acc_;
+            } else {
+                for (size_t i = 0; i < ema_.size(); ++i) {
+                    ema_[i] += settings_.ema_alpha * (window_acc_[i] - ema_[i]);
+                }
+            }
+        } else if (settings_.smoothing == EplbSmoothing::kMeanOfWindows) {
+            if (static_cast<int>(history_.size()) < settings_.smoothing_windows) {
+                history_.push_back(window_acc_);
+            } else {
+                history_[completed_windows_ % settings_.smoothing_windows] = window_acc_;
+            }
+        }
+        ++completed_windows_;
+        std::fill(window_acc_.begin(), window_acc_.end(), 0.0);
+        steps_in_window_ = 0;
+    }
     ++steps_;
     ++steps_since_rebalance_;
     return Status::ok();
@@ -400,9 +462,25 @@ std::vector<double> EplbController::window_load() const {
     return sum;
 }
 
+std::vector<double> EplbController::estimated_load() const {
+    if (settings_.smoothing == EplbSmoothing::kEma && !ema_.empty()) {
+        return ema_;
+    }
+    if (settings_.smoothing == EplbSmoothing::kMeanOfWindows && !history_.empty()) {
+        std::vector<double> mean(history_[0].size(), 0.0);
+        for (const auto& h : history_) {
+            for (size_t i = 0; i < mean.size(); ++i) {
+                mean[i] += h[i] / static_cast<double>(history_.size());
+            }
+        }
+        return mean;
+    }
+    return window_load();
+}
+
 Result<ExpertPlacement> EplbController::rebalance() {
     steps_since_rebalance_ = 0;
-    const std::vector<double> w = window_load();
+    const std::vector<double> w = estimated_load();
     return place_experts(w, num_layers_, num_logical_, layout_, settings_.refine);
 }
 

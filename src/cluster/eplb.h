@@ -16,7 +16,18 @@
 //  - Our addition (`refine`, on by default): a swap search that moves replicas between
 //    the most loaded rank and any other rank of the same node while that lowers the
 //    maximum, so the result is never worse than the reference heuristic.
-//  - moe_lb = load of the slowest rank / mean rank load; a replica carries load / count.
+//  - Smoothing (ours, a setting): the placement is computed from the last window
+//    (kLastWindow, the SPEC's "loads of the last N steps") or from the mean of the last
+//    smoothing_windows completed windows (kMeanOfWindows), or an exponential moving
+//    average over completed windows (kEma). Default for both phases: the mean of the
+//    rebalance_interval / window = 10 windows since the previous placement; under
+//    per-window fluctuation of expert popularity this is what brings the next-window
+//    moe_lb to the floor of a fixed placement (bench/RESULTS.md, docs/cluster_policies.md).
+//  - moe_lb = load of the slowest rank / mean rank load. Replica dispatch (a setting of
+//    the measurement): kEvenSplit, a replica carries load / count (tokens are spread
+//    over replicas by a fixed rule); kLeastLoadedReplica, each token of a replicated
+//    expert goes to the replica whose rank is least loaded at that moment, so the
+//    replicas share their expert's load dynamically and absorb drift.
 // Ties break to the lower index everywhere, so results are deterministic. No I/O.
 // Thread model: functions are pure; EplbController is not thread-safe (one owner).
 #pragma once
@@ -29,11 +40,18 @@
 
 namespace dsi::cluster {
 
+enum class EplbSmoothing { kLastWindow, kMeanOfWindows, kEma };
+
+// S-EPLB per phase: (redundant experts per rank, statistics window in steps, rebalance
+// interval in steps) = prefill (4, 100, 1,000), decode (1, 1,000, 10,000).
 struct EplbSettings {
     int redundant_experts_per_rank = 4;
     int64_t window_steps = 100;
     int64_t rebalance_interval_steps = 1000;
     bool refine = true;
+    EplbSmoothing smoothing = EplbSmoothing::kMeanOfWindows;
+    int smoothing_windows = 10;  // kMeanOfWindows: completed windows averaged (1..64)
+    double ema_alpha = 0.2;      // kEma: weight of the newest completed window, (0, 1]
 
     static EplbSettings prefill_defaults() { return {4, 100, 1000, true}; }
     static EplbSettings decode_defaults() { return {1, 1000, 10000, true}; }
@@ -80,14 +98,22 @@ struct MoeLb {
     double mean = 0;  // mean over layers of (max rank load / mean rank load)
     double max = 0;   // worst layer
 };
+enum class ReplicaDispatch { kEvenSplit, kLeastLoadedReplica };
+// kLeastLoadedReplica is computed fluidly: each replicated expert's load is cut into
+// kDispatchChunks equal parts, handed out in rounds (heaviest expert first), each part to
+// the currently least-loaded rank holding a replica of it (ties: lower rank).
+inline constexpr int kDispatchChunks = 64;
 std::vector<double> rank_loads(const ExpertPlacement& placement, std::span<const double> load,
-                               int layer);
-MoeLb moe_lb(const ExpertPlacement& placement, std::span<const double> load);
+                               int layer, ReplicaDispatch dispatch = ReplicaDispatch::kEvenSplit);
+MoeLb moe_lb(const ExpertPlacement& placement, std::span<const double> load,
+             ReplicaDispatch dispatch = ReplicaDispatch::kEvenSplit);
 
 // Counts loads over a sliding window of steps and says when to re-place. The window is
 // kept as 10 sub-windows of window_steps / 10 steps each (memory stays
 // O(10 x layers x experts) for the decode window of 1,000 steps), so the statistics
-// cover between 0.9 and 1.0 of a window.
+// cover between 0.9 and 1.0 of a window. Completed windows (fixed boundaries every
+// window_steps steps) feed the smoothed estimate: a ring of the last smoothing_windows
+// window sums, or an EMA. rebalance() places on estimated_load().
 class EplbController {
 public:
     // REQUIRES: settings.validate() is OK.
@@ -100,6 +126,10 @@ public:
     // Places on the window's loads and restarts the interval count.
     Result<ExpertPlacement> rebalance();
     std::vector<double> window_load() const;
+    // The loads the next placement uses, per settings.smoothing (scaled to one window).
+    // Before the first completed window: window_load().
+    std::vector<double> estimated_load() const;
+    int num_completed_windows() const { return static_cast<int>(completed_windows_); }
     int64_t steps() const { return steps_; }
 
 private:
@@ -114,6 +144,12 @@ private:
     int64_t steps_in_current_ = 0;
     int64_t steps_ = 0;
     int64_t steps_since_rebalance_ = 0;
+    // Smoothing over completed windows.
+    std::vector<double> window_acc_;                // the window being filled
+    int64_t steps_in_window_ = 0;
+    std::vector<std::vector<double>> history_;      // kMeanOfWindows ring
+    std::vector<double> ema_;                       // kEma
+    int64_t completed_windows_ = 0;
 };
 
 }  // namespace dsi::cluster

@@ -138,5 +138,83 @@ TEST(EplbTest, ControllerWindowAndInterval) {
     EXPECT_EQ(c.steps(), 25);
 }
 
+TEST(EplbTest, LeastLoadedReplicaAbsorbsSkew) {
+    // 2 ranks x 2 slots: rank 0 = {B, A}, rank 1 = {A, C}; A is replicated.
+    ExpertPlacement p;
+    p.num_layers = 1;
+    p.num_logical = 3;
+    p.num_physical = 4;
+    p.num_ranks = 2;
+    p.phy_to_log = {1, 0, 0, 2};
+    p.replica_index = {0, 0, 1, 0};
+    p.replica_count = {2, 1, 1};
+    ASSERT_TRUE(p.validate().is_ok());
+    const std::vector<double> load = {10, 10, 0};  // A, B, C
+    const auto even = rank_loads(p, load, 0, ReplicaDispatch::kEvenSplit);
+    EXPECT_DOUBLE_EQ(even[0], 15);
+    EXPECT_DOUBLE_EQ(even[1], 5);
+    const auto dyn = rank_loads(p, load, 0, ReplicaDispatch::kLeastLoadedReplica);
+    EXPECT_DOUBLE_EQ(dyn[0] + dyn[1], 20);  // every token lands somewhere, once
+    EXPECT_NEAR(dyn[0], 10, 10.0 / kDispatchChunks);
+    EXPECT_NEAR(moe_lb(p, load, ReplicaDispatch::kLeastLoadedReplica).max, 1.0,
+                1.0 / kDispatchChunks);
+    EXPECT_DOUBLE_EQ(moe_lb(p, load).max, 1.5);
+    // A hot unreplicated expert cannot be helped.
+    const std::vector<double> hot_b = {0, 30, 0};
+    EXPECT_DOUBLE_EQ(moe_lb(p, hot_b, ReplicaDispatch::kLeastLoadedReplica).max, 2.0);
+}
+
+TEST(EplbTest, ControllerSmoothingOverCompletedWindows) {
+    const int n = 24;  // 2 layers x 12 experts
+    auto run = [&](EplbSmoothing mode, int windows, double alpha) {
+        EplbSettings s{1, 4, 1000, false, mode, windows, alpha};
+        EplbController c(s, 2, 12, example_layout());
+        // Window k (4 steps) puts 1 per step on expert k only: window sums are 4 x e_k.
+        for (int k = 0; k < 5; ++k) {
+            std::vector<double> step(n, 0.0);
+            step[k] = 1.0;
+            for (int i = 0; i < 4; ++i) {
+                EXPECT_TRUE(c.record_step(step).is_ok());
+            }
+        }
+        EXPECT_EQ(c.num_completed_windows(), 5);
+        return c.estimated_load();
+    };
+    const auto last = run(EplbSmoothing::kLastWindow, 10, 0.2);
+    EXPECT_DOUBLE_EQ(last[4], 4);
+    EXPECT_DOUBLE_EQ(last[3], 0);
+    const auto mean3 = run(EplbSmoothing::kMeanOfWindows, 3, 0.2);  // windows 2, 3, 4
+    EXPECT_DOUBLE_EQ(mean3[0], 0);
+    EXPECT_DOUBLE_EQ(mean3[1], 0);
+    EXPECT_DOUBLE_EQ(mean3[2], 4.0 / 3);
+    EXPECT_DOUBLE_EQ(mean3[4], 4.0 / 3);
+    const auto ema = run(EplbSmoothing::kEma, 10, 0.5);
+    // ema = w0, then ema += 0.5 (w - ema): weights 1/16, 1/16, 1/8, 1/4, 1/2.
+    EXPECT_DOUBLE_EQ(ema[0], 4.0 / 16);
+    EXPECT_DOUBLE_EQ(ema[3], 4.0 / 4);
+    EXPECT_DOUBLE_EQ(ema[4], 4.0 / 2);
+    EXPECT_FALSE((EplbSettings{1, 4, 10, true, EplbSmoothing::kEma, 10, 0.0}).validate().is_ok());
+    EXPECT_FALSE((EplbSettings{1, 4, 10, true, EplbSmoothing::kMeanOfWindows, 0, 0.2})
+                     .validate()
+                     .is_ok());
+    EXPECT_FALSE((EplbSettings{1, 4, 10, true, EplbSmoothing::kMeanOfWindows, 65, 0.2})
+                     .validate()
+                     .is_ok());
+}
+
+TEST(EplbTest, PhaseDefaultsFollowSpec) {
+    const EplbSettings p = EplbSettings::prefill_defaults();
+    const EplbSettings d = EplbSettings::decode_defaults();
+    EXPECT_EQ(p.redundant_experts_per_rank, 4);
+    EXPECT_EQ(p.window_steps, 100);
+    EXPECT_EQ(p.rebalance_interval_steps, 1000);
+    EXPECT_EQ(d.redundant_experts_per_rank, 1);
+    EXPECT_EQ(d.window_steps, 1000);
+    EXPECT_EQ(d.rebalance_interval_steps, 10000);
+    // Smoothing covers every window since the previous placement.
+    EXPECT_EQ(p.smoothing_windows * p.window_steps, p.rebalance_interval_steps);
+    EXPECT_EQ(d.smoothing_windows * d.window_steps, d.rebalance_interval_steps);
+}
+
 }  // namespace
 }  // namespace dsi::cluster
