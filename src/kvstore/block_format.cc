@@ -4,7 +4,10 @@
 
 #include <xxhash.h>
 
+#include <cstdlib>
 #include <cstring>
+
+#include "kvstore/internal/xxh3_fast.h"
 
 namespace dsi::kvstore {
 namespace {
@@ -153,25 +156,96 @@ Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
         }
         dst += layers[i].size();
     }
-    store_le<uint64_t>(p + 72, XXH3_64bits(p + hdr, total));
+    store_le<uint64_t>(p + 72, internal::xxh3_ops().hash(p + hdr, total));
     store_le<uint64_t>(p + hdr - 8, XXH3_64bits(p, hdr - 8));
     return out;
 }
 
+void BlockBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+
+BlockBuffer BlockBuffer::allocate(size_t n) {
+    DSI_CHECK(n > 0);
+    constexpr size_t kAlign = 4096;  // page-aligned: O_DIRECT-ready, no split cache lines
+    BlockBuffer b;
+    b.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, (n + kAlign - 1) / kAlign * kAlign)));
+    DSI_CHECK(b.data_ != nullptr);
+    b.size_ = n;
+    return b;
+}
+
+void BlockBuffer::truncate(size_t n) {
+    DSI_CHECK_LE(n, size_);
+    size_ = n;
+}
+
+struct PayloadHasher::State {
+    internal::Xxh3State xxh;
+    uint64_t seen = 0;           // bytes of the encoded block seen
+    uint64_t payload_begin = 0;  // header size; 0 until known
+    bool bad = false;            // unusable layer count
+    uint8_t head[16] = {};       // the first 16 bytes (layer count at offset 12)
+};
+
+PayloadHasher::PayloadHasher() : s_(std::make_unique<State>()) { internal::xxh3_ops().reset(&s_->xxh); }
+
+PayloadHasher::~PayloadHasher() = default;
+PayloadHasher::PayloadHasher(PayloadHasher&&) noexcept = default;
+PayloadHasher& PayloadHasher::operator=(PayloadHasher&&) noexcept = default;
+
+void PayloadHasher::update(std::span<const uint8_t> chunk) {
+    State& s = *s_;
+    if (s.bad) {
+        return;
+    }
+    for (size_t i = 0; s.seen + i < sizeof(s.head) && i < chunk.size(); ++i) {
+        s.head[s.seen + i] = chunk[i];
+    }
+    const uint64_t begin = s.seen;
+    s.seen += chunk.size();
+    if (s.payload_begin == 0) {
+        if (s.seen < sizeof(s.head)) {
+            return;
+        }
+        uint32_t layers = load_le<uint32_t>(s.head + 12);
+        if (layers == 0 || layers > kMaxLayers) {
+            s.bad = true;
+            return;
+        }
+        s.payload_begin = header_bytes(layers);
+    }
+    if (s.seen <= s.payload_begin) {
+        return;
+    }
+    const uint64_t skip = s.payload_begin > begin ? s.payload_begin - begin : 0;
+    internal::xxh3_ops().update(&s.xxh, chunk.data() + skip, chunk.size() - skip);
+}
+
+std::optional<uint64_t> PayloadHasher::digest() const {
+    if (s_->bad || s_->payload_begin == 0) {
+        return std::nullopt;
+    }
+    return internal::xxh3_ops().digest(&s_->xxh);
+}
+
 std::span<const uint8_t> Block::layer(uint32_t i) const {
     DSI_CHECK_LT(i, info_.num_layers);
-    return std::span<const uint8_t>(bytes_).subspan(layer_offsets_[i],
-                                                    layer_offsets_[i + 1] - layer_offsets_[i]);
+    return bytes_.subspan(layer_offsets_[i], layer_offsets_[i + 1] - layer_offsets_[i]);
 }
 
 std::span<const uint8_t> Block::payload() const {
     if (layer_offsets_.empty()) {
         return {};
     }
-    return std::span<const uint8_t>(bytes_).subspan(layer_offsets_.front());
+    return bytes_.subspan(layer_offsets_.front());
 }
 
-Result<Block> decode_block(std::vector<uint8_t> bytes, const BlockInfo* expect) {
+uint64_t Block::payload_checksum() const {
+    DSI_CHECK_LE(kFixedHeaderBytes, bytes_.size());
+    return load_le<uint64_t>(bytes_.data() + 72);
+}
+
+Result<Block> decode_view(std::span<const uint8_t> bytes, const BlockInfo* expect,
+                          std::optional<uint64_t> payload_hash) {
     Block b;
     std::vector<uint64_t> sizes;
     uint64_t total = 0;
@@ -182,7 +256,8 @@ Result<Block> decode_block(std::vector<uint8_t> bytes, const BlockInfo* expect) 
         return data_loss(bytes.size() < hdr + total ? "block truncated"
                                                     : "block has trailing bytes");
     }
-    if (XXH3_64bits(bytes.data() + hdr, total) != checksum) {
+    uint64_t got = payload_hash ? *payload_hash : internal::xxh3_ops().hash(bytes.data() + hdr, total);
+    if (got != checksum) {
         return data_loss("payload checksum mismatch");
     }
     if (expect != nullptr) {
@@ -203,7 +278,20 @@ Result<Block> decode_block(std::vector<uint8_t> bytes, const BlockInfo* expect) 
     for (size_t i = 0; i < sizes.size(); ++i) {
         b.layer_offsets_[i + 1] = b.layer_offsets_[i] + sizes[i];
     }
-    b.bytes_ = std::move(bytes);
+    b.bytes_ = bytes;
+    return b;
+}
+
+Result<Block> decode_block(std::vector<uint8_t> bytes, const BlockInfo* expect) {
+    DSI_ASSIGN_OR_RETURN(Block b, decode_view(bytes, expect, std::nullopt));
+    b.vec_ = std::move(bytes);  // the heap storage (and so bytes_) stays where it is
+    return b;
+}
+
+Result<Block> decode_block(BlockBuffer bytes, const BlockInfo* expect,
+                           std::optional<uint64_t> payload_hash) {
+    DSI_ASSIGN_OR_RETURN(Block b, decode_view(bytes.span(), expect, payload_hash));
+    b.buf_ = std::move(bytes);
     return b;
 }
 

@@ -28,6 +28,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -67,7 +69,49 @@ size_t header_bytes(uint32_t num_layers);
 Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
                                           std::span<const std::span<const uint8_t>> layers);
 
-// A decoded block: owns the encoded bytes; layer views live as long as the Block.
+// Page-aligned bytes that are never zero-filled: reads land here directly (no memset
+// pass over a block that the read overwrites anyway).
+class BlockBuffer {
+public:
+    BlockBuffer() = default;
+    // Contents undefined. REQUIRES: n > 0.
+    static BlockBuffer allocate(size_t n);
+    uint8_t* data() const { return data_.get(); }
+    size_t size() const { return size_; }
+    std::span<uint8_t> span() const { return {data_.get(), size_}; }
+    // Shrinks the visible size (the allocation stays). REQUIRES: n <= size().
+    void truncate(size_t n);
+
+private:
+    struct Free {
+        void operator()(uint8_t* p) const;
+    };
+    std::unique_ptr<uint8_t, Free> data_;
+    size_t size_ = 0;
+};
+
+// The payload checksum computed while a block arrives in order, chunk by chunk: the
+// read path hashes each chunk while it is still in cache instead of in a second pass
+// over the whole block. Thread model: one owner.
+class PayloadHasher {
+public:
+    PayloadHasher();
+    ~PayloadHasher();
+    PayloadHasher(PayloadHasher&&) noexcept;
+    PayloadHasher& operator=(PayloadHasher&&) noexcept;
+    // The next bytes of the encoded block. REQUIRES: chunks in order, contiguous.
+    void update(std::span<const uint8_t> chunk);
+    // XXH3-64 of the payload seen so far; nullopt when the header's layer count is
+    // unusable (decode_block then says why).
+    std::optional<uint64_t> digest() const;
+
+private:
+    struct State;
+    std::unique_ptr<State> s_;
+};
+
+// A decoded block: owns the encoded bytes (or, from read_many_into, views bytes the
+// caller owns); layer views live as long as the Block (and the caller's buffer).
 class Block {
 public:
     Block() = default;
@@ -79,17 +123,35 @@ public:
     // The whole encoded block (header + payload), e.g. to copy to another tier.
     std::span<const uint8_t> encoded() const { return bytes_; }
     size_t size_bytes() const { return bytes_.size(); }
+    // The verified payload checksum from the header.
+    uint64_t payload_checksum() const;
+    // False for a view into a caller's buffer (read_many_into).
+    bool owns_bytes() const { return !vec_.empty() || buf_.data() != nullptr; }
 
 private:
+    friend Result<Block> decode_view(std::span<const uint8_t> bytes, const BlockInfo* expect,
+                                     std::optional<uint64_t> payload_hash);
     friend Result<Block> decode_block(std::vector<uint8_t> bytes, const BlockInfo* expect);
+    friend Result<Block> decode_block(BlockBuffer bytes, const BlockInfo* expect,
+                                      std::optional<uint64_t> payload_hash);
     BlockInfo info_;
-    std::vector<uint8_t> bytes_;
+    std::vector<uint8_t> vec_;  // owned storage, or
+    BlockBuffer buf_;           // owned storage, or neither (a view)
+    std::span<const uint8_t> bytes_;
     std::vector<uint64_t> layer_offsets_;  // num_layers + 1 entries, into bytes_
 };
 
 // Validates and decodes. With `expect`, the key, model, layer count, dtype, token count
 // and (when expect->token_hash != 0) the token hash must match. Never reads past bytes.
 Result<Block> decode_block(std::vector<uint8_t> bytes, const BlockInfo* expect);
+// Same, over a BlockBuffer; `payload_hash`, when given, is the payload's XXH3-64 already
+// computed during the read (PayloadHasher), so the payload is not hashed again.
+Result<Block> decode_block(BlockBuffer bytes, const BlockInfo* expect,
+                           std::optional<uint64_t> payload_hash = std::nullopt);
+// Same checks over bytes the caller owns; the Block is a view that lives as long as
+// `bytes`.
+Result<Block> decode_view(std::span<const uint8_t> bytes, const BlockInfo* expect,
+                          std::optional<uint64_t> payload_hash = std::nullopt);
 
 // Reads only the fixed part of a header (for GC scans): checks magic, version, limits
 // and the header checksum when `prefix` holds the whole header; returns the info.

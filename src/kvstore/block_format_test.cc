@@ -4,6 +4,7 @@
 
 #include <cstring>
 
+#include "kvstore/internal/xxh3_fast.h"
 #include "kvstore/test_util.h"
 
 namespace dsi::kvstore {
@@ -127,6 +128,63 @@ TEST(BlockFormat, PeekReadsTheHeaderOnly) {
     EXPECT_EQ(info->traffic_class, TrafficClass::kAgent);
     EXPECT_EQ(info->key, b.info.key);
     EXPECT_FALSE(peek_block_info(std::span<const uint8_t>(bytes.data(), 20)).is_ok());
+}
+
+// The streaming checksum over any split of the block equals the one-pass checksum;
+// a bad layer count yields no digest.
+TEST(BlockFormat, PayloadHasherMatchesOnePassOverAnySplit) {
+    auto b = make_block(5, 3, 777);
+    auto bytes = encode(b);
+    for (size_t step : {size_t{1}, size_t{7}, size_t{15}, size_t{100}, bytes.size()}) {
+        PayloadHasher h;
+        for (size_t off = 0; off < bytes.size(); off += step) {
+            h.update(std::span<const uint8_t>(bytes).subspan(off, std::min(step, bytes.size() - off)));
+        }
+        ASSERT_TRUE(h.digest().has_value());
+        auto d = decode_block(bytes, nullptr);
+        ASSERT_TRUE(d.is_ok());
+        EXPECT_EQ(*h.digest(), d->payload_checksum()) << "step " << step;
+        BlockBuffer buf = BlockBuffer::allocate(bytes.size());
+        std::memcpy(buf.data(), bytes.data(), bytes.size());
+        EXPECT_TRUE(decode_block(std::move(buf), &b.info, h.digest()).is_ok());
+    }
+    // A digest that does not match (a chunk changed after hashing) is a miss.
+    BlockBuffer buf = BlockBuffer::allocate(bytes.size());
+    std::memcpy(buf.data(), bytes.data(), bytes.size());
+    EXPECT_EQ(decode_block(std::move(buf), &b.info, uint64_t{42}).status().code(),
+              StatusCode::kDataLoss);
+    auto bad = bytes;
+    bad[12] = 0;  // layer count 0
+    bad[13] = bad[14] = bad[15] = 0;
+    PayloadHasher h;
+    h.update(bad);
+    EXPECT_FALSE(h.digest().has_value());
+    PayloadHasher short_input;
+    short_input.update(std::span<const uint8_t>(bytes).first(10));
+    EXPECT_FALSE(short_input.digest().has_value());
+}
+
+// Every XXH3 implementation this CPU runs gives the library's digest, one-shot and
+// streamed, at every length around the algorithm's size classes.
+TEST(BlockFormat, Xxh3ImplementationsAgree) {
+    std::vector<uint8_t> data(5000);
+    for (size_t i = 0; i < data.size(); ++i) data[i] = static_cast<uint8_t>(i * 131 + (i >> 7));
+    size_t count = 0;
+    const internal::Xxh3Ops* const* all = internal::xxh3_ops_all(&count);
+    ASSERT_GE(count, 1u);
+    EXPECT_STREQ(all[count - 1]->isa, "libxxhash");
+    const internal::Xxh3Ops& ref = *all[count - 1];
+    for (size_t n : {0, 1, 3, 16, 17, 128, 129, 240, 241, 1024, 1025, 4999, 5000}) {
+        for (size_t k = 0; k < count; ++k) {
+            EXPECT_EQ(all[k]->hash(data.data(), n), ref.hash(data.data(), n)) << all[k]->isa << n;
+            internal::Xxh3State st;
+            all[k]->reset(&st);
+            for (size_t off = 0; off < n; off += 300) {
+                all[k]->update(&st, data.data() + off, std::min<size_t>(300, n - off));
+            }
+            EXPECT_EQ(all[k]->digest(&st), ref.hash(data.data(), n)) << all[k]->isa << n;
+        }
+    }
 }
 
 TEST(StoreKey, HexRoundTrip) {

@@ -70,6 +70,15 @@ public:
     virtual std::vector<Result<Block>> get_many(std::span<const StoreKey> keys,
                                                 std::span<const BlockInfo> expects,
                                                 int64_t deadline_ns = kNoDeadline);
+    // Like get_many, but each block is read into dsts[i] (memory the caller owns and
+    // reuses: engine host buffers, shm slots): no allocation, no zero fill. An OK result
+    // is a view into dsts[i] (Block::owns_bytes() false), valid while dsts[i] is.
+    // kInvalidArgument when a block is larger than its buffer. The default copies from
+    // get_many. REQUIRES: dsts.size() == keys.size(); expects as for get_many.
+    virtual std::vector<Result<Block>> read_many_into(std::span<const StoreKey> keys,
+                                                      std::span<const BlockInfo> expects,
+                                                      std::span<const std::span<uint8_t>> dsts,
+                                                      int64_t deadline_ns = kNoDeadline);
     // Metadata only.
     virtual Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) = 0;
     // S-KV-4: the number of leading keys of `chain` present (metadata only). A chain

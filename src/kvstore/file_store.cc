@@ -174,46 +174,73 @@ Status FileBlockStore::put(const BlockInfo& info, std::span<const std::span<cons
     return Status::ok();
 }
 
-std::vector<bool> FileBlockStore::read_files(std::span<const int> fds,
-                                             std::vector<std::vector<uint8_t>>& bufs,
-                                             int64_t deadline_ns) {
-    std::vector<bool> ok(fds.size(), false);
+void FileBlockStore::read_files(std::span<ReadJob> jobs, int64_t deadline_ns) {
+    const size_t chunk = kReadChunkBytes;
     std::unique_lock<std::mutex> lock(ring_mu_, std::try_to_lock);
     if (!ring_ || !lock.owns_lock()) {
-        for (size_t i = 0; i < fds.size(); ++i) {
-            ok[i] = fds[i] >= 0 && pread_full(fds[i], bufs[i], 0);
+        // Chunked pread; each chunk is hashed right after it lands (still in cache).
+        for (ReadJob& j : jobs) {
+            j.ok = j.fd >= 0;
+            for (size_t off = 0; j.ok && off < j.dst.size(); off += chunk) {
+                std::span<uint8_t> c = j.dst.subspan(off, std::min(chunk, j.dst.size() - off));
+                j.ok = pread_full(j.fd, c, off);
+                if (j.ok) {
+                    j.hasher.update(c);
+                }
+            }
         }
-        return ok;
+        return;
     }
+    // io_uring: every chunk of every block in one stream of batched submissions; a
+    // block's chunks are hashed in order as the contiguous prefix completes.
     struct io_uring* ring = &ring_->ring;
-    std::vector<size_t> got(fds.size(), 0);
+    struct Pending {
+        size_t job;
+        size_t chunk;
+    };
+    std::vector<Pending> pending;  // (job, chunk) in submission order
+    std::vector<std::vector<uint8_t>> done(jobs.size());
+    std::vector<size_t> next_hash(jobs.size(), 0);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        jobs[i].ok = jobs[i].fd >= 0;
+        if (!jobs[i].ok) {
+            continue;
+        }
+        size_t n = (jobs[i].dst.size() + chunk - 1) / chunk;
+        done[i].assign(n, 0);
+        for (size_t c = 0; c < n; ++c) {
+            pending.push_back({i, c});
+        }
+    }
+    auto chunk_span = [&](const Pending& p) {
+        std::span<uint8_t> d = jobs[p.job].dst;
+        size_t off = p.chunk * chunk;
+        return d.subspan(off, std::min(chunk, d.size() - off));
+    };
     size_t next = 0;
     size_t in_flight = 0;
     bool timed_out = false;
-    while (next < fds.size() || in_flight > 0) {
-        while (next < fds.size() && !timed_out) {
-            if (fds[next] < 0 || bufs[next].empty()) {
-                ok[next] = fds[next] >= 0;
-                ++next;
-                continue;
-            }
+    while (next < pending.size() || in_flight > 0) {
+        unsigned queued = 0;
+        while (next < pending.size() && !timed_out) {
             struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
             if (sqe == nullptr) {
                 break;
             }
-            io_uring_prep_read(sqe, fds[next], bufs[next].data(),
-                               static_cast<unsigned>(bufs[next].size()), 0);
+            std::span<uint8_t> c = chunk_span(pending[next]);
+            io_uring_prep_read(sqe, jobs[pending[next].job].fd, c.data(),
+                               static_cast<unsigned>(c.size()), pending[next].chunk * chunk);
             io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(next));
             ++next;
             ++in_flight;
+            ++queued;
         }
         if (in_flight == 0) {
-            if (timed_out) {
-                break;
-            }
-            continue;
+            break;
         }
-        io_uring_submit(ring);
+        if (queued > 0) {
+            io_uring_submit(ring);
+        }
         struct io_uring_cqe* cqe = nullptr;
         int rc;
         if (timed_out || deadline_ns == kNoDeadline) {
@@ -230,18 +257,18 @@ std::vector<bool> FileBlockStore::read_files(std::span<const int> fds,
             // Deadline: cancel what is in flight, then drain (file reads complete or
             // cancel promptly; the buffers must not be freed under the kernel).
             timed_out = true;
-            for (size_t i = 0; i < fds.size(); ++i) {
+            for (size_t i = 0; i < next; ++i) {
                 struct io_uring_sqe* sqe = io_uring_get_sqe(ring);
                 if (sqe != nullptr) {
                     io_uring_prep_cancel(sqe, reinterpret_cast<void*>(i), 0);
                     io_uring_sqe_set_data(sqe, reinterpret_cast<void*>(~uintptr_t{0}));
                 }
             }
+            io_uring_submit(ring);
             continue;
         }
         if (rc < 0) {
-            // The ring failed: finish the rest synchronously.
-            break;
+            break;  // the ring failed: drain below, the rest is a miss
         }
         uintptr_t idx = reinterpret_cast<uintptr_t>(io_uring_cqe_get_data(cqe));
         int res = cqe->res;
@@ -250,30 +277,40 @@ std::vector<bool> FileBlockStore::read_files(std::span<const int> fds,
             continue;  // a cancel's own completion
         }
         --in_flight;
-        if (res > 0) {
-            got[idx] = static_cast<size_t>(res);
-            // A short read finishes with pread (rare for regular files).
-            std::span<uint8_t> rest(bufs[idx].data() + got[idx], bufs[idx].size() - got[idx]);
-            ok[idx] = got[idx] == bufs[idx].size() ||
-                      (!timed_out && pread_full(fds[idx], rest, got[idx]));
+        const Pending& p = pending[idx];
+        ReadJob& j = jobs[p.job];
+        std::span<uint8_t> c = chunk_span(p);
+        size_t got = res > 0 ? static_cast<size_t>(res) : 0;
+        // A short read finishes with pread (rare for regular files).
+        bool ok = res >= 0 && (got == c.size() ||
+                               (!timed_out && pread_full(j.fd, c.subspan(got), p.chunk * chunk + got)));
+        if (!ok) {
+            j.ok = false;
+            continue;
+        }
+        done[p.job][p.chunk] = 1;
+        while (j.ok && next_hash[p.job] < done[p.job].size() && done[p.job][next_hash[p.job]]) {
+            j.hasher.update(chunk_span({p.job, next_hash[p.job]}));
+            ++next_hash[p.job];
         }
     }
-    if (in_flight > 0) {
+    while (in_flight > 0) {
         // Ring error mid-batch: drain what is in flight before touching the buffers.
-        for (; in_flight > 0; --in_flight) {
-            struct io_uring_cqe* cqe = nullptr;
-            if (io_uring_wait_cqe(ring, &cqe) == 0) {
-                io_uring_cqe_seen(ring, cqe);
-            }
+        struct io_uring_cqe* cqe = nullptr;
+        if (io_uring_wait_cqe(ring, &cqe) != 0) {
+            break;
+        }
+        in_flight -= io_uring_cqe_get_data(cqe) != reinterpret_cast<void*>(~uintptr_t{0});
+        io_uring_cqe_seen(ring, cqe);
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        if (next_hash[i] < done[i].size()) {
+            jobs[i].ok = false;  // not every chunk arrived (deadline or ring error)
         }
     }
-    return ok;
 }
 
-Result<Block> FileBlockStore::finish_read(const StoreKey& key, std::vector<uint8_t> bytes,
-                                          const BlockInfo* expect, int fd) {
-    size_t n = bytes.size();
-    auto block = decode_block(std::move(bytes), expect);
+Result<Block> FileBlockStore::finish_read(const StoreKey& key, Result<Block> block, int fd) {
     if (!block.is_ok()) {
         metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
         metrics_.misses.fetch_add(1, std::memory_order_relaxed);
@@ -287,17 +324,20 @@ Result<Block> FileBlockStore::finish_read(const StoreKey& key, std::vector<uint8
     struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
     (void)::futimens(fd, times);
     metrics_.hits.fetch_add(1, std::memory_order_relaxed);
-    metrics_.bytes_read.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+    metrics_.bytes_read.fetch_add(static_cast<int64_t>(block->size_bytes()),
+                                  std::memory_order_relaxed);
     return block;
 }
 
-std::vector<Result<Block>> FileBlockStore::get_many(std::span<const StoreKey> keys,
-                                                    std::span<const BlockInfo> expects,
-                                                    int64_t deadline_ns) {
+std::vector<Result<Block>> FileBlockStore::read_blocks(std::span<const StoreKey> keys,
+                                                       std::span<const BlockInfo> expects,
+                                                       std::span<const std::span<uint8_t>> dsts,
+                                                       int64_t deadline_ns) {
     DSI_CHECK(expects.empty() || expects.size() == keys.size());
+    DSI_CHECK(dsts.empty() || dsts.size() == keys.size());
     int64_t t0 = now_ns();
-    std::vector<int> fds(keys.size(), -1);
-    std::vector<std::vector<uint8_t>> bufs(keys.size());
+    std::vector<ReadJob> jobs(keys.size());
+    std::vector<BlockBuffer> bufs(dsts.empty() ? keys.size() : 0);
     std::vector<Result<Block>> out;
     out.reserve(keys.size());
     std::vector<Status> early(keys.size());
@@ -320,30 +360,60 @@ std::vector<Result<Block>> FileBlockStore::get_many(std::span<const StoreKey> ke
             early[i] = not_found("block unusable: bad file size");
             continue;
         }
-        fds[i] = fd;
-        bufs[i].resize(static_cast<size_t>(st.st_size));
+        const size_t size = static_cast<size_t>(st.st_size);
+        if (!dsts.empty() && dsts[i].size() < size) {
+            ::close(fd);
+            early[i] = invalid_argument("buffer smaller than the stored block");
+            continue;
+        }
+        jobs[i].fd = fd;
+        if (dsts.empty()) {
+            bufs[i] = BlockBuffer::allocate(size);  // not zero-filled: the read fills it
+            jobs[i].dst = bufs[i].span();
+        } else {
+            jobs[i].dst = dsts[i].first(size);
+        }
     }
-    std::vector<bool> ok = read_files(fds, bufs, deadline_ns);
+    read_files(jobs, deadline_ns);
     for (size_t i = 0; i < keys.size(); ++i) {
-        if (fds[i] < 0) {
-            metrics_.misses.fetch_add(1, std::memory_order_relaxed);
+        ReadJob& j = jobs[i];
+        if (j.fd < 0) {
+            if (early[i].code() == StatusCode::kNotFound) {
+                metrics_.misses.fetch_add(1, std::memory_order_relaxed);
+            }
             out.emplace_back(early[i]);
             continue;
         }
-        if (!ok[i]) {
+        if (!j.ok) {
             metrics_.errors.fetch_add(1, std::memory_order_relaxed);
             metrics_.misses.fetch_add(1, std::memory_order_relaxed);
             bool late = deadline_ns != kNoDeadline && now_ns() >= deadline_ns;
             out.emplace_back(late ? deadline_exceeded("block read past its deadline")
                                   : not_found("block read failed"));
         } else {
-            out.emplace_back(finish_read(keys[i], std::move(bufs[i]),
-                                         expects.empty() ? nullptr : &expects[i], fds[i]));
+            const BlockInfo* expect = expects.empty() ? nullptr : &expects[i];
+            Result<Block> b = dsts.empty()
+                                  ? decode_block(std::move(bufs[i]), expect, j.hasher.digest())
+                                  : decode_view(j.dst, expect, j.hasher.digest());
+            out.emplace_back(finish_read(keys[i], std::move(b), j.fd));
         }
-        ::close(fds[i]);
+        ::close(j.fd);
     }
     metrics_.get_latency.record(now_ns() - t0);
     return out;
+}
+
+std::vector<Result<Block>> FileBlockStore::get_many(std::span<const StoreKey> keys,
+                                                    std::span<const BlockInfo> expects,
+                                                    int64_t deadline_ns) {
+    return read_blocks(keys, expects, {}, deadline_ns);
+}
+
+std::vector<Result<Block>> FileBlockStore::read_many_into(
+    std::span<const StoreKey> keys, std::span<const BlockInfo> expects,
+    std::span<const std::span<uint8_t>> dsts, int64_t deadline_ns) {
+    DSI_CHECK_EQ(dsts.size(), keys.size());
+    return read_blocks(keys, expects, dsts, deadline_ns);
 }
 
 Result<Block> FileBlockStore::get(const StoreKey& key, const BlockInfo* expect,

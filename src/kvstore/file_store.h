@@ -9,8 +9,11 @@
 //     partial block under blocks/; tmp files older than `stale_tmp_age_s` are swept
 //     at open and by the GC worker's scan.
 //   - reads: io_uring when the kernel allows it (probed at open), else pread; chosen
-//     at run time, `use_io_uring = false` forces pread. get_many submits all reads in
-//     one batch. A block that fails decode is a miss and its file is removed.
+//     at run time, `use_io_uring = false` forces pread. Files are read in 256 KiB
+//     chunks into unzeroed page-aligned buffers (get_many) or the caller's buffers
+//     (read_many_into), each chunk hashed as it lands (no second checksum pass);
+//     get_many submits every chunk of the batch to the ring at once. A block that
+//     fails decode is a miss and its file is removed.
 //   - last access is the file's atime, set explicitly on every hit (works under
 //     noatime/relatime); the GC worker (gc_worker.h) reads it with the class from the
 //     header. The store itself never deletes for age or space (S-KV-3).
@@ -57,6 +60,10 @@ public:
     std::vector<Result<Block>> get_many(std::span<const StoreKey> keys,
                                         std::span<const BlockInfo> expects,
                                         int64_t deadline_ns = kNoDeadline) override;
+    std::vector<Result<Block>> read_many_into(std::span<const StoreKey> keys,
+                                              std::span<const BlockInfo> expects,
+                                              std::span<const std::span<uint8_t>> dsts,
+                                              int64_t deadline_ns = kNoDeadline) override;
     Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) override;
     Status remove(const StoreKey& key) override;
     std::string uri() const override { return "file://" + root_; }
@@ -72,12 +79,23 @@ public:
 
 private:
     struct Ring;
+    // One whole-file read: fd into dst, hashed as it lands; ok = every byte arrived.
+    struct ReadJob {
+        int fd = -1;
+        std::span<uint8_t> dst;
+        PayloadHasher hasher;
+        bool ok = false;
+    };
+    // Reads are issued in chunks of this size: each is hashed while still in cache.
+    static constexpr size_t kReadChunkBytes = size_t{256} << 10;
     FileBlockStore(std::string root, FileStoreOptions options);
-    // Reads whole files: fds[i] with sizes[i] into bufs[i]; false entries failed.
-    std::vector<bool> read_files(std::span<const int> fds, std::vector<std::vector<uint8_t>>& bufs,
-                                 int64_t deadline_ns);
-    Result<Block> finish_read(const StoreKey& key, std::vector<uint8_t> bytes,
-                              const BlockInfo* expect, int fd);
+    void read_files(std::span<ReadJob> jobs, int64_t deadline_ns);
+    // get_many (dsts empty: fresh unzeroed buffers) and read_many_into (caller's).
+    std::vector<Result<Block>> read_blocks(std::span<const StoreKey> keys,
+                                           std::span<const BlockInfo> expects,
+                                           std::span<const std::span<uint8_t>> dsts,
+                                           int64_t deadline_ns);
+    Result<Block> finish_read(const StoreKey& key, Result<Block> block, int fd);
 
     const std::string root_;
     const FileStoreOptions options_;
