@@ -169,7 +169,14 @@ int run_serve(const ServeFlags& f) {
 
 }  // namespace
 
+void register_bench_serve_command(CLI::App& bench);  // cmd_bench_serve.cc
+
 void register_serve_commands(CLI::App& app) {
+    // `dsinfer bench serve` hangs under `bench` (registered before this in main()).
+    for (CLI::App* bench :
+         app.get_subcommands([](CLI::App* a) { return a->get_name() == "bench"; })) {
+        register_bench_serve_command(*bench);
+    }
     auto f = std::make_shared<ServeFlags>();
     CLI::App* cmd = app.add_subcommand("serve", "HTTP API server (OpenAI + Anthropic APIs, SSE)");
     add_setting(*cmd, "--model", f->model,
