@@ -1,6 +1,9 @@
 #include "kernels/cpu_features.h"
 
 #include <cstdlib>
+#include <cstring>
+
+#include "kernels/internal/gemm_amx.h"
 
 namespace dsi::kernels {
 namespace {
@@ -21,6 +24,16 @@ bool cpu_has_avx512() {
     return cpu_has_avx2() && __builtin_cpu_supports("avx512f") &&
            __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
            __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");
+#else
+    return false;
+#endif
+}
+
+bool cpu_has_amx_int8() {
+#if defined(__x86_64__)
+    __builtin_cpu_init();
+    return cpu_has_avx512() && __builtin_cpu_supports("amx-tile") &&
+           __builtin_cpu_supports("amx-int8");
 #else
     return false;
 #endif
@@ -68,6 +81,20 @@ std::vector<Isa> supported_isas() {
     if (cpu_has_avx512())
         out.push_back(Isa::kAvx512);
     return out;
+}
+
+bool amx_supported() {
+    static const bool ok = cpu_has_amx_int8() && internal::amx_request_permission();
+    return ok;
+}
+
+bool amx_active() {
+    static const bool on = [] {
+        const char* env = std::getenv("DSINFER_AMX");
+        return active_isa() == Isa::kAvx512 && amx_supported() &&
+               !(env && std::strcmp(env, "0") == 0);
+    }();
+    return on;
 }
 
 Isa active_isa() {

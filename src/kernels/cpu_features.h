@@ -22,6 +22,12 @@ std::string_view isa_name(Isa isa);
 // Parses "scalar", "avx2", "avx512"; false if unknown.
 bool parse_isa(std::string_view name, Isa* out);
 
+// AMX-TILE + AMX-INT8 on top of kAvx512, and the OS granted this process the tile
+// state (asked once, on first call). Used by the q8_0 GEMM (kernels/matmul.h) when the
+// active level is kAvx512; DSINFER_AMX=0 (environment) turns it off.
+bool amx_supported();
+bool amx_active();
+
 // Every level this CPU can run, lowest first (always includes kScalar).
 std::vector<Isa> supported_isas();
 // The level kernels use: the best supported one, capped by DSINFER_ISA.

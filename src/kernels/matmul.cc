@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "kernels/internal/gemm_amx.h"
 #include "kernels/internal/gemm_mxfp4.h"
 
 namespace dsi::kernels {
@@ -61,12 +62,12 @@ void quantize_act_q8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s1
 }
 
 void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
-                ThreadPool* pool) {
+                ThreadPool* pool, bool amx) {
     if (m <= 0 || w.rows() == 0)
         return;
     const internal::PackedView& v = w.view();
     const bool mxfp4 = v.format == internal::PackFormat::kMXFP4;
-    const internal::GemmFn fn = mxfp4 ? gemm_mxfp4_for(isa) : gemm_for(isa);
+    internal::GemmFn fn = mxfp4 ? gemm_mxfp4_for(isa) : gemm_for(isa);
     internal::Q8Acts xq;
     std::vector<int8_t> q;
     std::vector<float> d;
@@ -74,13 +75,20 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     if (v.format == internal::PackFormat::kQ8 || mxfp4) {
         const int64_t K = v.cols;
         const int64_t nb = K / kQ8Block;
-        q.resize(static_cast<size_t>(m * K));
+        // Zero rows up to a multiple of 16: an AMX tile loads 16 token rows.
+        const int64_t padded = (m + internal::kAmxTokenPad - 1) / internal::kAmxTokenPad *
+                               internal::kAmxTokenPad;
+        q.resize(static_cast<size_t>(padded * K));
         d.resize(static_cast<size_t>(m * nb));
         s.resize(static_cast<size_t>(m * nb));
         for (int64_t t = 0; t < m; ++t) {
             quantize_act_q8(x + t * K, K, q.data() + t * K, d.data() + t * nb, s.data() + t * nb);
         }
         xq = {q.data(), d.data(), s.data()};
+    }
+    if (amx && v.format == internal::PackFormat::kQ8) {
+        DSI_CHECK(isa == Isa::kAvx512 && amx_supported());
+        fn = internal::gemm_amx;
     }
     // Chunks of whole groups: which thread computes a row never changes its bits.
     const int64_t groups = v.num_groups;
@@ -94,7 +102,7 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
 }
 
 void matmul(const PackedMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool) {
-    matmul_isa(active_isa(), w, x, m, y, pool);
+    matmul_isa(active_isa(), w, x, m, y, pool, amx_active());
 }
 
 float read_sum(Isa isa, const float* x, int64_t n) {

@@ -24,10 +24,11 @@ namespace dsi::kernels {
 // y[t * w.rows() + r] = sum_k W[r, k] * x[t * w.cols() + k] for t < m.
 // REQUIRES: x holds m * cols floats, y m * rows floats; no aliasing.
 void matmul(const PackedMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool);
-// The same with an explicit ISA (tests, benchmarks). REQUIRES: isa is
-// supported.
+// The same with an explicit ISA (tests, benchmarks). `amx`: q8_0 weights with m >= 16
+// use the AMX tile kernel (bitwise equal to the others; internal/gemm_amx.h).
+// REQUIRES: isa is supported; amx only with isa == kAvx512 and amx_supported().
 void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
-                ThreadPool* pool);
+                ThreadPool* pool, bool amx = false);
 
 // Quantises one activation row of k floats (k % 32 == 0) to Q8_0 blocks: q[k],
 // d[k/32] (f16-rounded scales), s128[k/32] = 128 * sum of the block's q.

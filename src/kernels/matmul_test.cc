@@ -195,6 +195,38 @@ TEST(MatmulTest, BatchInvariant) {
     }
 }
 
+// The AMX q8_0 path (m >= 16; below it falls back to AVX-512) gives the scalar bits for
+// every m, so rows stay M- and thread-invariant: token tails (m % 16, m % 32), group
+// tails (odd group counts, rows % 16) and one or two threads.
+TEST(MatmulTest, AmxMatchesReference) {
+    if (!amx_supported())
+        GTEST_SKIP() << "no AMX-INT8 (or no OS permission) on this CPU";
+    ThreadPool pool2(2);
+    const int64_t shapes[][2] = {{17, 32}, {48, 288}, {100, 1024}};
+    for (const Case& c : kCases) {
+        if (c.format != WeightFormat::kQ8_0)
+            continue;
+        for (const auto& sh : shapes) {
+            const int64_t rows = sh[0], cols = sh[1];
+            Source s = make_source(c.dtype, rows, cols, static_cast<uint32_t>(rows + cols));
+            auto p = pack_matrix(s.m, c.format);
+            ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+            std::vector<float> x = random_x(70, cols, 21);
+            for (int64_t m : {1, 15, 16, 17, 31, 32, 33, 64, 70}) {
+                std::vector<float> ref(static_cast<size_t>(m * rows));
+                matmul_isa(Isa::kScalar, *p, x.data(), m, ref.data(), nullptr);
+                for (ThreadPool* pool : {static_cast<ThreadPool*>(nullptr), &pool2}) {
+                    std::vector<float> y(ref.size(), -1.0f);
+                    matmul_isa(Isa::kAvx512, *p, x.data(), m, y.data(), pool, /*amx=*/true);
+                    EXPECT_TRUE(same_bits(y.data(), ref.data(), m * rows))
+                        << case_name(c) << " " << rows << "x" << cols << " m " << m
+                        << " threads " << (pool ? 2 : 1);
+                }
+            }
+        }
+    }
+}
+
 TEST(MatmulTest, QuantizeActMatchesGgmlRounding) {
     std::vector<float> x = random_x(1, 64, 3);
     x[5] = 0.0f;
