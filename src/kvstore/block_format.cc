@@ -117,8 +117,8 @@ uint64_t token_ids_hash(std::span<const int32_t> token_ids) {
 
 size_t header_bytes(uint32_t num_layers) { return kFixedHeaderBytes + 8 * size_t{num_layers} + 8; }
 
-Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
-                                          std::span<const std::span<const uint8_t>> layers) {
+Result<size_t> encoded_size(const BlockInfo& info,
+                            std::span<const std::span<const uint8_t>> layers) {
     if (info.num_layers == 0 || info.num_layers > kMaxLayers) {
         return invalid_argument("num_layers out of range");
     }
@@ -135,9 +135,16 @@ Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
     if (total > kMaxBlockBytes) {
         return invalid_argument("block over kMaxBlockBytes");
     }
+    return header_bytes(info.num_layers) + total;
+}
+
+Status encode_block_to(const BlockInfo& info, std::span<const std::span<const uint8_t>> layers,
+                       std::span<uint8_t> dst) {
+    DSI_ASSIGN_OR_RETURN(size_t size, encoded_size(info, layers));
+    DSI_CHECK_EQ(dst.size(), size);
     size_t hdr = header_bytes(info.num_layers);
-    std::vector<uint8_t> out(hdr + total);
-    uint8_t* p = out.data();
+    uint64_t total = size - hdr;
+    uint8_t* p = dst.data();
     std::memcpy(p, kMagic, sizeof(kMagic));
     store_le<uint16_t>(p + 8, kBlockFormatVersion);
     store_le<uint16_t>(p + 10, static_cast<uint16_t>(info.traffic_class));
@@ -148,16 +155,24 @@ Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
     store_le<uint32_t>(p + 52, info.num_tokens);
     store_le<uint64_t>(p + 56, info.token_hash);
     store_le<uint64_t>(p + 64, total);
-    uint8_t* dst = p + hdr;
+    uint8_t* out = p + hdr;
     for (uint32_t i = 0; i < info.num_layers; ++i) {
         store_le<uint64_t>(p + kFixedHeaderBytes + 8 * i, layers[i].size());
         if (!layers[i].empty()) {
-            std::memcpy(dst, layers[i].data(), layers[i].size());
+            std::memcpy(out, layers[i].data(), layers[i].size());
         }
-        dst += layers[i].size();
+        out += layers[i].size();
     }
     store_le<uint64_t>(p + 72, internal::xxh3_ops().hash(p + hdr, total));
     store_le<uint64_t>(p + hdr - 8, XXH3_64bits(p, hdr - 8));
+    return Status::ok();
+}
+
+Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
+                                          std::span<const std::span<const uint8_t>> layers) {
+    DSI_ASSIGN_OR_RETURN(size_t size, encoded_size(info, layers));
+    std::vector<uint8_t> out(size);
+    DSI_RETURN_IF_ERROR(encode_block_to(info, layers, out));
     return out;
 }
 

@@ -69,6 +69,13 @@ size_t header_bytes(uint32_t num_layers);
 Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
                                           std::span<const std::span<const uint8_t>> layers);
 
+// Bytes encode_block would produce for these layers; kInvalidArgument over the limits.
+Result<size_t> encoded_size(const BlockInfo& info, std::span<const std::span<const uint8_t>> layers);
+// encode_block into memory the caller owns (a shm slot). REQUIRES: dst.size() ==
+// *encoded_size(info, layers).
+Status encode_block_to(const BlockInfo& info, std::span<const std::span<const uint8_t>> layers,
+                       std::span<uint8_t> dst);
+
 // Page-aligned bytes that are never zero-filled: reads land here directly (no memset
 // pass over a block that the read overwrites anyway).
 class BlockBuffer {

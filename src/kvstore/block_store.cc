@@ -6,6 +6,7 @@
 #include "base/env.h"
 #include "kvstore/file_store.h"
 #include "kvstore/redis_store.h"
+#include "kvstore/shm_store.h"
 #include "kvstore/uri.h"
 
 namespace dsi::kvstore {
@@ -118,6 +119,16 @@ Result<std::unique_ptr<BlockStore>> open_block_store(const std::string& text) {
     if (uri.scheme == "redis") {
         DSI_ASSIGN_OR_RETURN(RedisStoreOptions options, redis_options_from_uri(uri));
         DSI_ASSIGN_OR_RETURN(auto store, RedisBlockStore::open(std::move(options)));
+        return std::unique_ptr<BlockStore>(std::move(store));
+    }
+    if (uri.scheme == "shm") {
+        ShmStoreOptions options;
+        options.name = uri.rest;
+        DSI_ASSIGN_OR_RETURN(options.num_slots, uri_int(uri, "slots", 0));
+        DSI_ASSIGN_OR_RETURN(options.slot_bytes, uri_int(uri, "slot_bytes", 0));
+        DSI_ASSIGN_OR_RETURN(int64_t unlink, uri_int(uri, "unlink", 0));
+        options.unlink_on_close = unlink != 0;
+        DSI_ASSIGN_OR_RETURN(auto store, ShmBlockStore::open(std::move(options)));
         return std::unique_ptr<BlockStore>(std::move(store));
     }
     return invalid_argument("unknown store scheme '" + uri.scheme + "'");
