@@ -75,12 +75,12 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     if (v.format == internal::PackFormat::kQ8 || mxfp4) {
         const int64_t K = v.cols;
         const int64_t nb = K / kQ8Block;
-        // Zero rows up to a multiple of 16: an AMX tile loads 16 token rows.
+        // Zero rows up to a multiple of 16: an AMX tile holds 16 token rows.
         const int64_t padded = (m + internal::kAmxTokenPad - 1) / internal::kAmxTokenPad *
                                internal::kAmxTokenPad;
         q.resize(static_cast<size_t>(padded * K));
-        d.resize(static_cast<size_t>(m * nb));
-        s.resize(static_cast<size_t>(m * nb));
+        d.resize(static_cast<size_t>(padded * nb));
+        s.resize(static_cast<size_t>(padded * nb));
         for (int64_t t = 0; t < m; ++t) {
             quantize_act_q8(x + t * K, K, q.data() + t * K, d.data() + t * nb, s.data() + t * nb);
         }

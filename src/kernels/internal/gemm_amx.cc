@@ -6,8 +6,8 @@
 // bytes: exactly TDPBSUD's B layout), C[t][r] = sum_k x[t,k] * (w[r,k] + 128), exact in
 // int32. Per block, C goes through the reference epilogue:
 // acc = fma(float(C - 128*sum x), d_w * d_x, acc), in increasing block order, so the
-// bits are those of gemm_scalar.cc. One pass computes 2 token tiles x 2 groups
-// (4 C tiles, 32 x 32 outputs) over all blocks, accumulators in an L1 buffer.
+// bits are those of gemm_scalar.cc. One pass computes 32 tokens x 2 groups of 16 rows
+// over all blocks; the epilogue of block b overlaps the tile work of block b + 1.
 #include <immintrin.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -25,7 +25,8 @@ struct alignas(64) TileConfig {
     uint8_t rows[16];
 };
 
-// tmm0-1: A (token tiles), tmm2-3: B (groups), tmm4-7: C[token tile][group].
+// tmm0-1: A (16 tokens x one block), tmm2-3: B (one group x one block), tmm4-7:
+// C[token tile][group].
 void configure_tiles() {
     TileConfig cfg = {};
     cfg.palette_id = 1;
@@ -51,43 +52,54 @@ inline __mmask16 row_mask(const PackedView& w, int64_t g) {
                               : static_cast<__mmask16>((1u << left) - 1);
 }
 
-// acc[token][group] += reference epilogue of one (token tile, group) C tile.
-inline void epilogue(const int32_t* c, const Q8Acts& xq, int64_t nb, int64_t b, int64_t t_first,
-                     int64_t num_tokens, __m512 dw, __m512* acc, int acc_stride) {
-    for (int64_t r = 0; r < num_tokens; ++r) {
-        const int64_t xb = (t_first + r) * nb + b;
-        const __m512i isum = _mm512_sub_epi32(_mm512_load_si512(c + r * 16),
-                                              _mm512_set1_epi32(xq.s128[xb]));
-        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(xq.d[xb]));
-        acc[r * acc_stride] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[r * acc_stride]);
+// acc[r] (token r of a 16-token tile; the 16 rows of one group) += the reference epilogue
+// of block b for all 16 tile rows (padded tokens read zero scales: matmul.cc pads them).
+inline void epilogue(const int32_t* c, const int32_t* s128, const float* dx, int64_t nb,
+                     int64_t b, __m512 dw, __m512* acc) {
+#pragma GCC unroll 16
+    for (int r = 0; r < 16; ++r) {
+        const __m512i isum =
+            _mm512_sub_epi32(_mm512_load_si512(c + r * 16), _mm512_set1_epi32(s128[r * nb + b]));
+        const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(dx[r * nb + b]));
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), d, acc[r]);
     }
 }
 
-// Tokens [t0, t0 + nt), nt <= 32, and groups g0 (and g0 + 1 when two_groups).
+inline __m512 block_scales(const uint8_t* grp, int64_t b) {
+    return _mm512_cvtph_ps(
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp + b * kQ8BlockBytes)));
+}
+
+// Tokens [t0, t0 + nt), nt <= 32 (one or two token tiles), groups g0 and, when
+// two_groups, g0 + 1: up to four C tiles per block, all blocks. The C tiles of block b
+// are stored to one of two buffers and block b's epilogue runs after block b + 1's
+// tile products are issued, so tile work and epilogues overlap; epilogues still run in
+// increasing block order.
 void tile_pass(const PackedView& w, const Q8Acts& xq, int64_t g0, bool two_groups, int64_t t0,
                int64_t nt, float* y) {
     const int64_t K = w.cols;
     const int64_t nb = K / kQ8Block;
-    const uint8_t* grp0 = w.data + g0 * w.group_bytes;
-    const uint8_t* grp1 = two_groups ? grp0 + w.group_bytes : grp0;
+    const uint8_t* grp[2] = {w.data + g0 * w.group_bytes,
+                             w.data + (g0 + (two_groups ? 1 : 0)) * w.group_bytes};
     const bool two_tiles = nt > 16;
-    const int64_t n0 = two_tiles ? 16 : nt, n1 = two_tiles ? nt - 16 : 0;
     const int8_t* a0 = xq.q + t0 * K;
     const int8_t* a1 = a0 + 16 * K;
-    __m512 acc[32][2];
-    for (auto& row : acc) {
-        row[0] = _mm512_setzero_ps();
-        row[1] = _mm512_setzero_ps();
+    __m512 acc[2][2][16];  // [token tile][group][token]
+    for (auto& tile : acc) {
+        for (auto& group : tile) {
+            for (__m512& v : group) v = _mm512_setzero_ps();
+        }
     }
-    alignas(64) int32_t c[4][16 * 16];
-    for (int64_t b = 0; b < nb; ++b) {
-        const int64_t boff = b * kQ8BlockBytes;
+    alignas(64) int32_t c[2][4][16 * 16];  // [block parity][ti * 2 + gi]
+    auto issue_and_store = [&](int64_t b) {
+        const int64_t boff = b * kQ8BlockBytes + 32;
+        int32_t(*cb)[256] = c[b & 1];
         _tile_loadd(0, a0 + b * kQ8Block, K);
-        _tile_loadd(2, grp0 + boff + 32, 64);
+        _tile_loadd(2, grp[0] + boff, 64);
         _tile_zero(4);
         _tile_dpbsud(4, 0, 2);
         if (two_groups) {
-            _tile_loadd(3, grp1 + boff + 32, 64);
+            _tile_loadd(3, grp[1] + boff, 64);
             _tile_zero(5);
             _tile_dpbsud(5, 0, 3);
         }
@@ -100,29 +112,34 @@ void tile_pass(const PackedView& w, const Q8Acts& xq, int64_t g0, bool two_group
                 _tile_dpbsud(7, 1, 3);
             }
         }
-        _tile_stored(4, c[0], 64);
-        if (two_groups) _tile_stored(5, c[1], 64);
+        _tile_stored(4, cb[0], 64);
+        if (two_groups) _tile_stored(5, cb[1], 64);
         if (two_tiles) {
-            _tile_stored(6, c[2], 64);
-            if (two_groups) _tile_stored(7, c[3], 64);
+            _tile_stored(6, cb[2], 64);
+            if (two_groups) _tile_stored(7, cb[3], 64);
         }
-        const __m512 dw0 =
-            _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp0 + boff)));
-        epilogue(c[0], xq, nb, b, t0, n0, dw0, &acc[0][0], 2);
-        if (two_tiles) epilogue(c[2], xq, nb, b, t0 + 16, n1, dw0, &acc[16][0], 2);
-        if (two_groups) {
-            const __m512 dw1 =
-                _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp1 + boff)));
-            epilogue(c[1], xq, nb, b, t0, n0, dw1, &acc[0][1], 2);
-            if (two_tiles) epilogue(c[3], xq, nb, b, t0 + 16, n1, dw1, &acc[16][1], 2);
+    };
+    auto finish = [&](int64_t b) {
+        int32_t(*cb)[256] = c[b & 1];
+        for (int gi = 0; gi < (two_groups ? 2 : 1); ++gi) {
+            const __m512 dw = block_scales(grp[gi], b);
+            for (int ti = 0; ti < (two_tiles ? 2 : 1); ++ti) {
+                epilogue(cb[ti * 2 + gi], xq.s128 + (t0 + 16 * ti) * nb,
+                         xq.d + (t0 + 16 * ti) * nb, nb, b, dw, acc[ti][gi]);
+            }
         }
+    };
+    for (int64_t b = 0; b < nb; ++b) {
+        issue_and_store(b);
+        if (b > 0) finish(b - 1);
     }
+    finish(nb - 1);
     const __mmask16 mask0 = row_mask(w, g0);
     const __mmask16 mask1 = two_groups ? row_mask(w, g0 + 1) : static_cast<__mmask16>(0);
     for (int64_t t = 0; t < nt; ++t) {
         float* dst = y + (t0 + t) * w.rows + g0 * kGroupRows;
-        _mm512_mask_storeu_ps(dst, mask0, acc[t][0]);
-        if (two_groups) _mm512_mask_storeu_ps(dst + kGroupRows, mask1, acc[t][1]);
+        _mm512_mask_storeu_ps(dst, mask0, acc[t / 16][0][t % 16]);
+        if (two_groups) _mm512_mask_storeu_ps(dst + kGroupRows, mask1, acc[t / 16][1][t % 16]);
     }
 }
 

@@ -4,8 +4,8 @@
 //
 // REQUIRES for gemm_amx: the CPU has AMX-TILE + AMX-INT8 + AVX-512 (the level
 // gemm_avx512 needs), this process was granted the tile data state (amx_request_permission
-// returned true), and for q8 weights the activation rows xq.q are readable up to m rounded
-// up to 16 rows (matmul.cc pads them with zeros). Formats other than q8 and m below
+// returned true), and for q8 weights xq (q, d, s128) holds m rounded up to 16 token rows
+// (matmul.cc pads them with zeros). Formats other than q8 and m below
 // kAmxMinTokens go to gemm_avx512.
 #pragma once
 
