@@ -100,6 +100,17 @@ Result<int64_t> uri_int(const StoreUri& uri, const std::string& name, int64_t fa
 }
 
 Result<std::unique_ptr<BlockStore>> open_block_store(const std::string& text) {
+    if (size_t bar = text.find('|'); bar != std::string::npos) {
+        // "shm://...|<store uri>": the host shm tier over a store (TieredBlockStore).
+        if (!text.starts_with("shm://")) {
+            return invalid_argument("store uri: only shm:// may sit above '|'");
+        }
+        DSI_ASSIGN_OR_RETURN(auto upper, open_block_store(text.substr(0, bar)));
+        DSI_ASSIGN_OR_RETURN(auto lower, open_block_store(text.substr(bar + 1)));
+        std::unique_ptr<ShmBlockStore> shm(static_cast<ShmBlockStore*>(upper.release()));
+        return std::unique_ptr<BlockStore>(
+            std::make_unique<TieredBlockStore>(std::move(shm), std::move(lower)));
+    }
     DSI_ASSIGN_OR_RETURN(StoreUri uri, parse_store_uri(text));
     if (uri.scheme == "file") {
         FileStoreOptions options;

@@ -88,7 +88,8 @@ public:
     // Removing an absent key is OK.
     Status remove(const StoreKey& key) override = 0;
 
-    // "file:///path", "redis://h:p,h:p?k=4&m=2", "shm://name?slots=N&slot_bytes=B".
+    // "file:///path", "redis://h:p,h:p?k=4&m=2", "shm://name?slots=N&slot_bytes=B",
+    // and "shm://...|file:///path" (the shm tier over a store, TieredBlockStore).
     virtual std::string uri() const = 0;
 };
 

@@ -262,5 +262,20 @@ TEST(TieredStore, HitsAtEachTierAndPromotion) {
     EXPECT_EQ((*file)->metrics().snapshot().hits, 2);
 }
 
+TEST(TieredStore, OpensFromAChainedUri) {
+    ShmName name;
+    TempDir dir;
+    const std::string shm = "shm://" + name.str() + "?slots=4&slot_bytes=65536&unlink=1";
+    auto t = open_block_store(shm + "|file://" + dir.path());
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    auto a = make_block(1, 2, 1000);
+    ASSERT_TRUE(put(**t, a).is_ok());
+    EXPECT_TRUE((*t)->get(a.info.key, &a.info).is_ok());
+    EXPECT_EQ((*t)->uri(), "shm://" + name.str() + "?slots=4&slot_bytes=65536 + file://" +
+                               dir.path());
+    EXPECT_FALSE(open_block_store("file://" + dir.path() + "|" + shm).is_ok());
+    EXPECT_FALSE(open_block_store(shm + "|bogus://x").is_ok());
+}
+
 }  // namespace
 }  // namespace dsi::kvstore
