@@ -108,6 +108,7 @@ struct DeepseekModel::Impl {
     Linear lm_head;
     std::optional<Mtp> mtp;
     bool reference_kernels = false;
+    kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
     // Per WeightClass: the format to repack into; nullopt = the stored one.
     std::optional<kernels::WeightFormat> class_format[static_cast<int>(WeightClass::kCount)];
     std::vector<double> inv_freq;
@@ -333,12 +334,18 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     }
     std::vector<float> kv(static_cast<size_t>(T * (lora + rd)));
     matmul(L.kv_a, h, T, kv.data());
+    // The new rows are computed in f32 (in place for an f32 cache), then encoded into
+    // the cache's dtype (S-ENG-9).
+    const bool f32_kv = kv_dtype == kernels::KvDtype::kF32;
+    std::vector<float> row_f32(f32_kv ? 0 : static_cast<size_t>(lora + rd));
     if (reference_kernels) {
         for (int64_t t = 0; t < T; ++t) {
-            float* row = slots.cache[t]->row(L.index, slots.pos[t]);
+            float* dst = slots.cache[t]->row(L.index, slots.pos[t]);
+            float* row = f32_kv ? dst : row_f32.data();
             rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
             std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
             rope(row + lora, slots.pos[t]);
+            if (!f32_kv) kernels::kv_encode_row(kv_dtype, row, lora + rd, dst);
             for (int64_t hd = 0; hd < nh; ++hd) rope(q.data() + (t * nh + hd) * qk + nope, slots.pos[t]);
         }
     } else {
@@ -346,12 +353,14 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
         const int64_t pairs = static_cast<int64_t>(inv_freq.size());
         std::vector<float> cc(static_cast<size_t>(2 * pairs)), ss(static_cast<size_t>(2 * pairs));
         for (int64_t t = 0; t < T; ++t) {
-            float* row = slots.cache[t]->row(L.index, slots.pos[t]);
+            float* dst = slots.cache[t]->row(L.index, slots.pos[t]);
+            float* row = f32_kv ? dst : row_f32.data();
             rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
             std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
             kernels::rope_table(slots.pos[t], inv_freq.data(), pairs, rope_factor, cc.data(),
                                 ss.data());
             kernels::rope_apply(isa, row + lora, 1, rd, cc.data(), ss.data(), pairs);
+            if (!f32_kv) kernels::kv_encode_row(kv_dtype, row, lora + rd, dst);
             kernels::rope_apply(isa, q.data() + t * nh * qk + nope, nh, qk, cc.data(), ss.data(),
                                 pairs);
         }
@@ -375,6 +384,14 @@ void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
         std::vector<float> q_lat(static_cast<size_t>(lora));
         std::vector<float> o_lat(static_cast<size_t>(lora));
         std::vector<float> scores;
+        std::vector<float> decoded(static_cast<size_t>(lora + rd));
+        // The row of position s as f32 (decoded when the cache holds bf16 / e4m3).
+        auto cached = [&](KvCache& cache, int64_t s) -> const float* {
+            const float* row = cache.row(L.index, s);
+            if (kv_dtype == kernels::KvDtype::kF32) return row;
+            kernels::kv_decode_row(kv_dtype, row, lora + rd, decoded.data());
+            return decoded.data();
+        };
         for (int64_t th = begin; th < end; ++th) {
             const int64_t t = th / nh;
             const int64_t hd = th % nh;
@@ -388,7 +405,7 @@ void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
             scores.resize(static_cast<size_t>(pos + 1));
             float max_score = -INFINITY;
             for (int64_t s = 0; s <= pos; ++s) {
-                const float* row = cache.row(L.index, s);
+                const float* row = cached(cache, s);
                 float sc = (dot(q_lat.data(), row, lora) + dot(qh + nope, row + lora, rd)) *
                            softmax_scale;
                 scores[s] = sc;
@@ -401,7 +418,7 @@ void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
             }
             std::fill(o_lat.begin(), o_lat.end(), 0.0f);
             for (int64_t s = 0; s <= pos; ++s) {
-                axpy(scores[s] / sum, cache.row(L.index, s), o_lat.data(), lora);
+                axpy(scores[s] / sum, cached(cache, s), o_lat.data(), lora);
             }
             float* oh = attn + th * vd;
             for (int64_t j = 0; j < vd; ++j) oh[j] = dot(kvb + (nope + j) * lora, o_lat.data(), lora);
@@ -447,22 +464,44 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
     for (size_t si = 0; si < caches.size(); ++si) {
         strides[si] = caches[si]->latent_blocks(L.index, max_pos[si] + 1, blocks[si]);
     }
-    // (token, group of heads) items; each head's result is the same whatever the
-    // grouping or thread (kernels/attention.h).
+    // Items of up to kTokensPerItem consecutive tokens of one sequence x a group of
+    // heads: one mla_attention_tokens call reads the rows they share once. Each head's
+    // result is the same whatever the grouping, chunking or thread
+    // (kernels/attention.h), so prefill stays bitwise equal to decode-by-decode.
     constexpr int64_t kHeadsPerItem = 8;
-    const int64_t groups = (nh + kHeadsPerItem - 1) / kHeadsPerItem;
+    const int64_t heads_per_item = std::min(kHeadsPerItem, nh);
+    const int64_t tokens_per_item =
+        std::max<int64_t>(1, kernels::kMlaMaxQueriesPerPass / heads_per_item);
+    struct Item {
+        int64_t t0, num_tokens, h0;
+    };
+    std::vector<Item> items;
+    for (int64_t t = 0; t < T;) {
+        int64_t n = 1;
+        while (t + n < T && n < tokens_per_item && seq_of[t + n] == seq_of[t]) ++n;
+        for (int64_t h0 = 0; h0 < nh; h0 += heads_per_item) items.push_back({t, n, h0});
+        t += n;
+    }
+    std::vector<int64_t> num_positions(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) num_positions[t] = slots.pos[t] + 1;
     std::vector<float> o_lat(static_cast<size_t>(T * nh * lora));
-    pool->parallel_for(T * groups, 1, [&](int64_t begin, int64_t end) {
-        for (int64_t item = begin; item < end; ++item) {
-            const int64_t t = item / groups;
-            const int64_t h0 = (item % groups) * kHeadsPerItem;
-            const size_t si = static_cast<size_t>(seq_of[t]);
-            const kernels::LatentKvView view{blocks[si].data(), strides[si]};
-            const kernels::MlaHeads heads{std::min(kHeadsPerItem, nh - h0),
-                                          q_lat.data() + (t * nh + h0) * lora,
-                                          q + (t * nh + h0) * qk + nope, qk,
-                                          o_lat.data() + (t * nh + h0) * lora};
-            kernels::mla_attention(view, slots.pos[t] + 1, lora, rd, softmax_scale, heads);
+    pool->parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) {
+            const Item& it = items[static_cast<size_t>(i)];
+            const size_t si = static_cast<size_t>(seq_of[it.t0]);
+            const kernels::LatentKvView view{blocks[si].data(), strides[si], kv_dtype};
+            kernels::MlaTokens tk;
+            tk.num_tokens = it.num_tokens;
+            tk.num_positions = num_positions.data() + it.t0;
+            tk.num_heads = std::min(heads_per_item, nh - it.h0);
+            tk.q_lat = q_lat.data() + (it.t0 * nh + it.h0) * lora;
+            tk.q_lat_token_stride = nh * lora;
+            tk.q_pe = q + (it.t0 * nh + it.h0) * qk + nope;
+            tk.q_pe_token_stride = nh * qk;
+            tk.q_pe_stride = qk;
+            tk.o_lat = o_lat.data() + (it.t0 * nh + it.h0) * lora;
+            tk.o_lat_token_stride = nh * lora;
+            kernels::mla_attention_tokens(kernels::active_isa(), view, lora, rd, softmax_scale, tk);
         }
     });
     // Value up-projection per head: attn[t, h] = W_vb[h] o_lat[t, h].
@@ -673,8 +712,10 @@ DeepseekModel::~DeepseekModel() = default;
 
 const ModelConfig& DeepseekModel::config() const { return impl_->cfg; }
 int64_t DeepseekModel::kv_row_floats() const {
-    return impl_->cfg.kv_lora_rank + impl_->cfg.qk_rope_head_dim;
+    return kernels::kv_row_words(impl_->kv_dtype,
+                                 impl_->cfg.kv_lora_rank + impl_->cfg.qk_rope_head_dim);
 }
+kernels::KvDtype DeepseekModel::kv_dtype() const { return impl_->kv_dtype; }
 int64_t DeepseekModel::kv_num_layers() const {
     return impl_->cfg.num_hidden_layers + (impl_->mtp ? 1 : 0);
 }
@@ -692,6 +733,14 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
     impl->reference_kernels = options.reference_kernels;
     DSI_RETURN_IF_ERROR(parse_weight_formats(options.weight_format, impl->class_format));
     const ModelConfig& c = impl->cfg;
+    if (!kernels::parse_kv_dtype(options.kv_dtype.c_str(), &impl->kv_dtype)) {
+        return invalid_argument("kv dtype '" + options.kv_dtype + "' (f32, bf16, e4m3)");
+    }
+    if (impl->kv_dtype == kernels::KvDtype::kE4m3 &&
+        (c.kv_lora_rank % 16 != 0 || c.qk_rope_head_dim % 16 != 0)) {
+        return invalid_argument("kv dtype e4m3 needs kv_lora_rank and qk_rope_head_dim "
+                                "multiples of 16 (one scale per 16 values)");
+    }
     WeightSource& src = *impl->source;
     const int64_t H = c.hidden_size;
     DSI_ASSIGN_OR_RETURN(impl->embed, src.matrix("model.embed_tokens.weight", c.vocab_size, H));

@@ -28,6 +28,7 @@
 
 #include "base/status.h"
 #include "base/thread_pool.h"
+#include "kernels/attention.h"
 #include "model/config.h"
 #include "model/kv_cache.h"
 #include "model/weights.h"
@@ -72,6 +73,11 @@ public:
         std::string weight_format = "auto";
         // The plain reference loops (row-by-row dequantisation) instead of kernels/.
         bool reference_kernels = false;
+        // How the latent KV cache stores its values (SPEC S-ENG-9, kernels/attention.h):
+        // "f32" (default: exact, keeps the llama.cpp agreement bounds), "bf16" (half the
+        // bytes), "e4m3" (FP8 with one f32 scale per 16 values, 0.31x the bytes;
+        // needs kv_lora_rank and qk_rope_head_dim multiples of 16).
+        std::string kv_dtype = "f32";
     };
 
     // Reads and checks every tensor the config needs (presence, shape); the
@@ -81,8 +87,11 @@ public:
     ~DeepseekModel();
 
     const ModelConfig& config() const;
-    // Floats per cached token per layer (kv_lora_rank + qk_rope_head_dim).
+    // 4-byte words per cached token per layer: kv_lora_rank + qk_rope_head_dim values
+    // encoded as kv_dtype() (as many floats for f32, fewer for bf16 / e4m3). A KvCache
+    // for this model holds rows of this size; row() points at one.
     int64_t kv_row_floats() const;
+    kernels::KvDtype kv_dtype() const;
     // Layers a KvCache must hold: main layers plus the MTP layer(s).
     int64_t kv_num_layers() const;
     std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const;

@@ -2,7 +2,9 @@
 //
 // MLA caches, per layer and position, the normalised latent c_kv (kv_lora_rank
 // floats) followed by the rotated shared rope key k_pe (qk_rope_head_dim floats):
-// one "latent row" of kv_lora_rank + qk_rope_head_dim floats. The engine's paged
+// one "latent row" of kv_lora_rank + qk_rope_head_dim values, stored in the model's
+// KV dtype (kernels/attention.h: f32, bf16 or e4m3 with per-16 scales) and so taking
+// DeepseekModel::kv_row_floats() 4-byte words; row() points at the row's first word. The engine's paged
 // block KV implements this interface over 128-token blocks; ContiguousKvCache is
 // one contiguous buffer per sequence. Thread model: owned by one sequence, used by
 // one thread at a time.
@@ -37,8 +39,10 @@ public:
         DSI_CHECK(num_positions >= 1 && num_positions <= capacity());
         const int64_t nb = (num_positions + kLatentBlockTokens - 1) / kLatentBlockTokens;
         blocks.resize(static_cast<size_t>(nb));
+        // From the first two rows even when only one is read (a 1-token sequence):
+        // the attention kernel checks the stride against the row size.
         const int64_t stride =
-            num_positions >= 2 ? static_cast<int64_t>(row(layer, 1) - row(layer, 0)) : 0;
+            capacity() >= 2 ? static_cast<int64_t>(row(layer, 1) - row(layer, 0)) : 0;
         for (int64_t b = 0; b < nb; ++b) {
             const int64_t p = b * kLatentBlockTokens;
             blocks[static_cast<size_t>(b)] = row(layer, p);
