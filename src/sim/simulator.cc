@@ -4,11 +4,10 @@
 #include <cmath>
 #include <deque>
 #include <memory>
-#include <nlohmann/json.hpp>
 #include <queue>
-#include <set>
 
 #include "sim/block_store.h"
+#include "sim/internal/sim_core.h"
 
 namespace dsi::sim {
 namespace {
@@ -46,60 +45,6 @@ double min_decode_latency_ns(const ClusterDescription& c, int64_t input, int64_t
            c.decode_per_kv_token_ns * n * (n - 1) / 2;
 }
 
-enum class Ev : uint8_t { kArrival, kPrefillDone, kDecodeArrive, kDecodeDone };
-
-struct Event {
-    int64_t t_ns;
-    uint64_t seq;
-    Ev type;
-    uint32_t id;
-};
-struct Later {
-    bool operator()(const Event& a, const Event& b) const {
-        return a.t_ns > b.t_ns || (a.t_ns == b.t_ns && a.seq > b.seq);
-    }
-};
-
-struct Req {
-    int64_t arrival_ns = 0;
-    int64_t hit_tokens = 0;
-    int64_t done_tokens = 0;  // computed so far (excluding the hit)
-    double cost_ns = 0;       // whole-request estimate for quotas
-    int32_t prefill_engine = -1;
-    int32_t decode_engine = -1;
-    int64_t ready_ns = 0;  // arrival + store read
-    int64_t prefill_done_ns = -1;
-    int64_t first_token_ns = -1;
-    int64_t decode_arrive_ns = -1;
-    int64_t finish_ns = -1;
-    int32_t finishes = 0;
-};
-
-struct Chunk {
-    uint32_t req;
-    int64_t q;
-};
-
-struct PrefillEngine {
-    std::deque<uint32_t> queue;  // FIFO (S-LB)
-    double held_cost_ns = 0;
-    int64_t queued_tokens = 0;  // missed tokens not yet computed
-    bool busy = false;
-    double busy_ns = 0;
-    std::vector<Chunk> step;
-    std::unique_ptr<BlockStore> store;  // per-engine store mode only
-};
-
-struct DecodeEngine {
-    std::vector<uint32_t> joining;
-    std::priority_queue<std::pair<int64_t, uint32_t>, std::vector<std::pair<int64_t, uint32_t>>,
-                        std::greater<>>
-        finishing;  // (finish step, request)
-    int64_t step = 0;
-    int64_t running = 0;
-    bool busy = false;
-    double busy_ns = 0;
-};
 
 Distribution distribution(std::vector<double> v) {
     Distribution d;
@@ -122,118 +67,11 @@ Distribution distribution(std::vector<double> v) {
     return d;
 }
 
-class Sim {
-public:
-    Sim(const Trace& trace, const ClusterDescription& c, const SimOptions& o, double time_scale)
-        : trace_(trace),
-          c_(c),
-          o_(o),
-          time_scale_(time_scale),
-          reqs_(trace.requests.size()),
-          prefill_(c.num_prefill),
-          decode_(c.num_decode),
-          ranks_(c.num_decode),
-          decode_lb_(o.decode_lb) {
-        const int64_t cap_blocks =
-            c.store_capacity_tokens > 0
-                ? std::max<int64_t>(1, c.store_capacity_tokens / trace.block_tokens)
-                : 0;
-        if (o.store == StoreKind::kShared) {
-            shared_store_ = std::make_unique<BlockStore>(cap_blocks, c.store_ttl_ns);
-        } else {
-            for (auto& e : prefill_) {
-                e.store = std::make_unique<BlockStore>(
-                    cap_blocks > 0 ? std::max<int64_t>(1, cap_blocks / c.num_prefill) : 0,
-                    c.store_ttl_ns);
-            }
-        }
-        if (o.prefill_routing == PrefillRouting::kDeepSeek) {
-            prefill_lb_ = std::make_unique<cluster::PrefillLb>(o.prefill_lb, c.num_prefill, 0);
-        }
-        for (auto& r : ranks_) {
-            r.max_requests = c.decode_max_batch;
-            r.kv_capacity_tokens = c.decode_kv_capacity_tokens;
-        }
-    }
 
-    SimResult run();
+}  // namespace
 
-private:
-    void summarize();
-    void push(int64_t t_ns, Ev type, uint32_t id) { events_.push({t_ns, seq_++, type, id}); }
-    int64_t hit_tokens_for(const TraceRequest& tr, int64_t matched_blocks) const;
-    void on_arrival(uint32_t r);
-    void try_start_prefill(int e);
-    void on_prefill_done(int e);
-    void on_decode_arrive(uint32_t r);
-    bool place_decode(uint32_t r);
-    void start_decode(int d);
-    void on_decode_done(int d);
-    int bucket_of(int64_t tokens) const {
-        for (int b = 0; b < cluster::kNumPrefillBuckets - 1; ++b) {
-            if (tokens < o_.prefill_lb.bucket_upper_tokens[b]) {
-                return b;
-            }
-        }
-        return cluster::kNumPrefillBuckets - 1;
-    }
-    // Spreads a busy interval [start, start + dur) of one engine over the timeline bins.
-    void add_busy(std::vector<double>& bins, int64_t start_ns, double dur_ns) {
-        const double bin = static_cast<double>(o_.timeline_bin_ns);
-        double t = static_cast<double>(start_ns);
-        const double end = t + dur_ns;
-        while (t < end) {
-            const size_t i = static_cast<size_t>(t / bin);
-            if (i >= bins.size()) {
-                bins.resize(i + 1, 0.0);
-            }
-            const double bin_end = (static_cast<double>(i) + 1) * bin;
-            bins[i] += std::min(end, bin_end) - t;
-            t = bin_end;
-        }
-    }
-    void sample_waiting() {
-        const size_t i = static_cast<size_t>(now_ / o_.timeline_bin_ns);
-        if (i >= waiting_.size()) {
-            waiting_.resize(i + 1, -1);
-        }
-        int64_t n = prefill_lb_ ? static_cast<int64_t>(prefill_lb_->num_pending()) : 0;
-        for (const auto& e : prefill_) {
-            n += static_cast<int64_t>(e.queue.size());
-        }
-        waiting_[i] = n;
-    }
-    void finish(uint32_t r) {
-        Req& q = reqs_[r];
-        q.finish_ns = now_;
-        ++q.finishes;
-        ++num_finished_;
-    }
+namespace internal {
 
-    const Trace& trace_;
-    const ClusterDescription& c_;
-    const SimOptions& o_;
-    double time_scale_;
-    std::vector<Req> reqs_;
-    std::vector<PrefillEngine> prefill_;
-    std::vector<DecodeEngine> decode_;
-    std::vector<cluster::DecodeRankState> ranks_;
-    cluster::DecodeLb decode_lb_;
-    cluster::DecodeRoundRobin decode_rr_;
-    std::unique_ptr<cluster::PrefillLb> prefill_lb_;
-    std::unique_ptr<BlockStore> shared_store_;
-    std::priority_queue<Event, std::vector<Event>, Later> events_;
-    std::deque<uint32_t> decode_pending_;
-    uint64_t seq_ = 0;
-    int64_t now_ = 0;
-    int64_t num_finished_ = 0;
-    size_t rr_prefill_ = 0;
-    size_t wake_from_ = 0;
-    std::vector<double> prefill_busy_bins_;
-    std::vector<double> decode_busy_bins_;
-    std::vector<int64_t> waiting_;
-    SimResult res_;
-};
 
 int64_t Sim::hit_tokens_for(const TraceRequest& tr, int64_t matched_blocks) const {
     // S-KV-10: hit <= L - 134, rounded down to whole 128-token blocks.
@@ -247,6 +85,15 @@ void Sim::on_arrival(uint32_t r) {
     const TraceRequest& tr = trace_.requests[r];
     Req& q = reqs_[r];
     q.arrival_ns = now_;
+    q.context_tokens = tr.input_tokens;
+    q.decode_left = std::max<int64_t>(0, tr.output_tokens - 1);
+    res_.bucket_requests[bucket_of(tr.input_tokens)]++;
+    route_prefill(r, /*reroute=*/false);
+}
+
+void Sim::route_prefill(uint32_t r, bool reroute) {
+    const TraceRequest& tr = trace_.requests[r];
+    Req& q = reqs_[r];
     const auto chain = trace_.blocks_of(tr);
     int engine = -1;
     // S-KV-4: the hit length is known before routing (metadata-only match).
@@ -257,12 +104,14 @@ void Sim::on_arrival(uint32_t r) {
         case PrefillRouting::kDeepSeek:
             break;
         case PrefillRouting::kRoundRobin:
-            engine = static_cast<int>(rr_prefill_++ % prefill_.size());
+            do {
+                engine = static_cast<int>(rr_prefill_++ % prefill_.size());
+            } while (!prefill_[engine].online);
             break;
         case PrefillRouting::kLeastLoaded:
-            engine = 0;
-            for (int e = 1; e < c_.num_prefill; ++e) {
-                if (prefill_[e].queued_tokens < prefill_[engine].queued_tokens) {
+            for (int e = 0; e < c_.num_prefill; ++e) {
+                if (prefill_[e].online &&
+                    (engine < 0 || prefill_[e].queued_tokens < prefill_[engine].queued_tokens)) {
                     engine = e;
                 }
             }
@@ -271,11 +120,14 @@ void Sim::on_arrival(uint32_t r) {
             // Public KV-aware routers: cost = tokens to compute here + w x queued tokens.
             double best = 0;
             for (int e = 0; e < c_.num_prefill; ++e) {
+                if (!prefill_[e].online) {
+                    continue;
+                }
                 const int64_t hit =
                     o_.store == StoreKind::kShared
                         ? q.hit_tokens
                         : hit_tokens_for(tr, prefill_[e].store->peek(chain, now_));
-                const double score = static_cast<double>(tr.input_tokens - hit) +
+                const double score = static_cast<double>(q.context_tokens - hit) +
                                      o_.affinity_load_weight * prefill_[e].queued_tokens;
                 if (engine < 0 || score < best) {
                     engine = e;
@@ -288,14 +140,21 @@ void Sim::on_arrival(uint32_t r) {
     if (o_.store == StoreKind::kPerEngine) {
         q.hit_tokens = hit_tokens_for(tr, prefill_[engine].store->match(chain, now_));
     }
-    const int64_t miss = tr.input_tokens - q.hit_tokens;
+    const int64_t miss = q.context_tokens - q.hit_tokens;
+    missed_tokens_since_tick_ += miss;
+    if (reroute) {
+        res_.rerouted_context_tokens += q.context_tokens;
+        res_.rerouted_hit_tokens += q.hit_tokens;
+    } else {
+        q.first_hit_tokens = q.hit_tokens;
+        res_.hit_tokens += q.hit_tokens;
+    }
     q.cost_ns = c_.prefill_cost.cost_ns(miss, q.hit_tokens);
     q.ready_ns = now_ + static_cast<int64_t>(q.hit_tokens * c_.kv_bytes_per_token /
                                              c_.store_read_bytes_per_s * 1e9);
-    res_.bucket_requests[bucket_of(tr.input_tokens)]++;
     if (prefill_lb_) {
         prefill_lb_->tick(now_);
-        prefill_lb_->submit({r, tr.input_tokens, q.cost_ns, now_});
+        prefill_lb_->submit({r, q.context_tokens, q.cost_ns, now_});
         // Idle engines pull; start from a rotating engine so no engine is favoured.
         for (size_t k = 0; k < prefill_.size() && prefill_lb_->num_pending() > 0; ++k) {
             const int e = static_cast<int>((wake_from_ + k) % prefill_.size());
@@ -328,7 +187,7 @@ void Sim::try_start_prefill(int e) {
             reqs_[r].prefill_engine = e;
             pe.queue.push_back(r);
             pe.held_cost_ns += w.cost_ns;
-            pe.queued_tokens += trace_.requests[r].input_tokens - reqs_[r].hit_tokens;
+            pe.queued_tokens += reqs_[r].context_tokens - reqs_[r].hit_tokens;
         }
     }
     if (pe.queue.empty()) {
@@ -337,14 +196,14 @@ void Sim::try_start_prefill(int e) {
     // S-LB: the step's time budget is the bucket's quota; each chunk is the largest the
     // cost model fits into what is left of it, FIFO.
     const double budget =
-        o_.prefill_lb.bucket_quota_ns[bucket_of(trace_.requests[pe.queue.front()].input_tokens)];
+        o_.prefill_lb.bucket_quota_ns[bucket_of(reqs_[pe.queue.front()].context_tokens)];
     double left = budget;
     double total = 0;
     pe.step.clear();
     for (uint32_t r : pe.queue) {
         const Req& q = reqs_[r];
         const int64_t c = q.hit_tokens + q.done_tokens;
-        const int64_t remaining = trace_.requests[r].input_tokens - c;
+        const int64_t remaining = q.context_tokens - c;
         int64_t n = c_.prefill_cost.max_chunk_tokens(left, c, remaining);
         if (n == 0) {
             if (!pe.step.empty()) {
@@ -378,24 +237,32 @@ void Sim::on_prefill_done(int e) {
         q.done_tokens += ch.q;
         res_.computed_tokens += ch.q;
         pe.queued_tokens -= ch.q;
-        if (q.hit_tokens + q.done_tokens < tr.input_tokens) {
+        if (q.hit_tokens + q.done_tokens < q.context_tokens) {
             continue;
         }
         DSI_CHECK(pe.queue.front() == ch.req, "prefill FIFO order broken");
         pe.queue.pop_front();
         pe.held_cost_ns = pe.queue.empty() ? 0.0 : pe.held_cost_ns - q.cost_ns;
         q.prefill_done_ns = now_;
-        // The first token comes out of prefill; the store read overlapped the queueing.
-        q.first_token_ns = std::max(now_, q.ready_ns);
+        // The first token comes out of prefill; the store read overlapped the queueing. A
+        // re-routed request's first token came out long ago.
+        const int64_t out_ns = std::max(now_, q.ready_ns);
+        if (q.first_token_ns < 0) {
+            q.first_token_ns = out_ns;
+        }
         // S-KV-7 analogue: the prompt's blocks are written to the store.
         BlockStore* store = shared_store_ ? shared_store_.get() : pe.store.get();
         store->insert(trace_.blocks_of(tr), now_);
-        res_.kv_moved_tokens += tr.input_tokens;
-        const int64_t transfer_ns =
-            static_cast<int64_t>(tr.input_tokens * c_.kv_bytes_per_token / c_.p2d_bytes_per_s * 1e9);
-        push(q.first_token_ns + transfer_ns, Ev::kDecodeArrive, ch.req);
+        res_.kv_moved_tokens += q.context_tokens;
+        const int64_t transfer_ns = static_cast<int64_t>(
+            static_cast<double>(q.context_tokens) * c_.kv_bytes_per_token / c_.p2d_bytes_per_s * 1e9);
+        push(out_ns + transfer_ns, Ev::kDecodeArrive, ch.req);
     }
     pe.step.clear();
+    if (pe.stopping && pe.queue.empty()) {
+        account_devices();
+        pe.stopping = false;  // scaled in: its queue is done, the machine goes
+    }
     if (prefill_lb_) {
         prefill_lb_->tick(now_);
     }
@@ -405,10 +272,11 @@ void Sim::on_prefill_done(int e) {
 bool Sim::place_decode(uint32_t r) {
     const TraceRequest& tr = trace_.requests[r];
     const int64_t reserve = static_cast<int64_t>(tr.input_tokens) + tr.output_tokens;
+    const int64_t kv = kv_of(r);
     Result<int> d = resource_exhausted("");
     switch (o_.decode_routing) {
         case DecodeRouting::kDeepSeek:
-            d = decode_lb_.choose(ranks_, tr.input_tokens, reserve);
+            d = decode_lb_.choose(ranks_, kv, reserve);
             break;
         case DecodeRouting::kRoundRobin:
             d = decode_rr_.choose(ranks_, reserve);
@@ -422,7 +290,7 @@ bool Sim::place_decode(uint32_t r) {
     }
     reqs_[r].decode_engine = *d;
     ranks_[*d].num_requests += 1;
-    ranks_[*d].kv_tokens += tr.input_tokens;
+    ranks_[*d].kv_tokens += kv;
     decode_[*d].joining.push_back(r);
     if (!decode_[*d].busy) {
         start_decode(*d);
@@ -431,7 +299,9 @@ bool Sim::place_decode(uint32_t r) {
 }
 
 void Sim::on_decode_arrive(uint32_t r) {
-    reqs_[r].decode_arrive_ns = now_;
+    if (reqs_[r].decode_arrive_ns < 0) {
+        reqs_[r].decode_arrive_ns = now_;
+    }
     if (trace_.requests[r].output_tokens <= 1) {
         finish(r);  // prefill produced the only token
         return;
@@ -444,7 +314,7 @@ void Sim::on_decode_arrive(uint32_t r) {
 void Sim::start_decode(int d) {
     DecodeEngine& de = decode_[d];
     for (uint32_t r : de.joining) {
-        de.finishing.push({de.step + trace_.requests[r].output_tokens - 1, r});
+        de.finishing.push({de.step + reqs_[r].decode_left, r});
         ++de.running;
     }
     de.joining.clear();
@@ -464,6 +334,14 @@ void Sim::start_decode(int d) {
 void Sim::on_decode_done(int d) {
     DecodeEngine& de = decode_[d];
     de.busy = false;
+    if (de.stale_step) {
+        // The step was in flight when the instance failed: nothing came out of it.
+        de.stale_step = false;
+        if (rank_active(d)) {
+            start_decode(d);
+        }
+        return;
+    }
     ++de.step;
     ranks_[d].kv_tokens += de.running;  // every running request gained one token
     res_.decoded_tokens += de.running;
@@ -476,11 +354,18 @@ void Sim::on_decode_done(int d) {
         ranks_[d].kv_tokens -= static_cast<int64_t>(tr.input_tokens) + tr.output_tokens - 1;
         finish(r);
     }
-    while (!decode_pending_.empty() && place_decode(decode_pending_.front())) {
-        decode_pending_.pop_front();
+    if (de.evacuate_after_step) {
+        evacuate_for_drain(d);
     }
+    place_pending();
     if (!de.busy) {
         start_decode(d);
+    }
+}
+
+void Sim::place_pending() {
+    while (!decode_pending_.empty() && place_decode(decode_pending_.front())) {
+        decode_pending_.pop_front();
     }
 }
 
@@ -494,6 +379,10 @@ SimResult Sim::run() {
     if (!trs.empty()) {
         push(arrival_ns(0), Ev::kArrival, 0);
         next_arrival = 1;
+        t0_ns_ = arrival_ns(0);
+    }
+    if (c_.operations.enabled()) {
+        init_operations();
     }
     while (!events_.empty()) {
         const Event ev = events_.top();
@@ -520,6 +409,9 @@ SimResult Sim::run() {
                 break;
             case Ev::kDecodeDone:
                 on_decode_done(static_cast<int>(ev.id));
+                break;
+            default:
+                on_operation(ev);
                 break;
         }
     }
@@ -552,7 +444,6 @@ void Sim::summarize() {
             res_.expected_decode_tokens += tr.output_tokens - 1;
         }
         res_.input_tokens += tr.input_tokens;
-        res_.hit_tokens += q.hit_tokens;
         output_tokens += tr.output_tokens;
     }
     res_.num_finished = num_finished_;
@@ -585,7 +476,8 @@ void Sim::summarize() {
     for (size_t i = 0; i < n; ++i) {
         const TraceRequest& tr = trs[i];
         const double a = static_cast<double>(reqs_[i].arrival_ns);
-        const double w = ideal_prefill_ns(c_, o_.prefill_lb, tr.input_tokens, reqs_[i].hit_tokens);
+        const double w =
+            ideal_prefill_ns(c_, o_.prefill_lb, tr.input_tokens, reqs_[i].first_hit_tokens);
         fluid_p = std::max(fluid_p, a) + w / np;
         // A request is not split across engines (no context parallelism, S-DEPLOY), so it
         // takes at least its own compute time on one engine.
@@ -610,7 +502,13 @@ void Sim::summarize() {
         std::max<double>(1.0, static_cast<double>(prefill_end - t0));
     res_.decode_lb_efficiency = (fluid_decode(real_at_decode) - t0) / span_ns;
     res_.lb_efficiency = (fluid_decode(ideal_at_decode) - t0) / span_ns;
-    const double device_hours = (np + nd) * span_ns / 3.6e12;
+    double device_hours = (np + nd) * span_ns / 3.6e12;
+    if (c_.operations.enabled()) {
+        now_ = end;
+        account_devices();
+        device_hours = device_ns_ / 3.6e12;
+    }
+    res_.device_hours = device_hours;
     const double total_tokens = static_cast<double>(res_.input_tokens + output_tokens);
     res_.cost_per_million_tokens =
         total_tokens > 0 ? device_hours * c_.price_per_device_hour / (total_tokens / 1e6) : 0.0;
@@ -631,151 +529,20 @@ void Sim::summarize() {
                                      decode_busy_bins_[i] / (bin * nd), last_waiting});
         }
     }
-    res_.conservation_ok = once && res_.num_finished == static_cast<int64_t>(n) &&
-                           res_.hit_tokens + res_.computed_tokens == res_.input_tokens &&
-                           res_.decoded_tokens == res_.expected_decode_tokens &&
-                           res_.kv_moved_tokens == res_.input_tokens;
+    // Re-routed requests prefill their context again: tokens into prefill = prompts + the
+    // re-routed contexts; the decode ranks end empty (every request's KV left with it).
+    bool ranks_empty = decode_pending_.empty();
+    for (const auto& rk : ranks_) {
+        ranks_empty = ranks_empty && rk.num_requests == 0 && rk.kv_tokens == 0;
+    }
+    const int64_t prefill_in = res_.input_tokens + res_.rerouted_context_tokens;
+    res_.conservation_ok =
+        once && ranks_empty && res_.num_finished == static_cast<int64_t>(n) &&
+        res_.hit_tokens + res_.rerouted_hit_tokens + res_.computed_tokens == prefill_in &&
+        res_.decoded_tokens == res_.expected_decode_tokens && res_.kv_moved_tokens == prefill_in;
 }
 
-}  // namespace
-
-Status ClusterDescription::validate() const {
-    DSI_RETURN_IF_ERROR(prefill_cost.validate());
-    if (num_prefill < 1 || num_decode < 1 || num_prefill > 100000 || num_decode > 100000) {
-        return invalid_argument("cluster: num_prefill and num_decode must be in 1..100000");
-    }
-    const double positive[] = {decode_base_ns + decode_per_request_ns, kv_bytes_per_token,
-                               p2d_bytes_per_s, store_read_bytes_per_s};
-    for (double v : positive) {
-        if (!(v > 0) || !std::isfinite(v)) {
-            return invalid_argument("cluster: decode step cost, KV bytes and bandwidths must be > 0");
-        }
-    }
-    if (prefill_step_overhead_ns < 0 || decode_base_ns < 0 || decode_per_request_ns < 0 ||
-        decode_per_kv_token_ns < 0 || price_per_device_hour < 0) {
-        return invalid_argument("cluster: costs and price must be >= 0");
-    }
-    if (decode_max_batch < 1 || decode_kv_capacity_tokens < 1) {
-        return invalid_argument("cluster: decode_max_batch and KV capacity must be >= 1");
-    }
-    if (store_capacity_tokens < 0 || store_ttl_ns < 0) {
-        return invalid_argument("cluster: store capacity and TTL must be >= 0");
-    }
-    return Status::ok();
-}
-
-Result<ClusterDescription> parse_cluster_description(std::string_view json) {
-    nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object()) {
-        return invalid_argument("cluster description: not a JSON object");
-    }
-    ClusterDescription c;
-    auto num = [](const nlohmann::json& v, const std::string& key, auto& out) -> Status {
-        if (!v.is_number()) {
-            return invalid_argument("cluster description: \"" + key + "\" must be a number");
-        }
-        using T = std::decay_t<decltype(out)>;
-        if constexpr (std::is_integral_v<T>) {
-            if (!v.is_number_integer()) {
-                return invalid_argument("cluster description: \"" + key + "\" must be an integer");
-            }
-            out = v.get<T>();
-        } else {
-            out = v.get<T>();
-        }
-        return Status::ok();
-    };
-    for (const auto& [key, v] : j.items()) {
-        if (key == "device") {
-            if (!v.is_string()) {
-                return invalid_argument("cluster description: \"device\" must be a string");
-            }
-            c.device = v.get<std::string>();
-        } else if (key == "num_prefill") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.num_prefill));
-        } else if (key == "num_decode") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.num_decode));
-        } else if (key == "prefill_step_overhead_ns") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.prefill_step_overhead_ns));
-        } else if (key == "decode_base_ns") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.decode_base_ns));
-        } else if (key == "decode_per_request_ns") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.decode_per_request_ns));
-        } else if (key == "decode_per_kv_token_ns") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.decode_per_kv_token_ns));
-        } else if (key == "decode_max_batch") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.decode_max_batch));
-        } else if (key == "decode_kv_capacity_tokens") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.decode_kv_capacity_tokens));
-        } else if (key == "kv_bytes_per_token") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.kv_bytes_per_token));
-        } else if (key == "p2d_bytes_per_s") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.p2d_bytes_per_s));
-        } else if (key == "store_read_bytes_per_s") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.store_read_bytes_per_s));
-        } else if (key == "store_capacity_tokens") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.store_capacity_tokens));
-        } else if (key == "store_ttl_ns") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.store_ttl_ns));
-        } else if (key == "price_per_device_hour") {
-            DSI_RETURN_IF_ERROR(num(v, key, c.price_per_device_hour));
-        } else if (key == "prefill_cost") {
-            if (!v.is_object()) {
-                return invalid_argument("cluster description: \"prefill_cost\" must be an object");
-            }
-            for (const auto& [k2, v2] : v.items()) {
-                double* dst = k2 == "base_ns"     ? &c.prefill_cost.base_ns
-                              : k2 == "per_q_ns"  ? &c.prefill_cost.per_q_ns
-                              : k2 == "per_c_ns"  ? &c.prefill_cost.per_c_ns
-                              : k2 == "per_qc_ns" ? &c.prefill_cost.per_qc_ns
-                              : k2 == "per_qq_ns" ? &c.prefill_cost.per_qq_ns
-                                                  : nullptr;
-                if (dst == nullptr) {
-                    return invalid_argument("cluster description: unknown key prefill_cost." + k2);
-                }
-                DSI_RETURN_IF_ERROR(num(v2, "prefill_cost." + k2, *dst));
-            }
-        } else {
-            return invalid_argument("cluster description: unknown key \"" + key + "\"");
-        }
-    }
-    DSI_RETURN_IF_ERROR(c.validate());
-    return c;
-}
-
-Result<PrefillRouting> parse_prefill_routing(std::string_view n) {
-    if (n == "deepseek") return PrefillRouting::kDeepSeek;
-    if (n == "round-robin") return PrefillRouting::kRoundRobin;
-    if (n == "least-loaded") return PrefillRouting::kLeastLoaded;
-    if (n == "prefix-affinity") return PrefillRouting::kPrefixAffinity;
-    return invalid_argument("prefill routing: want deepseek|round-robin|least-loaded|prefix-affinity");
-}
-
-Result<DecodeRouting> parse_decode_routing(std::string_view n) {
-    if (n == "deepseek") return DecodeRouting::kDeepSeek;
-    if (n == "round-robin") return DecodeRouting::kRoundRobin;
-    if (n == "least-loaded") return DecodeRouting::kLeastLoaded;
-    return invalid_argument("decode routing: want deepseek|round-robin|least-loaded");
-}
-
-std::string_view prefill_routing_name(PrefillRouting r) {
-    switch (r) {
-        case PrefillRouting::kDeepSeek: return "deepseek";
-        case PrefillRouting::kRoundRobin: return "round-robin";
-        case PrefillRouting::kLeastLoaded: return "least-loaded";
-        case PrefillRouting::kPrefixAffinity: return "prefix-affinity";
-    }
-    return "?";
-}
-
-std::string_view decode_routing_name(DecodeRouting r) {
-    switch (r) {
-        case DecodeRouting::kDeepSeek: return "deepseek";
-        case DecodeRouting::kRoundRobin: return "round-robin";
-        case DecodeRouting::kLeastLoaded: return "least-loaded";
-    }
-    return "?";
-}
+}  // namespace internal
 
 Result<SimResult> simulate(const Trace& trace, const ClusterDescription& cluster_desc,
                            const SimOptions& options) {
@@ -822,7 +589,7 @@ Result<SimResult> simulate(const Trace& trace, const ClusterDescription& cluster
         time_scale = busiest / (static_cast<double>(span_ns) * options.target_load);
     }
 
-    Sim sim(trace, cluster_desc, options, time_scale);
+    internal::Sim sim(trace, cluster_desc, options, time_scale);
     SimResult res = sim.run();
     res.time_scale = time_scale;
     res.num_requests = static_cast<int64_t>(trs.size());

@@ -27,12 +27,63 @@
 #include <vector>
 
 #include "base/status.h"
+#include "cluster/autoscaler.h"
 #include "cluster/decode_lb.h"
-#include "engine/prefill_cost_model.h"
 #include "cluster/prefill_lb.h"
+#include "engine/prefill_cost_model.h"
 #include "sim/trace.h"
 
 namespace dsi::sim {
+
+// Operational events and policies of SPEC S-DEPLOY, run inside the request-level
+// simulation (the cluster file's "operations" section). Times are simulated seconds
+// from the first arrival (after --load / time_scale scaling).
+//  - Decode engines form EP instances of decode_ep_size ranks (0: all decode engines
+//    form one instance, EP = num_decode). A drain stops an instance: no new requests,
+//    decoding continues for the grace period, then cluster::DecodeDrain moves every
+//    unfinished request with its KV to other ranks in one plan (transfer time = KV bytes
+//    / p2d bandwidth); unplaced ones re-route through prefill.
+//  - A device failure takes its whole instance down (one communication domain): the
+//    step in flight is lost, its requests re-route through prefill (the prompt is a store
+//    hit, the generated tokens are recomputed), and the instance restarts after
+//    restart_s with EP size = healthy devices (cluster::plan_ep_restart); below
+//    min_ep_size it stays down.
+//  - autoscale: every decision_interval_s cluster::Autoscaler decides prefill engines
+//    (from the cache-missed token rate) and decode instances (from running requests);
+//    scale-out takes machines from the spare pool (a provisioned machine joins it after
+//    provision_s), decode scale-in drains the instance with the fewest requests, a
+//    prefill engine told to stop finishes its queue first. The cluster's num_prefill
+//    and num_decode / decode_ep_size are the most that can be online.
+struct DecodeDrainAt {
+    double at_s = 0;
+    int instance = 0;
+};
+struct DeviceFailureAt {
+    double at_s = 0;
+    int instance = 0;
+    int devices = 1;  // devices of the instance that fail
+};
+struct OperationsSettings {
+    int decode_ep_size = 0;  // decode ranks per EP instance; 0 = one instance of all
+    double drain_grace_s = 60;   // S-DEPLOY: 1 minute
+    double restart_s = 180;      // S-DEPLOY: restarts take minutes
+    int min_ep_size = 1;
+    int num_logical_experts = 256;      // for the restart's expert layout (S-EPLB)
+    int redundant_experts_per_rank = 1;
+    std::vector<DecodeDrainAt> drains;
+    std::vector<DeviceFailureAt> failures;
+    bool autoscale = false;
+    double decision_interval_s = 10;
+    double provision_s = 300;
+    int initial_prefill = 0;           // 0 = num_prefill
+    int initial_decode_instances = 0;  // 0 = all
+    int initial_spare = 0;             // ready machines in the pool at the start
+    // Instance counts; max_prefill / max_decode are clamped to what the cluster has.
+    cluster::AutoscalerSettings autoscaler;
+
+    bool enabled() const { return autoscale || !drains.empty() || !failures.empty(); }
+    Status validate(int num_prefill, int num_decode) const;
+};
 
 // The hardware and store. Defaults describe an H800-class device (a setting, not a law).
 struct ClusterDescription {
@@ -52,12 +103,19 @@ struct ClusterDescription {
     int64_t store_capacity_tokens = 0;  // 0 = unlimited
     int64_t store_ttl_ns = 0;           // 0 = no TTL
     double price_per_device_hour = 2.0;  // USD; an assumption, set per deployment
+    OperationsSettings operations;
 
+    int decode_ep() const {
+        return operations.decode_ep_size > 0 ? operations.decode_ep_size : num_decode;
+    }
     Status validate() const;
 };
 
 // JSON object with any of the fields above (same names; "prefill_cost" is an object with
-// base_ns, per_q_ns, per_c_ns, per_qc_ns, per_qq_ns). Unknown keys are an error.
+// base_ns, per_q_ns, per_c_ns, per_qc_ns, per_qq_ns; "operations" an object with the
+// fields of OperationsSettings, "drains": [{"at_s", "instance"}], "failures": [{"at_s",
+// "instance", "devices"}], "autoscaler": {the AutoscalerSettings fields, intervals as
+// scale_out_interval_s / scale_in_interval_s}). Unknown keys are an error.
 Result<ClusterDescription> parse_cluster_description(std::string_view json);
 
 enum class PrefillRouting { kDeepSeek, kRoundRobin, kLeastLoaded, kPrefixAffinity };
@@ -125,6 +183,24 @@ struct SimResult {
     int64_t kv_moved_tokens = 0;    // prefill -> decode
     bool conservation_ok = false;
     int64_t events = 0;
+    // Operations (all zero unless ClusterDescription::operations is enabled).
+    int64_t rerouted_requests = 0;        // re-prefilled after a failure or unplaced drain
+    int64_t rerouted_context_tokens = 0;  // their context (prompt + generated) re-prefilled
+    int64_t rerouted_hit_tokens = 0;      // of which found in the store
+    int64_t migrated_requests = 0;        // moved with their KV by a drain
+    int64_t migrated_kv_tokens = 0;
+    int64_t lost_step_tokens = 0;         // tokens of decode steps in flight at a failure
+    int drains_completed = 0;
+    int failures = 0;
+    std::vector<int> restart_ep_sizes;    // EP size each failed instance came back with
+    int scale_out_decisions = 0;
+    int scale_in_decisions = 0;
+    int scale_in_blocked_by_utilisation = 0;
+    int min_online_decode_instances = 0;
+    int max_online_decode_instances = 0;
+    int min_online_prefill = 0;
+    int max_online_prefill = 0;
+    double device_hours = 0;              // devices held (online, draining, restarting, spare)
     std::vector<TimelinePoint> timeline;  // empty unless SimOptions::timeline_bin_ns > 0
 };
 
