@@ -1,5 +1,6 @@
 // `dsinfer sim` (trace-driven cluster simulator) and `dsinfer capacity` (capacity
 // arithmetic as JSON). Flag parsing only; the work is in sim/ and cluster/.
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -33,6 +34,14 @@ struct SimFlags {
     double load = 0;
     double time_scale = 1.0;
     double price = -1;
+    // Operations (S-DEPLOY); the cluster file's "operations" section says more.
+    int decode_ep_size = 0;
+    double drain_at_s = -1;
+    int drain_instance = -1;
+    double fail_at_s = -1;
+    int fail_instance = 0;
+    int fail_devices = 1;
+    bool autoscale = false;
 };
 
 nlohmann::json dist_json(const sim::Distribution& d) {
@@ -64,7 +73,24 @@ nlohmann::json result_json(const sim::SimResult& r) {
             {"bucket_requests", r.bucket_requests},
             {"prefill_reassignments", r.prefill_reassignments},
             {"conservation_ok", r.conservation_ok},
-            {"events", r.events}};
+            {"events", r.events},
+            {"device_hours", r.device_hours},
+            {"operations",
+             {{"drains_completed", r.drains_completed},
+              {"migrated_requests", r.migrated_requests},
+              {"migrated_kv_tokens", r.migrated_kv_tokens},
+              {"failures", r.failures},
+              {"restart_ep_sizes", r.restart_ep_sizes},
+              {"rerouted_requests", r.rerouted_requests},
+              {"rerouted_context_tokens", r.rerouted_context_tokens},
+              {"rerouted_hit_tokens", r.rerouted_hit_tokens},
+              {"lost_step_tokens", r.lost_step_tokens},
+              {"scale_out_decisions", r.scale_out_decisions},
+              {"scale_in_decisions", r.scale_in_decisions},
+              {"scale_in_blocked_by_utilisation", r.scale_in_blocked_by_utilisation},
+              {"online_prefill_min_max", {r.min_online_prefill, r.max_online_prefill}},
+              {"online_decode_instances_min_max",
+               {r.min_online_decode_instances, r.max_online_decode_instances}}}}};
 }
 
 int run_sim(const SimFlags& f) {
@@ -107,6 +133,16 @@ int run_sim(const SimFlags& f) {
     if (f.store_capacity_tokens >= 0) cluster.store_capacity_tokens = f.store_capacity_tokens;
     if (f.store_ttl_s >= 0) cluster.store_ttl_ns = static_cast<int64_t>(f.store_ttl_s * 1e9);
     if (f.price >= 0) cluster.price_per_device_hour = f.price;
+    sim::OperationsSettings& ops = cluster.operations;
+    if (f.decode_ep_size > 0) ops.decode_ep_size = f.decode_ep_size;
+    const int instances = cluster.num_decode / std::max(1, cluster.decode_ep());
+    if (f.drain_at_s >= 0) {
+        ops.drains.push_back({f.drain_at_s, f.drain_instance >= 0 ? f.drain_instance : instances - 1});
+    }
+    if (f.fail_at_s >= 0) {
+        ops.failures.push_back({f.fail_at_s, f.fail_instance, f.fail_devices});
+    }
+    ops.autoscale = ops.autoscale || f.autoscale;
 
     std::vector<std::string> prefill_policies = {f.prefill_policy};
     if (f.prefill_policy == "all") {
@@ -159,6 +195,8 @@ int run_sim(const SimFlags& f) {
                            {{"device", cluster.device},
                             {"num_prefill", cluster.num_prefill},
                             {"num_decode", cluster.num_decode},
+                            {"decode_ep_size", cluster.decode_ep()},
+                            {"operations_enabled", cluster.operations.enabled()},
                             {"store_capacity_tokens", cluster.store_capacity_tokens},
                             {"store_ttl_ns", cluster.store_ttl_ns},
                             {"price_per_device_hour", cluster.price_per_device_hour}}},
@@ -237,6 +275,19 @@ void register_sim_commands(CLI::App& app) {
                 "scale arrivals so the busier stage sees this share of ideal capacity (0 = off)");
     add_setting(*sim, "--time-scale", sf->time_scale, "multiply arrival times (when --load is 0)");
     add_setting(*sim, "--price", sf->price, "USD per device-hour (-1 = from --cluster)");
+    add_setting(*sim, "--decode-ep-size", sf->decode_ep_size,
+                "decode ranks per EP instance (0 = from --cluster; default all in one)");
+    add_setting(*sim, "--drain-at-s", sf->drain_at_s,
+                "drain a decode instance at this simulated second (-1 = none)");
+    add_setting(*sim, "--drain-instance", sf->drain_instance,
+                "which decode instance --drain-at-s drains (-1 = the last)");
+    add_setting(*sim, "--fail-at-s", sf->fail_at_s,
+                "fail devices of a decode instance at this simulated second (-1 = none)");
+    add_setting(*sim, "--fail-instance", sf->fail_instance, "decode instance --fail-at-s hits");
+    add_setting(*sim, "--fail-devices", sf->fail_devices, "devices that fail at --fail-at-s");
+    add_switch(*sim, "--autoscale", sf->autoscale,
+               "autoscale prefill engines and decode instances (settings: --cluster "
+               "operations.autoscaler)");
     sim->callback([sf] {
         if (const int rc = run_sim(*sf); rc != 0) {
             throw CLI::RuntimeError(rc);
