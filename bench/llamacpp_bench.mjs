@@ -8,14 +8,9 @@
 // The prompt is token ids 1000..1000+n (fed directly, one llama.cpp batch of n); generation
 // is greedy, one token per call. Output: {"pp_tokens_per_s", "tg_tokens_per_s", settings}.
 import fs from "node:fs";
-import os from "node:os";
 import path from "node:path";
-import {register} from "node:module";
-import {fileURLToPath, pathToFileURL} from "node:url";
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const nm = path.join(here, "..", "tests", "llamacpp", "node_modules");
-const PREBUILT = "@node-llama-cpp/linux-x64";
+import {loadLlama} from "./llamacpp_load.mjs";
 
 const a = {threads: 2, promptTokens: 512, genTokens: 128, amx: "on"};
 for (let i = 2; i < process.argv.length; i++) {
@@ -29,23 +24,7 @@ for (let i = 2; i < process.argv.length; i++) {
     else throw new Error(`unknown argument ${k}`);
 }
 
-// --amx off: a private copy of the prebuilt package without the AMX variant (as ref_logits.mjs).
-if (a.amx === "off") {
-    const pkgDir = path.join(nm, PREBUILT);
-    const shadow = path.join(os.tmpdir(), "dsinfer-bench-nlc-noamx");
-    if (!fs.existsSync(path.join(shadow, ".complete"))) {
-        fs.cpSync(pkgDir, shadow, {recursive: true, filter: (s) => !/sapphirerapids\.so$/.test(s)});
-        fs.writeFileSync(path.join(shadow, ".complete"), "");
-    }
-    const entry = pathToFileURL(path.join(shadow, "dist", "index.js")).href;
-    register("data:text/javascript," + encodeURIComponent(`export async function resolve(s, c, n) {
-        if (s === ${JSON.stringify(PREBUILT)}) return {url: ${JSON.stringify(entry)}, shortCircuit: true};
-        return n(s, c); }`), import.meta.url);
-}
-const {getLlama, LlamaLogLevel} =
-    await import(pathToFileURL(path.join(nm, "node-llama-cpp", "dist", "index.js")).href);
-const llama = await getLlama({gpu: false, build: "never", skipDownload: true, usePrebuiltBinaries: true,
-    progressLogs: false, maxThreads: a.threads, logLevel: LlamaLogLevel.error});
+const llama = await loadLlama({threads: a.threads, amx: a.amx});
 const model = await llama.loadModel({modelPath: path.resolve(a.model), gpuLayers: 0, useMmap: true});
 const ctxSize = Math.ceil((a.promptTokens + a.genTokens + 8) / 256) * 256;
 const context = await model.createContext({contextSize: ctxSize, batchSize: a.promptTokens, sequences: 1,

@@ -8,6 +8,7 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "engine/calibrate.h"
 #include "engine/engine.h"
 #include "model/checkpoint_writer.h"
 #include "model/deepseek.h"
@@ -97,6 +98,8 @@ struct Job {
     SamplingParams sampling;
     std::string cache_salt;
     std::string text;
+    int64_t swap_space_mb = 1024;  // host memory for preemption by swapping (0: recompute)
+    bool batch_invariant = true;   // S-ENG-6 (docs/engine.md, "Batch invariance")
     int64_t num_prompt = 0;
     int64_t num_output = 0;
     std::string finish;
@@ -191,6 +194,9 @@ int run_generate(const GenerateFlags& f) {
         GenerateRequest req;
         if (tk.add_bos_token()) req.prompt.push_back(tk.bos_id());
         tk.encode_into(job.prompt, &req.prompt);
+    eo.swap_space_bytes = f.swap_space_mb << 20;
+    eo.batch_invariant = f.batch_invariant;
+    eo.cost_model_path = engine::cost_model_path_for(f.model);  // from `dsinfer calibrate`
         job.num_prompt = static_cast<int64_t>(req.prompt.size());
         req.sampling = job.sampling;
         req.cache_salt = job.cache_salt;
@@ -295,3 +301,7 @@ void register_model_commands(CLI::App& app) {
 }
 
 }  // namespace dsi
+    add_setting(*gen, "--swap-space-mb", gen_flags->swap_space_mb,
+                "host memory for KV blocks of preempted sequences (0: recompute them)");
+    add_switch(*gen, "--batch-invariant", gen_flags->batch_invariant,
+                "outputs independent of the batch (S-ENG-6; the only kernel path today)");

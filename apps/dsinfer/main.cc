@@ -13,6 +13,8 @@ void register_sim_commands(CLI::App& app);  // apps/dsinfer/cmd_sim.cc
 void register_bench_commands(CLI::App& app);  // apps/dsinfer/cmd_bench.cc
 void register_serve_commands(CLI::App& app);  // apps/dsinfer/cmd_serve.cc
 void register_kvstore_commands(CLI::App& app);  // apps/dsinfer/cmd_kvstore.cc
+void register_calibrate_command(CLI::App& app);  // apps/dsinfer/cmd_calibrate.cc
+void register_bench_offline_command(CLI::App& bench);  // apps/dsinfer/cmd_bench_offline.cc
 }  // namespace dsi
 
 int main(int argc, char** argv) {
@@ -27,8 +29,10 @@ int main(int argc, char** argv) {
     dsi::register_model_commands(app);
     dsi::register_sim_commands(app);
     dsi::register_bench_commands(app);
+    dsi::register_bench_offline_command(*app.get_subcommand("bench"));
     dsi::register_serve_commands(app);
     dsi::register_kvstore_commands(app);
+    dsi::register_calibrate_command(app);
 
     CLI11_PARSE(app, argc, argv);
     return 0;

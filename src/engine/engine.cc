@@ -16,6 +16,8 @@
 
 #include "base/check.h"
 #include "base/logging.h"
+#include "engine/calibrate.h"
+#include "engine/swap.h"
 #include "kv/paged_kv_cache.h"
 #include "kvstore/async_store.h"
 #include "kvstore/block_store.h"
@@ -47,6 +49,13 @@ struct SwapIn {
     std::shared_ptr<const kvstore::Block> data;
 };
 
+// Preemption by swapping (engine/swap.h): one block copied between the pool and a
+// host swap slot by the worker.
+struct HostCopy {
+    kv::BlockId block = 0;
+    float* host = nullptr;
+};
+
 // One sequence's part of a planned step.
 struct StepItem {
     int64_t seq_id = 0;
@@ -63,10 +72,15 @@ struct StepItem {
     // Fetched blocks at positions [swap_begin_pos, swap_begin_pos + 128 * size).
     std::vector<SwapIn> swap_in;
     int64_t swap_begin_pos = 0;
+    // Rows swapped out to host memory, copied back into its new blocks before the step.
+    std::vector<HostCopy> restore;
 };
 
 struct StepPlan {
     std::vector<StepItem> items;
+    // Victims swapped out when this step was scheduled: copied to host before the step
+    // (their blocks may be reused by it).
+    std::vector<HostCopy> save;
     std::vector<int64_t> release;  // worker state to drop (finished sequences)
 };
 
@@ -167,6 +181,12 @@ private:
         StepResult r;
         r.start_ns = steady_ns();
         for (int64_t id : plan.release) seqs_.erase(id);
+        // Preemption by swapping: save the victims' rows before anything in this step
+        // can overwrite their blocks, then restore the resumed sequences' rows.
+        for (const HostCopy& c : plan.save) copy_block(c, true);
+        for (const StepItem& it : plan.items) {
+            for (const HostCopy& c : it.restore) copy_block(c, false);
+        }
         steps_.clear();
         inputs_.assign(plan.items.size(), 0);
         for (size_t i = 0; i < plan.items.size(); ++i) {
@@ -254,6 +274,21 @@ private:
         return r;
     }
 
+    // A block's slices of every cache group <-> one host swap slot (groups back to back).
+    void copy_block(const HostCopy& c, bool to_host) {
+        float* host = c.host;
+        for (size_t g = 0; g < pool_->groups().size(); ++g) {
+            const size_t n = static_cast<size_t>(pool_->groups()[g].block_floats());
+            float* dev = pool_->data(g, c.block);
+            if (to_host) {
+                std::memcpy(host, dev, n * sizeof(float));
+            } else {
+                std::memcpy(dev, host, n * sizeof(float));
+            }
+            host += n;
+        }
+    }
+
     // Layer-major copy of every fetched block of the plan into its pool block.
     void swap_in_layers(StepPlan& plan, kv::LayerGate& gate) {
         const int64_t num_layers = model_->kv_num_layers();
@@ -332,6 +367,9 @@ struct Sequence {
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop;
 
+    // Swapped out (waiting): host slots holding rows [0, swapped_rows) (engine/swap.h).
+    std::vector<int32_t> swap_slots;
+    int64_t swapped_rows = 0;
     int64_t num_output() const { return static_cast<int64_t>(tokens.size()) - num_prompt; }
 };
 
@@ -392,6 +430,9 @@ struct Engine::Impl {
     kvstore::StoreKey model_identity;
     int64_t num_fetching = 0;
 
+    // Preemption by swapping: host slots, and saves for the next submitted plan.
+    std::unique_ptr<HostSwapSpace> swap;
+    std::vector<HostCopy> pending_saves;
     Impl(DeepseekModel* m, EngineOptions o, Env* e, std::unique_ptr<kv::BlockPool> p)
         : model(m),
           options(std::move(o)),
@@ -404,6 +445,9 @@ struct Engine::Impl {
         max_model_len = options.max_model_len > 0 ? options.max_model_len
                                                   : model->config().max_position_embeddings;
         if (options.async) worker.start();
+        int64_t block_floats = 0;  // every cache group's slice of one block
+        for (const kv::CacheGroupSpec& g : pool->groups()) block_floats += g.block_floats();
+        swap = std::make_unique<HostSwapSpace>(options.swap_space_bytes, block_floats);
         open_store();
     }
 
@@ -619,6 +663,8 @@ struct Engine::Impl {
         if (s.init_sent) pending_release.push_back(s.id);
         auto rit = requests.find(s.request_id);
         if (rit != requests.end() && --rit->second.num_live == 0) {
+        swap->release(s.swap_slots);  // abort of a swapped-out sequence frees its host space
+        s.swap_slots.clear();
             requests.erase(rit);
             ++stats.num_finished;
         }
@@ -630,6 +676,23 @@ struct Engine::Impl {
         s.blocks.clear();
         std::erase(running, s.id);
         s.running = false;
+        // Swap when the host space allows, else recompute (docs/engine.md). Rows
+        // [0, num_computed) are complete once the steps already submitted have run and
+        // belong to tokens the host knows; one token is kept back (its logits start
+        // the output again, as for a prefix hit).
+        const int64_t rows = std::min<int64_t>(s.num_computed,
+                                               static_cast<int64_t>(s.tokens.size()) - 1);
+        if (rows > 0) {
+            const int64_t n = blocks_for_tokens(rows);
+            if (std::optional<std::vector<int32_t>> slots = swap->allocate(n)) {
+                for (int64_t i = 0; i < n; ++i)
+                    pending_saves.push_back({s.blocks[static_cast<size_t>(i)], swap->slot((*slots)[i])});
+                s.swap_slots = std::move(*slots);
+                s.swapped_rows = rows;
+                ++stats.preemptions_swapped;
+                stats.swapped_out_blocks += n;
+            }
+        }
         s.num_computed = s.num_confirmed = s.num_published = 0;
         s.num_sampled = s.num_output();  // in-flight samples are recomputed
         s.init_sent = false;
@@ -685,6 +748,13 @@ struct Engine::Impl {
             if (max_hit > 0 && store != nullptr && !s.store_checked && s.staged.empty()) {
                 ensure_keys(s, max_hit);
                 if (start_fetch(s, max_hit)) continue;
+            if (!s.swap_slots.empty()) {
+                // Swapped out: its rows come back from host memory, no prefix lookup.
+                v.num_cached_tokens = s.swapped_rows;
+                v.num_swapped_blocks = static_cast<int64_t>(s.swap_slots.size());
+                wait_views.push_back(v);
+                continue;
+            }
             }
             if (!s.staged.empty()) {
                 // Prefix blocks already held (local pins + fetched): nothing to pin.
@@ -714,6 +784,16 @@ struct Engine::Impl {
             if (!s.staged.empty()) {
                 // S-KV-6: the fetched blocks go to the worker with this step's item;
                 // they are published after the step that copied them.
+            if (!s.swap_slots.empty()) {
+                // Blocks for the swapped rows are allocated below, after every pin.
+                s.num_computed = s.num_confirmed = s.swapped_rows;
+                s.num_store_blocks = s.swapped_rows / kv::kBlockTokens;  // written before
+                s.prefill_target = static_cast<int64_t>(s.tokens.size());
+                s.num_sampled = s.num_output();
+                s.running = true;
+                running.push_back(s.id);
+                continue;
+            }
                 s.blocks = std::move(s.staged);
                 s.staged.clear();
                 s.num_published = s.staged_first;
@@ -745,8 +825,25 @@ struct Engine::Impl {
             if (sc.num_new_blocks > 0) {
                 Result<std::vector<kv::BlockId>> nb = pool->allocate(sc.num_new_blocks);
                 if (!nb.is_ok())
+        plan.save = std::move(pending_saves);
+        pending_saves.clear();
                     return internal_error("scheduler over-committed blocks: " +
                                           nb.status().to_string());
+            std::vector<HostCopy> restore;
+            if (sc.admit && !s.swap_slots.empty()) {
+                Result<std::vector<kv::BlockId>> rb =
+                    pool->allocate(static_cast<int64_t>(s.swap_slots.size()));
+                if (!rb.is_ok())
+                    return internal_error("scheduler over-committed blocks for a swap-in: " +
+                                          rb.status().to_string());
+                for (size_t i = 0; i < rb->size(); ++i)
+                    restore.push_back({(*rb)[i], swap->slot(s.swap_slots[i])});
+                s.blocks = std::move(rb).value();
+                stats.swapped_in_blocks += static_cast<int64_t>(s.swap_slots.size());
+                swap->release(s.swap_slots);  // reusable from the next plan on
+                s.swap_slots.clear();
+                s.swapped_rows = 0;
+            }
                 s.blocks.insert(s.blocks.end(), nb->begin(), nb->end());
             }
             StepItem it;
@@ -755,6 +852,7 @@ struct Engine::Impl {
             it.start_pos = s.num_computed;
             if (s.num_computed >= s.prefill_target) {
                 it.sample = true;  // decode
+            it.restore = std::move(restore);
             } else {
                 it.tokens.assign(s.tokens.begin() + s.num_computed,
                                  s.tokens.begin() + s.num_computed + sc.num_new_tokens);
@@ -788,6 +886,7 @@ struct Engine::Impl {
     }
 
     void post_process(StepResult& r) {
+        swap->end_plan();
         ++stats.steps;
         if (r.swap_in_blocks > 0) {
             ++stats.swap_in_count;
@@ -898,6 +997,12 @@ Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel* model, EngineOptio
         kv::CacheGroupSpec{"mla", model->kv_num_layers(), 1, model->kv_row_floats()}};
     int64_t num_blocks = options.num_kv_blocks;
     if (num_blocks <= 0) {
+    if (!options.cost_model_path.empty()) {
+        // S-LB: the fit of `dsinfer calibrate`, when there is one (engine/calibrate.h).
+        DSI_ASSIGN_OR_RETURN(std::optional<PrefillCostModel> fitted,
+                             load_cost_model(env, options.cost_model_path));
+        if (fitted) options.scheduler.cost = *fitted;
+    }
         const int64_t per_block = groups[0].block_floats() * static_cast<int64_t>(sizeof(float));
         num_blocks = options.kv_cache_bytes / per_block;
         if (num_blocks < 1) {
@@ -1040,6 +1145,7 @@ EngineStats Engine::stats() const {
         s.store_blocks_dropped = impl_->write_behind->num_dropped();
     }
     if (impl_->store != nullptr) s.store_puts_dropped = impl_->store->metrics().puts_dropped;
+    s.swap_slots_held = impl_->swap->num_held();
     return s;
 }
 
@@ -1051,9 +1157,18 @@ Status Engine::check_invariants() const {
         for (kv::BlockId b : s.staged) ++refs[static_cast<size_t>(b)];
         if (!s.running && !s.blocks.empty()) {
             return internal_error("waiting sequence " + std::to_string(id) + " holds blocks");
+    std::vector<int32_t> held_slots;
+        }
+        held_slots.insert(held_slots.end(), s.swap_slots.begin(), s.swap_slots.end());
+        if (!s.swap_slots.empty() && (s.running || s.swapped_rows <= 0 ||
+                                      blocks_for_tokens(s.swapped_rows) !=
+                                          static_cast<int64_t>(s.swap_slots.size()))) {
+            return internal_error("sequence " + std::to_string(id) +
+                                  " has inconsistent swap state");
         }
     }
     return m.pool->check_invariants(refs);
 }
 
 }  // namespace dsi::engine
+    DSI_RETURN_IF_ERROR(m.swap->check_invariants(held_slots));

@@ -82,6 +82,19 @@ struct EngineOptions {
     int64_t max_model_len = 0;       // 0: the model's max_position_embeddings
     std::string model_id = "model";  // part of the prefix-cache salt
     SchedulerConfig scheduler;
+    // Prefill cost model fitted by `dsinfer calibrate` (engine/calibrate.h): "" = use
+    // scheduler.cost as given; else a JSON file that replaces scheduler.cost when it
+    // exists (a missing file keeps the default; a malformed one fails create()).
+    std::string cost_model_path;
+    // S-ENG-6: a request's logits do not depend on the other requests in its step.
+    // Every model kernel is batch-invariant today, so false changes nothing yet
+    // (docs/engine.md, "Batch invariance"); the switch is where a faster,
+    // batch-dependent kernel path will be selected.
+    bool batch_invariant = true;
+    // Preemption by swapping (engine/swap.h): a preempted sequence's KV blocks are
+    // copied to a host buffer of at most this many bytes and copied back when it
+    // resumes; when the buffer has no room it is preempted by recompute. 0: recompute.
+    int64_t swap_space_bytes = int64_t{1} << 30;
     bool record_logits = false;            // pass each sampled row's logits to the callback (tests)
     const Tokenizer* tokenizer = nullptr;  // needed for text and stop strings
     // KV block store below the pool (S-KV-4..7): "" = none; else a kvstore URI
@@ -131,7 +144,11 @@ struct EngineStats {
     int64_t computed_prefill_tokens = 0;  // prefill tokens run through the model
     int64_t output_tokens = 0;
     int64_t steps = 0;
-    int64_t preemptions = 0;
+    int64_t preemptions = 0;          // all preemptions (swap + recompute)
+    int64_t preemptions_swapped = 0;  // of which swapped to host memory
+    int64_t swapped_out_blocks = 0;
+    int64_t swapped_in_blocks = 0;
+    int64_t swap_slots_held = 0;  // host swap blocks held by swapped-out sequences now
     int64_t forward_ns = 0;   // worker busy time
     int64_t host_gap_ns = 0;  // worker idle between consecutive steps while work existed
     kv::BlockPoolStats pool;

@@ -8,60 +8,11 @@
 #include <map>
 #include <random>
 
+#include "engine/engine_test_util.h"
 #include "model/synthetic.h"
 
 namespace dsi::engine {
 namespace {
-
-std::unique_ptr<DeepseekModel> make_model(int layers = 0) {
-    ModelConfig c = synthetic_preset("tiny-v3").value();
-    c.vocab_size = 512;
-    if (layers > 0) c.num_hidden_layers = layers;
-    auto m = DeepseekModel::load(synthetic_memory_model(c, 1234), {2});
-    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-    return std::move(m).value();
-}
-
-DeepseekModel& shared_model() {
-    static std::unique_ptr<DeepseekModel> m = make_model();
-    return *m;
-}
-
-struct Completion {
-    std::vector<int32_t> tokens;
-    std::vector<std::vector<float>> logits;
-    FinishReason reason = FinishReason::kNone;
-};
-
-EngineOptions base_options() {
-    EngineOptions o;
-    o.num_kv_blocks = 64;
-    o.record_logits = true;
-    o.scheduler.step_budget_ns = 1e12;
-    return o;
-}
-
-struct Harness {
-    std::unique_ptr<Engine> engine;
-    std::map<RequestId, std::map<int32_t, Completion>> out;
-
-    explicit Harness(EngineOptions o, Env* env = Env::default_env(),
-                     DeepseekModel* model = &shared_model()) {
-        engine = Engine::create(model, std::move(o), env).value();
-    }
-    RequestId add(GenerateRequest r) {
-        Result<RequestId> id = engine->add_request(std::move(r), [this](const TokenEvent& ev) {
-            Completion& c = out[ev.request_id][ev.index];
-            if (ev.token >= 0) {
-                c.tokens.push_back(ev.token);
-                c.logits.emplace_back(ev.logits.begin(), ev.logits.end());
-            }
-            if (ev.finished) c.reason = ev.reason;
-        });
-        EXPECT_TRUE(id.is_ok()) << id.status().to_string();
-        return id.value();
-    }
-};
 
 GenerateRequest random_request(std::mt19937_64& rng, int max_prompt = 200, int max_new = 8) {
     GenerateRequest r;
@@ -382,6 +333,7 @@ TEST(EngineTest, PreemptionByRecomputeGivesTheSameTokens) {
     for (bool async : {false, true}) {
         o.num_kv_blocks = 3;  // one sequence of 300 tokens needs all 3
         o.async = async;
+        o.swap_space_bytes = 0;  // recompute only (swapping: engine_swap_test)
         Harness h(o);
         RequestId x = h.add(r);
         RequestId y = h.add(r);

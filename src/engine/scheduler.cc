@@ -106,16 +106,20 @@ ScheduleDecision Scheduler::schedule(std::span<const SeqView> running,
             continue;
         }
         if (num_running >= config_.max_running_seqs) break;
-        const int64_t hit_blocks = w.num_cached_tokens / 128;
-        const int64_t free_after_pin = avail - w.num_cached_unreferenced_blocks;
+        // Blocks the sequence holds once admitted (pinned hits, or swapped-in rows) and
+        // what taking them costs the pool.
+        const int64_t held_blocks =
+            w.num_swapped_blocks > 0 ? w.num_swapped_blocks : w.num_cached_tokens / 128;
+        const int64_t taken = w.num_cached_unreferenced_blocks + w.num_swapped_blocks;
+        const int64_t free_after_pin = avail - taken;
         if (free_after_pin < 0) break;
-        const int64_t q = chunk(w, w.num_cached_tokens, hit_blocks, free_after_pin);
+        const int64_t q = chunk(w, w.num_cached_tokens, held_blocks, free_after_pin);
         if (q <= 0) break;
-        const int64_t need = blocks_for_tokens(w.num_cached_tokens + q) - hit_blocks;
+        const int64_t need = blocks_for_tokens(w.num_cached_tokens + q) - held_blocks;
         SeqView at = w;
         at.num_computed = w.num_cached_tokens;
         add(at, q, need, true);
-        avail -= w.num_cached_unreferenced_blocks;
+        avail -= taken;
         ++num_running;
     }
     return d;

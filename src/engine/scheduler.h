@@ -15,10 +15,12 @@
 //      stops the pass (no overtaking). If a step would otherwise be empty, the head
 //      gets at least one token, so a budget smaller than one token cannot stall.
 //   4. Admission stops at max_running_seqs and never preempts.
-//   5. Preemption by recompute: a running sequence that needs a block when none is
-//      left takes them from the newest running sequences that are not yet scheduled
-//      in this step (their blocks go back; they re-enter the waiting queue at their
-//      arrival position). Only newer sequences are ever preempted, so the oldest
+//   5. Preemption: a running sequence that needs a block when none is left takes them
+//      from the newest running sequences that are not yet scheduled in this step
+//      (their blocks go back; they re-enter the waiting queue at their arrival
+//      position; the engine either swaps their rows to host memory or recomputes
+//      them later — to the scheduler a swapped-out sequence is a waiting one whose
+//      admission needs num_swapped_blocks more blocks). Only newer sequences are ever preempted, so the oldest
 //      always progresses: no deadlock, no starvation, given that every sequence fits
 //      in the pool alone (the engine rejects one that cannot).
 // Thread model: not thread-safe; called by the engine's scheduling thread.
@@ -57,6 +59,9 @@ struct SeqView {
     // Waiting sequences only: the prefix-cache hit (whole blocks, one token kept back).
     int64_t num_cached_tokens = 0;
     int64_t num_cached_unreferenced_blocks = 0;  // hit blocks that pinning takes from the pool
+    // Waiting sequences swapped out to host memory: admission allocates this many
+    // blocks to copy the saved rows back into (num_cached_tokens of them).
+    int64_t num_swapped_blocks = 0;
 };
 
 struct ScheduledSeq {

@@ -1,0 +1,116 @@
+// `dsinfer calibrate`: profile prefill chunks of a checkpoint at several (q, c) points,
+// fit the quadratic prefill cost model (S-LB) and store it beside the checkpoint, where
+// the engine picks it up (engine/calibrate.h, docs/engine.md "Calibration").
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "base/env.h"
+#include "base/settings.h"
+#include "engine/calibrate.h"
+#include "kernels/cpu_features.h"
+#include "model/deepseek.h"
+
+namespace dsi {
+namespace {
+
+struct CalibrateFlags {
+    std::string model;
+    std::string out;  // default: engine::cost_model_path_for(model)
+    int threads = 0;
+    std::string weight_format = "auto";
+    std::string q_values = "16,64,256,512";
+    std::string c_values = "0,512,1536";
+    int reps = 2;
+};
+
+Result<std::vector<int64_t>> parse_counts(const std::string& flag, const std::string& s) {
+    std::vector<int64_t> v;
+    std::stringstream in(s);
+    std::string item;
+    while (std::getline(in, item, ',')) {
+        size_t used = 0;
+        int64_t x = -1;
+        try {
+            x = std::stoll(item, &used);
+        } catch (const std::exception&) {
+            used = 0;
+        }
+        if (used != item.size() || x < 0) {
+            return invalid_argument(flag + ": '" + item + "' is not a count");
+        }
+        v.push_back(x);
+    }
+    if (v.empty()) return invalid_argument(flag + " is empty");
+    return v;
+}
+
+int run_calibrate(const CalibrateFlags& f) {
+    Env* env = Env::default_env();
+    auto fail = [](const Status& s) {
+        std::fprintf(stderr, "dsinfer calibrate: %s\n", s.to_string().c_str());
+        return 1;
+    };
+    Result<std::vector<int64_t>> qs = parse_counts("--q", f.q_values);
+    if (!qs.is_ok()) return fail(qs.status());
+    Result<std::vector<int64_t>> cs = parse_counts("--c", f.c_values);
+    if (!cs.is_ok()) return fail(cs.status());
+    Result<std::unique_ptr<WeightSource>> source = open_checkpoint(env, f.model);
+    if (!source.is_ok()) return fail(source.status());
+    DeepseekModel::Options mo;
+    mo.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
+    mo.weight_format = f.weight_format;
+    Result<std::unique_ptr<DeepseekModel>> model = DeepseekModel::load(std::move(source).value(), mo);
+    if (!model.is_ok()) return fail(model.status());
+    Result<std::vector<engine::CalibrationPoint>> pts =
+        engine::profile_prefill(model->get(), *qs, *cs, f.reps);
+    if (!pts.is_ok()) return fail(pts.status());
+    Result<engine::PrefillCostModel> fit = engine::fit_prefill_cost_model(*pts);
+    if (!fit.is_ok()) return fail(fit.status());
+    nlohmann::ordered_json info;
+    info["threads"] = mo.num_threads;
+    info["weight_format"] = f.weight_format;
+    info["isa"] = std::string(kernels::isa_name(kernels::active_isa()));
+    info["reps"] = f.reps;
+    double worst = 0;
+    for (const engine::CalibrationPoint& p : *pts) {
+        const double pred = fit->cost_ns(p.q, p.c);
+        worst = std::max(worst, std::abs(pred - p.ns) / p.ns);
+        info["points"].push_back({{"q", p.q}, {"c", p.c}, {"ns", p.ns}, {"fit_ns", pred}});
+        std::fprintf(stderr, "q %5lld c %5lld: %10.2f ms (fit %10.2f ms)\n",
+                     static_cast<long long>(p.q), static_cast<long long>(p.c), p.ns / 1e6,
+                     pred / 1e6);
+    }
+    info["max_rel_error"] = worst;
+    const std::string out = f.out.empty() ? engine::cost_model_path_for(f.model) : f.out;
+    Status w = env->write_file(out, engine::cost_model_to_json(*fit, info.dump()));
+    if (!w.is_ok()) return fail(w);
+    std::printf("wrote %s: base %.0f ns, per_q %.0f ns, per_c %.2f ns, per_qc %.3f ns, per_qq %.3f "
+                "ns (max error on the points %.1f%%)\n",
+                out.c_str(), fit->base_ns, fit->per_q_ns, fit->per_c_ns, fit->per_qc_ns,
+                fit->per_qq_ns, 100 * worst);
+    return 0;
+}
+
+}  // namespace
+
+void register_calibrate_command(CLI::App& app) {
+    auto f = std::make_shared<CalibrateFlags>();
+    CLI::App* c = app.add_subcommand(
+        "calibrate", "fit the prefill cost model of a checkpoint (stored beside it for the engine)");
+    add_setting(*c, "--model", f->model, "HF checkpoint directory or .gguf file")->required();
+    add_setting(*c, "--out", f->out, "output JSON (default: beside the checkpoint)");
+    add_setting(*c, "--threads", f->threads, "compute threads (0 = all cores; as when serving)");
+    add_setting(*c, "--weight-format", f->weight_format, "see DeepseekModel::Options");
+    add_setting(*c, "--q", f->q_values, "chunk sizes (new tokens) to time, comma list");
+    add_setting(*c, "--c", f->c_values, "computed prefix lengths to time, comma list");
+    add_setting(*c, "--reps", f->reps, "timed runs per point (best kept)");
+    c->callback([f] {
+        if (int rc = run_calibrate(*f); rc != 0) throw CLI::RuntimeError(rc);
+    });
+}
+
+}  // namespace dsi

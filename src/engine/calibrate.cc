@@ -1,0 +1,227 @@
+#include "engine/calibrate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <nlohmann/json.hpp>
+
+#include "model/deepseek.h"
+
+namespace dsi::engine {
+namespace {
+
+constexpr int kNumTerms = 5;  // base, q, c, q*c, q*q
+constexpr const char* kTermNames[kNumTerms] = {"base_ns", "per_q_ns", "per_c_ns", "per_qc_ns",
+                                               "per_qq_ns"};
+
+double term(int k, const CalibrationPoint& p) {
+    const double q = static_cast<double>(p.q), c = static_cast<double>(p.c);
+    switch (k) {
+        case 0:
+            return 1.0;
+        case 1:
+            return q;
+        case 2:
+            return c;
+        case 3:
+            return q * c;
+        default:
+            return q * q;
+    }
+}
+
+// Least squares over the active terms by modified Gram-Schmidt on unit-scaled columns
+// (the terms span 1 .. 1e9, normal equations would square that). False if the points
+// cannot separate the active terms.
+bool solve_active(std::span<const CalibrationPoint> pts, const bool active[kNumTerms],
+                  double coef[kNumTerms]) {
+    const size_t n = pts.size();
+    std::vector<int> cols;
+    for (int k = 0; k < kNumTerms; ++k) {
+        coef[k] = 0;
+        if (active[k]) cols.push_back(k);
+    }
+    const size_t m = cols.size();
+    std::vector<std::vector<double>> a(m, std::vector<double>(n));
+    std::vector<double> scale(m, 0), b(n);
+    for (size_t j = 0; j < m; ++j) {
+        for (size_t i = 0; i < n; ++i) {
+            a[j][i] = term(cols[j], pts[i]);
+            scale[j] = std::max(scale[j], std::abs(a[j][i]));
+        }
+        if (scale[j] == 0) return false;
+        for (double& v : a[j]) v /= scale[j];
+    }
+    for (size_t i = 0; i < n; ++i) b[i] = pts[i].ns;
+    // A = QR; R upper triangular m x m.
+    std::vector<std::vector<double>> r(m, std::vector<double>(m, 0));
+    for (size_t j = 0; j < m; ++j) {
+        double norm0 = 0;
+        for (double v : a[j]) norm0 += v * v;
+        norm0 = std::sqrt(norm0);
+        for (size_t k = 0; k < j; ++k) {
+            double dot = 0;
+            for (size_t i = 0; i < n; ++i) dot += a[k][i] * a[j][i];
+            r[k][j] = dot;
+            for (size_t i = 0; i < n; ++i) a[j][i] -= dot * a[k][i];
+        }
+        double norm = 0;
+        for (double v : a[j]) norm += v * v;
+        norm = std::sqrt(norm);
+        if (norm <= 1e-9 * norm0) return false;  // dependent on the earlier terms
+        r[j][j] = norm;
+        for (double& v : a[j]) v /= norm;
+    }
+    std::vector<double> qtb(m, 0), x(m, 0);
+    for (size_t j = 0; j < m; ++j) {
+        for (size_t i = 0; i < n; ++i) qtb[j] += a[j][i] * b[i];
+    }
+    for (size_t j = m; j-- > 0;) {
+        double s = qtb[j];
+        for (size_t k = j + 1; k < m; ++k) s -= r[j][k] * x[k];
+        x[j] = s / r[j][j];
+    }
+    for (size_t j = 0; j < m; ++j) coef[cols[j]] = x[j] / scale[j];
+    return true;
+}
+
+}  // namespace
+
+Result<PrefillCostModel> fit_prefill_cost_model(std::span<const CalibrationPoint> points) {
+    if (points.size() < kNumTerms) {
+        return invalid_argument("calibration needs at least 5 points, got " +
+                                std::to_string(points.size()));
+    }
+    for (const CalibrationPoint& p : points) {
+        if (p.q < 1 || p.c < 0 || !std::isfinite(p.ns) || p.ns < 0) {
+            return invalid_argument("calibration point (q " + std::to_string(p.q) + ", c " +
+                                    std::to_string(p.c) + ", " + std::to_string(p.ns) +
+                                    " ns) is not valid: needs q >= 1, c >= 0, time >= 0");
+        }
+    }
+    // Active-set non-negative least squares: drop the most negative term and refit
+    // until every fitted coefficient is >= 0.
+    bool active[kNumTerms] = {true, true, true, true, true};
+    double coef[kNumTerms];
+    for (int round = 0; round < kNumTerms; ++round) {
+        if (!solve_active(points, active, coef)) {
+            return invalid_argument(
+                "calibration points cannot separate the cost terms (need several q and "
+                "several c values)");
+        }
+        int worst = -1;
+        for (int k = 0; k < kNumTerms; ++k) {
+            if (coef[k] < 0 && (worst < 0 || coef[k] < coef[worst])) worst = k;
+        }
+        if (worst < 0) break;
+        active[worst] = false;
+    }
+    PrefillCostModel m;
+    m.base_ns = std::max(0.0, coef[0]);
+    m.per_q_ns = std::max(0.0, coef[1]);
+    m.per_c_ns = std::max(0.0, coef[2]);
+    m.per_qc_ns = std::max(0.0, coef[3]);
+    m.per_qq_ns = std::max(0.0, coef[4]);
+    DSI_RETURN_IF_ERROR(m.validate().with_context("fitted cost model"));
+    return m;
+}
+
+Result<std::vector<CalibrationPoint>> profile_prefill(DeepseekModel* model,
+                                                      std::span<const int64_t> q_values,
+                                                      std::span<const int64_t> c_values, int reps) {
+    if (q_values.empty() || c_values.empty() || reps < 1) {
+        return invalid_argument("calibration needs q values, c values and reps >= 1");
+    }
+    std::vector<int64_t> cs(c_values.begin(), c_values.end());
+    std::sort(cs.begin(), cs.end());
+    const int64_t max_q = *std::max_element(q_values.begin(), q_values.end());
+    if (*std::min_element(q_values.begin(), q_values.end()) < 1 || cs.front() < 0) {
+        return invalid_argument("calibration: q must be >= 1 and c >= 0");
+    }
+    const int64_t len = cs.back() + max_q;
+    if (len > model->config().max_position_embeddings) {
+        return invalid_argument("calibration: c + q = " + std::to_string(len) +
+                                " exceeds the model length");
+    }
+    const int64_t vocab = model->config().vocab_size;
+    std::vector<int32_t> tokens(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) tokens[i] = static_cast<int32_t>((1000 + i * 31) % vocab);
+    std::unique_ptr<KvCache> cache = model->new_kv_cache(len);
+    ForwardOutput out;
+    std::vector<CalibrationPoint> points;
+    int64_t done = 0;  // prefix rows computed (a timed chunk rewrites rows >= c identically)
+    for (int64_t c : cs) {
+        for (int64_t p = done; p < c; p += 512) {
+            const int64_t q = std::min<int64_t>(512, c - p);
+            DSI_RETURN_IF_ERROR(model->forward(std::span<const int32_t>(tokens).subspan(p, q), p,
+                                               *cache, false, out));
+        }
+        done = std::max(done, c);
+        for (int64_t q : q_values) {
+            double best = 1e300;
+            for (int r = 0; r < reps; ++r) {
+                const auto t0 = std::chrono::steady_clock::now();
+                DSI_RETURN_IF_ERROR(model->forward(
+                    std::span<const int32_t>(tokens).subspan(c, q), c, *cache, false, out));
+                const auto t1 = std::chrono::steady_clock::now();
+                best = std::min(best, std::chrono::duration<double, std::nano>(t1 - t0).count());
+            }
+            points.push_back({q, c, best});
+        }
+    }
+    return points;
+}
+
+std::string cost_model_path_for(const std::string& model_path) {
+    constexpr std::string_view kName = "dsinfer_prefill_cost.json";
+    const bool is_gguf =
+        model_path.size() > 5 && model_path.compare(model_path.size() - 5, 5, ".gguf") == 0;
+    if (is_gguf) return model_path + "." + std::string(kName);
+    std::string dir = model_path;
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    return dir + "/" + std::string(kName);
+}
+
+std::string cost_model_to_json(const PrefillCostModel& model, std::string_view fit_info) {
+    nlohmann::ordered_json j;
+    j["format"] = kCostModelFormat;
+    j["base_ns"] = model.base_ns;
+    j["per_q_ns"] = model.per_q_ns;
+    j["per_c_ns"] = model.per_c_ns;
+    j["per_qc_ns"] = model.per_qc_ns;
+    j["per_qq_ns"] = model.per_qq_ns;
+    if (!fit_info.empty()) j["fit"] = nlohmann::ordered_json::parse(fit_info);
+    return j.dump(2) + "\n";
+}
+
+Result<PrefillCostModel> cost_model_from_json(std::string_view text) {
+    nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return invalid_argument("not a JSON object");
+    if (!j.contains("format") || j["format"] != kCostModelFormat) {
+        return invalid_argument(std::string("\"format\" must be \"") + kCostModelFormat + "\"");
+    }
+    PrefillCostModel m;
+    double* fields[kNumTerms] = {&m.base_ns, &m.per_q_ns, &m.per_c_ns, &m.per_qc_ns,
+                                 &m.per_qq_ns};
+    for (int k = 0; k < kNumTerms; ++k) {
+        auto it = j.find(kTermNames[k]);
+        if (it == j.end()) return invalid_argument(std::string("missing \"") + kTermNames[k] + "\"");
+        if (!it->is_number()) {
+            return invalid_argument(std::string("\"") + kTermNames[k] + "\" is not a number");
+        }
+        *fields[k] = it->get<double>();
+    }
+    DSI_RETURN_IF_ERROR(m.validate());
+    return m;
+}
+
+Result<std::optional<PrefillCostModel>> load_cost_model(Env* env, const std::string& path) {
+    if (!env->file_exists(path)) return std::optional<PrefillCostModel>();
+    Result<std::string> text = env->read_file(path);
+    if (!text.is_ok()) return text.status().with_context("prefill cost model " + path);
+    Result<PrefillCostModel> m = cost_model_from_json(*text);
+    if (!m.is_ok()) return m.status().with_context("prefill cost model " + path);
+    return std::optional<PrefillCostModel>(*m);
+}
+
+}  // namespace dsi::engine

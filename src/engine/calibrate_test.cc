@@ -1,0 +1,188 @@
+// Calibration: the least-squares fit recovers known coefficients, the JSON file round
+// trips and malformed files give clear errors, the engine picks the file up, and the
+// profiler measures the points it is asked for.
+#include "engine/calibrate.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <random>
+
+#include "engine/engine.h"
+#include "model/deepseek.h"
+#include "model/synthetic.h"
+
+namespace dsi::engine {
+namespace {
+
+std::vector<CalibrationPoint> synthetic_points(const PrefillCostModel& m, double noise,
+                                               uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> u(-noise, noise);
+    std::vector<CalibrationPoint> pts;
+    for (int64_t q : {16, 64, 256, 512, 1024}) {
+        for (int64_t c : {0, 256, 1024, 4096}) pts.push_back({q, c, m.cost_ns(q, c) * (1 + u(rng))});
+    }
+    return pts;
+}
+
+TEST(CalibrateTest, FitRecoversTheCoefficients) {
+    PrefillCostModel truth;
+    truth.base_ns = 70'000;
+    truth.per_q_ns = 9'000'000;
+    truth.per_c_ns = 3'000;
+    truth.per_qc_ns = 40;
+    truth.per_qq_ns = 25;
+    Result<PrefillCostModel> fit = fit_prefill_cost_model(synthetic_points(truth, 0, 1));
+    ASSERT_TRUE(fit.is_ok()) << fit.status().to_string();
+    EXPECT_NEAR(fit->base_ns, truth.base_ns, 1e-6 * truth.per_q_ns);
+    EXPECT_NEAR(fit->per_q_ns, truth.per_q_ns, 1e-6 * truth.per_q_ns);
+    EXPECT_NEAR(fit->per_c_ns, truth.per_c_ns, 1e-6 * truth.per_c_ns);
+    EXPECT_NEAR(fit->per_qc_ns, truth.per_qc_ns, 1e-6 * truth.per_qc_ns);
+    EXPECT_NEAR(fit->per_qq_ns, truth.per_qq_ns, 1e-6 * truth.per_qq_ns);
+}
+
+TEST(CalibrateTest, NoisyFitKeepsCoefficientsNonNegative) {
+    PrefillCostModel truth;
+    truth.base_ns = 0;  // noise pushes the unconstrained fit below zero
+    truth.per_q_ns = 5'000'000;
+    truth.per_c_ns = 0;
+    truth.per_qc_ns = 10;
+    truth.per_qq_ns = 0;
+    for (uint64_t seed = 1; seed <= 5; ++seed) {
+        Result<PrefillCostModel> fit = fit_prefill_cost_model(synthetic_points(truth, 0.02, seed));
+        ASSERT_TRUE(fit.is_ok()) << fit.status().to_string();
+        EXPECT_TRUE(fit->validate().is_ok());
+        EXPECT_NEAR(fit->per_q_ns, truth.per_q_ns, 0.05 * truth.per_q_ns);
+        // The fit predicts the measured points within the noise.
+        for (const CalibrationPoint& p : synthetic_points(truth, 0, 1))
+            EXPECT_NEAR(fit->cost_ns(p.q, p.c), p.ns, 0.05 * p.ns);
+    }
+}
+
+TEST(CalibrateTest, FitRejectsPointsThatCannotDetermineIt) {
+    PrefillCostModel m;
+    std::vector<CalibrationPoint> few = synthetic_points(m, 0, 1);
+    few.resize(4);
+    EXPECT_FALSE(fit_prefill_cost_model(few).is_ok());
+    std::vector<CalibrationPoint> one_c;
+    for (int64_t q : {1, 2, 4, 8, 16, 32}) one_c.push_back({q, 0, m.cost_ns(q, 0)});
+    Result<PrefillCostModel> r = fit_prefill_cost_model(one_c);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_NE(r.status().to_string().find("separate"), std::string::npos);
+    std::vector<CalibrationPoint> bad = synthetic_points(m, 0, 1);
+    bad[3].ns = -1;
+    EXPECT_FALSE(fit_prefill_cost_model(bad).is_ok());
+    bad[3].ns = std::nan("");
+    EXPECT_FALSE(fit_prefill_cost_model(bad).is_ok());
+    bad[3] = {0, 0, 1.0};
+    EXPECT_FALSE(fit_prefill_cost_model(bad).is_ok());
+}
+
+TEST(CalibrateTest, JsonRoundTripAndMalformedFiles) {
+    PrefillCostModel m;
+    m.base_ns = 1.5;
+    m.per_q_ns = 2.25e6;
+    m.per_c_ns = 0;
+    m.per_qc_ns = 7;
+    m.per_qq_ns = 0.125;
+    Result<PrefillCostModel> back = cost_model_from_json(cost_model_to_json(m, R"({"threads": 2})"));
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(back->base_ns, m.base_ns);
+    EXPECT_EQ(back->per_q_ns, m.per_q_ns);
+    EXPECT_EQ(back->per_qc_ns, m.per_qc_ns);
+    EXPECT_EQ(back->per_qq_ns, m.per_qq_ns);
+    const std::pair<const char*, const char*> cases[] = {
+        {"{", "not a JSON object"},
+        {"[1, 2]", "not a JSON object"},
+        {R"({"base_ns": 1})", "format"},
+        {R"({"format": "other", "base_ns": 1})", "format"},
+        {R"({"format": "dsinfer-prefill-cost-v1", "base_ns": 1, "per_q_ns": 1, "per_c_ns": 1,
+             "per_qc_ns": 1})", "per_qq_ns"},
+        {R"({"format": "dsinfer-prefill-cost-v1", "base_ns": "1", "per_q_ns": 1, "per_c_ns": 1,
+             "per_qc_ns": 1, "per_qq_ns": 1})", "base_ns"},
+        {R"({"format": "dsinfer-prefill-cost-v1", "base_ns": 1, "per_q_ns": -1, "per_c_ns": 1,
+             "per_qc_ns": 1, "per_qq_ns": 1})", ">= 0"},
+    };
+    for (const auto& [text, what] : cases) {
+        Result<PrefillCostModel> r = cost_model_from_json(text);
+        ASSERT_FALSE(r.is_ok()) << text;
+        EXPECT_NE(r.status().to_string().find(what), std::string::npos)
+            << text << " -> " << r.status().to_string();
+    }
+    EXPECT_EQ(cost_model_path_for("models/small/"), "models/small/dsinfer_prefill_cost.json");
+    EXPECT_EQ(cost_model_path_for("m/x.gguf"), "m/x.gguf.dsinfer_prefill_cost.json");
+}
+
+std::unique_ptr<DeepseekModel> tiny_model() {
+    ModelConfig c = synthetic_preset("tiny-v3").value();
+    c.vocab_size = 512;
+    c.num_hidden_layers = 2;
+    return DeepseekModel::load(synthetic_memory_model(c, 7), {1}).value();
+}
+
+// Steps to finish one request of `prompt_len` tokens and 1 output token.
+Result<int64_t> steps_for_prompt(DeepseekModel* model, EngineOptions o, int prompt_len) {
+    DSI_ASSIGN_OR_RETURN(std::unique_ptr<Engine> e, Engine::create(model, o, Env::default_env()));
+    GenerateRequest r;
+    for (int i = 0; i < prompt_len; ++i) r.prompt.push_back(i % 500);
+    r.sampling.max_tokens = 1;
+    DSI_RETURN_IF_ERROR(e->add_request(std::move(r), nullptr).status());
+    DSI_RETURN_IF_ERROR(e->run());
+    return e->stats().steps;
+}
+
+TEST(CalibrateTest, EngineLoadsTheFileWhenPresent) {
+    Env* env = Env::default_env();
+    std::unique_ptr<DeepseekModel> model = tiny_model();
+    const std::string dir = "/tmp/dsinfer_calibrate_test_" + std::to_string(::getpid());
+    ASSERT_TRUE(env->create_dirs(dir).is_ok());
+    const std::string path = cost_model_path_for(dir);
+    std::remove(path.c_str());
+    EngineOptions o;
+    o.num_kv_blocks = 8;
+    o.scheduler.step_budget_ns = 1e9;
+    o.cost_model_path = path;
+    // No file: the default model (cheap per token) takes the 100-token prompt at once.
+    Result<int64_t> steps = steps_for_prompt(model.get(), o, 100);
+    ASSERT_TRUE(steps.is_ok()) << steps.status().to_string();
+    EXPECT_EQ(*steps, 1);
+    // A fit that makes a token cost 1/10 of the budget: chunks of at most 10 tokens.
+    PrefillCostModel slow;
+    slow.base_ns = 0;
+    slow.per_q_ns = 1e8;
+    slow.per_c_ns = slow.per_qc_ns = slow.per_qq_ns = 0;
+    ASSERT_TRUE(env->write_file(path, cost_model_to_json(slow, "")).is_ok());
+    steps = steps_for_prompt(model.get(), o, 100);
+    ASSERT_TRUE(steps.is_ok()) << steps.status().to_string();
+    EXPECT_EQ(*steps, 10);
+    // A malformed file fails engine creation, naming the file.
+    ASSERT_TRUE(env->write_file(path, R"({"format": "dsinfer-prefill-cost-v1"})").is_ok());
+    Result<std::unique_ptr<Engine>> e = Engine::create(model.get(), o, env);
+    ASSERT_FALSE(e.is_ok());
+    EXPECT_NE(e.status().to_string().find(path), std::string::npos) << e.status().to_string();
+    EXPECT_NE(e.status().to_string().find("base_ns"), std::string::npos);
+    std::remove(path.c_str());
+    ::rmdir(dir.c_str());
+}
+
+TEST(CalibrateTest, ProfileMeasuresEveryPoint) {
+    std::unique_ptr<DeepseekModel> model = tiny_model();
+    const int64_t qs[] = {4, 16, 8};
+    const int64_t cs[] = {32, 0};
+    Result<std::vector<CalibrationPoint>> pts = profile_prefill(model.get(), qs, cs, 1);
+    ASSERT_TRUE(pts.is_ok()) << pts.status().to_string();
+    ASSERT_EQ(pts->size(), 6u);
+    for (const CalibrationPoint& p : *pts) {
+        EXPECT_GT(p.ns, 0);
+        EXPECT_TRUE(p.c == 0 || p.c == 32);
+    }
+    const int64_t too_long[] = {1'000'000'000};
+    EXPECT_FALSE(profile_prefill(model.get(), too_long, cs, 1).is_ok());
+    const int64_t zero[] = {0};
+    EXPECT_FALSE(profile_prefill(model.get(), zero, cs, 1).is_ok());
+    EXPECT_FALSE(profile_prefill(model.get(), qs, cs, 0).is_ok());
+}
+
+}  // namespace
+}  // namespace dsi::engine
