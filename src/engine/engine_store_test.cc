@@ -14,6 +14,9 @@
 #include "engine/engine.h"
 #include "kv/block_key.h"
 #include "kvstore/block_store.h"
+#include "kvstore/file_store.h"
+#include "kvstore/redis_test_server.h"
+#include "kvstore/shm_store.h"
 #include "model/synthetic.h"
 
 namespace dsi::engine {
@@ -248,6 +251,85 @@ TEST(EngineStoreTest, DeadOrFullStoreDoesNotStopServing) {
         expect_same(run_fresh(options(uri), prompt, 5, &s), cold);
         EXPECT_EQ(s.store_hit_blocks, 0);
     }
+}
+
+// Restart through Redis: engine A writes blocks behind to redis://, engine B (fresh
+// pool) hits them with cold outputs. Then the server is killed between B's requests:
+// the next request misses, computes everything, its writes are dropped, and nothing
+// hangs (every Redis call has a timeout).
+TEST(EngineStoreTest, RedisRestartHitsAndKilledServerIsAMiss) {
+    if (!kvstore::testing::have_redis_server()) GTEST_SKIP() << "no redis-server";
+    kvstore::testing::RedisTestServer server;
+    ASSERT_TRUE(server.ready());
+    const std::string uri =
+        "redis://127.0.0.1:" + std::to_string(server.port()) + "?timeout_ms=500&backoff_ms=100";
+    const std::vector<int32_t> prompt = prompt_of(kPromptLen, 11);
+    const std::vector<int32_t> other = prompt_of(kPromptLen, 12);
+    const Output cold = run_fresh(options(), prompt, 4);
+    const Output cold_other = run_fresh(options(), other, 4);
+    EngineStats a;
+    expect_same(run_fresh(options(uri), prompt, 4, &a), cold);
+    (void)run_fresh(options(uri), other, 4);  // `other` is in Redis too
+    EXPECT_EQ(a.store_blocks_offered, 5);
+
+    std::unique_ptr<Engine> b =
+        Engine::create(&shared_model(), options(uri), Env::default_env()).value();
+    expect_same(run_one(*b, prompt, 4), cold);
+    EXPECT_EQ(b->stats().store_hit_blocks, 5);
+    EXPECT_EQ(b->stats().computed_prefill_tokens, 40);
+
+    server.kill9();
+    const auto t0 = std::chrono::steady_clock::now();
+    expect_same(run_one(*b, other, 4), cold_other);
+    const EngineStats s = b->stats();
+    EXPECT_EQ(s.store_hit_blocks, 5) << "no new hits with the server dead";
+    EXPECT_EQ(s.computed_prefill_tokens, 40 + kPromptLen);
+    EXPECT_EQ(s.store_blocks_offered, 5);  // other's blocks: offered, then refused
+    b.reset();  // the write-behind drain is bounded
+    std::printf("request + shutdown with the Redis server dead: %.0f ms\n",
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+                    .count());
+}
+
+// The chain engine pool -> host shm -> store: a restart hits the shm tier; with the shm
+// pool emptied the blocks come from the file store (and are promoted into shm); a
+// repeat in the same engine hits the device pool. Outputs are always the cold ones.
+TEST(EngineStoreTest, HitAtEachTierThroughTheShmPool) {
+    TempDir dir;
+    const std::string name = "dsi_engine_test_" + std::to_string(::getpid());
+    (void)kvstore::ShmBlockStore::unlink(name);
+    kvstore::ShmStoreOptions so;
+    so.name = name;
+    so.num_slots = 16;
+    so.slot_bytes = 1 << 20;
+    so.unlink_on_close = true;
+    std::unique_ptr<kvstore::ShmBlockStore> shm = kvstore::ShmBlockStore::open(so).value();
+    std::unique_ptr<kvstore::FileBlockStore> file =
+        kvstore::FileBlockStore::open(dir.path.string()).value();
+    kvstore::TieredBlockStore tiers(shm.get(), file.get());
+    EngineOptions o = options();
+    o.kv_store = &tiers;
+    const std::vector<int32_t> prompt = prompt_of(kPromptLen, 13);
+    const Output cold = run_fresh(options(), prompt, 4);
+    expect_same(run_fresh(o, prompt, 4), cold);  // writes behind to shm and file
+
+    EngineStats b;
+    expect_same(run_fresh(o, prompt, 4, &b), cold);
+    EXPECT_EQ(b.store_hit_blocks, 5);
+    EXPECT_EQ(shm->metrics().snapshot().hits, 5) << "host shm tier";
+    EXPECT_EQ(file->metrics().snapshot().hits, 0);
+
+    for (const kv::BlockKey& k : kv::chain_keys(prompt, kv::make_salt(o.model_id, ""))) {
+        ASSERT_TRUE(shm->remove({k.lo, k.hi}).is_ok());
+    }
+    std::unique_ptr<Engine> c = Engine::create(&shared_model(), o, Env::default_env()).value();
+    expect_same(run_one(*c, prompt, 4), cold);
+    EXPECT_EQ(c->stats().store_hit_blocks, 5);
+    EXPECT_EQ(file->metrics().snapshot().hits, 5) << "store tier";
+    EXPECT_EQ(shm->list_blocks()->size(), 5u) << "promoted back into shm";
+    expect_same(run_one(*c, prompt, 4), cold);
+    EXPECT_EQ(c->stats().store_hit_blocks, 5) << "no store read the second time";
+    EXPECT_GE(c->stats().pool.hit_blocks, 5) << "device pool tier";
 }
 
 TEST(EngineStoreTest, FullWriteQueueDropsAndCounts) {
