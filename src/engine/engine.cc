@@ -493,7 +493,9 @@ struct Engine::Impl {
         info.key = kvstore::StoreKey{s.keys[b].lo, s.keys[b].hi};
         info.model = model_identity;
         info.num_layers = static_cast<uint32_t>(model->kv_num_layers());
-        info.dtype = kStoreDtypeF32;
+        // The cache dtype (kernels::KvDtype): 1 f32, 2 bf16, 3 e4m3; a block written
+        // under another dtype is a mismatch on fetch.
+        info.dtype = kStoreDtypeF32 + static_cast<uint32_t>(model->kv_dtype());
         info.num_tokens = static_cast<uint32_t>(kv::kBlockTokens);
         info.token_hash = kvstore::token_ids_hash(
             std::span<const int32_t>(s.tokens).subspan(b * kv::kBlockTokens, kv::kBlockTokens));
