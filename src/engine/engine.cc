@@ -338,6 +338,7 @@ struct Sequence {
     int64_t deadline_ns = 0;
     std::vector<int32_t> tokens;  // prompt + generated tokens the host knows
     int64_t num_prompt = 0;
+    int64_t num_cached_prompt = -1;  // prefix-cache hit tokens at first admission
     std::vector<kv::BlockKey> keys;  // chain keys of the full blocks of `tokens`
     std::vector<kv::BlockId> blocks;
     int64_t prefill_target = 0;  // tokens to compute before decoding, this epoch
@@ -643,6 +644,7 @@ struct Engine::Impl {
     }
 
     void emit(Sequence& s, TokenEvent& ev) {
+        ev.cached_prompt_tokens = std::max<int64_t>(s.num_cached_prompt, 0);
         auto it = requests.find(s.request_id);
         if (it != requests.end() && it->second.callback) it->second.callback(ev);
     }
@@ -817,6 +819,7 @@ struct Engine::Impl {
             running.push_back(s.id);
             stats.prompt_tokens += s.prefill_target;
             stats.cached_prompt_tokens += s.num_computed;
+            if (s.num_cached_prompt < 0) s.num_cached_prompt = s.num_computed;
         }
         if (d.scheduled.empty()) return false;
         StepPlan plan;

@@ -133,6 +133,9 @@ struct TokenEvent {
     std::span<const float> logits;  // record_logits only; valid during the callback
     bool finished = false;
     FinishReason reason = FinishReason::kNone;
+    // Prompt tokens this request took from the prefix cache at its first admission
+    // (0 before admission); per-request usage.cached_tokens in the server.
+    int64_t cached_prompt_tokens = 0;
 };
 using StreamCallback = std::function<void(const TokenEvent&)>;
 

@@ -40,6 +40,7 @@ struct ResponseMeta {
     int64_t prompt_tokens = 0;
     int64_t completion_tokens = 0;
     int64_t reasoning_tokens = 0;
+    int64_t cached_tokens = 0;  // of prompt_tokens, from the prefix cache
     bool include_usage = false;  // Chat Completions stream_options.include_usage
 };
 
@@ -81,6 +82,8 @@ public:
         meta_.completion_tokens = completion_tokens;
         meta_.reasoning_tokens = reasoning_tokens;
     }
+    // Known once the request is admitted (before start() in the server).
+    void set_cached_tokens(int64_t cached_tokens) { meta_.cached_tokens = cached_tokens; }
 
 private:
     std::vector<SseEvent> chat_event(const Event& e);

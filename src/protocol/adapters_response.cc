@@ -53,20 +53,25 @@ J chat_usage(const ResponseMeta& m) {
     J u = {{"prompt_tokens", m.prompt_tokens},
            {"completion_tokens", m.completion_tokens},
            {"total_tokens", m.prompt_tokens + m.completion_tokens}};
+    u["prompt_tokens_details"] = {{"cached_tokens", m.cached_tokens}};
     u["completion_tokens_details"] = {{"reasoning_tokens", m.reasoning_tokens}};
     return u;
 }
 
 J responses_usage(const ResponseMeta& m) {
     return J{{"input_tokens", m.prompt_tokens},
-             {"input_tokens_details", {{"cached_tokens", 0}}},
+             {"input_tokens_details", {{"cached_tokens", m.cached_tokens}}},
              {"output_tokens", m.completion_tokens},
              {"output_tokens_details", {{"reasoning_tokens", m.reasoning_tokens}}},
              {"total_tokens", m.prompt_tokens + m.completion_tokens}};
 }
 
 J messages_usage(const ResponseMeta& m) {
-    return J{{"input_tokens", m.prompt_tokens}, {"output_tokens", m.completion_tokens}};
+    // Anthropic counts cache reads apart from input_tokens.
+    return J{{"input_tokens", m.prompt_tokens - m.cached_tokens},
+             {"cache_creation_input_tokens", 0},
+             {"cache_read_input_tokens", m.cached_tokens},
+             {"output_tokens", m.completion_tokens}};
 }
 
 J responses_reasoning_item(const std::string& id, const std::string& text, bool done) {

@@ -120,6 +120,14 @@ Status fill_sampling(const ApiContext& ctx, const protocol::SamplingParams& p,
     return Status::ok();
 }
 
+// Legacy completions usage (with the request's prefix-cache hit).
+J completions_usage(const protocol::ResponseMeta& m, int64_t completion_tokens) {
+    return J{{"prompt_tokens", m.prompt_tokens},
+             {"completion_tokens", completion_tokens},
+             {"total_tokens", m.prompt_tokens + completion_tokens},
+             {"prompt_tokens_details", {{"cached_tokens", m.cached_tokens}}}};
+}
+
 Status check_model(const ApiContext& ctx, const std::string& model) {
     if (model != ctx.model_id) {
         return not_found("model: '" + model + "' does not exist (this server serves '" +
@@ -345,6 +353,7 @@ Renderer::~Renderer() = default;
 
 std::vector<protocol::Event> Renderer::consume(const Update& u) {
     std::vector<protocol::Event> raw;
+    meta_.cached_tokens = std::max(meta_.cached_tokens, u.cached_prompt_tokens);
     for (const TokenOut& t : u.tokens) {
         ++num_tokens_;
         if (prepared_.thinking_prompt && !saw_think_end_) {
@@ -476,16 +485,14 @@ std::string Renderer::on_update_sse(const Update& u) {
                        {"created", created_s_},
                        {"model", meta_.model},
                        {"choices", J::array()},
-                       {"usage",
-                        {{"prompt_tokens", meta_.prompt_tokens},
-                         {"completion_tokens", num_tokens_},
-                         {"total_tokens", meta_.prompt_tokens + num_tokens_}}}};
+                       {"usage", completions_usage(meta_, num_tokens_)}};
                 out += "data: " + c.dump() + "\n\n";
             }
             out += "data: [DONE]\n\n";
         }
         return out;
     }
+    writer_->set_cached_tokens(meta_.cached_tokens);
     if (!started_) {
         started_ = true;
         for (const protocol::SseEvent& s : writer_->start()) out += s.to_wire();
@@ -522,10 +529,7 @@ HttpReply Renderer::reply() const {
                    {"created", created_s_},
                    {"model", meta_.model},
                    {"choices", J::array({choice})},
-                   {"usage",
-                    {{"prompt_tokens", meta_.prompt_tokens},
-                     {"completion_tokens", num_tokens_},
-                     {"total_tokens", meta_.prompt_tokens + num_tokens_}}}}
+                   {"usage", completions_usage(meta_, num_tokens_)}}
                      .dump();
         return r;
     }

@@ -96,6 +96,7 @@ void EngineService::apply(Command& c) {
                 }
                 u.finished = ev.finished;
                 u.reason = ev.reason;
+                u.cached_prompt_tokens = ev.cached_prompt_tokens;
                 if (ev.finished) {
                     auto it = running_.find(ticket);
                     if (it != running_.end()) {

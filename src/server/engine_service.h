@@ -44,6 +44,7 @@ struct Update {
     bool finished = false;
     engine::FinishReason reason = engine::FinishReason::kNone;
     Status error;  // non-OK: the engine refused the request (finished is true)
+    int64_t cached_prompt_tokens = 0;  // the request's prefix-cache hit (usage)
 };
 using Sink = std::function<void(Update)>;
 

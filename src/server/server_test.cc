@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "kv/block_key.h"
 #include "model/synthetic.h"
 #include "protocol/encoder.h"
 #include "server/api.h"
@@ -308,6 +309,91 @@ TEST(EngineService, CompletesAndAbortFreesBlocks) {
     EXPECT_NE(text.find("dsinfer_requests_total{endpoint=\"chat_completions\",status=\"200\"} 1"),
               std::string::npos);
     EXPECT_NE(text.find("dsinfer_kv_blocks_used"), std::string::npos);
+}
+
+// The engine reports each request's prefix-cache hit; every protocol's usage shows it.
+TEST(EngineService, CachedPromptTokensPerRequestInUsage) {
+    std::unique_ptr<DeepseekModel> model = tiny_model();
+    engine::EngineOptions eo;
+    eo.num_kv_blocks = 64;
+    eo.tokenizer = &tokenizer();
+    auto eng = engine::Engine::create(model.get(), eo, Env::default_env());
+    ASSERT_TRUE(eng.is_ok()) << eng.status().to_string();
+    EngineService service(std::move(eng).value());
+    std::string text;
+    for (int i = 0; i < 60; ++i) text += "the quick brown fox " + std::to_string(i) + " ";
+    const std::vector<int32_t> prompt = tokenizer().encode(text);
+    ASSERT_GT(prompt.size(), 2u * kv::kBlockTokens);
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<Ticket, std::vector<Update>> got;
+    auto sink = [&](Update u) {
+        std::lock_guard<std::mutex> lock(mu);
+        got[u.ticket].push_back(std::move(u));
+        cv.notify_all();
+    };
+    for (Ticket t = 1; t <= 2; ++t) {  // one after the other: the second hits the cache
+        engine::GenerateRequest r;
+        r.prompt = prompt;
+        r.sampling.max_tokens = 3;
+        r.sampling.ignore_eos = true;
+        service.submit(t, std::move(r), sink);
+        std::unique_lock<std::mutex> lock(mu);
+        ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(60),
+                                [&] { return !got[t].empty() && got[t].back().finished; }));
+    }
+    const int64_t full_blocks = static_cast<int64_t>(prompt.size()) / kv::kBlockTokens;
+    EXPECT_EQ(got[1].back().cached_prompt_tokens, 0);
+    // All full blocks but possibly the last (the engine recomputes at least one token).
+    EXPECT_GE(got[2].back().cached_prompt_tokens, (full_blocks - 1) * kv::kBlockTokens);
+    EXPECT_LE(got[2].back().cached_prompt_tokens, full_blocks * kv::kBlockTokens);
+    const int64_t cached = got[2].back().cached_prompt_tokens;
+
+    ApiContext ctx = context();
+    for (Endpoint e : {Endpoint::kChatCompletions, Endpoint::kResponses, Endpoint::kMessages,
+                       Endpoint::kCompletions}) {
+        Prepared p = e == Endpoint::kCompletions
+                         ? prepare_request(ctx, e, R"({"model":"m","prompt":"Hi"})", 1).value()
+                         : prepared_for(ctx, e, false);
+        Renderer r(ctx, p, "id-1", 1);
+        for (const Update& u : got[2]) r.on_update(u);
+        J j = J::parse(r.reply().body);
+        const J& usage = j["usage"];
+        switch (e) {
+            case Endpoint::kChatCompletions:
+            case Endpoint::kCompletions:
+                EXPECT_EQ(usage["prompt_tokens_details"]["cached_tokens"], cached) << usage;
+                break;
+            case Endpoint::kResponses:
+                EXPECT_EQ(usage["input_tokens_details"]["cached_tokens"], cached) << usage;
+                break;
+            case Endpoint::kMessages:
+                EXPECT_EQ(usage["cache_read_input_tokens"], cached) << usage;
+                EXPECT_EQ(usage["input_tokens"].get<int64_t>(),
+                          static_cast<int64_t>(p.request.prompt.size()) - cached);
+                break;
+        }
+    }
+    // Streaming chat with include_usage: the usage chunk carries it too.
+    Prepared ps = prepare_request(ctx, Endpoint::kChatCompletions,
+                                  R"({"model":"m","stream":true,"stream_options":)"
+                                  R"({"include_usage":true},"messages":[{"role":"user",)"
+                                  R"("content":"Hi"}]})",
+                                  1)
+                      .value();
+    Renderer rs(ctx, ps, "id-2", 1);
+    std::string sse;
+    for (const Update& u : got[2]) sse += rs.on_update_sse(u);
+    bool saw = false;
+    for (const auto& [event, data] : parse_sse(sse)) {
+        if (data == "[DONE]") continue;
+        J c = J::parse(data);
+        if (c.contains("usage") && !c["usage"].is_null()) {
+            EXPECT_EQ(c["usage"]["prompt_tokens_details"]["cached_tokens"], cached);
+            saw = true;
+        }
+    }
+    EXPECT_TRUE(saw);
 }
 
 }  // namespace
