@@ -367,10 +367,10 @@ struct Sequence {
     kvstore::TrafficClass traffic_class = kvstore::TrafficClass::kChatbot;
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop;
-
     // Swapped out (waiting): host slots holding rows [0, swapped_rows) (engine/swap.h).
     std::vector<int32_t> swap_slots;
     int64_t swapped_rows = 0;
+
     int64_t num_output() const { return static_cast<int64_t>(tokens.size()) - num_prompt; }
 };
 
@@ -430,10 +430,10 @@ struct Engine::Impl {
     std::unique_ptr<kvstore::Fetcher> fetcher;
     kvstore::StoreKey model_identity;
     int64_t num_fetching = 0;
-
     // Preemption by swapping: host slots, and saves for the next submitted plan.
     std::unique_ptr<HostSwapSpace> swap;
     std::vector<HostCopy> pending_saves;
+
     Impl(DeepseekModel* m, EngineOptions o, Env* e, std::unique_ptr<kv::BlockPool> p)
         : model(m),
           options(std::move(o)),
@@ -445,10 +445,10 @@ struct Engine::Impl {
         eos = static_cast<int32_t>(model->config().eos_token_id);
         max_model_len = options.max_model_len > 0 ? options.max_model_len
                                                   : model->config().max_position_embeddings;
-        if (options.async) worker.start();
         int64_t block_floats = 0;  // every cache group's slice of one block
         for (const kv::CacheGroupSpec& g : pool->groups()) block_floats += g.block_floats();
         swap = std::make_unique<HostSwapSpace>(options.swap_space_bytes, block_floats);
+        if (options.async) worker.start();
         open_store();
     }
 
@@ -663,12 +663,12 @@ struct Engine::Impl {
         s.blocks.clear();
         release_staged(s);
         drop_fetch(s);
+        swap->release(s.swap_slots);  // abort of a swapped-out sequence frees its host space
+        s.swap_slots.clear();
         if (s.running) std::erase(running, s.id);
         if (s.init_sent) pending_release.push_back(s.id);
         auto rit = requests.find(s.request_id);
         if (rit != requests.end() && --rit->second.num_live == 0) {
-        swap->release(s.swap_slots);  // abort of a swapped-out sequence frees its host space
-        s.swap_slots.clear();
             requests.erase(rit);
             ++stats.num_finished;
         }
@@ -676,10 +676,6 @@ struct Engine::Impl {
     }
 
     void preempt(Sequence& s) {
-        pool->release_all(s.blocks);
-        s.blocks.clear();
-        std::erase(running, s.id);
-        s.running = false;
         // Swap when the host space allows, else recompute (docs/engine.md). Rows
         // [0, num_computed) are complete once the steps already submitted have run and
         // belong to tokens the host knows; one token is kept back (its logits start
@@ -697,6 +693,10 @@ struct Engine::Impl {
                 stats.swapped_out_blocks += n;
             }
         }
+        pool->release_all(s.blocks);
+        s.blocks.clear();
+        std::erase(running, s.id);
+        s.running = false;
         s.num_computed = s.num_confirmed = s.num_published = 0;
         s.num_sampled = s.num_output();  // in-flight samples are recomputed
         s.init_sent = false;
@@ -748,10 +748,6 @@ struct Engine::Impl {
             v.id = id;
             v.num_tokens = static_cast<int64_t>(s.tokens.size());
             v.deadline_ns = s.deadline_ns;
-            const int64_t max_hit = max_hit_blocks(s);
-            if (max_hit > 0 && store != nullptr && !s.store_checked && s.staged.empty()) {
-                ensure_keys(s, max_hit);
-                if (start_fetch(s, max_hit)) continue;
             if (!s.swap_slots.empty()) {
                 // Swapped out: its rows come back from host memory, no prefix lookup.
                 v.num_cached_tokens = s.swapped_rows;
@@ -759,6 +755,10 @@ struct Engine::Impl {
                 wait_views.push_back(v);
                 continue;
             }
+            const int64_t max_hit = max_hit_blocks(s);
+            if (max_hit > 0 && store != nullptr && !s.store_checked && s.staged.empty()) {
+                ensure_keys(s, max_hit);
+                if (start_fetch(s, max_hit)) continue;
             }
             if (!s.staged.empty()) {
                 // Prefix blocks already held (local pins + fetched): nothing to pin.
@@ -784,10 +784,6 @@ struct Engine::Impl {
             for (const SeqView& v : wait_views) {
                 if (v.id == sc.id) wv = &v;
             }
-            const int64_t hit = wv->num_cached_tokens / kv::kBlockTokens;
-            if (!s.staged.empty()) {
-                // S-KV-6: the fetched blocks go to the worker with this step's item;
-                // they are published after the step that copied them.
             if (!s.swap_slots.empty()) {
                 // Blocks for the swapped rows are allocated below, after every pin.
                 s.num_computed = s.num_confirmed = s.swapped_rows;
@@ -798,6 +794,10 @@ struct Engine::Impl {
                 running.push_back(s.id);
                 continue;
             }
+            const int64_t hit = wv->num_cached_tokens / kv::kBlockTokens;
+            if (!s.staged.empty()) {
+                // S-KV-6: the fetched blocks go to the worker with this step's item;
+                // they are published after the step that copied them.
                 s.blocks = std::move(s.staged);
                 s.staged.clear();
                 s.num_published = s.staged_first;
@@ -825,15 +825,10 @@ struct Engine::Impl {
         StepPlan plan;
         plan.release = std::move(pending_release);
         pending_release.clear();
-        for (const ScheduledSeq& sc : d.scheduled) {
-            Sequence& s = seqs.at(sc.id);
-            if (sc.num_new_blocks > 0) {
-                Result<std::vector<kv::BlockId>> nb = pool->allocate(sc.num_new_blocks);
-                if (!nb.is_ok())
         plan.save = std::move(pending_saves);
         pending_saves.clear();
-                    return internal_error("scheduler over-committed blocks: " +
-                                          nb.status().to_string());
+        for (const ScheduledSeq& sc : d.scheduled) {
+            Sequence& s = seqs.at(sc.id);
             std::vector<HostCopy> restore;
             if (sc.admit && !s.swap_slots.empty()) {
                 Result<std::vector<kv::BlockId>> rb =
@@ -849,15 +844,20 @@ struct Engine::Impl {
                 s.swap_slots.clear();
                 s.swapped_rows = 0;
             }
+            if (sc.num_new_blocks > 0) {
+                Result<std::vector<kv::BlockId>> nb = pool->allocate(sc.num_new_blocks);
+                if (!nb.is_ok())
+                    return internal_error("scheduler over-committed blocks: " +
+                                          nb.status().to_string());
                 s.blocks.insert(s.blocks.end(), nb->begin(), nb->end());
             }
             StepItem it;
+            it.restore = std::move(restore);
             it.seq_id = s.id;
             it.epoch = s.epoch;
             it.start_pos = s.num_computed;
             if (s.num_computed >= s.prefill_target) {
                 it.sample = true;  // decode
-            it.restore = std::move(restore);
             } else {
                 it.tokens.assign(s.tokens.begin() + s.num_computed,
                                  s.tokens.begin() + s.num_computed + sc.num_new_tokens);
@@ -886,12 +886,12 @@ struct Engine::Impl {
             plan.items.push_back(std::move(it));
         }
         worker.submit(std::move(plan));
+        swap->end_plan();
         ++in_flight;
         return true;
     }
 
     void post_process(StepResult& r) {
-        swap->end_plan();
         ++stats.steps;
         if (r.swap_in_blocks > 0) {
             ++stats.swap_in_count;
@@ -997,17 +997,17 @@ struct Engine::Impl {
 Result<std::unique_ptr<Engine>> Engine::create(DeepseekModel* model, EngineOptions options,
                                                Env* env) {
     DSI_CHECK(model != nullptr && env != nullptr);
-    DSI_RETURN_IF_ERROR(options.scheduler.validate());
-    std::vector<kv::CacheGroupSpec> groups = {
-        kv::CacheGroupSpec{"mla", model->kv_num_layers(), 1, model->kv_row_floats()}};
-    int64_t num_blocks = options.num_kv_blocks;
-    if (num_blocks <= 0) {
     if (!options.cost_model_path.empty()) {
         // S-LB: the fit of `dsinfer calibrate`, when there is one (engine/calibrate.h).
         DSI_ASSIGN_OR_RETURN(std::optional<PrefillCostModel> fitted,
                              load_cost_model(env, options.cost_model_path));
         if (fitted) options.scheduler.cost = *fitted;
     }
+    DSI_RETURN_IF_ERROR(options.scheduler.validate());
+    std::vector<kv::CacheGroupSpec> groups = {
+        kv::CacheGroupSpec{"mla", model->kv_num_layers(), 1, model->kv_row_floats()}};
+    int64_t num_blocks = options.num_kv_blocks;
+    if (num_blocks <= 0) {
         const int64_t per_block = groups[0].block_floats() * static_cast<int64_t>(sizeof(float));
         num_blocks = options.kv_cache_bytes / per_block;
         if (num_blocks < 1) {
@@ -1145,25 +1145,20 @@ bool Engine::has_work() const { return !impl_->seqs.empty() || impl_->in_flight 
 EngineStats Engine::stats() const {
     EngineStats s = impl_->stats;
     s.pool = impl_->pool->stats();
+    s.swap_slots_held = impl_->swap->num_held();
     if (impl_->write_behind != nullptr) {
         s.store_blocks_written = impl_->write_behind->num_written();
         s.store_blocks_dropped = impl_->write_behind->num_dropped();
     }
     if (impl_->store != nullptr) s.store_puts_dropped = impl_->store->metrics().puts_dropped;
-    s.swap_slots_held = impl_->swap->num_held();
     return s;
 }
 
 Status Engine::check_invariants() const {
     const Impl& m = *impl_;
     std::vector<int32_t> refs(static_cast<size_t>(m.pool->num_blocks()), 0);
-    for (const auto& [id, s] : m.seqs) {
-        for (kv::BlockId b : s.blocks) ++refs[static_cast<size_t>(b)];
-        for (kv::BlockId b : s.staged) ++refs[static_cast<size_t>(b)];
-        if (!s.running && !s.blocks.empty()) {
-            return internal_error("waiting sequence " + std::to_string(id) + " holds blocks");
     std::vector<int32_t> held_slots;
-        }
+    for (const auto& [id, s] : m.seqs) {
         held_slots.insert(held_slots.end(), s.swap_slots.begin(), s.swap_slots.end());
         if (!s.swap_slots.empty() && (s.running || s.swapped_rows <= 0 ||
                                       blocks_for_tokens(s.swapped_rows) !=
@@ -1171,9 +1166,14 @@ Status Engine::check_invariants() const {
             return internal_error("sequence " + std::to_string(id) +
                                   " has inconsistent swap state");
         }
+        for (kv::BlockId b : s.blocks) ++refs[static_cast<size_t>(b)];
+        for (kv::BlockId b : s.staged) ++refs[static_cast<size_t>(b)];
+        if (!s.running && !s.blocks.empty()) {
+            return internal_error("waiting sequence " + std::to_string(id) + " holds blocks");
+        }
     }
+    DSI_RETURN_IF_ERROR(m.swap->check_invariants(held_slots));
     return m.pool->check_invariants(refs);
 }
 
 }  // namespace dsi::engine
-    DSI_RETURN_IF_ERROR(m.swap->check_invariants(held_slots));
