@@ -88,6 +88,8 @@ struct GenerateFlags {
     bool async = true;
     bool prefix_cache = true;
     int64_t kv_cache_mb = 2048;
+    int64_t swap_space_mb = 1024;  // host memory for preemption by swapping (0: recompute)
+    bool batch_invariant = true;   // S-ENG-6 (docs/engine.md, "Batch invariance")
     std::string kv_store;       // KV block store URI (S-KV-4..7); "" = none
     std::string tokenizer_dir;  // default: the model directory
 };
@@ -98,8 +100,6 @@ struct Job {
     SamplingParams sampling;
     std::string cache_salt;
     std::string text;
-    int64_t swap_space_mb = 1024;  // host memory for preemption by swapping (0: recompute)
-    bool batch_invariant = true;   // S-ENG-6 (docs/engine.md, "Batch invariance")
     int64_t num_prompt = 0;
     int64_t num_output = 0;
     std::string finish;
@@ -182,6 +182,9 @@ int run_generate(const GenerateFlags& f) {
     eo.async = f.async;
     eo.prefix_cache = f.prefix_cache;
     eo.kv_cache_bytes = f.kv_cache_mb << 20;
+    eo.swap_space_bytes = f.swap_space_mb << 20;
+    eo.batch_invariant = f.batch_invariant;
+    eo.cost_model_path = engine::cost_model_path_for(f.model);  // from `dsinfer calibrate`
     eo.kv_store_uri = f.kv_store;
     eo.model_id = f.model;
     eo.tokenizer = &tk;
@@ -194,9 +197,6 @@ int run_generate(const GenerateFlags& f) {
         GenerateRequest req;
         if (tk.add_bos_token()) req.prompt.push_back(tk.bos_id());
         tk.encode_into(job.prompt, &req.prompt);
-    eo.swap_space_bytes = f.swap_space_mb << 20;
-    eo.batch_invariant = f.batch_invariant;
-    eo.cost_model_path = engine::cost_model_path_for(f.model);  // from `dsinfer calibrate`
         job.num_prompt = static_cast<int64_t>(req.prompt.size());
         req.sampling = job.sampling;
         req.cache_salt = job.cache_salt;
@@ -289,6 +289,10 @@ void register_model_commands(CLI::App& app) {
     add_setting(*gen, "--async", gen_flags->async, "overlap scheduling with compute (S-ASYNC)");
     add_setting(*gen, "--prefix-cache", gen_flags->prefix_cache, "reuse KV of shared prefixes");
     add_setting(*gen, "--kv-cache-mb", gen_flags->kv_cache_mb, "KV block pool size");
+    add_setting(*gen, "--swap-space-mb", gen_flags->swap_space_mb,
+                "host memory for KV blocks of preempted sequences (0: recompute them)");
+    add_switch(*gen, "--batch-invariant", gen_flags->batch_invariant,
+               "outputs independent of the batch (S-ENG-6; the only kernel path today)");
     add_setting(*gen, "--kv-store", gen_flags->kv_store,
                 "KV block store below the pool: file:///path or redis://h:p,... (S-KV-4..7)");
     add_setting(*gen, "--max-tokens", gen_flags->max_tokens, "tokens to generate");
@@ -301,7 +305,3 @@ void register_model_commands(CLI::App& app) {
 }
 
 }  // namespace dsi
-    add_setting(*gen, "--swap-space-mb", gen_flags->swap_space_mb,
-                "host memory for KV blocks of preempted sequences (0: recompute them)");
-    add_switch(*gen, "--batch-invariant", gen_flags->batch_invariant,
-                "outputs independent of the batch (S-ENG-6; the only kernel path today)");
