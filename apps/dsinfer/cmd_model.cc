@@ -30,6 +30,7 @@ struct MakeModelFlags {
     std::string out;
     std::string format = "all";  // hf | gguf | all
     std::string gguf_dtype = "f32";
+    std::string gguf_experts;  // routed experts' GGUF type; "" = gguf_dtype
     std::string tokenizer_dir = kDefaultTokenizerDir;
     uint64_t seed = 1;
 };
@@ -53,6 +54,16 @@ int run_make_model(const MakeModelFlags& f) {
     if (!config.is_ok()) return fail(config.status());
     Result<DType> dtype = parse_gguf_dtype(f.gguf_dtype);
     if (!dtype.is_ok()) return fail(dtype.status());
+    std::optional<DType> experts;
+    if (f.gguf_experts == "mxfp4") {
+        experts = DType::kMXFP4;
+    } else if (!f.gguf_experts.empty()) {
+        Result<DType> e = parse_gguf_dtype(f.gguf_experts);
+        if (!e.is_ok()) {
+            return fail(invalid_argument("--gguf-experts: f32, f16, bf16, q8_0 or mxfp4"));
+        }
+        experts = *e;
+    }
     if (f.format != "hf" && f.format != "gguf" && f.format != "all") {
         return fail(invalid_argument("--format must be hf, gguf or all"));
     }
@@ -67,9 +78,10 @@ int run_make_model(const MakeModelFlags& f) {
         if (!s.is_ok()) return fail(s);
     }
     if (f.format != "hf") {
-        const std::string path = f.out + "/model-" + f.gguf_dtype + ".gguf";
+        const std::string exps = f.gguf_experts.empty() ? "" : "-exps-" + f.gguf_experts;
+        const std::string path = f.out + "/model-" + f.gguf_dtype + exps + ".gguf";
         DSI_LOG(kInfo) << "writing GGUF " << path;
-        Status s = write_gguf_checkpoint(env, *config, f.seed, *tok, *dtype, path);
+        Status s = write_gguf_checkpoint(env, *config, f.seed, *tok, *dtype, path, experts);
         if (!s.is_ok()) return fail(s);
     }
     std::printf("wrote %s preset to %s\n", f.preset.c_str(), f.out.c_str());
@@ -92,6 +104,7 @@ struct GenerateFlags {
     bool batch_invariant = true;   // S-ENG-6 (docs/engine.md, "Batch invariance")
     std::string kv_store;       // KV block store URI (S-KV-4..7); "" = none
     std::string tokenizer_dir;  // default: the model directory
+    std::string weight_format = "auto";  // DeepseekModel::Options::weight_format
 };
 
 struct Job {
@@ -173,6 +186,7 @@ int run_generate(const GenerateFlags& f) {
     if (!tokenizer.is_ok()) return fail(tokenizer.status());
     DeepseekModel::Options options;
     options.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
+    options.weight_format = f.weight_format;
     Result<std::unique_ptr<DeepseekModel>> model =
         DeepseekModel::load(std::move(source).value(), options);
     if (!model.is_ok()) return fail(model.status());
@@ -275,6 +289,9 @@ void register_model_commands(CLI::App& app) {
     add_setting(*mk, "--out", make_flags->out, "output directory")->required();
     add_setting(*mk, "--format", make_flags->format, "hf | gguf | all");
     add_setting(*mk, "--gguf-dtype", make_flags->gguf_dtype, "f32 | f16 | bf16 | q8_0");
+    add_setting(*mk, "--gguf-experts", make_flags->gguf_experts,
+                "routed experts' GGUF type (default: --gguf-dtype): f32 | f16 | bf16 | q8_0 | "
+                "mxfp4 (file model-<dtype>-exps-<type>.gguf)");
     add_setting(*mk, "--tokenizer-dir", make_flags->tokenizer_dir,
                 "directory with DeepSeek V3's tokenizer.json and tokenizer_config.json");
     add_setting(*mk, "--seed", make_flags->seed, "weight seed");
@@ -301,6 +318,9 @@ void register_model_commands(CLI::App& app) {
     add_setting(*gen, "--threads", gen_flags->threads, "compute threads (0 = all cores)");
     add_setting(*gen, "--tokenizer-dir", gen_flags->tokenizer_dir,
                 "tokenizer directory (default: the model's)");
+    add_setting(*gen, "--weight-format", gen_flags->weight_format,
+                "weights repacked at load: auto | bf16 | q8_0 | ... | class=format list, e.g. "
+                "experts=mxfp4 (DeepseekModel::Options)");
     gen->callback([gen_flags] { throw CLI::RuntimeError(run_generate(*gen_flags)); });
 }
 

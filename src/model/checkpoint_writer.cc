@@ -36,6 +36,9 @@ std::vector<uint8_t> to_bytes(DType dtype, const std::vector<float>& v) {
         case DType::kQ8_0:
             quantize_row_q8_0(v.data(), out.data(), static_cast<int64_t>(v.size()));
             break;
+        case DType::kMXFP4:
+            quantize_row_mxfp4(v.data(), out.data(), static_cast<int64_t>(v.size()));
+            break;
         default:
             DSI_CHECK(false, "to_bytes: unsupported dtype ", dtype_name(dtype));
     }
@@ -150,10 +153,20 @@ Status add_tokenizer_metadata(const ModelConfig& c, const TokenizerFiles& files,
 
 Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
                              const TokenizerFiles& tokenizer, DType matrix_dtype,
-                             const std::string& path) {
+                             const std::string& path, std::optional<DType> expert_dtype) {
     if (matrix_dtype != DType::kF32 && matrix_dtype != DType::kF16 &&
         matrix_dtype != DType::kBF16 && matrix_dtype != DType::kQ8_0) {
         return invalid_argument("GGUF matrix dtype must be f32, f16, bf16 or q8_0");
+    }
+    const DType exps_dtype = expert_dtype.value_or(matrix_dtype);
+    if (exps_dtype != matrix_dtype && exps_dtype != DType::kMXFP4 && exps_dtype != DType::kF32 &&
+        exps_dtype != DType::kF16 && exps_dtype != DType::kBF16 && exps_dtype != DType::kQ8_0) {
+        return invalid_argument("GGUF expert dtype must be f32, f16, bf16, q8_0 or mxfp4");
+    }
+    if (dtype_block_elems(exps_dtype) > 1 &&
+        (c.hidden_size % 32 != 0 || c.moe_intermediate_size % 32 != 0)) {
+        return invalid_argument("GGUF expert dtype " + std::string(dtype_name(exps_dtype)) +
+                                " needs hidden_size and moe_intermediate_size % 32 == 0");
     }
     GgufWriter w;
     for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
@@ -210,7 +223,7 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
     }
     for (const std::string& name : merged_order) {
         Merged& m = merged[name];
-        w.add_tensor(name, matrix_dtype, m.shape, to_bytes(matrix_dtype, m.values));
+        w.add_tensor(name, exps_dtype, m.shape, to_bytes(exps_dtype, m.values));
         m.values = {};
     }
     size_t slash = path.rfind('/');

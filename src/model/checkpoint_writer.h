@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "base/env.h"
@@ -33,8 +34,12 @@ Status write_hf_checkpoint(Env* env, const ModelConfig& config, uint64_t seed,
 // Writes a llama.cpp `deepseek2` GGUF with matrices in `matrix_dtype` (F32, F16, BF16
 // or Q8_0; norms, biases and the router stay F32) and the tokenizer metadata llama.cpp
 // needs (gpt2 BPE, pre-tokenizer deepseek-v3, vocabulary padded to vocab_size).
+// `expert_dtype` (default: matrix_dtype) is the type of the merged routed-expert
+// tensors (ffn_{gate,up,down}_exps): any of those, or MXFP4 (SPEC S-ENG-9, quantised
+// with llama.cpp's reference rounding).
 Status write_gguf_checkpoint(Env* env, const ModelConfig& config, uint64_t seed,
                              const TokenizerFiles& tokenizer, DType matrix_dtype,
-                             const std::string& path);
+                             const std::string& path,
+                             std::optional<DType> expert_dtype = std::nullopt);
 
 }  // namespace dsi

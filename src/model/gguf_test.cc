@@ -73,7 +73,7 @@ std::vector<Tensor> one_tensor_per_dtype() {
         {"bf16", DType::kBF16, {3, 1, 3}, {}}, {"i8", DType::kI8, {1, 9}, {}},
         {"i32", DType::kI32, {4}, {}},         {"i64", DType::kI64, {2, 1, 1, 2}, {}},
         {"q8", DType::kQ8_0, {3, 64}, {}},     {"scalar", DType::kF32, {}, {}},
-        {"empty", DType::kF16, {0, 8}, {}},
+        {"empty", DType::kF16, {0, 8}, {}},    {"mx", DType::kMXFP4, {2, 96}, {}},
     };
     format_testing::fill_bytes(out);
     return out;
@@ -139,6 +139,8 @@ TEST(GgufTest, RoundTripEveryValueTypeAndDtype) {
     }
     EXPECT_EQ(file->find_tensor("q8")->nbytes, 3u * 2 * 34);
     EXPECT_EQ(file->find_tensor("q8")->ggml_type, kGgmlTypeQ8_0);
+    EXPECT_EQ(file->find_tensor("mx")->nbytes, 2u * 3 * 17);
+    EXPECT_EQ(file->find_tensor("mx")->ggml_type, kGgmlTypeMXFP4);
     // llama.cpp also reads the final tensor's padding.
     EXPECT_EQ(bytes->size() % 32, 0u);
 }
@@ -462,6 +464,10 @@ TEST(GgufMalformedTest, EachFailureModeIsAStatusNamingFileAndKeyOrTensor) {
          {"'t'", "ggml type id 4294967295"}},
         {"q8 row",
          with_tensor({16, 2}, kGgmlTypeQ8_0, 0, 64),
+         C::kInvalidArgument,
+         {"'t'", "multiple of 32"}},
+        {"mxfp4 row",
+         with_tensor({48, 2}, kGgmlTypeMXFP4, 0, 64),
          C::kInvalidArgument,
          {"'t'", "multiple of 32"}},
         {"misaligned offset",

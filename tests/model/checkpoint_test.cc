@@ -41,6 +41,11 @@ protected:
             ASSERT_TRUE(write_gguf_checkpoint(env, c, kSeed, tok, DType::kF32, d + "/f32.gguf").is_ok());
             ASSERT_TRUE(write_gguf_checkpoint(env, c, kSeed, tok, DType::kQ8_0, d + "/q8.gguf").is_ok());
         }
+        // Routed experts as MXFP4, the rest f32.
+        ASSERT_TRUE(write_gguf_checkpoint(env, synthetic_preset("tiny-v3").value(), kSeed, tok,
+                                          DType::kF32, *dir_ + "/tiny-v3/f32-mx.gguf",
+                                          DType::kMXFP4)
+                        .is_ok());
     }
     static void TearDownTestSuite() {
         fs::remove_all(*dir_);
@@ -48,10 +53,14 @@ protected:
     }
     static std::string path(const std::string& rel) { return *dir_ + "/" + rel; }
 
-    static std::vector<float> logits(const std::string& ckpt, const std::vector<int32_t>& toks) {
+    static std::vector<float> logits(const std::string& ckpt, const std::vector<int32_t>& toks,
+                                     const std::string& weight_format = "auto") {
         auto src = open_checkpoint(Env::default_env(), ckpt);
         EXPECT_TRUE(src.is_ok()) << src.status().to_string();
-        auto model = DeepseekModel::load(std::move(src).value(), {2});
+        DeepseekModel::Options options;
+        options.num_threads = 2;
+        options.weight_format = weight_format;
+        auto model = DeepseekModel::load(std::move(src).value(), options);
         EXPECT_TRUE(model.is_ok()) << model.status().to_string();
         auto cache = (*model)->new_kv_cache(static_cast<int64_t>(toks.size()));
         ForwardOutput out;
@@ -132,6 +141,28 @@ TEST_F(CheckpointTest, Q8GgufIsCloseToF32) {
     const double rms = std::sqrt(sum_sq / f.size());
     EXPECT_GT(mean_diff, 0.0);         // it really is quantised
     EXPECT_LE(mean_diff, 0.05 * rms);  // and still the same model
+}
+
+// The MXFP4 experts the writer stores (llama.cpp's reference quantiser) are the ones
+// dsinfer makes when it quantises the f32 experts at load (`experts=mxfp4`): read
+// from the merged [experts, rows, cols] GGUF tensors and repacked, they give bitwise
+// the same logits.
+TEST_F(CheckpointTest, Mxfp4ExpertsGgufEqualsQuantisingAtLoad) {
+    auto mx = open_checkpoint(Env::default_env(), path("tiny-v3/f32-mx.gguf")).value();
+    const ModelConfig& c = mx->config();
+    auto e = mx->matrix("model.layers.1.mlp.experts.3.down_proj.weight", c.hidden_size,
+                        c.moe_intermediate_size);
+    ASSERT_TRUE(e.is_ok()) << e.status().to_string();
+    EXPECT_EQ(e->dtype, DType::kMXFP4);
+    auto shared = mx->matrix("model.layers.1.mlp.shared_experts.up_proj.weight",
+                             c.n_shared_experts * c.moe_intermediate_size, c.hidden_size);
+    ASSERT_TRUE(shared.is_ok());
+    EXPECT_EQ(shared->dtype, DType::kF32);
+    const std::vector<float> from_file = logits(path("tiny-v3/f32-mx.gguf"), kTokens);
+    const std::vector<float> at_load = logits(path("tiny-v3/f32.gguf"), kTokens, "experts=mxfp4");
+    const std::vector<float> f32 = logits(path("tiny-v3/f32.gguf"), kTokens);
+    EXPECT_EQ(from_file, at_load);
+    EXPECT_NE(from_file, f32);  // it really is quantised
 }
 
 TEST_F(CheckpointTest, Fp8DequantisesExactlyToReference) {
