@@ -72,6 +72,76 @@ double read_bandwidth(kernels::Isa isa, ThreadPool& pool, const std::vector<floa
 using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
                          int, float, float*, int);
 
+// One thread, per ISA, DeepSeek-V3 MLA shapes (16 heads, kv_lora 512 + rope 64, ctx
+// 2048): decode per KV dtype (kv_gb_s counts the dtype's bytes), and the prefill of the
+// last 64 positions as one mla_attention_tokens call vs one call per token.
+json bench_mla_kv_dtypes_and_prefill(const std::vector<kernels::Isa>& isas) {
+    constexpr int64_t kLora = 512, kRope = 64, kRow = kLora + kRope, kHeads = 16;
+    constexpr int64_t kCtx = 2048, kChunk = 64;
+    std::mt19937 rng(7);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> rows(static_cast<size_t>(kCtx * kRow));
+    for (float& v : rows) v = nd(rng);
+    std::vector<float> q_lat(kChunk * kHeads * kLora), q_pe(kChunk * kHeads * kRope);
+    std::vector<float> o(kChunk * kHeads * kLora);
+    for (float& v : q_lat) v = nd(rng) * 0.05f;
+    for (float& v : q_pe) v = nd(rng) * 0.05f;
+    std::vector<int64_t> num_positions(kChunk);
+    for (int64_t t = 0; t < kChunk; ++t) num_positions[t] = kCtx - kChunk + t + 1;
+    json out;
+    for (kernels::KvDtype dtype :
+         {kernels::KvDtype::kF32, kernels::KvDtype::kBf16, kernels::KvDtype::kE4m3}) {
+        const int64_t words = kernels::kv_row_words(dtype, kRow);
+        std::vector<float> kv(static_cast<size_t>(kCtx * words));
+        for (int64_t p = 0; p < kCtx; ++p) {
+            kernels::kv_encode_row(dtype, rows.data() + p * kRow, kRow, kv.data() + p * words);
+        }
+        std::vector<const float*> blocks;
+        for (int64_t b = 0; b < kCtx / kernels::kKvBlockTokens; ++b) {
+            blocks.push_back(kv.data() + b * kernels::kKvBlockTokens * words);
+        }
+        const kernels::LatentKvView view{blocks.data(), words, dtype};
+        const std::string dn(kernels::kv_dtype_name(dtype));
+        for (kernels::Isa isa : isas) {
+            const std::string in(kernels::isa_name(isa));
+            const kernels::MlaHeads heads{kHeads, q_lat.data(), q_pe.data(), kRope, o.data()};
+            const double t = best_time(isa == kernels::Isa::kScalar ? 1 : 5, [&] {
+                kernels::mla_attention(isa, view, kCtx, kLora, kRope, 0.07f, heads);
+            });
+            out["mla_decode_16heads_ctx2048"][dn][in] = {
+                {"us", t * 1e6}, {"kv_gb_s", 4.0 * words * kCtx / t / 1e9}};
+            if (isa == kernels::Isa::kScalar) continue;
+            const double per_token = best_time(2, [&] {
+                for (int64_t i = 0; i < kChunk; ++i) {
+                    const kernels::MlaHeads h{kHeads, q_lat.data() + i * kHeads * kLora,
+                                              q_pe.data() + i * kHeads * kRope, kRope,
+                                              o.data() + i * kHeads * kLora};
+                    kernels::mla_attention(isa, view, num_positions[i], kLora, kRope, 0.07f, h);
+                }
+            });
+            kernels::MlaTokens tk;
+            tk.num_tokens = kChunk;
+            tk.num_positions = num_positions.data();
+            tk.num_heads = kHeads;
+            tk.q_lat = q_lat.data();
+            tk.q_lat_token_stride = kHeads * kLora;
+            tk.q_pe = q_pe.data();
+            tk.q_pe_token_stride = kHeads * kRope;
+            tk.q_pe_stride = kRope;
+            tk.o_lat = o.data();
+            tk.o_lat_token_stride = kHeads * kLora;
+            const double shared = best_time(2, [&] {
+                kernels::mla_attention_tokens(isa, view, kLora, kRope, 0.07f, tk);
+            });
+            out["mla_prefill_64tokens_16heads_ctx2048"][dn][in] = {
+                {"per_token_calls_ms", per_token * 1e3},
+                {"tokens_call_ms", shared * 1e3},
+                {"speedup", per_token / shared}};
+        }
+    }
+    return out;
+}
+
 // One thread, per ISA: absorbed MLA decode (16 heads of DeepSeek-V3 shapes, kv_lora 512 +
 // rope 64, over a paged f32 latent cache) at several contexts, and the small ops at
 // model sizes. Attention GFLOP/s counts 2 * (576 + 512) flops per head and position.
@@ -135,6 +205,7 @@ json bench_attention_and_ops(const std::vector<kernels::Isa>& isas) {
         rec("argmax_129280", 4 * kVocab,
             best_time(20, [&] { sink = sink + kernels::argmax(isa, a.data(), kVocab); }));
     }
+    out["mla_kv_dtypes_and_prefill"] = bench_mla_kv_dtypes_and_prefill(isas);
     return out;
 }
 
@@ -224,6 +295,7 @@ struct ModelFlags {
     int prompt_tokens = 512;
     int gen_tokens = 128;
     std::string weight_format = "auto";
+    std::string kv_dtype = "f32";
     std::string llamacpp_amx = "off";  // "on" aborts on deepseek2 Q8_0 attn_k_b (docs/gguf_deepseek2.md)
     bool skip_llamacpp = false;
 };
@@ -231,6 +303,7 @@ struct ModelFlags {
 int run_bench_model(const ModelFlags& f) {
     Env* env = Env::default_env();
     json out = {{"model", f.model}, {"weight_format", f.weight_format},
+                {"kv_dtype", f.kv_dtype},
                 {"isa", std::string(kernels::isa_name(kernels::active_isa()))},
                 {"prompt_tokens", f.prompt_tokens}, {"gen_tokens", f.gen_tokens}};
     for (int threads = 1; threads <= f.max_threads; ++threads) {
@@ -244,6 +317,7 @@ int run_bench_model(const ModelFlags& f) {
             DeepseekModel::Options options;
             options.num_threads = threads;
             options.weight_format = f.weight_format;
+            options.kv_dtype = f.kv_dtype;
             auto t_load = Clock::now();
             auto model = DeepseekModel::load(std::move(source).value(), options);
             if (!model.is_ok()) {
@@ -320,6 +394,7 @@ void register_bench_commands(CLI::App& app) {
     add_setting(*m, "--prompt-tokens", mf->prompt_tokens, "prompt length");
     add_setting(*m, "--gen-tokens", mf->gen_tokens, "generated tokens");
     add_setting(*m, "--weight-format", mf->weight_format, "see DeepseekModel::Options");
+    add_setting(*m, "--kv-dtype", mf->kv_dtype, "f32 | bf16 | e4m3 (DeepseekModel::Options)");
     add_setting(*m, "--llamacpp-amx", mf->llamacpp_amx, "on | off (llama.cpp's AMX variant)");
     m->add_flag("--skip-llamacpp", mf->skip_llamacpp, "dsinfer only");
     m->callback([mf] {

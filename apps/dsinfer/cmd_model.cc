@@ -103,6 +103,7 @@ struct GenerateFlags {
     int64_t swap_space_mb = 1024;  // host memory for preemption by swapping (0: recompute)
     bool batch_invariant = true;   // S-ENG-6 (docs/engine.md, "Batch invariance")
     std::string kv_store;       // KV block store URI (S-KV-4..7); "" = none
+    std::string kv_dtype = "f32";  // DeepseekModel::Options::kv_dtype
     std::string tokenizer_dir;  // default: the model directory
     std::string weight_format = "auto";  // DeepseekModel::Options::weight_format
 };
@@ -186,6 +187,7 @@ int run_generate(const GenerateFlags& f) {
     if (!tokenizer.is_ok()) return fail(tokenizer.status());
     DeepseekModel::Options options;
     options.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
+    options.kv_dtype = f.kv_dtype;
     options.weight_format = f.weight_format;
     Result<std::unique_ptr<DeepseekModel>> model =
         DeepseekModel::load(std::move(source).value(), options);
@@ -306,6 +308,8 @@ void register_model_commands(CLI::App& app) {
     add_setting(*gen, "--async", gen_flags->async, "overlap scheduling with compute (S-ASYNC)");
     add_setting(*gen, "--prefix-cache", gen_flags->prefix_cache, "reuse KV of shared prefixes");
     add_setting(*gen, "--kv-cache-mb", gen_flags->kv_cache_mb, "KV block pool size");
+    add_setting(*gen, "--kv-dtype", gen_flags->kv_dtype,
+                "KV cache dtype: f32 | bf16 | e4m3 (FP8, one scale per 16 values)");
     add_setting(*gen, "--swap-space-mb", gen_flags->swap_space_mb,
                 "host memory for KV blocks of preempted sequences (0: recompute them)");
     add_switch(*gen, "--batch-invariant", gen_flags->batch_invariant,

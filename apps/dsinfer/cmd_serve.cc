@@ -39,6 +39,7 @@ struct ServeFlags {
     int threads = 0;
     int io_threads = 2;
     int64_t kv_cache_bytes = int64_t{1} << 30;
+    std::string kv_dtype = "f32";  // DeepseekModel::Options::kv_dtype
     int64_t max_model_len = 0;
     int64_t drain_grace_ms = 30000;
     server::ServerLimits limits;
@@ -115,6 +116,7 @@ int run_serve(const ServeFlags& f) {
     if (!source.is_ok()) return fail(source.status());
     DeepseekModel::Options mo;
     mo.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
+    mo.kv_dtype = f.kv_dtype;
     Result<std::unique_ptr<DeepseekModel>> model =
         DeepseekModel::load(std::move(source).value(), mo);
     if (!model.is_ok()) return fail(model.status());
@@ -191,6 +193,7 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--threads", f->threads, "compute threads (0 = all cores)");
     add_setting(*cmd, "--io-threads", f->io_threads, "HTTP threads");
     add_setting(*cmd, "--kv-cache-bytes", f->kv_cache_bytes, "KV cache size");
+    add_setting(*cmd, "--kv-dtype", f->kv_dtype, "KV cache dtype: f32 | bf16 | e4m3");
     add_setting(*cmd, "--max-model-len", f->max_model_len, "context length (0 = the model's)");
     add_setting(*cmd, "--drain-grace-ms", f->drain_grace_ms, "SIGTERM: wait this long, then abort");
     add_setting(*cmd, "--max-body-bytes", f->limits.max_body_bytes, "413 above");
