@@ -19,10 +19,11 @@
 //  - Smoothing (ours, a setting): the placement is computed from the last window
 //    (kLastWindow, the SPEC's "loads of the last N steps") or from the mean of the last
 //    smoothing_windows completed windows (kMeanOfWindows), or an exponential moving
-//    average over completed windows (kEma). Default for both phases: the mean of the
-//    rebalance_interval / window = 10 windows since the previous placement; under
-//    per-window fluctuation of expert popularity this is what brings the next-window
-//    moe_lb to the floor of a fixed placement (bench/RESULTS.md, docs/cluster_policies.md).
+//    average over completed windows (kEma). Default for both phases: EMA with alpha 0.2
+//    (about the last 5-10 windows). Measured (bench/RESULTS.md): when popularity
+//    fluctuates around a stable mean, averaging reaches the floor of a fixed placement
+//    and the last window alone is worst; when popularity wanders, the last window is
+//    best and a 10-window mean worst; the EMA has the lowest worst case of the three.
 //  - moe_lb = load of the slowest rank / mean rank load. Replica dispatch (a setting of
 //    the measurement): kEvenSplit, a replica carries load / count (tokens are spread
 //    over replicas by a fixed rule); kLeastLoadedReplica, each token of a replicated
@@ -49,7 +50,7 @@ struct EplbSettings {
     int64_t window_steps = 100;
     int64_t rebalance_interval_steps = 1000;
     bool refine = true;
-    EplbSmoothing smoothing = EplbSmoothing::kMeanOfWindows;
+    EplbSmoothing smoothing = EplbSmoothing::kEma;
     int smoothing_windows = 10;  // kMeanOfWindows: completed windows averaged (1..64)
     double ema_alpha = 0.2;      // kEma: weight of the newest completed window, (0, 1]
 

@@ -211,9 +211,10 @@ TEST(EplbTest, PhaseDefaultsFollowSpec) {
     EXPECT_EQ(d.redundant_experts_per_rank, 1);
     EXPECT_EQ(d.window_steps, 1000);
     EXPECT_EQ(d.rebalance_interval_steps, 10000);
-    // Smoothing covers every window since the previous placement.
-    EXPECT_EQ(p.smoothing_windows * p.window_steps, p.rebalance_interval_steps);
-    EXPECT_EQ(d.smoothing_windows * d.window_steps, d.rebalance_interval_steps);
+    // Smoothing (ours): EMA over completed windows in both phases.
+    EXPECT_EQ(p.smoothing, EplbSmoothing::kEma);
+    EXPECT_EQ(d.smoothing, EplbSmoothing::kEma);
+    EXPECT_DOUBLE_EQ(d.ema_alpha, 0.2);
 }
 
 }  // namespace
