@@ -3,7 +3,7 @@
 // are against references run in the same process (round robin; no EPLB; the trace
 // generator for speed).
 //
-//   sim_figures [out_dir]      (default: <source>/docs/figures)
+//   sim_figures [out_dir [lb|ops|hit|eplb|speed]]   (default: <source>/docs/figures, all)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -280,6 +280,143 @@ void eplb_figure(const std::string& out) {
     }
 }
 
+// EPLB under drift with DeepSeek's decode configurations (256 routed experts, 8 active
+// per token): what the placement is computed from (smoothing), how replicas share load at
+// run time (dispatch), and how much redundancy. History: 10 windows; the placement is
+// then measured on each of the next 10 windows (the interval until the next rebalance at
+// window 1,000 / interval 10,000 steps) and the mean is reported.
+// Drift models (per expert, per layer, log-normal):
+//  - iid: every window = base x exp(0.10 z), independent per window (popularity
+//    fluctuates around a stable mean);
+//  - walk: log popularity takes a random step of 0.05 z per window (it wanders away).
+// Sampling noise of the counts is left out: a decode window of 1,000 steps at ~60
+// requests per rank routes ~30M tokens x experts per layer at EP64, ~0.3 % per expert.
+struct EplbDriftRow {
+    double same = 0, last = 0, mean10 = 0, ema = 0, robust = 0, dyn_mean10 = 0, dyn_last = 0,
+           floor = 0;
+};
+
+EplbDriftRow eplb_drift_row(int experts, const cluster::EplbLayout& layout, double zipf_s,
+                            bool walk, double sigma, uint64_t seed) {
+    const int layers = 8;
+    const size_t n = static_cast<size_t>(layers) * experts;
+    const std::vector<double> base0 = zipf(layers, experts, zipf_s, 0.0, seed);
+    SplitMix64 rng(seed * 7919 + 17);
+    std::vector<double> log_base(n);
+    for (size_t i = 0; i < n; ++i) {
+        log_base[i] = std::log(base0[i]);
+    }
+    std::vector<std::vector<double>> windows;
+    std::vector<std::vector<double>> truth;  // the base at each window (for the floor)
+    for (int w = 0; w < 20; ++w) {
+        std::vector<double> win(n);
+        std::vector<double> b(n);
+        for (size_t i = 0; i < n; ++i) {
+            if (walk && w > 0) {
+                log_base[i] += sigma * rng.next_normal();
+            }
+            b[i] = std::exp(log_base[i]);
+            win[i] = walk ? b[i] : b[i] * std::exp(sigma * rng.next_normal());
+        }
+        windows.push_back(std::move(win));
+        truth.push_back(std::move(b));
+    }
+    std::vector<double> mean(n, 0.0), sq(n, 0.0), ema = windows[0];
+    for (int w = 0; w < 10; ++w) {
+        for (size_t i = 0; i < n; ++i) {
+            mean[i] += windows[w][i] / 10;
+            sq[i] += windows[w][i] * windows[w][i] / 10;
+            if (w > 0) {
+                ema[i] += 0.2 * (windows[w][i] - ema[i]);
+            }
+        }
+    }
+    std::vector<double> robust(n);
+    for (size_t i = 0; i < n; ++i) {
+        robust[i] = mean[i] + std::sqrt(std::max(0.0, sq[i] - mean[i] * mean[i]));
+    }
+    auto place = [&](const std::vector<double>& w) {
+        return *cluster::place_experts(w, layers, experts, layout, true);
+    };
+    const auto p_last = place(windows[9]);
+    const auto p_mean = place(mean);
+    const auto p_ema = place(ema);
+    const auto p_rob = place(robust);
+    const auto p_floor = place(truth[9]);
+    EplbDriftRow r;
+    r.same = cluster::moe_lb(p_last, windows[9]).mean;
+    const auto dyn = cluster::ReplicaDispatch::kLeastLoadedReplica;
+    for (int w = 10; w < 20; ++w) {
+        r.last += cluster::moe_lb(p_last, windows[w]).mean / 10;
+        r.mean10 += cluster::moe_lb(p_mean, windows[w]).mean / 10;
+        r.ema += cluster::moe_lb(p_ema, windows[w]).mean / 10;
+        r.robust += cluster::moe_lb(p_rob, windows[w]).mean / 10;
+        r.dyn_mean10 += cluster::moe_lb(p_mean, windows[w], dyn).mean / 10;
+        r.dyn_last += cluster::moe_lb(p_last, windows[w], dyn).mean / 10;
+        r.floor += cluster::moe_lb(p_floor, windows[w]).mean / 10;
+    }
+    return r;
+}
+
+void eplb_drift_figure(const std::string& out) {
+    struct Setup {
+        const char* name;
+        int ep, redundant;
+    };
+    // 256 routed experts. EP64 and EP128 with the S-EPLB decode default of 1 redundant
+    // expert per rank, EP64 with 2; EP144 with 32 redundant (288 = 2 per rank), the
+    // published DeepSeek-V3 decode deployment.
+    const Setup setups[] = {
+        {"EP64, 1 redundant/rank (5 per rank)", 64, 1},
+        {"EP64, 2 redundant/rank (6 per rank)", 64, 2},
+        {"EP128, 1 redundant/rank (3 per rank)", 128, 1},
+        {"EP144, 32 redundant (2 per rank)", 144, 0},
+    };
+    std::printf("\n### EPLB under drift, decode (256 experts, 8 layers, Zipf 0.6, global policy; "
+                "placed after 10 windows of history, moe_lb = mean over the next 10 windows)\n\n"
+                "| setup | drift | same window | last window | mean of 10 | EMA 0.2 (default) "
+                "| mean + 1 sd | mean of 10, least-loaded replica | last window, least-loaded "
+                "replica | true popularity (floor, static) |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n");
+    sim::SvgPlot plot;
+    plot.title = "EPLB decode, 256 experts, next-10-window moe_lb under 10 % iid drift";
+    plot.x_label = "setup (0: EP64 r1, 1: EP64 r2, 2: EP128 r1, 3: EP144 +32)";
+    plot.y_label = "moe_lb";
+    plot.h_lines = {{"goal 1.05", 1.05}, {"DeepSeek reported 1.090", 1.09}};
+    plot.series = {{"static split, last window", {}},
+                   {"static split, mean of 10", {}},
+                   {"least-loaded replica, mean of 10", {}}};
+    for (size_t k = 0; k < std::size(setups); ++k) {
+        const Setup& s = setups[k];
+        cluster::EplbLayout layout{1, 1, s.ep, cluster::num_physical_experts(256, s.ep, s.redundant)};
+        for (bool walk : {false, true}) {
+            const double sigma = walk ? 0.05 : 0.10;
+            const EplbDriftRow r = eplb_drift_row(256, layout, 0.6, walk, sigma, 3);
+            std::printf("| %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n",
+                        s.name, walk ? "walk 5 %/window" : "iid 10 %", r.same, r.last, r.mean10,
+                        r.ema, r.robust, r.dyn_mean10, r.dyn_last, r.floor);
+            if (!walk) {
+                plot.series[0].points.push_back({static_cast<double>(k), r.last});
+                plot.series[1].points.push_back({static_cast<double>(k), r.mean10});
+                plot.series[2].points.push_back({static_cast<double>(k), r.dyn_mean10});
+            }
+        }
+    }
+    plot.y_min = 1.0;
+    plot.y_max = 1.25;
+    write(out + "/eplb_drift.svg", plot.render());
+    // How far the goal holds: EP64, 1 redundant per rank, iid drift sweep.
+    std::printf("\n### EPLB drift sweep (decode EP64, 256 experts, 1 redundant/rank, Zipf 0.6, iid "
+                "drift, mean of next 10 windows)\n\n| per-expert drift (log-normal sigma) | "
+                "static split, mean of 10 | least-loaded replica, mean of 10 | floor (static) "
+                "|\n|---|---|---|---|\n");
+    cluster::EplbLayout l64{1, 1, 64, cluster::num_physical_experts(256, 64, 1)};
+    for (double sigma : {0.02, 0.05, 0.10, 0.20, 0.30}) {
+        const EplbDriftRow r = eplb_drift_row(256, l64, 0.6, false, sigma, 3);
+        std::printf("| %.2f | %.3f | %.3f | %.3f |\n", sigma, r.mean10, r.dyn_mean10, r.floor);
+    }
+}
+
 void speed_figure() {
     sim::SyntheticTraceSettings s;
     s.num_requests = 1'000'000;
@@ -376,6 +513,100 @@ void ops_figure(const std::string& out) {
     write(out + "/sim_autoscale.svg", plot.render(820, 420));
 }
 
+// Operations inside the request-level simulator (`dsinfer sim` with an "operations"
+// section): the same trace and cluster with a drain, a device failure, both, and
+// autoscaling, against the same run without operations.
+void sim_ops_figure(const std::string& out) {
+    (void)out;
+    sim::SyntheticTraceSettings ts;
+    ts.num_requests = 20000;
+    ts.rate_per_s = 200;
+    ts.long_context_fraction = 0.0;
+    ts.input_median_tokens = 2000;
+    ts.output_median_tokens = 2000;  // decode-heavy: drains and failures find work
+    ts.seed = 9;
+    auto trace = sim::generate_synthetic_trace(ts);
+    if (!trace.is_ok()) {
+        return;
+    }
+    struct Scenario {
+        const char* name;
+        std::vector<sim::DecodeDrainAt> drains;
+        std::vector<sim::DeviceFailureAt> failures;
+        bool autoscale;
+    };
+    const Scenario scenarios[] = {
+        {"no operations", {}, {}, false},
+        {"drain instance 7 at 20 s (grace 60 s)", {{20, 7}}, {}, false},
+        {"1 device of instance 0 fails at 40 s (restart 180 s)", {}, {{40, 0, 1}}, false},
+        {"both", {{20, 7}}, {{40, 0, 1}}, false},
+        {"autoscale from 16 + 2 instances, 2 spare", {}, {}, true},
+    };
+    // The autoscaler's per-instance prefill rate: missed tokens per busy engine-second of
+    // the run without operations, at 80 % (the rest is headroom for chunking overheads).
+    double prefill_tokens_per_s = 0;
+    std::printf("\n### Operations in the request-level simulator (20,000 synthetic requests, 64 "
+                "prefill + 64 decode in 8 EP8 instances, load 0.7, the same trace in every row)"
+                "\n\n| scenario | makespan s | TTFT p50 / p99 ms | TPOT p50 / p99 ms | migrated "
+                "(KV tokens) | re-routed (context tokens) | EP after restart | prefill / decode "
+                "instances min-max | device-hours | conserved |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const Scenario& sc : scenarios) {
+        sim::ClusterDescription c;
+        sim::OperationsSettings& op = c.operations;
+        op.decode_ep_size = 8;
+        op.drains = sc.drains;
+        op.failures = sc.failures;
+        op.autoscale = sc.autoscale;
+        if (sc.autoscale) {
+            op.initial_prefill = 16;
+            op.initial_decode_instances = 2;
+            op.initial_spare = 2;
+            op.provision_s = 60;
+            op.autoscaler.prefill_missed_tokens_per_s_per_instance = prefill_tokens_per_s;
+            op.autoscaler.decode_requests_per_instance = 8 * 64;
+            op.autoscaler.scale_out_interval_ns = 10'000'000'000;
+            op.autoscaler.scale_in_interval_ns = 60'000'000'000;
+            op.autoscaler.max_step_instances = 8;
+            op.autoscaler.spare_pool_target = 2;
+        }
+        sim::SimOptions o;
+        o.target_load = 0.7;
+        auto r = sim::simulate(*trace, c, o);
+        if (!r.is_ok()) {
+            std::printf("| %s | error %s |\n", sc.name, r.status().to_string().c_str());
+            continue;
+        }
+        if (!sc.autoscale && sc.drains.empty() && sc.failures.empty()) {
+            double busy_s = 0;
+            for (double u : r->prefill_utilisation) {
+                busy_s += u * r->makespan_s;
+            }
+            prefill_tokens_per_s = 0.8 * static_cast<double>(r->computed_tokens) / busy_s;
+        }
+        std::string eps;
+        for (int e : r->restart_ep_sizes) {
+            eps += std::to_string(e) + " ";
+        }
+        const std::string online =
+            c.operations.enabled()
+                ? std::to_string(r->min_online_prefill) + "-" +
+                      std::to_string(r->max_online_prefill) + " / " +
+                      std::to_string(r->min_online_decode_instances) + "-" +
+                      std::to_string(r->max_online_decode_instances)
+                : "64 / 8";
+        std::printf("| %s | %.1f | %.0f / %.0f | %.1f / %.1f | %lld (%lld) | %lld (%lld) | %s | "
+                    "%s | %.1f | %s |\n",
+                    sc.name, r->makespan_s, r->ttft_ms.p50, r->ttft_ms.p99, r->tpot_ms.p50,
+                    r->tpot_ms.p99, static_cast<long long>(r->migrated_requests),
+                    static_cast<long long>(r->migrated_kv_tokens),
+                    static_cast<long long>(r->rerouted_requests),
+                    static_cast<long long>(r->rerouted_context_tokens),
+                    eps.empty() ? "-" : eps.c_str(), online.c_str(), r->device_hours,
+                    r->conservation_ok ? "yes" : "NO");
+    }
+}
+
 // The prefill utilisation over time on the Mooncake trace (diagnosis of the LB tail).
 void lb_timeline_figure(const std::string& traces, const std::string& out) {
     auto trace = sim::load_trace(Env::default_env(), traces + "mooncake_synthetic_trace.jsonl");
@@ -428,14 +659,28 @@ void lb_timeline_figure(const std::string& traces, const std::string& out) {
 int main(int argc, char** argv) {
     const std::string src = DSINFER_SOURCE_DIR;
     const std::string out = argc > 1 ? argv[1] : src + "/docs/figures";
+    const std::string only = argc > 2 ? argv[2] : "";  // e.g. "eplb": one figure group
     const std::string traces = src + "/../shared/data/traces/";
     (void)dsi::Env::default_env()->create_dirs(out);
+    auto want = [&](const char* name) { return only.empty() || only == name; };
     std::printf("## Cluster simulator figures (issue 9)\n");
-    dsi::lb_figure(traces, out, 0.9);
-    dsi::lb_timeline_figure(traces, out);
-    dsi::ops_figure(out);
-    dsi::hit_rate_figure(traces, out);
-    dsi::eplb_figure(out);
-    dsi::speed_figure();
+    if (want("lb")) {
+        dsi::lb_figure(traces, out, 0.9);
+        dsi::lb_timeline_figure(traces, out);
+    }
+    if (want("ops")) {
+        dsi::ops_figure(out);
+        dsi::sim_ops_figure(out);
+    }
+    if (want("hit")) {
+        dsi::hit_rate_figure(traces, out);
+    }
+    if (want("eplb")) {
+        dsi::eplb_figure(out);
+        dsi::eplb_drift_figure(out);
+    }
+    if (want("speed")) {
+        dsi::speed_figure();
+    }
     return 0;
 }
