@@ -175,8 +175,10 @@ struct CompileService::Core {
                                                 : compile_grammar(job->spec, options.json);
             CompileResult result = unavailable("unset");
             if (g.is_ok()) {
-                result = std::shared_ptr<const CompiledGrammar>(std::make_shared<CompiledGrammar>(
-                    std::move(g).value(), job->vocab, options.matcher));
+                auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), job->vocab,
+                                                            options.matcher);
+                if (options.matcher.precompute) GrammarMatcher(cg).precompute();
+                result = std::shared_ptr<const CompiledGrammar>(std::move(cg));
             } else {
                 result = g.status();
             }
@@ -205,6 +207,11 @@ struct CompileService::Core {
 CompileService::CompileService(CompileServiceOptions options, Env* env)
     : core_(std::make_shared<Core>()) {
     core_->options = std::move(options);
+    // One table cache for every grammar this service compiles: positions with the
+    // same structure (JSON strings, numbers) share their token tables (matcher.h).
+    if (!core_->options.matcher.table_cache) {
+        core_->options.matcher.table_cache = std::make_shared<PositionTableCache>();
+    }
     core_->env = env;
     const int n = std::max(1, core_->options.num_workers);
     Core* c = core_.get();

@@ -348,12 +348,85 @@ Status GrammarBuilder::check_left_recursion() const {
     return Status::ok();
 }
 
+// Inlines references to small non-recursive rules (a JSON string character, an
+// escape) into the alternatives of right-recursive loops that use them. The language is unchanged.
+// Why: the mask tables (matcher.h) decide tokens per rule; a loop `s ::= c s | ""`
+// whose body `c` is its own rule returns to its caller after every character, so
+// every token spanning two characters would be context-dependent. Inlined, the loop
+// stays inside one rule and such tokens are decided at compile time.
+void GrammarBuilder::inline_byte_rules() {
+    constexpr size_t kMaxInlineAlts = 64;
+    constexpr size_t kMaxInlineSymbols = 512;
+    constexpr size_t kMaxRuleAlts = 256;  // per referring rule after inlining
+    const size_t n = names_.size();
+    // Inlinable: small, and every rule it references is inlinable (so, never
+    // recursive); found by rounds up to a fixpoint.
+    std::vector<bool> inlinable(n, false);
+    for (bool grew = true; grew;) {
+        grew = false;
+        for (uint32_t r = 0; r < n; ++r) {
+            const auto& alts = lowered_[r];
+            if (inlinable[r] || alts.empty() || alts.size() > kMaxInlineAlts) continue;
+            size_t symbols = 0;
+            bool ok = true;
+            for (const auto& alt : alts) {
+                symbols += alt.size();
+                for (uint32_t sym : alt) {
+                    ok = ok && (Grammar::tag(sym) != Grammar::kTagRule ||
+                                inlinable[Grammar::payload(sym)]);
+                }
+            }
+            if (ok && symbols <= kMaxInlineSymbols) {
+                inlinable[r] = true;
+                grew = true;
+            }
+        }
+    }
+    for (uint32_t id = 0; id < n; ++id) {
+        if (inlinable[id]) continue;  // its own alternatives have nothing to inline
+        std::vector<std::vector<uint32_t>> work(lowered_[id].rbegin(), lowered_[id].rend());
+        std::vector<std::vector<uint32_t>> out;
+        bool changed = false;
+        while (!work.empty()) {
+            std::vector<uint32_t> alt = std::move(work.back());
+            work.pop_back();
+            // Only loop bodies (`id ::= ... id`): elsewhere inlining multiplies
+            // positions without keeping tokens inside a rule.
+            const bool loop = !alt.empty() && alt.back() == (Grammar::kTagRule | id);
+            size_t k = 0;
+            while (loop && k < alt.size() && !(Grammar::tag(alt[k]) == Grammar::kTagRule &&
+                                               inlinable[Grammar::payload(alt[k])])) {
+                ++k;
+            }
+            if (!loop) k = alt.size();
+            const size_t pending = out.size() + work.size() + 1;
+            const auto* body = k < alt.size() ? &lowered_[Grammar::payload(alt[k])] : nullptr;
+            if (body == nullptr || pending - 1 + body->size() > kMaxRuleAlts ||
+                num_symbols_ > limits_.max_elements) {
+                out.push_back(std::move(alt));
+                continue;
+            }
+            changed = true;
+            for (auto it = body->rbegin(); it != body->rend(); ++it) {
+                std::vector<uint32_t> next(alt.begin(), alt.begin() + static_cast<ptrdiff_t>(k));
+                next.insert(next.end(), it->begin(), it->end());
+                next.insert(next.end(), alt.begin() + static_cast<ptrdiff_t>(k) + 1, alt.end());
+                num_symbols_ += next.size() + 1;
+                work.push_back(std::move(next));
+            }
+        }
+        if (changed) lowered_[id] = std::move(out);
+    }
+}
+
 Result<Grammar> GrammarBuilder::build(uint32_t root) {
     lowered_.resize(names_.size());
     lowered_done_.resize(names_.size(), false);
     for (uint32_t id = 0; id < names_.size(); ++id) {
         DSI_RETURN_IF_ERROR(lower_rule(id));
     }
+    inline_byte_rules();
+    DSI_RETURN_IF_ERROR(check_size());
     DSI_RETURN_IF_ERROR(check_left_recursion());
     Grammar g;
     g.classes_ = classes_;

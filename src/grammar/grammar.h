@@ -146,6 +146,7 @@ private:
     Result<uint32_t> single_symbol(const ExprPtr& e, bool* never);
     uint32_t class_id(const ByteSet& set);
     Status check_size() const;
+    void inline_byte_rules();
     Status check_left_recursion() const;
 
     Limits limits_;

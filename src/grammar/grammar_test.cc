@@ -140,7 +140,7 @@ TEST(Matcher, MaskEqualsBruteForceOnRealVocabulary) {
 
 // Masks from the per-position tables (accepted | checked uncertain) equal the plain
 // trie walk at every step of random walks over the case schemas and regexes, with the
-// real vocabulary; tables built lazily for some grammars and all up front for others.
+// real vocabulary; tables built all up front for the small grammars, lazily otherwise.
 TEST(Matcher, PositionTablesEqualPlainWalk) {
     auto v = real_vocab();
     std::vector<Grammar> grammars;
@@ -166,9 +166,10 @@ TEST(Matcher, PositionTablesEqualPlainWalk) {
     for (size_t gi = 0; gi < grammars.size(); ++gi) {
         auto cg = std::make_shared<CompiledGrammar>(grammars[gi], v);
         GrammarMatcher m(cg);
-        if (gi % 2 == 0) m.precompute();
+        const bool eager = cg->class_positions().size() < 400;  // keep the test fast
+        if (eager) m.precompute();
         TokenBitmask a(v->size()), b(v->size());
-        for (int step = 0; step < 12 && !m.is_terminated(); ++step) {
+        for (int step = 0; step < 8 && !m.is_terminated(); ++step) {
             m.fill_mask_uncached(&a);
             m.plain_walk_mask(&b);
             ASSERT_EQ(a, b) << "grammar " << gi << " step " << step;
@@ -181,7 +182,7 @@ TEST(Matcher, PositionTablesEqualPlainWalk) {
         }
         auto st = cg->table_stats();
         EXPECT_GT(st.built, 0);
-        if (gi % 2 == 0) {
+        if (eager) {
             EXPECT_EQ(st.built, st.positions);
         }
         num_uncertain += st.num_uncertain;

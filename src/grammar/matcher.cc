@@ -43,19 +43,112 @@ void apply_token_bitmask(std::span<float> logits, const TokenBitmask& mask) {
 CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocab,
                                  MatcherOptions options)
     : grammar_(std::move(grammar)), vocab_(std::move(vocab)), options_(options) {
+    // Possible stack tops: class elements of the rules reachable from the root (rules
+    // left unreferenced by inlining are never entered).
     const auto& elems = grammar_.elements();
     slot_of_pos_.assign(elems.size(), 0);
-    for (uint32_t pos = 0; pos < elems.size(); ++pos) {
-        if (Grammar::tag(elems[pos]) != Grammar::kTagClass) continue;
-        slot_of_pos_[pos] = static_cast<uint32_t>(class_positions_.size());
-        class_positions_.push_back(pos);
+    std::vector<bool> reached(grammar_.num_rules(), false);
+    std::vector<uint32_t> todo = {grammar_.root()};
+    reached[grammar_.root()] = true;
+    while (!todo.empty()) {
+        uint32_t r = todo.back();
+        todo.pop_back();
+        for (uint32_t start : grammar_.alternatives(r)) {
+            for (uint32_t pos = start; elems[pos] != Grammar::kEnd; ++pos) {
+                uint32_t e = elems[pos];
+                if (Grammar::tag(e) == Grammar::kTagClass) {
+                    slot_of_pos_[pos] = static_cast<uint32_t>(class_positions_.size());
+                    class_positions_.push_back(pos);
+                } else if (!reached[Grammar::payload(e)]) {
+                    reached[Grammar::payload(e)] = true;
+                    todo.push_back(Grammar::payload(e));
+                }
+            }
+        }
     }
+    std::sort(class_positions_.begin(), class_positions_.end());
+    for (uint32_t i = 0; i < class_positions_.size(); ++i) slot_of_pos_[class_positions_[i]] = i;
+    table_cache_ = options_.table_cache ? options_.table_cache
+                                        : std::make_shared<PositionTableCache>();
     tables_ = std::make_unique<std::atomic<const PositionTokens*>[]>(class_positions_.size() + 1);
     for (size_t i = 0; i <= class_positions_.size(); ++i) tables_[i].store(nullptr);
 }
 
+std::shared_ptr<const PositionTokens> PositionTableCache::find(const std::string& key) const {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it == map_.end()) {
+        ++misses_;
+        return nullptr;
+    }
+    ++hits_;
+    return it->second;
+}
+
+std::shared_ptr<const PositionTokens> PositionTableCache::insert(
+    const std::string& key, std::shared_ptr<const PositionTokens> table) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(key);
+    if (it != map_.end()) return it->second;
+    size_t cost = table->num_bytes() + key.size();
+    if (bytes_ + cost > max_bytes_) return table;
+    bytes_ += cost;
+    map_.emplace(key, table);
+    return table;
+}
+
+PositionTableCache::Stats PositionTableCache::stats() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return Stats{hits_, misses_, static_cast<int64_t>(map_.size()), static_cast<int64_t>(bytes_)};
+}
+
+std::string CompiledGrammar::position_key(uint32_t pos) const {
+    // Larger reachable grammars (whole objects) are rarely repeated; their walks are
+    // cheap because literal keys prune the trie early.
+    constexpr size_t kMaxKeyBytes = 16384;
+    const auto& elems = grammar_.elements();
+    const auto& classes = grammar_.classes();
+    std::string key;
+    uint64_t fp = vocab_->fingerprint();
+    key.append(reinterpret_cast<const char*>(&fp), sizeof(fp));
+    std::unordered_map<uint32_t, uint32_t> local;
+    std::vector<uint32_t> rules;
+    auto put32 = [&](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    auto emit_seq = [&](uint32_t q) {
+        for (;; ++q) {
+            uint32_t e = elems[q];
+            uint32_t tag = Grammar::tag(e);
+            if (tag == Grammar::kTagEnd) {
+                key.push_back('E');
+                return;
+            }
+            if (tag == Grammar::kTagClass) {
+                key.push_back('C');
+                key.append(reinterpret_cast<const char*>(classes[Grammar::payload(e)].words), 32);
+                continue;
+            }
+            uint32_t r = Grammar::payload(e);
+            auto [it, fresh] = local.emplace(r, static_cast<uint32_t>(rules.size()));
+            if (fresh) rules.push_back(r);
+            key.push_back('R');
+            put32(it->second);
+        }
+    };
+    emit_seq(pos);
+    for (size_t qi = 0; qi < rules.size(); ++qi) {
+        const auto& alts = grammar_.alternatives(rules[qi]);
+        key.push_back('A');
+        put32(static_cast<uint32_t>(alts.size()));
+        for (uint32_t a : alts) {
+            emit_seq(a);
+            if (key.size() > kMaxKeyBytes) return "";
+        }
+    }
+    return key;
+}
+
 const PositionTokens* CompiledGrammar::store_position_tokens(
-    uint32_t pos, std::unique_ptr<PositionTokens> table) const {
+    uint32_t pos, std::shared_ptr<const PositionTokens> table) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto& slot = tables_[slot_of_pos_[pos]];
     if (const PositionTokens* have = slot.load(std::memory_order_acquire)) return have;
@@ -317,6 +410,7 @@ void GrammarMatcher::ensure_levels() {
         levels_.resize(depth_cap);
         level_marks_.resize(depth_cap);
         ctx_.resize(depth_cap);
+        sid_.resize(depth_cap);
     }
 }
 
@@ -330,12 +424,61 @@ void GrammarMatcher::plain_walk_mask(TokenBitmask* mask) {
     walk_trie(cur.stacks, mask);
 }
 
+size_t GrammarMatcher::VecHash::operator()(const std::vector<uint32_t>& v) const {
+    uint64_t h = v.size();
+    for (uint32_t x : v) h = hash_pair(static_cast<uint32_t>(h), x) ^ (h >> 17);
+    return static_cast<size_t>(h);
+}
+
+void GrammarMatcher::memo_begin() {
+    memo_mark_ = nodes_.size();
+    memo_states_.clear();
+    memo_index_.clear();
+    memo_trans_.clear();
+    memo_intern({});  // id 0: the dead state
+    memo_active_ = true;
+}
+
+void GrammarMatcher::memo_end() {
+    memo_states_.clear();
+    memo_index_.clear();
+    memo_trans_.clear();
+    memo_active_ = false;
+    truncate_pool(memo_mark_);
+}
+
+uint32_t GrammarMatcher::memo_intern(const std::vector<uint32_t>& stacks) {
+    auto [it, fresh] = memo_index_.emplace(stacks, static_cast<uint32_t>(memo_states_.size()));
+    if (fresh) {
+        memo_states_.push_back(stacks);
+        memo_trans_.resize(memo_trans_.size() + 256, kUnknownTrans);
+    }
+    return it->second;
+}
+
+uint32_t GrammarMatcher::memo_step(uint32_t sid, uint8_t b) {
+    uint32_t t = memo_trans_[size_t{sid} * 256 + b];
+    if (t != kUnknownTrans) return t;
+    overflow_ = false;
+    reached_context_ = false;
+    step(memo_states_[sid], b, &scratch_a_);
+    uint32_t next = overflow_ ? 0 : memo_intern(scratch_a_);
+    t = next | (reached_context_ ? kCtxBit : 0);
+    memo_trans_[size_t{sid} * 256 + b] = t;
+    return t;
+}
+
 template <class Live, class Dead>
-void GrammarMatcher::walk(std::span<const uint32_t> stacks, Live on_live, Dead on_dead) {
+void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_live,
+                          Dead on_dead) {
     const auto& trie = compiled_->vocab().trie();
     ensure_levels();
     size_t base_mark = nodes_.size();
-    levels_[0].assign(stacks.begin(), stacks.end());
+    if (memo) {
+        sid_[0] = memo_intern(std::vector<uint32_t>(stacks.begin(), stacks.end()));
+    } else {
+        levels_[0].assign(stacks.begin(), stacks.end());
+    }
     level_marks_[0] = base_mark;
     ctx_[0] = 0;
     // Quick prune: first bytes any stack can take.
@@ -354,28 +497,38 @@ void GrammarMatcher::walk(std::span<const uint32_t> stacks, Live on_live, Dead o
             continue;
         }
         size_t d = t.depth;
-        truncate_pool(level_marks_[d - 1]);
-        overflow_ = false;
-        reached_context_ = false;
-        step(levels_[d - 1], t.byte, &levels_[d]);
-        ctx_[d] = ctx_[d - 1] | (reached_context_ ? 1 : 0);
-        if (levels_[d].empty() || overflow_) {
+        bool live;
+        if (memo) {
+            // Interned states and memoised transitions: a lazily built DFA.
+            uint32_t r = memo_step(sid_[d - 1], t.byte);
+            sid_[d] = r & ~kCtxBit;
+            ctx_[d] = ctx_[d - 1] | static_cast<uint8_t>(r >> 31);
+            live = sid_[d] != 0;
+        } else {
+            truncate_pool(level_marks_[d - 1]);
+            overflow_ = false;
+            reached_context_ = false;
+            step(levels_[d - 1], t.byte, &levels_[d]);
+            ctx_[d] = ctx_[d - 1] | (reached_context_ ? 1 : 0);
+            live = !levels_[d].empty() && !overflow_;
+            level_marks_[d] = nodes_.size();
+        }
+        if (!live) {
             on_dead(i, ctx_[d] != 0);
             i = t.subtree_end;
             continue;
         }
-        level_marks_[d] = nodes_.size();
         on_live(i);
         ++i;
     }
-    truncate_pool(base_mark);
+    if (!memo) truncate_pool(base_mark);
 }
 
 void GrammarMatcher::walk_trie(std::span<const uint32_t> stacks, TokenBitmask* mask) {
     const auto& trie = compiled_->vocab().trie();
     const auto& trie_tokens = compiled_->vocab().trie_tokens();
     walk(
-        stacks,
+        stacks, false,
         [&](uint32_t i) {
             for (uint32_t k = trie[i].token_begin; k < trie[i + 1].token_begin; ++k) {
                 mask->set(trie_tokens[k]);
@@ -391,10 +544,15 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
     std::vector<int32_t> accepted;
     auto table = std::make_unique<PositionTokens>();
     std::string_view prev_uncertain;
-    size_t base_mark = nodes_.size();
+    // A session's memo grows with the states seen; restart it past a bound.
+    const bool own_session = !memo_active_;
+    if (own_session || memo_states_.size() > 100000) {
+        if (memo_active_) memo_end();
+        memo_begin();
+    }
     uint32_t start = node(pos, kContext);
     walk(
-        std::span<const uint32_t>(&start, 1),
+        std::span<const uint32_t>(&start, 1), true,
         [&](uint32_t i) {
             for (uint32_t k = trie[i].token_begin; k < trie[i + 1].token_begin; ++k) {
                 accepted.push_back(trie_tokens[k]);
@@ -416,7 +574,7 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
                 prev_uncertain = b;
             }
         });
-    truncate_pool(base_mark);
+    if (own_session) memo_end();
     // Dense when a bitmask is smaller than the id list.
     size_t words = (static_cast<size_t>(vocab.size()) + 63) / 64;
     if (accepted.size() * 4 > words * 8) {
@@ -431,13 +589,24 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
 
 const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {
     if (const PositionTokens* t = compiled_->position_tokens(pos)) return t;
-    return compiled_->store_position_tokens(pos, build_position_tokens(pos));
+    std::string key = compiled_->position_key(pos);
+    PositionTableCache& cache = compiled_->table_cache();
+    std::shared_ptr<const PositionTokens> table;
+    if (!key.empty()) table = cache.find(key);
+    if (!table) {
+        table = build_position_tokens(pos);
+        if (!key.empty()) table = cache.insert(key, std::move(table));
+    }
+    return compiled_->store_position_tokens(pos, std::move(table));
 }
 
 void GrammarMatcher::precompute() {
+    // One memo session for all positions: their walks share states.
+    memo_begin();
     for (uint32_t pos : compiled_->class_positions()) {
-        if (table_for(pos) == nullptr) return;  // memory bound reached
+        if (table_for(pos) == nullptr) break;  // memory bound reached
     }
+    memo_end();
 }
 
 void GrammarMatcher::check_uncertain(uint32_t id, const PositionTokens& t, TokenBitmask* mask) {

@@ -77,14 +77,22 @@ private:
 // logits[i] = -inf where mask bit i is 0 (ids past mask.size() are masked too).
 void apply_token_bitmask(std::span<float> logits, const TokenBitmask& mask);
 
+struct PositionTokens;
+class PositionTableCache;
+
 struct MatcherOptions {
     size_t max_stacks = 4096;              // per state; more is a grammar error
     size_t mask_cache_entries = 4096;      // per compiled grammar (16 KB each at 129K)
     // Memory for PositionTokens tables per compiled grammar; positions past it use the
     // plain trie walk (correct, slower).
     size_t max_position_table_bytes = size_t{256} << 20;
-    // The compile service builds every position's table at compile time.
-    bool precompute = true;
+    // The compile service builds every position's table at compile time (else on
+    // first use; see docs/grammar.md for the trade-off).
+    bool precompute = false;
+    // Tables shared by structure across positions and compiled grammars (nullptr: a
+    // private cache per compiled grammar). shared_ptr: the compile service and every
+    // compiled grammar it makes hold it.
+    std::shared_ptr<PositionTableCache> table_cache;
 };
 
 // Context-independent token sets of one stack-top position (see the file comment).
@@ -99,6 +107,36 @@ struct PositionTokens {
     size_t num_bytes() const {
         return accepted_bits.size() * 8 + accepted_ids.size() * 4 + uncertain.size() * 5;
     }
+};
+
+// Tables keyed by position structure: the grammar reachable from a position until
+// its rule returns (byte classes by value, rules renumbered in visit order) plus the
+// vocabulary fingerprint, so equal keys have equal tables. A JSON string or number
+// rule is built once per process, not once per schema or per property.
+// Bounded by bytes; when full, new tables are used unshared (no eviction).
+// Thread model: internally locked; any thread.
+class PositionTableCache {
+public:
+    explicit PositionTableCache(size_t max_bytes = size_t{512} << 20) : max_bytes_(max_bytes) {}
+    std::shared_ptr<const PositionTokens> find(const std::string& key) const;
+    // Returns the cached table for `key` (the existing one if another thread won).
+    std::shared_ptr<const PositionTokens> insert(const std::string& key,
+                                                 std::shared_ptr<const PositionTokens> table);
+    struct Stats {
+        int64_t hits = 0;
+        int64_t misses = 0;
+        int64_t entries = 0;
+        int64_t bytes = 0;
+    };
+    Stats stats() const;
+
+private:
+    size_t max_bytes_;
+    mutable std::mutex mu_;
+    std::unordered_map<std::string, std::shared_ptr<const PositionTokens>> map_;  // GUARDED_BY(mu_)
+    size_t bytes_ = 0;                                                            // GUARDED_BY(mu_)
+    mutable int64_t hits_ = 0;                                                    // GUARDED_BY(mu_)
+    mutable int64_t misses_ = 0;                                                  // GUARDED_BY(mu_)
 };
 
 class CompiledGrammar {
@@ -128,8 +166,12 @@ public:
     }
     // Publishes a table for `pos` (the first one stored wins) and returns the
     // published one; nullptr when the memory bound is reached (caller walks instead).
-    const PositionTokens* store_position_tokens(uint32_t pos,
-                                                std::unique_ptr<PositionTokens> table) const;
+    const PositionTokens* store_position_tokens(
+        uint32_t pos, std::shared_ptr<const PositionTokens> table) const;
+    // Structure key of position `pos` for the table cache ("" when the reachable
+    // grammar is too large to be worth sharing).
+    std::string position_key(uint32_t pos) const;
+    PositionTableCache& table_cache() const { return *table_cache_; }
     // Byte-class element positions (the possible stack tops).
     const std::vector<uint32_t>& class_positions() const { return class_positions_; }
     struct TableStats {
@@ -147,7 +189,8 @@ private:
     std::vector<uint32_t> class_positions_;
     std::vector<uint32_t> slot_of_pos_;  // element position -> slot (class elements only)
     std::unique_ptr<std::atomic<const PositionTokens*>[]> tables_;
-    mutable std::vector<std::unique_ptr<PositionTokens>> owned_tables_;  // GUARDED_BY(mu_)
+    std::shared_ptr<PositionTableCache> table_cache_;
+    mutable std::vector<std::shared_ptr<const PositionTokens>> owned_tables_;  // GUARDED_BY(mu_)
     mutable size_t table_bytes_ = 0;                                     // GUARDED_BY(mu_)
     mutable int64_t table_uncertain_ = 0;                                // GUARDED_BY(mu_)
     mutable std::mutex mu_;
@@ -218,8 +261,15 @@ private:
     // Depth-first trie walk from `stacks`: on_live(i) for each trie node whose bytes
     // some stack takes; on_dead(i, reached_context) for the root of each subtree no
     // stack takes (then skipped); reached_context: some path returned to kContext.
+    // memo: states are interned and transitions memoised (memo_begin() .. memo_end()
+    // session; the pool keeps every node until memo_end()).
     template <class Live, class Dead>
-    void walk(std::span<const uint32_t> stacks, Live on_live, Dead on_dead);
+    void walk(std::span<const uint32_t> stacks, bool memo, Live on_live, Dead on_dead);
+    void memo_begin();
+    void memo_end();
+    uint32_t memo_intern(const std::vector<uint32_t>& stacks);
+    // Next state id | kCtxBit when a path returned to kContext; 0 = dead.
+    uint32_t memo_step(uint32_t sid, uint8_t b);
     // Sets in `mask` every token some stack of `stacks` takes (plain trie walk).
     void walk_trie(std::span<const uint32_t> stacks, TokenBitmask* mask);
     std::unique_ptr<PositionTokens> build_position_tokens(uint32_t pos);
@@ -240,6 +290,17 @@ private:
     std::vector<std::vector<uint32_t>> levels_;  // trie walk scratch per depth
     std::vector<size_t> level_marks_;
     std::vector<uint8_t> ctx_;  // per depth: some path returned to kContext
+    std::vector<uint32_t> sid_;  // per depth: memo state id
+    struct VecHash {
+        size_t operator()(const std::vector<uint32_t>& v) const;
+    };
+    static constexpr uint32_t kCtxBit = 1u << 31;
+    static constexpr uint32_t kUnknownTrans = UINT32_MAX;
+    bool memo_active_ = false;
+    size_t memo_mark_ = 0;
+    std::vector<std::vector<uint32_t>> memo_states_;
+    std::unordered_map<std::vector<uint32_t>, uint32_t, VecHash> memo_index_;
+    std::vector<uint32_t> memo_trans_;  // state * 256 + byte -> memo_step() result
     std::vector<uint32_t> scratch_a_, scratch_b_;
 };
 
