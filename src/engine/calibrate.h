@@ -44,9 +44,13 @@ struct CalibrationPoint {
 // time, or points that cannot separate the terms (e.g. one c only).
 Result<PrefillCostModel> fit_prefill_cost_model(std::span<const CalibrationPoint> points);
 
-// Times prefill of q tokens after c computed tokens (best of `reps`) for every q x c on
-// `model` (one sequence per forward, as one chunk of an engine step).
-// REQUIRES: q >= 1, c >= 0, reps >= 1; q + c within the model length.
+// For every q x c on `model`: the marginal time of one more prefill chunk of q tokens
+// after c computed ones in a step (best of `reps` of a forward_batch with two such
+// chunks minus best of one; >= 0). Why marginal: S-LB sums cost(q, c) over the
+// sequences of a step, while the step's fixed part (reading every weight once, ~0.2 s
+// for `small` on a CPU) is paid by any step, decode included; charging it per
+// sequence would let a handful of decodes exhaust the step budget and stop admission.
+// INVALID_ARGUMENT on q < 1, c < 0, reps < 1 or q + c past the model length.
 Result<std::vector<CalibrationPoint>> profile_prefill(DeepseekModel* model,
                                                       std::span<const int64_t> q_values,
                                                       std::span<const int64_t> c_values, int reps);

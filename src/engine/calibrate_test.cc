@@ -174,7 +174,7 @@ TEST(CalibrateTest, ProfileMeasuresEveryPoint) {
     ASSERT_TRUE(pts.is_ok()) << pts.status().to_string();
     ASSERT_EQ(pts->size(), 6u);
     for (const CalibrationPoint& p : *pts) {
-        EXPECT_GT(p.ns, 0);
+        EXPECT_GE(p.ns, 0);  // a marginal time; noise can make it 0
         EXPECT_TRUE(p.c == 0 || p.c == 32);
     }
     const int64_t too_long[] = {1'000'000'000};
