@@ -1,0 +1,248 @@
+// Mooncake trace replay on one engine (issue 8): multi-turn conversations from
+// ../shared/data/traces/mooncake_synthetic_trace.jsonl replayed with the KV store off,
+// file://, redis:// and shm|file://; prefix hit rate against the trace's ideal
+// (infinite-cache) rate for the same scaled requests, TTFT p50/p99, and the swap-in
+// time hidden behind compute (counted by the engine).
+//
+// Scaling (a 2-core CPU runs a synthetic model, not a 40K-token prompt per request):
+//   - conversations: the requests of the `--groups` most frequent root blocks (the
+//     trace's multi-turn conversations / shared system prompts), in trace order;
+//   - one trace block (512 tokens, a hash id) -> one engine block of 128 tokens whose
+//     ids are a function of the hash id (equal id = equal tokens, so the prefix chains
+//     are the trace's); the first `--max-blocks` blocks of each request, then a unique
+//     suffix of 1 + (input_length % 512) / 16 tokens; 2 output tokens;
+//   - time compressed: requests run one after another (TTFT = an idle engine's).
+// The device pool is kept small (`--pool-blocks`), so a reused prefix has often left the
+// pool and must come from the store. Ideal rate: sim::BlockStore (the simulator's cache
+// model) with unlimited capacity over the same chains; "pool only" ideal uses
+// capacity = pool blocks (LRU).
+// Usage: kvstore_trace_bench [--groups 8] [--max-blocks 8] [--pool-blocks 24]
+//                            [--preset tiny-v3] [--modes off,file,redis,shm]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "base/env.h"
+#include "engine/engine.h"
+#include "kvstore/redis_test_server.h"
+#include "kvstore/shm_store.h"
+#include "kvstore/test_util.h"
+#include "model/synthetic.h"
+#include "sim/block_store.h"
+#include "sim/trace.h"
+
+using namespace dsi;
+
+namespace {
+
+constexpr int kBlockTokens = 128;
+constexpr int kVocab = 512;
+
+struct Flags {
+    int groups = 8;
+    int max_blocks = 8;
+    int pool_blocks = 24;
+    std::string preset = "tiny-v3";
+    std::string modes = "off,file,redis,shm";
+    std::string trace = std::string(DSINFER_SOURCE_DIR) +
+                        "/../shared/data/traces/mooncake_synthetic_trace.jsonl";
+};
+
+struct Replay {
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::vector<uint64_t>> chains;  // trace hash ids per prompt (full blocks)
+    int64_t full_blocks = 0;
+};
+
+Replay build_replay(const sim::Trace& trace, const Flags& f) {
+    std::unordered_map<uint64_t, int> freq;
+    for (const sim::TraceRequest& r : trace.requests) {
+        if (r.num_blocks > 0) ++freq[trace.blocks_of(r)[0]];
+    }
+    std::vector<std::pair<int, uint64_t>> roots;
+    for (auto [id, n] : freq) roots.push_back({n, id});
+    std::sort(roots.begin(), roots.end(), [](auto a, auto b) {
+        return a.first != b.first ? a.first > b.first : a.second < b.second;
+    });
+    std::unordered_map<uint64_t, bool> chosen;
+    for (int i = 0; i < f.groups && i < static_cast<int>(roots.size()); ++i) {
+        chosen[roots[i].second] = true;
+    }
+    Replay rep;
+    for (size_t ri = 0; ri < trace.requests.size(); ++ri) {
+        const sim::TraceRequest& r = trace.requests[ri];
+        if (r.num_blocks == 0 || !chosen.count(trace.blocks_of(r)[0])) continue;
+        std::span<const uint64_t> ids = trace.blocks_of(r);
+        ids = ids.first(std::min<size_t>(ids.size(), static_cast<size_t>(f.max_blocks)));
+        std::vector<int32_t> p;
+        for (uint64_t id : ids) {
+            SplitMix64 rng(id * 0x9e3779b97f4a7c15ULL + 17);
+            for (int t = 0; t < kBlockTokens; ++t) p.push_back(static_cast<int32_t>(rng.next() % kVocab));
+        }
+        SplitMix64 rng(ri + 0xabcdef);
+        const int suffix = 1 + (r.input_tokens % 512) / 16;
+        for (int t = 0; t < suffix; ++t) p.push_back(static_cast<int32_t>(rng.next() % kVocab));
+        rep.prompts.push_back(std::move(p));
+        rep.chains.emplace_back(ids.begin(), ids.end());
+        rep.full_blocks += static_cast<int64_t>(ids.size());
+    }
+    return rep;
+}
+
+double ideal_rate(const Replay& rep, int64_t capacity_blocks) {
+    sim::BlockStore cache(capacity_blocks, 0);
+    int64_t hit = 0;
+    for (size_t i = 0; i < rep.chains.size(); ++i) {
+        hit += cache.match(rep.chains[i], static_cast<int64_t>(i));
+        cache.insert(rep.chains[i], static_cast<int64_t>(i));
+    }
+    return static_cast<double>(hit) / static_cast<double>(rep.full_blocks);
+}
+
+double percentile(std::vector<double> v, double q) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    size_t i = static_cast<size_t>(q * static_cast<double>(v.size() - 1) + 0.5);
+    return v[std::min(i, v.size() - 1)];
+}
+
+struct ModeResult {
+    double hit_rate = 0;
+    double p50_ms = 0, p99_ms = 0, mean_ms = 0;
+    engine::EngineStats stats;
+};
+
+ModeResult run_mode(DeepseekModel* model, const Replay& rep, const Flags& f,
+                    const std::string& uri, engine::EngineOptions base) {
+    engine::EngineOptions o = base;
+    o.kv_store_uri = uri;
+    std::unique_ptr<engine::Engine> e =
+        engine::Engine::create(model, o, Env::default_env()).value();
+    std::vector<double> ttft;
+    for (const std::vector<int32_t>& prompt : rep.prompts) {
+        engine::GenerateRequest r;
+        r.prompt = prompt;
+        r.sampling.max_tokens = 2;
+        r.sampling.ignore_eos = true;
+        const auto t0 = std::chrono::steady_clock::now();
+        double ms = -1;
+        Result<engine::RequestId> s = e->add_request(std::move(r), [&](const engine::TokenEvent& ev) {
+            if (ev.token >= 0 && ms < 0) {
+                ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                               t0)
+                         .count();
+            }
+        });
+        if (!s.is_ok() || !e->run().is_ok()) {
+            std::fprintf(stderr, "request failed: %s\n", s.status().to_string().c_str());
+            continue;
+        }
+        ttft.push_back(ms);
+    }
+    ModeResult m;
+    m.stats = e->stats();
+    m.hit_rate = static_cast<double>(m.stats.cached_prompt_tokens) /
+                 static_cast<double>(rep.full_blocks * kBlockTokens);
+    m.p50_ms = percentile(ttft, 0.5);
+    m.p99_ms = percentile(ttft, 0.99);
+    for (double x : ttft) m.mean_ms += x / static_cast<double>(ttft.size());
+    (void)f;
+    return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Flags f;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        std::string k = argv[i], v = argv[i + 1];
+        if (k == "--groups") f.groups = std::stoi(v);
+        else if (k == "--max-blocks") f.max_blocks = std::stoi(v);
+        else if (k == "--pool-blocks") f.pool_blocks = std::stoi(v);
+        else if (k == "--preset") f.preset = v;
+        else if (k == "--modes") f.modes = v;
+        else if (k == "--trace") f.trace = v;
+        else {
+            std::fprintf(stderr, "unknown flag %s\n", k.c_str());
+            return 2;
+        }
+    }
+    Result<sim::Trace> trace = sim::load_trace(Env::default_env(), f.trace);
+    if (!trace.is_ok()) {
+        std::fprintf(stderr, "%s\n", trace.status().to_string().c_str());
+        return 1;
+    }
+    const Replay rep = build_replay(*trace, f);
+    ModelConfig c = synthetic_preset(f.preset).value();
+    c.vocab_size = kVocab;
+    std::unique_ptr<DeepseekModel> model =
+        DeepseekModel::load(synthetic_memory_model(c, 7), {2}).value();
+    int64_t tokens = 0;
+    for (const auto& p : rep.prompts) tokens += static_cast<int64_t>(p.size());
+    std::printf("trace %s: %d conversations (top root blocks), %zu requests, %lld full blocks, "
+                "%lld prompt tokens; preset %s (vocab %d), pool %d blocks\n",
+                f.trace.c_str(), f.groups, rep.prompts.size(),
+                static_cast<long long>(rep.full_blocks), static_cast<long long>(tokens),
+                f.preset.c_str(), kVocab, f.pool_blocks);
+    const double ideal_inf = ideal_rate(rep, 0);
+    const double ideal_pool = ideal_rate(rep, f.pool_blocks);
+    std::printf("ideal hit rate: infinite cache %.3f; LRU cache of %d blocks %.3f\n", ideal_inf,
+                f.pool_blocks, ideal_pool);
+
+    engine::EngineOptions base;
+    base.num_kv_blocks = f.pool_blocks;
+    base.scheduler.step_budget_ns = 1e12;
+    base.model_id = "trace-bench-" + f.preset;
+
+    kvstore::testing::TempDir dir;
+    std::unique_ptr<kvstore::testing::RedisTestServer> redis;
+    std::printf("| store | hit rate | vs ideal (pts) | from store | TTFT p50 ms | TTFT p99 ms | "
+                "TTFT mean ms | swap-ins | swap-in hidden |\n|---|---|---|---|---|---|---|---|---|\n");
+    for (const std::string mode : {"off", "file", "redis", "shm"}) {
+        if (("," + f.modes + ",").find("," + mode + ",") == std::string::npos) continue;
+        std::string uri;
+        if (mode == "file") {
+            uri = "file://" + dir.path() + "/file?fsync=0";
+        } else if (mode == "redis") {
+            if (!kvstore::testing::have_redis_server()) continue;
+            redis = std::make_unique<kvstore::testing::RedisTestServer>();
+            uri = "redis://127.0.0.1:" + std::to_string(redis->port()) + "?timeout_ms=5000";
+        } else if (mode == "shm") {
+            const std::string name = "dsi_trace_bench_" + std::to_string(::getpid());
+            uri = "shm://" + name + "?slots=256&slot_bytes=1048576&unlink=1|file://" +
+                  dir.path() + "/shmfile?fsync=0";
+        }
+        ModeResult m = run_mode(model.get(), rep, f, uri, base);
+        const double ideal = mode == "off" ? ideal_pool : ideal_inf;
+        const engine::EngineStats& s = m.stats;
+        const double hidden =
+            s.swap_in_sum_ns > 0
+                ? 1.0 - static_cast<double>(s.swap_in_wait_ns) / static_cast<double>(s.swap_in_sum_ns)
+                : 0.0;
+        std::printf("| %s | %.3f | %+.1f | %lld blocks | %.1f | %.1f | %.1f | %lld | %.2f |\n",
+                    mode == "off"   ? "off (pool only)"
+                    : mode == "shm" ? "shm|file:// (host shm pool over file)"
+                                    : uri.substr(0, uri.find('?')).c_str(),
+                    m.hit_rate, 100.0 * (m.hit_rate - ideal),
+                    static_cast<long long>(s.store_hit_blocks), m.p50_ms, m.p99_ms, m.mean_ms,
+                    static_cast<long long>(s.swap_in_count), hidden);
+        std::printf("    pool hits %lld blocks, store lookups %lld, misses %lld, fetch mean %.2f ms, "
+                    "swap-in mean %.2f ms (waited %.2f ms total), written %lld, dropped %lld\n",
+                    static_cast<long long>(s.pool.hit_blocks),
+                    static_cast<long long>(s.store_lookups),
+                    static_cast<long long>(s.store_miss_blocks),
+                    s.fetch_count ? s.fetch_sum_ns / 1e6 / s.fetch_count : 0.0,
+                    s.swap_in_count ? s.swap_in_sum_ns / 1e6 / s.swap_in_count : 0.0,
+                    s.swap_in_wait_ns / 1e6, static_cast<long long>(s.store_blocks_written),
+                    static_cast<long long>(s.store_blocks_dropped));
+        std::fflush(stdout);
+        redis.reset();
+    }
+    return 0;
+}
