@@ -1,12 +1,11 @@
 // dsinfer bench kernels | model: kernel and model throughput, each with the machine
 // limit or the llama.cpp figure measured in the same run (issue 3; bench/RESULTS.md).
 //
-// kernels: STREAM-style read bandwidth, GEMV GB/s per weight format vs that bandwidth,
-//   GEMM (prefill, M = 512) GFLOP/s vs OpenBLAS sgemm (dlopen'd, if installed).
+// kernels: STREAM copy/triad/read bandwidth, GEMV GB/s per weight format vs that bandwidth,
+//   GEMM (prefill, M = 512) GFLOP/s vs OpenBLAS sgemm and oneDNN bf16/s8 matmul
+//   (bench_anchors.h).
 // model: prefill (512-token prompt) and decode (128 tokens) tokens/s of dsinfer and of
 //   llama.cpp (bench/llamacpp_bench.mjs) on the same GGUF, 1 and 2 threads.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -20,6 +19,7 @@
 
 #include "base/env.h"
 #include "base/settings.h"
+#include "bench_anchors.h"
 #include "base/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
@@ -51,26 +51,10 @@ double best_time(int reps, F fn) {
 struct KernelFlags {
     bool json = false;
     int max_threads = 2;
-    int64_t gemv_bytes = 768ll << 20;  // more than the LLC holds for one thread's share
+    // Both far above the 300 MiB LLC of the machine bench/RESULTS.md was measured on.
+    int64_t gemv_bytes = 1024ll << 20;    // GEMV: one pass over this many bytes of weights
+    int64_t stream_bytes = 1024ll << 20;  // STREAM: bytes per array (three arrays)
 };
-
-// Read bandwidth: each thread sums its contiguous half of a large buffer.
-double read_bandwidth(kernels::Isa isa, ThreadPool& pool, const std::vector<float>& buf) {
-    const int64_t n = static_cast<int64_t>(buf.size());
-    volatile float sink = 0;
-    double t = best_time(5, [&] {
-        pool.parallel_for(pool.num_threads(), 1, [&](int64_t b, int64_t e) {
-            for (int64_t i = b; i < e; ++i) {
-                const int64_t per = n / pool.num_threads();
-                sink = sink + kernels::read_sum(isa, buf.data() + i * per, per);
-            }
-        });
-    });
-    return static_cast<double>(n) * 4 / t / 1e9;
-}
-
-using SgemmFn = void (*)(int, int, int, int, int, int, float, const float*, int, const float*,
-                         int, float, float*, int);
 
 // One thread, per ISA, DeepSeek-V3 MLA shapes (16 heads, kv_lora 512 + rope 64, ctx
 // 2048): decode per KV dtype (kv_gb_s counts the dtype's bytes), and the prefill of the
@@ -209,81 +193,122 @@ json bench_attention_and_ops(const std::vector<kernels::Isa>& isas) {
     return out;
 }
 
+// GEMV (m = 1) bandwidth per weight format and ISA, as a fraction of the STREAM figures
+// of the same thread count: one pass over copies of a 4096 x 4096 matrix that together
+// hold `gemv_bytes` (so the weights come from DRAM, not the LLC).
+json bench_gemv(const KernelFlags& f, ThreadPool& pool, const bench::StreamBandwidth& bw,
+                const std::vector<float>& wf, const std::vector<float>& x) {
+    json out;
+    const int64_t R = 4096, K = 4096;
+    std::vector<float> y(static_cast<size_t>(R));
+    for (auto format : {kernels::WeightFormat::kBF16, kernels::WeightFormat::kQ8_0,
+                        kernels::WeightFormat::kF32, kernels::WeightFormat::kMXFP4}) {
+        kernels::SourceMatrix src{DType::kF32, R, K, reinterpret_cast<const uint8_t*>(wf.data()),
+                                  nullptr, 128, 128};
+        kernels::PackedMatrix one = kernels::pack_matrix(src, format).value();
+        const int64_t copies = std::max<int64_t>(1, f.gemv_bytes / one.bytes());
+        std::vector<kernels::PackedMatrix> mats(static_cast<size_t>(copies), one);
+        const std::string name(kernels::weight_format_name(format));
+        for (kernels::Isa isa : kernels::supported_isas()) {
+            if (isa == kernels::Isa::kScalar && format != kernels::WeightFormat::kBF16) continue;
+            const int64_t use = isa == kernels::Isa::kScalar ? 1 : copies;
+            const double t = best_time(5, [&] {
+                for (int64_t c = 0; c < use; ++c) {
+                    kernels::matmul_isa(isa, mats[c], x.data(), 1, y.data(), &pool);
+                }
+            });
+            const double gbs = static_cast<double>(use * one.bytes()) / t / 1e9;
+            out[name][std::string(kernels::isa_name(isa))] = {
+                {"gb_s", gbs},
+                {"fraction_of_best_stream", gbs / bw.best_gb_s()},
+                {"fraction_of_triad", gbs / bw.triad_gb_s},
+                {"fraction_of_copy", gbs / bw.copy_gb_s}};
+        }
+    }
+    return out;
+}
+
+// GEMM (prefill) C[512, 2048] = X[512, 2048] W^T per weight format, active ISA.
+json bench_gemm(ThreadPool& pool, const std::vector<float>& wf, const std::vector<float>& x) {
+    json out;
+    constexpr int64_t kM = 512, kN = 2048, kK = 2048;
+    std::vector<float> wsub(static_cast<size_t>(kN * kK));
+    for (int64_t r = 0; r < kN; ++r) std::copy_n(wf.data() + r * 4096, kK, wsub.data() + r * kK);
+    kernels::SourceMatrix sub{DType::kF32, kN, kK, reinterpret_cast<const uint8_t*>(wsub.data()),
+                              nullptr, 128, 128};
+    std::vector<float> y(static_cast<size_t>(kM * kN));
+    for (auto format : {kernels::WeightFormat::kBF16, kernels::WeightFormat::kQ8_0,
+                        kernels::WeightFormat::kF32, kernels::WeightFormat::kMXFP4}) {
+        kernels::PackedMatrix pm = kernels::pack_matrix(sub, format).value();
+        kernels::matmul(pm, x.data(), kM, y.data(), &pool);  // warm-up
+        const double t = best_time(5, [&] { kernels::matmul(pm, x.data(), kM, y.data(), &pool); });
+        const std::string name(kernels::weight_format_name(format));
+        out[name] = {{"gflop_s", 2.0 * kM * kN * kK / t / 1e9},
+                     {"amx", kernels::amx_active() && format == kernels::WeightFormat::kQ8_0}};
+        if (kernels::amx_active() && format == kernels::WeightFormat::kQ8_0) {
+            // The same q8_0 GEMM without AMX (AVX-512 VNNI), for comparison.
+            const double tv = best_time(5, [&] {
+                kernels::matmul_isa(kernels::Isa::kAvx512, pm, x.data(), kM, y.data(), &pool);
+            });
+            out["q8_0_vnni"] = {{"gflop_s", 2.0 * kM * kN * kK / tv / 1e9}, {"amx", false}};
+        }
+    }
+    return out;
+}
+
 int run_bench_kernels(const KernelFlags& f) {
     json out = {{"isa_active", std::string(kernels::isa_name(kernels::active_isa()))}};
-    std::vector<float> buf(static_cast<size_t>(f.gemv_bytes / 4), 1.0f);
-    std::vector<kernels::Isa> isas = kernels::supported_isas();
     std::mt19937 rng(1);
     std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<float> wf(static_cast<size_t>(4096 * 4096));
+    for (float& v : wf) v = nd(rng) * 0.02f;
+    std::vector<float> x(static_cast<size_t>(512 * 4096));
+    for (float& v : x) v = nd(rng);
     for (int threads = 1; threads <= f.max_threads; ++threads) {
-        ThreadPool pool(threads);
         json th;
-        double bw = read_bandwidth(kernels::active_isa(), pool, buf);
-        th["read_bandwidth_gb_s"] = bw;
-        // GEMV: a 4096 x 4096 matrix, copied until the copies hold gemv_bytes, one pass.
-        const int64_t R = 4096, K = 4096;
-        std::vector<float> wf(static_cast<size_t>(R * K));
-        for (float& v : wf) v = nd(rng) * 0.02f;
-        std::vector<float> x(static_cast<size_t>(512 * K));
-        for (float& v : x) v = nd(rng);
-        for (auto format : {kernels::WeightFormat::kBF16, kernels::WeightFormat::kQ8_0,
-                            kernels::WeightFormat::kF32}) {
-            kernels::SourceMatrix src{DType::kF32, R, K, reinterpret_cast<const uint8_t*>(wf.data()),
-                                      nullptr, 128, 128};
-            kernels::PackedMatrix one = kernels::pack_matrix(src, format).value();
-            const int64_t copies = std::max<int64_t>(1, f.gemv_bytes / one.bytes());
-            std::vector<kernels::PackedMatrix> mats(static_cast<size_t>(copies), one);
-            std::vector<float> y(static_cast<size_t>(512 * R));
-            const std::string name(kernels::weight_format_name(format));
-            for (kernels::Isa isa : isas) {
-                if (isa == kernels::Isa::kScalar && format != kernels::WeightFormat::kBF16) continue;
-                const int64_t use = isa == kernels::Isa::kScalar ? 1 : copies;
-                double t = best_time(3, [&] {
-                    for (int64_t c = 0; c < use; ++c) {
-                        kernels::matmul_isa(isa, mats[c], x.data(), 1, y.data(), &pool);
-                    }
-                });
-                const double gbs = static_cast<double>(use * one.bytes()) / t / 1e9;
-                th["gemv"][name][std::string(kernels::isa_name(isa))] = {
-                    {"gb_s", gbs}, {"fraction_of_read_bandwidth", gbs / bw}};
-            }
-            // GEMM M = 512 on a 2048 x 2048 corner of the weights.
-            kernels::SourceMatrix sub{DType::kF32, 2048, 2048, src.data, nullptr, 128, 128};
-            std::vector<float> wsub(2048 * 2048);
-            for (int64_t r = 0; r < 2048; ++r) {
-                std::copy_n(wf.data() + r * K, 2048, wsub.data() + r * 2048);
-            }
-            sub.data = reinterpret_cast<const uint8_t*>(wsub.data());
-            kernels::PackedMatrix pm = kernels::pack_matrix(sub, format).value();
-            double t = best_time(3, [&] {
-                kernels::matmul(pm, x.data(), 512, y.data(), &pool);
-            });
-            th["gemm_m512_2048x2048"][name] = {{"gflop_s", 2.0 * 512 * 2048 * 2048 / t / 1e9}};
+        {
+            ThreadPool pool(threads);
+            const bench::StreamBandwidth bw = bench::measure_stream(pool, f.stream_bytes, 10);
+            th["stream"] = {{"array_mib", f.stream_bytes >> 20},
+                            {"copy_gb_s", bw.copy_gb_s},
+                            {"triad_gb_s", bw.triad_gb_s},
+                            {"read_8streams_gb_s", bw.read_gb_s}};
+            th["gemv_4096x4096"] = bench_gemv(f, pool, bw, wf, x);
+            th["gemm_m512_2048x2048"] = bench_gemm(pool, wf, x);
         }
-        // Anchor: OpenBLAS sgemm, same shape (C[512,2048] = X[512,2048] W^T).
-        if (void* lib = dlopen("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL)) {
-            auto sgemm = reinterpret_cast<SgemmFn>(dlsym(lib, "cblas_sgemm"));
-            auto set_threads = reinterpret_cast<void (*)(int)>(dlsym(lib, "openblas_set_num_threads"));
-            if (sgemm && set_threads) {
-                set_threads(threads);
-                std::vector<float> w2(2048 * 2048), c(512 * 2048);
-                for (float& v : w2) v = nd(rng);
-                // 101 = RowMajor, 111 = NoTrans, 112 = Trans.
-                double t = best_time(3, [&] {
-                    sgemm(101, 111, 112, 512, 2048, 2048, 1.0f, x.data(), 2048, w2.data(), 2048,
-                          0.0f, c.data(), 2048);
-                });
-                const double gf = 2.0 * 512 * 2048 * 2048 / t / 1e9;
-                th["openblas_sgemm_gflop_s"] = gf;
-                for (auto& [name, v] : th["gemm_m512_2048x2048"].items()) {
-                    v["ratio_to_openblas_sgemm"] = v["gflop_s"].get<double>() / gf;
-                }
+        // Anchors after our pool is gone (its workers spin between calls), same shape.
+        th["openblas_sgemm"] = bench::openblas_sgemm(threads, 512, 2048, 2048, 5);
+        th["onednn_matmul"] = bench::onednn_matmul(threads, 512, 2048, 2048, 5);
+        double best = 0;
+        std::string best_name;
+        auto consider = [&](const json& j, const std::string& name) {
+            if (j.contains("gflop_s") && j["gflop_s"].get<double>() > best) {
+                best = j["gflop_s"].get<double>();
+                best_name = name;
             }
-            dlclose(lib);
+        };
+        consider(th["openblas_sgemm"], "openblas_sgemm");
+        if (th["onednn_matmul"].contains("bf16")) {
+            consider(th["onednn_matmul"]["bf16"], "onednn_bf16");
+            consider(th["onednn_matmul"]["s8"], "onednn_s8");
+        }
+        const json same = {{"f32", th["openblas_sgemm"]},
+                           {"bf16", th["onednn_matmul"].value("bf16", json())},
+                           {"q8_0", th["onednn_matmul"].value("s8", json())},
+                           {"mxfp4", th["onednn_matmul"].value("s8", json())},
+                           {"q8_0_vnni", th["onednn_matmul"].value("s8", json())}};
+        th["best_anchor"] = {{"name", best_name}, {"gflop_s", best}};
+        for (auto& [name, v] : th["gemm_m512_2048x2048"].items()) {
+            const double g = v["gflop_s"].get<double>();
+            if (best > 0) v["ratio_to_best_anchor"] = g / best;
+            if (same[name].contains("gflop_s")) {
+                v["ratio_to_same_type_anchor"] = g / same[name]["gflop_s"].get<double>();
+            }
         }
         out["threads"][std::to_string(threads)] = th;
+        std::fprintf(stderr, "threads %d done\n", threads);
     }
-    out["attention_and_ops_1thread"] = bench_attention_and_ops(isas);
+    out["attention_and_ops_1thread"] = bench_attention_and_ops(kernels::supported_isas());
     std::printf("%s\n", out.dump(f.json ? 2 : -1).c_str());
     return 0;
 }
@@ -380,9 +405,11 @@ void register_bench_commands(CLI::App& app) {
     CLI::App* bench = app.add_subcommand("bench", "kernel and model benchmarks (bench/RESULTS.md)");
     bench->require_subcommand(1);
     auto kf = std::make_shared<KernelFlags>();
-    CLI::App* k = bench->add_subcommand("kernels", "GEMV/GEMM vs measured bandwidth and OpenBLAS");
+    CLI::App* k = bench->add_subcommand("kernels", "GEMV/GEMM vs STREAM bandwidth, OpenBLAS and oneDNN");
     k->add_flag("--json", kf->json, "pretty JSON");
     add_setting(*k, "--max-threads", kf->max_threads, "runs 1..N threads");
+    add_setting(*k, "--gemv-bytes", kf->gemv_bytes, "GEMV pass size (bytes)");
+    add_setting(*k, "--stream-bytes", kf->stream_bytes, "STREAM array size (bytes)");
     k->callback([kf] {
         if (int rc = run_bench_kernels(*kf); rc != 0) throw CLI::RuntimeError(rc);
     });
