@@ -66,10 +66,11 @@ public:
         int num_threads = 1;
         // Weight formats per tensor class, repacked once at load for the kernels/
         // matmul (docs/kernels.md): "auto" keeps each stored format exactly; one
-        // format for all ("bf16", "q8_0"/"int8", "f32", "f16", "e4m3"); or a list of
-        // class=format with classes attn, mlp, shared, experts, router, head, e.g.
-        // "experts=q8_0,attn=bf16". A format a tensor cannot take (e4m3 from a
-        // non-FP8 source, q8_0 with cols % 32 != 0) falls back to its stored one.
+        // format for all ("bf16", "q8_0"/"int8", "f32", "f16", "e4m3", "mxfp4"); or a
+        // list of class=format with classes attn, mlp, shared, experts, router, head,
+        // e.g. "experts=q8_0,attn=bf16" or "experts=mxfp4" (S-ENG-9). A format a tensor
+        // cannot take (e4m3 from a non-FP8 source, q8_0/mxfp4 with cols % 32 != 0)
+        // falls back to its stored one.
         std::string weight_format = "auto";
         // The plain reference loops (row-by-row dequantisation) instead of kernels/.
         bool reference_kernels = false;
