@@ -120,6 +120,67 @@ Status fill_sampling(const ApiContext& ctx, const protocol::SamplingParams& p,
     return Status::ok();
 }
 
+// Top-level request fields each API defines (OpenAI / Anthropic API references, 2025),
+// plus the extensions dsinfer reads (DeepSeek `thinking`, vLLM / llama.cpp `ignore_eos`). OpenAI answers any other field with 400
+// "Unrecognized request argument supplied: X"; Anthropic with 400 "X: Extra inputs are
+// not permitted". Fields the official SDKs send are all listed.
+constexpr std::string_view kUnrecognizedField = "Unrecognized request argument supplied: ";
+constexpr std::string_view kCommonOpenAiFields[] = {
+    "model", "stream", "stream_options", "temperature", "top_p", "seed", "user", "metadata",
+    "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
+    "ignore_eos", "thinking"};
+constexpr std::string_view kChatFields[] = {
+    "messages", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
+    "logprobs", "max_completion_tokens", "max_tokens", "modalities", "n",
+    "parallel_tool_calls", "prediction", "presence_penalty", "reasoning_effort",
+    "response_format", "stop", "tool_choice", "tools", "top_logprobs", "verbosity",
+    "web_search_options"};
+constexpr std::string_view kCompletionsFields[] = {
+    "prompt", "best_of", "echo", "frequency_penalty", "logit_bias", "logprobs", "max_tokens",
+    "n", "presence_penalty", "stop", "suffix"};
+constexpr std::string_view kResponsesFields[] = {
+    "input", "background", "conversation", "include", "instructions", "max_output_tokens",
+    "max_tool_calls", "parallel_tool_calls", "previous_response_id", "prompt", "reasoning",
+    "text", "tool_choice", "tools", "top_logprobs", "truncation"};
+constexpr std::string_view kMessagesFields[] = {
+    "model", "messages", "max_tokens", "container", "context_management", "mcp_servers",
+    "metadata", "output_config", "service_tier", "stop_sequences", "stream", "system",
+    "temperature", "thinking", "tool_choice", "tools", "top_k", "top_p"};
+
+bool known_field(Endpoint e, std::string_view key) {
+    auto in = [&](auto& list) { return std::find(std::begin(list), std::end(list), key) != std::end(list); };
+    switch (e) {
+        case Endpoint::kMessages:
+            return in(kMessagesFields);
+        case Endpoint::kChatCompletions:
+            return in(kCommonOpenAiFields) || in(kChatFields);
+        case Endpoint::kCompletions:
+            return in(kCommonOpenAiFields) || in(kCompletionsFields);
+        case Endpoint::kResponses:
+            return in(kCommonOpenAiFields) || in(kResponsesFields);
+    }
+    return false;
+}
+
+// vLLM / llama.cpp extension `ignore_eos` (load generators ask for exact output lengths).
+Status apply_ignore_eos(const J& j, SamplingParams* sp) {
+    auto v = member_of(j, "ignore_eos", J::value_t::boolean, "a boolean");
+    if (!v.is_ok()) return v.status();
+    if (*v != nullptr) sp->ignore_eos = (*v)->get<bool>();
+    return Status::ok();
+}
+
+Status check_known_fields(Endpoint e, const J& j) {
+    for (const auto& [key, value] : j.items()) {
+        if (known_field(e, key)) continue;
+        if (e == Endpoint::kMessages) {
+            return invalid_argument(key + ": Extra inputs are not permitted");
+        }
+        return invalid_argument(std::string(kUnrecognizedField) + key);
+    }
+    return Status::ok();
+}
+
 // Legacy completions usage (with the request's prefix-cache hit).
 J completions_usage(const protocol::ResponseMeta& m, int64_t completion_tokens) {
     return J{{"prompt_tokens", m.prompt_tokens},
@@ -204,6 +265,7 @@ Result<Prepared> prepare_completions(const ApiContext& ctx, const J& j, uint64_t
     DSI_RETURN_IF_ERROR(fill_sampling(ctx, sp, static_cast<int64_t>(p.request.prompt.size()), seed,
                                       &p.request.sampling));
     p.request.sampling.logprobs = p.logprobs;
+    DSI_RETURN_IF_ERROR(apply_ignore_eos(j, &p.request.sampling));
     p.stop = sp.stop;
     return p;
 }
@@ -252,7 +314,8 @@ HttpReply error_reply(Endpoint e, int status, std::string_view message) {
 
 HttpReply error_reply(Endpoint e, const Status& status) {
     const int code = http_status(status.code());
-    if (code == 400 && e != Endpoint::kCompletions) {
+    const bool unrecognized = status.message().rfind(kUnrecognizedField, 0) == 0;
+    if (code == 400 && e != Endpoint::kCompletions && !unrecognized) {
         HttpReply r;
         r.status = 400;
         r.body = protocol::json_error_body(api_of(e), status);
@@ -277,6 +340,7 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
     J j = J::parse(body, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded()) return invalid_argument("body: not valid JSON");
     if (!j.is_object()) return invalid_argument("body: expected a JSON object");
+    DSI_RETURN_IF_ERROR(check_known_fields(e, j));
     if (e == Endpoint::kCompletions) return prepare_completions(ctx, j, seed);
 
     Result<protocol::Conversation> conv = protocol::parse_request(api_of(e), body);
@@ -317,6 +381,7 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
                                       static_cast<int64_t>(p.request.prompt.size()), seed,
                                       &p.request.sampling));
     p.request.sampling.logprobs = p.logprobs;
+    if (e != Endpoint::kMessages) DSI_RETURN_IF_ERROR(apply_ignore_eos(j, &p.request.sampling));
     p.stop = conv->sampling.stop;
     return p;
 }

@@ -37,6 +37,8 @@ namespace {
 constexpr size_t kHeaderLimitBytes = 16 * 1024;
 // An oversized body up to this size is read and dropped before the 413.
 constexpr uint64_t kDiscardLimitBytes = uint64_t{64} << 20;
+// After a 413 (or another reply that leaves input unread): bytes drained before closing.
+constexpr uint64_t kLingerLimitBytes = uint64_t{4} << 20;
 constexpr auto kDrainPoll = std::chrono::milliseconds(20);
 constexpr auto kAbortWait = std::chrono::seconds(5);
 
@@ -429,9 +431,15 @@ private:
             stream_.expires_after(std::chrono::seconds(2));
             discard_.resize(64 * 1024);
         }
+        // Read (and drop) what the client is still sending for a short while, so it sees
+        // the reply rather than a reset; at most 2 s and kLingerLimitBytes, then close:
+        // an oversized body is never read in full.
         stream_.async_read_some(asio::buffer(discard_),
-                                [self = shared_from_this()](beast::error_code e, size_t) {
-                                    if (e) return self->close();
+                                [self = shared_from_this()](beast::error_code e, size_t n) {
+                                    self->discarded_bytes_ += n;
+                                    if (e || self->discarded_bytes_ > kLingerLimitBytes) {
+                                        return self->close();
+                                    }
                                     self->discard_then_close();
                                 });
     }
@@ -473,6 +481,7 @@ private:
     bool counted_open_ = false;
     bool discard_input_ = false;
     std::string discard_;
+    uint64_t discarded_bytes_ = 0;
 };
 
 }  // namespace

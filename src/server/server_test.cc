@@ -149,11 +149,60 @@ std::vector<Update> updates_for(const std::vector<int32_t>& ids) {
     return out;
 }
 
+TEST(Prepare, UnknownTopLevelFieldsAreRejectedInEachProtocolsWords) {
+    ApiContext ctx = context();
+    const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+    auto r = prepare_request(ctx, Endpoint::kChatCompletions,
+                             R"({"model":"m",)" + msgs + R"(,"foo":1})", 1);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().message(), "Unrecognized request argument supplied: foo");
+    HttpReply h = error_reply(Endpoint::kChatCompletions, r.status());
+    EXPECT_EQ(h.status, 400);
+    J j = J::parse(h.body);
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    EXPECT_TRUE(j["error"]["param"].is_null());
+    r = prepare_request(ctx, Endpoint::kMessages,
+                        R"({"model":"m","max_tokens":2,)" + msgs + R"(,"bar":true})", 1);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().message(), "bar: Extra inputs are not permitted");
+    j = J::parse(error_reply(Endpoint::kMessages, r.status()).body);
+    EXPECT_EQ(j["type"], "error");
+    EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+    // Another API's field is unknown here.
+    r = prepare_request(ctx, Endpoint::kCompletions, R"({"model":"m","prompt":"x",)" + msgs + "}", 1);
+    EXPECT_EQ(r.status().message(), "Unrecognized request argument supplied: messages");
+    r = prepare_request(ctx, Endpoint::kResponses, R"({"model":"m","input":"x","max_tokens":3})", 1);
+    EXPECT_EQ(r.status().message(), "Unrecognized request argument supplied: max_tokens");
+    // Fields the official SDKs and common clients send are accepted; ignore_eos is applied.
+    r = prepare_request(ctx, Endpoint::kChatCompletions,
+                        R"({"model":"m",)" + msgs +
+                            R"(,"stream":true,"stream_options":{"include_usage":true},)"
+                            R"("metadata":{"a":"b"},"store":false,"user":"u","max_tokens":3,)"
+                            R"("reasoning_effort":"low","ignore_eos":true,"parallel_tool_calls":true})",
+                        1);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_TRUE(r->request.sampling.ignore_eos);
+    r = prepare_request(ctx, Endpoint::kResponses,
+                        R"({"model":"m","input":"x","max_output_tokens":3,"store":false,)"
+                        R"("include":[],"truncation":"disabled","instructions":"be brief"})",
+                        1);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    r = prepare_request(ctx, Endpoint::kMessages,
+                        R"({"model":"m","max_tokens":2,)" + msgs +
+                            R"(,"metadata":{"user_id":"u"},"stop_sequences":["x"],"top_k":5})",
+                        1);
+    EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+    r = prepare_request(ctx, Endpoint::kCompletions,
+                        R"({"model":"m","prompt":"x","ignore_eos":"yes"})", 1);
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+}
+
 Prepared prepared_for(const ApiContext& ctx, Endpoint e, bool stream) {
     const std::string msgs = e == Endpoint::kResponses
                                  ? R"("input":"Weather?")"
                                  : R"("messages":[{"role":"user","content":"Weather?"}])";
-    const std::string body = R"({"model":"m","max_tokens":50,"stream":)" +
+    const std::string max = e == Endpoint::kResponses ? "max_output_tokens" : "max_tokens";
+    const std::string body = R"({"model":"m",")" + max + R"(":50,"stream":)" +
                              std::string(stream ? "true" : "false") + "," + msgs + "}";
     auto p = prepare_request(ctx, e, body, 1);
     EXPECT_TRUE(p.is_ok()) << p.status().to_string();

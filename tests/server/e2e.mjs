@@ -193,10 +193,52 @@ test('malformed requests get the right 4xx and the server keeps serving', async 
   assert.equal(r.status, 400);
   r = await post('/v1/nothing', '{}');
   assert.equal(r.status, 404);
+  // Unknown top-level fields: OpenAI's and Anthropic's wording and shapes.
+  r = await post('/v1/chat/completions', JSON.stringify({ model, messages, max_tokens: 2, foo: 1 }));
+  assert.equal(r.status, 400);
+  let e = (await r.json()).error;
+  assert.equal(e.message, 'Unrecognized request argument supplied: foo');
+  assert.equal(e.type, 'invalid_request_error');
+  r = await post('/v1/responses', JSON.stringify({ model, input: 'x', max_tokens: 2 }));
+  assert.equal(r.status, 400);
+  assert.equal((await r.json()).error.message, 'Unrecognized request argument supplied: max_tokens');
+  r = await post('/v1/messages', JSON.stringify({ model, messages, max_tokens: 2, foo: 1 }));
+  assert.equal(r.status, 400);
+  e = await r.json();
+  assert.equal(e.type, 'error');
+  assert.equal(e.error.type, 'invalid_request_error');
+  assert.equal(e.error.message, 'foo: Extra inputs are not permitted');
   await assert.rejects(openai.chat.completions.create({ model: 'nope', messages }), (e) => e.status === 404);
   assert.equal((await fetch(`${base}/health`)).status, 200);
   const ok = await openai.chat.completions.create({ model, messages, max_tokens: 2 });
   assert.ok(ok.choices.length === 1);
+});
+
+test('a body over 64 MiB gets 413 and the connection closed before it is read', async () => {
+  const declared = 100 * 1024 * 1024;
+  const res = await withTimeout(new Promise((resolve) => {
+    let reply = '';
+    let sent = 0;
+    const s = net.connect(Number(new URL(base).port), '127.0.0.1', () => {
+      s.write(`POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n` +
+              `Content-Length: ${declared}\r\n\r\n`);
+      const chunk = Buffer.alloc(1 << 20, 0x20);
+      const pump = () => {
+        while (sent < declared && !s.destroyed) {
+          sent += chunk.length;
+          if (!s.write(chunk)) { s.once('drain', pump); return; }
+        }
+      };
+      pump();
+    });
+    s.on('data', (d) => { reply += d; });
+    s.on('close', () => resolve({ reply, sent }));
+    s.on('error', () => {});
+  }), 30000, '413 close');
+  assert.match(res.reply, /^HTTP\/1\.1 413/);
+  assert.match(res.reply, /Connection: close/i);
+  assert.ok(res.sent < declared, `client sent ${res.sent} of ${declared} bytes before the close`);
+  assert.equal((await fetch(`${base}/health`)).status, 200);
 });
 
 test('slow-loris header is cut off by the header timeout', async () => {
