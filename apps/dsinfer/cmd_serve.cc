@@ -40,6 +40,7 @@ struct ServeFlags {
     int io_threads = 2;
     int64_t kv_cache_bytes = int64_t{1} << 30;
     std::string kv_dtype = "f32";  // DeepseekModel::Options::kv_dtype
+    bool prefix_cache = true;
     int64_t max_model_len = 0;
     int64_t drain_grace_ms = 30000;
     server::ServerLimits limits;
@@ -129,6 +130,7 @@ int run_serve(const ServeFlags& f) {
     }
     engine::EngineOptions eo;
     eo.kv_cache_bytes = f.kv_cache_bytes;
+    eo.prefix_cache = f.prefix_cache;
     eo.max_model_len = f.max_model_len;
     eo.model_id = model_id;
     eo.tokenizer = tokenizer->get();
@@ -194,6 +196,7 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--io-threads", f->io_threads, "HTTP threads");
     add_setting(*cmd, "--kv-cache-bytes", f->kv_cache_bytes, "KV cache size");
     add_setting(*cmd, "--kv-dtype", f->kv_dtype, "KV cache dtype: f32 | bf16 | e4m3");
+    add_setting(*cmd, "--prefix-cache", f->prefix_cache, "reuse KV of shared prompt prefixes");
     add_setting(*cmd, "--max-model-len", f->max_model_len, "context length (0 = the model's)");
     add_setting(*cmd, "--drain-grace-ms", f->drain_grace_ms, "SIGTERM: wait this long, then abort");
     add_setting(*cmd, "--max-body-bytes", f->limits.max_body_bytes, "413 above");
