@@ -137,6 +137,8 @@ void Sim::route_prefill(uint32_t r, bool reroute) {
             break;
         }
     }
+    // Operations keep at least one prefill engine online (autoscaler floor >= 1).
+    DSI_CHECK(engine >= 0 || o_.prefill_routing == PrefillRouting::kDeepSeek, "no prefill engine");
     if (o_.store == StoreKind::kPerEngine) {
         q.hit_tokens = hit_tokens_for(tr, prefill_[engine].store->match(chain, now_));
     }
