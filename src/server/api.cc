@@ -162,6 +162,25 @@ bool known_field(Endpoint e, std::string_view key) {
     return false;
 }
 
+// Responses: logprobs are on when `include` has "message.output_text.logprobs";
+// `top_logprobs` (0-20) alternatives per token.
+Status responses_logprobs(const J& j, int32_t* logprobs) {
+    bool on = false;
+    if (auto it = j.find("include"); it != j.end() && !it->is_null()) {
+        if (!it->is_array()) return invalid_argument("include: expected an array");
+        for (const J& v : *it) {
+            if (!v.is_string()) return invalid_argument("include: expected strings");
+            on = on || v.get<std::string>() == "message.output_text.logprobs";
+        }
+    }
+    auto top = member_of(j, "top_logprobs", J::value_t::number_integer, "an integer");
+    if (!top.is_ok()) return top.status();
+    const int64_t k = *top != nullptr ? (*top)->get<int64_t>() : 0;
+    if (k < 0 || k > 20) return invalid_argument("top_logprobs: must be in [0, 20]");
+    if (on) *logprobs = static_cast<int32_t>(k);
+    return Status::ok();
+}
+
 // vLLM / llama.cpp extension `ignore_eos` (load generators ask for exact output lengths).
 Status apply_ignore_eos(const J& j, SamplingParams* sp) {
     auto v = member_of(j, "ignore_eos", J::value_t::boolean, "a boolean");
@@ -179,6 +198,17 @@ Status check_known_fields(Endpoint e, const J& j) {
         return invalid_argument(std::string(kUnrecognizedField) + key);
     }
     return Status::ok();
+}
+
+// Responses object: every output_text part of every message item gets `logprobs`.
+void set_output_text_logprobs(J& response, const J& logprobs) {
+    if (!response.contains("output") || !response["output"].is_array()) return;
+    for (J& item : response["output"]) {
+        if (item.value("type", "") != "message" || !item.contains("content")) continue;
+        for (J& part : item["content"]) {
+            if (part.value("type", "") == "output_text") part["logprobs"] = logprobs;
+        }
+    }
 }
 
 // Legacy completions usage (with the request's prefix-cache hit).
@@ -369,6 +399,7 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
             return invalid_argument("n: only 1 is supported");
         }
     }
+    if (e == Endpoint::kResponses) DSI_RETURN_IF_ERROR(responses_logprobs(j, &p.logprobs));
     Result<protocol::Prompt> prompt =
         protocol::encode_conversation(ctx.encoding, *conv, ctx.special);
     if (!prompt.is_ok()) return prompt.status();
@@ -428,7 +459,11 @@ std::vector<protocol::Event> Renderer::consume(const Update& u) {
                 ++num_reasoning_tokens_;
             }
         }
-        if (prepared_.logprobs >= 0) {
+        // Responses: logprobs belong to the output_text part (no reasoning tokens).
+        const bool in_reasoning = prepared_.thinking_prompt &&
+                                  (!saw_think_end_ || t.token == ctx_.special.think_end);
+        if (prepared_.logprobs >= 0 &&
+            !(prepared_.endpoint == Endpoint::kResponses && in_reasoning)) {
             const Tokenizer& tk = *ctx_.tokenizer;
             if (prepared_.endpoint == Endpoint::kCompletions) {
                 logprobs_["text_offset"].push_back(text_.size());
@@ -532,6 +567,26 @@ std::string Renderer::chat_logprobs_chunk(std::string data) {
     return c.dump();
 }
 
+std::string Renderer::responses_logprobs_event(const std::string& event, std::string data) {
+    const bool delta = event == "response.output_text.delta";
+    if (!delta && event != "response.output_text.done" && event != "response.completed") {
+        return data;
+    }
+    J j = J::parse(data, nullptr, false);
+    if (j.is_discarded()) return data;
+    if (delta) {
+        J part = J::array();
+        for (size_t i = logprobs_sent_; i < logprobs_.size(); ++i) part.push_back(logprobs_[i]);
+        logprobs_sent_ = logprobs_.size();
+        j["logprobs"] = std::move(part);
+    } else if (event == "response.output_text.done") {
+        j["logprobs"] = logprobs_;
+    } else if (j.contains("response")) {
+        set_output_text_logprobs(j["response"], logprobs_);
+    }
+    return j.dump();
+}
+
 std::string Renderer::on_update_sse(const Update& u) {
     std::string out;
     std::vector<protocol::Event> events = consume(u);
@@ -570,6 +625,9 @@ std::string Renderer::on_update_sse(const Update& u) {
             if (prepared_.endpoint == Endpoint::kChatCompletions && s.data != "[DONE]") {
                 s.data = chat_logprobs_chunk(std::move(s.data));
             }
+            if (prepared_.endpoint == Endpoint::kResponses && prepared_.logprobs >= 0) {
+                s.data = responses_logprobs_event(s.event, std::move(s.data));
+            }
             out += s.to_wire();
         }
     }
@@ -603,6 +661,13 @@ HttpReply Renderer::reply() const {
     meta.reasoning_tokens = num_reasoning_tokens_;
     protocol::Completion c = protocol::fold_events(events_);
     r.body = protocol::build_response(api_of(prepared_.endpoint), meta, c);
+    if (prepared_.endpoint == Endpoint::kResponses && prepared_.logprobs >= 0) {
+        J j = J::parse(r.body, nullptr, false);
+        if (!j.is_discarded()) {
+            set_output_text_logprobs(j, logprobs_);
+            r.body = j.dump();
+        }
+    }
     if (prepared_.endpoint == Endpoint::kChatCompletions && prepared_.logprobs >= 0) {
         J j = J::parse(r.body, nullptr, false);
         if (!j.is_discarded()) {

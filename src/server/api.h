@@ -80,7 +80,7 @@ struct Prepared {
     bool stream = false;
     bool include_usage = false;
     bool thinking_prompt = false;  // the prompt ends with <think>: output starts in reasoning
-    int32_t logprobs = -1;         // -1: off; else top-k count (chat / completions)
+    int32_t logprobs = -1;  // -1: off; else top-k count (chat / completions / responses)
     std::string model;
     std::vector<std::string> stop;
     engine::GenerateRequest request;
@@ -113,6 +113,8 @@ private:
     // Feeds the update to the parser / completion state; returns protocol events.
     std::vector<protocol::Event> consume(const Update& u);
     std::string chat_logprobs_chunk(std::string data);
+    // Responses with logprobs: output_text delta / done events and response.completed.
+    std::string responses_logprobs_event(const std::string& event, std::string data);
     std::string completion_chunk(std::string_view text, const char* finish);
 
     const ApiContext& ctx_;

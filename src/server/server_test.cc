@@ -278,6 +278,55 @@ TEST(Renderer, MessagesAndResponsesToolCall) {
     }
 }
 
+TEST(Renderer, ResponsesLogprobsWhenIncluded) {
+    ApiContext ctx = context();
+    const std::vector<int32_t> ids = tokenizer().encode("hello world");
+    for (bool stream : {false, true}) {
+        const std::string body =
+            R"({"model":"m","input":"Hi","max_output_tokens":8,"top_logprobs":2,)"
+            R"("include":["message.output_text.logprobs"],"stream":)" +
+            std::string(stream ? "true" : "false") + "}";
+        auto p = prepare_request(ctx, Endpoint::kResponses, body, 1);
+        ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+        EXPECT_EQ(p->logprobs, 2);
+        EXPECT_EQ(p->request.sampling.logprobs, 2);
+        Renderer r(ctx, *p, "resp_1", 1);
+        std::vector<Update> ups = updates_for(ids);
+        for (Update& u : ups) u.tokens[0].top_logprobs = {{ids[0], -0.1f}, {ids[0], -0.2f}};
+        J text_part;
+        size_t delta_entries = 0;
+        if (stream) {
+            std::string sse;
+            for (const Update& u : ups) sse += r.on_update_sse(u);
+            for (const auto& [event, data] : parse_sse(sse)) {
+                J j = J::parse(data);
+                if (j["type"] == "response.output_text.delta") delta_entries += j["logprobs"].size();
+                if (j["type"] == "response.completed") text_part = j["response"]["output"].back()["content"][0];
+            }
+            EXPECT_EQ(delta_entries, ids.size());
+        } else {
+            for (const Update& u : ups) r.on_update(u);
+            text_part = J::parse(r.reply().body)["output"].back()["content"][0];
+        }
+        ASSERT_EQ(text_part["type"], "output_text") << text_part;
+        const J& lp = text_part["logprobs"];
+        ASSERT_EQ(lp.size(), ids.size()) << lp;
+        EXPECT_FLOAT_EQ(lp[0]["logprob"].get<float>(), -0.5f);
+        EXPECT_EQ(lp[0]["top_logprobs"].size(), 2u);
+        EXPECT_TRUE(lp[0]["bytes"].is_array());
+    }
+    // Without include there are none; bad values are 400s.
+    auto p = prepare_request(ctx, Endpoint::kResponses, R"({"model":"m","input":"Hi","top_logprobs":2})", 1);
+    ASSERT_TRUE(p.is_ok());
+    EXPECT_EQ(p->logprobs, -1);
+    EXPECT_FALSE(prepare_request(ctx, Endpoint::kResponses,
+                                 R"({"model":"m","input":"Hi","top_logprobs":21})", 1)
+                     .is_ok());
+    EXPECT_FALSE(
+        prepare_request(ctx, Endpoint::kResponses, R"({"model":"m","input":"Hi","include":"x"})", 1)
+            .is_ok());
+}
+
 TEST(Renderer, StopStringCutsContent) {
     ApiContext ctx = context();
     auto p = prepare_request(ctx, Endpoint::kChatCompletions,
