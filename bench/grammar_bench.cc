@@ -37,11 +37,12 @@ static double pct(std::vector<double> v, double p) {
 }
 
 int main(int argc, char** argv) {
-    // Optional argument: "lazy" builds position tables on first use instead of at
-    // compile time; "private" gives each compiled grammar its own table cache (no
-    // sharing across schemas, as for the first schema a server compiles).
+    // Default: the compile service's configuration (tables built on first use, one
+    // table cache shared by all grammars). "eager": every table at compile time;
+    // "private": a table cache per compiled grammar (as for the first schema a
+    // fresh server compiles).
     const std::string mode = argc > 1 ? argv[1] : "";
-    const bool lazy = mode == "lazy";
+    const bool lazy = mode != "eager";
     MatcherOptions options;
     if (mode != "private") options.table_cache = std::make_shared<PositionTableCache>();
     auto dir = find_reference_tokenizer_dir(Env::default_env(), DSINFER_SOURCE_DIR);
