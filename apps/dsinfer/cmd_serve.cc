@@ -19,6 +19,7 @@
 #include "server/engine_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/structured_output.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsi {
@@ -145,6 +146,9 @@ int run_serve(const ServeFlags& f) {
     ctx.max_model_len =
         f.max_model_len > 0 ? f.max_model_len : (*model)->config().max_position_embeddings;
     ctx.limits = f.limits;
+    // One grammar compile service per server, over the served tokenizer's vocabulary.
+    server::StructuredOutput structured(**tokenizer);
+    ctx.structured_output = &structured;
     server::Metrics metrics;
     auto service = std::make_unique<server::EngineService>(std::move(eng).value());
     server::ServerOptions so;

@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 #include <utility>
 
+#include "server/structured_output.h"
+
 namespace dsi::server {
 namespace {
 
@@ -128,7 +130,7 @@ constexpr std::string_view kUnrecognizedField = "Unrecognized request argument s
 constexpr std::string_view kCommonOpenAiFields[] = {
     "model", "stream", "stream_options", "temperature", "top_p", "seed", "user", "metadata",
     "store", "service_tier", "prompt_cache_key", "prompt_cache_retention", "safety_identifier",
-    "ignore_eos", "thinking"};
+    "ignore_eos", "thinking", "guided_regex", "guided_grammar"};
 constexpr std::string_view kChatFields[] = {
     "messages", "audio", "frequency_penalty", "function_call", "functions", "logit_bias",
     "logprobs", "max_completion_tokens", "max_tokens", "modalities", "n",
@@ -227,9 +229,31 @@ Status check_model(const ApiContext& ctx, const std::string& model) {
     return Status::ok();
 }
 
+// The request's grammar (structured_output.h), or nullopt. Reads only; compile later.
+Result<std::optional<StructuredRequest>> structured_request(Endpoint e, const J& j,
+                                                            std::string_view body) {
+    if (e == Endpoint::kMessages) return std::optional<StructuredRequest>();
+    const StructuredApi api = e == Endpoint::kChatCompletions ? StructuredApi::kChatCompletions
+                              : e == Endpoint::kResponses     ? StructuredApi::kResponses
+                                                              : StructuredApi::kCompletions;
+    return read_structured_request(api, j, body);
+}
+
+// Compiles the request's grammar (waits here, before the engine) into its mask.
+Status attach_grammar(const ApiContext& ctx, const std::optional<StructuredRequest>& so,
+                      engine::GenerateRequest* request) {
+    if (!so) return Status::ok();
+    if (ctx.structured_output == nullptr) {
+        return unimplemented(so->field + ": structured output is not enabled on this server");
+    }
+    DSI_ASSIGN_OR_RETURN(request->mask, ctx.structured_output->provider(*so));
+    return Status::ok();
+}
+
 // Legacy /v1/completions: {"model", "prompt": string, "max_tokens", "temperature",
 // "top_p", "seed", "stop", "stream", "stream_options", "logprobs": int, "n": 1}.
-Result<Prepared> prepare_completions(const ApiContext& ctx, const J& j, uint64_t seed) {
+Result<Prepared> prepare_completions(const ApiContext& ctx, const J& j, std::string_view body,
+                                     uint64_t seed) {
     Prepared p;
     p.endpoint = Endpoint::kCompletions;
     protocol::SamplingParams sp;
@@ -297,6 +321,8 @@ Result<Prepared> prepare_completions(const ApiContext& ctx, const J& j, uint64_t
     p.request.sampling.logprobs = p.logprobs;
     DSI_RETURN_IF_ERROR(apply_ignore_eos(j, &p.request.sampling));
     p.stop = sp.stop;
+    DSI_ASSIGN_OR_RETURN(auto so, structured_request(Endpoint::kCompletions, j, body));
+    DSI_RETURN_IF_ERROR(attach_grammar(ctx, so, &p.request));
     return p;
 }
 
@@ -371,10 +397,14 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
     if (j.is_discarded()) return invalid_argument("body: not valid JSON");
     if (!j.is_object()) return invalid_argument("body: expected a JSON object");
     DSI_RETURN_IF_ERROR(check_known_fields(e, j));
-    if (e == Endpoint::kCompletions) return prepare_completions(ctx, j, seed);
+    if (e == Endpoint::kCompletions) return prepare_completions(ctx, j, body, seed);
 
     Result<protocol::Conversation> conv = protocol::parse_request(api_of(e), body);
     if (!conv.is_ok()) return conv.status();
+    DSI_ASSIGN_OR_RETURN(auto so, structured_request(e, j, body));
+    // With a grammar the output is the final answer only: thinking off (the prompt
+    // closes the think block), so the mask covers every output token.
+    if (so) conv->thinking = false;
     Prepared p;
     p.endpoint = e;
     p.stream = conv->stream;
@@ -414,6 +444,7 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
     p.request.sampling.logprobs = p.logprobs;
     if (e != Endpoint::kMessages) DSI_RETURN_IF_ERROR(apply_ignore_eos(j, &p.request.sampling));
     p.stop = conv->sampling.stop;
+    DSI_RETURN_IF_ERROR(attach_grammar(ctx, so, &p.request));
     return p;
 }
 
@@ -487,7 +518,7 @@ std::vector<protocol::Event> Renderer::consume(const Update& u) {
         }
         if (parser_) {
             if (!parser_->done()) parser_->push(std::span<const int32_t>(&t.token, 1), &raw);
-        } else {
+        } else if (t.token != ctx_.tokenizer->eos_id()) {  // EOS ends the text, not part of it
             text_ += t.text;
         }
     }
@@ -589,9 +620,9 @@ std::string Renderer::responses_logprobs_event(const std::string& event, std::st
 
 std::string Renderer::on_update_sse(const Update& u) {
     std::string out;
+    const size_t before = text_.size();
     std::vector<protocol::Event> events = consume(u);
     if (prepared_.endpoint == Endpoint::kCompletions) {
-        const size_t before = text_.size() - (u.tokens.empty() ? 0 : u.tokens[0].text.size());
         std::string_view piece = std::string_view(text_).substr(before);
         if (!piece.empty() || (prepared_.logprobs >= 0 && !u.tokens.empty())) {
             out += completion_chunk(piece, nullptr);

@@ -34,6 +34,8 @@
 
 namespace dsi::server {
 
+class StructuredOutput;  // structured_output.h
+
 enum class Endpoint { kChatCompletions, kCompletions, kResponses, kMessages };
 std::optional<Endpoint> endpoint_for_path(std::string_view path);
 std::string_view endpoint_name(Endpoint e);  // "chat_completions" | ... (metrics labels)
@@ -58,6 +60,9 @@ struct ApiContext {
     int64_t max_model_len = 0;
     ServerLimits limits;
     int encode_threads = 1;
+    // Grammar compiles for response_format / text.format / guided_regex /
+    // guided_grammar; nullptr: such requests get 501. REQUIRES: outlives the context.
+    StructuredOutput* structured_output = nullptr;
 };
 
 struct HttpReply {

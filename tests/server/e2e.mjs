@@ -10,6 +10,7 @@ import path from 'node:path';
 import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
+import { createRequire } from 'node:module';
 
 const [bin, srcDir] = process.argv.slice(2);
 const loadSeconds = Number(process.env.DSINFER_SERVER_LOAD_S ?? 10);
@@ -167,6 +168,88 @@ test('messages: stream with thinking, tools', async () => {
   assert.ok(msg.usage.output_tokens >= 1 && msg.usage.output_tokens <= 12);
   const plain = await anthropic.messages.create({ model, max_tokens: 5, messages });
   assert.equal(plain.type, 'message');
+});
+
+// Structured output (issue 7): ajv (draft 2020-12) from tests/grammar/node_modules when
+// installed, else a hand check of the schema's fields.
+function schemaValidator(schema) {
+  try {
+    const require = createRequire(path.join(srcDir, 'tests/grammar/package.json'));
+    const Ajv2020 = require('ajv/dist/2020').default;
+    const addFormats = require('ajv-formats');
+    const ajv = new Ajv2020({ strict: false });
+    addFormats(ajv);
+    const v = ajv.compile(schema);
+    return (x) => { assert.ok(v(x), JSON.stringify(v.errors) + ' ' + JSON.stringify(x)); };
+  } catch (e) {
+    if (e.code !== 'MODULE_NOT_FOUND') throw e;
+    log('ajv not installed under tests/grammar: checking fields by hand');
+    return (x) => {
+      assert.equal(typeof x, 'object');
+      for (const k of schema.required ?? []) assert.ok(k in x, `missing ${k}`);
+      for (const [k, s] of Object.entries(schema.properties ?? {})) {
+        if (!(k in x)) continue;
+        const t = s.type === 'integer' ? 'number' : s.type;
+        if (t) assert.equal(typeof x[k], t, k);
+        if (s.enum) assert.ok(s.enum.includes(x[k]), k);
+      }
+    };
+  }
+}
+
+test('structured output: response_format json_schema / json_object, text.format, bad schema 400', async () => {
+  const schema = { type: 'object', properties: {
+    city: { type: 'string', maxLength: 12 },
+    temp_c: { type: 'integer', minimum: -50, maximum: 60 },
+    sky: { enum: ['sun', 'rain', 'snow'] },
+    windy: { type: 'boolean' } }, required: ['city', 'temp_c', 'sky'], additionalProperties: false };
+  const validate = schemaValidator(schema);
+  for (const seed of [1, 2, 3]) {
+    const r = await openai.chat.completions.create({ model, messages, max_tokens: 120, seed, temperature: 1,
+      response_format: { type: 'json_schema', json_schema: { name: 'weather', schema, strict: true } } });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'stop', c.message.content);
+    validate(JSON.parse(c.message.content));
+  }
+  // Streamed: the concatenated deltas are the JSON.
+  const stream = await openai.chat.completions.create({ model, messages, max_tokens: 120, seed: 4,
+    stream: true, response_format: { type: 'json_schema', json_schema: { name: 'weather', schema } } });
+  let text = '';
+  for await (const ch of stream) text += ch.choices[0]?.delta?.content ?? '';
+  validate(JSON.parse(text));
+  // json_object: any JSON object (bounded by max_tokens, so only the shape when it finished).
+  const o = await openai.chat.completions.create({ model, messages, max_tokens: 200, seed: 5,
+    response_format: { type: 'json_object' } });
+  if (o.choices[0].finish_reason === 'stop') {
+    const v = JSON.parse(o.choices[0].message.content);
+    assert.equal(typeof v, 'object');
+    assert.ok(v !== null && !Array.isArray(v));
+  } else {
+    assert.ok(o.choices[0].message.content.startsWith('{'));
+  }
+  // Responses text.format.
+  const resp = await openai.responses.create({ model, input: 'Weather?', max_output_tokens: 120,
+    text: { format: { type: 'json_schema', name: 'weather', schema, strict: true } } });
+  assert.equal(resp.status, 'completed');
+  validate(JSON.parse(resp.output_text));
+  // guided_regex extension (vLLM-style top-level field).
+  const g = await openai.chat.completions.create({ model, messages, max_tokens: 30, seed: 6,
+    guided_regex: '(yes|no), [0-9]{2}' });
+  assert.match(g.choices[0].message.content, /^(yes|no), [0-9]{2}$/);
+  // Unsupported keyword / invalid schema / invalid regex: 400 BadRequestError naming it.
+  const bad = [
+    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'object', unevaluatedProperties: false } } } }, /unevaluatedProperties/],
+    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'frog' } } } }, /frog/],
+    [{ guided_regex: '(a' }, /guided_regex/],
+  ];
+  for (const [extra, says] of bad) {
+    await assert.rejects(openai.chat.completions.create({ model, messages, max_tokens: 5, ...extra }),
+      (e) => e instanceof OpenAI.BadRequestError && e.status === 400 &&
+        e.error?.type === 'invalid_request_error' && says.test(e.message));
+  }
+  await assert.rejects(openai.responses.create({ model, input: 'x', max_output_tokens: 5,
+    text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object', $dynamicRef: '#x' } } } }),
+    (e) => e instanceof OpenAI.BadRequestError && /dynamicRef/.test(e.message));
 });
 
 test('malformed requests get the right 4xx and the server keeps serving', async () => {

@@ -1,0 +1,207 @@
+// Structured output through the server's request path, in process: response_format /
+// text.format / guided_regex / guided_grammar are read, compiled through the
+// StructuredOutput service into the request's mask, thinking is turned off, bad
+// grammars are a 400 in the caller's shape; and a chat request with a JSON schema runs
+// on a tiny in-memory model through EngineService and renders JSON content that
+// parses and satisfies the schema.
+#include "server/structured_output.h"
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <regex>
+
+#include "grammar/test_tokenizer.h"
+#include "model/synthetic.h"
+#include "server/api.h"
+#include "server/engine_service.h"
+
+namespace dsi::server {
+namespace {
+
+using J = nlohmann::json;
+
+const Tokenizer& tokenizer() { return grammar::test_util::real_tokenizer(); }
+
+StructuredOutput& structured() {
+    static StructuredOutput so(tokenizer());
+    return so;
+}
+
+// The tests' server context: limits of 1000 prompt / 200 output tokens.
+ApiContext context() {
+    ServerLimits limits;
+    limits.max_prompt_tokens = 1000;
+    limits.max_tokens = 200;
+    return ApiContext{.tokenizer = &tokenizer(),
+                      .special = protocol::SpecialTokens::from_tokenizer(tokenizer()),
+                      .model_id = "m",
+                      .max_model_len = 4096,
+                      .limits = limits,
+                      .structured_output = &structured()};
+}
+
+constexpr const char* kSchema =
+    R"({"type":"object","properties":{"name":{"type":"string","maxLength":8},)"
+    R"("age":{"type":"integer","minimum":0,"maximum":120},"ok":{"type":"boolean"}},)"
+    R"("required":["name","age","ok"],"additionalProperties":false})";
+
+std::string chat_body(const std::string& extra) {
+    return R"({"model":"m","max_tokens":150,"temperature":1,"seed":3,)"
+           R"("messages":[{"role":"user","content":"A person as JSON"}])" +
+           extra + "}";
+}
+
+TEST(StructuredOutput, ReadsEachApisFields) {
+    ApiContext ctx = context();
+    const std::string rf = R"(,"response_format":{"type":"json_schema","json_schema":)"
+                           R"({"name":"p","strict":true,"schema":)" +
+                           std::string(kSchema) + "}}";
+    auto p = prepare_request(ctx, Endpoint::kChatCompletions, chat_body(rf), 1);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    EXPECT_NE(p->request.mask, nullptr);
+    EXPECT_FALSE(p->thinking_prompt);
+
+    // Thinking requested: off under a grammar.
+    auto t = prepare_request(ctx, Endpoint::kChatCompletions,
+                             chat_body(rf + R"(,"thinking":{"type":"enabled"})"), 1);
+    ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+    EXPECT_FALSE(t->thinking_prompt);
+    auto t0 = prepare_request(ctx, Endpoint::kChatCompletions,
+                              chat_body(R"(,"thinking":{"type":"enabled"})"), 1);
+    ASSERT_TRUE(t0.is_ok());
+    EXPECT_TRUE(t0->thinking_prompt);  // (without a grammar it stays on)
+
+    for (const char* extra :
+         {R"(,"response_format":{"type":"json_object"})", R"(,"response_format":{"type":"text"})",
+          R"(,"guided_regex":"[a-z]{1,5}@x\\.com")",
+          R"(,"guided_grammar":"root ::= \"yes\" | \"no\"")"}) {
+        auto q = prepare_request(ctx, Endpoint::kChatCompletions, chat_body(extra), 1);
+        ASSERT_TRUE(q.is_ok()) << extra << " " << q.status().to_string();
+        EXPECT_EQ(q->request.mask != nullptr, std::string(extra).find("text") == std::string::npos)
+            << extra;
+    }
+    auto r = prepare_request(
+        ctx, Endpoint::kResponses,
+        R"({"model":"m","input":"Hi","text":{"format":{"type":"json_schema","name":"p","schema":)" +
+            std::string(kSchema) + "}}}",
+        1);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_NE(r->request.mask, nullptr);
+    auto c = prepare_request(ctx, Endpoint::kCompletions,
+                             R"({"model":"m","prompt":"Hi","guided_regex":"\\d{3}"})", 1);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    EXPECT_NE(c->request.mask, nullptr);
+}
+
+TEST(StructuredOutput, BadGrammarsAre400InTheCallersShape) {
+    ApiContext ctx = context();
+    struct Case {
+        Endpoint e;
+        std::string body;
+        std::string says;
+    };
+    const std::vector<Case> cases = {
+        {Endpoint::kChatCompletions,
+         chat_body(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",)"
+                   R"("schema":{"type":"object","unevaluatedProperties":false}}})"),
+         "unevaluatedProperties"},
+        {Endpoint::kChatCompletions,
+         chat_body(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",)"
+                   R"("schema":{"type":"frog"}}})"),
+         "frog"},
+        {Endpoint::kChatCompletions, chat_body(R"(,"guided_regex":"(a")"), "guided_regex"},
+        {Endpoint::kChatCompletions, chat_body(R"(,"guided_regex":"(a)\\1")"), "guided_regex"},
+        {Endpoint::kChatCompletions, chat_body(R"(,"guided_grammar":"root ::= foo")"),
+         "guided_grammar"},
+        {Endpoint::kChatCompletions,
+         chat_body(R"(,"guided_regex":"a","response_format":{"type":"json_object"})"),
+         "only one"},
+        {Endpoint::kResponses,
+         R"({"model":"m","input":"Hi","text":{"format":{"type":"json_schema","name":"p",)"
+         R"("schema":{"type":"object","$dynamicRef":"#x"}}}})",
+         "$dynamicRef"},
+    };
+    for (const Case& c : cases) {
+        auto p = prepare_request(ctx, c.e, c.body, 1);
+        ASSERT_FALSE(p.is_ok()) << c.body;
+        HttpReply r = error_reply(c.e, p.status());
+        EXPECT_EQ(r.status, 400) << c.body << " " << r.body;
+        J j = J::parse(r.body);
+        EXPECT_EQ(j["error"]["type"], "invalid_request_error") << r.body;
+        EXPECT_NE(j["error"]["message"].get<std::string>().find(c.says), std::string::npos)
+            << r.body;
+    }
+}
+
+std::vector<Update> run(EngineService& service, engine::GenerateRequest request) {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<Update> got;
+    service.submit(1, std::move(request), [&](Update u) {
+        std::lock_guard<std::mutex> lock(mu);
+        got.push_back(std::move(u));
+        cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(120),
+                            [&] { return !got.empty() && got.back().finished; }));
+    return got;
+}
+
+TEST(StructuredOutput, ChatJsonSchemaOutputValidates) {
+    ModelConfig mc = synthetic_preset("tiny").value();
+    auto model = DeepseekModel::load(synthetic_memory_model(mc, 7), {1});
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    engine::EngineOptions eo;
+    eo.num_kv_blocks = 64;
+    eo.tokenizer = &tokenizer();
+    auto eng = engine::Engine::create(model->get(), eo, Env::default_env());
+    ASSERT_TRUE(eng.is_ok()) << eng.status().to_string();
+    EngineService service(std::move(eng).value());
+    ApiContext ctx = context();
+    for (int seed = 1; seed <= 3; ++seed) {
+        const std::string body =
+            R"({"model":"m","max_tokens":150,"temperature":1,"seed":)" + std::to_string(seed) +
+            R"(,"messages":[{"role":"user","content":"A person"}],"response_format":)"
+            R"({"type":"json_schema","json_schema":{"name":"p","schema":)" +
+            std::string(kSchema) + "}}}";
+        auto p = prepare_request(ctx, Endpoint::kChatCompletions, body, 1);
+        ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+        Renderer r(ctx, *p, "id", 1);
+        std::vector<Update> ups = run(service, std::move(p->request));
+        ASSERT_FALSE(ups.empty());
+        EXPECT_EQ(ups.back().reason, engine::FinishReason::kStop);
+        for (const Update& u : ups) r.on_update(u);
+        J j = J::parse(r.reply().body);
+        const std::string content = j["choices"][0]["message"]["content"].get<std::string>();
+        J v = J::parse(content, nullptr, false);
+        ASSERT_FALSE(v.is_discarded()) << content;
+        ASSERT_TRUE(v.is_object()) << content;
+        EXPECT_EQ(v.size(), 3u) << content;
+        ASSERT_TRUE(v["name"].is_string()) << content;
+        EXPECT_LE(v["name"].get<std::string>().size(), 8u * 4) << content;  // 8 code points
+        ASSERT_TRUE(v["age"].is_number_integer()) << content;
+        EXPECT_GE(v["age"].get<int64_t>(), 0);
+        EXPECT_LE(v["age"].get<int64_t>(), 120);
+        EXPECT_TRUE(v["ok"].is_boolean()) << content;
+        EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+    }
+    // guided_regex on the legacy completions endpoint.
+    auto p = prepare_request(
+        ctx, Endpoint::kCompletions,
+        R"x({"model":"m","prompt":"Mail:","max_tokens":40,"seed":5,)x"
+        R"x("guided_regex":"[a-z]{1,6}@[a-z]{1,6}\\.(com|org)"})x",
+        1);
+    ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+    Renderer r(ctx, *p, "id", 1);
+    for (const Update& u : run(service, std::move(p->request))) r.on_update(u);
+    const std::string text = J::parse(r.reply().body)["choices"][0]["text"];
+    EXPECT_TRUE(std::regex_match(text, std::regex("[a-z]{1,6}@[a-z]{1,6}\\.(com|org)"))) << text;
+}
+
+}  // namespace
+}  // namespace dsi::server
