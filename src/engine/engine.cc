@@ -486,7 +486,14 @@ struct Engine::Impl {
             wo.max_queued_bytes = options.kv_store_write_queue_bytes;
             write_behind = std::make_unique<kvstore::WriteBehind>(store, wo);
         }
-        fetcher = std::make_unique<kvstore::Fetcher>(store);
+        // S-KV-5: blocks are read straight into reused host buffers (read_many_into),
+        // each sized for one encoded block of this model; the swap-in copies from them.
+        kvstore::Fetcher::Options fo;
+        fo.buffer_bytes = kvstore::header_bytes(static_cast<uint32_t>(model->kv_num_layers())) +
+                          static_cast<size_t>(layer_bytes() * model->kv_num_layers());
+        fo.max_buffers = std::max<int64_t>(
+            1, options.kv_store_fetch_buffer_bytes / static_cast<int64_t>(fo.buffer_bytes));
+        fetcher = std::make_unique<kvstore::Fetcher>(store, fo);
     }
 
     kvstore::BlockInfo store_info(const Sequence& s, int64_t b) const {
@@ -581,15 +588,18 @@ struct Engine::Impl {
         ++stats.fetch_count;
         stats.fetch_sum_ns += lat;
         stats.fetch_max_ns = std::max(stats.fetch_max_ns, lat);
-        std::vector<Result<kvstore::Block>>& res = t->results();
+        // Each fetched block holds a Fetcher host buffer until the swap-in has copied
+        // it (the step plan drops it) or the sequence ends.
+        std::vector<Result<kvstore::FetchedBlock>>& res = t->results();
         std::vector<std::shared_ptr<const kvstore::Block>> got;
-        for (Result<kvstore::Block>& r : res) {
+        for (Result<kvstore::FetchedBlock>& r : res) {
             if (!r.is_ok()) break;  // the chain stops at the first miss
-            bool ok = r->num_layers() == static_cast<uint32_t>(model->kv_num_layers());
-            for (uint32_t l = 0; ok && l < r->num_layers(); ++l)
-                ok = static_cast<int64_t>(r->layer(l).size()) == layer_bytes();
+            const kvstore::Block& b = **r;
+            bool ok = b.num_layers() == static_cast<uint32_t>(model->kv_num_layers());
+            for (uint32_t l = 0; ok && l < b.num_layers(); ++l)
+                ok = static_cast<int64_t>(b.layer(l).size()) == layer_bytes();
             if (!ok) break;
-            got.push_back(std::make_shared<const kvstore::Block>(std::move(r).value()));
+            got.push_back(std::move(r).value());
         }
         stats.store_miss_blocks += static_cast<int64_t>(res.size() - got.size());
         if (got.empty()) return;
@@ -1151,6 +1161,12 @@ EngineStats Engine::stats() const {
         s.store_blocks_dropped = impl_->write_behind->num_dropped();
     }
     if (impl_->store != nullptr) s.store_puts_dropped = impl_->store->metrics().puts_dropped;
+    if (impl_->fetcher != nullptr) {
+        const kvstore::FetchBufferStats fb = impl_->fetcher->buffer_stats();
+        s.fetch_buffers_allocated = fb.allocated;
+        s.fetch_buffers_in_use = fb.in_use;
+        s.fetch_buffer_leases = fb.leases;
+    }
     return s;
 }
 

@@ -107,6 +107,9 @@ struct EngineOptions {
     int64_t kv_store_match_timeout_ms = 200;  // match_prefix deadline (metadata only)
     int64_t kv_store_fetch_timeout_ms = 5000;  // a fetch later than this is a miss
     int64_t kv_store_write_queue_bytes = int64_t{256} << 20;  // write-behind budget
+    // Host buffers the fetcher reads blocks into (reused; a buffer is free again once
+    // its block has been swapped in): at most this many bytes, at least one block.
+    int64_t kv_store_fetch_buffer_bytes = int64_t{256} << 20;
     bool kv_store_write = true;               // offer completed blocks to the store
     int64_t swap_in_layer_delay_us = 0;       // tests: slow the swap-in per layer
 };
@@ -170,6 +173,8 @@ struct EngineStats {
     int64_t swap_in_count = 0, swap_in_sum_ns = 0;  // per step with swap-ins: copy time
     int64_t swap_in_wait_ns = 0;   // attention time spent waiting on swap-in layers
     int64_t swap_in_overlapped = 0;  // swap-ins whose forward started before the last layer
+    // Fetch host buffers (kvstore::FetchBufferStats): created, held now, handed out.
+    int64_t fetch_buffers_allocated = 0, fetch_buffers_in_use = 0, fetch_buffer_leases = 0;
 };
 
 class Engine {

@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <mutex>
 #include <random>
+#include <thread>
 
 #include "engine/engine.h"
 #include "kv/block_key.h"
@@ -373,6 +376,147 @@ TEST(EngineStoreTest, OtherRequestsRunWhileOneFetches) {
     expect_same(out[0], cold_shared);
     expect_same(out[1], cold_other);
     EXPECT_EQ(e->stats().store_hit_blocks, 5);
+}
+
+// A file:// store whose reads wait at a gate the test opens (a fetch held in flight).
+class GatedStore final : public kvstore::BlockStore {
+public:
+    explicit GatedStore(kvstore::BlockStore* inner) : inner_(inner) {}
+    void close_gate() {
+        std::lock_guard<std::mutex> l(mu_);
+        open_ = false;
+        entered_ = false;
+    }
+    void open_gate() {
+        {
+            std::lock_guard<std::mutex> l(mu_);
+            open_ = true;
+        }
+        cv_.notify_all();
+    }
+    bool entered() {
+        std::lock_guard<std::mutex> l(mu_);
+        return entered_;
+    }
+    Status put(const kvstore::BlockInfo& info, std::span<const std::span<const uint8_t>> layers,
+               int64_t d) override {
+        return inner_->put(info, layers, d);
+    }
+    Result<kvstore::Block> get(const kvstore::StoreKey& k, const kvstore::BlockInfo* e,
+                               int64_t d) override {
+        wait_gate();
+        return inner_->get(k, e, d);
+    }
+    std::vector<Result<kvstore::Block>> get_many(std::span<const kvstore::StoreKey> k,
+                                                 std::span<const kvstore::BlockInfo> e,
+                                                 int64_t d) override {
+        wait_gate();
+        return inner_->get_many(k, e, d);
+    }
+    std::vector<Result<kvstore::Block>> read_many_into(
+        std::span<const kvstore::StoreKey> k, std::span<const kvstore::BlockInfo> e,
+        std::span<const std::span<uint8_t>> dsts, int64_t d) override {
+        wait_gate();
+        return inner_->read_many_into(k, e, dsts, d);
+    }
+    Result<bool> contains(const kvstore::StoreKey& k, int64_t d) override {
+        return inner_->contains(k, d);
+    }
+    Result<int64_t> match_prefix(std::span<const kvstore::StoreKey> c, int64_t d) override {
+        return inner_->match_prefix(c, d);
+    }
+    Status remove(const kvstore::StoreKey& k) override { return inner_->remove(k); }
+    Result<std::vector<kvstore::GcEntry>> list_blocks() override { return inner_->list_blocks(); }
+    Result<int64_t> capacity_bytes() override { return inner_->capacity_bytes(); }
+    kvstore::StoreMetrics& metrics() override { return inner_->metrics(); }
+    std::string uri() const override { return "gated+" + inner_->uri(); }
+
+private:
+    void wait_gate() {
+        std::unique_lock<std::mutex> l(mu_);
+        entered_ = true;
+        cv_.wait_for(l, std::chrono::seconds(30), [this] { return open_; });
+    }
+    kvstore::BlockStore* inner_;
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool open_ = true;
+    bool entered_ = false;
+};
+
+int64_t buffers_in_use_when_settled(const Engine& e, int64_t want) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (e.stats().fetch_buffers_in_use != want && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return e.stats().fetch_buffers_in_use;
+}
+
+// S-KV-5: the fetcher reads into a bounded pool of reused host buffers; each is free
+// again once its block is swapped in, also when the request is aborted mid-fetch; a
+// pool smaller than the chain fetches the chain's head and computes the rest.
+TEST(EngineStoreTest, FetchBuffersAreReusedBoundedAndNotLeaked) {
+    TempDir dir;
+    std::vector<std::vector<int32_t>> prompts;
+    std::vector<Output> colds;
+    for (uint64_t i = 0; i < 3; ++i) {
+        prompts.push_back(prompt_of(kPromptLen, 20 + i));
+        colds.push_back(run_fresh(options(), prompts.back(), 3));
+        (void)run_fresh(options(dir.uri()), prompts.back(), 3);  // into the store
+    }
+    std::unique_ptr<kvstore::FileBlockStore> file =
+        kvstore::FileBlockStore::open(dir.path.string()).value();
+    GatedStore gated(file.get());
+    EngineOptions o = options();
+    o.kv_store = &gated;
+    std::unique_ptr<Engine> e = Engine::create(&shared_model(), o, Env::default_env()).value();
+    // Three restarts' worth of fetches (5 blocks each) through one pool.
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        expect_same(run_one(*e, prompts[i], 3), colds[i]);
+        EXPECT_EQ(buffers_in_use_when_settled(*e, 0), 0) << i;
+    }
+    EngineStats s = e->stats();
+    EXPECT_EQ(s.store_hit_blocks, 15);
+    EXPECT_EQ(s.fetch_buffer_leases, 15);
+    EXPECT_EQ(s.fetch_buffers_allocated, 5) << "buffers are reused across fetches";
+
+    // Abort while the fetch is in flight: its buffers come back once the read ends.
+    const std::vector<int32_t> fourth = prompt_of(kPromptLen, 30);
+    (void)run_fresh(options(dir.uri()), fourth, 3);
+    gated.close_gate();
+    GenerateRequest r;
+    r.prompt = fourth;
+    r.sampling.max_tokens = 3;
+    r.sampling.ignore_eos = true;
+    const RequestId rid = e->add_request(std::move(r), [](const TokenEvent&) {}).value();
+    for (int i = 0; i < 10000 && !gated.entered(); ++i) {
+        ASSERT_TRUE(e->step().is_ok());
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_TRUE(gated.entered()) << "the fetch never started";
+    EXPECT_EQ(e->stats().fetch_buffers_in_use, 5);  // held by the read in flight
+    ASSERT_TRUE(e->abort(rid).is_ok());
+    EXPECT_FALSE(e->has_work());
+    gated.open_gate();
+    EXPECT_EQ(buffers_in_use_when_settled(*e, 0), 0) << "aborted fetch leaked its buffers";
+    ASSERT_TRUE(e->check_invariants().is_ok());
+    EXPECT_EQ(e->stats().fetch_buffers_allocated, 5);
+
+    // A pool of 3 buffers: the chain's first 3 blocks hit, the other 2 are computed.
+    EngineOptions small = options();
+    small.kv_store = &gated;
+    const DeepseekModel& m = shared_model();
+    const int64_t block_bytes =
+        static_cast<int64_t>(kvstore::header_bytes(static_cast<uint32_t>(m.kv_num_layers()))) +
+        m.kv_num_layers() * 128 * m.kv_row_floats() * 4;
+    small.kv_store_fetch_buffer_bytes = 3 * block_bytes;
+    std::unique_ptr<Engine> f =
+        Engine::create(&shared_model(), small, Env::default_env()).value();
+    expect_same(run_one(*f, prompts[0], 3), colds[0]);
+    s = f->stats();
+    EXPECT_EQ(s.fetch_buffers_allocated, 3);
+    EXPECT_EQ(s.store_hit_blocks, 3);
+    EXPECT_EQ(s.computed_prefill_tokens, kPromptLen - 3 * 128);
+    EXPECT_EQ(buffers_in_use_when_settled(*f, 0), 0);
 }
 
 }  // namespace

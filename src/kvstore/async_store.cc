@@ -1,10 +1,98 @@
 #include "kvstore/async_store.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "base/env.h"
 
 namespace dsi::kvstore {
+
+// A bounded free list of page-aligned host buffers, created lazily up to max_buffers.
+// Thread model: thread-safe (the fetch thread acquires, any thread releases).
+class Fetcher::BufferPool {
+public:
+    BufferPool(size_t buffer_bytes, int64_t max_buffers)
+        : buffer_bytes_((buffer_bytes + 4095) / 4096 * 4096), max_buffers_(max_buffers) {}
+
+    size_t buffer_bytes() const { return buffer_bytes_; }
+
+    // Up to `want` buffers (capped at max_buffers): waits until that many are free or
+    // creatable, or `deadline_ns` passes or close() is called, then takes what there is.
+    std::vector<BlockBuffer> acquire(int64_t want, int64_t deadline_ns) {
+        want = std::min(want, max_buffers_);
+        std::unique_lock<std::mutex> lock(mu_);
+        auto available = [&] {
+            return static_cast<int64_t>(free_.size()) + (max_buffers_ - stats_.allocated);
+        };
+        while (available() < want && !closed_) {
+            const int64_t left = deadline_ns - Env::default_env()->now_ns();
+            if (left <= 0) break;
+            cv_.wait_for(lock, std::chrono::nanoseconds(std::min<int64_t>(left, 100'000'000)));
+        }
+        const int64_t n = std::min(want, available());
+        std::vector<BlockBuffer> out;
+        out.reserve(static_cast<size_t>(n));
+        while (static_cast<int64_t>(out.size()) < n && !free_.empty()) {
+            out.push_back(std::move(free_.back()));
+            free_.pop_back();
+        }
+        const int64_t create = n - static_cast<int64_t>(out.size());
+        stats_.allocated += create;
+        stats_.in_use += n;
+        stats_.leases += n;
+        lock.unlock();
+        for (int64_t i = 0; i < create; ++i) out.push_back(BlockBuffer::allocate(buffer_bytes_));
+        return out;
+    }
+
+    void release(BlockBuffer b) {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            free_.push_back(std::move(b));
+            --stats_.in_use;
+        }
+        cv_.notify_all();
+    }
+
+    void close() {
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            closed_ = true;
+        }
+        cv_.notify_all();
+    }
+
+    FetchBufferStats stats() const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return stats_;
+    }
+
+private:
+    const size_t buffer_bytes_;
+    const int64_t max_buffers_;
+    mutable std::mutex mu_;
+    std::condition_variable cv_;
+    std::vector<BlockBuffer> free_;  // guarded by mu_
+    FetchBufferStats stats_;         // guarded by mu_
+    bool closed_ = false;            // guarded by mu_
+};
+
+namespace {
+
+// A block read into a pooled buffer: the buffer goes back when the last reference to
+// the block does (FetchedBlock aliases this holder).
+struct PooledBlock {
+    Block block;
+    BlockBuffer buffer;
+    std::shared_ptr<Fetcher::BufferPool> pool;
+    PooledBlock(Block b, BlockBuffer buf, std::shared_ptr<Fetcher::BufferPool> p)
+        : block(std::move(b)), buffer(std::move(buf)), pool(std::move(p)) {}
+    ~PooledBlock() { pool->release(std::move(buffer)); }
+    PooledBlock(const PooledBlock&) = delete;
+    PooledBlock& operator=(const PooledBlock&) = delete;
+};
+
+}  // namespace
 
 WriteBehind::WriteBehind(BlockStore* store, Options options)
     : store_(store), options_(options), worker_([this] { run(); }) {}
@@ -114,13 +202,18 @@ bool FetchTicket::done() const {
     return done_;
 }
 
-std::vector<Result<Block>>& FetchTicket::results() {
+std::vector<Result<FetchedBlock>>& FetchTicket::results() {
     std::lock_guard<std::mutex> lock(mu_);
     DSI_CHECK(done_, "FetchTicket::results before done");
     return results_;
 }
 
-Fetcher::Fetcher(BlockStore* store) : store_(store), worker_([this] { run(); }) {}
+Fetcher::Fetcher(BlockStore* store, Options options)
+    : store_(store),
+      pool_(options.buffer_bytes > 0 && options.max_buffers > 0
+                ? std::make_shared<BufferPool>(options.buffer_bytes, options.max_buffers)
+                : nullptr),
+      worker_([this] { run(); }) {}
 
 Fetcher::~Fetcher() {
     std::deque<Job> left;
@@ -130,9 +223,10 @@ Fetcher::~Fetcher() {
         left.swap(jobs_);
     }
     cv_.notify_all();
+    if (pool_ != nullptr) pool_->close();  // a fetch waiting for buffers stops waiting
     worker_.join();
     for (Job& j : left) {
-        std::vector<Result<Block>> r;
+        std::vector<Result<FetchedBlock>> r;
         for (size_t i = 0; i < j.keys.size(); ++i) {
             r.emplace_back(cancelled("fetcher stopped"));
         }
@@ -152,7 +246,11 @@ std::shared_ptr<FetchTicket> Fetcher::submit(std::vector<StoreKey> keys,
     return ticket;
 }
 
-void Fetcher::complete(FetchTicket& t, std::vector<Result<Block>> results) {
+FetchBufferStats Fetcher::buffer_stats() const {
+    return pool_ != nullptr ? pool_->stats() : FetchBufferStats{};
+}
+
+void Fetcher::complete(FetchTicket& t, std::vector<Result<FetchedBlock>> results) {
     {
         std::lock_guard<std::mutex> lock(t.mu_);
         t.results_ = std::move(results);
@@ -172,9 +270,51 @@ void Fetcher::run() {
         jobs_.pop_front();
         lock.unlock();
         // S-KV-5: the store -> host copy runs here, off the engine's step loop.
-        complete(*job.ticket, store_->get_many(job.keys, job.expects, job.deadline_ns));
+        complete(*job.ticket, read(job));
+        job.ticket.reset();  // an abandoned ticket (aborted request) frees its buffers here
         lock.lock();
     }
+}
+
+std::vector<Result<FetchedBlock>> Fetcher::read(const Job& job) {
+    std::vector<Result<FetchedBlock>> out;
+    out.reserve(job.keys.size());
+    if (pool_ == nullptr) {
+        for (Result<Block>& r : store_->get_many(job.keys, job.expects, job.deadline_ns)) {
+            if (r.is_ok()) {
+                out.emplace_back(std::make_shared<const Block>(std::move(r).value()));
+            } else {
+                out.emplace_back(r.status());
+            }
+        }
+        return out;
+    }
+    // The chain's head gets the buffers there are by the deadline; the tail is a miss.
+    std::vector<BlockBuffer> bufs =
+        pool_->acquire(static_cast<int64_t>(job.keys.size()), job.deadline_ns);
+    const size_t n = bufs.size();
+    std::vector<std::span<uint8_t>> dsts;
+    for (const BlockBuffer& b : bufs) dsts.push_back(b.span());
+    std::span<const BlockInfo> expects = job.expects;
+    if (!expects.empty()) expects = expects.first(n);
+    std::vector<Result<Block>> got =
+        n > 0 ? store_->read_many_into(std::span<const StoreKey>(job.keys).first(n), expects,
+                                       dsts, job.deadline_ns)
+              : std::vector<Result<Block>>{};
+    for (size_t i = 0; i < n; ++i) {
+        if (!got[i].is_ok()) {
+            out.emplace_back(got[i].status());
+            pool_->release(std::move(bufs[i]));
+            continue;
+        }
+        auto held = std::make_shared<PooledBlock>(std::move(got[i]).value(), std::move(bufs[i]),
+                                                  pool_);
+        out.emplace_back(FetchedBlock(held, &held->block));
+    }
+    for (size_t i = n; i < job.keys.size(); ++i) {
+        out.emplace_back(resource_exhausted("no fetch buffer free by the deadline"));
+    }
+    return out;
 }
 
 }  // namespace dsi::kvstore

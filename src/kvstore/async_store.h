@@ -3,8 +3,13 @@
 //     copies the layers and never blocks; when the queue holds max_queued_bytes, the
 //     block is dropped and counted (the cache is best-effort; the step loop must not
 //     slow down).
-//   - Fetcher: admission submits the hit chain's keys; one worker thread runs
-//     get_many() and the caller waits on the ticket with a deadline (or polls).
+//   - Fetcher: admission submits the hit chain's keys; one worker thread reads them
+//     and the caller waits on the ticket with a deadline (or polls). With
+//     Options::buffer_bytes set, blocks are read with read_many_into into a bounded
+//     pool of reused page-aligned host buffers the Fetcher owns (no allocation, no zero
+//     fill, no copy out of a tier); each result holds its buffer until the last
+//     reference to it is gone (the swap-in has copied it), then the buffer goes back to
+//     the pool. Without it, get_many (fresh buffers per block).
 //     Swap-in (S-KV-6) then copies a Block's layers one by one (Block::layer(i)).
 // Thread model: offer()/submit()/flush() from any thread; one worker thread per object;
 // the destructor stops the worker after the in-flight operation (queued writes not yet
@@ -63,6 +68,11 @@ private:
     std::thread worker_;
 };
 
+// A fetched, verified block. Shared: the caller may keep it past the ticket (the
+// engine hands it to the swap-in); a pooled buffer returns to the Fetcher's pool when
+// the last reference goes, also after the Fetcher itself is gone.
+using FetchedBlock = std::shared_ptr<const Block>;
+
 // The result of one fetch; shared by the Fetcher's worker and the caller.
 class FetchTicket {
 public:
@@ -70,21 +80,42 @@ public:
     // (the fetch goes on; wait again or drop the ticket).
     Status wait(int64_t deadline_ns);
     bool done() const;
-    // REQUIRES: done(). One result per submitted key, same order; a miss is kNotFound.
-    std::vector<Result<Block>>& results();
+    // REQUIRES: done(). One result per submitted key, same order; a miss is kNotFound;
+    // a key beyond the buffers the pool could give by the deadline is kResourceExhausted
+    // (a miss too: the chain is read from its head).
+    std::vector<Result<FetchedBlock>>& results();
 
 private:
     friend class Fetcher;
     mutable std::mutex mu_;
     std::condition_variable cv_;
     bool done_ = false;  // guarded by mu_
-    std::vector<Result<Block>> results_;
+    std::vector<Result<FetchedBlock>> results_;
+};
+
+// Fetch buffers, counted (tests check reuse and that none leaks).
+struct FetchBufferStats {
+    int64_t allocated = 0;  // buffers created (never more than max_buffers)
+    int64_t in_use = 0;     // held by a result (ticket, staged block, swap-in)
+    int64_t leases = 0;     // buffers handed out in all (> allocated: reused)
 };
 
 class Fetcher {
 public:
+    struct Options {
+        // Bytes of one host buffer (>= the largest encoded block fetched; rounded up to
+        // 4096). 0: no pool, get_many into fresh buffers.
+        size_t buffer_bytes = 0;
+        // At most this many buffers exist; a fetch waits (up to its deadline) for as
+        // many as it has keys (capped at max_buffers), then reads the chain's head
+        // into what it got.
+        int64_t max_buffers = 0;
+    };
+    class BufferPool;  // internal (async_store.cc); shared with the results' buffers
+
     // REQUIRES: store outlives this object.
-    explicit Fetcher(BlockStore* store);
+    explicit Fetcher(BlockStore* store) : Fetcher(store, Options{}) {}
+    Fetcher(BlockStore* store, Options options);
     ~Fetcher();
     Fetcher(const Fetcher&) = delete;
     Fetcher& operator=(const Fetcher&) = delete;
@@ -92,6 +123,8 @@ public:
     // REQUIRES: expects empty or the same size as keys.
     std::shared_ptr<FetchTicket> submit(std::vector<StoreKey> keys, std::vector<BlockInfo> expects,
                                         int64_t deadline_ns);
+    // Thread-safe; zeros without a pool.
+    FetchBufferStats buffer_stats() const;
 
 private:
     struct Job {
@@ -101,9 +134,13 @@ private:
         std::shared_ptr<FetchTicket> ticket;
     };
     void run();
-    static void complete(FetchTicket& t, std::vector<Result<Block>> results);
+    std::vector<Result<FetchedBlock>> read(const Job& job);
+    static void complete(FetchTicket& t, std::vector<Result<FetchedBlock>> results);
 
     BlockStore* store_;
+    // Shared (stated reason): a result's buffer may outlive the Fetcher (the engine's
+    // staged blocks and step plans die after it); null without a pool.
+    std::shared_ptr<BufferPool> pool_;
     std::mutex mu_;
     std::condition_variable cv_;
     std::deque<Job> jobs_;   // guarded by mu_

@@ -2,6 +2,11 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
+#include "base/env.h"
+
 #include "kvstore/file_store.h"
 #include "kvstore/test_util.h"
 
@@ -74,6 +79,64 @@ TEST(Fetcher, WaitHonoursItsDeadline) {
     EXPECT_TRUE(s.is_ok() || s.code() == StatusCode::kDeadlineExceeded);
     ASSERT_TRUE(ticket->wait(deadline_after_ms(30'000)).is_ok());
     EXPECT_EQ(ticket->results().size(), 64u);
+}
+
+// The fetch thread drops its own reference to a ticket just after completing it.
+int64_t in_use_when_settled(const Fetcher& f, int64_t want) {
+    const int64_t deadline = deadline_after_ms(10'000);
+    while (f.buffer_stats().in_use != want && Env::default_env()->now_ns() < deadline) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return f.buffer_stats().in_use;
+}
+
+// Pooled fetch buffers: bounded, reused, back in the pool when the last reference to a
+// block goes (also after the Fetcher), and a fetch larger than the pool reads its head.
+TEST(Fetcher, PooledBuffersAreBoundedReusedAndReleased) {
+    testing::TempDir dir;
+    auto store = std::move(FileBlockStore::open(dir.path())).value();
+    std::vector<StoreKey> keys;
+    std::vector<BlockInfo> infos;
+    for (uint64_t i = 0; i < 6; ++i) {
+        auto b = make_block(i, 4, 3000);
+        auto spans = b.spans();
+        ASSERT_TRUE(store->put(b.info, spans).is_ok());
+        keys.push_back(b.info.key);
+        infos.push_back(b.info);
+    }
+    Fetcher::Options o;
+    o.buffer_bytes = header_bytes(4) + 4 * 3000;
+    o.max_buffers = 4;
+    FetchedBlock kept;
+    {
+        Fetcher fetcher(store.get(), o);
+        for (int round = 0; round < 3; ++round) {
+            auto t = fetcher.submit(keys, infos, deadline_after_ms(10'000));
+            ASSERT_TRUE(t->wait(deadline_after_ms(10'000)).is_ok());
+            auto& r = t->results();
+            ASSERT_EQ(r.size(), 6u);
+            for (size_t i = 0; i < 4; ++i) {
+                ASSERT_TRUE(r[i].is_ok()) << i;
+                EXPECT_FALSE((*r[i])->owns_bytes());  // a view into a pooled buffer
+                EXPECT_EQ((*r[i])->info().key, keys[i]);
+            }
+            EXPECT_EQ(r[4].status().code(), StatusCode::kResourceExhausted);
+            EXPECT_EQ(fetcher.buffer_stats().in_use, 4);
+            if (round == 2) kept = *r[0];
+        }  // each ticket dropped: its buffers go back
+        EXPECT_EQ(in_use_when_settled(fetcher, 1), 1);  // `kept`
+        const FetchBufferStats st = fetcher.buffer_stats();
+        EXPECT_EQ(st.allocated, 4);
+        EXPECT_EQ(st.leases, 12);
+        // A miss returns its buffer at once.
+        auto t = fetcher.submit({StoreKey{7, 7}}, {}, deadline_after_ms(10'000));
+        ASSERT_TRUE(t->wait(deadline_after_ms(10'000)).is_ok());
+        EXPECT_EQ(t->results()[0].status().code(), StatusCode::kNotFound);
+        EXPECT_EQ(in_use_when_settled(fetcher, 1), 1);
+    }
+    // The Fetcher is gone; the block it read is still readable, then released.
+    EXPECT_EQ(kept->layer(0).size(), 3000u);
+    kept.reset();
 }
 
 }  // namespace

@@ -627,6 +627,36 @@ std::vector<Result<Block>> TieredBlockStore::get_many(std::span<const StoreKey> 
     return out;
 }
 
+std::vector<Result<Block>> TieredBlockStore::read_many_into(
+    std::span<const StoreKey> keys, std::span<const BlockInfo> expects,
+    std::span<const std::span<uint8_t>> dsts, int64_t deadline_ns) {
+    DSI_CHECK_EQ(dsts.size(), keys.size());
+    std::vector<Result<Block>> out = shm_->read_many_into(keys, expects, dsts, deadline_ns);
+    std::vector<StoreKey> rest;
+    std::vector<BlockInfo> rest_expects;
+    std::vector<std::span<uint8_t>> rest_dsts;
+    std::vector<size_t> where;
+    for (size_t i = 0; i < out.size(); ++i) {
+        if (out[i].is_ok() || out[i].status().code() != StatusCode::kNotFound) continue;
+        rest.push_back(keys[i]);
+        if (!expects.empty()) rest_expects.push_back(expects[i]);
+        rest_dsts.push_back(dsts[i]);
+        where.push_back(i);
+    }
+    if (rest.empty()) {
+        return out;
+    }
+    std::vector<Result<Block>> below =
+        lower_->read_many_into(rest, rest_expects, rest_dsts, deadline_ns);
+    for (size_t j = 0; j < below.size(); ++j) {
+        if (below[j].is_ok()) {
+            (void)shm_->put_encoded(rest[j], below[j]->encoded());  // promotion
+        }
+        out[where[j]] = std::move(below[j]);
+    }
+    return out;
+}
+
 Result<Block> TieredBlockStore::get(const StoreKey& key, const BlockInfo* expect,
                                     int64_t deadline_ns) {
     std::vector<BlockInfo> expects;

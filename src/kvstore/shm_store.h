@@ -137,6 +137,12 @@ public:
     std::vector<Result<Block>> get_many(std::span<const StoreKey> keys,
                                         std::span<const BlockInfo> expects,
                                         int64_t deadline_ns = kNoDeadline) override;
+    // Shm hits are copied from their slot straight into dsts[i] (the seqlock copy), the
+    // rest read by the lower tier into theirs, then promoted.
+    std::vector<Result<Block>> read_many_into(std::span<const StoreKey> keys,
+                                              std::span<const BlockInfo> expects,
+                                              std::span<const std::span<uint8_t>> dsts,
+                                              int64_t deadline_ns = kNoDeadline) override;
     Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) override;
     Result<int64_t> match_prefix(std::span<const StoreKey> chain,
                                  int64_t deadline_ns = kNoDeadline) override;
