@@ -1,6 +1,8 @@
 #include "grammar/json_schema.h"
 
+#include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -29,7 +31,7 @@ const std::set<std::string>& unsupported_keywords() {
         "propertyNames", "unevaluatedItems",   "unevaluatedProperties", "minProperties",
         "maxProperties", "contains",           "minContains",       "maxContains",
         "multipleOf",    "$dynamicRef",        "$dynamicAnchor",    "$recursiveRef",
-        "$recursiveAnchor", "dependencies",    "patternProperties"};
+        "$recursiveAnchor", "dependencies"};
     return k;
 }
 
@@ -255,6 +257,7 @@ private:
         // additionalProperties reads only its own schema's properties, items only its
         // own prefixItems: merging them across schemas would change their meaning.
         for (auto [dep, on] : {std::pair{"additionalProperties", "properties"},
+                               std::pair{"additionalProperties", "patternProperties"},
                                std::pair{"items", "prefixItems"}}) {
             if ((b.contains(dep) && a->contains(on)) || (a->contains(dep) && b.contains(on))) {
                 return false;
@@ -782,6 +785,76 @@ private:
         return e_seq({e_byte('"'), build(0), e_byte('"')});
     }
 
+    // Whether the JSON-string-encoded `name` (without quotes) is in the language of
+    // `e` (a regex expression: no rule references). Names with bytes whose JSON
+    // spelling could differ from the regex encoding's (controls, '"', '\\', non-ASCII)
+    // answer true: callers use the answer conservatively.
+    static bool name_matches(const std::string& name, const ExprPtr& e) {
+        for (char c : name) {
+            unsigned char u = static_cast<unsigned char>(c);
+            if (u < 0x20 || u >= 0x7f || c == '"' || c == '\\') return true;
+        }
+        std::vector<char> start(name.size() + 1, 0);
+        start[0] = 1;
+        std::function<std::vector<char>(const Expr&, const std::vector<char>&)> ends =
+            [&](const Expr& x, const std::vector<char>& in) -> std::vector<char> {
+            std::vector<char> out(in.size(), 0);
+            switch (x.kind) {
+                case Expr::Kind::kEmpty: return in;
+                case Expr::Kind::kFail: return out;
+                case Expr::Kind::kBytes:
+                    for (size_t i = 0; i + 1 < in.size(); ++i) {
+                        if (in[i] && x.bytes.test(static_cast<uint8_t>(name[i]))) out[i + 1] = 1;
+                    }
+                    return out;
+                case Expr::Kind::kSeq: {
+                    std::vector<char> cur = in;
+                    for (const auto& c : x.children) cur = ends(*c, cur);
+                    return cur;
+                }
+                case Expr::Kind::kAlt:
+                    for (const auto& c : x.children) {
+                        std::vector<char> r = ends(*c, in);
+                        for (size_t i = 0; i < out.size(); ++i) out[i] |= r[i];
+                    }
+                    return out;
+                case Expr::Kind::kRepeat: {
+                    std::vector<char> cur = in;
+                    // After name.size() + 1 rounds past min no new end position appears.
+                    uint64_t rounds = std::min<uint64_t>(x.max, uint64_t{x.min} + in.size() + 1);
+                    for (uint64_t r = 0; r < rounds; ++r) {
+                        if (r >= x.min) {
+                            for (size_t i = 0; i < out.size(); ++i) out[i] |= cur[i];
+                        }
+                        cur = ends(*x.children[0], cur);
+                    }
+                    for (size_t i = 0; i < out.size(); ++i) out[i] |= cur[i];
+                    return out;
+                }
+                case Expr::Kind::kRule: return std::vector<char>(in.size(), 1);  // unknown: maybe
+            }
+            return out;
+        };
+        return ends(*e, start).back() != 0;
+    }
+
+    static bool is_trivial_schema(const json& s) {
+        if (s.is_boolean()) return s.get<bool>();
+        if (!s.is_object()) return false;
+        for (auto it = s.begin(); it != s.end(); ++it) {
+            if (is_constraint(it.key())) return false;
+        }
+        return true;
+    }
+
+    // The schema every one of `schemas` must hold at once (allOf; one schema as is).
+    Result<ExprPtr> compile_all(const json& schemas, const std::string& where, int depth) {
+        if (schemas.empty()) return value_rule();
+        if (schemas.size() == 1) return compile(schemas[0], where, depth + 1);
+        json all = {{"allOf", schemas}};
+        return compile(all, where, depth + 1);
+    }
+
     Result<ExprPtr> compile_object(const json& s, const std::string& where, int depth) {
         std::vector<std::pair<std::string, ExprPtr>> props;
         std::vector<bool> required;
@@ -793,12 +866,54 @@ private:
                 req.insert(r.get<std::string>());
             }
         }
+        // patternProperties: each key's language is the JSON-string encoding of
+        // .*(pattern).* (ECMAScript search semantics).
+        struct PatternProp {
+            ExprPtr key;  // string content, without the quotes
+            json schema;
+        };
+        std::vector<PatternProp> patterns;
+        json nontrivial_pattern_schemas = json::array();
+        if (s.contains("patternProperties")) {
+            const json& pp = s["patternProperties"];
+            if (!pp.is_object()) return bad(where + "/patternProperties", "must be an object");
+            for (auto it = pp.begin(); it != pp.end(); ++it) {
+                std::string at = where + "/patternProperties/" + escape_pointer(it.key());
+                auto r = compile_regex(it.key(), RegexMatch::kSearch, CharEncoding::kJsonString, options_.limits);
+                if (!r.is_ok()) return r.status().with_context("JSON schema at '#" + at + "'");
+                if (!it.value().is_boolean() && !it.value().is_object()) {
+                    return bad(at, "a schema must be an object or a boolean");
+                }
+                patterns.push_back({*r, it.value()});
+                if (!is_trivial_schema(it.value())) nontrivial_pattern_schemas.push_back(it.value());
+            }
+        }
+        // The schemas a key named `name` must also satisfy: every matching pattern's
+        // (draft 2020-12 applies all of them); *matched: some pattern matches.
+        auto pattern_schemas_for = [&](const std::string& name, bool* matched) {
+            json out = json::array();
+            *matched = false;
+            for (const auto& p : patterns) {
+                if (!name_matches(name, p.key)) continue;
+                *matched = true;
+                if (!is_trivial_schema(p.schema)) out.push_back(p.schema);
+            }
+            return out;
+        };
         if (s.contains("properties")) {
             const json& p = s["properties"];
             if (!p.is_object()) return bad(where + "/properties", "must be an object");
             for (auto it = p.begin(); it != p.end(); ++it) {
-                DSI_ASSIGN_OR_RETURN(ExprPtr e, compile(it.value(), where + "/properties/" + escape_pointer(it.key()),
-                                                        depth + 1));
+                std::string at = where + "/properties/" + escape_pointer(it.key());
+                bool matched = false;
+                json all = pattern_schemas_for(it.key(), &matched);
+                ExprPtr e;
+                if (all.empty()) {
+                    DSI_ASSIGN_OR_RETURN(e, compile(it.value(), at, depth + 1));
+                } else {
+                    all.insert(all.begin(), it.value());
+                    DSI_ASSIGN_OR_RETURN(e, compile_all(all, at, depth));
+                }
                 props.push_back({it.key(), e});
                 required.push_back(req.count(it.key()) > 0);
             }
@@ -809,24 +924,59 @@ private:
             const json& a = s["additionalProperties"];
             if (a.is_boolean() && !a.get<bool>()) {
                 additional_allowed = false;
+            } else if (!patterns.empty() && !is_trivial_schema(a)) {
+                // Keys matching no pattern would need the complement of the patterns'
+                // languages, which the regex engine cannot express exactly.
+                return unsupported(where + "/additionalProperties",
+                                   "a schema (other than true / false) together with patternProperties");
             } else {
                 DSI_ASSIGN_OR_RETURN(additional, compile(a, where + "/additionalProperties", depth + 1));
             }
         }
         // Required names that are not declared must come as additional properties:
-        // declare them with the additional schema.
+        // declare them with the additional schema (or their patterns' schemas).
         for (const auto& r : req) {
             bool found = false;
             for (const auto& p : props) found = found || p.first == r;
             if (found) continue;
-            if (!additional_allowed) return e_fail();
-            props.push_back({r, additional});
+            bool matched = false;
+            json all = pattern_schemas_for(r, &matched);
+            if (matched) {
+                DSI_ASSIGN_OR_RETURN(ExprPtr e, compile_all(all, where + "/patternProperties", depth));
+                props.push_back({r, e});
+            } else {
+                if (!additional_allowed) return e_fail();
+                props.push_back({r, additional});
+            }
             required.push_back(true);
         }
         std::vector<std::string> names;
         for (const auto& p : props) names.push_back(p.first);
         auto key_literal = [](const std::string& k) { return json(k).dump(-1, ' ', false, json::error_handler_t::replace); };
-        ExprPtr add_kv = additional_allowed ? e_seq({key_not_in(names), e_byte(':'), additional}) : nullptr;
+        ExprPtr add_kv;
+        if (patterns.empty()) {
+            if (additional_allowed) add_kv = e_seq({key_not_in(names), e_byte(':'), additional});
+        } else {
+            // With patterns, undeclared keys are generated only from the patterns
+            // (keys matching none would need a complement; for additionalProperties
+            // true leaving them out is a generation choice: every output stays valid).
+            // A key from pattern i may also match other patterns, so its value must
+            // hold every non-trivial pattern schema (conservative: a subset of the
+            // valid values). A pattern that matches a declared name is left out here,
+            // since its language cannot exclude that name.
+            std::vector<ExprPtr> branches;
+            ExprPtr v;
+            for (size_t i = 0; i < patterns.size(); ++i) {
+                bool clash = false;
+                for (const auto& n : names) clash = clash || name_matches(n, patterns[i].key);
+                if (clash) continue;
+                if (v == nullptr) {
+                    DSI_ASSIGN_OR_RETURN(v, compile_all(nontrivial_pattern_schemas, where + "/patternProperties", depth));
+                }
+                branches.push_back(e_seq({e_byte('"'), patterns[i].key, e_byte('"'), e_byte(':'), v}));
+            }
+            if (!branches.empty()) add_kv = e_alt(std::move(branches));
+        }
         // T(i, first): properties i.. given whether nothing was written yet.
         ExprPtr t_first, t_more;
         if (add_kv) {

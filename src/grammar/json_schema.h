@@ -1,11 +1,14 @@
 // JSON Schema front end (draft 2020-12) and json_object mode (SPEC S-SO). Compiles a
 // schema into a grammar whose sentences are compact JSON texts (no insignificant
 // whitespace) that validate against the schema. Object properties come in the
-// schema's declaration order, optional ones may be left out, additional properties
+// schema's declaration order (a generation choice: any order is valid JSON Schema,
+// declaration order always validates), optional ones may be left out, additional properties
 // (when allowed) follow and never reuse a declared name.
 //
 // Supported: type (all, and lists), enum, const, properties, required,
-// additionalProperties, items, prefixItems, minItems, maxItems, minLength,
+// additionalProperties, patternProperties (undeclared keys only from the
+// patterns; additionalProperties other than true / false next to it is
+// UNIMPLEMENTED; docs/grammar.md has the exact rules), items, prefixItems, minItems, maxItems, minLength,
 // maxLength, pattern, minimum / maximum / exclusiveMinimum / exclusiveMaximum
 // (exact for integers; for numbers when the bounds are integers), anyOf, oneOf
 // (when the branches admit disjoint JSON types), allOf (when the branches'
