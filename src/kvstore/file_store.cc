@@ -310,7 +310,8 @@ void FileBlockStore::read_files(std::span<ReadJob> jobs, int64_t deadline_ns) {
     }
 }
 
-Result<Block> FileBlockStore::finish_read(const StoreKey& key, Result<Block> block, int fd) {
+Result<Block> FileBlockStore::finish_read(const StoreKey& key, Result<Block> block,
+                                          const ReadJob& job) {
     if (!block.is_ok()) {
         metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
         metrics_.misses.fetch_add(1, std::memory_order_relaxed);
@@ -320,9 +321,13 @@ Result<Block> FileBlockStore::finish_read(const StoreKey& key, Result<Block> blo
         }
         return not_found("block unusable: " + block.status().message());
     }
-    // Last access for the GC worker's LRU (S-KV-3); mtime stays the write time.
-    struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
-    (void)::futimens(fd, times);
+    // Last access for the GC worker's LRU (S-KV-3); mtime stays the write time. A
+    // recent access is not rewritten (relatime-like: one inode update per granule).
+    if (Env::default_env()->wall_ns() - job.last_access_ns >=
+        options_.atime_granularity_s * 1'000'000'000LL) {
+        struct timespec times[2] = {{0, UTIME_NOW}, {0, UTIME_OMIT}};
+        (void)::futimens(job.fd, times);
+    }
     metrics_.hits.fetch_add(1, std::memory_order_relaxed);
     metrics_.bytes_read.fetch_add(static_cast<int64_t>(block->size_bytes()),
                                   std::memory_order_relaxed);
@@ -367,6 +372,7 @@ std::vector<Result<Block>> FileBlockStore::read_blocks(std::span<const StoreKey>
             continue;
         }
         jobs[i].fd = fd;
+        jobs[i].last_access_ns = std::max(stat_ns(st.st_atim), stat_ns(st.st_mtim));
         if (dsts.empty()) {
             bufs[i] = BlockBuffer::allocate(size);  // not zero-filled: the read fills it
             jobs[i].dst = bufs[i].span();
@@ -395,7 +401,7 @@ std::vector<Result<Block>> FileBlockStore::read_blocks(std::span<const StoreKey>
             Result<Block> b = dsts.empty()
                                   ? decode_block(std::move(bufs[i]), expect, j.hasher.digest())
                                   : decode_view(j.dst, expect, j.hasher.digest());
-            out.emplace_back(finish_read(keys[i], std::move(b), j.fd));
+            out.emplace_back(finish_read(keys[i], std::move(b), j));
         }
         ::close(j.fd);
     }

@@ -8,14 +8,21 @@
 //     fsync the directory. A crash at any point leaves at most a tmp file, never a
 //     partial block under blocks/; tmp files older than `stale_tmp_age_s` are swept
 //     at open and by the GC worker's scan.
-//   - reads: io_uring when the kernel allows it (probed at open), else pread; chosen
-//     at run time, `use_io_uring = false` forces pread. Files are read in 256 KiB
+//   - reads: pread by default; io_uring on request (`use_io_uring`, URI `io=uring`)
+//     when the kernel allows it (probed at open, else pread). Why pread: these are
+//     buffered reads that nearly always hit the page cache, and the kernel punts a
+//     buffered io_uring read it cannot serve inline to io-wq worker threads, which
+//     compete with the engine for the cores; measured slower than pread on every shape
+//     (bench/RESULTS.md, "KV store throughput"). io_uring pays off for O_DIRECT reads
+//     from a real device (not built). Files are read in 256 KiB
 //     chunks into unzeroed page-aligned buffers (get_many) or the caller's buffers
 //     (read_many_into), each chunk hashed as it lands (no second checksum pass);
 //     get_many submits every chunk of the batch to the ring at once. A block that
 //     fails decode is a miss and its file is removed.
-//   - last access is the file's atime, set explicitly on every hit (works under
-//     noatime/relatime); the GC worker (gc_worker.h) reads it with the class from the
+//   - last access is the file's atime, set explicitly on a hit (works under
+//     noatime/relatime) unless the block's last access (max of atime and mtime) is
+//     already within `atime_granularity_s` (a metadata write per hit is ~15% of the
+//     time of a 0.44 MB read; the GC's LRU and TTLs work in hours and days); the GC worker (gc_worker.h) reads it with the class from the
 //     header. The store itself never deletes for age or space (S-KV-3).
 //   - a write that fails for space (ENOSPC, EDQUOT, EFBIG) is dropped and counted in
 //     puts_dropped; reads go on.
@@ -37,10 +44,11 @@ namespace dsi::kvstore {
 
 struct FileStoreOptions {
     int64_t capacity_bytes = 0;  // 0: the size of the file system holding PATH
-    bool use_io_uring = true;    // false: always pread
+    bool use_io_uring = false;   // true: io_uring when available (see above), else pread
     bool fsync = true;           // fsync file and directory before a block is visible
     unsigned io_uring_entries = 64;
     int64_t stale_tmp_age_s = 600;
+    int64_t atime_granularity_s = 60;  // a hit refreshes an access older than this
     // Test hook (fault injection): called before every write(2) of a put with the
     // bytes about to be written; a non-zero return is taken as that errno.
     std::function<int(size_t)> inject_write_errno;
@@ -82,6 +90,7 @@ private:
     // One whole-file read: fd into dst, hashed as it lands; ok = every byte arrived.
     struct ReadJob {
         int fd = -1;
+        int64_t last_access_ns = 0;  // max(atime, mtime) at open
         std::span<uint8_t> dst;
         PayloadHasher hasher;
         bool ok = false;
@@ -95,7 +104,7 @@ private:
                                            std::span<const BlockInfo> expects,
                                            std::span<const std::span<uint8_t>> dsts,
                                            int64_t deadline_ns);
-    Result<Block> finish_read(const StoreKey& key, Result<Block> block, int fd);
+    Result<Block> finish_read(const StoreKey& key, Result<Block> block, const ReadJob& job);
 
     const std::string root_;
     const FileStoreOptions options_;

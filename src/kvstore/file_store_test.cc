@@ -274,8 +274,10 @@ TEST(FileStore, ReportsWhetherIoUringIsUsed) {
     FileStoreOptions o;
     o.use_io_uring = false;
     EXPECT_FALSE(open_store(dir.path(), o)->using_io_uring());
+    EXPECT_FALSE(open_store(dir.path())->using_io_uring()) << "pread is the default";
     // With io_uring requested the store either has a ring or fell back; both work.
-    auto s = open_store(dir.path());
+    o.use_io_uring = true;
+    auto s = open_store(dir.path(), o);
     std::printf("io_uring available: %d\n", s->using_io_uring() ? 1 : 0);
 }
 

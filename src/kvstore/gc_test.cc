@@ -117,6 +117,7 @@ TEST(GcWorker, FileStoreExpiresByClassAndEvictsUnderWatermark) {
     testing::TempDir dir;
     FileStoreOptions o;
     o.fsync = false;
+    o.atime_granularity_s = 0;  // every hit touches the atime
     auto store = std::move(FileBlockStore::open(dir.path(), o)).value();
     std::vector<testing::TestBlock> blocks;
     for (uint64_t i = 0; i < 6; ++i) {
