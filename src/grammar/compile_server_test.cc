@@ -8,7 +8,10 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <string>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -148,6 +151,41 @@ TEST(CompileServer, TokenizerFingerprintMismatch) {
     // And a vocabulary other than the client's own is refused at submit.
     auto h = remote->submit(kSpecs[2], byte_vocab());
     EXPECT_EQ(h.status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(CompileServer, BusyBeyondMaxConnections) {
+    auto vocab = byte_vocab();
+    // A compile that waits for a gate: the first request holds the only slot.
+    std::mutex mu;
+    std::condition_variable cv;
+    bool open = false, entered = false;
+    CompileServerOptions o;
+    o.max_connections = 1;
+    o.service.compile = [&](const GrammarSpec& spec) -> Result<Grammar> {
+        std::unique_lock<std::mutex> lock(mu);
+        entered = true;
+        cv.notify_all();
+        cv.wait_for(lock, std::chrono::seconds(20), [&] { return open; });
+        return compile_grammar(spec);
+    };
+    auto server = start_server(vocab, o);
+    auto remote = client(server->address(), vocab);
+    Result<std::string> first = unavailable("not run");
+    std::thread t([&] { first = remote->compile_serialized(kSpecs[2]); });
+    {
+        std::unique_lock<std::mutex> lock(mu);
+        ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(20), [&] { return entered; }));
+    }
+    auto busy = remote->compile_serialized(kSpecs[3]);
+    EXPECT_EQ(busy.status().code(), StatusCode::kResourceExhausted) << busy.status().to_string();
+    EXPECT_NE(busy.status().message().find("busy"), std::string::npos);
+    {
+        std::lock_guard<std::mutex> lock(mu);
+        open = true;
+    }
+    cv.notify_all();
+    t.join();
+    EXPECT_TRUE(first.is_ok()) << first.status().to_string();
 }
 
 TEST(CompileServer, GarbageAndBadRequestsGetErrors) {
