@@ -402,6 +402,15 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
     Result<protocol::Conversation> conv = protocol::parse_request(api_of(e), body);
     if (!conv.is_ok()) return conv.status();
     DSI_ASSIGN_OR_RETURN(auto so, structured_request(e, j, body));
+    auto parallel = member_of(j, "parallel_tool_calls", J::value_t::boolean, "a boolean");
+    if (!parallel.is_ok()) return parallel.status();
+    DSI_ASSIGN_OR_RETURN(auto forced_tool,
+                         read_tool_choice(*conv, ctx.encoding,
+                                          *parallel == nullptr || (*parallel)->get<bool>()));
+    if (forced_tool) {
+        if (so) return invalid_argument("tool_choice: cannot be combined with " + so->field);
+        so = std::move(forced_tool);
+    }
     // With a grammar the output is the final answer only: thinking off (the prompt
     // closes the think block), so the mask covers every output token.
     if (so) conv->thinking = false;

@@ -12,6 +12,8 @@
 // Unsupported keywords, invalid schemas, regexes and grammars are INVALID_ARGUMENT
 // (400) naming the request field and the problem.
 //
+// tool_choice "required" / a named tool is a grammar too (read_tool_choice below).
+//
 // Reasoning: a request with a grammar runs with thinking off (the prompt ends with
 // the empty think block), so the mask applies to the whole output, which is the final
 // answer content.
@@ -30,6 +32,8 @@
 #include "base/status.h"
 #include "grammar/compile_service.h"
 #include "grammar/vocabulary.h"
+#include "protocol/conversation.h"
+#include "protocol/encoder.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -51,6 +55,22 @@ struct StructuredRequest {
 Result<std::optional<StructuredRequest>> read_structured_request(StructuredApi api,
                                                                  const nlohmann::json& body,
                                                                  std::string_view raw_body);
+
+// tool_choice "required" (Anthropic: {type: any}) or a named function: a grammar for
+// one DSML tool-call block (`function_calls` in V3.2, `tool_calls` in V4) holding one
+// or more invokes of any tool ("required") or exactly one invoke of the named tool.
+// Each invoke carries the declared parameters of the tool's `parameters` schema in
+// declaration order (required ones always, optional ones omissible; no undeclared
+// ones), every value written string="false" as compact JSON that the property's
+// schema accepts (a string is a JSON string literal, which the output parser passes
+// through). nullopt for "auto" / "none". INVALID_ARGUMENT without tools, with the V3
+// template encoding (no DSML), or for a parameters schema that is not an object
+// schema; errors in a property's schema surface at compile time naming the function
+// and parameter.
+// `parallel`: false (parallel_tool_calls: false) allows one invoke for "required" too.
+Result<std::optional<StructuredRequest>> read_tool_choice(const protocol::Conversation& conv,
+                                                          protocol::ChatEncoding encoding,
+                                                          bool parallel = true);
 
 class StructuredOutput {
 public:

@@ -152,16 +152,30 @@ std::vector<Update> run(EngineService& service, engine::GenerateRequest request)
     return got;
 }
 
-TEST(StructuredOutput, ChatJsonSchemaOutputValidates) {
+// The tiny synthetic model (in memory) behind an EngineService.
+struct TinyEngine {
+    std::unique_ptr<DeepseekModel> model;
+    std::unique_ptr<EngineService> service;
+};
+
+TinyEngine tiny_engine() {
+    TinyEngine t;
     ModelConfig mc = synthetic_preset("tiny").value();
     auto model = DeepseekModel::load(synthetic_memory_model(mc, 7), {1});
-    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    DSI_CHECK(model.is_ok(), model.status().to_string());
+    t.model = std::move(model).value();
     engine::EngineOptions eo;
     eo.num_kv_blocks = 64;
     eo.tokenizer = &tokenizer();
-    auto eng = engine::Engine::create(model->get(), eo, Env::default_env());
-    ASSERT_TRUE(eng.is_ok()) << eng.status().to_string();
-    EngineService service(std::move(eng).value());
+    auto eng = engine::Engine::create(t.model.get(), eo, Env::default_env());
+    DSI_CHECK(eng.is_ok(), eng.status().to_string());
+    t.service = std::make_unique<EngineService>(std::move(eng).value());
+    return t;
+}
+
+TEST(StructuredOutput, ChatJsonSchemaOutputValidates) {
+    TinyEngine tiny = tiny_engine();
+    EngineService& service = *tiny.service;
     ApiContext ctx = context();
     for (int seed = 1; seed <= 3; ++seed) {
         const std::string body =
@@ -201,6 +215,118 @@ TEST(StructuredOutput, ChatJsonSchemaOutputValidates) {
     for (const Update& u : run(service, std::move(p->request))) r.on_update(u);
     const std::string text = J::parse(r.reply().body)["choices"][0]["text"];
     EXPECT_TRUE(std::regex_match(text, std::regex("[a-z]{1,6}@[a-z]{1,6}\\.(com|org)"))) << text;
+}
+
+constexpr const char* kTools =
+    R"([{"type":"function","function":{"name":"get_weather","description":"weather",)"
+    R"("parameters":{"type":"object","properties":{"city":{"type":"string","maxLength":10},)"
+    R"("days":{"type":"integer","minimum":1,"maximum":7},)"
+    R"("unit":{"enum":["c","f"]}},"required":["city","days"]}}},)"
+    R"({"type":"function","function":{"name":"get_time","parameters":{"type":"object",)"
+    R"("properties":{"zone":{"type":"string","format":"uuid"}},"required":["zone"]}}}])";
+
+// Checks one tool call's arguments against kTools' schemas.
+void check_call(const J& call) {
+    const std::string name = call["function"]["name"];
+    J args = J::parse(call["function"]["arguments"].get<std::string>(), nullptr, false);
+    ASSERT_TRUE(args.is_object()) << call;
+    if (name == "get_weather") {
+        ASSERT_TRUE(args["city"].is_string()) << call;
+        ASSERT_TRUE(args["days"].is_number_integer()) << call;
+        EXPECT_GE(args["days"].get<int64_t>(), 1);
+        EXPECT_LE(args["days"].get<int64_t>(), 7);
+        if (args.contains("unit")) {
+            EXPECT_TRUE(args["unit"] == "c" || args["unit"] == "f") << call;
+        }
+        for (const auto& [k, v] : args.items()) {
+            EXPECT_TRUE(k == "city" || k == "days" || k == "unit") << call;
+        }
+    } else {
+        ASSERT_EQ(name, "get_time");
+        ASSERT_TRUE(args["zone"].is_string()) << call;
+        EXPECT_EQ(args["zone"].get<std::string>().size(), 36u) << call;
+        EXPECT_EQ(args.size(), 1u) << call;
+    }
+}
+
+TEST(StructuredOutput, ToolChoiceRequiredAndNamedGiveValidToolCalls) {
+    TinyEngine tiny = tiny_engine();
+    EngineService& service = *tiny.service;
+    ApiContext ctx = context();
+    struct Case {
+        Endpoint e;
+        std::string choice;  // request fragment
+        std::string only;    // the one function expected, or empty
+    };
+    const std::vector<Case> cases = {
+        {Endpoint::kChatCompletions, R"("required","parallel_tool_calls":false)", ""},
+        {Endpoint::kChatCompletions, R"({"type":"function","function":{"name":"get_weather"}})",
+         "get_weather"},
+        {Endpoint::kChatCompletions, R"({"type":"function","function":{"name":"get_time"}})",
+         "get_time"},
+        {Endpoint::kMessages, R"({"type":"tool","name":"get_weather"})", "get_weather"},
+    };
+    int seed = 0;
+    for (const Case& c : cases) {
+        for (int rep = 0; rep < 1; ++rep) {
+            ++seed;
+            std::string body;
+            if (c.e == Endpoint::kMessages) {
+                body = R"({"model":"m","max_tokens":200,"temperature":1,"messages":[{"role":"user",)"
+                       R"("content":"Weather?"}],"tools":[{"name":"get_weather","input_schema":)" +
+                       J::parse(kTools)[0]["function"]["parameters"].dump() +
+                       R"(}],"tool_choice":)" + c.choice + "}";
+            } else {
+                body = R"({"model":"m","max_tokens":200,"temperature":1,"seed":)" +
+                       std::to_string(seed) +
+                       R"(,"messages":[{"role":"user","content":"Weather?"}],"tools":)" +
+                       std::string(kTools) + R"(,"tool_choice":)" + c.choice + "}";
+            }
+            auto p = prepare_request(ctx, c.e, body, static_cast<uint64_t>(seed));
+            ASSERT_TRUE(p.is_ok()) << p.status().to_string();
+            ASSERT_NE(p->request.mask, nullptr);
+            Renderer r(ctx, *p, "id", 1);
+            for (const Update& u : run(service, std::move(p->request))) r.on_update(u);
+            J j = J::parse(r.reply().body);
+            if (c.e == Endpoint::kMessages) {
+                EXPECT_EQ(j["stop_reason"], "tool_use") << j;
+                int n = 0;
+                for (const J& block : j["content"]) {
+                    if (block["type"] != "tool_use") continue;
+                    ++n;
+                    EXPECT_EQ(block["name"], "get_weather");
+                    check_call(J{{"function",
+                                  {{"name", block["name"]}, {"arguments", block["input"].dump()}}}});
+                }
+                EXPECT_EQ(n, 1) << j;
+                continue;
+            }
+            const J& choice = j["choices"][0];
+            EXPECT_EQ(choice["finish_reason"], "tool_calls") << j;
+            ASSERT_TRUE(choice["message"]["tool_calls"].is_array()) << j;
+            ASSERT_GE(choice["message"]["tool_calls"].size(), 1u) << j;
+            if (!c.only.empty()) {
+                EXPECT_EQ(choice["message"]["tool_calls"].size(), 1u) << j;
+            }
+            for (const J& call : choice["message"]["tool_calls"]) {
+                if (!c.only.empty()) {
+                    EXPECT_EQ(call["function"]["name"], c.only);
+                }
+                check_call(call);
+            }
+        }
+    }
+    // Without tools, or with a response_format too: 400.
+    for (const std::string& body :
+         {chat_body(R"(,"tools":[],"tool_choice":"required")"),
+          chat_body(R"(,"tools":)" + std::string(kTools) +
+                    R"(,"tool_choice":"required","response_format":{"type":"json_object"})")}) {
+        auto p = prepare_request(ctx, Endpoint::kChatCompletions, body, 1);
+        ASSERT_FALSE(p.is_ok()) << body;
+        EXPECT_EQ(error_reply(Endpoint::kChatCompletions, p.status()).status, 400);
+        EXPECT_NE(p.status().message().find("tool_choice"), std::string::npos)
+            << p.status().to_string();
+    }
 }
 
 }  // namespace

@@ -252,6 +252,29 @@ test('structured output: response_format json_schema / json_object, text.format,
     (e) => e instanceof OpenAI.BadRequestError && /dynamicRef/.test(e.message));
 });
 
+test('structured output: tool_choice required / named -> DSML tool calls matching the schema', async () => {
+  const params = { type: 'object', properties: {
+    city: { type: 'string', maxLength: 10 }, days: { type: 'integer', minimum: 1, maximum: 7 },
+    unit: { enum: ['c', 'f'] } }, required: ['city', 'days'], additionalProperties: false };
+  const validate = schemaValidator(params);
+  const wtools = [{ type: 'function', function: { name: 'get_weather', parameters: params } },
+    { type: 'function', function: { name: 'get_time', parameters: { type: 'object',
+      properties: { zone: { type: 'string', maxLength: 8 } }, required: ['zone'] } } }];
+  for (const [tool_choice, parallel_tool_calls, seed] of [
+    [{ type: 'function', function: { name: 'get_weather' } }, undefined, 1],
+    ['required', false, 2]]) {
+    const r = await openai.chat.completions.create({ model, messages, tools: wtools, tool_choice,
+      parallel_tool_calls, max_tokens: 200, seed, temperature: 1 });
+    const c = r.choices[0];
+    assert.equal(c.finish_reason, 'tool_calls', JSON.stringify(c));
+    assert.equal(c.message.tool_calls.length, 1);
+    const call = c.message.tool_calls[0].function;
+    const args = JSON.parse(call.arguments);
+    if (call.name === 'get_weather') validate(args);
+    else assert.equal(typeof args.zone, 'string');
+  }
+});
+
 test('malformed requests get the right 4xx and the server keeps serving', async () => {
   const post = (p, body, headers = {}) => fetch(`${base}${p}`, { method: 'POST',
     headers: { 'content-type': 'application/json', ...headers }, body });
