@@ -393,7 +393,9 @@ test(`bounded load: ${loadClients} streaming clients for ${loadSeconds}s`, async
       requests++;
     }
   };
-  await withTimeout(Promise.all(Array.from({ length: loadClients }, client)), (loadSeconds + 120) * 1000, 'load');
+  // The guard only catches a hang: the tail (the last loadClients requests, started just
+  // before the end) takes minutes on a slow or busy 2-core machine.
+  await withTimeout(Promise.all(Array.from({ length: loadClients }, client)), (loadSeconds + 480) * 1000, 'load');
   gaps.sort((a, b) => a - b);
   const p = (q) => gaps[Math.min(gaps.length - 1, Math.floor(q * gaps.length))] ?? 0;
   log(`load: ${requests} requests, inter-token ms p50=${p(0.5).toFixed(1)} p90=${p(0.9).toFixed(1)} p99=${p(0.99).toFixed(1)}`);
