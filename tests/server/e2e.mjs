@@ -341,8 +341,14 @@ test('a body over 64 MiB gets 413 and the connection closed before it is read', 
     s.on('close', () => resolve({ reply, sent }));
     s.on('error', () => {});
   }), 30000, '413 close');
-  assert.match(res.reply, /^HTTP\/1\.1 413/);
-  assert.match(res.reply, /Connection: close/i);
+  // The server answers 413 and closes after a bounded drain; when the client is still
+  // sending then, the close is a TCP reset and the kernel may drop the unread 413 (seen
+  // once on a busy machine). So: a reply, if any, is the 413; either way the body was
+  // never read in full and the server keeps serving.
+  if (res.reply !== '') {
+    assert.match(res.reply, /^HTTP\/1\.1 413/);
+    assert.match(res.reply, /Connection: close/i);
+  }
   assert.ok(res.sent < declared, `client sent ${res.sent} of ${declared} bytes before the close`);
   assert.equal((await fetch(`${base}/health`)).status, 200);
 });
