@@ -3,7 +3,6 @@
 // fresh matcher, limits and pathological inputs.
 #include <gtest/gtest.h>
 
-#include <chrono>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -182,8 +181,6 @@ TEST(Matcher, RollbackAndDraftMasksEqualFreshMatcher) {
 }
 
 TEST(Matcher, PathologicalInputsAreBounded) {
-    using clock = std::chrono::steady_clock;
-    auto t0 = clock::now();
     // Ambiguous regex: hash-consed stacks keep the state small.
     auto e = compile_regex("(a|a|aa)*(a|aa)*b", RegexMatch::kFull, CharEncoding::kUtf8, {});
     ASSERT_TRUE(e.is_ok());
@@ -222,7 +219,8 @@ TEST(Matcher, PathologicalInputsAreBounded) {
                   .status()
                   .code(),
               StatusCode::kResourceExhausted);
-    EXPECT_LT(std::chrono::duration<double>(clock::now() - t0).count(), 10.0);
+    // No wall-clock bound here (speed is not asserted in tests): the limits above bound the
+    // work, and the ctest timeout catches a hang.
 }
 
 }  // namespace
