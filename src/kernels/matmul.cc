@@ -5,7 +5,10 @@
 #include <vector>
 
 #include "base/check.h"
+#include <cstring>
+
 #include "kernels/internal/gemm_amx.h"
+#include "kernels/internal/gemm_i8c.h"
 #include "kernels/internal/gemm_mxfp4.h"
 
 namespace dsi::kernels {
@@ -39,7 +42,93 @@ internal::GemmFn gemm_mxfp4_for(Isa isa) {
     return internal::gemm_mxfp4_scalar;
 }
 
+internal::QuantizeI8cFn quantize_i8c_fn(Isa isa) {
+    switch (isa) {
+        case Isa::kAvx512:
+            return internal::quantize_i8c_avx512;
+        case Isa::kAvx2:
+            return internal::quantize_i8c_avx2;
+        case Isa::kScalar:
+            break;
+    }
+    return internal::quantize_i8c_scalar;
+}
+
+internal::I8cGemmFn gemm_i8c_for(Isa isa) {
+    switch (isa) {
+        case Isa::kAvx512:
+            return internal::gemm_i8c_avx512;
+        case Isa::kAvx2:
+            return internal::gemm_i8c_avx2;
+        case Isa::kScalar:
+            break;
+    }
+    return internal::gemm_i8c_scalar;
+}
+
+// Runs fn(g_begin, g_end) over chunks of whole groups (which thread computes a row
+// never changes its bits).
+template <class Fn>
+void for_groups(ThreadPool* pool, int64_t groups, int64_t grain, Fn&& fn) {
+    const int64_t threads = pool ? pool->num_threads() : 1;
+    if (threads <= 1 || groups < 2) {
+        fn(int64_t{0}, groups);
+        return;
+    }
+    pool->parallel_for(groups, grain, fn);
+}
+
+// i8c: quantise each token row over all of K (row-local: batch-invariant), in tiles of
+// 16 rows over the pool; with AMX also re-lay them as A tiles (gemm_i8c.h).
+void matmul_i8c(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
+                ThreadPool* pool, bool amx) {
+    const internal::PackedView& v = w.view();
+    const int64_t K = v.cols;
+    const int64_t kp = v.padded_cols;
+    const int64_t nkt = kp / internal::kI8cKTile;
+    const bool use_amx = amx && m >= internal::kAmxMinTokens;
+    const int64_t ntt = (m + 15) / 16;
+    const int64_t padded_m = ntt * 16;
+    std::vector<int8_t> q(static_cast<size_t>(padded_m * kp));
+    std::vector<float> d(static_cast<size_t>(padded_m));
+    std::vector<int32_t> s(static_cast<size_t>(padded_m));
+    std::vector<int8_t> tiles(use_amx ? q.size() : 0);
+    const internal::QuantizeI8cFn quant = quantize_i8c_fn(isa);
+    auto quantize_tiles = [&](int64_t tb, int64_t te) {
+        for (int64_t tt = tb; tt < te; ++tt) {
+            const int64_t t_end = std::min(m, tt * 16 + 16);
+            for (int64_t t = tt * 16; t < t_end; ++t)
+                quant(x + t * K, K, kp, q.data() + t * kp, &d[t], &s[t]);
+            if (!use_amx)
+                continue;
+            for (int64_t kt = 0; kt < nkt; ++kt) {
+                int8_t* dst = tiles.data() + (tt * nkt + kt) * internal::kI8cTileBytes;
+                for (int r = 0; r < 16; ++r) {
+                    std::memcpy(dst + r * internal::kI8cKTile,
+                                q.data() + (tt * 16 + r) * kp + kt * internal::kI8cKTile,
+                                internal::kI8cKTile);
+                }
+            }
+        }
+    };
+    for_groups(m >= 32 ? pool : nullptr, ntt, 1, quantize_tiles);
+    const internal::I8cActs xa{q.data(), d.data(), s.data(), use_amx ? tiles.data() : nullptr};
+    internal::I8cGemmFn fn = gemm_i8c_for(isa);
+    if (use_amx) {
+        DSI_CHECK(isa == Isa::kAvx512 && amx_supported());
+        fn = internal::gemm_i8c_amx;
+    }
+    // Grain 2: the AMX kernel works on pairs of groups.
+    for_groups(pool, v.num_groups, 2,
+               [&](int64_t gb, int64_t ge) { fn(v, xa, m, y, gb, ge); });
+}
+
 }  // namespace
+
+void quantize_act_i8c(Isa isa, const float* x, int64_t k, int64_t padded_cols, int8_t* q,
+                      float* d, int32_t* s128) {
+    quantize_i8c_fn(isa)(x, k, padded_cols, q, d, s128);
+}
 
 void quantize_act_q8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s128) {
     for (int64_t b = 0; b < k / kQ8Block; ++b) {
@@ -66,6 +155,10 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     if (m <= 0 || w.rows() == 0)
         return;
     const internal::PackedView& v = w.view();
+    if (v.format == internal::PackFormat::kI8C) {
+        matmul_i8c(isa, w, x, m, y, pool, amx);
+        return;
+    }
     const bool mxfp4 = v.format == internal::PackFormat::kMXFP4;
     internal::GemmFn fn = mxfp4 ? gemm_mxfp4_for(isa) : gemm_for(isa);
     internal::Q8Acts xq;

@@ -2,6 +2,9 @@
 
 #include <cstring>
 
+#include <cmath>
+
+#include "kernels/internal/gemm_i8c.h"
 #include "kernels/internal/gemm_mxfp4.h"
 
 namespace dsi::kernels {
@@ -25,6 +28,8 @@ std::string_view weight_format_name(WeightFormat f) {
             return "q8_0";
         case WeightFormat::kMXFP4:
             return "mxfp4";
+        case WeightFormat::kI8C:
+            return "i8c";
     }
     return "?";
 }
@@ -34,8 +39,11 @@ bool parse_weight_format(std::string_view name, WeightFormat* out) {
         name = "e4m3";
     if (name == "int8")
         name = "q8_0";
+    if (name == "w8a8")
+        name = "i8c";
     for (WeightFormat f : {WeightFormat::kF32, WeightFormat::kBF16, WeightFormat::kF16,
-                           WeightFormat::kE4M3, WeightFormat::kQ8_0, WeightFormat::kMXFP4}) {
+                           WeightFormat::kE4M3, WeightFormat::kQ8_0, WeightFormat::kMXFP4,
+                           WeightFormat::kI8C}) {
         if (name == weight_format_name(f)) {
             *out = f;
             return true;
@@ -100,6 +108,8 @@ PackFormat pack_format(WeightFormat f) {
             return PackFormat::kQ8;
         case WeightFormat::kMXFP4:
             return PackFormat::kMXFP4;
+        case WeightFormat::kI8C:
+            return PackFormat::kI8C;
     }
     return PackFormat::kF32;
 }
@@ -138,6 +148,21 @@ bool put_mxfp4_row(const uint8_t* mx_row, int64_t cols, int i, uint8_t* group) {
     return true;
 }
 
+// Quantises one f32 row to int8 with one scale (d = amax / 127, q = rne(w / d)) into
+// row `i` of an i8c group (layout: internal/gemm_i8c.h); returns d.
+float put_i8c_row(const float* row, int64_t cols, int i, uint8_t* group) {
+    float amax = 0.0f;
+    for (int64_t k = 0; k < cols; ++k)
+        amax = std::fmax(amax, std::fabs(row[k]));
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t k = 0; k < cols; ++k) {
+        float v = std::nearbyint(row[k] * id);
+        v = std::fmin(127.0f, std::fmax(-127.0f, v));
+        group[(k / 4) * 64 + i * 4 + k % 4] = static_cast<uint8_t>(static_cast<int>(v) + 128);
+    }
+    return amax / 127.0f;
+}
+
 }  // namespace
 
 Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
@@ -157,6 +182,9 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
     if (format == WeightFormat::kMXFP4 && K % internal::kMxfp4Block != 0) {
         return invalid_argument("pack_matrix: mxfp4 needs cols % 32 == 0, got " + std::to_string(K));
     }
+    if (format == WeightFormat::kI8C && K > internal::kI8cMaxCols) {
+        return invalid_argument("pack_matrix: i8c needs cols <= 131072, got " + std::to_string(K));
+    }
     PackedMatrix m;
     m.format_ = format;
     internal::PackedView& v = m.view_;
@@ -167,9 +195,16 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
     v.group_bytes = format == WeightFormat::kQ8_0 ? (K / kQ8Block) * kQ8BlockBytes
                     : format == WeightFormat::kMXFP4
                         ? (K / internal::kMxfp4Block) * internal::kMxfp4BlockBytes
-                        : K * kGroupRows * element_bytes(format);
+                    : format == WeightFormat::kI8C ? internal::i8c_padded_cols(K) * kGroupRows
+                                                   : K * kGroupRows * element_bytes(format);
     // Zero padding: tail rows are 0 (q8: scale 0 and biased 128).
     m.data_.assign(static_cast<size_t>(v.num_groups * v.group_bytes), 0);
+    if (format == WeightFormat::kI8C) {
+        // Padded rows and columns hold w = 0 (biased 128), with scale 0.
+        v.padded_cols = internal::i8c_padded_cols(K);
+        m.data_.assign(m.data_.size(), 128);
+        m.scales_.assign(static_cast<size_t>(v.num_groups * kGroupRows), 0.0f);
+    }
     std::vector<float> row(static_cast<size_t>(K));
     std::vector<uint8_t> q8(static_cast<size_t>(K / kQ8Block * 34 + 34));
     for (int64_t r = 0; r < R; ++r) {
@@ -188,6 +223,11 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
                 return invalid_argument("pack_matrix: MXFP4 row " + std::to_string(r) +
                                         " has the NaN scale 0xff");
             }
+            continue;
+        }
+        if (format == WeightFormat::kI8C) {
+            source_row(src, r, row.data());
+            m.scales_[static_cast<size_t>(r)] = put_i8c_row(row.data(), K, i, group);
             continue;
         }
         if (format == WeightFormat::kQ8_0) {
@@ -236,6 +276,8 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
         }
         v.scales = m.scales_.data();
     }
+    if (format == WeightFormat::kI8C)
+        v.scales = m.scales_.data();
     v.data = m.data_.data();
     return m;
 }
@@ -271,6 +313,11 @@ void unpack_row(const PackedMatrix& m, int64_t r, float* out) {
                 const uint8_t* blk = group + (k / 32) * internal::kMxfp4BlockBytes;
                 out[k] = internal::kMxfp4Values[internal::mxfp4_code(blk, i, k % 32)] *
                          internal::mxfp4_scale(blk[i]);
+                break;
+            }
+            case PackFormat::kI8C: {
+                const int q = static_cast<int>(group[(k / 4) * 64 + i * 4 + k % 4]) - 128;
+                out[k] = static_cast<float>(q) * v.scales[r];
                 break;
             }
             case PackFormat::kQ8: {

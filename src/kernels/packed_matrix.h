@@ -8,7 +8,10 @@
 // exactly, other sources are quantised with llama.cpp's reference rounding),
 // mxfp4 (e2m1 codes + one e8m0 scale per 32 columns, internal/gemm_mxfp4.h: GGUF
 // MXFP4 repacks exactly, other sources are quantised with llama.cpp's
-// quantize_row_mxfp4_ref rounding; for routed experts, SPEC S-ENG-9).
+// quantize_row_mxfp4_ref rounding; for routed experts, SPEC S-ENG-9),
+// i8c (int8 with one f32 scale per output row, internal/gemm_i8c.h: quantised at
+// load from any source, d = amax_row / 127; activations are then quantised per token
+// row and the int32 sums run over all of K — the AMX-friendly W8A8 format).
 //
 // Thread model: immutable after pack_matrix(); any number of threads may read
 // it.
@@ -25,11 +28,11 @@
 
 namespace dsi::kernels {
 
-enum class WeightFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8_0, kMXFP4 };
+enum class WeightFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8_0, kMXFP4, kI8C };
 
 std::string_view weight_format_name(WeightFormat f);
-// "f32", "bf16", "f16", "e4m3" (alias "fp8"), "q8_0" (alias "int8"), "mxfp4";
-// false if unknown.
+// "f32", "bf16", "f16", "e4m3" (alias "fp8"), "q8_0" (alias "int8"), "mxfp4",
+// "i8c" (alias "w8a8"); false if unknown.
 bool parse_weight_format(std::string_view name, WeightFormat* out);
 // The format that keeps a stored dtype exact (kI8 etc. are not matrices).
 WeightFormat native_weight_format(DType dtype);
@@ -68,7 +71,8 @@ private:
 
 // Packs `src` into `format`. INVALID_ARGUMENT: e4m3 from a non-FP8source or
 // with block rows not a multiple of 16; q8_0 or mxfp4 with cols % 32 != 0; an
-// MXFP4 source block with the NaN scale 0xff.
+// MXFP4 source block with the NaN scale 0xff; i8c with cols > 2^17 (the int32
+// sums could overflow).
 Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format);
 
 // Row r of the packed matrix as f32 (for tests and embedding lookups).

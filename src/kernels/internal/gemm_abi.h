@@ -31,8 +31,9 @@ constexpr int kGroupRows = 16;
 constexpr int kQ8Block = 32;
 constexpr int64_t kQ8BlockBytes = 32 + 16 * 32;  // per (group, block)
 
-// kMXFP4: layout and kernels in gemm_mxfp4.h (matmul.cc dispatches it there).
-enum class PackFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8, kMXFP4 };
+// kMXFP4: layout and kernels in gemm_mxfp4.h, kI8C in gemm_i8c.h (matmul.cc
+// dispatches them there).
+enum class PackFormat : uint8_t { kF32, kBF16, kF16, kE4M3, kQ8, kMXFP4, kI8C };
 
 struct PackedView {
     PackFormat format = PackFormat::kF32;
@@ -41,8 +42,9 @@ struct PackedView {
     int64_t num_groups = 0;
     int64_t group_bytes = 0;
     const uint8_t* data = nullptr;
-    // e4m3: [num_groups][scale_blocks] f32.
+    // e4m3: [num_groups][scale_blocks] f32; i8c: [num_groups * 16] row scales.
     const float* scales = nullptr;
+    int64_t padded_cols = 0;  // i8c: cols rounded up to 64 (gemm_i8c.h)
     int64_t scale_blocks = 0;
     int64_t scale_block_cols = 0;
 };

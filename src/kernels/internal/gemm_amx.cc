@@ -17,18 +17,10 @@
 namespace dsi::kernels::internal {
 namespace {
 
-struct alignas(64) TileConfig {
-    uint8_t palette_id;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
 // tmm0-1: A (16 tokens x one block), tmm2-3: B (one group x one block), tmm4-7:
 // C[token tile][group].
 void configure_tiles() {
-    TileConfig cfg = {};
+    AmxTileConfig cfg = {};
     cfg.palette_id = 1;
     for (int i = 0; i < 2; ++i) {
         cfg.rows[i] = 16;

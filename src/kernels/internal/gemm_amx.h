@@ -19,6 +19,15 @@ namespace dsi::kernels::internal {
 constexpr int64_t kAmxMinTokens = 16;
 constexpr int64_t kAmxTokenPad = 16;
 
+// The LDTILECFG memory operand (palette 1): per tile register its rows and bytes per row.
+struct alignas(64) AmxTileConfig {
+    uint8_t palette_id;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
 void gemm_amx(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m, float* y,
               int64_t g_begin, int64_t g_end);
 

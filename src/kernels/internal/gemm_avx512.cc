@@ -255,6 +255,7 @@ void gemm_avx512(const PackedView& w, const float* x, const Q8Acts& xq, int64_t 
             gemm_q8(w, xq, m, y, g_begin, g_end);
             break;
         case PackFormat::kMXFP4:  // gemm_mxfp4_*.cc; matmul.cc never sends it here
+        case PackFormat::kI8C:    // gemm_i8c_*.cc, likewise
             break;
     }
 }

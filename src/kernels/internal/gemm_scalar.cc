@@ -31,6 +31,7 @@ float load_element(const PackedView& w, const uint8_t* group, int64_t k, int i) 
             return e4m3_to_f32(group[idx]);
         case PackFormat::kQ8:
         case PackFormat::kMXFP4:  // not float family
+        case PackFormat::kI8C:
             break;
     }
     return 0.0f;
