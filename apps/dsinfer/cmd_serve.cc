@@ -10,6 +10,7 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "engine/calibrate.h"
 #include "engine/engine.h"
 #include "model/checkpoint_writer.h"
 #include "model/deepseek.h"
@@ -41,6 +42,7 @@ struct ServeFlags {
     int io_threads = 2;
     int64_t kv_cache_bytes = int64_t{1} << 30;
     std::string kv_dtype = "f32";  // DeepseekModel::Options::kv_dtype
+    std::string weight_format = "auto";  // DeepseekModel::Options::weight_format
     bool prefix_cache = true;
     int64_t max_model_len = 0;
     int64_t drain_grace_ms = 30000;
@@ -119,6 +121,7 @@ int run_serve(const ServeFlags& f) {
     DeepseekModel::Options mo;
     mo.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
     mo.kv_dtype = f.kv_dtype;
+    mo.weight_format = f.weight_format;
     Result<std::unique_ptr<DeepseekModel>> model =
         DeepseekModel::load(std::move(source).value(), mo);
     if (!model.is_ok()) return fail(model.status());
@@ -135,6 +138,7 @@ int run_serve(const ServeFlags& f) {
     eo.max_model_len = f.max_model_len;
     eo.model_id = model_id;
     eo.tokenizer = tokenizer->get();
+    eo.cost_model_path = engine::cost_model_path_for(model_path);  // `dsinfer calibrate`
     Result<std::unique_ptr<engine::Engine>> eng = engine::Engine::create(model->get(), eo, env);
     if (!eng.is_ok()) return fail(eng.status());
 
@@ -200,6 +204,9 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--io-threads", f->io_threads, "HTTP threads");
     add_setting(*cmd, "--kv-cache-bytes", f->kv_cache_bytes, "KV cache size");
     add_setting(*cmd, "--kv-dtype", f->kv_dtype, "KV cache dtype: f32 | bf16 | e4m3");
+    add_setting(*cmd, "--weight-format", f->weight_format,
+                "weights repacked at load: auto | bf16 | q8_0 | ... | class=format list, e.g. "
+                "experts=mxfp4 (DeepseekModel::Options)");
     add_setting(*cmd, "--prefix-cache", f->prefix_cache, "reuse KV of shared prompt prefixes");
     add_setting(*cmd, "--max-model-len", f->max_model_len, "context length (0 = the model's)");
     add_setting(*cmd, "--drain-grace-ms", f->drain_grace_ms, "SIGTERM: wait this long, then abort");
