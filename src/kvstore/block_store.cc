@@ -2,8 +2,11 @@
 
 #include <charconv>
 #include <cstring>
+#include <optional>
+#include <string_view>
 
 #include "base/env.h"
+#include "kvstore/fetch_service.h"
 #include "kvstore/file_store.h"
 #include "kvstore/redis_store.h"
 #include "kvstore/shm_store.h"
@@ -99,15 +102,51 @@ Result<int64_t> uri_int(const StoreUri& uri, const std::string& name, int64_t fa
     return v;
 }
 
+namespace {
+
+// Removes "name=value" from the query of `uri` and returns value (nullopt if absent).
+std::optional<std::string> take_query_param(std::string* uri, std::string_view name) {
+    const size_t q = uri->find('?');
+    if (q == std::string::npos) return std::nullopt;
+    std::optional<std::string> value;
+    std::string kept;
+    size_t pos = q + 1;
+    while (pos <= uri->size()) {
+        const size_t end = std::min(uri->find('&', pos), uri->size());
+        const std::string_view item(uri->data() + pos, end - pos);
+        if (item.size() > name.size() && item.starts_with(name) && item[name.size()] == '=') {
+            value = std::string(item.substr(name.size() + 1));
+        } else if (!item.empty()) {
+            kept += (kept.empty() ? "" : "&") + std::string(item);
+        }
+        pos = end + 1;
+    }
+    *uri = uri->substr(0, q) + (kept.empty() ? "" : "?" + kept);
+    return value;
+}
+
+}  // namespace
+
 Result<std::unique_ptr<BlockStore>> open_block_store(const std::string& text) {
     if (size_t bar = text.find('|'); bar != std::string::npos) {
         // "shm://...|<store uri>": the host shm tier over a store (TieredBlockStore).
         if (!text.starts_with("shm://")) {
             return invalid_argument("store uri: only shm:// may sit above '|'");
         }
-        DSI_ASSIGN_OR_RETURN(auto upper, open_block_store(text.substr(0, bar)));
+        // "...&fetcher=/path.sock": shm misses are fetched by the S-KV-5 fetch process
+        // listening there (FetchProcessStore, fetch_service.h).
+        std::string upper_text = text.substr(0, bar);
+        const std::optional<std::string> fetcher = take_query_param(&upper_text, "fetcher");
+        if (fetcher && fetcher->empty()) {
+            return invalid_argument("store uri: fetcher= needs a socket path");
+        }
+        DSI_ASSIGN_OR_RETURN(auto upper, open_block_store(upper_text));
         DSI_ASSIGN_OR_RETURN(auto lower, open_block_store(text.substr(bar + 1)));
         std::unique_ptr<ShmBlockStore> shm(static_cast<ShmBlockStore*>(upper.release()));
+        if (fetcher) {
+            return std::unique_ptr<BlockStore>(
+                std::make_unique<FetchProcessStore>(std::move(shm), std::move(lower), *fetcher));
+        }
         return std::unique_ptr<BlockStore>(
             std::make_unique<TieredBlockStore>(std::move(shm), std::move(lower)));
     }
