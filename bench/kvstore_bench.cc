@@ -280,15 +280,21 @@ int main(int argc, char** argv) {
             bool uring;
             bool fsync;
             ReadMode mode;
+            bool map = false;
+            size_t fd_cache = 64;  // the default
         };
         const FileRow file_rows[] = {
             {"file:// io_uring, fsync per block; get_many(8), fresh buffers", true, true,
              ReadMode::kGetMany},
             {"file:// io_uring; read_many_into(8), reused buffers", true, false,
              ReadMode::kReadInto},
+            {"file:// pread, no fd cache; read_many_into(8), reused buffers", false, false,
+             ReadMode::kReadInto, false, 0},
             {"file:// pread; read_many_into(8), reused buffers (engine path)", false, false,
              ReadMode::kReadInto},
             {"file:// pread; get (one block), fresh buffers", false, false, ReadMode::kGet},
+            {"file:// io=mmap; get_many(8), zero copy (the block maps its file)", false, false,
+             ReadMode::kGetMany, true},
         };
         std::vector<std::unique_ptr<BlockStore>> stores;
         int idx = 0;
@@ -297,6 +303,8 @@ int main(int argc, char** argv) {
             FileStoreOptions o;
             o.use_io_uring = fr.uring;
             o.fsync = fr.fsync;
+            o.map_reads = fr.map;
+            o.fd_cache_entries = fr.fd_cache;
             stores.push_back(std::move(FileBlockStore::open(sub, o)).value());
             Row row;
             row.name = fr.name;

@@ -2,6 +2,7 @@
 // fails any check is a miss" (issue 8) holds for every tier.
 #include "kvstore/block_format.h"
 
+#include <sys/mman.h>
 #include <xxhash.h>
 
 #include <cstdlib>
@@ -176,7 +177,21 @@ Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
     return out;
 }
 
-void BlockBuffer::Free::operator()(uint8_t* p) const { std::free(p); }
+void BlockBuffer::Free::operator()(uint8_t* p) const {
+    if (map_bytes > 0) {
+        ::munmap(p, map_bytes);
+    } else {
+        std::free(p);
+    }
+}
+
+BlockBuffer BlockBuffer::adopt_mapping(void* addr, size_t n) {
+    DSI_CHECK(addr != nullptr && n > 0);
+    BlockBuffer b;
+    b.data_ = std::unique_ptr<uint8_t, Free>(static_cast<uint8_t*>(addr), Free{n});
+    b.size_ = n;
+    return b;
+}
 
 BlockBuffer BlockBuffer::allocate(size_t n) {
     DSI_CHECK(n > 0);

@@ -83,6 +83,9 @@ public:
     BlockBuffer() = default;
     // Contents undefined. REQUIRES: n > 0.
     static BlockBuffer allocate(size_t n);
+    // Takes a read-only file mapping (mmap of `n` bytes at `addr`); munmap when the
+    // buffer goes. The holder never writes to it (the pages are PROT_READ).
+    static BlockBuffer adopt_mapping(void* addr, size_t n);
     uint8_t* data() const { return data_.get(); }
     size_t size() const { return size_; }
     std::span<uint8_t> span() const { return {data_.get(), size_}; }
@@ -91,6 +94,7 @@ public:
 
 private:
     struct Free {
+        size_t map_bytes;  // > 0: munmap this length, else free() (value-initialised: 0)
         void operator()(uint8_t* p) const;
     };
     std::unique_ptr<uint8_t, Free> data_;

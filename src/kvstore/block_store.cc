@@ -158,11 +158,15 @@ Result<std::unique_ptr<BlockStore>> open_block_store(const std::string& text) {
         options.fsync = fsync != 0;
         auto io = uri.query.find("io");
         if (io != uri.query.end()) {
-            if (io->second != "pread" && io->second != "uring") {
-                return invalid_argument("store uri: io must be pread or uring");
+            if (io->second != "pread" && io->second != "uring" && io->second != "mmap") {
+                return invalid_argument("store uri: io must be pread, uring or mmap");
             }
             options.use_io_uring = io->second == "uring";
+            options.map_reads = io->second == "mmap";
         }
+        DSI_ASSIGN_OR_RETURN(int64_t fd_cache,
+                             uri_int(uri, "fd_cache", static_cast<int64_t>(options.fd_cache_entries)));
+        options.fd_cache_entries = static_cast<size_t>(fd_cache);
         DSI_ASSIGN_OR_RETURN(auto store, FileBlockStore::open(uri.rest, std::move(options)));
         return std::unique_ptr<BlockStore>(std::move(store));
     }

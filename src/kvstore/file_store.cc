@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <fcntl.h>
 #include <liburing.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
@@ -14,6 +15,8 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <list>
+#include <unordered_map>
 
 #include "base/env.h"
 
@@ -74,6 +77,65 @@ struct FileBlockStore::Ring {
     struct io_uring ring;
 };
 
+// Open fds of recently read blocks, LRU. take() checks an fd out (one reader at a
+// time); give() puts it back as the most recent, closing the least recent beyond the
+// capacity (or the fd itself when the key is already cached).
+class FileBlockStore::FdCache {
+public:
+    explicit FdCache(size_t capacity) : capacity_(capacity) {}
+    ~FdCache() {
+        for (auto& [key, fd] : lru_) ::close(fd);
+    }
+    int take(const StoreKey& key) {
+        std::lock_guard<std::mutex> lock(mu_);
+        auto it = index_.find(key);
+        if (it == index_.end()) {
+            return -1;
+        }
+        int fd = it->second->second;
+        lru_.erase(it->second);
+        index_.erase(it);
+        return fd;
+    }
+    void give(const StoreKey& key, int fd) {
+        int to_close = -1;
+        {
+            std::lock_guard<std::mutex> lock(mu_);
+            if (index_.contains(key)) {
+                to_close = fd;  // another reader's fd of the same file is cached
+            } else {
+                lru_.emplace_front(key, fd);
+                index_[key] = lru_.begin();
+                if (lru_.size() > capacity_) {
+                    to_close = lru_.back().second;
+                    index_.erase(lru_.back().first);
+                    lru_.pop_back();
+                }
+            }
+        }
+        if (to_close >= 0) {
+            ::close(to_close);
+        }
+    }
+    void drop(const StoreKey& key) {
+        int fd = take(key);
+        if (fd >= 0) {
+            ::close(fd);
+        }
+    }
+    size_t size() const {
+        std::lock_guard<std::mutex> lock(mu_);
+        return lru_.size();
+    }
+
+private:
+    const size_t capacity_;
+    mutable std::mutex mu_;
+    std::list<std::pair<StoreKey, int>> lru_;  // guarded by mu_; most recent first
+    std::unordered_map<StoreKey, std::list<std::pair<StoreKey, int>>::iterator, StoreKeyHash>
+        index_;  // guarded by mu_
+};
+
 FileBlockStore::FileBlockStore(std::string root, FileStoreOptions options)
     : root_(std::move(root)), options_(std::move(options)) {}
 
@@ -97,6 +159,18 @@ Result<std::unique_ptr<FileBlockStore>> FileBlockStore::open(const std::string& 
         if (io_uring_queue_init(store->options_.io_uring_entries, &ring->ring, 0) == 0) {
             store->ring_ = std::move(ring);
         }
+    }
+    if (store->options_.map_reads) {
+        // MADV_POPULATE_READ (Linux 5.14) is what turns an I/O error into a miss instead
+        // of a SIGBUS; without it, reads stay on pread.
+        void* p = ::mmap(nullptr, 4096, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p != MAP_FAILED) {
+            store->map_reads_ = ::madvise(p, 4096, MADV_POPULATE_READ) == 0;
+            ::munmap(p, 4096);
+        }
+    }
+    if (store->options_.fd_cache_entries > 0) {
+        store->fd_cache_ = std::make_unique<FdCache>(store->options_.fd_cache_entries);
     }
     store->sweep_tmp(store->options_.stale_tmp_age_s);
     return store;
@@ -163,6 +237,9 @@ Status FileBlockStore::put(const BlockInfo& info, std::span<const std::span<cons
         if (err != ENOENT || !mkdir_p(dir).is_ok() || ::rename(tmp.c_str(), path.c_str()) != 0) {
             return fail(err == ENOENT ? errno : err, "rename");
         }
+    }
+    if (fd_cache_) {
+        fd_cache_->drop(info.key);  // the cached fd is the replaced file's
     }
     if (options_.fsync) {
         // Make the rename itself durable; the block is already visible and complete.
@@ -310,6 +387,59 @@ void FileBlockStore::read_files(std::span<ReadJob> jobs, int64_t deadline_ns) {
     }
 }
 
+void FileBlockStore::map_files(std::span<ReadJob> jobs, std::span<BlockBuffer> bufs) {
+    for (size_t i = 0; i < jobs.size(); ++i) {
+        ReadJob& j = jobs[i];
+        if (j.fd < 0) {
+            continue;
+        }
+        const size_t size = j.file_bytes;
+        void* p = ::mmap(nullptr, size, PROT_READ, MAP_SHARED, j.fd, 0);
+        if (p == MAP_FAILED) {
+            j.ok = false;
+            continue;
+        }
+        bufs[i] = BlockBuffer::adopt_mapping(p, size);
+        j.dst = bufs[i].span();
+        // Faults every page in now: an I/O error is an error here (a miss), and the
+        // hash below and the caller's copies take no faults.
+        j.ok = ::madvise(p, size, MADV_POPULATE_READ) == 0;
+        if (j.ok) {
+            j.hasher.update(j.dst);
+        }
+    }
+}
+
+int FileBlockStore::open_block(const StoreKey& key, struct stat* st) {
+    int fd = fd_cache_ ? fd_cache_->take(key) : -1;
+    if (fd >= 0) {
+        if (::fstat(fd, st) == 0 && st->st_nlink > 0) {
+            return fd;
+        }
+        // Stale: removed (GC, maybe another process) or replaced by a rename since it
+        // was cached. Never read it: open the path again.
+        ::close(fd);
+    }
+    fd = ::open(block_path(key).c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        return -1;
+    }
+    if (::fstat(fd, st) != 0) {
+        st->st_size = 0;  // unusable: the size check fails it
+    }
+    return fd;
+}
+
+void FileBlockStore::release_fd(const StoreKey& key, int fd, bool keep) {
+    if (keep && fd_cache_) {
+        fd_cache_->give(key, fd);
+    } else {
+        ::close(fd);
+    }
+}
+
+size_t FileBlockStore::num_cached_fds() const { return fd_cache_ ? fd_cache_->size() : 0; }
+
 Result<Block> FileBlockStore::finish_read(const StoreKey& key, Result<Block> block,
                                           const ReadJob& job) {
     if (!block.is_ok()) {
@@ -346,9 +476,10 @@ std::vector<Result<Block>> FileBlockStore::read_blocks(std::span<const StoreKey>
     std::vector<Result<Block>> out;
     out.reserve(keys.size());
     std::vector<Status> early(keys.size());
+    const bool map = dsts.empty() && map_reads_;
     for (size_t i = 0; i < keys.size(); ++i) {
-        std::string path = block_path(keys[i]);
-        int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        struct stat st;
+        int fd = open_block(keys[i], &st);
         if (fd < 0) {
             early[i] = not_found("no block");
             if (errno != ENOENT) {
@@ -356,12 +487,11 @@ std::vector<Result<Block>> FileBlockStore::read_blocks(std::span<const StoreKey>
             }
             continue;
         }
-        struct stat st;
-        if (::fstat(fd, &st) != 0 || st.st_size < static_cast<off_t>(kFixedHeaderBytes) ||
+        if (st.st_size < static_cast<off_t>(kFixedHeaderBytes) ||
             static_cast<uint64_t>(st.st_size) > kMaxBlockBytes + header_bytes(kMaxLayers)) {
             ::close(fd);
             metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
-            ::unlink(path.c_str());
+            ::unlink(block_path(keys[i]).c_str());
             early[i] = not_found("block unusable: bad file size");
             continue;
         }
@@ -373,14 +503,19 @@ std::vector<Result<Block>> FileBlockStore::read_blocks(std::span<const StoreKey>
         }
         jobs[i].fd = fd;
         jobs[i].last_access_ns = std::max(stat_ns(st.st_atim), stat_ns(st.st_mtim));
-        if (dsts.empty()) {
+        jobs[i].file_bytes = size;
+        if (dsts.empty() && !map) {  // (map: map_files sets dst to the mapping)
             bufs[i] = BlockBuffer::allocate(size);  // not zero-filled: the read fills it
             jobs[i].dst = bufs[i].span();
-        } else {
+        } else if (!map) {
             jobs[i].dst = dsts[i].first(size);
         }
     }
-    read_files(jobs, deadline_ns);
+    if (map) {
+        map_files(jobs, bufs);
+    } else {
+        read_files(jobs, deadline_ns);
+    }
     for (size_t i = 0; i < keys.size(); ++i) {
         ReadJob& j = jobs[i];
         if (j.fd < 0) {
@@ -403,7 +538,8 @@ std::vector<Result<Block>> FileBlockStore::read_blocks(std::span<const StoreKey>
                                   : decode_view(j.dst, expect, j.hasher.digest());
             out.emplace_back(finish_read(keys[i], std::move(b), j));
         }
-        ::close(j.fd);
+        // Only a verified file's fd is worth keeping (a damaged one was unlinked).
+        release_fd(keys[i], j.fd, out.back().is_ok());
     }
     metrics_.get_latency.record(now_ns() - t0);
     return out;
@@ -447,6 +583,9 @@ Result<bool> FileBlockStore::contains(const StoreKey& key, int64_t /*deadline_ns
 
 Status FileBlockStore::remove(const StoreKey& key) {
     std::string path = block_path(key);
+    if (fd_cache_) {
+        fd_cache_->drop(key);
+    }
     if (::unlink(path.c_str()) != 0 && errno != ENOENT) {
         metrics_.errors.fetch_add(1, std::memory_order_relaxed);
         return internal_error("unlink " + path + ": " + errno_text(errno));

@@ -19,6 +19,22 @@
 //     (read_many_into), each chunk hashed as it lands (no second checksum pass);
 //     get_many submits every chunk of the batch to the ring at once. A block that
 //     fails decode is a miss and its file is removed.
+//   - zero-copy reads (`map_reads`, URI `io=mmap`; off by default): get / get_many map
+//     the block file read-only, fault it in with MADV_POPULATE_READ (an I/O error there
+//     is a miss, not a SIGBUS) and hash it in place; the Block holds the mapping, so the
+//     bytes are never copied into a buffer (read_many_into still reads into the
+//     caller's buffers). Safe because a block file is never modified in place (publish
+//     by rename, removal by unlink: a mapped old file stays intact); a third party that
+//     truncates a block file in place while it is mapped would make its reader SIGBUS —
+//     keep it off on a file system where that can happen. Needs Linux >= 5.14 (probed
+//     at open; else pread).
+//   - open fds of recently read blocks are kept (`fd_cache_entries`, LRU): a hit skips
+//     open + close. Every read fstats the fd; a cached fd whose file has no links left
+//     (removed by GC, also from another process, or replaced by a rename over it) is
+//     dropped and the path opened again, so a cached fd never serves a removed or
+//     replaced block. remove() and put() drop the key's fd at once. On a network file
+//     system whose link counts are not coherent across clients set it to 0 (URI
+//     `fd_cache=0`).
 //   - last access is the file's atime, set explicitly on a hit (works under
 //     noatime/relatime) unless the block's last access (max of atime and mtime) is
 //     already within `atime_granularity_s` (a metadata write per hit is ~15% of the
@@ -27,8 +43,11 @@
 //   - a write that fails for space (ENOSPC, EDQUOT, EFBIG) is dropped and counted in
 //     puts_dropped; reads go on.
 // Thread model: thread-safe. The io_uring ring is shared under a mutex; a thread that
-// finds it busy reads with pread instead of waiting.
+// finds it busy reads with pread instead of waiting. A cached fd is checked out by one
+// reader at a time (under the cache's mutex); two readers of one key open two fds.
 #pragma once
+
+#include <sys/stat.h>
 
 #include <cstdint>
 #include <functional>
@@ -49,6 +68,8 @@ struct FileStoreOptions {
     unsigned io_uring_entries = 64;
     int64_t stale_tmp_age_s = 600;
     int64_t atime_granularity_s = 60;  // a hit refreshes an access older than this
+    bool map_reads = false;            // get/get_many: map + hash in place (see above)
+    size_t fd_cache_entries = 64;      // fds of recently read blocks kept open; 0: none
     // Test hook (fault injection): called before every write(2) of a put with the
     // bytes about to be written; a non-zero return is taken as that errno.
     std::function<int(size_t)> inject_write_errno;
@@ -83,14 +104,20 @@ public:
     // Removes tmp files older than `min_age_s`; returns how many.
     int sweep_tmp(int64_t min_age_s);
     bool using_io_uring() const { return ring_ != nullptr; }
+    // True when get/get_many map files (map_reads asked and the kernel can).
+    bool using_mmap() const { return map_reads_; }
+    // Open fds held by the fd cache (tests).
+    size_t num_cached_fds() const;
     std::string block_path(const StoreKey& key) const;
 
 private:
     struct Ring;
+    class FdCache;
     // One whole-file read: fd into dst, hashed as it lands; ok = every byte arrived.
     struct ReadJob {
         int fd = -1;
         int64_t last_access_ns = 0;  // max(atime, mtime) at open
+        size_t file_bytes = 0;
         std::span<uint8_t> dst;
         PayloadHasher hasher;
         bool ok = false;
@@ -105,12 +132,21 @@ private:
                                            std::span<const std::span<uint8_t>> dsts,
                                            int64_t deadline_ns);
     Result<Block> finish_read(const StoreKey& key, Result<Block> block, const ReadJob& job);
+    // map_reads: maps each job's file into bufs[i] and hashes it in place.
+    void map_files(std::span<ReadJob> jobs, std::span<BlockBuffer> bufs);
+    // An open fd of `key`'s file and its stat (from the fd cache when fresh); -1 with
+    // errno set when it cannot be opened.
+    int open_block(const StoreKey& key, struct stat* st);
+    // After a read: a hit's fd goes back to the cache, anything else is closed.
+    void release_fd(const StoreKey& key, int fd, bool keep);
 
     const std::string root_;
     const FileStoreOptions options_;
     StoreMetrics metrics_;
     std::unique_ptr<Ring> ring_;
     std::mutex ring_mu_;  // guards *ring_
+    bool map_reads_ = false;
+    std::unique_ptr<FdCache> fd_cache_;  // null when fd_cache_entries == 0
 };
 
 }  // namespace dsi::kvstore

@@ -36,11 +36,16 @@ int count_files(const std::string& dir) {
     return n;
 }
 
-class FileStoreTest : public ::testing::TestWithParam<bool> {
+// Every read method: pread, io_uring, and mmap (get/get_many map the file; read_many_into
+// still preads).
+enum class ReadMethod { kPread, kUring, kMmap };
+
+class FileStoreTest : public ::testing::TestWithParam<ReadMethod> {
 protected:
     FileStoreOptions options() const {
         FileStoreOptions o;
-        o.use_io_uring = GetParam();
+        o.use_io_uring = GetParam() == ReadMethod::kUring;
+        o.map_reads = GetParam() == ReadMethod::kMmap;
         return o;
     }
     TempDir dir_;
@@ -266,8 +271,178 @@ TEST_P(FileStoreTest, ConcurrentWritersAndReadersNeverSeeAPartialBlock) {
     EXPECT_EQ(store->metrics().snapshot().corrupt, 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(Io, FileStoreTest, ::testing::Values(true, false),
-                         [](const auto& p) { return p.param ? "uring" : "pread"; });
+// Damage at every place a chunked read could get wrong: in the first, a middle and the
+// last chunk, on both sides of a chunk boundary, in the header, and a file shorter or
+// longer than its header says (also cut exactly at a chunk boundary). Each is a miss
+// through get and read_many_into, also when the file's fd is already cached.
+TEST_P(FileStoreTest, DamageInAnyChunkOrAWrongLengthIsAMiss) {
+    auto store = open_store(dir_.path(), options());
+    constexpr size_t kChunk = size_t{256} << 10;  // FileBlockStore's read chunk
+    const auto good = make_block(1, 3, 300'000);    // ~900 KB: 4 chunks
+    const size_t size = header_bytes(3) + 900'000;
+    struct Damage {
+        const char* what;
+        int64_t flip_at;   // byte to flip, or -1
+        int64_t new_size;  // resize to, or -1
+    };
+    const Damage cases[] = {
+        {"header", 20, -1},
+        {"first chunk payload", static_cast<int64_t>(header_bytes(3)) + 7, -1},
+        {"last byte of chunk 0", kChunk - 1, -1},
+        {"first byte of chunk 1", kChunk, -1},
+        {"middle chunk", 2 * kChunk + 1000, -1},
+        {"last chunk, last byte", static_cast<int64_t>(size) - 1, -1},
+        {"one byte short", -1, static_cast<int64_t>(size) - 1},
+        {"cut at a chunk boundary", -1, kChunk},
+        {"one byte long", -1, static_cast<int64_t>(size) + 1},
+        {"a chunk long", -1, static_cast<int64_t>(size + kChunk)},
+    };
+    std::vector<uint8_t> mem(size + 2 * kChunk);
+    for (bool cached : {false, true}) {
+        for (const Damage& d : cases) {
+            SCOPED_TRACE(std::string(d.what) + (cached ? ", fd cached" : ""));
+            auto spans = good.spans();
+            ASSERT_TRUE(store->put(good.info, spans).is_ok());
+            if (cached) {
+                ASSERT_TRUE(store->get(good.info.key, &good.info).is_ok());
+            }
+            const std::string path = store->block_path(good.info.key);
+            ASSERT_EQ(std::filesystem::file_size(path), size);
+            auto damage = [&]() {
+                if (d.flip_at >= 0) {  // in place: a cached fd sees it
+                    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+                    f.seekg(d.flip_at);
+                    char c = 0;
+                    f.get(c);
+                    f.seekp(d.flip_at);
+                    f.put(static_cast<char>(c ^ 0x10));
+                } else {
+                    std::filesystem::resize_file(path, static_cast<uintmax_t>(d.new_size));
+                }
+            };
+            damage();
+            std::vector<std::span<uint8_t>> dsts = {mem};
+            auto into = store->read_many_into(std::span(&good.info.key, 1),
+                                              std::span(&good.info, 1), dsts);
+            EXPECT_EQ(into[0].status().code(), StatusCode::kNotFound)
+                << into[0].status().to_string();
+            ASSERT_TRUE(store->put(good.info, spans).is_ok());
+            ASSERT_TRUE(store->get(good.info.key, &good.info).is_ok()) << "rewritten: a hit";
+            damage();
+            auto got = store->get(good.info.key, &good.info);
+            EXPECT_EQ(got.status().code(), StatusCode::kNotFound) << got.status().to_string();
+            EXPECT_FALSE(*store->contains(good.info.key)) << "damaged file is removed";
+        }
+    }
+    EXPECT_EQ(store->metrics().snapshot().corrupt, 2 * 2 * std::size(cases));
+}
+
+// A cached fd never serves a block that was removed (GC, here from another store
+// object as from another process) or replaced (a put renames a new file over it), nor
+// one deleted behind the store's back.
+TEST_P(FileStoreTest, FdCacheNeverServesARemovedOrReplacedBlock) {
+    auto store = open_store(dir_.path(), options());
+    auto other = open_store(dir_.path(), options());  // "another process": its own cache
+    auto v1 = make_block(1, 2, 3000);
+    auto v2 = v1;  // same key and header, other bytes
+    for (auto& l : v2.layers) {
+        for (auto& x : l) x = static_cast<uint8_t>(x ^ 0xa5);
+    }
+    auto s1 = v1.spans();
+    auto s2 = v2.spans();
+    auto read_back = [&](const testing::TestBlock& want) {
+        auto r = store->get(v1.info.key, &v1.info);
+        ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+        EXPECT_EQ(0, std::memcmp(r->layer(1).data(), want.layers[1].data(), 3000));
+    };
+    ASSERT_TRUE(store->put(v1.info, s1).is_ok());
+    read_back(v1);
+    EXPECT_EQ(store->num_cached_fds(), 1u);
+    // Removed by another process's GC.
+    ASSERT_TRUE(other->remove(v1.info.key).is_ok());
+    EXPECT_EQ(store->get(v1.info.key, &v1.info).status().code(), StatusCode::kNotFound);
+    // Replaced by another writer: the cached fd is the old file's.
+    ASSERT_TRUE(other->put(v1.info, s1).is_ok());
+    read_back(v1);
+    ASSERT_TRUE(other->put(v2.info, s2).is_ok());
+    read_back(v2);
+    // Deleted behind every store's back.
+    ASSERT_EQ(::unlink(store->block_path(v1.info.key).c_str()), 0);
+    EXPECT_EQ(store->get(v1.info.key, &v1.info).status().code(), StatusCode::kNotFound);
+    // The store's own replace and remove.
+    ASSERT_TRUE(store->put(v1.info, s1).is_ok());
+    read_back(v1);
+    ASSERT_TRUE(store->put(v2.info, s2).is_ok());
+    read_back(v2);
+    ASSERT_TRUE(store->remove(v1.info.key).is_ok());
+    EXPECT_EQ(store->num_cached_fds(), 0u);
+    EXPECT_EQ(store->get(v1.info.key, &v1.info).status().code(), StatusCode::kNotFound);
+    EXPECT_EQ(store->metrics().snapshot().corrupt, 0);
+}
+
+TEST_P(FileStoreTest, FdCacheIsBounded) {
+    FileStoreOptions o = options();
+    o.fd_cache_entries = 3;
+    auto store = open_store(dir_.path(), o);
+    std::vector<testing::TestBlock> blocks;
+    for (uint64_t s = 0; s < 8; ++s) {
+        blocks.push_back(make_block(s, 2, 500));
+        auto spans = blocks.back().spans();
+        ASSERT_TRUE(store->put(blocks.back().info, spans).is_ok());
+    }
+    for (int round = 0; round < 2; ++round) {
+        for (const auto& b : blocks) {
+            ASSERT_TRUE(store->get(b.info.key, &b.info).is_ok());
+        }
+    }
+    EXPECT_EQ(store->num_cached_fds(), 3u);
+    // A duplicate key in one batch opens twice; only one fd stays cached.
+    std::vector<StoreKey> keys = {blocks[0].info.key, blocks[0].info.key};
+    for (auto& r : store->get_many(keys, {})) EXPECT_TRUE(r.is_ok());
+    EXPECT_EQ(store->num_cached_fds(), 3u);
+    o.fd_cache_entries = 0;
+    auto uncached = open_store(dir_.path(), o);
+    ASSERT_TRUE(uncached->get(blocks[0].info.key, &blocks[0].info).is_ok());
+    EXPECT_EQ(uncached->num_cached_fds(), 0u);
+}
+
+INSTANTIATE_TEST_SUITE_P(Io, FileStoreTest,
+                         ::testing::Values(ReadMethod::kUring, ReadMethod::kPread,
+                                           ReadMethod::kMmap),
+                         [](const auto& p) {
+                             return p.param == ReadMethod::kUring   ? "uring"
+                                    : p.param == ReadMethod::kPread ? "pread"
+                                                                    : "mmap";
+                         });
+
+// A mapped block stays valid and unchanged after its file is removed and the key
+// rewritten with other bytes (the mapping is of the old file).
+TEST(FileStore, MappedBlockOutlivesItsFile) {
+    TempDir dir;
+    FileStoreOptions o;
+    o.map_reads = true;
+    auto store = open_store(dir.path(), o);
+    if (!store->using_mmap()) {
+        GTEST_SKIP() << "kernel without MADV_POPULATE_READ: reads use pread";
+    }
+    auto v1 = make_block(5, 2, 100'000);
+    auto v2 = v1;
+    for (auto& x : v2.layers[0]) x = static_cast<uint8_t>(~x);
+    auto s1 = v1.spans();
+    auto s2 = v2.spans();
+    ASSERT_TRUE(store->put(v1.info, s1).is_ok());
+    auto held = store->get(v1.info.key, &v1.info);
+    ASSERT_TRUE(held.is_ok());
+    EXPECT_TRUE(held->owns_bytes());
+    ASSERT_TRUE(store->remove(v1.info.key).is_ok());
+    ASSERT_TRUE(store->put(v2.info, s2).is_ok());
+    auto fresh = store->get(v1.info.key, &v1.info);
+    ASSERT_TRUE(fresh.is_ok());
+    EXPECT_EQ(0, std::memcmp(held->layer(0).data(), v1.layers[0].data(), 100'000));
+    EXPECT_EQ(0, std::memcmp(fresh->layer(0).data(), v2.layers[0].data(), 100'000));
+    Block moved = std::move(held).value();  // the mapping moves with the block
+    EXPECT_EQ(0, std::memcmp(moved.layer(1).data(), v1.layers[1].data(), 100'000));
+}
 
 TEST(FileStore, ReportsWhetherIoUringIsUsed) {
     TempDir dir;
@@ -364,6 +539,9 @@ TEST(FileStore, OpenRejectsEmptyPathAndUris) {
     EXPECT_FALSE(open_block_store("ftp://x").is_ok());
     TempDir dir;
     EXPECT_FALSE(open_block_store("file://" + dir.path() + "?io=bogus").is_ok());
+    EXPECT_FALSE(open_block_store("file://" + dir.path() + "?fd_cache=-1").is_ok());
+    auto mapped = open_block_store("file://" + dir.path() + "?io=mmap&fd_cache=0");
+    ASSERT_TRUE(mapped.is_ok()) << mapped.status().to_string();
     EXPECT_FALSE(open_block_store("file://" + dir.path() + "?capacity=-5").is_ok());
     EXPECT_FALSE(open_block_store("file://" + dir.path() + "?x").is_ok());
     auto s = open_block_store("file://" + dir.path() + "?io=pread&capacity=1000");
