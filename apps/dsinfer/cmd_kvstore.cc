@@ -1,5 +1,6 @@
 // `dsinfer kvstore`: a KV store node (S-KV-3). Opens a store by URI, runs its GC worker
 // (LRU under the watermarks, TTL per traffic class) and prints stats as JSON lines.
+// `dsinfer kvfetch`: the S-KV-5 fetch process of one host (kvstore/fetch_service.h).
 // Flag parsing only; the work is in kvstore/.
 #include <csignal>
 #include <cstdio>
@@ -9,8 +10,10 @@
 #include "base/env.h"
 #include "base/settings.h"
 #include "kvstore/block_store.h"
+#include "kvstore/fetch_service.h"
 #include "kvstore/gc_policy.h"
 #include "kvstore/gc_worker.h"
+#include "kvstore/shm_store.h"
 
 namespace dsi {
 namespace {
@@ -92,6 +95,86 @@ int run_kvstore(const KvstoreFlags& f) {
     return 0;
 }
 
+struct KvfetchFlags {
+    std::string store;   // "shm://NAME?slots=N&slot_bytes=B|<store uri>"
+    std::string socket;  // where engines connect (fetcher= in their store URI)
+    int max_connections = 64;
+    double stats_interval_s = 10;
+    double duration_s = 0;
+};
+
+int run_kvfetch(const KvfetchFlags& f) {
+    auto opened = kvstore::open_block_store(f.store);
+    if (!opened.is_ok()) {
+        std::fprintf(stderr, "kvfetch: %s\n", opened.status().to_string().c_str());
+        return 2;
+    }
+    auto* tiered = dynamic_cast<kvstore::TieredBlockStore*>(opened->get());
+    if (tiered == nullptr || dynamic_cast<kvstore::FetchProcessStore*>(tiered) != nullptr) {
+        std::fprintf(stderr, "kvfetch: --store must be 'shm://NAME?slots=N&slot_bytes=B|<store "
+                             "uri>' (without fetcher=)\n");
+        return 2;
+    }
+    kvstore::FetchServiceOptions o;
+    o.socket_path = f.socket;
+    o.max_connections = f.max_connections;
+    auto service = kvstore::FetchService::start(&tiered->shm(), &tiered->lower(), o);
+    if (!service.is_ok()) {
+        std::fprintf(stderr, "kvfetch: %s\n", service.status().to_string().c_str());
+        return 2;
+    }
+    std::signal(SIGINT, on_signal);
+    std::signal(SIGTERM, on_signal);
+    std::printf("dsinfer kvfetch: serving %s on %s\n", tiered->uri().c_str(), f.socket.c_str());
+    std::fflush(stdout);
+    Env* env = Env::default_env();
+    const int64_t start = env->now_ns();
+    int64_t next_stats = start + static_cast<int64_t>(f.stats_interval_s * 1e9);
+    auto print = [&] {
+        const kvstore::FetchServiceStats s = (*service)->stats();
+        nlohmann::json j = {{"requests", s.requests}, {"keys", s.keys},
+                            {"fetched", s.fetched}, {"already_in_shm", s.already_in_shm},
+                            {"misses", s.misses}, {"shm_full", s.shm_full},
+                            {"errors", s.errors}, {"deadline", s.deadline},
+                            {"bad_requests", s.bad_requests}, {"connections", s.connections},
+                            {"bytes_fetched", s.bytes_fetched}};
+        std::printf("%s\n", j.dump().c_str());
+        std::fflush(stdout);
+    };
+    while (g_kvstore_stop == 0 &&
+           (f.duration_s <= 0 || env->now_ns() - start < static_cast<int64_t>(f.duration_s * 1e9))) {
+        if (env->now_ns() >= next_stats) {
+            print();
+            next_stats += static_cast<int64_t>(f.stats_interval_s * 1e9);
+        }
+        env->sleep_ns(50'000'000);
+    }
+    (*service)->stop();
+    print();
+    return 0;
+}
+
+void register_kvfetch(CLI::App& app) {
+    auto flags = std::make_shared<KvfetchFlags>();
+    CLI::App* cmd = app.add_subcommand(
+        "kvfetch", "KV fetch process (S-KV-5): moves blocks store -> host shm pool for engines");
+    add_setting(*cmd, "--store", flags->store,
+                "shm://NAME?slots=N&slot_bytes=B|<store uri> (the pool engines attach to)")
+        ->required();
+    add_setting(*cmd, "--socket", flags->socket,
+                "Unix socket engines connect to (their store URI: ...&fetcher=SOCKET|...)")
+        ->required();
+    add_setting(*cmd, "--max-connections", flags->max_connections, "engine connections at once");
+    add_setting(*cmd, "--stats-interval-s", flags->stats_interval_s, "seconds between stats lines");
+    add_setting(*cmd, "--duration-s", flags->duration_s, "stop after this long (0: until SIGINT/SIGTERM)");
+    cmd->callback([flags] {
+        int rc = run_kvfetch(*flags);
+        if (rc != 0) {
+            throw CLI::RuntimeError(rc);
+        }
+    });
+}
+
 }  // namespace
 
 void register_kvstore_commands(CLI::App& app) {
@@ -115,6 +198,7 @@ void register_kvstore_commands(CLI::App& app) {
             throw CLI::RuntimeError(rc);
         }
     });
+    register_kvfetch(app);
 }
 
 }  // namespace dsi
