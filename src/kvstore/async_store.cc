@@ -297,10 +297,15 @@ std::vector<Result<FetchedBlock>> Fetcher::read(const Job& job) {
     for (const BlockBuffer& b : bufs) dsts.push_back(b.span());
     std::span<const BlockInfo> expects = job.expects;
     if (!expects.empty()) expects = expects.first(n);
-    std::vector<Result<Block>> got =
-        n > 0 ? store_->read_many_into(std::span<const StoreKey>(job.keys).first(n), expects,
-                                       dsts, job.deadline_ns)
-              : std::vector<Result<Block>>{};
+    std::vector<Result<Block>> got;
+    if (n > 0) {
+        auto keys = std::span<const StoreKey>(job.keys).first(n);
+        // A zero-copy store's blocks live in its own memory (file mappings): the leases
+        // then only bound how many fetched blocks are held; their buffers stay untouched.
+        got = store_->zero_copy_reads() ? store_->get_many(keys, expects, job.deadline_ns)
+                                        : store_->read_many_into(keys, expects, dsts,
+                                                                 job.deadline_ns);
+    }
     for (size_t i = 0; i < n; ++i) {
         if (!got[i].is_ok()) {
             out.emplace_back(got[i].status());

@@ -9,7 +9,9 @@
 //     pool of reused page-aligned host buffers the Fetcher owns (no allocation, no zero
 //     fill, no copy out of a tier); each result holds its buffer until the last
 //     reference to it is gone (the swap-in has copied it), then the buffer goes back to
-//     the pool. Without it, get_many (fresh buffers per block).
+//     the pool. Without it, get_many (fresh buffers per block). A zero-copy store
+//     (BlockStore::zero_copy_reads, file:// io=mmap) is read with get_many into its
+//     own memory; the pool's leases still bound how many fetched blocks are held.
 //     Swap-in (S-KV-6) then copies a Block's layers one by one (Block::layer(i)).
 // Thread model: offer()/submit()/flush() from any thread; one worker thread per object;
 // the destructor stops the worker after the in-flight operation (queued writes not yet

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <chrono>
 #include <thread>
 
@@ -137,6 +138,46 @@ TEST(Fetcher, PooledBuffersAreBoundedReusedAndReleased) {
     // The Fetcher is gone; the block it read is still readable, then released.
     EXPECT_EQ(kept->layer(0).size(), 3000u);
     kept.reset();
+}
+
+// A zero-copy store (file:// io=mmap): the Fetcher hands out the store's mapped blocks,
+// still no more at once than its pool allows, and every lease comes back.
+TEST(Fetcher, ZeroCopyStoreBlocksAreBoundedByThePool) {
+    testing::TempDir dir;
+    FileStoreOptions so;
+    so.map_reads = true;
+    auto store = std::move(FileBlockStore::open(dir.path(), so)).value();
+    if (!store->zero_copy_reads()) {
+        GTEST_SKIP() << "kernel without MADV_POPULATE_READ: reads use pread";
+    }
+    std::vector<testing::TestBlock> blocks;
+    std::vector<StoreKey> keys;
+    std::vector<BlockInfo> infos;
+    for (uint64_t i = 0; i < 6; ++i) {
+        blocks.push_back(make_block(i, 4, 3000));
+        auto spans = blocks.back().spans();
+        ASSERT_TRUE(store->put(blocks.back().info, spans).is_ok());
+        keys.push_back(blocks.back().info.key);
+        infos.push_back(blocks.back().info);
+    }
+    Fetcher::Options o;
+    o.buffer_bytes = header_bytes(4) + 4 * 3000;
+    o.max_buffers = 4;
+    Fetcher fetcher(store.get(), o);
+    {
+        auto t = fetcher.submit(keys, infos, deadline_after_ms(10'000));
+        ASSERT_TRUE(t->wait(deadline_after_ms(10'000)).is_ok());
+        auto& r = t->results();
+        ASSERT_EQ(r.size(), 6u);
+        for (size_t i = 0; i < 4; ++i) {
+            ASSERT_TRUE(r[i].is_ok()) << i;
+            EXPECT_TRUE((*r[i])->owns_bytes());  // the store's mapping, not a pool buffer
+            EXPECT_EQ(0, std::memcmp((*r[i])->layer(3).data(), blocks[i].layers[3].data(), 3000));
+        }
+        EXPECT_EQ(r[4].status().code(), StatusCode::kResourceExhausted);
+        EXPECT_EQ(fetcher.buffer_stats().in_use, 4);
+    }
+    EXPECT_EQ(in_use_when_settled(fetcher, 0), 0);
 }
 
 }  // namespace

@@ -79,6 +79,10 @@ public:
                                                       std::span<const BlockInfo> expects,
                                                       std::span<const std::span<uint8_t>> dsts,
                                                       int64_t deadline_ns = kNoDeadline);
+    // True when get / get_many hand out blocks in the backend's own memory (file://
+    // io=mmap: a read-only mapping of the block file) instead of copying them into a
+    // buffer; a caller that owns reusable buffers (the Fetcher) then calls get_many.
+    virtual bool zero_copy_reads() const { return false; }
     // Metadata only.
     virtual Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) = 0;
     // S-KV-4: the number of leading keys of `chain` present (metadata only). A chain

@@ -96,6 +96,7 @@ public:
     Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) override;
     Status remove(const StoreKey& key) override;
     std::string uri() const override { return "file://" + root_; }
+    bool zero_copy_reads() const override { return map_reads_; }
 
     Result<std::vector<GcEntry>> list_blocks() override;
     Result<int64_t> capacity_bytes() override;
