@@ -1,6 +1,8 @@
 // Mooncake trace replay on one engine (issue 8): multi-turn conversations from
 // ../shared/data/traces/mooncake_synthetic_trace.jsonl replayed with the KV store off,
-// file://, redis:// and shm|file://; prefix hit rate against the trace's ideal
+// file://, redis://, shm|file:// and shm|file:// filled by a fetch process (S-KV-5,
+// a forked child running kvstore::FetchService; the pool is kept small, 16 slots, so
+// blocks leave it and the process has to bring them back); prefix hit rate against the trace's ideal
 // (infinite-cache) rate for the same scaled requests, TTFT p50/p99, and the swap-in
 // time hidden behind compute (counted by the engine).
 //
@@ -17,9 +19,14 @@
 // model) with unlimited capacity over the same chains; "pool only" ideal uses
 // capacity = pool blocks (LRU).
 // Usage: kvstore_trace_bench [--groups 8] [--max-blocks 8] [--pool-blocks 24]
-//                            [--preset tiny-v3] [--modes off,file,redis,shm]
+//                            [--preset tiny-v3] [--modes off,file,redis,shm,fetch]
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -30,6 +37,7 @@
 
 #include "base/env.h"
 #include "engine/engine.h"
+#include "kvstore/fetch_service.h"
 #include "kvstore/redis_test_server.h"
 #include "kvstore/shm_store.h"
 #include "kvstore/test_util.h"
@@ -49,7 +57,7 @@ struct Flags {
     int max_blocks = 8;
     int pool_blocks = 24;
     std::string preset = "tiny-v3";
-    std::string modes = "off,file,redis,shm";
+    std::string modes = "off,file,redis,shm,fetch";
     std::string trace = std::string(DSINFER_SOURCE_DIR) +
                         "/../shared/data/traces/mooncake_synthetic_trace.jsonl";
 };
@@ -117,6 +125,39 @@ struct ModeResult {
     double p50_ms = 0, p99_ms = 0, mean_ms = 0;
     engine::EngineStats stats;
 };
+
+volatile sig_atomic_t g_fetch_stop = 0;
+
+// The fetch process of the "fetch" mode: serves `pool|store` on `socket` until SIGTERM,
+// then prints its counters. Returns its pid (-1 on failure).
+pid_t start_fetch_process(const std::string& pool_and_store, const std::string& socket) {
+    const pid_t pid = ::fork();
+    if (pid != 0) {
+        for (int i = 0; i < 500 && pid > 0 && !std::filesystem::exists(socket); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return pid;
+    }
+    ::signal(SIGTERM, [](int) { g_fetch_stop = 1; });
+    auto store = kvstore::open_block_store(pool_and_store);
+    auto* tiered = store.is_ok() ? dynamic_cast<kvstore::TieredBlockStore*>(store->get()) : nullptr;
+    if (tiered == nullptr) ::_exit(2);
+    kvstore::FetchServiceOptions o;
+    o.socket_path = socket;
+    auto service = kvstore::FetchService::start(&tiered->shm(), &tiered->lower(), o);
+    if (!service.is_ok()) ::_exit(3);
+    while (g_fetch_stop == 0) ::pause();
+    (*service)->stop();
+    const kvstore::FetchServiceStats st = (*service)->stats();
+    std::printf("    fetch process: %lld requests, %lld keys, %lld fetched into shm (%.1f MB), "
+                "%lld already there, %lld misses, %lld shm full\n",
+                static_cast<long long>(st.requests), static_cast<long long>(st.keys),
+                static_cast<long long>(st.fetched), st.bytes_fetched / 1e6,
+                static_cast<long long>(st.already_in_shm), static_cast<long long>(st.misses),
+                static_cast<long long>(st.shm_full));
+    std::fflush(stdout);
+    ::_exit(0);
+}
 
 ModeResult run_mode(DeepseekModel* model, const Replay& rep, const Flags& f,
                     const std::string& uri, engine::EngineOptions base) {
@@ -204,7 +245,7 @@ int main(int argc, char** argv) {
     std::unique_ptr<kvstore::testing::RedisTestServer> redis;
     std::printf("| store | hit rate | vs ideal (pts) | from store | TTFT p50 ms | TTFT p99 ms | "
                 "TTFT mean ms | swap-ins | swap-in hidden |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (const std::string mode : {"off", "file", "redis", "shm"}) {
+    for (const std::string mode : {"off", "file", "redis", "shm", "fetch"}) {
         if (("," + f.modes + ",").find("," + mode + ",") == std::string::npos) continue;
         std::string uri;
         if (mode == "file") {
@@ -218,6 +259,16 @@ int main(int argc, char** argv) {
             uri = "shm://" + name + "?slots=256&slot_bytes=1048576&unlink=1|file://" +
                   dir.path() + "/shmfile?fsync=0";
         }
+        pid_t fetch_pid = -1;
+        if (mode == "fetch") {
+            const std::string pool = "shm://dsi_trace_fetch_" + std::to_string(::getpid()) +
+                                     "?slots=16&slot_bytes=1048576";
+            const std::string store = "file://" + dir.path() + "/fetchfile?fsync=0";
+            const std::string socket = dir.path() + "/fetch.sock";
+            fetch_pid = start_fetch_process(pool + "&unlink=1|" + store, socket);
+            if (fetch_pid < 0) continue;
+            uri = pool + "&fetcher=" + socket + "|" + store;
+        }
         ModeResult m = run_mode(model.get(), rep, f, uri, base);
         const double ideal = mode == "off" ? ideal_pool : ideal_inf;
         const engine::EngineStats& s = m.stats;
@@ -226,9 +277,10 @@ int main(int argc, char** argv) {
                 ? 1.0 - static_cast<double>(s.swap_in_wait_ns) / static_cast<double>(s.swap_in_sum_ns)
                 : 0.0;
         std::printf("| %s | %.3f | %+.1f | %lld blocks | %.1f | %.1f | %.1f | %lld | %.2f |\n",
-                    mode == "off"   ? "off (pool only)"
-                    : mode == "shm" ? "shm|file:// (host shm pool over file)"
-                                    : uri.substr(0, uri.find('?')).c_str(),
+                    mode == "off"     ? "off (pool only)"
+                    : mode == "shm"   ? "shm|file:// (host shm pool over file)"
+                    : mode == "fetch" ? "shm(16 slots)|file://, fetch process"
+                                      : uri.substr(0, uri.find('?')).c_str(),
                     m.hit_rate, 100.0 * (m.hit_rate - ideal),
                     static_cast<long long>(s.store_hit_blocks), m.p50_ms, m.p99_ms, m.mean_ms,
                     static_cast<long long>(s.swap_in_count), hidden);
@@ -242,6 +294,10 @@ int main(int argc, char** argv) {
                     s.swap_in_wait_ns / 1e6, static_cast<long long>(s.store_blocks_written),
                     static_cast<long long>(s.store_blocks_dropped));
         std::fflush(stdout);
+        if (fetch_pid > 0) {
+            ::kill(fetch_pid, SIGTERM);
+            ::waitpid(fetch_pid, nullptr, 0);
+        }
         redis.reset();
     }
     return 0;
