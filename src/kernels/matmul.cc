@@ -78,8 +78,25 @@ void for_groups(ThreadPool* pool, int64_t groups, int64_t grain, Fn&& fn) {
     pool->parallel_for(groups, grain, fn);
 }
 
+// Per-thread scratch of the i8c path, reused across calls (no allocation, page faults or
+// zero fill per call; it keeps the largest size seen). Padded token rows are never
+// zeroed: their C rows are computed from whatever bytes are there and never stored.
+struct I8cScratch {
+    std::vector<int8_t> q;  // row-major activations (non-AMX) or one row per thread (AMX)
+    std::vector<int8_t> tiles;
+    std::vector<float> d;
+    std::vector<int32_t> s128;
+};
+
+template <class T>
+T* grown(std::vector<T>& v, int64_t n) {
+    if (static_cast<int64_t>(v.size()) < n)
+        v.resize(static_cast<size_t>(n));
+    return v.data();
+}
+
 // i8c: quantise each token row over all of K (row-local: batch-invariant), in tiles of
-// 16 rows over the pool; with AMX also re-lay them as A tiles (gemm_i8c.h).
+// 16 rows over the pool; with AMX straight into the A tile layout (gemm_i8c.h).
 void matmul_i8c(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
                 ThreadPool* pool, bool amx) {
     const internal::PackedView& v = w.view();
@@ -89,30 +106,38 @@ void matmul_i8c(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     const bool use_amx = amx && m >= internal::kAmxMinTokens;
     const int64_t ntt = (m + 15) / 16;
     const int64_t padded_m = ntt * 16;
-    std::vector<int8_t> q(static_cast<size_t>(padded_m * kp));
-    std::vector<float> d(static_cast<size_t>(padded_m));
-    std::vector<int32_t> s(static_cast<size_t>(padded_m));
-    std::vector<int8_t> tiles(use_amx ? q.size() : 0);
+    static thread_local I8cScratch scratch;
+    // With AMX, q holds one row per pool thread (16 tiles of a thread's task share it).
+    const int64_t num_threads = pool ? pool->num_threads() : 1;
+    int8_t* q = grown(scratch.q, use_amx ? num_threads * kp : m * kp);
+    int8_t* tiles = use_amx ? grown(scratch.tiles, padded_m * kp) : nullptr;
+    float* d = grown(scratch.d, padded_m);
+    int32_t* s = grown(scratch.s128, padded_m);
     const internal::QuantizeI8cFn quant = quantize_i8c_fn(isa);
-    auto quantize_tiles = [&](int64_t tb, int64_t te) {
-        for (int64_t tt = tb; tt < te; ++tt) {
-            const int64_t t_end = std::min(m, tt * 16 + 16);
-            for (int64_t t = tt * 16; t < t_end; ++t)
-                quant(x + t * K, K, kp, q.data() + t * kp, &d[t], &s[t]);
-            if (!use_amx)
-                continue;
-            for (int64_t kt = 0; kt < nkt; ++kt) {
-                int8_t* dst = tiles.data() + (tt * nkt + kt) * internal::kI8cTileBytes;
-                for (int r = 0; r < 16; ++r) {
-                    std::memcpy(dst + r * internal::kI8cKTile,
-                                q.data() + (tt * 16 + r) * kp + kt * internal::kI8cKTile,
-                                internal::kI8cKTile);
+    const int64_t chunks = std::min<int64_t>(num_threads, ntt);
+    auto quantize_rows = [&](int64_t cb, int64_t ce) {
+        for (int64_t c = cb; c < ce; ++c) {
+            // Chunk c: token tiles [ntt * c / chunks, ntt * (c + 1) / chunks).
+            const int64_t t_begin = ntt * c / chunks * 16;
+            const int64_t t_end = std::min(m, ntt * (c + 1) / chunks * 16);
+            for (int64_t t = t_begin; t < t_end; ++t) {
+                if (!use_amx) {
+                    quant(x + t * K, K, kp, q + t * kp, &d[t], &s[t]);
+                    continue;
+                }
+                int8_t* row = q + c * kp;
+                quant(x + t * K, K, kp, row, &d[t], &s[t]);
+                int8_t* dst = tiles + (t / 16) * nkt * internal::kI8cTileBytes +
+                              (t % 16) * internal::kI8cKTile;
+                for (int64_t kt = 0; kt < nkt; ++kt) {
+                    std::memcpy(dst + kt * internal::kI8cTileBytes,
+                                row + kt * internal::kI8cKTile, internal::kI8cKTile);
                 }
             }
         }
     };
-    for_groups(m >= 32 ? pool : nullptr, ntt, 1, quantize_tiles);
-    const internal::I8cActs xa{q.data(), d.data(), s.data(), use_amx ? tiles.data() : nullptr};
+    for_groups(chunks > 1 ? pool : nullptr, chunks, 1, quantize_rows);
+    const internal::I8cActs xa{q, d, s, tiles};
     internal::I8cGemmFn fn = gemm_i8c_for(isa);
     if (use_amx) {
         DSI_CHECK(isa == Isa::kAvx512 && amx_supported());
