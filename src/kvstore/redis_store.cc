@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "base/env.h"
+#include "kvstore/internal/xxh3_fast.h"
 
 namespace dsi::kvstore {
 namespace {
@@ -421,7 +422,7 @@ Status RedisBlockStore::put(const BlockInfo& info, std::span<const std::span<con
     }
     coder_.encode(data, parity, chunk);
     for (auto& c : chunks) {
-        uint64_t sum = XXH3_64bits(c.data() + 8, chunk);
+        uint64_t sum = internal::xxh3_ops().hash(c.data() + 8, chunk);
         std::memcpy(c.data(), &sum, 8);
     }
     const std::string hex = to_hex(info.key);
@@ -478,90 +479,23 @@ Status RedisBlockStore::put(const BlockInfo& info, std::span<const std::span<con
     return Status::ok();
 }
 
-Result<Block> RedisBlockStore::get(const StoreKey& key, const BlockInfo* expect,
-                                   int64_t deadline_ns) {
-    int64_t t0 = now_ns();
+namespace {
+
+// One key of get_many once its chunks are in: rebuilds missing data chunks from parity,
+// decodes and verifies; counts the outcome.
+Result<Block> finish_get(StoreMetrics& metrics, bool found, const Meta& meta,
+                         const bool* present, int num_present, BlockBuffer bytes,
+                         const BlockInfo* expect) {
     auto miss = [&](Status s) -> Result<Block> {
-        metrics_.misses.fetch_add(1, std::memory_order_relaxed);
-        metrics_.get_latency.record(now_ns() - t0);
+        metrics.misses.fetch_add(1, std::memory_order_relaxed);
         return s;
     };
-    const std::string hex = to_hex(key);
-    const std::string mk = meta_key(hex);
-    Meta meta;
-    bool found = false;
-    {
-        // S-KV-4-style metadata lookup: ask the whole window at once.
-        Pipeline p(*impl_, deadline_ns);
-        std::vector<std::pair<int, int>> asked;
-        for (int s : window(key)) {
-            asked.emplace_back(s, p.append(s, {"HGETALL", mk}));
-        }
-        p.execute();
-        for (auto [s, i] : asked) {
-            if (parse_meta(p.reply(s, i), meta)) {
-                found = true;
-                break;
-            }
-        }
-    }
     if (!found) {
         return miss(not_found("no block"));
     }
     const int k = meta.k;
     const int n = meta.k + meta.m;
-    std::vector<int> server(static_cast<size_t>(n), -1);
-    for (int i = 0; i < n; ++i) {
-        auto it = impl_->by_name.find(meta.place[i]);
-        server[i] = it == impl_->by_name.end() ? -1 : it->second;
-    }
     const size_t chunk = static_cast<size_t>(meta.chunk);
-    std::vector<std::vector<uint8_t>> chunks(static_cast<size_t>(n));
-    bool present[kMaxErasureChunks] = {};
-    std::vector<bool> asked(static_cast<size_t>(n), false);
-    int num_present = 0;
-    std::string atime = std::to_string(wall_ns());
-    // Round 1: the data chunks (plus parity for any data chunk whose server is down);
-    // round 2: whatever else is needed to reach k.
-    for (int round = 0; round < 2 && num_present < k; ++round) {
-        Pipeline p(*impl_, deadline_ns);
-        std::vector<std::pair<int, int>> idx(static_cast<size_t>(n), {-1, -1});
-        int planned = num_present;
-        for (int i = 0; i < n && (round == 1 || planned < k); ++i) {
-            if (asked[i] || server[i] < 0 || (round == 0 && impl_->is_down(server[i]))) {
-                continue;
-            }
-            asked[i] = true;
-            idx[i] = {server[i], p.append(server[i], {"GET", chunk_key(hex, i)})};
-            ++planned;
-        }
-        if (round == 0) {
-            for (int s : server) {  // last access for the GC worker's LRU (S-KV-3)
-                if (s >= 0) {
-                    p.append(s, {"HSET", mk, "atime", atime});
-                }
-            }
-        }
-        p.execute();
-        for (int i = 0; i < n; ++i) {
-            const redisReply* r = p.reply(idx[i].first, idx[i].second);
-            if (r == nullptr || r->type != REDIS_REPLY_STRING) {
-                continue;
-            }
-            uint64_t sum = 0;
-            if (r->len == 8 + chunk) {
-                std::memcpy(&sum, r->str, 8);
-            }
-            if (r->len != 8 + chunk || XXH3_64bits(r->str + 8, chunk) != sum) {
-                // A damaged chunk is a missing chunk; parity may still rebuild the block.
-                metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
-                continue;
-            }
-            chunks[i].assign(r->str + 8, r->str + 8 + chunk);
-            present[i] = true;
-            ++num_present;
-        }
-    }
     bool data_complete = true;
     for (int i = 0; i < k; ++i) {
         data_complete &= present[i];
@@ -572,34 +506,167 @@ Result<Block> RedisBlockStore::get(const StoreKey& key, const BlockInfo* expect,
         }
         std::vector<uint8_t*> ptrs;
         for (int i = 0; i < n; ++i) {
-            chunks[i].resize(chunk);
-            ptrs.push_back(chunks[i].data());
+            ptrs.push_back(bytes.data() + static_cast<size_t>(i) * chunk);
         }
         ErasureCoder coder(k, meta.m);
         Status s = coder.decode(ptrs, std::span<const bool>(present, n), chunk);
         if (!s.is_ok()) {
             return miss(not_found("block unreadable: " + s.message()));
         }
-        metrics_.degraded_reads.fetch_add(1, std::memory_order_relaxed);
+        metrics.degraded_reads.fetch_add(1, std::memory_order_relaxed);
     }
-    std::vector<uint8_t> bytes(static_cast<size_t>(meta.size));
-    for (int i = 0; i < k; ++i) {
-        size_t off = static_cast<size_t>(i) * chunk;
-        if (off < bytes.size()) {
-            std::memcpy(bytes.data() + off, chunks[i].data(), std::min(chunk, bytes.size() - off));
-        }
-    }
+    bytes.truncate(static_cast<size_t>(meta.size));  // drop the padding and parity
     auto block = decode_block(std::move(bytes), expect);
     if (!block.is_ok()) {
-        metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
+        metrics.corrupt.fetch_add(1, std::memory_order_relaxed);
         return miss(not_found("block unusable: " + block.status().message()));
     }
-    metrics_.hits.fetch_add(1, std::memory_order_relaxed);
-    metrics_.bytes_read.fetch_add(static_cast<int64_t>(block->size_bytes()),
-                                  std::memory_order_relaxed);
-    metrics_.get_latency.record(now_ns() - t0);
+    metrics.hits.fetch_add(1, std::memory_order_relaxed);
+    metrics.bytes_read.fetch_add(static_cast<int64_t>(block->size_bytes()),
+                                 std::memory_order_relaxed);
     return block;
 }
+
+}  // namespace
+
+Result<Block> RedisBlockStore::get(const StoreKey& key, const BlockInfo* expect,
+                                   int64_t deadline_ns) {
+    std::span<const BlockInfo> expects;
+    if (expect != nullptr) {
+        expects = std::span<const BlockInfo>(expect, 1);
+    }
+    return std::move(get_many(std::span<const StoreKey>(&key, 1), expects, deadline_ns)[0]);
+}
+
+std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> keys,
+                                                     std::span<const BlockInfo> expects,
+                                                     int64_t deadline_ns) {
+    DSI_CHECK(expects.empty() || expects.size() == keys.size());
+    const int64_t t0 = now_ns();
+    // Per key: its metadata, then its chunks, read straight into one buffer laid out
+    // chunk by chunk (data chunks 0..k-1 are the encoded block, parity after them).
+    struct Read {
+        std::string hex;
+        Meta meta;
+        bool found = false;
+        std::vector<int> server;
+        std::vector<bool> asked;
+        bool present[kMaxErasureChunks] = {};
+        int num_present = 0;
+        BlockBuffer bytes;
+    };
+    std::vector<Read> reads(keys.size());
+    {
+        // S-KV-4-style metadata lookup: every key's window in one pipelined round.
+        Pipeline p(*impl_, deadline_ns);
+        std::vector<std::vector<std::pair<int, int>>> asked(keys.size());
+        std::vector<std::string> mks;
+        for (size_t j = 0; j < keys.size(); ++j) {
+            reads[j].hex = to_hex(keys[j]);
+            mks.push_back(meta_key(reads[j].hex));
+        }
+        for (size_t j = 0; j < keys.size(); ++j) {
+            for (int s : window(keys[j])) {
+                asked[j].emplace_back(s, p.append(s, {"HGETALL", mks[j]}));
+            }
+        }
+        p.execute();
+        for (size_t j = 0; j < keys.size(); ++j) {
+            for (auto [s, i] : asked[j]) {
+                if (parse_meta(p.reply(s, i), reads[j].meta)) {
+                    reads[j].found = true;
+                    break;
+                }
+            }
+        }
+    }
+    for (Read& rd : reads) {
+        if (!rd.found) {
+            continue;
+        }
+        const int n = rd.meta.k + rd.meta.m;
+        rd.server.assign(static_cast<size_t>(n), -1);
+        rd.asked.assign(static_cast<size_t>(n), false);
+        for (int i = 0; i < n; ++i) {
+            auto it = impl_->by_name.find(rd.meta.place[i]);
+            rd.server[i] = it == impl_->by_name.end() ? -1 : it->second;
+        }
+        // Pages of chunks never fetched (parity, usually) are never touched.
+        rd.bytes = BlockBuffer::allocate(static_cast<size_t>(n * rd.meta.chunk));
+    }
+    const std::string atime = std::to_string(wall_ns());
+    const auto& hash = internal::xxh3_ops().hash;
+    // Round 1: every key's data chunks (plus parity for any data chunk whose server is
+    // down), one pipeline over all servers; round 2: whatever else a key needs for k.
+    for (int round = 0; round < 2; ++round) {
+        Pipeline p(*impl_, deadline_ns);
+        std::vector<std::vector<std::pair<int, int>>> idx(reads.size());
+        bool any = false;
+        for (size_t j = 0; j < reads.size(); ++j) {
+            Read& rd = reads[j];
+            if (!rd.found || rd.num_present >= rd.meta.k) {
+                continue;
+            }
+            const int n = rd.meta.k + rd.meta.m;
+            idx[j].assign(static_cast<size_t>(n), {-1, -1});
+            int planned = rd.num_present;
+            for (int i = 0; i < n && (round == 1 || planned < rd.meta.k); ++i) {
+                if (rd.asked[i] || rd.server[i] < 0 ||
+                    (round == 0 && impl_->is_down(rd.server[i]))) {
+                    continue;
+                }
+                rd.asked[i] = true;
+                idx[j][i] = {rd.server[i], p.append(rd.server[i], {"GET", chunk_key(rd.hex, i)})};
+                ++planned;
+                any = true;
+            }
+            if (round == 0) {
+                const std::string mk = meta_key(rd.hex);
+                for (int s : rd.server) {  // last access for the GC worker's LRU (S-KV-3)
+                    if (s >= 0) {
+                        p.append(s, {"HSET", mk, "atime", atime});
+                    }
+                }
+            }
+        }
+        if (!any) {
+            break;
+        }
+        p.execute();
+        for (size_t j = 0; j < reads.size(); ++j) {
+            Read& rd = reads[j];
+            const size_t chunk = static_cast<size_t>(rd.meta.chunk);
+            for (size_t i = 0; i < idx[j].size(); ++i) {
+                const redisReply* r = p.reply(idx[j][i].first, idx[j][i].second);
+                if (r == nullptr || r->type != REDIS_REPLY_STRING) {
+                    continue;
+                }
+                uint64_t sum = 0;
+                if (r->len == 8 + chunk) {
+                    std::memcpy(&sum, r->str, 8);
+                }
+                if (r->len != 8 + chunk || hash(r->str + 8, chunk) != sum) {
+                    // A damaged chunk is a missing chunk; parity may still rebuild it.
+                    metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
+                    continue;
+                }
+                std::memcpy(rd.bytes.data() + i * chunk, r->str + 8, chunk);
+                rd.present[i] = true;
+                ++rd.num_present;
+            }
+        }
+    }
+    std::vector<Result<Block>> out;
+    out.reserve(reads.size());
+    for (size_t j = 0; j < reads.size(); ++j) {
+        out.push_back(finish_get(metrics_, reads[j].found, reads[j].meta, reads[j].present,
+                                 reads[j].num_present, std::move(reads[j].bytes),
+                                 expects.empty() ? nullptr : &expects[j]));
+    }
+    metrics_.get_latency.record(now_ns() - t0);
+    return out;
+}
+
 
 Result<int64_t> RedisBlockStore::match_prefix(std::span<const StoreKey> chain,
                                               int64_t deadline_ns) {

@@ -64,6 +64,11 @@ public:
                int64_t deadline_ns = kNoDeadline) override;
     Result<Block> get(const StoreKey& key, const BlockInfo* expect,
                       int64_t deadline_ns = kNoDeadline) override;
+    // Every key's metadata in one pipelined round, then every key's chunks in one more
+    // (each chunk copied once, from the reply into the block's buffer).
+    std::vector<Result<Block>> get_many(std::span<const StoreKey> keys,
+                                        std::span<const BlockInfo> expects,
+                                        int64_t deadline_ns = kNoDeadline) override;
     Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) override;
     Result<int64_t> match_prefix(std::span<const StoreKey> chain,
                                  int64_t deadline_ns = kNoDeadline) override;

@@ -151,6 +151,66 @@ TEST_F(RedisStoreTest, ErasureCodedBlocksSurviveMServersDown) {
     std::printf("with 3 of 6 servers down, k=3 m=2: %d of 20 blocks readable\n", hits);
 }
 
+// get_many reads a batch in two pipelined rounds; each key keeps its own outcome: hit,
+// repaired by parity, damaged beyond repair, absent, of another model, or a duplicate.
+TEST_F(RedisStoreTest, GetManyKeepsEachKeysOutcome) {
+    start(5);
+    auto store = open(2, 1);
+    auto blocks = put_blocks(*store, 10, 7000);
+    for (auto& s : servers_) {
+        s->command("SET", "c:" + to_hex(blocks[3].info.key) + ":0", std::string(50, 'x'));
+        s->command("SET", "c:" + to_hex(blocks[5].info.key) + ":0", std::string(50, 'x'));
+        s->command("SET", "c:" + to_hex(blocks[5].info.key) + ":1", std::string(50, 'x'));
+    }
+    std::vector<StoreKey> keys;
+    std::vector<BlockInfo> infos;
+    for (const auto& b : blocks) {
+        keys.push_back(b.info.key);
+        infos.push_back(b.info);
+    }
+    keys.push_back(make_block(77).info.key);  // never written
+    infos.push_back(make_block(77).info);
+    keys.push_back(blocks[0].info.key);  // duplicate
+    infos.push_back(blocks[0].info);
+    keys.push_back(blocks[1].info.key);  // expected as another model's block
+    infos.push_back(blocks[1].info);
+    infos.back().model = model_identity("another");
+    auto r = store->get_many(keys, infos);
+    ASSERT_EQ(r.size(), keys.size());
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        if (i == 5) {
+            EXPECT_EQ(r[i].status().code(), StatusCode::kNotFound) << "2 of 3 chunks damaged";
+            continue;
+        }
+        ASSERT_TRUE(r[i].is_ok()) << i << ": " << r[i].status().to_string();
+        expect_same(*r[i], blocks[i]);
+    }
+    EXPECT_EQ(r[10].status().code(), StatusCode::kNotFound);
+    ASSERT_TRUE(r[11].is_ok());
+    expect_same(*r[11], blocks[0]);
+    EXPECT_EQ(r[12].status().code(), StatusCode::kNotFound);
+    auto m = store->metrics().snapshot();
+    EXPECT_EQ(m.degraded_reads, 1);  // block 3
+    EXPECT_EQ(m.hits, 10);
+    // A server down: every block with a chunk there comes from parity, in the same batch.
+    servers_[2]->kill9();
+    keys.resize(blocks.size());
+    infos.resize(blocks.size());
+    r = store->get_many(keys, infos);
+    int hits = 0;
+    for (size_t i = 0; i < blocks.size(); ++i) {
+        if (r[i].is_ok()) {
+            expect_same(*r[i], blocks[i]);
+            ++hits;
+        } else {
+            EXPECT_EQ(r[i].status().code(), StatusCode::kNotFound);
+            EXPECT_TRUE(i == 3 || i == 5) << i << " was intact: readable with one server down";
+        }
+    }
+    EXPECT_GE(hits, 8);
+    EXPECT_GT(store->metrics().snapshot().degraded_reads, 1);
+}
+
 TEST_F(RedisStoreTest, DamagedChunkIsRepairedByParityOrIsAMiss) {
     start(4);
     auto ec = open(2, 1);
