@@ -125,6 +125,34 @@ TEST(PackedMatrixTest, NativeFormatsUnpackExactly) {
     }
 }
 
+// A copy owns its bytes: its view must not point into the source (the GEMV benchmark
+// reads copies to stream weights from DRAM).
+TEST(PackedMatrixTest, CopyOwnsItsBytes) {
+    for (WeightFormat f : {WeightFormat::kQ8_0, WeightFormat::kI8C, WeightFormat::kBF16}) {
+        Source s = make_source(DType::kF32, 20, 64, 2);
+        auto p = pack_matrix(s.m, f);
+        ASSERT_TRUE(p.is_ok());
+        PackedMatrix copy = *p;
+        PackedMatrix assigned;
+        assigned = copy;
+        for (const PackedMatrix* c : {&copy, &assigned}) {
+            EXPECT_NE(c->view().data, p->view().data);
+            EXPECT_EQ(c->view().scales == nullptr, p->view().scales == nullptr);
+            if (c->view().scales != nullptr) {
+                EXPECT_NE(c->view().scales, p->view().scales);
+            }
+            std::vector<float> a(64), b(64);
+            unpack_row(*p, 19, a.data());
+            unpack_row(*c, 19, b.data());
+            EXPECT_TRUE(same_bits(a.data(), b.data(), 64)) << weight_format_name(f);
+        }
+        // A move keeps the buffer, so the view stays valid.
+        const uint8_t* before = copy.view().data;
+        const PackedMatrix moved = std::move(copy);
+        EXPECT_EQ(moved.view().data, before);
+    }
+}
+
 // Scalar reference vs a float64 product of the stored values; every ISA variant
 // vs the scalar reference, bitwise; odd sizes and tails.
 TEST(MatmulTest, VariantsMatchReference) {

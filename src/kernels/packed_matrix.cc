@@ -165,6 +165,19 @@ float put_i8c_row(const float* row, int64_t cols, int i, uint8_t* group) {
 
 }  // namespace
 
+PackedMatrix::PackedMatrix(const PackedMatrix& o)
+    : format_(o.format_), data_(o.data_), scales_(o.scales_), view_(o.view_) {
+    view_.data = data_.data();
+    view_.scales = scales_.empty() ? nullptr : scales_.data();
+}
+
+PackedMatrix& PackedMatrix::operator=(const PackedMatrix& o) {
+    if (this != &o) {
+        *this = PackedMatrix(o);
+    }
+    return *this;
+}
+
 Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
     const int64_t R = src.rows;
     const int64_t K = src.cols;

@@ -52,6 +52,12 @@ struct SourceMatrix {
 class PackedMatrix {
 public:
     PackedMatrix() = default;
+    // A copy owns its own bytes and its view points at them (a defaulted copy would keep
+    // pointing at the source's buffers). Moves keep the buffers, so the view stays valid.
+    PackedMatrix(const PackedMatrix& o);
+    PackedMatrix& operator=(const PackedMatrix& o);
+    PackedMatrix(PackedMatrix&&) noexcept = default;
+    PackedMatrix& operator=(PackedMatrix&&) noexcept = default;
     int64_t rows() const { return view_.rows; }
     int64_t cols() const { return view_.cols; }
     WeightFormat format() const { return format_; }
