@@ -19,7 +19,7 @@
 // model) with unlimited capacity over the same chains; "pool only" ideal uses
 // capacity = pool blocks (LRU).
 // Usage: kvstore_trace_bench [--groups 8] [--max-blocks 8] [--pool-blocks 24]
-//                            [--preset tiny-v3] [--modes off,file,redis,shm,fetch]
+//                            [--preset tiny-v3] [--modes off,file,mmap,redis,shm,fetch]
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -57,7 +57,7 @@ struct Flags {
     int max_blocks = 8;
     int pool_blocks = 24;
     std::string preset = "tiny-v3";
-    std::string modes = "off,file,redis,shm,fetch";
+    std::string modes = "off,file,mmap,redis,shm,fetch";
     std::string trace = std::string(DSINFER_SOURCE_DIR) +
                         "/../shared/data/traces/mooncake_synthetic_trace.jsonl";
 };
@@ -245,11 +245,13 @@ int main(int argc, char** argv) {
     std::unique_ptr<kvstore::testing::RedisTestServer> redis;
     std::printf("| store | hit rate | vs ideal (pts) | from store | TTFT p50 ms | TTFT p99 ms | "
                 "TTFT mean ms | swap-ins | swap-in hidden |\n|---|---|---|---|---|---|---|---|---|\n");
-    for (const std::string mode : {"off", "file", "redis", "shm", "fetch"}) {
+    for (const std::string mode : {"off", "file", "mmap", "redis", "shm", "fetch"}) {
         if (("," + f.modes + ",").find("," + mode + ",") == std::string::npos) continue;
         std::string uri;
         if (mode == "file") {
             uri = "file://" + dir.path() + "/file?fsync=0";
+        } else if (mode == "mmap") {  // zero-copy reads: the Fetcher gets mapped blocks
+            uri = "file://" + dir.path() + "/mmapfile?fsync=0&io=mmap";
         } else if (mode == "redis") {
             if (!kvstore::testing::have_redis_server()) continue;
             redis = std::make_unique<kvstore::testing::RedisTestServer>();
@@ -280,6 +282,7 @@ int main(int argc, char** argv) {
                     mode == "off"     ? "off (pool only)"
                     : mode == "shm"   ? "shm|file:// (host shm pool over file)"
                     : mode == "fetch" ? "shm(16 slots)|file://, fetch process"
+                    : mode == "mmap"  ? "file:// io=mmap (zero copy)"
                                       : uri.substr(0, uri.find('?')).c_str(),
                     m.hit_rate, 100.0 * (m.hit_rate - ideal),
                     static_cast<long long>(s.store_hit_blocks), m.p50_ms, m.p99_ms, m.mean_ms,
