@@ -292,9 +292,13 @@ int main(int argc, char** argv) {
              ReadMode::kReadInto, false, 0},
             {"file:// pread; read_many_into(8), reused buffers (engine path)", false, false,
              ReadMode::kReadInto},
+            {"file:// pread, fd cache 1024 (every block's fd stays open); read_many_into(8)",
+             false, false, ReadMode::kReadInto, false, 1024},
             {"file:// pread; get (one block), fresh buffers", false, false, ReadMode::kGet},
             {"file:// io=mmap; get_many(8), zero copy (the block maps its file)", false, false,
              ReadMode::kGetMany, true},
+            {"file:// io=mmap, fd cache 1024; get_many(8), zero copy", false, false,
+             ReadMode::kGetMany, true, 1024},
         };
         std::vector<std::unique_ptr<BlockStore>> stores;
         int idx = 0;
