@@ -342,7 +342,59 @@ struct ModelFlags {
     std::string kv_dtype = "f32";
     std::string llamacpp_amx = "off";  // "on" aborts on deepseek2 Q8_0 attn_k_b (docs/gguf_deepseek2.md)
     bool skip_llamacpp = false;
+    // When set: the prompt's logits (every position, one thread) under --weight-format vs
+    // under this format: the accuracy cost of a format (e.g. i8c vs the file's q8_0).
+    std::string compare_format;
 };
+
+// Logits of every prompt position under `weight_format` (one thread).
+Result<std::vector<float>> prompt_logits(const ModelFlags& f, const std::string& weight_format,
+                                         const std::vector<int32_t>& prompt) {
+    DSI_ASSIGN_OR_RETURN(auto source, open_checkpoint(Env::default_env(), f.model));
+    DeepseekModel::Options options;
+    options.num_threads = 1;
+    options.weight_format = weight_format;
+    options.kv_dtype = f.kv_dtype;
+    DSI_ASSIGN_OR_RETURN(auto model, DeepseekModel::load(std::move(source), options));
+    auto cache = model->new_kv_cache(static_cast<int64_t>(prompt.size()) + 1);
+    ForwardOutput fo;
+    DSI_RETURN_IF_ERROR(model->forward(prompt, 0, *cache, true, fo));
+    return std::move(fo.logits);
+}
+
+// Max |logit difference| over all prompt positions between --weight-format and
+// --compare-format, the reference's logit standard deviation, and how many positions
+// keep their argmax.
+json compare_logits(const ModelFlags& f, const std::vector<int32_t>& prompt) {
+    auto a = prompt_logits(f, f.weight_format, prompt);
+    auto b = prompt_logits(f, f.compare_format, prompt);
+    if (!a.is_ok() || !b.is_ok() || a->size() != b->size()) {
+        return {{"error", !a.is_ok() ? a.status().to_string()
+                          : !b.is_ok() ? b.status().to_string() : "size mismatch"}};
+    }
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    const int64_t vocab = static_cast<int64_t>(a->size()) / n;
+    double max_diff = 0, sum = 0, sum2 = 0;
+    int64_t same_argmax = 0;
+    for (int64_t t = 0; t < n; ++t) {
+        const float* pa = a->data() + t * vocab;
+        const float* pb = b->data() + t * vocab;
+        for (int64_t v = 0; v < vocab; ++v) {
+            max_diff = std::max(max_diff, static_cast<double>(std::fabs(pa[v] - pb[v])));
+            sum += pb[v];
+            sum2 += static_cast<double>(pb[v]) * pb[v];
+        }
+        same_argmax += std::max_element(pa, pa + vocab) - pa == std::max_element(pb, pb + vocab) - pb;
+    }
+    const double count = static_cast<double>(n * vocab);
+    const double mean = sum / count;
+    return {{"format", f.weight_format},
+            {"reference_format", f.compare_format},
+            {"positions", n},
+            {"max_abs_logit_diff", max_diff},
+            {"reference_logit_std", std::sqrt(std::max(0.0, sum2 / count - mean * mean))},
+            {"same_argmax_positions", same_argmax}};
+}
 
 int run_bench_model(const ModelFlags& f) {
     Env* env = Env::default_env();
@@ -350,6 +402,12 @@ int run_bench_model(const ModelFlags& f) {
                 {"kv_dtype", f.kv_dtype},
                 {"isa", std::string(kernels::isa_name(kernels::active_isa()))},
                 {"prompt_tokens", f.prompt_tokens}, {"gen_tokens", f.gen_tokens}};
+    if (!f.compare_format.empty()) {
+        std::vector<int32_t> prompt(static_cast<size_t>(f.prompt_tokens));
+        for (int i = 0; i < f.prompt_tokens; ++i) prompt[i] = 1000 + i;
+        out["logits_vs_compare_format"] = compare_logits(f, prompt);
+        std::fprintf(stderr, "logits: %s\n", out["logits_vs_compare_format"].dump().c_str());
+    }
     for (int threads = 1; threads <= f.max_threads; ++threads) {
         json r;
         {
@@ -443,6 +501,8 @@ void register_bench_commands(CLI::App& app) {
     add_setting(*m, "--kv-dtype", mf->kv_dtype, "f32 | bf16 | e4m3 (DeepseekModel::Options)");
     add_setting(*m, "--llamacpp-amx", mf->llamacpp_amx, "on | off (llama.cpp's AMX variant)");
     m->add_flag("--skip-llamacpp", mf->skip_llamacpp, "dsinfer only");
+    add_setting(*m, "--compare-format", mf->compare_format,
+                "also report the prompt logits' max |diff| vs this weight format");
     m->callback([mf] {
         if (int rc = run_bench_model(*mf); rc != 0) throw CLI::RuntimeError(rc);
     });
