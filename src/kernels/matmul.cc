@@ -175,6 +175,32 @@ void quantize_act_q8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s1
     }
 }
 
+void quantize_act_q8_isa(Isa isa, const float* x, int64_t k, int8_t* q, float* d,
+                         int32_t* s128) {
+    if (isa == Isa::kScalar) {
+        quantize_act_q8(x, k, q, d, s128);
+        return;
+    }
+    const int64_t nb = k / kQ8Block;
+    static thread_local std::vector<float> amax_id;
+    float* amax = grown(amax_id, nb);
+    if (isa == Isa::kAvx512) {
+        internal::q8_block_amax_avx512(x, nb, amax);
+    } else {
+        internal::q8_block_amax_avx2(x, nb, amax);
+    }
+    // The reference's scalar scale and multiplier per block (in place: amax -> id).
+    for (int64_t b = 0; b < nb; ++b) {
+        d[b] = f16_to_f32(f32_to_f16(amax[b] / 127.0f));
+        amax[b] = amax[b] != 0.0f ? 127.0f / amax[b] : 0.0f;
+    }
+    if (isa == Isa::kAvx512) {
+        internal::q8_quantize_blocks_avx512(x, nb, amax, q, s128);
+    } else {
+        internal::q8_quantize_blocks_avx2(x, nb, amax, q, s128);
+    }
+}
+
 void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
                 ThreadPool* pool, bool amx) {
     if (m <= 0 || w.rows() == 0)
@@ -200,7 +226,8 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
         d.resize(static_cast<size_t>(padded * nb));
         s.resize(static_cast<size_t>(padded * nb));
         for (int64_t t = 0; t < m; ++t) {
-            quantize_act_q8(x + t * K, K, q.data() + t * K, d.data() + t * nb, s.data() + t * nb);
+            quantize_act_q8_isa(isa, x + t * K, K, q.data() + t * K, d.data() + t * nb,
+                                s.data() + t * nb);
         }
         xq = {q.data(), d.data(), s.data()};
     }

@@ -35,6 +35,9 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
 // Quantises one activation row of k floats (k % 32 == 0) to Q8_0 blocks: q[k],
 // d[k/32] (f16-rounded scales), s128[k/32] = 128 * sum of the block's q.
 void quantize_act_q8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s128);
+// The same with an ISA's vector code (the scalar bits; matmul uses it).
+void quantize_act_q8_isa(Isa isa, const float* x, int64_t k, int8_t* q, float* d,
+                         int32_t* s128);
 
 // Quantises one activation row of k floats for i8c weights (internal/gemm_i8c.h): one
 // scale over the row, d = amax / 127, q = rne(x * 127 / amax), q[k, padded_cols) = 0,

@@ -255,6 +255,38 @@ TEST(MatmulTest, AmxMatchesReference) {
     }
 }
 
+// The vector Q8_0 activation quantisers give the scalar bits (random blocks, an all-zero
+// block, exact halves for round-half-even, a tiny and a huge block).
+TEST(MatmulTest, QuantizeActVariantsGiveScalarBits) {
+    const int64_t k = 32 * 40;
+    std::vector<float> x = random_x(1, k, 11);
+    for (int j = 0; j < 32; ++j) {
+        x[32 + j] = 0.0f;                          // block 1: all zero
+        x[64 + j] = static_cast<float>(j) - 15.5f;  // block 2: amax 15.5 -> halves
+        x[96 + j] = 1e-30f * static_cast<float>(j % 5);
+        x[128 + j] = 1e30f * static_cast<float>(j % 3 - 1);
+    }
+    x[192] = 127.0f;  // block 6: multiplier exactly 1
+    x[193] = 2.5f;
+    x[194] = -3.5f;
+    const int64_t nb = k / 32;
+    std::vector<int8_t> q_ref(k);
+    std::vector<float> d_ref(nb);
+    std::vector<int32_t> s_ref(nb);
+    quantize_act_q8(x.data(), k, q_ref.data(), d_ref.data(), s_ref.data());
+    EXPECT_EQ(q_ref[193], 2);
+    EXPECT_EQ(q_ref[194], -4);
+    for (Isa isa : supported_isas()) {
+        std::vector<int8_t> q(k, 99);
+        std::vector<float> d(nb, -1.0f);
+        std::vector<int32_t> s(nb, -1);
+        quantize_act_q8_isa(isa, x.data(), k, q.data(), d.data(), s.data());
+        EXPECT_EQ(q, q_ref) << isa_name(isa);
+        EXPECT_TRUE(same_bits(d.data(), d_ref.data(), nb)) << isa_name(isa);
+        EXPECT_EQ(s, s_ref) << isa_name(isa);
+    }
+}
+
 TEST(MatmulTest, QuantizeActMatchesGgmlRounding) {
     std::vector<float> x = random_x(1, 64, 3);
     x[5] = 0.0f;

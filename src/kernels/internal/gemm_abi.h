@@ -70,6 +70,17 @@ void gemm_avx2(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m,
 void gemm_avx512(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m, float* y,
                  int64_t g_begin, int64_t g_end);
 
+// Q8_0 activation quantiser, vector parts (matmul.cc's quantize_act_q8 computes the f16
+// scale and 127/amax of each block in scalar code between them; together they give the
+// scalar reference's bits). amax[b] = max |x| over block b (32 values) of nb blocks;
+// q[32 b + j] = rne(x * id[b]) and s128[b] = 128 * sum of block b's q.
+void q8_block_amax_avx512(const float* x, int64_t nb, float* amax);
+void q8_block_amax_avx2(const float* x, int64_t nb, float* amax);
+void q8_quantize_blocks_avx512(const float* x, int64_t nb, const float* id, int8_t* q,
+                               int32_t* s128);
+void q8_quantize_blocks_avx2(const float* x, int64_t nb, const float* id, int8_t* q,
+                             int32_t* s128);
+
 // STREAM-style read bandwidth probe used by benchmarks: sum of n floats.
 float sum_avx512(const float* x, int64_t n);
 float sum_avx2(const float* x, int64_t n);

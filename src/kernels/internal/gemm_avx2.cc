@@ -220,6 +220,45 @@ void gemm_avx2(const PackedView& w, const float* x, const Q8Acts& xq, int64_t m,
     }
 }
 
+void q8_block_amax_avx2(const float* x, int64_t nb, float* amax) {
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < nb; ++b) {
+        const float* xb = x + b * kQ8Block;
+        __m256 m = _mm256_and_ps(_mm256_loadu_ps(xb), abs_mask);
+        for (int i = 1; i < 4; ++i)
+            m = _mm256_max_ps(m, _mm256_and_ps(_mm256_loadu_ps(xb + 8 * i), abs_mask));
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_shuffle_ps(h, h, 1));
+        amax[b] = _mm_cvtss_f32(h);
+    }
+}
+
+void q8_quantize_blocks_avx2(const float* x, int64_t nb, const float* id, int8_t* q,
+                             int32_t* s128) {
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m256 vid = _mm256_set1_ps(id[b]);
+        __m256i c[4];
+        for (int i = 0; i < 4; ++i) {
+            // Round to nearest even (MXCSR default), as the reference's nearbyint.
+            c[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + b * kQ8Block + 8 * i), vid));
+        }
+        // packs work per 128-bit lane: bytes come out as 4-value pieces in lane order;
+        // the permute puts them back in column order. |q| <= 127: no saturation.
+        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(c[0], c[1]),
+                                             _mm256_packs_epi32(c[2], c[3]));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + b * kQ8Block),
+                            _mm256_permutevar8x32_epi32(p, order));
+        const __m256i sum =
+            _mm256_add_epi32(_mm256_add_epi32(c[0], c[1]), _mm256_add_epi32(c[2], c[3]));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        s128[b] = 128 * _mm_cvtsi128_si32(h);
+    }
+}
+
 float sum_avx2(const float* x, int64_t n) {
     __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;

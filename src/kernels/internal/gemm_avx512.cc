@@ -260,6 +260,30 @@ void gemm_avx512(const PackedView& w, const float* x, const Q8Acts& xq, int64_t 
     }
 }
 
+void q8_block_amax_avx512(const float* x, int64_t nb, float* amax) {
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m512 v0 = _mm512_and_ps(_mm512_loadu_ps(x + b * kQ8Block), abs_mask);
+        const __m512 v1 = _mm512_and_ps(_mm512_loadu_ps(x + b * kQ8Block + 16), abs_mask);
+        amax[b] = _mm512_reduce_max_ps(_mm512_max_ps(v0, v1));
+    }
+}
+
+void q8_quantize_blocks_avx512(const float* x, int64_t nb, const float* id, int8_t* q,
+                               int32_t* s128) {
+    for (int64_t b = 0; b < nb; ++b) {
+        const __m512 vid = _mm512_set1_ps(id[b]);
+        // Round to nearest even (MXCSR default), as the reference's nearbyint.
+        const __m512i c0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * kQ8Block), vid));
+        const __m512i c1 =
+            _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + b * kQ8Block + 16), vid));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block), _mm512_cvtepi32_epi8(c0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block + 16),
+                         _mm512_cvtepi32_epi8(c1));
+        s128[b] = 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+    }
+}
+
 float sum_avx512(const float* x, int64_t n) {
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
     int64_t i = 0;
