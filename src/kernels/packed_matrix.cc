@@ -2,10 +2,9 @@
 
 #include <cstring>
 
-#include <cmath>
-
 #include "kernels/internal/gemm_i8c.h"
 #include "kernels/internal/gemm_mxfp4.h"
+#include "kernels/matmul.h"
 
 namespace dsi::kernels {
 
@@ -148,19 +147,21 @@ bool put_mxfp4_row(const uint8_t* mx_row, int64_t cols, int i, uint8_t* group) {
     return true;
 }
 
-// Quantises one f32 row to int8 with one scale (d = amax / 127, q = rne(w / d)) into
-// row `i` of an i8c group (layout: internal/gemm_i8c.h); returns d.
-float put_i8c_row(const float* row, int64_t cols, int i, uint8_t* group) {
-    float amax = 0.0f;
-    for (int64_t k = 0; k < cols; ++k)
-        amax = std::fmax(amax, std::fabs(row[k]));
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    for (int64_t k = 0; k < cols; ++k) {
-        float v = std::nearbyint(row[k] * id);
-        v = std::fmin(127.0f, std::fmax(-127.0f, v));
-        group[(k / 4) * 64 + i * 4 + k % 4] = static_cast<uint8_t>(static_cast<int>(v) + 128);
+// Quantises one f32 row to int8 with one scale (d = amax / 127, q = rne(w / d): the
+// activation quantiser's formula, so its vector code is used) into row `i` of an i8c
+// group (layout: internal/gemm_i8c.h); returns d. `q` is scratch of padded_cols bytes.
+float put_i8c_row(const float* row, int64_t cols, int64_t padded_cols, int i, int8_t* q,
+                  uint8_t* group) {
+    float d;
+    int32_t s128;
+    quantize_act_i8c(active_isa(), row, cols, padded_cols, q, &d, &s128);
+    for (int64_t k = 0; k < cols; k += 4) {
+        uint32_t quad;
+        std::memcpy(&quad, q + k, 4);
+        quad ^= 0x80808080u;  // + 128 per byte
+        std::memcpy(group + (k / 4) * 64 + i * 4, &quad, 4);
     }
-    return amax / 127.0f;
+    return d;
 }
 
 }  // namespace
@@ -220,6 +221,7 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
     }
     std::vector<float> row(static_cast<size_t>(K));
     std::vector<uint8_t> q8(static_cast<size_t>(K / kQ8Block * 34 + 34));
+    std::vector<int8_t> i8c_q(static_cast<size_t>(v.padded_cols));
     for (int64_t r = 0; r < R; ++r) {
         const int64_t g = r / kGroupRows;
         const int i = static_cast<int>(r % kGroupRows);
@@ -240,7 +242,8 @@ Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format) {
         }
         if (format == WeightFormat::kI8C) {
             source_row(src, r, row.data());
-            m.scales_[static_cast<size_t>(r)] = put_i8c_row(row.data(), K, i, group);
+            m.scales_[static_cast<size_t>(r)] =
+                put_i8c_row(row.data(), K, v.padded_cols, i, i8c_q.data(), group);
             continue;
         }
         if (format == WeightFormat::kQ8_0) {
