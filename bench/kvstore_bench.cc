@@ -353,6 +353,11 @@ int main(int argc, char** argv) {
                     for (const auto& b : blocks) (void)store->remove(b.info.key);
                 };
                 rows.push_back(std::move(row));
+                Row into;  // the engine's Fetcher path: its reused buffers
+                into.name = "redis k=" + std::to_string(k) + " m=" + std::to_string(m) +
+                            "; read_many_into(8), reused buffers";
+                into.read_pass = store_pass(store, blocks, ReadMode::kReadInto);
+                rows.push_back(std::move(into));
             }
         }
         for (int r = 0; r < rounds; ++r) {

@@ -481,42 +481,74 @@ Status RedisBlockStore::put(const BlockInfo& info, std::span<const std::span<con
 
 namespace {
 
-// One key of get_many once its chunks are in: rebuilds missing data chunks from parity,
-// decodes and verifies; counts the outcome.
-Result<Block> finish_get(StoreMetrics& metrics, bool found, const Meta& meta,
-                         const bool* present, int num_present, BlockBuffer bytes,
+// One key of a batched read: its metadata, then its chunks. Data chunks 0..k-1 land
+// contiguously (they are the encoded block) in the caller's buffer or in `own`; parity
+// chunks after them in `own`.
+struct ChunkRead {
+    std::string hex;
+    Meta meta;
+    bool found = false;
+    Status early;  // set: the result (e.g. the caller's buffer is too small)
+    std::vector<int> server;
+    std::vector<bool> asked;
+    bool present[kMaxErasureChunks] = {};
+    int num_present = 0;
+    std::span<uint8_t> dst;  // the caller's buffer (>= k chunks), or empty
+    BlockBuffer own;         // all k + m chunks, or the m parity chunks when dst is set
+    uint8_t* chunk_ptr(int i) const {
+        const size_t chunk = static_cast<size_t>(meta.chunk);
+        if (!dst.empty()) {
+            return i < meta.k ? dst.data() + i * chunk : own.data() + (i - meta.k) * chunk;
+        }
+        return own.data() + static_cast<size_t>(i) * chunk;
+    }
+};
+
+// One key once its chunks are in: rebuilds missing data chunks from parity, decodes and
+// verifies (into `caller` when given: a view), counts the outcome.
+Result<Block> finish_get(StoreMetrics& metrics, ChunkRead& rd, std::span<uint8_t> caller,
                          const BlockInfo* expect) {
     auto miss = [&](Status s) -> Result<Block> {
         metrics.misses.fetch_add(1, std::memory_order_relaxed);
         return s;
     };
-    if (!found) {
+    if (!rd.early.is_ok()) {
+        return rd.early;
+    }
+    if (!rd.found) {
         return miss(not_found("no block"));
     }
+    const Meta& meta = rd.meta;
     const int k = meta.k;
     const int n = meta.k + meta.m;
-    const size_t chunk = static_cast<size_t>(meta.chunk);
     bool data_complete = true;
     for (int i = 0; i < k; ++i) {
-        data_complete &= present[i];
+        data_complete &= rd.present[i];
     }
     if (!data_complete) {
-        if (num_present < k) {
+        if (rd.num_present < k) {
             return miss(not_found("block unreadable: fewer than k chunks"));
         }
         std::vector<uint8_t*> ptrs;
         for (int i = 0; i < n; ++i) {
-            ptrs.push_back(bytes.data() + static_cast<size_t>(i) * chunk);
+            ptrs.push_back(rd.chunk_ptr(i));
         }
         ErasureCoder coder(k, meta.m);
-        Status s = coder.decode(ptrs, std::span<const bool>(present, n), chunk);
+        Status s = coder.decode(ptrs, std::span<const bool>(rd.present, n),
+                                static_cast<size_t>(meta.chunk));
         if (!s.is_ok()) {
             return miss(not_found("block unreadable: " + s.message()));
         }
         metrics.degraded_reads.fetch_add(1, std::memory_order_relaxed);
     }
-    bytes.truncate(static_cast<size_t>(meta.size));  // drop the padding and parity
-    auto block = decode_block(std::move(bytes), expect);
+    const size_t size = static_cast<size_t>(meta.size);  // drops the padding and parity
+    if (caller.empty()) {
+        rd.own.truncate(size);
+    } else if (rd.dst.empty()) {  // the caller's buffer holds the block, not its padding
+        std::memcpy(caller.data(), rd.own.data(), size);
+    }
+    Result<Block> block = caller.empty() ? decode_block(std::move(rd.own), expect)
+                                         : decode_view(caller.first(size), expect);
     if (!block.is_ok()) {
         metrics.corrupt.fetch_add(1, std::memory_order_relaxed);
         return miss(not_found("block unusable: " + block.status().message()));
@@ -541,21 +573,23 @@ Result<Block> RedisBlockStore::get(const StoreKey& key, const BlockInfo* expect,
 std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> keys,
                                                      std::span<const BlockInfo> expects,
                                                      int64_t deadline_ns) {
+    return read_blocks(keys, expects, {}, deadline_ns);
+}
+
+std::vector<Result<Block>> RedisBlockStore::read_many_into(
+    std::span<const StoreKey> keys, std::span<const BlockInfo> expects,
+    std::span<const std::span<uint8_t>> dsts, int64_t deadline_ns) {
+    DSI_CHECK_EQ(dsts.size(), keys.size());
+    return read_blocks(keys, expects, dsts, deadline_ns);
+}
+
+std::vector<Result<Block>> RedisBlockStore::read_blocks(std::span<const StoreKey> keys,
+                                                        std::span<const BlockInfo> expects,
+                                                        std::span<const std::span<uint8_t>> dsts,
+                                                        int64_t deadline_ns) {
     DSI_CHECK(expects.empty() || expects.size() == keys.size());
     const int64_t t0 = now_ns();
-    // Per key: its metadata, then its chunks, read straight into one buffer laid out
-    // chunk by chunk (data chunks 0..k-1 are the encoded block, parity after them).
-    struct Read {
-        std::string hex;
-        Meta meta;
-        bool found = false;
-        std::vector<int> server;
-        std::vector<bool> asked;
-        bool present[kMaxErasureChunks] = {};
-        int num_present = 0;
-        BlockBuffer bytes;
-    };
-    std::vector<Read> reads(keys.size());
+    std::vector<ChunkRead> reads(keys.size());
     {
         // S-KV-4-style metadata lookup: every key's window in one pipelined round.
         Pipeline p(*impl_, deadline_ns);
@@ -580,11 +614,18 @@ std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> k
             }
         }
     }
-    for (Read& rd : reads) {
+    for (size_t j = 0; j < reads.size(); ++j) {
+        ChunkRead& rd = reads[j];
         if (!rd.found) {
             continue;
         }
         const int n = rd.meta.k + rd.meta.m;
+        const size_t chunk = static_cast<size_t>(rd.meta.chunk);
+        if (!dsts.empty() && dsts[j].size() < static_cast<size_t>(rd.meta.size)) {
+            rd.found = false;
+            rd.early = invalid_argument("buffer smaller than the stored block");
+            continue;
+        }
         rd.server.assign(static_cast<size_t>(n), -1);
         rd.asked.assign(static_cast<size_t>(n), false);
         for (int i = 0; i < n; ++i) {
@@ -592,7 +633,14 @@ std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> k
             rd.server[i] = it == impl_->by_name.end() ? -1 : it->second;
         }
         // Pages of chunks never fetched (parity, usually) are never touched.
-        rd.bytes = BlockBuffer::allocate(static_cast<size_t>(n * rd.meta.chunk));
+        if (!dsts.empty() && dsts[j].size() >= rd.meta.k * chunk) {
+            rd.dst = dsts[j];
+            if (rd.meta.m > 0) {
+                rd.own = BlockBuffer::allocate(rd.meta.m * chunk);
+            }
+        } else {
+            rd.own = BlockBuffer::allocate(n * chunk);
+        }
     }
     const std::string atime = std::to_string(wall_ns());
     const auto& hash = internal::xxh3_ops().hash;
@@ -603,7 +651,7 @@ std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> k
         std::vector<std::vector<std::pair<int, int>>> idx(reads.size());
         bool any = false;
         for (size_t j = 0; j < reads.size(); ++j) {
-            Read& rd = reads[j];
+            ChunkRead& rd = reads[j];
             if (!rd.found || rd.num_present >= rd.meta.k) {
                 continue;
             }
@@ -634,7 +682,7 @@ std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> k
         }
         p.execute();
         for (size_t j = 0; j < reads.size(); ++j) {
-            Read& rd = reads[j];
+            ChunkRead& rd = reads[j];
             const size_t chunk = static_cast<size_t>(rd.meta.chunk);
             for (size_t i = 0; i < idx[j].size(); ++i) {
                 const redisReply* r = p.reply(idx[j][i].first, idx[j][i].second);
@@ -650,7 +698,7 @@ std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> k
                     metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
                     continue;
                 }
-                std::memcpy(rd.bytes.data() + i * chunk, r->str + 8, chunk);
+                std::memcpy(rd.chunk_ptr(static_cast<int>(i)), r->str + 8, chunk);
                 rd.present[i] = true;
                 ++rd.num_present;
             }
@@ -659,14 +707,12 @@ std::vector<Result<Block>> RedisBlockStore::get_many(std::span<const StoreKey> k
     std::vector<Result<Block>> out;
     out.reserve(reads.size());
     for (size_t j = 0; j < reads.size(); ++j) {
-        out.push_back(finish_get(metrics_, reads[j].found, reads[j].meta, reads[j].present,
-                                 reads[j].num_present, std::move(reads[j].bytes),
+        out.push_back(finish_get(metrics_, reads[j], dsts.empty() ? std::span<uint8_t>() : dsts[j],
                                  expects.empty() ? nullptr : &expects[j]));
     }
     metrics_.get_latency.record(now_ns() - t0);
     return out;
 }
-
 
 Result<int64_t> RedisBlockStore::match_prefix(std::span<const StoreKey> chain,
                                               int64_t deadline_ns) {

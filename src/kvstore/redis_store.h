@@ -69,6 +69,12 @@ public:
     std::vector<Result<Block>> get_many(std::span<const StoreKey> keys,
                                         std::span<const BlockInfo> expects,
                                         int64_t deadline_ns = kNoDeadline) override;
+    // The same rounds; each block's data chunks land straight in dsts[i] (no copy out of
+    // a fresh buffer) when it has room for k chunks (the last one's padding included).
+    std::vector<Result<Block>> read_many_into(std::span<const StoreKey> keys,
+                                              std::span<const BlockInfo> expects,
+                                              std::span<const std::span<uint8_t>> dsts,
+                                              int64_t deadline_ns = kNoDeadline) override;
     Result<bool> contains(const StoreKey& key, int64_t deadline_ns = kNoDeadline) override;
     Result<int64_t> match_prefix(std::span<const StoreKey> chain,
                                  int64_t deadline_ns = kNoDeadline) override;
@@ -86,6 +92,11 @@ public:
 
 private:
     explicit RedisBlockStore(RedisStoreOptions options);
+    // get_many (dsts empty: fresh buffers) and read_many_into (the caller's).
+    std::vector<Result<Block>> read_blocks(std::span<const StoreKey> keys,
+                                           std::span<const BlockInfo> expects,
+                                           std::span<const std::span<uint8_t>> dsts,
+                                           int64_t deadline_ns);
     RedisStoreOptions options_;
     ErasureCoder coder_;
     StoreMetrics metrics_;
