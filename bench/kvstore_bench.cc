@@ -8,15 +8,20 @@
 //     of the block's size (the memory the store's read_many_into(8) fills): a plain read
 //     that delivers the data where a reader needs it, without checksum or per-file cost;
 //   - for Redis: bare hiredis GETs of the same encoded-block values, pipelined 8 deep,
-//     each copied into one of 8 reused buffers (loopback, same server).
+//     each copied into one of 8 reused buffers (loopback, same server), and a plain
+//     loopback TCP stream of the same bytes from a sender thread (the transport's own
+//     ceiling on this machine).
 // Fairness: every read row (baselines included) runs one pass per round, rounds repeat
 // kRounds times, so all rows see the same load; a row's figure is its best pass (its
 // median is printed too). Block shapes: the `small` preset's (3 layers x 128 tokens x 576
 // floats, f32 and bf16 rows) and a V3-shaped one (61 layers x 128 tokens x 656 B).
 // Usage: kvstore_bench [DIR] [MB_PER_SHAPE] [shape,...] [ROUNDS]
 //        (shapes: small-f32,small-bf16,v3; default ROUNDS 7)
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -26,6 +31,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kvstore/file_store.h"
@@ -244,6 +250,53 @@ Row redis_raw_row(int port, const std::vector<testing::TestBlock>& blocks, size_
     return row;
 }
 
+// Plain loopback TCP: a second thread sends `bytes` (block by block) over a loopback
+// connection per pass; the reader receives each block into one of kBatch reused
+// buffers. What any Redis client could reach here (the sender stands in for the server).
+Row tcp_raw_row(size_t bytes, size_t block_bytes) {
+    Row row;
+    row.name = "plain loopback TCP, a sender thread, each block received into 8 reused buffers";
+    auto bufs = std::make_shared<Buffers>(kBatch, block_bytes);
+    row.read_pass = [=]() {
+        int lfd = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a = {};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        socklen_t len = sizeof(a);
+        (void)::bind(lfd, reinterpret_cast<sockaddr*>(&a), sizeof(a));
+        (void)::getsockname(lfd, reinterpret_cast<sockaddr*>(&a), &len);
+        (void)::listen(lfd, 1);
+        std::thread sender([&a, bytes, block_bytes]() {
+            int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+            if (::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+                std::vector<uint8_t> block(block_bytes, 0x5a);
+                for (size_t sent = 0; sent < bytes;) {
+                    size_t n = std::min(block_bytes, bytes - sent);
+                    ssize_t w = ::send(fd, block.data(), n, MSG_NOSIGNAL);
+                    if (w <= 0) break;
+                    sent += static_cast<size_t>(w);
+                }
+            }
+            ::close(fd);
+        });
+        int cfd = ::accept(lfd, nullptr, nullptr);
+        auto t = std::chrono::steady_clock::now();
+        size_t got = 0;
+        for (size_t i = 0; got < bytes; ++i) {
+            size_t n = read_full(cfd, bufs->spans[i % kBatch].data(),
+                                 std::min(block_bytes, bytes - got));
+            if (n == 0) break;
+            got += n;
+        }
+        double rate = got / 1e6 / seconds_since(t);
+        sender.join();
+        ::close(cfd);
+        ::close(lfd);
+        return rate;
+    };
+    return row;
+}
+
 double median(std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v.empty() ? 0 : v[v.size() / 2];
@@ -332,6 +385,7 @@ int main(int argc, char** argv) {
                     servers->push_back(std::make_unique<testing::RedisTestServer>());
                 }
             }
+            rows.push_back(tcp_raw_row(bytes, block_bytes));
             rows.push_back(redis_raw_row((*servers)[0]->port(), blocks, bytes));
             // Each store on its own servers (same block keys): k=1 on server 0, 4+2 on 1..6.
             for (auto [k, m, n, first] : {std::tuple{1, 0, 1, 0}, std::tuple{4, 2, 6, 1}}) {
