@@ -106,8 +106,16 @@ void gemm_i8c_avx512(const PackedView& w, const I8cActs& xa, int64_t m, float* y
 void quantize_i8c_avx512(const float* x, int64_t k, int64_t padded_cols, int8_t* q, float* d,
                          int32_t* s128) {
     const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    // Two chains (max is exact, so their order cannot change the result).
     __m512 vmax = _mm512_setzero_ps();
-    for (int64_t j = 0; j < k; j += 16) {
+    __m512 vmax2 = _mm512_setzero_ps();
+    int64_t j = 0;
+    for (; j + 32 <= k; j += 32) {
+        vmax = _mm512_max_ps(vmax, _mm512_and_ps(_mm512_loadu_ps(x + j), abs_mask));
+        vmax2 = _mm512_max_ps(vmax2, _mm512_and_ps(_mm512_loadu_ps(x + j + 16), abs_mask));
+    }
+    vmax = _mm512_max_ps(vmax, vmax2);
+    for (; j < k; j += 16) {
         const __mmask16 mk = k - j >= 16 ? static_cast<__mmask16>(0xffff)
                                          : static_cast<__mmask16>((1u << (k - j)) - 1);
         vmax = _mm512_max_ps(vmax, _mm512_and_ps(_mm512_maskz_loadu_ps(mk, x + j), abs_mask));
@@ -116,8 +124,10 @@ void quantize_i8c_avx512(const float* x, int64_t k, int64_t padded_cols, int8_t*
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     const __m512 vid = _mm512_set1_ps(id);
     __m512i vsum = _mm512_setzero_si512();
-    int64_t j = 0;
-    for (; j < k; j += 16) {
+    for (j = 0; j < k; j += 16) {
+        // The caller's next row (matmul quantises consecutive rows) into L1 while this one
+        // is rounded; a prefetch past the end of x is harmless (no fault).
+        _mm_prefetch(reinterpret_cast<const char*>(x + k + j), _MM_HINT_T0);
         const __mmask16 mk = k - j >= 16 ? static_cast<__mmask16>(0xffff)
                                          : static_cast<__mmask16>((1u << (k - j)) - 1);
         // Round to nearest even (MXCSR default), as nearbyint; masked-out lanes are 0.
