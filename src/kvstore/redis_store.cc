@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "base/env.h"
+#include "kvstore/internal/resp_reader.h"
 #include "kvstore/internal/xxh3_fast.h"
 
 namespace dsi::kvstore {
@@ -266,6 +267,35 @@ public:
                     break;
                 }
                 r.reset(static_cast<redisReply*>(reply));
+            }
+        }
+    }
+
+    // Sends what was appended and reads the replies into `targets`: targets[s] has one
+    // entry per command appended to server s, in order (internal/resp_reader.h: bulk
+    // replies land in the caller's memory, not in hiredis's buffer). A server whose
+    // replies cannot be read is failed (marked down when released).
+    void execute_into(std::map<int, std::vector<internal::RespTarget>>& targets,
+                      size_t max_bulk_bytes) {
+        for (auto& [s, c] : conns_) {
+            if (c.failed) {
+                continue;
+            }
+            std::vector<internal::RespTarget>& t = targets[s];
+            t.resize(c.replies.size());
+            int done = 0;
+            while (!done) {
+                if (redisBufferWrite(c.ctx, &done) != REDIS_OK) {
+                    c.failed = true;
+                    break;
+                }
+            }
+            // The pool hands out connections whose reader holds no bytes (every earlier
+            // reply was read in full); a reader that does is not bypassed.
+            const bool reader_empty = c.ctx->reader->pos == c.ctx->reader->len;
+            if (c.failed || !reader_empty ||
+                !internal::read_resp_replies(c.ctx->fd, t, max_bulk_bytes)) {
+                c.failed = true;
             }
         }
     }
@@ -680,25 +710,41 @@ std::vector<Result<Block>> RedisBlockStore::read_blocks(std::span<const StoreKey
         if (!any) {
             break;
         }
-        p.execute();
+        // Each GET's chunk is received straight into its place (8-byte checksum aside).
+        std::map<int, std::vector<internal::RespTarget>> targets;
+        for (size_t j = 0; j < reads.size(); ++j) {
+            for (size_t i = 0; i < idx[j].size(); ++i) {
+                auto [s, k] = idx[j][i];
+                if (k < 0) {
+                    continue;
+                }
+                auto& t = targets[s];
+                if (t.size() <= static_cast<size_t>(k)) {
+                    t.resize(static_cast<size_t>(k) + 1);
+                }
+                t[static_cast<size_t>(k)].dst = {reads[j].chunk_ptr(static_cast<int>(i)),
+                                                 static_cast<size_t>(reads[j].meta.chunk)};
+            }
+        }
+        p.execute_into(targets, kMaxBlockBytes + 8);
         for (size_t j = 0; j < reads.size(); ++j) {
             ChunkRead& rd = reads[j];
             const size_t chunk = static_cast<size_t>(rd.meta.chunk);
             for (size_t i = 0; i < idx[j].size(); ++i) {
-                const redisReply* r = p.reply(idx[j][i].first, idx[j][i].second);
-                if (r == nullptr || r->type != REDIS_REPLY_STRING) {
+                auto [s, k] = idx[j][i];
+                if (k < 0) {
                     continue;
                 }
-                uint64_t sum = 0;
-                if (r->len == 8 + chunk) {
-                    std::memcpy(&sum, r->str, 8);
+                const internal::RespTarget& t = targets[s][static_cast<size_t>(k)];
+                if (t.got == internal::RespTarget::Got::kNothing) {
+                    continue;  // absent (or the server failed)
                 }
-                if (r->len != 8 + chunk || hash(r->str + 8, chunk) != sum) {
+                if (t.got != internal::RespTarget::Got::kFilled ||
+                    hash(rd.chunk_ptr(static_cast<int>(i)), chunk) != t.prefix) {
                     // A damaged chunk is a missing chunk; parity may still rebuild it.
                     metrics_.corrupt.fetch_add(1, std::memory_order_relaxed);
                     continue;
                 }
-                std::memcpy(rd.chunk_ptr(static_cast<int>(i)), r->str + 8, chunk);
                 rd.present[i] = true;
                 ++rd.num_present;
             }
