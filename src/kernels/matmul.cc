@@ -95,6 +95,13 @@ T* grown(std::vector<T>& v, int64_t n) {
     return v.data();
 }
 
+// n bytes of v starting at a 64-byte boundary: AMX tile rows (and 64-byte vector loads)
+// then never straddle two cache lines.
+int8_t* grown_aligned(std::vector<int8_t>& v, int64_t n) {
+    const uintptr_t p = reinterpret_cast<uintptr_t>(grown(v, n + 63));
+    return reinterpret_cast<int8_t*>((p + 63) & ~uintptr_t{63});
+}
+
 // i8c: quantise each token row over all of K (row-local: batch-invariant), in tiles of
 // 16 rows over the pool; with AMX straight into the A tile layout (gemm_i8c.h).
 void matmul_i8c(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
@@ -109,8 +116,8 @@ void matmul_i8c(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     static thread_local I8cScratch scratch;
     // With AMX, q holds one row per pool thread (16 tiles of a thread's task share it).
     const int64_t num_threads = pool ? pool->num_threads() : 1;
-    int8_t* q = grown(scratch.q, use_amx ? num_threads * kp : m * kp);
-    int8_t* tiles = use_amx ? grown(scratch.tiles, padded_m * kp) : nullptr;
+    int8_t* q = grown_aligned(scratch.q, use_amx ? num_threads * kp : m * kp);
+    int8_t* tiles = use_amx ? grown_aligned(scratch.tiles, padded_m * kp) : nullptr;
     float* d = grown(scratch.d, padded_m);
     int32_t* s = grown(scratch.s128, padded_m);
     const internal::QuantizeI8cFn quant = quantize_i8c_fn(isa);
@@ -222,14 +229,16 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
         // Zero rows up to a multiple of 16: an AMX tile holds 16 token rows.
         const int64_t padded = (m + internal::kAmxTokenPad - 1) / internal::kAmxTokenPad *
                                internal::kAmxTokenPad;
-        q.resize(static_cast<size_t>(padded * K));
+        q.resize(static_cast<size_t>(padded * K + 63));
+        int8_t* qa = reinterpret_cast<int8_t*>(
+            (reinterpret_cast<uintptr_t>(q.data()) + 63) & ~uintptr_t{63});  // tile rows
         d.resize(static_cast<size_t>(padded * nb));
         s.resize(static_cast<size_t>(padded * nb));
         for (int64_t t = 0; t < m; ++t) {
-            quantize_act_q8_isa(isa, x + t * K, K, q.data() + t * K, d.data() + t * nb,
+            quantize_act_q8_isa(isa, x + t * K, K, qa + t * K, d.data() + t * nb,
                                 s.data() + t * nb);
         }
-        xq = {q.data(), d.data(), s.data()};
+        xq = {qa, d.data(), s.data()};
     }
     if (amx && v.format == internal::PackFormat::kQ8) {
         DSI_CHECK(isa == Isa::kAvx512 && amx_supported());

@@ -63,12 +63,19 @@ public:
     WeightFormat format() const { return format_; }
     // Bytes one full pass over the weights reads (data + scales).
     int64_t bytes() const {
-        return static_cast<int64_t>(data_.size() + scales_.size() * sizeof(float));
+        return view_.num_groups * view_.group_bytes +
+               static_cast<int64_t>(scales_.size() * sizeof(float));
     }
     const internal::PackedView& view() const { return view_; }
 
 private:
     friend Result<PackedMatrix> pack_matrix(const SourceMatrix& src, WeightFormat format);
+    // data_ holds kDataAlign spare bytes; the view starts at its first 64-byte boundary.
+    static constexpr uintptr_t kDataAlign = 64;
+    static uint8_t* align_up(uint8_t* p) {
+        return reinterpret_cast<uint8_t*>((reinterpret_cast<uintptr_t>(p) + kDataAlign - 1) &
+                                          ~(kDataAlign - 1));
+    }
     WeightFormat format_ = WeightFormat::kF32;
     std::vector<uint8_t> data_;
     std::vector<float> scales_;
