@@ -241,7 +241,8 @@ Row redis_raw_row(int port, const std::vector<testing::TestBlock>& blocks, size_
     };
     row.cleanup = [=]() {
         for (const auto& k : *keys) {
-            auto* r = static_cast<redisReply*>(redisCommand(ctx.get(), "DEL %b", k.data(), k.size()));
+            auto* r =
+                static_cast<redisReply*>(redisCommand(ctx.get(), "DEL %b", k.data(), k.size()));
             if (r != nullptr) {
                 freeReplyObject(r);
             }
@@ -283,8 +284,8 @@ Row tcp_raw_row(size_t bytes, size_t block_bytes) {
         auto t = std::chrono::steady_clock::now();
         size_t got = 0;
         for (size_t i = 0; got < bytes; ++i) {
-            size_t n = read_full(cfd, bufs->spans[i % kBatch].data(),
-                                 std::min(block_bytes, bytes - got));
+            size_t n =
+                read_full(cfd, bufs->spans[i % kBatch].data(), std::min(block_bytes, bytes - got));
             if (n == 0) break;
             got += n;
         }
@@ -345,8 +346,8 @@ int main(int argc, char** argv) {
              ReadMode::kReadInto, false, 0},
             {"file:// pread; read_many_into(8), reused buffers (engine path)", false, false,
              ReadMode::kReadInto},
-            {"file:// pread, fd cache 1024 (every block's fd stays open); read_many_into(8)",
-             false, false, ReadMode::kReadInto, false, 1024},
+            {"file:// pread, fd cache 1024 (every block's fd stays open); read_many_into(8)", false,
+             false, ReadMode::kReadInto, false, 1024},
             {"file:// pread; get (one block), fresh buffers", false, false, ReadMode::kGet},
             {"file:// io=mmap; get_many(8), zero copy (the block maps its file)", false, false,
              ReadMode::kGetMany, true},
@@ -380,7 +381,8 @@ int main(int argc, char** argv) {
         if (testing::have_redis_server() && std::string(shape.name) != "v3") {
             // Redis rows for the small shapes only (bench time).
             if (servers == nullptr) {
-                servers = std::make_unique<std::vector<std::unique_ptr<testing::RedisTestServer>>>();
+                servers =
+                    std::make_unique<std::vector<std::unique_ptr<testing::RedisTestServer>>>();
                 for (int i = 0; i < 7; ++i) {
                     servers->push_back(std::make_unique<testing::RedisTestServer>());
                 }

@@ -147,7 +147,9 @@ int main(int argc, char** argv) {
          [&] { per_file(true, mapped(true, true)); }},
         {"XXH3 of a block-size L2-hot buffer only",
          [&] {
-             for (size_t i = 0; i < nb; ++i) sink = sink + x.hash(one.data(), std::min(bsz, one.size()));
+             for (size_t i = 0; i < nb; ++i) {
+                 sink = sink + x.hash(one.data(), std::min(bsz, one.size()));
+             }
          }},
     };
     const double total_mb = static_cast<double>(bsz) * static_cast<double>(nb) / 1e6;

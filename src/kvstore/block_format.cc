@@ -197,7 +197,8 @@ BlockBuffer BlockBuffer::allocate(size_t n) {
     DSI_CHECK(n > 0);
     constexpr size_t kAlign = 4096;  // page-aligned: O_DIRECT-ready, no split cache lines
     BlockBuffer b;
-    b.data_.reset(static_cast<uint8_t*>(std::aligned_alloc(kAlign, (n + kAlign - 1) / kAlign * kAlign)));
+    b.data_.reset(
+        static_cast<uint8_t*>(std::aligned_alloc(kAlign, (n + kAlign - 1) / kAlign * kAlign)));
     DSI_CHECK(b.data_ != nullptr);
     b.size_ = n;
     return b;
@@ -216,7 +217,9 @@ struct PayloadHasher::State {
     uint8_t head[16] = {};       // the first 16 bytes (layer count at offset 12)
 };
 
-PayloadHasher::PayloadHasher() : s_(std::make_unique<State>()) { internal::xxh3_ops().reset(&s_->xxh); }
+PayloadHasher::PayloadHasher() : s_(std::make_unique<State>()) {
+    internal::xxh3_ops().reset(&s_->xxh);
+}
 
 PayloadHasher::~PayloadHasher() = default;
 PayloadHasher::PayloadHasher(PayloadHasher&&) noexcept = default;
@@ -286,7 +289,8 @@ Result<Block> decode_view(std::span<const uint8_t> bytes, const BlockInfo* expec
         return data_loss(bytes.size() < hdr + total ? "block truncated"
                                                     : "block has trailing bytes");
     }
-    uint64_t got = payload_hash ? *payload_hash : internal::xxh3_ops().hash(bytes.data() + hdr, total);
+    uint64_t got =
+        payload_hash ? *payload_hash : internal::xxh3_ops().hash(bytes.data() + hdr, total);
     if (got != checksum) {
         return data_loss("payload checksum mismatch");
     }

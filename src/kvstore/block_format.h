@@ -70,7 +70,8 @@ Result<std::vector<uint8_t>> encode_block(const BlockInfo& info,
                                           std::span<const std::span<const uint8_t>> layers);
 
 // Bytes encode_block would produce for these layers; kInvalidArgument over the limits.
-Result<size_t> encoded_size(const BlockInfo& info, std::span<const std::span<const uint8_t>> layers);
+Result<size_t> encoded_size(const BlockInfo& info,
+                            std::span<const std::span<const uint8_t>> layers);
 // encode_block into memory the caller owns (a shm slot). REQUIRES: dst.size() ==
 // *encoded_size(info, layers).
 Status encode_block_to(const BlockInfo& info, std::span<const std::span<const uint8_t>> layers,

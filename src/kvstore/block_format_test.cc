@@ -138,7 +138,8 @@ TEST(BlockFormat, PayloadHasherMatchesOnePassOverAnySplit) {
     for (size_t step : {size_t{1}, size_t{7}, size_t{15}, size_t{100}, bytes.size()}) {
         PayloadHasher h;
         for (size_t off = 0; off < bytes.size(); off += step) {
-            h.update(std::span<const uint8_t>(bytes).subspan(off, std::min(step, bytes.size() - off)));
+            const size_t n = std::min(step, bytes.size() - off);
+            h.update(std::span<const uint8_t>(bytes).subspan(off, n));
         }
         ASSERT_TRUE(h.digest().has_value());
         auto d = decode_block(bytes, nullptr);

@@ -164,8 +164,8 @@ Result<std::unique_ptr<BlockStore>> open_block_store(const std::string& text) {
             options.use_io_uring = io->second == "uring";
             options.map_reads = io->second == "mmap";
         }
-        DSI_ASSIGN_OR_RETURN(int64_t fd_cache,
-                             uri_int(uri, "fd_cache", static_cast<int64_t>(options.fd_cache_entries)));
+        const auto fd_cache_default = static_cast<int64_t>(options.fd_cache_entries);
+        DSI_ASSIGN_OR_RETURN(int64_t fd_cache, uri_int(uri, "fd_cache", fd_cache_default));
         options.fd_cache_entries = static_cast<size_t>(fd_cache);
         DSI_ASSIGN_OR_RETURN(auto store, FileBlockStore::open(uri.rest, std::move(options)));
         return std::unique_ptr<BlockStore>(std::move(store));

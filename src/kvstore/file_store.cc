@@ -359,8 +359,9 @@ void FileBlockStore::read_files(std::span<ReadJob> jobs, int64_t deadline_ns) {
         std::span<uint8_t> c = chunk_span(p);
         size_t got = res > 0 ? static_cast<size_t>(res) : 0;
         // A short read finishes with pread (rare for regular files).
-        bool ok = res >= 0 && (got == c.size() ||
-                               (!timed_out && pread_full(j.fd, c.subspan(got), p.chunk * chunk + got)));
+        bool ok = res >= 0 &&
+                  (got == c.size() ||
+                   (!timed_out && pread_full(j.fd, c.subspan(got), p.chunk * chunk + got)));
         if (!ok) {
             j.ok = false;
             continue;

@@ -38,8 +38,9 @@
 //   - last access is the file's atime, set explicitly on a hit (works under
 //     noatime/relatime) unless the block's last access (max of atime and mtime) is
 //     already within `atime_granularity_s` (a metadata write per hit is ~15% of the
-//     time of a 0.44 MB read; the GC's LRU and TTLs work in hours and days); the GC worker (gc_worker.h) reads it with the class from the
-//     header. The store itself never deletes for age or space (S-KV-3).
+//     time of a 0.44 MB read; the GC's LRU and TTLs work in hours and days); the GC
+//     worker (gc_worker.h) reads it with the class from the header. The store itself
+//     never deletes for age or space (S-KV-3).
 //   - a write that fails for space (ENOSPC, EDQUOT, EFBIG) is dropped and counted in
 //     puts_dropped; reads go on.
 // Thread model: thread-safe. The io_uring ring is shared under a mutex; a thread that
