@@ -104,7 +104,9 @@ int64_t in_use_when_settled(const Fetcher& f, int64_t want) {
 // block goes (also after the Fetcher), and a fetch larger than the pool reads its head.
 TEST(Fetcher, PooledBuffersAreBoundedReusedAndReleased) {
     testing::TempDir dir;
-    auto store = std::move(FileBlockStore::open(dir.path())).value();
+    FileStoreOptions so;
+    so.map_reads = false;  // reads into the pooled buffers (the mapped path: below)
+    auto store = std::move(FileBlockStore::open(dir.path(), so)).value();
     std::vector<StoreKey> keys;
     std::vector<BlockInfo> infos;
     for (uint64_t i = 0; i < 6; ++i) {

@@ -8,7 +8,9 @@
 //     fsync the directory. A crash at any point leaves at most a tmp file, never a
 //     partial block under blocks/; tmp files older than `stale_tmp_age_s` are swept
 //     at open and by the GC worker's scan.
-//   - reads: pread by default; io_uring on request (`use_io_uring`, URI `io=uring`)
+//   - reads: get / get_many map the file (below) by default; read_many_into, and every
+//     read with `map_reads` off (URI `io=pread`), use pread; io_uring on request
+//     (`use_io_uring`, URI `io=uring`)
 //     when the kernel allows it (probed at open, else pread). Why pread: these are
 //     buffered reads that nearly always hit the page cache, and the kernel punts a
 //     buffered io_uring read it cannot serve inline to io-wq worker threads, which
@@ -19,15 +21,17 @@
 //     (read_many_into), each chunk hashed as it lands (no second checksum pass);
 //     get_many submits every chunk of the batch to the ring at once. A block that
 //     fails decode is a miss and its file is removed.
-//   - zero-copy reads (`map_reads`, URI `io=mmap`; off by default): get / get_many map
+//   - zero-copy reads (`map_reads`, URI `io=mmap`; the default since it is the only
+//     read path that reaches >= 0.8 of a raw read, bench/RESULTS.md): get / get_many map
 //     the block file read-only, fault it in with MADV_POPULATE_READ (an I/O error there
 //     is a miss, not a SIGBUS) and hash it in place; the Block holds the mapping, so the
 //     bytes are never copied into a buffer (read_many_into still reads into the
 //     caller's buffers). Safe because a block file is never modified in place (publish
 //     by rename, removal by unlink: a mapped old file stays intact); a third party that
 //     truncates a block file in place while it is mapped would make its reader SIGBUS —
-//     keep it off on a file system where that can happen. Needs Linux >= 5.14 (probed
-//     at open; else pread).
+//     use `io=pread` on a file system where that can happen (as llama.cpp's mmap of
+//     model files, this trusts that nobody rewrites the files under it). Needs Linux
+//     >= 5.14 (probed at open; else pread).
 //   - open fds of recently read blocks are kept (`fd_cache_entries`, LRU): a hit skips
 //     open + close. Every read fstats the fd; a cached fd whose file has no links left
 //     (removed by GC, also from another process, or replaced by a rename over it) is
@@ -69,7 +73,7 @@ struct FileStoreOptions {
     unsigned io_uring_entries = 64;
     int64_t stale_tmp_age_s = 600;
     int64_t atime_granularity_s = 60;  // a hit refreshes an access older than this
-    bool map_reads = false;            // get/get_many: map + hash in place (see above)
+    bool map_reads = true;             // get/get_many: map + hash in place (see above)
     size_t fd_cache_entries = 64;      // fds of recently read blocks kept open; 0: none
     // Test hook (fault injection): called before every write(2) of a put with the
     // bytes about to be written; a non-zero return is taken as that errno.
