@@ -283,7 +283,9 @@ TEST(FetchService, LateProcessAnswersDeadlineExceededAndNothingHangs) {
             while (!released.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
             return inner->read_many_into(k, e, dst, d);
         }
-        Result<bool> contains(const StoreKey& k, int64_t d) override { return inner->contains(k, d); }
+        Result<bool> contains(const StoreKey& k, int64_t d) override {
+            return inner->contains(k, d);
+        }
         Status remove(const StoreKey& k) override { return inner->remove(k); }
         std::string uri() const override { return "slow"; }
         Result<std::vector<GcEntry>> list_blocks() override { return inner->list_blocks(); }
@@ -370,9 +372,9 @@ TEST(FetchService, OpenedByUri) {
     auto got = store->get_many(f.keys(), f.infos());
     EXPECT_TRUE(got[0].is_ok() && got[1].is_ok());
     EXPECT_EQ(store->fetch_stats().fetched_by_process, 2);
-    EXPECT_EQ(open_block_store("shm://" + f.shm_name + "?slots=16&slot_bytes=65536&fetcher=|file://" +
-                               f.dir.path()).status().code(),
-              StatusCode::kInvalidArgument);
+    const std::string empty_fetcher =
+        "shm://" + f.shm_name + "?slots=16&slot_bytes=65536&fetcher=|file://" + f.dir.path();
+    EXPECT_EQ(open_block_store(empty_fetcher).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(FetchService, StopEndsIdleConnectionsAndIsIdempotent) {
