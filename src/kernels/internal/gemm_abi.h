@@ -27,6 +27,14 @@
 
 namespace dsi::kernels::internal {
 
+// Four int8 activations as one int32 (the VNNI broadcast operand). `static`: each
+// variant file gets its own copy, compiled with its own -m flags.
+static inline int32_t load_i32(const int8_t* p) {
+    int32_t v;
+    __builtin_memcpy(&v, p, 4);
+    return v;
+}
+
 constexpr int kGroupRows = 16;
 constexpr int kQ8Block = 32;
 constexpr int64_t kQ8BlockBytes = 32 + 16 * 32;  // per (group, block)

@@ -3,8 +3,6 @@
 // 8-lane halves; results are bitwise equal to gemm_scalar.cc.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/internal/gemm_abi.h"
 
 namespace dsi::kernels::internal {
@@ -99,12 +97,6 @@ void tile_float(const PackedView& w, const float* x, int64_t g0, int64_t t0, flo
                 store_half(w, g0 + g, h, t0 + t, acc[g][h][t], y);
         }
     }
-}
-
-inline int32_t load_i32(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
 }
 
 // One group, MT tokens. Without VNNI: unbias the weights to int8 and use the

@@ -4,8 +4,6 @@
 // uses fma.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/internal/gemm_abi.h"
 
 namespace dsi::kernels::internal {
@@ -89,12 +87,6 @@ void tile_float(const PackedView& w, const float* x, int64_t g0, int64_t t0, flo
         for (int t = 0; t < MT; ++t)
             store_rows(w, g0 + g, t0 + t, acc[g][t], y);
     }
-}
-
-inline int32_t load_i32(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
 }
 
 template <int NR, int MT>

@@ -12,12 +12,6 @@
 namespace dsi::kernels::internal {
 namespace {
 
-inline int32_t load_i32(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-
 // One group x MT tokens over all of K.
 template <int MT>
 void tile(const PackedView& w, const I8cActs& xa, int64_t g, int64_t t0, float* y) {

@@ -4,18 +4,10 @@
 // epilogue per output, so the bits are gemm_i8c_scalar.cc's.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/internal/gemm_i8c.h"
 
 namespace dsi::kernels::internal {
 namespace {
-
-inline int32_t load_i32(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 // NR groups x MT tokens over all of K.
 template <int NR, int MT>

@@ -6,18 +6,10 @@
 // subtracted: bitwise the result of gemm_mxfp4_scalar.cc.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/internal/gemm_mxfp4.h"
 
 namespace dsi::kernels::internal {
 namespace {
-
-inline int32_t load_i32(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 // Row scales 2^(e - 128) of rows [8h, 8h + 8) of one block.
 inline __m256 block_scales(const uint8_t* blk, int h) {

@@ -5,18 +5,10 @@
 // the result is bitwise that of gemm_mxfp4_scalar.cc.
 #include <immintrin.h>
 
-#include <cstring>
-
 #include "kernels/internal/gemm_mxfp4.h"
 
 namespace dsi::kernels::internal {
 namespace {
-
-inline int32_t load_i32(const int8_t* p) {
-    int32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
 
 // Code -> kMxfp4Values[code] + kMxfp4Bias, in every 128-bit lane.
 inline __m512i biased_table() {
