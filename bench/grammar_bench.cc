@@ -18,6 +18,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 using namespace dsi;
 using namespace dsi::grammar;
@@ -54,8 +55,8 @@ int main(int argc, char** argv) {
     if (!tok.is_ok()) return 1;
     auto vocab = Vocabulary::from_tokenizer(**tok);
     std::vector<ojson> schemas;
-    fs::path suite = fs::path(DSINFER_SOURCE_DIR) / ".." / "shared" / "conformance" /
-                     "json-schema-test-suite" / "tests" / "draft2020-12";
+    fs::path suite =
+        fs::path(DSINFER_SOURCE_DIR) / "tests" / "data" / "json-schema-test-suite" / "draft2020-12";
     if (fs::exists(suite)) {
         for (const auto& e : fs::directory_iterator(suite)) {
             if (e.path().extension() != ".json") continue;
@@ -65,8 +66,16 @@ int main(int argc, char** argv) {
     }
     size_t num_suite = schemas.size();
     std::ifstream cf(std::string(DSINFER_SOURCE_DIR) + "/tests/cases/grammar/json_schema.json");
-    for (const auto& c : ojson::parse(cf)["cases"]) {
+    const ojson cases = ojson::parse(cf);  // named: a range-for over parse(...)["cases"] dangles
+    for (const auto& c : cases["cases"]) {
         if (!c.contains("error")) schemas.push_back(c["schema"]);
+    }
+    // Issue 21's reproducers: objects that allow additional properties (the default).
+    for (const char* text :
+         {R"({"type":"object","properties":{"c":{"type":"number"}}})",
+          R"({"type":"object","properties":{"name":{"type":"string"},"tags":{"type":"array","items":{"type":"object","properties":{"k":{"type":"string"},"v":{"type":"integer"}}}}}})",
+          R"({"type":"array","items":{"type":"object","properties":{"id":{"type":"integer"},"children":{"type":"array","items":{"type":"object","properties":{"id":{"type":"integer"},"label":{"type":"string"}}}}}}})"}) {
+        schemas.push_back(ojson::parse(text));
     }
     std::vector<double> compile_us, front_us, table_us, cold_us, warm_us, all_us, walk_us;
     std::vector<double> table_kb;
@@ -120,8 +129,9 @@ int main(int argc, char** argv) {
                 pct(front_us, 0.99));
     std::printf("  tables       median %8.1f us  p99 %8.1f us  memory median %.0f KB p99 %.0f KB\n",
                 pct(table_us, 0.5), pct(table_us, 0.99), pct(table_kb, 0.5), pct(table_kb, 0.99));
-    std::printf("mask all steps median %8.1f us  p99 %8.1f us  max %8.1f us  n=%zu (goal median <= 10, p99 <= 500)\n",
-                pct(all_us, 0.5), pct(all_us, 0.99), pct(all_us, 1.0), all_us.size());
+    std::printf("mask all steps median %8.1f us  p99 %8.1f us  p99.9 %8.1f us  max %8.1f us  n=%zu "
+                "(issue 21 goal: p50 <= 10, p99 <= 200, max <= 10000)\n",
+                pct(all_us, 0.5), pct(all_us, 0.99), pct(all_us, 0.999), pct(all_us, 1.0), all_us.size());
     std::printf("  first request median %7.1f us  p99 %8.1f us  n=%zu\n", pct(cold_us, 0.5),
                 pct(cold_us, 0.99), cold_us.size());
     std::printf("  second request median %6.1f us  p99 %8.1f us  n=%zu\n", pct(warm_us, 0.5),
@@ -129,6 +139,6 @@ int main(int argc, char** argv) {
     std::printf("plain trie walk median %7.1f us  p99 %8.1f us  n=%zu (reference, no tables)\n",
                 pct(walk_us, 0.5), pct(walk_us, 0.99), walk_us.size());
     std::printf("ratios to goal: compile median %.2f, mask median %.2f, mask p99 %.2f\n",
-                pct(compile_us, 0.5) / 5000.0, pct(all_us, 0.5) / 10.0, pct(all_us, 0.99) / 500.0);
+                pct(compile_us, 0.5) / 5000.0, pct(all_us, 0.5) / 10.0, pct(all_us, 0.99) / 200.0);
     return 0;
 }

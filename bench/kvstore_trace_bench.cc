@@ -1,5 +1,5 @@
 // Mooncake trace replay on one engine (issue 8): multi-turn conversations from
-// ../shared/data/traces/mooncake_synthetic_trace.jsonl replayed with the KV store off,
+// tests/data/traces/mooncake_synthetic_trace.jsonl replayed with the KV store off,
 // file://, redis://, shm|file:// and shm|file:// filled by a fetch process (S-KV-5,
 // a forked child running kvstore::FetchService; the pool is kept small, 16 slots, so
 // blocks leave it and the process has to bring them back); prefix hit rate against the trace's ideal
@@ -7,15 +7,19 @@
 // time hidden behind compute (counted by the engine).
 //
 // Scaling (a 2-core CPU runs a synthetic model, not a 40K-token prompt per request):
-//   - conversations: the requests of the `--groups` most frequent root blocks (the
-//     trace's multi-turn conversations / shared system prompts), in trace order;
+//   - conversations: requests are grouped by their shared prefix, not their first block
+//     (on the real trace one first block is shared by nearly every request: a system
+//     prompt). A request's conversation key is the first block of its chain that fewer
+//     than a tenth of the requests hold but at least two do (hash ids are prefix-chained,
+//     so equal ids = equal prefixes up to there); the `--groups` keys with the most
+//     requests are replayed, in trace order;
 //   - one trace block (512 tokens, a hash id) -> one engine block of 128 tokens whose
 //     ids are a function of the hash id (equal id = equal tokens, so the prefix chains
 //     are the trace's); the first `--max-blocks` blocks of each request, then a unique
 //     suffix of 1 + (input_length % 512) / 16 tokens; 2 output tokens;
 //   - time compressed: requests run one after another (TTFT = an idle engine's).
 // The device pool is kept small (`--pool-blocks`), so a reused prefix has often left the
-// pool and must come from the store. Ideal rate: sim::BlockStore (the simulator's cache
+// pool and must come from the store. Ideal rate: sim::BlockIdCache (the simulator's cache
 // model) with unlimited capacity over the same chains; "pool only" ideal uses
 // capacity = pool blocks (LRU).
 // Usage: kvstore_trace_bench [--groups 8] [--max-blocks 8] [--pool-blocks 24]
@@ -31,6 +35,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -41,9 +46,11 @@
 #include "kvstore/redis_test_server.h"
 #include "kvstore/shm_store.h"
 #include "kvstore/test_util.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
-#include "sim/block_store.h"
-#include "sim/trace.h"
+#include "sim/block_id_cache.h"
+#include "workload/trace.h"
+#include "support/build_paths.h"
 
 using namespace dsi;
 
@@ -59,7 +66,7 @@ struct Flags {
     std::string preset = "tiny-v3";
     std::string modes = "off,file,mmap,redis,shm,fetch";
     std::string trace = std::string(DSINFER_SOURCE_DIR) +
-                        "/../shared/data/traces/mooncake_synthetic_trace.jsonl";
+                        "/tests/data/traces/mooncake_synthetic_trace.jsonl";
 };
 
 struct Replay {
@@ -68,10 +75,29 @@ struct Replay {
     int64_t full_blocks = 0;
 };
 
-Replay build_replay(const sim::Trace& trace, const Flags& f) {
+// The conversation key of `r` (see the header), or nullopt for a request that shares no
+// block below the trace-wide common prefix with any other request.
+std::optional<uint64_t> conversation_key(const workload::Trace& trace, const workload::TraceRequest& r,
+                                         const std::unordered_map<uint64_t, int>& holders) {
+    const int common = std::max<int>(2, static_cast<int>(trace.requests.size() / 10));
+    for (uint64_t id : trace.blocks_of(r)) {
+        const int n = holders.at(id);
+        if (n < 2) return std::nullopt;  // past the shared prefix
+        if (n < common) return id;
+    }
+    return std::nullopt;
+}
+
+Replay build_replay(const workload::Trace& trace, const Flags& f) {
+    std::unordered_map<uint64_t, int> holders;  // block id -> requests holding it
+    for (const workload::TraceRequest& r : trace.requests) {
+        for (uint64_t id : trace.blocks_of(r)) ++holders[id];
+    }
     std::unordered_map<uint64_t, int> freq;
-    for (const sim::TraceRequest& r : trace.requests) {
-        if (r.num_blocks > 0) ++freq[trace.blocks_of(r)[0]];
+    std::vector<std::optional<uint64_t>> key(trace.requests.size());
+    for (size_t i = 0; i < trace.requests.size(); ++i) {
+        key[i] = conversation_key(trace, trace.requests[i], holders);
+        if (key[i]) ++freq[*key[i]];
     }
     std::vector<std::pair<int, uint64_t>> roots;
     for (auto [id, n] : freq) roots.push_back({n, id});
@@ -84,8 +110,8 @@ Replay build_replay(const sim::Trace& trace, const Flags& f) {
     }
     Replay rep;
     for (size_t ri = 0; ri < trace.requests.size(); ++ri) {
-        const sim::TraceRequest& r = trace.requests[ri];
-        if (r.num_blocks == 0 || !chosen.count(trace.blocks_of(r)[0])) continue;
+        const workload::TraceRequest& r = trace.requests[ri];
+        if (!key[ri] || !chosen.count(*key[ri])) continue;
         std::span<const uint64_t> ids = trace.blocks_of(r);
         ids = ids.first(std::min<size_t>(ids.size(), static_cast<size_t>(f.max_blocks)));
         std::vector<int32_t> p;
@@ -104,7 +130,7 @@ Replay build_replay(const sim::Trace& trace, const Flags& f) {
 }
 
 double ideal_rate(const Replay& rep, int64_t capacity_blocks) {
-    sim::BlockStore cache(capacity_blocks, 0);
+    sim::BlockIdCache cache(capacity_blocks, 0);
     int64_t hit = 0;
     for (size_t i = 0; i < rep.chains.size(); ++i) {
         hit += cache.match(rep.chains[i], static_cast<int64_t>(i));
@@ -214,7 +240,7 @@ int main(int argc, char** argv) {
             return 2;
         }
     }
-    Result<sim::Trace> trace = sim::load_trace(Env::default_env(), f.trace);
+    Result<workload::Trace> trace = workload::load_trace(Env::default_env(), f.trace);
     if (!trace.is_ok()) {
         std::fprintf(stderr, "%s\n", trace.status().to_string().c_str());
         return 1;

@@ -8,6 +8,7 @@
 #include "protocol/encoder.h"
 #include "protocol/internal/test_util.h"
 #include "protocol/output_parser.h"
+#include "support/build_paths.h"
 
 using namespace dsi;            // NOLINT
 using namespace dsi::protocol;  // NOLINT
@@ -29,7 +30,7 @@ int main() {
     }
     const SpecialTokens st = SpecialTokens::from_tokenizer(*tok);
     auto in = nlohmann::ordered_json::parse(dsi::protocol::internal::read_file_or_empty(
-        std::string(DSINFER_SOURCE_DIR) + "/../shared/conformance/dsv32/test_input.json"));
+        std::string(DSINFER_SOURCE_DIR) + "/tests/data/deepseek-encoding/dsv32/test_input.json"));
     nlohmann::ordered_json body = {{"model", "m"}, {"messages", in["messages"]},
                                    {"tools", in["tools"]}};
     auto conv = parse_chat_completions_request(body.dump());

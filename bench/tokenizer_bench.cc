@@ -17,6 +17,7 @@
 
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/tools/corpus_file.h"
+#include "support/build_paths.h"
 
 namespace dsi {
 namespace {

@@ -31,16 +31,19 @@ function(dsi_library name)
 endfunction()
 
 # dsi_test(NAME SOURCES... DEPS ...): one GoogleTest binary, registered with CTest.
-# Tests find ../shared and generated models through DSINFER_SOURCE_DIR.
+# Tests find vendored data (DSINFER_SOURCE_DIR/tests/data, see its README) and generated
+# models through DSINFER_SOURCE_DIR (tests/support/build_paths.h, linked in through
+# dsi_gtest_main); nothing outside the repository.
+# The binary's main (tests/support/gtest_main.cc) exits with DSI_TEST_SKIP_RETURN_CODE when
+# a test skipped (GTEST_SKIP): ctest reports it as skipped, not passed.
+set(DSI_TEST_SKIP_RETURN_CODE 77)
 function(dsi_test name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${DSINFER_WARNINGS})
-  target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gtest GTest::gtest_main)
-  target_compile_definitions(${name} PRIVATE
-      DSINFER_SOURCE_DIR="${PROJECT_SOURCE_DIR}"
-      DSINFER_BINARY_DIR="${PROJECT_BINARY_DIR}")
+  target_link_libraries(${name} PRIVATE ${ARG_DEPS} dsi_gtest_main)
   add_test(NAME ${name} COMMAND ${name})
+  set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE ${DSI_TEST_SKIP_RETURN_CODE})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)
   endif()

@@ -5,7 +5,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 DEB_PACKAGES=(
-  build-essential cmake ninja-build ccache pkg-config
+  build-essential cmake ninja-build ccache pkg-config clang
   libgtest-dev libgmock-dev libbenchmark-dev
   nlohmann-json3-dev libcli11-dev libxxhash-dev
   libboost-dev libboost-system-dev
@@ -13,6 +13,8 @@ DEB_PACKAGES=(
   libopenblas-dev libdnnl-dev
   liburing-dev libhiredis-dev libisal-dev redis-server
   nodejs npm
+  clang libclang-rt-14-dev
+  chromium
 )
 
 missing=()
@@ -32,7 +34,7 @@ if ((${#missing[@]})); then
 fi
 
 # npm test peers, each into its own project-local folder (never global).
-for dir in tests/llamacpp tests/tokenizer tests/grammar tests/protocol tests/server; do
+for dir in tests/llamacpp tests/tokenizer tests/grammar tests/protocol tests/server tests/browser; do
   if [[ -f "$dir/package-lock.json" ]]; then
     stamp="$dir/node_modules/.dsinfer-lock-stamp"
     if [[ ! -f "$stamp" ]] || ! cmp -s "$dir/package-lock.json" "$stamp"; then

@@ -5,7 +5,11 @@
 //   GEMM (prefill, M = 512) GFLOP/s vs OpenBLAS sgemm and oneDNN bf16/s8 matmul
 //   (bench_anchors.h).
 // model: prefill (512-token prompt) and decode (128 tokens) tokens/s of dsinfer and of
-//   llama.cpp (bench/llamacpp_bench.mjs) on the same GGUF, 1 and 2 threads.
+//   llama.cpp (bench/llamacpp_bench.mjs) on the same GGUF, 1 and 2 threads; --repetitions
+//   R alternating runs of each side (both warmed up), medians and spread; beside them the
+//   roofline of the same run: decode weight bytes per token / time as a share of the
+//   STREAM read figure, and prefill GEMM work / time as a share of oneDNN s8 on the
+//   model's own GEMM shapes (issue 20).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -17,14 +21,22 @@
 #include <string>
 #include <vector>
 
+#include <map>
+#include <optional>
+#include <tuple>
+
 #include "base/env.h"
 #include "base/settings.h"
 #include "bench_anchors.h"
+#include "bench_stats.h"
 #include "base/thread_pool.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/deepseek.h"
+#include "model/gguf.h"
+#include "model/gguf_names.h"
+#include "support/build_paths.h"
 
 namespace dsi {
 namespace {
@@ -340,8 +352,14 @@ struct ModelFlags {
     int gen_tokens = 128;
     std::string weight_format = "auto";
     std::string kv_dtype = "f32";
-    std::string llamacpp_amx = "off";  // "on" aborts on deepseek2 Q8_0 attn_k_b (docs/gguf_deepseek2.md)
+    // llama.cpp's AMX variant: "on" (ggml picks it only where the CPU has AMX-INT8; the
+    // writer keeps attn_k_b out of AMX, docs/gguf_deepseek2.md) or "off" (hidden).
+    std::string llamacpp_amx = "on";
+    std::string llamacpp_flash_attn = "off";
     bool skip_llamacpp = false;
+    int repetitions = 3;
+    bool roofline = true;
+    int64_t stream_bytes = 512ll << 20;
     // When set: the prompt's logits (every position, one thread) under --weight-format vs
     // under this format: the accuracy cost of a format (e.g. i8c vs the file's q8_0).
     std::string compare_format;
@@ -396,82 +414,250 @@ json compare_logits(const ModelFlags& f, const std::vector<int32_t>& prompt) {
             {"same_argmax_positions", same_argmax}};
 }
 
-int run_bench_model(const ModelFlags& f) {
+// What a GGUF's weights cost a token: `decode_bytes_per_token` (every tensor a decode
+// step reads, routed experts counted as experts_per_tok of n_routed_experts, the token
+// embedding and V4's hash-routing tables (ffn_gate_tid2eid) as one row; for V4 also the
+// KV a decode token at position prompt_tokens reads: window, compressed entries, keys) and the prefill GEMMs of a `prompt_tokens` prompt as (m, n, k) ->
+// count (2-D matrices at m = prompt; routed experts at m = prompt * k / E on average;
+// the per-head 3-D attn_k_b/attn_v_b products and the output layer, which prefill runs
+// for the last token only, left out).
+struct WeightCost {
+    double decode_bytes_per_token = 0;
+    double head_bytes = 0;
+    std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> prefill_gemms;
+};
+
+Result<WeightCost> weight_cost(const std::string& path, int64_t prompt_tokens) {
+    DSI_ASSIGN_OR_RETURN(GgufFile file, GgufFile::open(Env::default_env(), path));
+    DSI_ASSIGN_OR_RETURN(ModelConfig c, config_from_gguf(file));
+    WeightCost w;
+    const double expert_share =
+        c.n_routed_experts > 0 ? static_cast<double>(c.num_experts_per_tok) / c.n_routed_experts : 0;
+    for (const GgufTensorInfo& t : file.tensors()) {
+        const bool expert = t.name.find("_exps.") != std::string::npos;
+        if (t.name == "token_embd.weight" ||
+            t.name.find("ffn_gate_tid2eid") != std::string::npos) {
+            w.decode_bytes_per_token += static_cast<double>(t.nbytes) / static_cast<double>(t.shape[0]);
+            continue;
+        }
+        w.decode_bytes_per_token += expert ? static_cast<double>(t.nbytes) * expert_share
+                                           : static_cast<double>(t.nbytes);
+        if (t.name == "output.weight") {
+            w.head_bytes = static_cast<double>(t.nbytes);
+            continue;
+        }
+        if (expert && t.shape.size() == 3) {
+            const int64_t m = std::max<int64_t>(1, prompt_tokens * c.num_experts_per_tok / c.n_routed_experts);
+            w.prefill_gemms[{m, t.shape[1], t.shape[2]}] += t.shape[0];
+        } else if (t.shape.size() == 2 && t.shape[0] > 64) {  // matrices, not the router
+            w.prefill_gemms[{prompt_tokens, t.shape[0], t.shape[1]}] += 1;
+        }
+    }
+    if (c.is_v4()) {
+        // KV a decode token at position prompt_tokens reads (f32): the window, and on
+        // ratio-4 layers the top-k entries plus every indexer key, on ratio-128 layers
+        // every entry.
+        const int64_t pos = prompt_tokens;
+        int64_t floats = 0;
+        for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+            floats += std::min<int64_t>(pos + 1, c.sliding_window) * c.head_dim;
+            if (c.compress_ratio(l) == 4) {
+                floats += std::min<int64_t>(pos / 4, c.index_topk) * c.head_dim +
+                          pos / 4 * c.index_head_dim;
+            } else if (c.compress_ratio(l) == 128) {
+                floats += pos / 128 * c.head_dim;
+            }
+        }
+        w.decode_bytes_per_token += static_cast<double>(floats) * sizeof(float);
+    }
+    return w;
+}
+
+// Seconds oneDNN s8 (u8 x s8 -> s32) takes for all of `gemms` on `threads` threads, timed
+// shape by shape (best of 3 after a warm-up call).
+Result<double> onednn_prefill_seconds(const WeightCost& w, int threads) {
+    double secs = 0;
+    for (const auto& [shape, count] : w.prefill_gemms) {
+        const auto [m, n, k] = shape;
+        json r = bench::onednn_matmul(threads, m, n, k, 3);
+        if (!r.contains("s8") || !r["s8"].contains("gflop_s")) {
+            return unavailable("oneDNN s8 matmul not available: " + r.dump());
+        }
+        secs += static_cast<double>(count) * 2.0 * static_cast<double>(m * n * k) /
+                (r["s8"]["gflop_s"].get<double>() * 1e9);
+    }
+    return secs;
+}
+
+// One dsinfer repetition at `threads`: load (any family, through the engine's model seam
+// CausalLm), warm up (a short prompt and two decode steps), then the timed prompt and
+// decode.
+Result<json> run_dsinfer_model_once(const ModelFlags& f, int threads) {
     Env* env = Env::default_env();
+    DSI_ASSIGN_OR_RETURN(auto source, open_checkpoint(env, f.model));
+    ModelOptions options;
+    options.num_threads = threads;
+    options.weight_format = f.weight_format;
+    options.kv_dtype = f.kv_dtype;
+    auto t_load = Clock::now();
+    DSI_ASSIGN_OR_RETURN(std::unique_ptr<CausalLm> model, load_causal_lm(std::move(source), options));
+    json r = {{"load_s", seconds_since(t_load)}};
+    CausalLm& m = *model;
+    BatchOutput out;
+    auto forward = [&](std::span<const int32_t> tokens, int64_t pos, KvCache& cache) {
+        const SequenceStep step{tokens, pos, &cache, false};
+        return m.forward_batch(std::span<const SequenceStep>(&step, 1), out);
+    };
+    auto argmax = [&] {
+        return static_cast<int32_t>(std::max_element(out.logits.begin(), out.logits.end()) -
+                                    out.logits.begin());
+    };
+    {
+        auto warm = m.new_kv_cache(8);
+        std::vector<int32_t> p = {1000, 1001, 1002, 1003};
+        DSI_RETURN_IF_ERROR(forward(p, 0, *warm));
+        std::vector<int32_t> one = {1004};
+        DSI_RETURN_IF_ERROR(forward(one, 4, *warm));
+        DSI_RETURN_IF_ERROR(forward(one, 5, *warm));
+    }
+    auto cache = m.new_kv_cache(f.prompt_tokens + f.gen_tokens + 1);
+    std::vector<int32_t> prompt(static_cast<size_t>(f.prompt_tokens));
+    for (int i = 0; i < f.prompt_tokens; ++i) prompt[i] = 1000 + i;
+    auto t0 = Clock::now();
+    DSI_RETURN_IF_ERROR(forward(prompt, 0, *cache));
+    const double pp_s = seconds_since(t0);
+    int32_t tok = argmax();
+    t0 = Clock::now();
+    for (int i = 0; i < f.gen_tokens; ++i) {
+        std::vector<int32_t> one = {tok};
+        DSI_RETURN_IF_ERROR(forward(one, f.prompt_tokens + i, *cache));
+        tok = argmax();
+    }
+    const double tg_s = seconds_since(t0);
+    r["pp_tokens_per_s"] = f.prompt_tokens / pp_s;
+    r["tg_tokens_per_s"] = f.gen_tokens / tg_s;
+    return r;
+}
+
+// One llama.cpp repetition at `threads` (a fresh node process, warmed up inside).
+Result<json> run_llamacpp_model_once(const ModelFlags& f, int threads) {
+    const std::string tmp = "/tmp/dsinfer_bench_llamacpp_" + std::to_string(::getpid()) + ".json";
+    const std::string cmd = "node " + std::string(DSINFER_SOURCE_DIR) +
+                            "/bench/llamacpp_bench.mjs --model " + f.model + " --threads " +
+                            std::to_string(threads) + " --prompt-tokens " +
+                            std::to_string(f.prompt_tokens) + " --gen-tokens " +
+                            std::to_string(f.gen_tokens) + " --amx " + f.llamacpp_amx +
+                            " --flash-attn " + f.llamacpp_flash_attn + " --out " + tmp;
+    if (std::system(cmd.c_str()) != 0) return internal_error("llama.cpp side failed: " + cmd);
+    DSI_ASSIGN_OR_RETURN(std::string text, Env::default_env()->read_file(tmp));
+    std::remove(tmp.c_str());
+    return json::parse(text);
+}
+
+int run_bench_model(const ModelFlags& f) {
+    if (f.repetitions < 1) {
+        std::fprintf(stderr, "dsinfer: --repetitions must be >= 1\n");
+        return 1;
+    }
     json out = {{"model", f.model}, {"weight_format", f.weight_format},
                 {"kv_dtype", f.kv_dtype},
                 {"isa", std::string(kernels::isa_name(kernels::active_isa()))},
-                {"prompt_tokens", f.prompt_tokens}, {"gen_tokens", f.gen_tokens}};
+                {"amx", kernels::amx_active() ? "on" : "off (CPU without AMX-INT8)"},
+                {"prompt_tokens", f.prompt_tokens}, {"gen_tokens", f.gen_tokens},
+                {"repetitions", f.repetitions}};
     if (!f.compare_format.empty()) {
         std::vector<int32_t> prompt(static_cast<size_t>(f.prompt_tokens));
         for (int i = 0; i < f.prompt_tokens; ++i) prompt[i] = 1000 + i;
         out["logits_vs_compare_format"] = compare_logits(f, prompt);
         std::fprintf(stderr, "logits: %s\n", out["logits_vs_compare_format"].dump().c_str());
     }
+    std::optional<WeightCost> cost;
+    if (f.roofline) {
+        Result<WeightCost> w = weight_cost(f.model, f.prompt_tokens);
+        if (w.is_ok()) {
+            cost = *w;
+            out["decode_weight_bytes_per_token"] = cost->decode_bytes_per_token;
+            out["output_layer_share_of_decode_bytes"] =
+                cost->head_bytes / cost->decode_bytes_per_token;
+        } else {
+            out["roofline"] = "unavailable: " + w.status().to_string();
+        }
+    }
+    std::string table =
+        "| threads | dsinfer pp tok/s | llama.cpp pp | pp ratio | pp / oneDNN s8 | dsinfer tg "
+        "tok/s | llama.cpp tg | tg ratio | tg bytes / STREAM |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+    auto cell = [](const json& s) {
+        char b[64];
+        std::snprintf(b, sizeof b, "%.2f (%.2f-%.2f)", s["median"].get<double>(),
+                      s["min"].get<double>(), s["max"].get<double>());
+        return std::string(b);
+    };
     for (int threads = 1; threads <= f.max_threads; ++threads) {
         json r;
-        {
-            auto source = open_checkpoint(env, f.model);
-            if (!source.is_ok()) {
-                std::fprintf(stderr, "%s\n", source.status().to_string().c_str());
+        std::map<std::string, std::vector<double>> runs;
+        for (int rep = 0; rep < f.repetitions; ++rep) {
+            Result<json> d = run_dsinfer_model_once(f, threads);
+            if (!d.is_ok()) {
+                std::fprintf(stderr, "dsinfer: %s\n", d.status().to_string().c_str());
                 return 1;
             }
-            DeepseekModel::Options options;
-            options.num_threads = threads;
-            options.weight_format = f.weight_format;
-            options.kv_dtype = f.kv_dtype;
-            auto t_load = Clock::now();
-            auto model = DeepseekModel::load(std::move(source).value(), options);
-            if (!model.is_ok()) {
-                std::fprintf(stderr, "%s\n", model.status().to_string().c_str());
+            r["dsinfer_runs"].push_back(*d);
+            runs["dsinfer_pp"].push_back((*d)["pp_tokens_per_s"].get<double>());
+            runs["dsinfer_tg"].push_back((*d)["tg_tokens_per_s"].get<double>());
+            if (f.skip_llamacpp) continue;
+            Result<json> l = run_llamacpp_model_once(f, threads);
+            if (!l.is_ok()) {
+                std::fprintf(stderr, "dsinfer: %s\n", l.status().to_string().c_str());
                 return 1;
             }
-            r["dsinfer"]["load_s"] = seconds_since(t_load);
-            DeepseekModel& m = **model;
-            auto cache = m.new_kv_cache(f.prompt_tokens + f.gen_tokens + 1);
-            std::vector<int32_t> prompt(static_cast<size_t>(f.prompt_tokens));
-            for (int i = 0; i < f.prompt_tokens; ++i) prompt[i] = 1000 + i;
-            ForwardOutput fo;
-            auto t0 = Clock::now();
-            Status s = m.forward(prompt, 0, *cache, false, fo);
-            const double pp_s = seconds_since(t0);
-            if (!s.is_ok()) return 1;
-            int32_t tok = static_cast<int32_t>(
-                std::max_element(fo.logits.begin(), fo.logits.end()) - fo.logits.begin());
-            t0 = Clock::now();
-            for (int i = 0; i < f.gen_tokens; ++i) {
-                std::vector<int32_t> one = {tok};
-                if (!m.forward(one, f.prompt_tokens + i, *cache, false, fo).is_ok()) return 1;
-                tok = static_cast<int32_t>(
-                    std::max_element(fo.logits.begin(), fo.logits.end()) - fo.logits.begin());
-            }
-            const double tg_s = seconds_since(t0);
-            r["dsinfer"]["pp_tokens_per_s"] = f.prompt_tokens / pp_s;
-            r["dsinfer"]["tg_tokens_per_s"] = f.gen_tokens / tg_s;
+            r["llama_cpp_runs"].push_back(*l);
+            runs["llama_cpp_pp"].push_back((*l)["pp_tokens_per_s"].get<double>());
+            runs["llama_cpp_tg"].push_back((*l)["tg_tokens_per_s"].get<double>());
         }
-        if (!f.skip_llamacpp) {
-            const std::string tmp = "/tmp/dsinfer_bench_llamacpp_" + std::to_string(::getpid()) + ".json";
-            const std::string cmd = "node " + std::string(DSINFER_SOURCE_DIR) +
-                                    "/bench/llamacpp_bench.mjs --model " + f.model + " --threads " +
-                                    std::to_string(threads) + " --prompt-tokens " +
-                                    std::to_string(f.prompt_tokens) + " --gen-tokens " +
-                                    std::to_string(f.gen_tokens) + " --amx " + f.llamacpp_amx +
-                                    " --out " + tmp;
-            if (std::system(cmd.c_str()) == 0) {
-                json l = json::parse(env->read_file(tmp).value());
-                r["llama_cpp"] = l;
-                r["ratio"]["pp"] = r["dsinfer"]["pp_tokens_per_s"].get<double>() /
-                                   l["pp_tokens_per_s"].get<double>();
-                r["ratio"]["tg"] = r["dsinfer"]["tg_tokens_per_s"].get<double>() /
-                                   l["tg_tokens_per_s"].get<double>();
+        for (const auto& [k, v] : runs) r["summary"][k] = bench::summarize_runs(v);
+        const json& s = r["summary"];
+        std::string pp_roof = "-", tg_roof = "-";
+        if (cost) {
+            // Same run: STREAM read and oneDNN on this thread count, right after the reps.
+            ThreadPool pool(threads);
+            const bench::StreamBandwidth bw = bench::measure_stream(pool, f.stream_bytes, 5);
+            const double tg_gb_s =
+                cost->decode_bytes_per_token * s["dsinfer_tg"]["median"].get<double>() / 1e9;
+            r["roofline"]["stream_read_gb_s"] = bw.read_gb_s;
+            r["roofline"]["decode_gb_s"] = tg_gb_s;
+            r["roofline"]["decode_share_of_stream"] = tg_gb_s / bw.read_gb_s;
+            char b[32];
+            std::snprintf(b, sizeof b, "%.2f", tg_gb_s / bw.read_gb_s);
+            tg_roof = b;
+            Result<double> dnn = onednn_prefill_seconds(*cost, threads);
+            if (dnn.is_ok()) {
+                const double pp_s = f.prompt_tokens / s["dsinfer_pp"]["median"].get<double>();
+                r["roofline"]["onednn_s8_prefill_gemm_s"] = *dnn;
+                r["roofline"]["prefill_share_of_onednn_s8"] = *dnn / pp_s;
+                std::snprintf(b, sizeof b, "%.2f", *dnn / pp_s);
+                pp_roof = b;
             } else {
-                r["llama_cpp"] = "failed: " + cmd;
+                r["roofline"]["onednn"] = dnn.status().to_string();
             }
-            std::remove(tmp.c_str());
         }
+        const bool have_l = s.contains("llama_cpp_pp");
+        auto ratio = [&](const char* a, const char* b) {
+            if (!have_l) return std::string("-");
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "%.2f", s[a]["median"].get<double>() / s[b]["median"].get<double>());
+            return std::string(buf);
+        };
+        table += "| " + std::to_string(threads) + " | " + cell(s["dsinfer_pp"]) + " | " +
+                 (have_l ? cell(s["llama_cpp_pp"]) : "-") + " | " + ratio("dsinfer_pp", "llama_cpp_pp") +
+                 " | " + pp_roof + " | " + cell(s["dsinfer_tg"]) + " | " +
+                 (have_l ? cell(s["llama_cpp_tg"]) : "-") + " | " + ratio("dsinfer_tg", "llama_cpp_tg") +
+                 " | " + tg_roof + " |\n";
         out["threads"][std::to_string(threads)] = r;
-        std::fprintf(stderr, "threads %d: %s\n", threads, r.dump().c_str());
+        std::fprintf(stderr, "threads %d: %s\n", threads, r["summary"].dump().c_str());
     }
+    out["table"] = table;
+    std::fprintf(stderr, "%s", table.c_str());
     std::printf("%s\n", out.dump(f.json ? 2 : -1).c_str());
     return 0;
 }
@@ -500,6 +686,10 @@ void register_bench_commands(CLI::App& app) {
     add_setting(*m, "--weight-format", mf->weight_format, "see DeepseekModel::Options");
     add_setting(*m, "--kv-dtype", mf->kv_dtype, "f32 | bf16 | e4m3 (DeepseekModel::Options)");
     add_setting(*m, "--llamacpp-amx", mf->llamacpp_amx, "on | off (llama.cpp's AMX variant)");
+    add_setting(*m, "--llamacpp-flash-attn", mf->llamacpp_flash_attn, "on | off");
+    add_setting(*m, "--repetitions", mf->repetitions, "alternating repetitions (median, spread)");
+    add_switch(*m, "--roofline", mf->roofline, "STREAM and oneDNN shares beside tokens/s");
+    add_setting(*m, "--stream-bytes", mf->stream_bytes, "STREAM array size of the roofline");
     m->add_flag("--skip-llamacpp", mf->skip_llamacpp, "dsinfer only");
     add_setting(*m, "--compare-format", mf->compare_format,
                 "also report the prompt logits' max |diff| vs this weight format");

@@ -4,23 +4,33 @@
 //     distinct prompts, greedy, fixed output length), async step loop on and off, and
 //     the host gap between steps as a fraction of step time (S-ASYNC);
 //   - llama.cpp on the same GGUF and workload in the same run
-//     (bench/llamacpp_offline_bench.mjs: one context, `sequences: N`, batched);
+//     (bench/llamacpp_offline_bench.mjs: one context, `sequences: N`; it counts its
+//     llama_decode calls and the tokens in each, so its batching is shown, not assumed);
 //   - time to first token of a request sharing a 2,000-token prefix with an earlier one
 //     (prefix-cache hit) vs the earlier one (miss).
+// --repetitions R (default 3) alternates the two sides R times (dsinfer, llama.cpp,
+// dsinfer, ...; each side warmed up in every repetition, the weights of one freed before
+// the other loads) and reports each figure's median, min, max and runs; the ratio is
+// the ratio of the medians.
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "base/env.h"
 #include "base/settings.h"
-#include "engine/calibrate.h"
+#include "bench_stats.h"
 #include "engine/engine.h"
-#include "model/deepseek.h"
+#include "kernels/cpu_features.h"
+#include "replica_flags.h"
+#include "serving/replica.h"
+#include "support/build_paths.h"
 
 namespace dsi {
 namespace {
@@ -28,19 +38,20 @@ namespace {
 using nlohmann::json;
 
 struct OfflineFlags {
-    std::string model;
+    ReplicaFlags replica;  // --model, --threads (default 2 here), engine settings
     bool json = false;
-    int threads = 2;
     std::string concurrency = "1,4,16,64";
     int prompt_tokens = 32;
     int gen_tokens = 32;
     int prefix_tokens = 2000;
     int suffix_tokens = 16;
-    int64_t kv_cache_mb = 2048;
-    bool batch_invariant = true;
     bool async_off = true;  // also run every concurrency with the async loop off
     bool skip_llamacpp = false;
-    std::string llamacpp_amx = "off";  // "on" aborts on deepseek2 Q8_0 attn_k_b
+    // llama.cpp's AMX variant: "on" (ggml's own choice; used only where the CPU has
+    // AMX-INT8) or "off" (hidden). The GGUF writer keeps attn_k_b out of AMX (bf16).
+    std::string llamacpp_amx = "on";
+    std::string llamacpp_flash_attn = "off";
+    int repetitions = 3;
 };
 
 // Sequence s's prompt; bench/llamacpp_offline_bench.mjs builds the same ids.
@@ -56,21 +67,18 @@ int64_t now_ns() {
         .count();
 }
 
-engine::EngineOptions engine_options(const OfflineFlags& f, bool async) {
-    engine::EngineOptions eo;
-    eo.async = async;
-    eo.kv_cache_bytes = f.kv_cache_mb << 20;
-    eo.model_id = f.model;
-    eo.batch_invariant = f.batch_invariant;
-    eo.cost_model_path = engine::cost_model_path_for(f.model);
-    return eo;
-}
-
 // N sequences with distinct prompts, all added before the run: output tokens/s over the
 // whole run (prefill included) and the step loop's host gap.
-Result<json> run_batch(DeepseekModel* model, const OfflineFlags& f, int64_t n, bool async) {
-    DSI_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> eng,
-                         engine::Engine::create(model, engine_options(f, async), Env::default_env()));
+// A fresh engine (empty prefix cache) on the replica's model.
+Result<engine::Engine*> fresh_engine(serving::Replica* replica, bool async) {
+    engine::EngineOptions eo = replica->engine_options();
+    eo.async = async;
+    DSI_RETURN_IF_ERROR(replica->reset_engine(std::move(eo)));
+    return replica->engine();
+}
+
+Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t n, bool async) {
+    DSI_ASSIGN_OR_RETURN(engine::Engine * eng, fresh_engine(replica, async));
     for (int64_t s = 0; s < n; ++s) {
         engine::GenerateRequest r;
         r.prompt = bench_prompt(s, f.prompt_tokens);
@@ -82,20 +90,33 @@ Result<json> run_batch(DeepseekModel* model, const OfflineFlags& f, int64_t n, b
     DSI_RETURN_IF_ERROR(eng->run());
     const double secs = static_cast<double>(now_ns() - t0) * 1e-9;
     const engine::EngineStats st = eng->stats();
-    return json{{"seconds", secs},
-                {"output_tokens", st.output_tokens},
-                {"output_tokens_per_s", static_cast<double>(st.output_tokens) / secs},
-                {"steps", st.steps},
-                {"step_ms_mean", st.steps ? st.forward_ns / 1e6 / static_cast<double>(st.steps) : 0},
-                {"host_gap_fraction",
-                 st.forward_ns ? static_cast<double>(st.host_gap_ns) / st.forward_ns : 0.0}};
+    json out{{"seconds", secs},
+             {"output_tokens", st.output_tokens},
+             {"output_tokens_per_s", static_cast<double>(st.output_tokens) / secs},
+             {"steps", st.steps},
+             {"step_ms_mean", st.steps ? st.forward_ns / 1e6 / static_cast<double>(st.steps) : 0},
+             {"host_gap_fraction",
+              st.forward_ns ? static_cast<double>(st.host_gap_ns) / st.forward_ns : 0.0}};
+    if (st.spec_verify_steps > 0) {  // --speculative (issue 24)
+        json per = json::array();
+        for (size_t j = 0; j < st.spec_drafted_at.size() && st.spec_drafted_at[j] > 0; ++j) {
+            per.push_back(static_cast<double>(st.spec_accepted_at[j]) / st.spec_drafted_at[j]);
+        }
+        out["speculative"] = {
+            {"verify_steps", st.spec_verify_steps},
+            {"draft_tokens", st.spec_draft_tokens},
+            {"accepted_tokens", st.spec_accepted_tokens},
+            {"accepted_length",
+             1.0 + static_cast<double>(st.spec_accepted_tokens) / st.spec_verify_steps},
+            {"acceptance_by_position", per}};
+    }
+    return out;
 }
 
 // TTFT of a request whose first prefix_tokens tokens were computed by an earlier request
 // (hit) vs that earlier request (miss). Each has its own suffix; one output token.
-Result<json> run_ttft(DeepseekModel* model, const OfflineFlags& f) {
-    DSI_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> eng,
-                         engine::Engine::create(model, engine_options(f, true), Env::default_env()));
+Result<json> run_ttft(serving::Replica* replica, const OfflineFlags& f) {
+    DSI_ASSIGN_OR_RETURN(engine::Engine * eng, fresh_engine(replica, true));
     const std::vector<int32_t> prefix = bench_prompt(1000, f.prefix_tokens);
     json out;
     for (int k = 0; k < 2; ++k) {
@@ -108,19 +129,22 @@ Result<json> run_ttft(DeepseekModel* model, const OfflineFlags& f) {
         int64_t first_ns = 0;
         const engine::EngineStats before = eng->stats();
         const int64_t t0 = now_ns();
-        DSI_RETURN_IF_ERROR(eng->add_request(std::move(r), [&](const engine::TokenEvent& ev) {
-                                    if (ev.token >= 0 && first_ns == 0) first_ns = now_ns();
-                                }).status());
+        DSI_RETURN_IF_ERROR(eng->add_request(std::move(r),
+                                             [&](const engine::TokenEvent& ev) {
+                                                 if (ev.token >= 0 && first_ns == 0)
+                                                     first_ns = now_ns();
+                                             })
+                                .status());
         DSI_RETURN_IF_ERROR(eng->run());
         const engine::EngineStats st = eng->stats();
         out[k == 0 ? "miss" : "hit"] = {
             {"ttft_s", static_cast<double>(first_ns - t0) * 1e-9},
             {"prompt_tokens", f.prefix_tokens + f.suffix_tokens},
-            {"computed_prefill_tokens", st.computed_prefill_tokens - before.computed_prefill_tokens},
+            {"computed_prefill_tokens",
+             st.computed_prefill_tokens - before.computed_prefill_tokens},
             {"cached_prompt_tokens", st.cached_prompt_tokens - before.cached_prompt_tokens}};
     }
-    out["hit_over_miss"] =
-        out["hit"]["ttft_s"].get<double>() / out["miss"]["ttft_s"].get<double>();
+    out["hit_over_miss"] = out["hit"]["ttft_s"].get<double>() / out["miss"]["ttft_s"].get<double>();
     return out;
 }
 
@@ -132,6 +156,61 @@ std::vector<int64_t> parse_list(const std::string& s) {
         if (!item.empty()) v.push_back(std::stoll(item));
     }
     return v;
+}
+
+// One repetition of dsinfer's side: open the replica, warm up, every concurrency (async
+// on, and off with --async-off), the prefix TTFT; the weights are freed on return.
+Result<json> run_dsinfer_once(const OfflineFlags& f, const std::vector<int64_t>& conc, Env* env) {
+    DSI_ASSIGN_OR_RETURN(serving::ReplicaOptions options, to_replica_options(f.replica));
+    options.load_tokenizer = false;  // token ids only
+    options.create_engine = false;   // one fresh engine per measurement
+    DSI_ASSIGN_OR_RETURN(std::unique_ptr<serving::Replica> replica,
+                         serving::open_replica(std::move(options), env));
+    serving::Replica* rep = replica.get();
+    json out = {{"cost_model", rep->engine_options().cost_model_path}};
+    // Warm-up (page-in, thread start); not reported.
+    {
+        OfflineFlags w = f;
+        w.gen_tokens = 2;
+        DSI_RETURN_IF_ERROR(run_batch(rep, w, 2, true).status());
+    }
+    for (int64_t n : conc) {
+        json row;
+        for (bool async : {true, false}) {
+            if (!async && !f.async_off) continue;
+            DSI_ASSIGN_OR_RETURN(json r, run_batch(rep, f, n, async));
+            row[async ? "async_on" : "async_off"] = r;
+        }
+        out[std::to_string(n)] = row;
+        std::fprintf(stderr, "dsinfer %lld sequences: %s\n", static_cast<long long>(n),
+                     row.dump().c_str());
+    }
+    const KvLayout layout = rep->model()->kv_layout();
+    if (f.prefix_tokens > 0 && !layout.prefix_reusable) {
+        // Nothing to measure: the engine offers no prefix hit for this model.
+        out["ttft_prefix"] = "skipped: " + layout.not_reusable_reason;
+    } else if (f.prefix_tokens > 0) {
+        DSI_ASSIGN_OR_RETURN(json t, run_ttft(rep, f));
+        out["ttft_prefix"] = t;
+        std::fprintf(stderr, "ttft: %s\n", t.dump().c_str());
+    }
+    return out;
+}
+
+// One repetition of llama.cpp's side (a fresh node process, warmed up inside).
+Result<json> run_llamacpp_once(const OfflineFlags& f) {
+    const std::string tmp =
+        "/tmp/dsinfer_bench_offline_llamacpp_" + std::to_string(::getpid()) + ".json";
+    const std::string cmd =
+        "node " + std::string(DSINFER_SOURCE_DIR) + "/bench/llamacpp_offline_bench.mjs --model " +
+        f.replica.model + " --threads " + std::to_string(f.replica.threads) + " --concurrency " +
+        f.concurrency + " --prompt-tokens " + std::to_string(f.prompt_tokens) +
+        " --gen-tokens " + std::to_string(f.gen_tokens) + " --amx " + f.llamacpp_amx +
+        " --flash-attn " + f.llamacpp_flash_attn + " --out " + tmp;
+    if (std::system(cmd.c_str()) != 0) return internal_error("llama.cpp side failed: " + cmd);
+    DSI_ASSIGN_OR_RETURN(std::string text, Env::default_env()->read_file(tmp));
+    std::remove(tmp.c_str());
+    return json::parse(text);
 }
 
 int run_bench_offline(const OfflineFlags& f) {
@@ -149,78 +228,94 @@ int run_bench_offline(const OfflineFlags& f) {
             return 1;
         }
     }
-    Result<std::unique_ptr<WeightSource>> source = open_checkpoint(env, f.model);
-    if (!source.is_ok()) {
-        std::fprintf(stderr, "dsinfer: %s\n", source.status().to_string().c_str());
+    if (f.repetitions < 1) {
+        std::fprintf(stderr, "dsinfer: --repetitions must be >= 1\n");
         return 1;
     }
-    DeepseekModel::Options mo;
-    mo.num_threads = f.threads;
-    Result<std::unique_ptr<DeepseekModel>> model = DeepseekModel::load(std::move(source).value(), mo);
-    if (!model.is_ok()) {
-        std::fprintf(stderr, "dsinfer: %s\n", model.status().to_string().c_str());
-        return 1;
-    }
-    json out = {{"model", f.model},
-                {"threads", f.threads},
+    json out = {{"model", f.replica.model},
+                {"threads", f.replica.threads},
                 {"prompt_tokens", f.prompt_tokens},
                 {"gen_tokens", f.gen_tokens},
-                {"batch_invariant", f.batch_invariant},
-                {"cost_model", engine::cost_model_path_for(f.model)}};
+                {"batch_invariant", f.replica.batch_invariant},
+                {"repetitions", f.repetitions},
+                {"dsinfer_settings",
+                 {{"attention", "MLA, absorbed (latent KV), no flash-attention variant"},
+                  {"kv_cache_type", "f32"},
+                  {"amx", kernels::amx_active() ? "on" : "off (CPU without AMX-INT8)"}}}};
     auto fail = [](const Status& s) {
         std::fprintf(stderr, "dsinfer: %s\n", s.to_string().c_str());
         return 1;
     };
-    // Warm-up (page-in, thread start); not reported.
-    {
-        OfflineFlags w = f;
-        w.gen_tokens = 2;
-        Result<json> r = run_batch(model->get(), w, 2, true);
-        if (!r.is_ok()) return fail(r.status());
+    // runs[series][n]: one value per repetition.
+    std::map<std::string, std::map<int64_t, std::vector<double>>> runs;
+    std::vector<double> ttft_hit_over_miss;
+    bool llamacpp_ok = !f.skip_llamacpp;
+    for (int r = 0; r < f.repetitions; ++r) {
+        Result<json> d = run_dsinfer_once(f, conc, env);
+        if (!d.is_ok()) return fail(d.status());
+        out["cost_model"] = (*d)["cost_model"];
+        out["dsinfer_runs"].push_back(*d);
+        for (int64_t n : conc) {
+            for (const char* mode : {"async_on", "async_off"}) {
+                const json& row = (*d)[std::to_string(n)];
+                if (row.contains(mode)) {
+                    runs[mode][n].push_back(row[mode]["output_tokens_per_s"].get<double>());
+                }
+            }
+        }
+        if (d->contains("ttft_prefix") && (*d)["ttft_prefix"].is_object()) {
+            ttft_hit_over_miss.push_back((*d)["ttft_prefix"]["hit_over_miss"].get<double>());
+        }
+        if (!llamacpp_ok) continue;
+        Result<json> l = run_llamacpp_once(f);
+        if (!l.is_ok()) {
+            out["llama_cpp"] = l.status().to_string();
+            llamacpp_ok = false;
+            continue;
+        }
+        out["llama_cpp_runs"].push_back((*l)["results"]);
+        out["llama_cpp_settings"] = (*l)["settings"];
+        for (int64_t n : conc) {
+            const json& lr = (*l)["results"][std::to_string(n)];
+            runs["llama_cpp"][n].push_back(lr["output_tokens_per_s"].get<double>());
+            runs["llama_cpp_decode_calls"][n].push_back(lr["decode_calls"].get<double>());
+            runs["llama_cpp_min_tokens_per_call"][n].push_back(
+                lr["min_generation_tokens_per_call"].get<double>());
+        }
     }
+    std::string table =
+        "| N | dsinfer tok/s median (min-max) | llama.cpp tok/s median (min-max) | ratio of "
+        "medians | llama.cpp decode calls | llama.cpp fewest tokens in a decode call |\n"
+        "|---:|---:|---:|---:|---:|---:|\n";
     for (int64_t n : conc) {
         json row;
-        for (bool async : {true, false}) {
-            if (!async && !f.async_off) continue;
-            Result<json> r = run_batch(model->get(), f, n, async);
-            if (!r.is_ok()) return fail(r.status());
-            row[async ? "async_on" : "async_off"] = *r;
-        }
-        out["dsinfer"][std::to_string(n)] = row;
-        std::fprintf(stderr, "dsinfer %lld sequences: %s\n", static_cast<long long>(n),
-                     row.dump().c_str());
-    }
-    if (f.prefix_tokens > 0) {
-        Result<json> t = run_ttft(model->get(), f);
-        if (!t.is_ok()) return fail(t.status());
-        out["ttft_prefix"] = *t;
-        std::fprintf(stderr, "ttft: %s\n", t->dump().c_str());
-    }
-    model->reset();  // free the weights before llama.cpp loads its copy
-    if (!f.skip_llamacpp) {
-        const std::string tmp =
-            "/tmp/dsinfer_bench_offline_llamacpp_" + std::to_string(::getpid()) + ".json";
-        const std::string cmd = "node " + std::string(DSINFER_SOURCE_DIR) +
-                                "/bench/llamacpp_offline_bench.mjs --model " + f.model +
-                                " --threads " + std::to_string(f.threads) + " --concurrency " +
-                                f.concurrency + " --prompt-tokens " +
-                                std::to_string(f.prompt_tokens) + " --gen-tokens " +
-                                std::to_string(f.gen_tokens) + " --amx " + f.llamacpp_amx +
-                                " --out " + tmp;
-        if (std::system(cmd.c_str()) == 0) {
-            json l = json::parse(env->read_file(tmp).value());
-            out["llama_cpp"] = l;
-            for (int64_t n : conc) {
-                const std::string k = std::to_string(n);
-                out["ratio_output_tokens_per_s"][k] =
-                    out["dsinfer"][k]["async_on"]["output_tokens_per_s"].get<double>() /
-                    l["results"][k]["output_tokens_per_s"].get<double>();
-            }
+        for (auto& [series, by_n] : runs) row[series] = bench::summarize_runs(by_n[n]);
+        char line[256];
+        const json& on = row["async_on"];
+        if (llamacpp_ok) {
+            const json& l = row["llama_cpp"];
+            row["ratio_of_medians"] = on["median"].get<double>() / l["median"].get<double>();
+            std::snprintf(line, sizeof line,
+                          "| %lld | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.2f | %.0f | %.0f |\n",
+                          static_cast<long long>(n), on["median"].get<double>(),
+                          on["min"].get<double>(), on["max"].get<double>(),
+                          l["median"].get<double>(), l["min"].get<double>(),
+                          l["max"].get<double>(), row["ratio_of_medians"].get<double>(),
+                          row["llama_cpp_decode_calls"]["median"].get<double>(),
+                          row["llama_cpp_min_tokens_per_call"]["min"].get<double>());
         } else {
-            out["llama_cpp"] = "failed: " + cmd;
+            std::snprintf(line, sizeof line, "| %lld | %.1f (%.1f-%.1f) | - | - | - | - |\n",
+                          static_cast<long long>(n), on["median"].get<double>(),
+                          on["min"].get<double>(), on["max"].get<double>());
         }
-        std::remove(tmp.c_str());
+        table += line;
+        out["summary"][std::to_string(n)] = row;
     }
+    if (!ttft_hit_over_miss.empty()) {
+        out["summary"]["ttft_hit_over_miss"] = bench::summarize_runs(ttft_hit_over_miss);
+    }
+    out["table"] = table;
+    std::fprintf(stderr, "%s", table.c_str());
     std::printf("%s\n", out.dump(f.json ? 2 : -1).c_str());
     return 0;
 }
@@ -230,19 +325,23 @@ int run_bench_offline(const OfflineFlags& f) {
 void register_bench_offline_command(CLI::App& bench) {
     auto f = std::make_shared<OfflineFlags>();
     CLI::App* o = bench.add_subcommand(
-        "offline", "engine throughput at N sequences, async host gap, prefix-hit TTFT, vs llama.cpp");
-    add_setting(*o, "--model", f->model, "GGUF (or HF directory with --skip-llamacpp)")->required();
+        "offline",
+        "engine throughput at N sequences, async host gap, prefix-hit TTFT, vs llama.cpp");
+    f->replica.threads = 2;  // both engines; the machine's cores (bench/RESULTS.md)
+    add_replica_flags(*o, &f->replica, {.engine = true, .async = false});
+    o->get_option("--model")->required()->description(
+        "GGUF (or HF directory with --skip-llamacpp)");
     o->add_flag("--json", f->json, "pretty JSON");
-    add_setting(*o, "--threads", f->threads, "compute threads (both engines)");
     add_setting(*o, "--concurrency", f->concurrency, "comma list of sequence counts");
     add_setting(*o, "--prompt-tokens", f->prompt_tokens, "prompt length per sequence");
     add_setting(*o, "--gen-tokens", f->gen_tokens, "output tokens per sequence");
-    add_setting(*o, "--prefix-tokens", f->prefix_tokens, "shared prefix of the TTFT figure (0: skip)");
+    add_setting(*o, "--prefix-tokens", f->prefix_tokens,
+                "shared prefix of the TTFT figure (0: skip)");
     add_setting(*o, "--suffix-tokens", f->suffix_tokens, "own suffix of each TTFT request");
-    add_setting(*o, "--kv-cache-mb", f->kv_cache_mb, "KV block pool size");
-    add_switch(*o, "--batch-invariant", f->batch_invariant, "S-ENG-6 (docs/engine.md)");
     add_setting(*o, "--async-off", f->async_off, "also measure with the async loop off");
     add_setting(*o, "--llamacpp-amx", f->llamacpp_amx, "on | off (llama.cpp's AMX variant)");
+    add_setting(*o, "--llamacpp-flash-attn", f->llamacpp_flash_attn, "on | off");
+    add_setting(*o, "--repetitions", f->repetitions, "alternating repetitions (median, spread)");
     o->add_flag("--skip-llamacpp", f->skip_llamacpp, "dsinfer only");
     o->callback([f] {
         if (int rc = run_bench_offline(*f); rc != 0) throw CLI::RuntimeError(rc);

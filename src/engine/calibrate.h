@@ -9,6 +9,13 @@
 // Location: cost_model_path_for(model path). A fit describes one machine, thread count
 // and weight format; recalibrate when they change.
 //
+// Without a fit (issue 22 D3), the engine does not use PrefillCostModel's built-in
+// H800-class coefficients (about 40x too optimistic on a CPU, so the step budget bounded
+// nothing): it uses conservative_cpu_cost_model() of the model's sizes, which
+// overestimates a CPU's prefill cost, so chunks stay within the budget at some cost in
+// prefill throughput. The embedded default model calibrates itself on first start
+// (ensure_cost_model: a quick grid, seconds, written beside the model).
+//
 // Thread model: free functions; profile_prefill uses the model exclusively.
 #pragma once
 
@@ -24,7 +31,8 @@
 #include "engine/prefill_cost_model.h"
 
 namespace dsi {
-class DeepseekModel;
+class CausalLm;
+struct ModelConfig;
 }
 
 namespace dsi::engine {
@@ -50,10 +58,54 @@ Result<PrefillCostModel> fit_prefill_cost_model(std::span<const CalibrationPoint
 // sequences of a step, while the step's fixed part (reading every weight once, ~0.2 s
 // for `small` on a CPU) is paid by any step, decode included; charging it per
 // sequence would let a handful of decodes exhaust the step budget and stop admission.
+// A model with per-sequence state (V4: a step must continue its sequence) has its
+// prefix of c tokens recomputed, untimed, before every timed repetition.
 // INVALID_ARGUMENT on q < 1, c < 0, reps < 1 or q + c past the model length.
-Result<std::vector<CalibrationPoint>> profile_prefill(DeepseekModel* model,
+Result<std::vector<CalibrationPoint>> profile_prefill(CausalLm* model,
                                                       std::span<const int64_t> q_values,
                                                       std::span<const int64_t> c_values, int reps);
+
+// The plain sizes that set a model's prefill cost (all layers, MTP left out: prefill
+// does not run it). V4: the dense term includes the compressors, the indexer and the
+// mHC mixes; a prefix token costs the compressed entries it adds (1/4 attended and
+// scored by the indexer on ratio-4 layers, 1/128 attended on ratio-128 layers); the
+// window (a fixed 128 keys) is charged per new token.
+struct PrefillShape {
+    double dense_flops_per_token = 0;     // 2 x weights one token multiplies (active experts)
+    double attention_flops_per_pair = 0;  // one new token against one prefix token (absorbed MLA)
+    double kv_bytes_per_token = 0;        // one prefix token's KV rows (f32)
+    double head_flops = 0;                // the LM head of one sampled row
+};
+PrefillShape prefill_shape(const ModelConfig& config);
+
+// Throughputs any CPU the engine runs on reaches at least: the divisor of each term of
+// conservative_cpu_cost_model. On the 2-core development machine (AVX-512) the latent
+// attention of a 16k-token prefill ran at >= 15 GFLOP/s per thread (engine_hol_test's
+// model: 2.1e10 FLOP in 1.4 s of CPU), so these are ~4x below one thread and further below
+// a server CPU; lower = more conservative (smaller chunks, more steps, a tighter decode
+// gap, less prefill throughput).
+inline constexpr double kCpuGemmFlopsPerNs = 4.0;       // dense / MoE matmuls
+inline constexpr double kCpuAttentionFlopsPerNs = 4.0;  // latent attention
+inline constexpr double kCpuKvBytesPerNs = 4.0;         // reading prefix KV
+inline constexpr double kCpuSequenceOverheadNs = 50'000;  // gather + sampling per chunk
+
+// S-LB cost model for a checkpoint without a fit: each term of cost(q, c) from the
+// model's sizes at the conservative rates above (per_qq = per_qc / 2: causal).
+PrefillCostModel conservative_cpu_cost_model(const PrefillShape& shape);
+
+// The quick grid of ensure_cost_model (a few seconds on the embedded default model).
+struct QuickCalibration {
+    std::vector<int64_t> q_values = {16, 64, 256};
+    std::vector<int64_t> c_values = {0, 512, 2048};
+    int reps = 2;
+};
+
+// The fit at `path` if it exists (malformed: an error naming the file); else profiles
+// `model` on the quick grid, fits, writes the fit to `path` (so the next start reads it)
+// and returns it. For the embedded default model on first start; larger checkpoints
+// are calibrated explicitly with `dsinfer calibrate`.
+Result<PrefillCostModel> ensure_cost_model(Env* env, CausalLm* model, const std::string& path,
+                                           const QuickCalibration& grid = {});
 
 // Where the fit of the checkpoint at model_path lives: DIR/dsinfer_prefill_cost.json
 // for a checkpoint directory, FILE.gguf.dsinfer_prefill_cost.json for a GGUF file.

@@ -184,5 +184,60 @@ TEST(CalibrateTest, ProfileMeasuresEveryPoint) {
     EXPECT_FALSE(profile_prefill(model.get(), qs, cs, 0).is_ok());
 }
 
+// Issue 22 D3: the estimate for a checkpoint without a fit grows with the model, is a
+// valid (monotone) cost model, and charges attention per (new, prefix) token pair.
+TEST(CalibrateTest, ConservativeCpuCostModelFollowsTheModelSizes) {
+    ModelConfig small = synthetic_preset("tiny-v3").value();
+    ModelConfig big = small;
+    big.num_hidden_layers *= 4;
+    big.hidden_size *= 2;
+    const PrefillCostModel a = conservative_cpu_cost_model(prefill_shape(small));
+    const PrefillCostModel b = conservative_cpu_cost_model(prefill_shape(big));
+    ASSERT_TRUE(a.validate().is_ok());
+    ASSERT_TRUE(b.validate().is_ok());
+    EXPECT_GT(b.per_q_ns, 4 * a.per_q_ns);
+    EXPECT_GT(b.per_qc_ns, 3 * a.per_qc_ns);
+    EXPECT_GT(a.per_qc_ns, 0);
+    EXPECT_DOUBLE_EQ(a.per_qq_ns, a.per_qc_ns / 2);
+    EXPECT_GT(a.cost_ns(1024, 4096), a.cost_ns(1024, 0));
+    // Per token, a CPU is slower than the H800-class default charges for attention.
+    EXPECT_GT(a.per_qc_ns, PrefillCostModel{}.per_qc_ns);
+}
+
+// First start: no file -> profile the quick grid, write the fit, return it; the next call
+// reads the same fit back without profiling; a malformed file or a bad grid is an error
+// (and writes nothing).
+TEST(CalibrateTest, EnsureCostModelCalibratesOnceAndKeepsTheFit) {
+    Env* env = Env::default_env();
+    std::unique_ptr<DeepseekModel> model = tiny_model();
+    const std::string dir = "/tmp/dsinfer_ensure_cost_test_" + std::to_string(::getpid());
+    ASSERT_TRUE(env->create_dirs(dir).is_ok());
+    const std::string path = cost_model_path_for(dir);
+    std::remove(path.c_str());
+    QuickCalibration grid;
+    grid.q_values = {64, 128, 256};
+    grid.c_values = {0, 128, 512};
+    grid.reps = 1;
+    QuickCalibration bad = grid;
+    bad.q_values = {0};
+    EXPECT_FALSE(ensure_cost_model(env, model.get(), path, bad).is_ok());
+    EXPECT_FALSE(env->file_exists(path));
+    Result<PrefillCostModel> first = ensure_cost_model(env, model.get(), path, grid);
+    ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+    ASSERT_TRUE(env->file_exists(path));
+    Result<std::optional<PrefillCostModel>> stored = load_cost_model(env, path);
+    ASSERT_TRUE(stored.is_ok() && stored->has_value());
+    EXPECT_DOUBLE_EQ((*stored)->per_q_ns, first->per_q_ns);
+    Result<PrefillCostModel> again = ensure_cost_model(env, model.get(), path, bad);  // no profiling
+    ASSERT_TRUE(again.is_ok()) << again.status().to_string();
+    EXPECT_DOUBLE_EQ(again->per_qc_ns, first->per_qc_ns);
+    ASSERT_TRUE(env->write_file(path, "{").is_ok());
+    Result<PrefillCostModel> broken = ensure_cost_model(env, model.get(), path, grid);
+    ASSERT_FALSE(broken.is_ok());
+    EXPECT_NE(broken.status().to_string().find(path), std::string::npos);
+    std::remove(path.c_str());
+    ::rmdir(dir.c_str());
+}
+
 }  // namespace
 }  // namespace dsi::engine

@@ -27,6 +27,12 @@
 // randomness is keyed by (seed, position), so a request's tokens do not depend on
 // its neighbours (with the model's batch-invariant kernels, S-ENG-6).
 //
+// Where the parts live: this file and engine.cc are the host side (lifecycle, step
+// loop, post-processing); engine/worker.h the device side (runs a StepPlan:
+// engine/step_plan.h); engine/scheduler.h the batching policy; kv/tiered_cache.h every
+// sequence's KV across the tiers (pool blocks, prefix pins, store fetch, write-behind,
+// host swap slots).
+//
 // KV store tiers (S-KV-4..7, docs/kvstore.md), when EngineOptions::kv_store_uri (or
 // kv_store) is set:
 //   - write-behind: a block published to the prefix index from prefill or decode is
@@ -41,11 +47,19 @@
 //     swap-in thread layer by layer while the forward pass runs; attention on a
 //     fetched row waits (with a deadline) on a per-layer readiness counter.
 //
+// The model (model/causal_lm.h) says what a sequence's cache is (KvLayout): paged
+// groups become the pool's cache groups; a state slot (DeepSeek V4) becomes one slot per
+// running sequence, so max_running_seqs is capped by the slots that fit in half of
+// kv_cache_bytes. A layout whose prefixes are not reusable turns prefix caching, the KV
+// store and swapping off (logged once at create): a hit the model cannot honour is
+// never offered, and preemption recomputes.
+//
 // Thread model: add_request / abort / step / run / stats are called from one thread
 // (the owner); callbacks run on that thread inside step(). TokenMaskProvider::fill
 // runs on the worker thread. The model must not be used by anyone else meanwhile.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -57,8 +71,9 @@
 #include "base/status.h"
 #include "engine/scheduler.h"
 #include "kv/block_pool.h"
-#include "model/deepseek.h"
+#include "model/causal_lm.h"
 #include "sampling/sampler.h"
+#include "spec/drafter.h"
 
 namespace dsi {
 namespace kvstore {
@@ -84,7 +99,8 @@ struct EngineOptions {
     SchedulerConfig scheduler;
     // Prefill cost model fitted by `dsinfer calibrate` (engine/calibrate.h): "" = use
     // scheduler.cost as given; else a JSON file that replaces scheduler.cost when it
-    // exists (a missing file keeps the default; a malformed one fails create()).
+    // exists (a malformed one fails create()); when it does not, scheduler.cost becomes
+    // conservative_cpu_cost_model() of the model's sizes (not the H800-class default).
     std::string cost_model_path;
     // S-ENG-6: a request's logits do not depend on the other requests in its step.
     // Every model kernel is batch-invariant today, so false changes nothing yet
@@ -95,6 +111,15 @@ struct EngineOptions {
     // copied to a host buffer of at most this many bytes and copied back when it
     // resumes; when the buffer has no room it is preempted by recompute. 0: recompute.
     int64_t swap_space_bytes = int64_t{1} << 30;
+    // Speculative decoding (issue 24, docs/engine.md "Speculative decoding"): drafts
+    // verified in the same step as everyone else's work, output token for token the
+    // same as without (exact acceptance rule). Validated by create() (k range, MTP
+    // present). With speculation on, the step loop runs synchronously (async is
+    // ignored): a step's input positions depend on how many drafts the last accepted.
+    spec::SpecConfig speculative;
+    // Tests: a drafter of the caller's (wins over speculative.method; k from
+    // speculative.k()).
+    std::shared_ptr<spec::Drafter> drafter;
     bool record_logits = false;            // pass each sampled row's logits to the callback (tests)
     const Tokenizer* tokenizer = nullptr;  // needed for text and stop strings
     // KV block store below the pool (S-KV-4..7): "" = none; else a kvstore URI
@@ -155,6 +180,16 @@ struct EngineStats {
     int64_t swapped_out_blocks = 0;
     int64_t swapped_in_blocks = 0;
     int64_t swap_slots_held = 0;  // host swap blocks held by swapped-out sequences now
+    int64_t state_slots = 0;          // per-sequence state slots of the model (V4), total
+    int64_t state_slots_in_use = 0;   // held by running sequences now
+    // Speculative decoding: decode items that verified drafts, drafts verified, of
+    // which accepted; per draft position j (0-based): verified with a draft at j, and
+    // accepted at j (acceptance at j = accepted_at[j] / drafted_at[j]).
+    int64_t spec_verify_steps = 0;
+    int64_t spec_draft_tokens = 0;
+    int64_t spec_accepted_tokens = 0;
+    std::array<int64_t, spec::kMaxSpeculativeTokens> spec_drafted_at{};
+    std::array<int64_t, spec::kMaxSpeculativeTokens> spec_accepted_at{};
     int64_t forward_ns = 0;   // worker busy time
     int64_t host_gap_ns = 0;  // worker idle between consecutive steps while work existed
     kv::BlockPoolStats pool;
@@ -180,7 +215,7 @@ struct EngineStats {
 class Engine {
 public:
     // REQUIRES: model and env outlive the engine.
-    static Result<std::unique_ptr<Engine>> create(DeepseekModel* model, EngineOptions options,
+    static Result<std::unique_ptr<Engine>> create(CausalLm* model, EngineOptions options,
                                                   Env* env);
     ~Engine();
 

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "engine/engine.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
 
 namespace dsi::engine {

@@ -20,6 +20,7 @@
 #include "kvstore/file_store.h"
 #include "kvstore/redis_test_server.h"
 #include "kvstore/shm_store.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
 
 namespace dsi::engine {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
 
 namespace dsi::engine {
@@ -46,7 +47,7 @@ struct Harness {
     std::map<RequestId, std::map<int32_t, Completion>> out;
 
     explicit Harness(EngineOptions o, Env* env = Env::default_env(),
-                     DeepseekModel* model = &shared_model()) {
+                     CausalLm* model = &shared_model()) {
         engine = Engine::create(model, std::move(o), env).value();
     }
     RequestId add(GenerateRequest r) {

@@ -62,11 +62,15 @@ ScheduleDecision Scheduler::schedule(std::span<const SeqView> running,
     for (size_t i = 0; i < running.size() && tokens_left > 0; ++i) {
         const SeqView& s = running[i];
         if (state[i] != 0 || !s.decoding || !s.can_run) continue;
-        const int64_t need =
-            std::max<int64_t>(0, blocks_for_tokens(s.num_computed + 1) - s.num_blocks);
+        auto blocks_for = [&](int64_t q) {
+            return std::max<int64_t>(0, blocks_for_tokens(s.num_computed + q) - s.num_blocks);
+        };
+        int64_t q = std::clamp<int64_t>(s.decode_tokens, 1, tokens_left);
+        if (blocks_for(q) > avail) q = 1;  // drafts never preempt anyone
+        const int64_t need = blocks_for(q);
         if (!make_room(i, need)) continue;
         state[i] = 1;
-        add(s, 1, need, false);
+        add(s, q, need, false);
     }
     // Largest chunk for s starting at c within budget, tokens and `blocks` more blocks.
     auto chunk = [&](const SeqView& s, int64_t c, int64_t held_blocks, int64_t blocks) {
@@ -74,7 +78,7 @@ ScheduleDecision Scheduler::schedule(std::span<const SeqView> running,
         if (remaining <= 0) return int64_t{0};
         int64_t q = config_.cost.max_chunk_tokens(budget, c, remaining);
         if (q == 0 && d.scheduled.empty()) q = 1;  // progress even on a tiny budget
-        q = std::min(q, (held_blocks + blocks) * 128 - c);
+        q = std::min(q, (held_blocks + blocks) * kv::kBlockTokens - c);
         return std::max<int64_t>(q, 0);
     };
     // 3a. Running prefills, FIFO.
@@ -109,7 +113,7 @@ ScheduleDecision Scheduler::schedule(std::span<const SeqView> running,
         // Blocks the sequence holds once admitted (pinned hits, or swapped-in rows) and
         // what taking them costs the pool.
         const int64_t held_blocks =
-            w.num_swapped_blocks > 0 ? w.num_swapped_blocks : w.num_cached_tokens / 128;
+            w.num_swapped_blocks > 0 ? w.num_swapped_blocks : w.num_cached_tokens / kv::kBlockTokens;
         const int64_t taken = w.num_cached_unreferenced_blocks + w.num_swapped_blocks;
         const int64_t free_after_pin = avail - taken;
         if (free_after_pin < 0) break;

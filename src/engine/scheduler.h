@@ -6,8 +6,9 @@
 // how many new tokens, which are admitted, which are preempted, which ran past their
 // deadline. Policy:
 //   1. Deadlines: a sequence whose deadline has passed is reported expired, not run.
-//   2. Decode first: every running decoding sequence gets one token, oldest first,
-//      up to max_batched_tokens. Decode is never refused for time budget.
+//   2. Decode first: every running decoding sequence gets one token (1 + its drafts
+//      with speculation), oldest first, up to max_batched_tokens. Decode is never
+//      refused for time budget.
 //   3. Prefill chunks, running sequences first then admissions, strictly FIFO: each
 //      chunk is the largest q whose cost fits the step's remaining time budget
 //      (S-LB: cost(q, c) solved by PrefillCostModel, capped at 32,768), within
@@ -20,9 +21,9 @@
 //      (their blocks go back; they re-enter the waiting queue at their arrival
 //      position; the engine either swaps their rows to host memory or recomputes
 //      them later — to the scheduler a swapped-out sequence is a waiting one whose
-//      admission needs num_swapped_blocks more blocks). Only newer sequences are ever preempted, so the oldest
-//      always progresses: no deadlock, no starvation, given that every sequence fits
-//      in the pool alone (the engine rejects one that cannot).
+//      admission needs num_swapped_blocks more blocks). Only newer sequences are ever preempted, so
+//      the oldest always progresses: no deadlock, no starvation, given that every sequence fits in
+//      the pool alone (the engine rejects one that cannot).
 // Thread model: not thread-safe; called by the engine's scheduling thread.
 #pragma once
 
@@ -33,6 +34,7 @@
 #include "base/env.h"
 #include "base/status.h"
 #include "engine/prefill_cost_model.h"
+#include "kv/block_key.h"
 
 namespace dsi::engine {
 
@@ -54,6 +56,9 @@ struct SeqView {
     int64_t num_blocks = 0;            // blocks held
     int64_t num_exclusive_blocks = 0;  // blocks that preempting it would free
     bool decoding = false;             // prefill done; the next step computes one token
+    // Tokens a decode step computes: 1, or 1 + drafts to verify with speculation. Less
+    // than that (at least 1) when max_batched_tokens is short; drafts then shrink.
+    int64_t decode_tokens = 1;
     bool can_run = true;               // false: nothing to do this step (e.g. max_tokens in flight)
     int64_t deadline_ns = 0;           // engine clock; 0: none
     // Waiting sequences only: the prefix-cache hit (whole blocks, one token kept back).
@@ -79,7 +84,7 @@ struct ScheduleDecision {
     int64_t num_tokens = 0;
 };
 
-inline int64_t blocks_for_tokens(int64_t tokens) { return (tokens + 127) / 128; }
+using kv::blocks_for_tokens;
 
 class Scheduler {
 public:

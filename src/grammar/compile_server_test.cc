@@ -82,7 +82,7 @@ TEST(CompileServer, ErrorsKeepCodeAndMessage) {
     auto server = start_server(vocab);
     auto remote = client(server->address(), vocab);
     const GrammarSpec bad[] = {
-        {GrammarKind::kJsonSchema, R"({"type":"object","not":{}})"},  // UNIMPLEMENTED
+        {GrammarKind::kJsonSchema, R"({"type":"object","if":{}})"},  // UNIMPLEMENTED
         {GrammarKind::kJsonSchema, R"({"type":"strnig"})"},            // INVALID_ARGUMENT
         {GrammarKind::kRegex, "(a)\\1"},
         {GrammarKind::kEbnf, "root ::= missing"},

@@ -1,5 +1,6 @@
 #include "grammar/grammar.h"
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 
@@ -419,6 +420,46 @@ void GrammarBuilder::inline_byte_rules() {
     }
 }
 
+// A rule is productive when some alternative derives a finite byte string (all its
+// symbols productive). Alternatives using an unproductive rule can never complete:
+// a matcher entering one would allow tokens that lead to a dead end (a schema like
+// {"enum": []} as a required property), so they are dropped, and a root that derives
+// nothing is an error the caller can report (HTTP 400) instead of a request that can
+// only produce garbage.
+Status GrammarBuilder::drop_unproductive(uint32_t root) {
+    const size_t n = names_.size();
+    std::vector<bool> productive(n, false);
+    auto sym_ok = [&](uint32_t s) {
+        return Grammar::tag(s) != Grammar::kTagRule || productive[Grammar::payload(s)];
+    };
+    for (bool changed = true; changed;) {
+        changed = false;
+        for (size_t r = 0; r < n; ++r) {
+            if (productive[r]) continue;
+            for (const auto& alt : lowered_[r]) {
+                if (std::all_of(alt.begin(), alt.end(), sym_ok)) {
+                    productive[r] = true;
+                    changed = true;
+                    break;
+                }
+            }
+        }
+    }
+    if (!productive[root]) {
+        return invalid_argument("the grammar accepts no input (rule '" + names_[root] +
+                                "' derives no string: nothing satisfies it)");
+    }
+    for (size_t r = 0; r < n; ++r) {
+        auto& alts = lowered_[r];
+        alts.erase(std::remove_if(alts.begin(), alts.end(),
+                                  [&](const std::vector<uint32_t>& alt) {
+                                      return !std::all_of(alt.begin(), alt.end(), sym_ok);
+                                  }),
+                   alts.end());
+    }
+    return Status::ok();
+}
+
 Result<Grammar> GrammarBuilder::build(uint32_t root) {
     lowered_.resize(names_.size());
     lowered_done_.resize(names_.size(), false);
@@ -427,6 +468,7 @@ Result<Grammar> GrammarBuilder::build(uint32_t root) {
     }
     inline_byte_rules();
     DSI_RETURN_IF_ERROR(check_size());
+    DSI_RETURN_IF_ERROR(drop_unproductive(root));
     DSI_RETURN_IF_ERROR(check_left_recursion());
     Grammar g;
     g.classes_ = classes_;

@@ -131,7 +131,8 @@ public:
     const Limits& limits() const { return limits_; }
 
     // Lowers every rule; checks that all rules are defined, sizes are in limits and
-    // there is no left recursion.
+    // there is no left recursion; drops alternatives that can never complete (so a
+    // matcher never enters a dead end). INVALID_ARGUMENT when the root derives nothing.
     Result<Grammar> build(uint32_t root);
 
 private:
@@ -148,6 +149,7 @@ private:
     Status check_size() const;
     void inline_byte_rules();
     Status check_left_recursion() const;
+    Status drop_unproductive(uint32_t root);
 
     Limits limits_;
     std::vector<std::string> names_;

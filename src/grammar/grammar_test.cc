@@ -15,6 +15,7 @@
 #include "grammar/regex.h"
 #include "grammar/test_tokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 namespace dsi::grammar {
 namespace {
@@ -221,6 +222,75 @@ TEST(Matcher, PathologicalInputsAreBounded) {
               StatusCode::kResourceExhausted);
     // No wall-clock bound here (speed is not asserted in tests): the limits above bound the
     // work, and the ctest timeout catches a hang.
+}
+
+// A grammar whose root derives nothing is an error; alternatives that can never finish
+// are dropped, so a matcher never takes a byte into a dead end (issue 22 D5).
+TEST(GrammarBuilder, UnproductiveRulesAreDroppedOrRejected) {
+    GrammarBuilder b;
+    uint32_t root = b.declare("root");
+    uint32_t loop = b.declare("loop");
+    b.define(loop, e_seq({e_byte('x'), e_rule(loop)}));  // no finite string
+    b.define(root, e_alt({e_seq({e_byte('a'), e_rule(loop)}), e_byte('b')}));
+    auto g = b.build(root);
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+    EXPECT_TRUE(full_match(cg, "b"));
+    GrammarMatcher m(cg);
+    EXPECT_FALSE(m.advance_bytes("a"));  // the dead branch is gone, not entered
+    GrammarBuilder b2;
+    uint32_t root2 = b2.declare("root");
+    uint32_t loop2 = b2.declare("loop");
+    b2.define(loop2, e_seq({e_byte('x'), e_rule(loop2)}));
+    b2.define(root2, e_seq({e_byte('a'), e_rule(loop2)}));
+    auto g2 = b2.build(root2);
+    ASSERT_FALSE(g2.is_ok());
+    EXPECT_EQ(g2.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(g2.status().message().find("accepts no input"), std::string::npos);
+    // A schema that requires itself forever has no finite instance.
+    auto s = compile_json_schema(std::string_view(
+        R"({"type":"object","properties":{"a":{"$ref":"#"}},"required":["a"]})"));
+    ASSERT_FALSE(s.is_ok());
+    EXPECT_NE(s.status().message().find("accepts no input"), std::string::npos);
+}
+
+// Integer spellings (1.0, 1E1) only for validation; generation stays canonical.
+TEST(JsonSchema, IntegerSpellingsOption) {
+    JsonSchemaOptions validate;
+    validate.integer_spellings = true;
+    for (const char* schema : {R"({"type":"integer"})", R"({"type":"integer","minimum":1,"maximum":50})",
+                               R"({"type":"integer","multipleOf":5})"}) {
+        auto gen = compile_json_schema(std::string_view(schema));
+        auto val = compile_json_schema(std::string_view(schema), validate);
+        ASSERT_TRUE(gen.is_ok() && val.is_ok()) << schema;
+        auto g = std::make_shared<CompiledGrammar>(std::move(gen).value(), byte_vocab());
+        auto v = std::make_shared<CompiledGrammar>(std::move(val).value(), byte_vocab());
+        EXPECT_TRUE(full_match(g, "10")) << schema;
+        EXPECT_FALSE(full_match(g, "10.0")) << schema;
+        EXPECT_TRUE(full_match(v, "10.0")) << schema;
+        EXPECT_TRUE(full_match(v, "10")) << schema;
+        EXPECT_FALSE(full_match(v, "10.5")) << schema;
+    }
+    auto val = compile_json_schema(std::string_view(R"({"type":"integer"})"), validate);
+    auto v = std::make_shared<CompiledGrammar>(std::move(val).value(), byte_vocab());
+    for (const char* ok : {"1E1", "2e+10", "1.0e2", "-0"}) EXPECT_TRUE(full_match(v, ok)) << ok;
+    for (const char* no : {"1e-1", "1.5", "1e"}) EXPECT_FALSE(full_match(v, no)) << no;
+}
+
+// Formats are assertions by default; format_assertion = false makes them annotations.
+TEST(JsonSchema, FormatAssertionOption) {
+    const std::string_view schema = R"({"type":"string","format":"hostname"})";
+    auto strict = compile_json_schema(schema);
+    ASSERT_TRUE(strict.is_ok());
+    JsonSchemaOptions loose_options;
+    loose_options.format_assertion = false;
+    auto loose = compile_json_schema(schema, loose_options);
+    ASSERT_TRUE(loose.is_ok());
+    auto a = std::make_shared<CompiledGrammar>(std::move(strict).value(), byte_vocab());
+    auto b = std::make_shared<CompiledGrammar>(std::move(loose).value(), byte_vocab());
+    EXPECT_FALSE(full_match(a, R"("Invalid Hostname")"));
+    EXPECT_TRUE(full_match(b, R"("Invalid Hostname")"));
+    EXPECT_TRUE(full_match(a, R"("example.org")"));
 }
 
 }  // namespace

@@ -4,9 +4,11 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <unordered_map>
 
+#include "grammar/matcher.h"
 #include "grammar/regex.h"
 #include "grammar/unicode_set.h"
 
@@ -16,29 +18,35 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-const std::set<std::string>& annotation_keywords() {
+// Keywords that constrain instances (draft 2020-12 and the older drafts' spellings).
+// Every other keyword — annotations, vendor extensions (x-..., nullable, enumNames),
+// typos — is ignored, as the specification says of unknown keywords.
+const std::set<std::string>& constraint_keywords() {
     static const std::set<std::string> k = {
-        "$schema",  "$id",        "$comment",   "title",          "description",
-        "default",  "examples",   "deprecated", "readOnly",       "writeOnly",
-        "$defs",    "definitions", "contentMediaType", "contentEncoding", "contentSchema",
-        "$anchor",  "$vocabulary", "format"};
+        "type",          "enum",          "const",         "properties",
+        "required",      "additionalProperties", "patternProperties", "items",
+        "prefixItems",   "additionalItems", "minItems",    "maxItems",
+        "uniqueItems",   "contains",      "minContains",   "maxContains",
+        "minLength",     "maxLength",     "pattern",       "format",
+        "minimum",       "maximum",       "exclusiveMinimum", "exclusiveMaximum",
+        "multipleOf",    "anyOf",         "oneOf",         "allOf",
+        "not",           "if",            "$ref",          "$dynamicRef",
+        "$recursiveRef", "dependentRequired", "dependentSchemas", "dependencies",
+        "propertyNames", "minProperties", "maxProperties", "unevaluatedItems",
+        "unevaluatedProperties"};
     return k;
 }
 
 const std::set<std::string>& unsupported_keywords() {
     static const std::set<std::string> k = {
-        "not",           "if",                 "dependentRequired", "dependentSchemas",
-        "propertyNames", "unevaluatedItems",   "unevaluatedProperties", "minProperties",
-        "maxProperties", "contains",           "minContains",       "maxContains",
-        "multipleOf",    "$dynamicRef",        "$dynamicAnchor",    "$recursiveRef",
-        "$recursiveAnchor", "dependencies"};
+        "if",            "dependentRequired", "dependentSchemas",
+        "propertyNames", "unevaluatedItems",   "unevaluatedProperties", "contains",           "minContains",       "maxContains",
+        "$dynamicRef",        "$recursiveRef",     "dependencies"};
     return k;
 }
 
-// Keywords that constrain (everything else known is an annotation or ignored).
-bool is_constraint(const std::string& k) {
-    return !annotation_keywords().count(k) && k != "then" && k != "else";
-}
+// Keywords that constrain ("then" / "else" only do through "if").
+bool is_constraint(const std::string& k) { return constraint_keywords().count(k) > 0; }
 
 std::string escape_pointer(const std::string& s) {
     std::string out;
@@ -121,9 +129,13 @@ public:
     SchemaCompiler(const json& root, const JsonSchemaOptions& options)
         : root_(root), options_(options), builder_(options.limits) {}
 
-    Result<Grammar> run() {
+    Result<Grammar> run() { return run_on(root_, ""); }
+
+    // The grammar of `schema`, a subschema of the root at `where` ($refs resolve
+    // against the root).
+    Result<Grammar> run_on(const json& schema, const std::string& where) {
         uint32_t root_rule = builder_.declare("root");
-        DSI_ASSIGN_OR_RETURN(ExprPtr body, compile(root_, "", 0));
+        DSI_ASSIGN_OR_RETURN(ExprPtr body, compile(schema, where, 0));
         builder_.define(root_rule, body);
         while (!pending_refs_.empty()) {
             auto [pointer, id] = pending_refs_.back();
@@ -166,20 +178,50 @@ private:
     ExprPtr string_any() {
         if (string_rule_ == kNoRule) {
             string_rule_ = builder_.declare("json_string");
-            builder_.define(string_rule_,
-                            e_seq({e_byte('"'), e_star(json_string_char_any()), e_byte('"')}));
+            builder_.define(string_rule_, e_seq({e_byte('"'), string_tail()}));
         }
         return e_rule(string_rule_);
+    }
+    // The rest of a JSON string after its opening quote: characters, closing quote.
+    // One rule for every string of the grammar (values, keys after their declared-name
+    // prefix), called last in its alternative, so the mask tables' walks meet the same
+    // states and share their results (matcher.h).
+    ExprPtr string_tail() {
+        if (string_tail_rule_ == kNoRule) {
+            string_tail_rule_ = builder_.declare("json_string_tail");
+            builder_.define(string_tail_rule_,
+                            e_seq({e_star(json_string_char_any()), e_byte('"')}));
+        }
+        return e_rule(string_tail_rule_);
     }
     ExprPtr digits_expr(uint32_t min) {
         ByteSet d;
         d.set_range('0', '9');
         return e_repeat(e_bytes(d), min, kUnbounded);
     }
-    ExprPtr integer_any() {
+    // Canonical integer digits (-0 included).
+    ExprPtr integer_digits() {
         ByteSet nz;
         nz.set_range('1', '9');
         return e_seq({e_opt(e_byte('-')), e_alt({e_byte('0'), e_seq({e_bytes(nz), digits_expr(0)})})});
+    }
+    // ".0", ".00", ...: a zero fraction, which JSON Schema integers may carry (1.0);
+    // only with JsonSchemaOptions::integer_spellings.
+    ExprPtr zero_fraction() const {
+        if (!options_.integer_spellings) return e_empty();
+        return e_opt(e_seq({e_byte('.'), e_plus(e_byte('0'))}));
+    }
+    // JSON Schema integers: numbers with a zero fractional part. Canonical digits;
+    // with integer_spellings also a zero fraction and a non-negative exponent of up
+    // to two digits (1E1, 2e+10, 1.0e2; a subset: 1.5e1 is not accepted).
+    ExprPtr integer_any() {
+        if (!options_.integer_spellings) return integer_digits();
+        ByteSet e, d;
+        e.set('e');
+        e.set('E');
+        d.set_range('0', '9');
+        return e_seq({integer_digits(), zero_fraction(),
+                      e_opt(e_seq({e_bytes(e), e_opt(e_byte('+')), e_repeat(e_bytes(d), 1, 2)}))});
     }
     ExprPtr number_any() {
         if (number_rule_ == kNoRule) {
@@ -190,7 +232,7 @@ private:
             pm.set('+');
             pm.set('-');
             builder_.define(number_rule_,
-                            e_seq({integer_any(), e_opt(e_seq({e_byte('.'), digits_expr(1)})),
+                            e_seq({integer_digits(), e_opt(e_seq({e_byte('.'), digits_expr(1)})),
                                    e_opt(e_seq({e_bytes(e), e_opt(e_bytes(pm)), digits_expr(1)}))}));
         }
         return e_rule(number_rule_);
@@ -322,6 +364,10 @@ private:
         }
         if (s.is_boolean()) return s.get<bool>() ? value_rule() : e_fail();
         if (!s.is_object()) return bad(where, "a schema must be an object or a boolean");
+        if (s.contains("not")) {
+            DSI_ASSIGN_OR_RETURN(std::optional<ExprPtr> e, compile_not(s, where, depth));
+            if (e.has_value()) return *e;
+        }
         for (auto it = s.begin(); it != s.end(); ++it) {
             if (unsupported_keywords().count(it.key())) {
                 if (it.key() == "uniqueItems") continue;
@@ -333,40 +379,29 @@ private:
         }
         if (s.contains("$ref")) {
             if (!s["$ref"].is_string()) return bad(where, "$ref must be a string");
-            json rest = s;
-            rest.erase("$ref");
             bool trivial = true;
-            for (auto it = rest.begin(); it != rest.end(); ++it) trivial = trivial && !is_constraint(it.key());
+            for (auto it = s.begin(); it != s.end(); ++it) {
+                trivial = trivial && (it.key() == "$ref" || !is_constraint(it.key()));
+            }
             if (trivial) return ref_expr(s["$ref"].get<std::string>(), where + "/$ref");
-            // $ref with sibling constraints: merge the target in when it has no refs.
-            DSI_ASSIGN_OR_RETURN(const json* target, resolve(s["$ref"].get<std::string>()));
-            if (target == nullptr || (target->is_object() && target->contains("$ref")) ||
-                !merge_into(&rest, *target)) {
-                return unsupported(where, "$ref next to other constraining keywords");
-            }
-            return compile(rest, where, depth + 1);
         }
-        if (s.contains("allOf")) {
-            const json& all = s["allOf"];
-            if (!all.is_array() || all.empty()) return bad(where + "/allOf", "must be a non-empty array");
-            json merged = s;
-            merged.erase("allOf");
-            for (size_t i = 0; i < all.size(); ++i) {
-                const json* sub = &all[i];
-                if (sub->is_object() && sub->contains("$ref") && sub->size() == 1) {
-                    DSI_ASSIGN_OR_RETURN(sub, resolve((*sub)["$ref"].get<std::string>()));
-                    if (sub == nullptr) return bad(where + "/allOf/" + std::to_string(i), "$ref does not resolve");
-                }
-                if (sub->is_object() && (sub->contains("$ref") || sub->contains("allOf"))) {
-                    return unsupported(where + "/allOf/" + std::to_string(i), "nested allOf/$ref in allOf");
-                }
-                if (sub->is_boolean() && !sub->get<bool>()) return e_fail();
-                if (!merge_into(&merged, *sub)) {
-                    return unsupported(where + "/allOf/" + std::to_string(i),
-                                       "allOf whose branches constrain the same keyword differently");
+        if (s.contains("$ref") || s.contains("allOf")) {
+            // $ref beside other constraints, allOf: one schema with every part's
+            // keywords (when they merge without conflict), compiled once as a rule so
+            // a part that refers back to it recurses instead of nesting forever.
+            std::vector<json> parts;
+            std::vector<std::string> path;
+            DSI_RETURN_IF_ERROR(flatten_all(s, where, &parts, &path, 0));
+            json merged = json::object();
+            for (size_t i = 0; i < parts.size(); ++i) {
+                if (parts[i].is_boolean() && !parts[i].get<bool>()) return e_fail();
+                if (!merge_into(&merged, parts[i])) {
+                    return unsupported(where, s.contains("allOf")
+                                                  ? "allOf whose branches constrain the same keyword differently"
+                                                  : "$ref next to other constraining keywords");
                 }
             }
-            return compile(merged, where, depth + 1);
+            return compile_shared(merged, where, depth);
         }
         for (const char* comb : {"anyOf", "oneOf"}) {
             if (!s.contains(comb)) continue;
@@ -380,6 +415,7 @@ private:
             }
             std::vector<ExprPtr> alts;
             std::vector<std::set<std::string>> types;
+            std::vector<json> effective;  // each branch with its $ref / allOf folded in
             for (size_t i = 0; i < branches.size(); ++i) {
                 json b = base;
                 const json* sub = &branches[i];
@@ -391,7 +427,8 @@ private:
                 if (base_trivial) {
                     DSI_ASSIGN_OR_RETURN(ExprPtr e, compile(*sub, bat, depth + 1));
                     alts.push_back(e);
-                    types.push_back(admitted_types(*sub));
+                    effective.push_back(effective_schema(*sub, bat));
+                    types.push_back(admitted_types(effective.back()));
                     continue;
                 }
                 if (sub->is_object() && sub->contains("$ref")) {
@@ -403,13 +440,15 @@ private:
                 }
                 DSI_ASSIGN_OR_RETURN(ExprPtr e, compile(b, bat, depth + 1));
                 alts.push_back(e);
-                types.push_back(admitted_types(b));
+                effective.push_back(effective_schema(b, bat));
+                types.push_back(admitted_types(effective.back()));
             }
             if (std::string(comb) == "oneOf") {
+                // Exactly one: the union of the branches, when no value can match two.
                 for (size_t i = 0; i < types.size(); ++i) {
                     for (size_t j = i + 1; j < types.size(); ++j) {
                         for (const auto& t : types[i]) {
-                            if (types[j].count(t)) {
+                            if (types[j].count(t) && !disjoint(effective[i], effective[j], t)) {
                                 return unsupported(at, "oneOf whose branches " + std::to_string(i) + " and " +
                                                            std::to_string(j) + " may both match a " + t);
                             }
@@ -450,6 +489,250 @@ private:
         return e_alt(std::move(alts));
     }
 
+    // `not` of simple schemas, folded into the rest of `s`: not {type: ...} removes
+    // types; not {required: [k]} (an object without k); not {enum / const: strings}
+    // beside a plain string type (any other string); not true / {} (nothing);
+    // not false. Anything else is UNIMPLEMENTED.
+    Result<std::optional<ExprPtr>> compile_not(const json& s, const std::string& where, int depth) {
+        static const std::vector<std::string> kAll = {"null", "boolean", "integer", "number",
+                                                      "string", "array", "object"};
+        using Out = Result<std::optional<ExprPtr>>;
+        auto some = [](Result<ExprPtr> e) -> Out {
+            if (!e.is_ok()) return e.status();
+            return std::optional<ExprPtr>(*e);
+        };
+        const json& n = s["not"];
+        const std::string at = where + "/not";
+        json rest = s;
+        rest.erase("not");
+        if (n.is_boolean()) {
+            if (n.get<bool>()) return std::optional<ExprPtr>(e_fail());
+            return some(compile(rest, where, depth + 1));
+        }
+        if (!n.is_object()) return bad(at, "a schema must be an object or a boolean");
+        json nn = json::object();
+        for (auto it = n.begin(); it != n.end(); ++it) {
+            if (is_constraint(it.key())) nn[it.key()] = it.value();
+        }
+        if (nn.empty()) return std::optional<ExprPtr>(e_fail());
+        auto types_of = [&](const json& t) {
+            std::set<std::string> out;
+            if (t.is_string()) out.insert(t.get<std::string>());
+            if (t.is_array()) {
+                for (const auto& x : t) {
+                    if (x.is_string()) out.insert(x.get<std::string>());
+                }
+            }
+            return out;
+        };
+        std::set<std::string> have = rest.contains("type") ? types_of(rest["type"])
+                                                           : std::set<std::string>(kAll.begin(), kAll.end());
+        if (have.count("number")) have.insert("integer");
+        auto set_types = [&](const std::set<std::string>& t) {
+            json arr = json::array();
+            for (const auto& x : t) arr.push_back(x);
+            rest["type"] = arr;
+        };
+        if (nn.size() == 1 && nn.contains("type")) {
+            std::set<std::string> drop = types_of(nn["type"]);
+            if (drop.count("integer") && !drop.count("number") && have.count("number")) {
+                return unsupported(at, "'not' of integer from numbers (non-integer numbers)");
+            }
+            if (drop.count("number")) drop.insert("integer");
+            std::set<std::string> keep;
+            for (const auto& t : have) {
+                if (!drop.count(t)) keep.insert(t);
+            }
+            keep.erase("number");
+            if (have.count("number") && !drop.count("number")) keep.insert("number");
+            if (keep.empty()) return std::optional<ExprPtr>(e_fail());
+            set_types(keep);
+            return some(compile(rest, where, depth + 1));
+        }
+        if (nn.size() == 1 && nn.contains("required") && nn["required"].is_array() &&
+            nn["required"].size() == 1 && nn["required"][0].is_string()) {
+            // Only objects can fail `required`; the object must lack the key.
+            if (!have.count("object")) return std::optional<ExprPtr>(e_fail());
+            set_types({"object"});
+            const std::string key = nn["required"][0].get<std::string>();
+            if (rest.contains("required") && rest["required"].is_array()) {
+                for (const auto& r : rest["required"]) {
+                    if (r == key) return std::optional<ExprPtr>(e_fail());
+                }
+            }
+            rest["properties"][key] = false;
+            return some(compile(rest, where, depth + 1));
+        }
+        bool plain_string_rest = true;
+        for (auto it = rest.begin(); it != rest.end(); ++it) {
+            plain_string_rest = plain_string_rest && (it.key() == "type" || !is_constraint(it.key()));
+        }
+        if (plain_string_rest && nn.size() == 1 && (nn.contains("enum") || nn.contains("const"))) {
+            json values = nn.contains("const") ? json::array({nn["const"]}) : nn["enum"];
+            std::vector<std::string> strings;
+            bool ok = values.is_array();
+            for (const auto& v : values) {
+                ok = ok && v.is_string();
+                if (v.is_string()) strings.push_back(v.get<std::string>());
+            }
+            if (ok) {
+                std::vector<ExprPtr> alts;
+                for (const auto& t : have) {
+                    if (t == "string" || (t == "integer" && have.count("number"))) continue;
+                    DSI_ASSIGN_OR_RETURN(ExprPtr e, compile_type(t, rest, where, depth));
+                    alts.push_back(e);
+                }
+                if (have.count("string")) alts.push_back(key_not_in(strings));
+                return std::optional<ExprPtr>(e_alt(std::move(alts)));
+            }
+        }
+        return unsupported(at, "'not' of this schema (supported: type, one required name, "
+                               "string enum/const beside a plain type)");
+    }
+
+    // The parts whose conjunction `s` is: its own keywords, each allOf branch, each
+    // $ref target (recursively). A $ref cycle through these is UNIMPLEMENTED.
+    Status flatten_all(const json& s, const std::string& where, std::vector<json>* parts,
+                       std::vector<std::string>* path, int depth) {
+        if (depth > options_.limits.max_nesting) {
+            return resource_exhausted("JSON schema at '#" + where + "': allOf/$ref nested deeper than " +
+                                      std::to_string(options_.limits.max_nesting));
+        }
+        if (!s.is_object()) {
+            if (!s.is_boolean()) return bad(where, "a schema must be an object or a boolean");
+            parts->push_back(s);
+            return Status::ok();
+        }
+        json own = s;
+        own.erase("$ref");
+        own.erase("allOf");
+        parts->push_back(std::move(own));
+        if (s.contains("$ref")) {
+            if (!s["$ref"].is_string()) return bad(where, "$ref must be a string");
+            const std::string ref = s["$ref"].get<std::string>();
+            if (ref.empty() || ref[0] != '#' || (ref.size() > 1 && ref[1] != '/')) {
+                return unsupported(where, "$ref '" + ref + "' (only local JSON pointers)");
+            }
+            if (std::find(path->begin(), path->end(), ref) != path->end()) {
+                return unsupported(where, "$ref '" + ref + "' that refers back to itself through allOf");
+            }
+            DSI_ASSIGN_OR_RETURN(const json* target, resolve(ref));
+            if (target == nullptr) return bad(where, "$ref '" + ref + "' does not resolve");
+            path->push_back(ref);
+            DSI_RETURN_IF_ERROR(flatten_all(*target, ref.substr(1), parts, path, depth + 1));
+            path->pop_back();
+        }
+        if (s.contains("allOf")) {
+            const json& all = s["allOf"];
+            if (!all.is_array() || all.empty()) return bad(where + "/allOf", "must be a non-empty array");
+            for (size_t i = 0; i < all.size(); ++i) {
+                DSI_RETURN_IF_ERROR(
+                    flatten_all(all[i], where + "/allOf/" + std::to_string(i), parts, path, depth + 1));
+            }
+        }
+        return Status::ok();
+    }
+
+    // compile(s) as a rule of its own, one per distinct schema text.
+    Result<ExprPtr> compile_shared(const json& s, const std::string& where, int depth) {
+        std::string key = s.dump(-1, ' ', false, json::error_handler_t::replace);
+        auto it = shared_rules_.find(key);
+        if (it != shared_rules_.end()) return e_rule(it->second);
+        uint32_t id = builder_.declare("merged:#" + where);
+        shared_rules_.emplace(std::move(key), id);
+        DSI_ASSIGN_OR_RETURN(ExprPtr body, compile(s, where, depth + 1));
+        builder_.define(id, body);
+        return e_rule(id);
+    }
+
+    // `s` with its $ref / allOf parts merged (as compile() would), or `s` itself
+    // when they do not merge.
+    json effective_schema(const json& s, const std::string& where) {
+        if (!s.is_object() || (!s.contains("$ref") && !s.contains("allOf"))) return s;
+        std::vector<json> parts;
+        std::vector<std::string> path;
+        if (!flatten_all(s, where, &parts, &path, 0).is_ok()) return s;
+        json merged = json::object();
+        for (const auto& p : parts) {
+            if (!merge_into(&merged, p)) return s;
+        }
+        return merged;
+    }
+
+    // No value of type `t` can satisfy both a and b (decided on the keywords; false
+    // when unsure): disjoint enum / const sets, or objects told apart by a property
+    // both require with disjoint enum / const sets (a discriminator), or one requires
+    // a property the other forbids.
+    bool disjoint(const json& a, const json& b, const std::string& t) {
+        auto values = [&](const json& x, std::vector<json>* out) {
+            if (!x.is_object()) return false;
+            const json e = effective_schema(x, "");
+            if (!e.is_object()) return false;
+            if (e.contains("const")) {
+                out->push_back(e["const"]);
+                return true;
+            }
+            if (e.contains("enum") && e["enum"].is_array()) {
+                for (const auto& v : e["enum"]) out->push_back(v);
+                return true;
+            }
+            return false;
+        };
+        auto none_shared = [](const std::vector<json>& x, const std::vector<json>& y) {
+            for (const auto& v : x) {
+                if (std::find(y.begin(), y.end(), v) != y.end()) return false;
+            }
+            return true;
+        };
+        std::vector<json> va, vb;
+        if (values(a, &va) && values(b, &vb)) {
+            std::vector<json> ta, tb;  // those of type t
+            for (const auto& v : va) {
+                if (type_of(v) == t || (t == "number" && type_of(v) == "integer")) ta.push_back(v);
+            }
+            for (const auto& v : vb) {
+                if (type_of(v) == t || (t == "number" && type_of(v) == "integer")) tb.push_back(v);
+            }
+            return none_shared(ta, tb);
+        }
+        if (t != "object" || !a.is_object() || !b.is_object()) return false;
+        auto required = [](const json& x) {
+            std::set<std::string> r;
+            if (x.contains("required") && x["required"].is_array()) {
+                for (const auto& k : x["required"]) {
+                    if (k.is_string()) r.insert(k.get<std::string>());
+                }
+            }
+            return r;
+        };
+        auto prop = [](const json& x, const std::string& k) -> const json* {
+            if (x.contains("properties") && x["properties"].is_object() && x["properties"].contains(k)) {
+                return &x["properties"][k];
+            }
+            return nullptr;
+        };
+        auto forbids = [&](const json& x, const std::string& k) {
+            const json* p = prop(x, k);
+            if (p != nullptr) return p->is_boolean() && !p->get<bool>();
+            return x.contains("additionalProperties") && x["additionalProperties"] == false &&
+                   !x.contains("patternProperties");
+        };
+        const std::set<std::string> ra = required(a), rb = required(b);
+        for (const auto& k : ra) {
+            if (forbids(b, k)) return true;
+            const json* pa = prop(a, k);
+            const json* pb = prop(b, k);
+            std::vector<json> xa, xb;
+            if (rb.count(k) && pa && pb && values(*pa, &xa) && values(*pb, &xb) && none_shared(xa, xb)) {
+                return true;
+            }
+        }
+        for (const auto& k : rb) {
+            if (forbids(a, k)) return true;
+        }
+        return false;
+    }
+
     std::set<std::string> admitted_types(const json& s) {
         std::set<std::string> all = {"null", "boolean", "integer", "number", "string", "array", "object"};
         if (s.is_boolean()) return s.get<bool>() ? all : std::set<std::string>{};
@@ -476,11 +759,65 @@ private:
         return out;
     }
 
+    // Which of `values` `schema` accepts, decided by compiling `schema` (exact where
+    // it compiles; the grammar never accepts an invalid value, so a value it rejects
+    // is at worst left out — sound).
+    Result<std::vector<bool>> values_satisfying(const json& schema, const std::string& where,
+                                                const std::vector<json>& values) {
+        SchemaCompiler sub(root_, options_);
+        auto g = sub.run_on(schema, where);
+        if (!g.is_ok()) {
+            if (g.status().code() == StatusCode::kInvalidArgument &&
+                g.status().message().find("accepts no input") != std::string::npos) {
+                return std::vector<bool>(values.size(), false);
+            }
+            return g.status();
+        }
+        static const std::shared_ptr<const Vocabulary> kBytesOnly =
+            Vocabulary::from_tokens({std::string(1, '\0')}, {});
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), kBytesOnly);
+        std::vector<bool> out;
+        for (const auto& v : values) {
+            GrammarMatcher m(cg);
+            out.push_back(m.advance_bytes(v.dump(-1, ' ', false, json::error_handler_t::replace)) &&
+                          m.is_accepted());
+        }
+        return out;
+    }
+
     Result<ExprPtr> compile_enum(const json& s, const std::string& where) {
+        // enum / const beside other constraints: keep the values the rest accepts.
+        json rest = json::object();
         for (auto it = s.begin(); it != s.end(); ++it) {
             const std::string& k = it.key();
             if (k == "enum" || k == "const" || k == "type" || !is_constraint(k)) continue;
-            return unsupported(where, "enum/const together with '" + k + "'");
+            rest[k] = it.value();
+        }
+        if (!rest.empty()) {
+            json filtered = json::object();
+            for (const char* k : {"enum", "const", "type"}) {
+                if (s.contains(k)) filtered[k] = s[k];
+            }
+            std::vector<json> values;
+            if (s.contains("const")) values.push_back(s["const"]);
+            if (s.contains("enum") && s["enum"].is_array()) {
+                if (s["enum"].size() > options_.max_enum_values) {
+                    return resource_exhausted("JSON schema at '#" + where + "/enum': more than " +
+                                              std::to_string(options_.max_enum_values) + " values");
+                }
+                for (const auto& v : s["enum"]) values.push_back(v);
+            }
+            DSI_ASSIGN_OR_RETURN(std::vector<bool> ok, values_satisfying(rest, where, values));
+            json kept = json::array();
+            for (size_t i = 0; i < values.size(); ++i) {
+                if (ok[i]) kept.push_back(values[i]);
+            }
+            if (s.contains("const")) {
+                filtered["const"] = s["const"];
+                if (!ok[0]) return e_fail();
+            }
+            if (s.contains("enum")) filtered["enum"] = kept;
+            return compile_enum(filtered, where);
         }
         std::vector<json> values;
         if (s.contains("const")) values.push_back(s["const"]);
@@ -531,7 +868,45 @@ private:
         return compile_object(s, where, depth);
     }
 
+    // Integers that are multiples of k (canonical digits, optional zero fraction): a
+    // remainder automaton over the decimal digits, one rule per remainder.
+    ExprPtr multiples_of(uint32_t k) {
+        auto [it, fresh] = multiple_rules_.emplace(k, std::vector<uint32_t>());
+        std::vector<uint32_t>& rules = it->second;
+        auto digit = [](uint32_t d) { return e_byte(static_cast<uint8_t>('0' + d)); };
+        if (fresh) {
+            for (uint32_t r = 0; r < k; ++r) rules.push_back(builder_.declare("mod" + std::to_string(k)));
+            for (uint32_t r = 0; r < k; ++r) {
+                std::vector<ExprPtr> alts;
+                if (r == 0) alts.push_back(e_empty());
+                for (uint32_t d = 0; d < 10; ++d) {
+                    alts.push_back(e_seq({digit(d), e_rule(rules[(10 * r + d) % k])}));
+                }
+                builder_.define(rules[r], e_alt(std::move(alts)));
+            }
+        }
+        std::vector<ExprPtr> first = {e_byte('0')};
+        for (uint32_t d = 1; d < 10; ++d) first.push_back(e_seq({digit(d), e_rule(rules[d % k])}));
+        return e_seq({e_opt(e_byte('-')), e_alt(std::move(first)), zero_fraction()});
+    }
+
     Result<ExprPtr> compile_number(bool integer, const json& s, const std::string& where) {
+        if (s.contains("multipleOf")) {
+            const json& m = s["multipleOf"];
+            if (!m.is_number() || !(m.get<double>() > 0)) {
+                return bad(where + "/multipleOf", "must be a number above 0");
+            }
+            const double k = m.get<double>();
+            constexpr double kMaxModulus = 1000;
+            for (const char* b : {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"}) {
+                if (s.contains(b)) return unsupported(where + "/multipleOf", "multipleOf together with " + std::string(b));
+            }
+            if (std::floor(k) != k || k > kMaxModulus) {
+                return unsupported(where + "/multipleOf", "multipleOf other than an integer up to 1000");
+            }
+            // A multiple of an integer is an integer, for numbers too.
+            return multiples_of(static_cast<uint32_t>(k));
+        }
         bool has_lo = false, has_hi = false;
         int64_t lo = 0, hi = 0;
         for (const char* k : {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"}) {
@@ -570,7 +945,7 @@ private:
         if (!has_lo && !has_hi) return integer ? integer_any() : number_any();
         if (has_lo && has_hi && lo > hi) return e_fail();
         ExprPtr ints = int_range(has_lo, lo, has_hi, hi);
-        if (integer) return ints;
+        if (integer) return e_seq({ints, zero_fraction()});
         // Numbers with integer bounds [lo, hi]: integer values (optionally ".0..."),
         // or I.F with a nonzero fraction: positive magnitude m in [lo, hi-1], negative
         // magnitude m in [-hi, -lo-1] (see docs/grammar.md).
@@ -612,25 +987,37 @@ private:
         return e_alt(std::move(alts));
     }
 
-    Result<ExprPtr> compile_string(const json& s, const std::string& where) {
-        bool has_len = s.contains("minLength") || s.contains("maxLength");
-        uint32_t min_len = 0, max_len = kUnbounded;
-        for (const char* k : {"minLength", "maxLength"}) {
+    // [min, max] of a pair of counting keywords (minLength / maxLength, ...); max
+    // UINT64_MAX when absent. A bound the grammar cannot count to is an error naming
+    // the keyword and the limit (exact or rejected, never a silently weaker schema).
+    Result<std::pair<uint64_t, uint64_t>> count_bounds(const json& s, const std::string& where,
+                                                      const char* min_key, const char* max_key) {
+        std::pair<uint64_t, uint64_t> out{0, UINT64_MAX};
+        for (const char* k : {min_key, max_key}) {
             if (!s.contains(k)) continue;
             const json& v = s[k];
             if (!v.is_number() || v.get<double>() < 0 || std::floor(v.get<double>()) != v.get<double>()) {
                 return bad(where + "/" + k, "must be a non-negative integer");
             }
-            double d = v.get<double>();
+            const double d = v.get<double>();
             if (d > options_.limits.max_repeat) {
-                if (k[1] == 'a') continue;  // a huge maxLength is no bound in practice
                 return resource_exhausted("JSON schema at '#" + where + "/" + k + "': " +
-                                          std::to_string(static_cast<uint64_t>(d)) + " above the limit of " +
-                                          std::to_string(options_.limits.max_repeat));
+                                          std::to_string(static_cast<uint64_t>(std::min(d, 1e19))) +
+                                          " above the limit of " + std::to_string(options_.limits.max_repeat));
             }
-            (k[1] == 'i' ? min_len : max_len) = static_cast<uint32_t>(d);
+            (k == min_key ? out.first : out.second) = static_cast<uint64_t>(d);
         }
-        std::string format = s.contains("format") && s["format"].is_string() ? s["format"].get<std::string>() : "";
+        return out;
+    }
+
+    Result<ExprPtr> compile_string(const json& s, const std::string& where) {
+        bool has_len = s.contains("minLength") || s.contains("maxLength");
+        DSI_ASSIGN_OR_RETURN(auto len, count_bounds(s, where, "minLength", "maxLength"));
+        const uint32_t min_len = static_cast<uint32_t>(len.first);
+        const uint32_t max_len = len.second == UINT64_MAX ? kUnbounded : static_cast<uint32_t>(len.second);
+        std::string format = options_.format_assertion && s.contains("format") && s["format"].is_string()
+                                 ? s["format"].get<std::string>()
+                                 : "";
         const std::map<std::string, std::string>& formats = format_regexes();
         bool has_format = formats.count(format) > 0;
         bool has_pattern = s.contains("pattern");
@@ -664,6 +1051,15 @@ private:
                 "(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + leap + "-02-29)";
             std::string time = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,9})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
             std::string label = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?";
+            // Host names: up to 4 labels of up to 62 characters (at most 251 in all,
+            // within the 253 of RFC 1123).
+            std::string host_label = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,60}[a-zA-Z0-9])?";
+            // RFC 3339 appendix A durations (exact).
+            std::string dur_s = "[0-9]+S", dur_m = "[0-9]+M(?:" + dur_s + ")?",
+                        dur_h = "[0-9]+H(?:" + dur_m + ")?",
+                        dur_t = "T(?:" + dur_h + "|" + dur_m + "|" + dur_s + ")",
+                        dur_d = "[0-9]+D", dur_mo = "[0-9]+M(?:" + dur_d + ")?",
+                        dur_y = "[0-9]+Y(?:" + dur_mo + ")?";
             std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
             std::string h = "[0-9a-f]";
             return std::map<std::string, std::string>{
@@ -676,6 +1072,9 @@ private:
                 {"uri", "[a-z][a-z0-9+.-]*://" + label + "(?:\\." + label + ")*(?:/[a-zA-Z0-9._~!$&'()*+,;=:@-]*)*"},
                 {"ipv4", octet + "\\." + octet + "\\." + octet + "\\." + octet},
                 {"ipv6", "(?:" + h + "{1,4}:){7}" + h + "{1,4}"},
+                {"hostname", host_label + "(?:\\." + host_label + "){0,3}"},
+                {"duration", "P(?:(?:" + dur_d + "|" + dur_mo + "|" + dur_y + ")(?:" + dur_t + ")?|" + dur_t +
+                                 "|[0-9]+W)"},
             };
         }();
         return k;
@@ -713,7 +1112,12 @@ private:
         // Elements after the prefix: count in [max(0, min - n), max - n].
         uint64_t rest_min = min > n ? min - n : 0;
         uint64_t rest_max = max == UINT64_MAX ? UINT64_MAX : (max > n ? max - n : 0);
-        uint32_t rmax = rest_max > options_.limits.max_repeat ? kUnbounded : static_cast<uint32_t>(rest_max);
+        if (rest_max != UINT64_MAX && rest_max > options_.limits.max_repeat) {
+            // Exact or rejected (never silently unbounded).
+            return resource_exhausted("JSON schema at '#" + where + "/maxItems': " + std::to_string(max) +
+                                      " above the limit of " + std::to_string(options_.limits.max_repeat));
+        }
+        uint32_t rmax = rest_max == UINT64_MAX ? kUnbounded : static_cast<uint32_t>(rest_max);
         auto tail = [&](bool first) -> ExprPtr {
             if (first) {
                 if (rmax == 0) return e_empty();
@@ -738,10 +1142,11 @@ private:
         return e_seq({e_byte('['), t, e_byte(']')});
     }
 
-    // A JSON string (canonical escaping) not equal to any of `keys`.
+    // A JSON string (canonical escaping) not equal to any of `keys`: the keys' trie,
+    // leaving it for the shared string tail at the first character no key continues
+    // with. Its own rule, whose alternatives all end in tail calls.
     ExprPtr key_not_in(const std::vector<std::string>& keys) {
-        ExprPtr any_char = codepoints_expr(CodepointSet::all(), CharEncoding::kJsonString);
-        if (keys.empty()) return e_seq({e_byte('"'), e_star(any_char), e_byte('"')});
+        if (keys.empty()) return string_any();
         // Character trie of the keys (code points).
         struct TNode {
             std::map<uint32_t, int> next;
@@ -768,10 +1173,10 @@ private:
             }
             nodes[cur].end = true;
         }
-        ExprPtr rest = e_star(any_char);
+        ExprPtr rest = string_tail();
         std::function<ExprPtr(int)> build = [&](int v) -> ExprPtr {
             std::vector<ExprPtr> alts;
-            if (!nodes[v].end) alts.push_back(e_empty());
+            if (!nodes[v].end) alts.push_back(e_byte('"'));
             CodepointSet used;
             for (auto [cp, child] : nodes[v].next) {
                 CodepointSet one;
@@ -782,7 +1187,9 @@ private:
             alts.push_back(e_seq({codepoints_expr(used.complement(), CharEncoding::kJsonString), rest}));
             return e_alt(std::move(alts));
         };
-        return e_seq({e_byte('"'), build(0), e_byte('"')});
+        uint32_t id = builder_.declare("key_not_in");
+        builder_.define(id, e_seq({e_byte('"'), build(0)}));
+        return e_rule(id);
     }
 
     // Whether the JSON-string-encoded `name` (without quotes) is in the language of
@@ -977,6 +1384,9 @@ private:
             }
             if (!branches.empty()) add_kv = e_alt(std::move(branches));
         }
+        if (s.contains("minProperties") || s.contains("maxProperties")) {
+            return counted_members(s, where, props, required, add_kv);
+        }
         // T(i, first): properties i.. given whether nothing was written yet.
         ExprPtr t_first, t_more;
         if (add_kv) {
@@ -1000,14 +1410,75 @@ private:
         return e_seq({e_byte('{'), t_first, e_byte('}')});
     }
 
+    // Object members with minProperties / maxProperties: T(i, k) = the members from
+    // declared property i on, k members written so far (k counted up to the bound
+    // that still matters), then the additional members, their number bounded so the
+    // total is in [min, max].
+    Result<ExprPtr> counted_members(const json& s, const std::string& where,
+                                    const std::vector<std::pair<std::string, ExprPtr>>& props,
+                                    const std::vector<bool>& required, const ExprPtr& add_kv) {
+        DSI_ASSIGN_OR_RETURN(auto bounds, count_bounds(s, where, "minProperties", "maxProperties"));
+        // Plain copies, not a structured binding: clang 14 cannot capture bindings in
+        // the lambda below.
+        const uint64_t lo = bounds.first;
+        const uint64_t hi = bounds.second;
+        if (lo > hi) return e_fail();
+        const size_t n = props.size();
+        // Counts past this are all alike.
+        const uint64_t cap = hi == UINT64_MAX ? lo : hi + 1;
+        auto key_literal = [](const std::string& k) {
+            return json(k).dump(-1, ' ', false, json::error_handler_t::replace);
+        };
+        std::map<std::pair<size_t, uint64_t>, ExprPtr> memo;
+        std::function<ExprPtr(size_t, uint64_t)> t = [&](size_t i, uint64_t k) -> ExprPtr {
+            auto [it, fresh] = memo.emplace(std::pair{i, k}, nullptr);
+            if (!fresh) return it->second;
+            ExprPtr out;
+            if (i == n) {
+                // r additional members with k + r in [lo, hi].
+                uint64_t rmin = lo > k ? lo - k : 0;
+                uint64_t rmax = hi == UINT64_MAX ? UINT64_MAX : (hi >= k ? hi - k : 0);
+                if (!add_kv) {
+                    out = rmin == 0 && k <= hi ? e_empty() : e_fail();
+                } else if (k > hi) {
+                    out = e_fail();
+                } else {
+                    uint32_t mx = rmax == UINT64_MAX ? kUnbounded : static_cast<uint32_t>(rmax);
+                    ExprPtr more_item = e_seq({e_byte(','), add_kv});
+                    if (k > 0) {
+                        out = e_repeat(more_item, static_cast<uint32_t>(rmin), mx);
+                    } else if (mx == 0) {
+                        out = rmin == 0 ? e_empty() : e_fail();
+                    } else {
+                        ExprPtr first = e_seq({add_kv, e_repeat(more_item, rmin > 0 ? static_cast<uint32_t>(rmin - 1) : 0,
+                                                                mx == kUnbounded ? kUnbounded : mx - 1)});
+                        out = rmin == 0 ? e_opt(first) : first;
+                    }
+                }
+            } else {
+                ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), e_byte(':'), props[i].second});
+                ExprPtr present = k + 1 > hi ? e_fail()
+                                              : e_seq({k == 0 ? e_empty() : e_byte(','), kv,
+                                                       t(i + 1, std::min<uint64_t>(k + 1, cap))});
+                out = required[i] ? present : e_alt({present, t(i + 1, k)});
+            }
+            memo[{i, k}] = out;
+            return out;
+        };
+        return e_seq({e_byte('{'), t(0, 0), e_byte('}')});
+    }
+
     static constexpr uint32_t kNoRule = UINT32_MAX;
     const json& root_;
     const JsonSchemaOptions& options_;
     GrammarBuilder builder_;
     uint32_t value_rule_ = kNoRule;
     uint32_t string_rule_ = kNoRule;
+    uint32_t string_tail_rule_ = kNoRule;
     uint32_t number_rule_ = kNoRule;
     std::unordered_map<std::string, uint32_t> ref_rules_;
+    std::unordered_map<std::string, uint32_t> shared_rules_;  // compile_shared()
+    std::unordered_map<uint32_t, std::vector<uint32_t>> multiple_rules_;  // multiples_of()
     std::vector<std::pair<std::string, uint32_t>> pending_refs_;
 };
 

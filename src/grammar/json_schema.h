@@ -5,20 +5,25 @@
 // declaration order always validates), optional ones may be left out, additional properties
 // (when allowed) follow and never reuse a declared name.
 //
-// Supported: type (all, and lists), enum, const, properties, required,
-// additionalProperties, patternProperties (undeclared keys only from the
-// patterns; additionalProperties other than true / false next to it is
-// UNIMPLEMENTED; docs/grammar.md has the exact rules), items, prefixItems, minItems, maxItems, minLength,
-// maxLength, pattern, minimum / maximum / exclusiveMinimum / exclusiveMaximum
-// (exact for integers; for numbers when the bounds are integers), anyOf, oneOf
-// (when the branches admit disjoint JSON types), allOf (when the branches'
-// keywords merge without conflict), $ref / $defs / definitions (local JSON
+// Supported: type (all, and lists), enum, const (beside other keywords: the values
+// the rest accepts), properties, required, additionalProperties, patternProperties
+// (undeclared keys only from the patterns; additionalProperties other than true /
+// false next to it is UNIMPLEMENTED; docs/grammar.md has the exact rules), items,
+// prefixItems, minItems, maxItems, minLength, maxLength, minProperties,
+// maxProperties, pattern, minimum / maximum / exclusiveMinimum / exclusiveMaximum
+// (exact for integers; for numbers when the bounds are integers), multipleOf (an
+// integer up to 1000, no bounds beside it), anyOf, oneOf (when no value can match two
+// branches: different types, disjoint enums, a discriminator property), allOf and
+// $ref beside other keywords (when the parts' keywords merge without conflict;
+// recursion included), not of simple schemas, $ref / $defs / definitions (local JSON
 // pointers, recursion included), boolean schemas, and the formats date, time,
-// date-time, email, uuid, uri, ipv4, ipv6 (other formats are annotations, as the
-// 2020-12 format-annotation vocabulary says). Annotation keywords are ignored.
-// Every other JSON Schema keyword is UNIMPLEMENTED (HTTP 501 -> the server maps it
-// to a 400 for the request) with the schema location in the message; invalid
-// schemas are INVALID_ARGUMENT.
+// date-time, duration, email, hostname, uuid, uri, ipv4, ipv6 as assertions (other
+// formats are annotations). Unknown keywords are ignored, as the specification says.
+// Counting bounds above Limits::max_repeat are RESOURCE_EXHAUSTED naming the keyword;
+// a schema nothing satisfies is INVALID_ARGUMENT ("accepts no input"). The other
+// JSON Schema keywords are UNIMPLEMENTED (the server maps it to a 400 for the
+// request) with the schema location in the message; invalid schemas are
+// INVALID_ARGUMENT.
 //
 // Thread model: pure functions.
 #pragma once
@@ -34,6 +39,14 @@ namespace dsi::grammar {
 
 struct JsonSchemaOptions {
     Limits limits;
+    // The formats date-time, date, time, duration, email, hostname, ipv4, ipv6, uuid
+    // and uri are assertions (the grammar accepts a subset of each; sound); false
+    // treats every format as an annotation (2020-12's default vocabulary).
+    bool format_assertion = true;
+    // Validation of text a user or another program wrote: integers may also be
+    // spelled with a zero fraction (1.0) or a non-negative exponent (1E1, 2e+10).
+    // Off for generation, where integers stay canonical (-0 is accepted either way).
+    bool integer_spellings = false;
     size_t max_enum_values = 10000;
     size_t max_schema_bytes = size_t{1} << 20;
 };

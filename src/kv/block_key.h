@@ -15,10 +15,18 @@
 #include <string_view>
 #include <vector>
 
+#include "kernels/attention.h"
+
 namespace dsi::kv {
 
-// S-KV-9: storage granularity; every cache kind's block spans this many tokens.
-inline constexpr int64_t kBlockTokens = 128;
+// S-KV-9: storage granularity; every cache kind's block spans this many tokens. The
+// one definition is the attention kernel's tile (kernels/attention.h).
+inline constexpr int64_t kBlockTokens = kernels::kKvBlockTokens;
+
+// Blocks that hold `tokens` positions.
+inline constexpr int64_t blocks_for_tokens(int64_t tokens) {
+    return (tokens + kBlockTokens - 1) / kBlockTokens;
+}
 
 struct BlockKey {
     uint64_t lo = 0;

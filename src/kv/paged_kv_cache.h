@@ -1,8 +1,9 @@
 // PagedKvCache: the model's KvCache interface over a block table in a BlockPool.
 //
 // Position p of the sequence lives in block table[p / 128], entry (p % 128) /
-// tokens_per_entry of the chosen cache group; within a block the layout is
-// [layer][entry][floats_per_entry]. The table is a value copied into each step's
+// tokens_per_entry of each cache group; within a block the layout is
+// [layer][entry][floats_per_entry]. row() reads the chosen group, entry() any group;
+// state() is the sequence's state slot (StateSlotPool), when the model has one. The table is a value copied into each step's
 // plan, so the thread running the forward pass never sees the scheduler grow it.
 // With a LayerGate set (S-KV-6 swap-in overlap), a read of a position in the gated
 // range waits until the swap-in thread has copied that layer: the forward pass may
@@ -13,13 +14,12 @@
 #pragma once
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
-#include <mutex>
 #include <vector>
 
+#include "base/mutex.h"
 #include "kv/block_pool.h"
-#include "model/kv_cache.h"
+#include "kernels/kv_cache.h"
 
 namespace dsi::kv {
 
@@ -38,18 +38,24 @@ private:
     std::atomic<int64_t> ready_{0};
     std::atomic<int64_t> wait_ns_{0};
     std::atomic<int64_t> num_waits_{0};
-    std::mutex mu_;
-    std::condition_variable cv_;
+    // ready_ is atomic (read lock-free on the fast path); mu_ orders a waiter's check
+    // against set_ready's store so no wake-up is lost.
+    Mutex mu_;
+    CondVar cv_;
 };
 
 class PagedKvCache final : public KvCache {
 public:
     PagedKvCache() = default;
     // REQUIRES: `pool` outlives this object; group < pool->groups().size().
-    PagedKvCache(BlockPool* pool, size_t group, std::vector<BlockId> table);
+    // `state`: the sequence's state slot (nullptr: none); REQUIRES: outlives this object.
+    PagedKvCache(BlockPool* pool, size_t group, std::vector<BlockId> table,
+                 float* state = nullptr);
 
     int64_t capacity() const override { return static_cast<int64_t>(table_.size()) * kBlockTokens; }
     float* row(int64_t layer, int64_t pos) override;
+    float* entry(size_t group, int64_t layer, int64_t pos) override;
+    float* state() override { return state_; }
     const std::vector<BlockId>& table() const { return table_; }
     // Reads of positions [begin_pos, end_pos) wait on `gate` for their layer (aborts if
     // a layer is not ready within 60 s: the swap-in is a local copy). REQUIRES: gate
@@ -67,6 +73,7 @@ private:
     int64_t tokens_per_entry_ = 1;
     int64_t floats_per_entry_ = 0;
     std::vector<BlockId> table_;
+    float* state_ = nullptr;
     LayerGate* gate_ = nullptr;
     int64_t gate_begin_ = 0;
     int64_t gate_end_ = 0;

@@ -24,6 +24,9 @@ public:
 
     int64_t num_slots() const { return static_cast<int64_t>(taken_.size()); }
     int64_t num_free() const { return static_cast<int64_t>(free_.size()); }
+    bool is_taken(SlotId id) const {
+        return id >= 0 && id < num_slots() && taken_[static_cast<size_t>(id)] != 0;
+    }
     Result<SlotId> allocate();
     // REQUIRES: `id` is taken.
     void release(SlotId id);

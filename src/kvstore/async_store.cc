@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/mutex.h"
 #include "base/env.h"
 
 namespace dsi::kvstore {
@@ -20,34 +21,33 @@ public:
     // creatable, or `deadline_ns` passes or close() is called, then takes what there is.
     std::vector<BlockBuffer> acquire(int64_t want, int64_t deadline_ns) {
         want = std::min(want, max_buffers_);
-        std::unique_lock<std::mutex> lock(mu_);
-        auto available = [&] {
-            return static_cast<int64_t>(free_.size()) + (max_buffers_ - stats_.allocated);
-        };
-        while (available() < want && !closed_) {
-            const int64_t left = deadline_ns - Env::default_env()->now_ns();
-            if (left <= 0) break;
-            cv_.wait_for(lock, std::chrono::nanoseconds(std::min<int64_t>(left, 100'000'000)));
-        }
-        const int64_t n = std::min(want, available());
         std::vector<BlockBuffer> out;
-        out.reserve(static_cast<size_t>(n));
-        while (static_cast<int64_t>(out.size()) < n && !free_.empty()) {
-            out.push_back(std::move(free_.back()));
-            free_.pop_back();
+        int64_t create = 0;
+        {
+            MutexLock lock(&mu_);
+            while (available() < want && !closed_) {
+                const int64_t left = deadline_ns - Env::default_env()->now_ns();
+                if (left <= 0) break;
+                cv_.wait_for(&mu_, std::chrono::nanoseconds(std::min<int64_t>(left, 100'000'000)));
+            }
+            const int64_t n = std::min(want, available());
+            out.reserve(static_cast<size_t>(n));
+            while (static_cast<int64_t>(out.size()) < n && !free_.empty()) {
+                out.push_back(std::move(free_.back()));
+                free_.pop_back();
+            }
+            create = n - static_cast<int64_t>(out.size());
+            stats_.allocated += create;
+            stats_.in_use += n;
+            stats_.leases += n;
         }
-        const int64_t create = n - static_cast<int64_t>(out.size());
-        stats_.allocated += create;
-        stats_.in_use += n;
-        stats_.leases += n;
-        lock.unlock();
         for (int64_t i = 0; i < create; ++i) out.push_back(BlockBuffer::allocate(buffer_bytes_));
         return out;
     }
 
     void release(BlockBuffer b) {
         {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             free_.push_back(std::move(b));
             --stats_.in_use;
         }
@@ -56,25 +56,29 @@ public:
 
     void close() {
         {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             closed_ = true;
         }
         cv_.notify_all();
     }
 
     FetchBufferStats stats() const {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         return stats_;
     }
 
 private:
+    int64_t available() const DSI_REQUIRES(mu_) {
+        return static_cast<int64_t>(free_.size()) + (max_buffers_ - stats_.allocated);
+    }
+
     const size_t buffer_bytes_;
     const int64_t max_buffers_;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::vector<BlockBuffer> free_;  // guarded by mu_
-    FetchBufferStats stats_;         // guarded by mu_
-    bool closed_ = false;            // guarded by mu_
+    mutable Mutex mu_;
+    CondVar cv_;
+    std::vector<BlockBuffer> free_ DSI_GUARDED_BY(mu_);
+    FetchBufferStats stats_ DSI_GUARDED_BY(mu_);
+    bool closed_ DSI_GUARDED_BY(mu_) = false;
 };
 
 namespace {
@@ -99,7 +103,7 @@ WriteBehind::WriteBehind(BlockStore* store, Options options)
 
 WriteBehind::~WriteBehind() {
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stopping_ = true;
         dropped_ += static_cast<int64_t>(queue_.size());
         store_->metrics().puts_dropped.fetch_add(static_cast<int64_t>(queue_.size()),
@@ -117,7 +121,7 @@ bool WriteBehind::offer(const BlockInfo& info, std::span<const std::span<const u
         bytes += static_cast<int64_t>(l.size());
     }
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         // S-KV-7: write-behind must not slow the step loop: drop instead of waiting.
         if (stopping_ || queued_bytes_ + bytes > options_.max_queued_bytes) {
             ++dropped_;
@@ -134,7 +138,7 @@ bool WriteBehind::offer(const BlockInfo& info, std::span<const std::span<const u
         item.layers.emplace_back(l.begin(), l.end());
     }
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         queue_.push_back(std::move(item));
     }
     cv_.notify_all();
@@ -142,68 +146,71 @@ bool WriteBehind::offer(const BlockInfo& info, std::span<const std::span<const u
 }
 
 void WriteBehind::run() {
-    std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-        cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-        if (stopping_) {
-            return;
+        Item item;
+        {
+            MutexLock lock(&mu_);
+            while (!stopping_ && queue_.empty()) cv_.wait(&mu_);
+            if (stopping_) {
+                return;
+            }
+            item = std::move(queue_.front());
+            queue_.pop_front();
+            busy_ = true;
         }
-        Item item = std::move(queue_.front());
-        queue_.pop_front();
-        busy_ = true;
-        lock.unlock();
         std::vector<std::span<const uint8_t>> spans(item.layers.begin(), item.layers.end());
         Status s = store_->put(item.info, spans, deadline_after_ms(options_.put_timeout_ms));
-        lock.lock();
-        busy_ = false;
-        queued_bytes_ -= item.bytes;
-        (s.is_ok() ? written_ : dropped_)++;
+        {
+            MutexLock lock(&mu_);
+            busy_ = false;
+            queued_bytes_ -= item.bytes;
+            (s.is_ok() ? written_ : dropped_)++;
+        }
         cv_.notify_all();
     }
 }
 
 bool WriteBehind::flush(int64_t deadline_ns) {
-    std::unique_lock<std::mutex> lock(mu_);
-    auto idle = [this] { return stopping_ || (queue_.empty() && !busy_); };
-    while (!idle()) {
+    MutexLock lock(&mu_);
+    while (!stopping_ && !(queue_.empty() && !busy_)) {
         int64_t left = deadline_ns - Env::default_env()->now_ns();
         if (left <= 0) {
             return false;
         }
-        cv_.wait_for(lock, std::chrono::nanoseconds(std::min<int64_t>(left, 1'000'000'000)));
+        cv_.wait_for(&mu_, std::chrono::nanoseconds(std::min<int64_t>(left, 1'000'000'000)));
     }
     return true;
 }
 
 int64_t WriteBehind::num_dropped() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return dropped_;
 }
 
 int64_t WriteBehind::num_written() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return written_;
 }
 
 Status FetchTicket::wait(int64_t deadline_ns) {
-    std::unique_lock<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     while (!done_) {
         int64_t left = deadline_ns - Env::default_env()->now_ns();
         if (left <= 0) {
             return deadline_exceeded("fetch not done by its deadline");
         }
-        cv_.wait_for(lock, std::chrono::nanoseconds(std::min<int64_t>(left, 1'000'000'000)));
+        cv_.wait_for(&mu_, std::chrono::nanoseconds(std::min<int64_t>(left, 1'000'000'000)));
     }
     return Status::ok();
 }
 
 bool FetchTicket::done() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return done_;
 }
 
 std::vector<Result<FetchedBlock>>& FetchTicket::results() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     DSI_CHECK(done_, "FetchTicket::results before done");
     return results_;
 }
@@ -218,7 +225,7 @@ Fetcher::Fetcher(BlockStore* store, Options options)
 Fetcher::~Fetcher() {
     std::deque<Job> left;
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stopping_ = true;
         left.swap(jobs_);
     }
@@ -239,7 +246,7 @@ std::shared_ptr<FetchTicket> Fetcher::submit(std::vector<StoreKey> keys,
     DSI_CHECK(expects.empty() || expects.size() == keys.size());
     auto ticket = std::make_shared<FetchTicket>();
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         jobs_.push_back({std::move(keys), std::move(expects), deadline_ns, ticket});
     }
     cv_.notify_all();
@@ -252,7 +259,7 @@ FetchBufferStats Fetcher::buffer_stats() const {
 
 void Fetcher::complete(FetchTicket& t, std::vector<Result<FetchedBlock>> results) {
     {
-        std::lock_guard<std::mutex> lock(t.mu_);
+        MutexLock lock(&t.mu_);
         t.results_ = std::move(results);
         t.done_ = true;
     }
@@ -260,19 +267,20 @@ void Fetcher::complete(FetchTicket& t, std::vector<Result<FetchedBlock>> results
 }
 
 void Fetcher::run() {
-    std::unique_lock<std::mutex> lock(mu_);
     while (true) {
-        cv_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
-        if (stopping_) {
-            return;
+        Job job;
+        {
+            MutexLock lock(&mu_);
+            while (!stopping_ && jobs_.empty()) cv_.wait(&mu_);
+            if (stopping_) {
+                return;
+            }
+            job = std::move(jobs_.front());
+            jobs_.pop_front();
         }
-        Job job = std::move(jobs_.front());
-        jobs_.pop_front();
-        lock.unlock();
         // S-KV-5: the store -> host copy runs here, off the engine's step loop.
         complete(*job.ticket, read(job));
         job.ticket.reset();  // an abandoned ticket (aborted request) frees its buffers here
-        lock.lock();
     }
 }
 

@@ -18,7 +18,6 @@
 // started are dropped and counted; pending fetch tickets complete with kCancelled).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -26,6 +25,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "kvstore/block_store.h"
 
 namespace dsi::kvstore {
@@ -59,14 +59,14 @@ private:
 
     BlockStore* store_;
     Options options_;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<Item> queue_;    // guarded by mu_
-    int64_t queued_bytes_ = 0;  // guarded by mu_
-    bool busy_ = false;         // guarded by mu_: the worker is writing one item
-    bool stopping_ = false;     // guarded by mu_
-    int64_t dropped_ = 0;       // guarded by mu_
-    int64_t written_ = 0;       // guarded by mu_
+    mutable Mutex mu_;
+    CondVar cv_;
+    std::deque<Item> queue_ DSI_GUARDED_BY(mu_);
+    int64_t queued_bytes_ DSI_GUARDED_BY(mu_) = 0;
+    bool busy_ DSI_GUARDED_BY(mu_) = false;  // the worker is writing one item
+    bool stopping_ DSI_GUARDED_BY(mu_) = false;
+    int64_t dropped_ DSI_GUARDED_BY(mu_) = 0;
+    int64_t written_ DSI_GUARDED_BY(mu_) = 0;
     std::thread worker_;
 };
 
@@ -89,9 +89,9 @@ public:
 
 private:
     friend class Fetcher;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    bool done_ = false;  // guarded by mu_
+    mutable Mutex mu_;
+    CondVar cv_;
+    bool done_ DSI_GUARDED_BY(mu_) = false;
     std::vector<Result<FetchedBlock>> results_;
 };
 
@@ -143,10 +143,10 @@ private:
     // Shared (stated reason): a result's buffer may outlive the Fetcher (the engine's
     // staged blocks and step plans die after it); null without a pool.
     std::shared_ptr<BufferPool> pool_;
-    std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<Job> jobs_;   // guarded by mu_
-    bool stopping_ = false;  // guarded by mu_
+    Mutex mu_;
+    CondVar cv_;
+    std::deque<Job> jobs_ DSI_GUARDED_BY(mu_);
+    bool stopping_ DSI_GUARDED_BY(mu_) = false;
     std::thread worker_;
 };
 

@@ -4,9 +4,9 @@
 // What the engine calls (docs/kvstore.md):
 //   - admission (S-KV-4): match_prefix(chain) -> number of leading keys present, on
 //     metadata only (no payload is read);
-//   - fetch (S-KV-5): get_many(keys, expect, deadline), or AsyncBlockStore (below) to
+//   - fetch (S-KV-5): get_many(keys, expect, deadline), or a Fetcher (async_store.h) to
 //     run it off the caller's thread;
-//   - write-behind (S-KV-7): put(info, layers) from a WriteBehind queue (write_behind.h)
+//   - write-behind (S-KV-7): put(info, layers) from a WriteBehind queue (async_store.h)
 //     so the step loop never waits on storage.
 // Policy: a store never expires anything by itself (S-KV-3: no expiry in the client);
 // GC is a separate worker (gc_worker.h) over the GcTarget view of a store. A block

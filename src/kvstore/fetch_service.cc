@@ -13,6 +13,7 @@
 #include <cstring>
 #include <utility>
 
+#include "base/mutex.h"
 #include "base/env.h"
 #include "base/logging.h"
 #include "kvstore/block_format.h"
@@ -165,7 +166,7 @@ void FetchService::stop() {
     if (acceptor_.joinable()) acceptor_.join();
     std::vector<std::thread> workers;
     {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         for (int fd : conn_fds_) ::shutdown(fd, SHUT_RDWR);  // each worker closes its own
         workers = std::move(workers_);
     }
@@ -206,7 +207,7 @@ void FetchService::accept_loop() {
         if ((fds[0].revents & POLLIN) == 0) continue;
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
         if (fd < 0) continue;
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         if (live_connections_ >= options_.max_connections) {
             ::close(fd);  // the client sees a hang-up: kUnavailable, it reads itself
             continue;
@@ -332,7 +333,7 @@ void FetchService::serve(int fd) {
         }
         if (::send(fd, reply.data(), kReplyHeaderBytes + count, MSG_NOSIGNAL) < 0) break;
     }
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     conn_fds_.erase(std::remove(conn_fds_.begin(), conn_fds_.end(), fd), conn_fds_.end());
     ::close(fd);
     --live_connections_;
@@ -348,7 +349,7 @@ FetchClient::~FetchClient() {
 
 Result<int> FetchClient::take_connection() {
     {
-        std::lock_guard<std::mutex> l(mu_);
+        MutexLock l(&mu_);
         if (!idle_.empty()) {
             const int fd = idle_.back();
             idle_.pop_back();
@@ -368,7 +369,7 @@ Result<int> FetchClient::take_connection() {
 }
 
 void FetchClient::give_back(int fd) {
-    std::lock_guard<std::mutex> l(mu_);
+    MutexLock l(&mu_);
     idle_.push_back(fd);
 }
 

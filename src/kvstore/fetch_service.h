@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "kvstore/block_store.h"
 #include "kvstore/shm_store.h"
@@ -81,10 +82,10 @@ private:
     int listen_fd_ = -1;
     int wake_fd_[2] = {-1, -1};  // stop() writes here to end every poll
     std::thread acceptor_;
-    mutable std::mutex mu_;
-    std::vector<std::thread> workers_;
-    std::vector<int> conn_fds_;
-    int live_connections_ = 0;
+    mutable Mutex mu_;
+    std::vector<std::thread> workers_ DSI_GUARDED_BY(mu_);
+    std::vector<int> conn_fds_ DSI_GUARDED_BY(mu_);
+    int live_connections_ DSI_GUARDED_BY(mu_) = 0;
     std::atomic<bool> stopping_{false};
     struct Counters;
     std::unique_ptr<Counters> counters_;
@@ -108,8 +109,8 @@ private:
     void give_back(int fd);
 
     std::string path_;
-    std::mutex mu_;
-    std::vector<int> idle_;
+    Mutex mu_;
+    std::vector<int> idle_ DSI_GUARDED_BY(mu_);
 };
 
 // Counters of the engine side (beside the lower store's StoreMetrics).

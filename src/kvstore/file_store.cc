@@ -18,6 +18,7 @@
 #include <list>
 #include <unordered_map>
 
+#include "base/mutex.h"
 #include "base/env.h"
 
 namespace dsi::kvstore {
@@ -87,7 +88,7 @@ public:
         for (auto& [key, fd] : lru_) ::close(fd);
     }
     int take(const StoreKey& key) {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         auto it = index_.find(key);
         if (it == index_.end()) {
             return -1;
@@ -100,7 +101,7 @@ public:
     void give(const StoreKey& key, int fd) {
         int to_close = -1;
         {
-            std::lock_guard<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             if (index_.contains(key)) {
                 to_close = fd;  // another reader's fd of the same file is cached
             } else {
@@ -124,16 +125,16 @@ public:
         }
     }
     size_t size() const {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         return lru_.size();
     }
 
 private:
     const size_t capacity_;
-    mutable std::mutex mu_;
-    std::list<std::pair<StoreKey, int>> lru_;  // guarded by mu_; most recent first
+    mutable Mutex mu_;
+    std::list<std::pair<StoreKey, int>> lru_ DSI_GUARDED_BY(mu_);  // most recent first
     std::unordered_map<StoreKey, std::list<std::pair<StoreKey, int>>::iterator, StoreKeyHash>
-        index_;  // guarded by mu_
+        index_ DSI_GUARDED_BY(mu_);
 };
 
 FileBlockStore::FileBlockStore(std::string root, FileStoreOptions options)

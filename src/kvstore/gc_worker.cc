@@ -2,6 +2,7 @@
 
 #include <chrono>
 
+#include "base/mutex.h"
 #include "base/logging.h"
 
 namespace dsi::kvstore {
@@ -39,7 +40,7 @@ Result<GcRunStats> GcWorker::run_once() {
     m.gc_evictions.fetch_add(stats.evicted, std::memory_order_relaxed);
     m.gc_evicted_bytes.fetch_add(plan.expired_bytes + plan.evicted_bytes,
                                  std::memory_order_relaxed);
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     last_ = stats;
     return stats;
 }
@@ -47,26 +48,31 @@ Result<GcRunStats> GcWorker::run_once() {
 void GcWorker::start(int64_t interval_ns) {
     DSI_CHECK(!thread_.joinable(), "GcWorker started twice");
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stopping_ = false;
     }
     thread_ = std::thread([this, interval_ns] {
-        std::unique_lock<std::mutex> lock(mu_);
-        while (!stopping_) {
-            lock.unlock();
+        while (true) {
+            {
+                MutexLock lock(&mu_);
+                if (stopping_) return;
+            }
             auto r = run_once();
             if (!r.is_ok()) {
                 DSI_LOG(kWarning) << "kvstore gc: " << r.status().to_string();
             }
-            lock.lock();
-            cv_.wait_for(lock, std::chrono::nanoseconds(interval_ns), [this] { return stopping_; });
+            MutexLock lock(&mu_);
+            const auto until = std::chrono::steady_clock::now() + std::chrono::nanoseconds(interval_ns);
+            while (!stopping_ && cv_.wait_until(&mu_, until)) {
+            }
+            if (stopping_) return;
         }
     });
 }
 
 void GcWorker::stop() {
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stopping_ = true;
     }
     cv_.notify_all();
@@ -76,7 +82,7 @@ void GcWorker::stop() {
 }
 
 GcRunStats GcWorker::last_stats() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return last_;
 }
 

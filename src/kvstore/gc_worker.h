@@ -6,11 +6,11 @@
 // thread and joins it (the wait is bounded by one run_once).
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <thread>
 
+#include "base/mutex.h"
 #include "kvstore/gc_policy.h"
 
 namespace dsi::kvstore {
@@ -42,10 +42,10 @@ public:
 private:
     GcTarget* target_;
     GcPolicy policy_;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    bool stopping_ = false;  // guarded by mu_
-    GcRunStats last_;        // guarded by mu_
+    mutable Mutex mu_;
+    CondVar cv_;
+    bool stopping_ DSI_GUARDED_BY(mu_) = false;
+    GcRunStats last_ DSI_GUARDED_BY(mu_);
     std::thread thread_;
 };
 

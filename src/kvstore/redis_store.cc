@@ -12,6 +12,7 @@
 #include <mutex>
 #include <unordered_map>
 
+#include "base/mutex.h"
 #include "base/env.h"
 #include "kvstore/internal/resp_reader.h"
 #include "kvstore/internal/xxh3_fast.h"
@@ -117,9 +118,9 @@ public:
     struct Server {
         RedisEndpoint ep;
         std::string name;
-        std::mutex mu;
-        std::vector<redisContext*> idle;  // guarded by mu
-        int64_t down_until_ns = 0;        // guarded by mu
+        Mutex mu;
+        std::vector<redisContext*> idle DSI_GUARDED_BY(mu);
+        int64_t down_until_ns DSI_GUARDED_BY(mu) = 0;
     };
 
     Impl(const RedisStoreOptions& o, StoreMetrics& metrics) : options(o), metrics_(metrics) {
@@ -140,7 +141,7 @@ public:
     }
 
     bool is_down(int s) {
-        std::lock_guard<std::mutex> lock(servers[s]->mu);
+        MutexLock lock(&servers[s]->mu);
         return servers[s]->down_until_ns > now_ns();
     }
 
@@ -157,7 +158,7 @@ public:
     redisContext* acquire(int s, int64_t deadline_ns) {
         Server& srv = *servers[s];
         {
-            std::lock_guard<std::mutex> lock(srv.mu);
+            MutexLock lock(&srv.mu);
             if (srv.down_until_ns > now_ns()) {
                 return nullptr;
             }
@@ -189,7 +190,7 @@ public:
             mark_down(s);
             return;
         }
-        std::lock_guard<std::mutex> lock(servers[s]->mu);
+        MutexLock lock(&servers[s]->mu);
         if (servers[s]->idle.size() < 8) {
             servers[s]->idle.push_back(c);
         } else {
@@ -199,7 +200,7 @@ public:
 
     void mark_down(int s) {
         metrics_.errors.fetch_add(1, std::memory_order_relaxed);
-        std::lock_guard<std::mutex> lock(servers[s]->mu);
+        MutexLock lock(&servers[s]->mu);
         servers[s]->down_until_ns = now_ns() + options.down_backoff_ms * 1'000'000;
         for (redisContext* c : servers[s]->idle) {
             redisFree(c);

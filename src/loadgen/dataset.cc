@@ -4,7 +4,7 @@
 #include <cmath>
 #include <random>
 
-#include "sim/trace.h"
+#include "workload/trace.h"
 
 namespace dsi::loadgen {
 
@@ -70,14 +70,14 @@ Dataset make_multi_turn(const DatasetSettings& s) {
 }
 
 Result<Dataset> make_trace(Env* env, const DatasetSettings& s) {
-    DSI_ASSIGN_OR_RETURN(sim::Trace trace, sim::load_trace(env, s.trace_path));
+    DSI_ASSIGN_OR_RETURN(workload::Trace trace, workload::load_trace(env, s.trace_path));
     Dataset d;
     d.name = "trace:" + s.trace_path;
     const size_t n = s.num_requests > 0
                          ? std::min(trace.requests.size(), static_cast<size_t>(s.num_requests))
                          : trace.requests.size();
     for (size_t i = 0; i < n; ++i) {
-        const sim::TraceRequest& tr = trace.requests[i];
+        const workload::TraceRequest& tr = trace.requests[i];
         PlannedRequest r;
         r.arrival_ns = static_cast<int64_t>(static_cast<double>(tr.arrival_ns) * s.time_scale);
         r.input_tokens = std::clamp(

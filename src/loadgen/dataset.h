@@ -4,7 +4,7 @@
 //  - multi-turn: conversations sharing one system prompt; turn t of a conversation is
 //    sent after turn t-1 has been answered, with the whole history (user turns and the
 //    server's actual replies) in front, so every turn after the first has a cached prefix;
-//  - trace: replay of a sim/ trace (Mooncake JSONL, Azure CSV: ../shared/data/traces) with
+//  - trace: replay of a sim/ trace (Mooncake JSONL, Azure CSV: tests/data/traces) with
 //    its arrival times and lengths (scaled); Mooncake hash_ids become text blocks derived
 //    from the id, so equal ids give equal prompt prefixes.
 // Lengths are planned in words; the server's usage reports the real token counts.

@@ -1,6 +1,6 @@
 #include "loadgen/report.h"
 
-#include "sim/svg_plot.h"
+#include "workload/svg_plot.h"
 
 namespace dsi::loadgen {
 
@@ -51,7 +51,7 @@ json summary_json(const LoadSummary& s) {
 std::string sweep_svg(const std::string& title, const std::string& x_label,
                       const std::vector<SweepPoint>& points) {
     constexpr int kWidth = 760, kHeight = 400;
-    sim::SvgPlot lat;
+    workload::SvgPlot lat;
     lat.title = title + ": latency";
     lat.x_label = x_label;
     lat.y_label = "ms";
@@ -68,17 +68,17 @@ std::string sweep_svg(const std::string& title, const std::string& x_label,
         {"ITL p99", [](const LoadSummary& s) { return s.itl.p99_ms; }},
     };
     for (const Col& c : cols) {
-        sim::SvgSeries series{c.name, {}};
+        workload::SvgSeries series{c.name, {}};
         for (const SweepPoint& p : points) series.points.emplace_back(p.x, c.get(p.summary));
         lat.series.push_back(std::move(series));
     }
-    sim::SvgPlot thr;
+    workload::SvgPlot thr;
     thr.title = title + ": throughput";
     thr.x_label = x_label;
     thr.y_label = "tokens/s";
     thr.log_x = true;
-    sim::SvgSeries out{"output tok/s", {}};
-    sim::SvgSeries total{"total tok/s", {}};
+    workload::SvgSeries out{"output tok/s", {}};
+    workload::SvgSeries total{"total tok/s", {}};
     for (const SweepPoint& p : points) {
         out.points.emplace_back(p.x, p.summary.output_throughput);
         total.points.emplace_back(p.x, p.summary.total_throughput);

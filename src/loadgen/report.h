@@ -1,6 +1,6 @@
 // Reports of `dsinfer bench serve`: a summary as JSON and a sweep (one summary per
 // concurrency or request rate) as an SVG figure (latency and throughput panels, drawn
-// with sim/svg_plot.h). Thread model: pure functions.
+// with workload/svg_plot.h). Thread model: pure functions.
 #pragma once
 
 #include <nlohmann/json.hpp>

@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <algorithm>
+#include <climits>
 #include <cstring>
 
 #include "model/gguf.h"
@@ -16,6 +17,18 @@ namespace {
 bool is_directory(const std::string& path) {
     struct stat st;
     return ::stat(path.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+// A matrix whose bytes the returned WeightMatrix owns (rebuilt or re-laid-out data).
+WeightMatrix owned_matrix(DType dtype, int64_t rows, int64_t cols,
+                          std::shared_ptr<std::vector<uint8_t>> bytes) {
+    WeightMatrix m;
+    m.dtype = dtype;
+    m.rows = rows;
+    m.cols = cols;
+    m.data = bytes->data();
+    m.owned = std::move(bytes);
+    return m;
 }
 
 bool is_float_dtype(DType t) {
@@ -34,7 +47,7 @@ Status check_shape(const std::string& where, const std::string& name, const Tens
 
 Result<std::vector<float>> to_f32(const std::string& where, const std::string& name,
                                   const TensorView& v) {
-    if (!is_float_dtype(v.dtype) && v.dtype != DType::kF8E4M3) {
+    if (!is_float_dtype(v.dtype) && v.dtype != DType::kF8E4M3 && v.dtype != DType::kE8M0) {
         return invalid_argument(where + ": tensor '" + name + "' has dtype " +
                                 std::string(dtype_name(v.dtype)) + ", expected a float type");
     }
@@ -56,6 +69,7 @@ public:
 
     Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override {
         DSI_ASSIGN_OR_RETURN(TensorView v, set_.view(name));
+        if (v.dtype == DType::kI8 && config_.is_v4()) return fp4_matrix(name, v, rows, cols);
         DSI_RETURN_IF_ERROR(check_shape(where(name), name, v, {rows, cols}));
         WeightMatrix m;
         m.dtype = v.dtype;
@@ -77,16 +91,87 @@ public:
         return to_f32(where(name), name, v);
     }
 
+    Result<std::vector<int32_t>> int_matrix(const std::string& name, int64_t rows,
+                                            int64_t cols) override {
+        DSI_ASSIGN_OR_RETURN(TensorView v, set_.view(name));
+        DSI_RETURN_IF_ERROR(check_shape(where(name), name, v, {rows, cols}));
+        std::vector<int32_t> out(static_cast<size_t>(rows * cols));
+        if (v.dtype == DType::kI32) {
+            std::memcpy(out.data(), v.data.data(), out.size() * 4);
+            return out;
+        }
+        if (v.dtype != DType::kI64) {
+            return invalid_argument(where(name) + ": tensor '" + name + "' has dtype " +
+                                    std::string(dtype_name(v.dtype)) + ", expected I32 or I64");
+        }
+        for (size_t i = 0; i < out.size(); ++i) {
+            int64_t x;
+            std::memcpy(&x, v.data.data() + 8 * i, 8);
+            if (x < INT32_MIN || x > INT32_MAX) {
+                return invalid_argument(where(name) + ": tensor '" + name +
+                                        "' has a value outside int32");
+            }
+            out[i] = static_cast<int32_t>(x);
+        }
+        return out;
+    }
+
 private:
     std::string where(const std::string& name) const {
         const SafetensorsFile* f = set_.file_of(name);
         return f ? f->path() : dir_;
     }
 
+    // DeepSeek V4 FP4 experts: I8 [rows, cols/2] e2m1 pairs (low nibble = even
+    // element) + "<x>.scale" F8_E8M0 [rows, cols/32]. Re-laid out, bit for bit, into
+    // GGUF MXFP4 blocks (scale byte, then byte j = element j | element j+16 << 4), the
+    // format kernels/ packs for its MXFP4 GEMM: the codes are never dequantised.
+    Result<WeightMatrix> fp4_matrix(const std::string& name, const TensorView& v, int64_t rows,
+                                    int64_t cols) {
+        if (cols % 32 != 0) {
+            return invalid_argument(where(name) + ": FP4 tensor '" + name +
+                                    "' needs a multiple of 32 columns, got " + std::to_string(cols));
+        }
+        DSI_RETURN_IF_ERROR(check_shape(where(name), name, v, {rows, cols / 2}));
+        const std::string scale_name = v4_scale_name(name);
+        if (!set_.has(scale_name)) {
+            return invalid_argument(where(name) + ": FP4 tensor '" + name + "' has no '" +
+                                    scale_name + "'");
+        }
+        DSI_ASSIGN_OR_RETURN(TensorView s, set_.view(scale_name));
+        DSI_RETURN_IF_ERROR(check_shape(where(scale_name), scale_name, s, {rows, cols / 32}));
+        if (s.dtype != DType::kE8M0) {
+            return invalid_argument(where(scale_name) + ": tensor '" + scale_name + "' has dtype " +
+                                    std::string(dtype_name(s.dtype)) + ", expected F8_E8M0");
+        }
+        const int64_t blocks = rows * (cols / 32);
+        auto bytes = std::make_shared<std::vector<uint8_t>>(
+            static_cast<size_t>(blocks * dtype_block_bytes(DType::kMXFP4)));
+        const uint8_t* codes = v.data.data();
+        const uint8_t* scales = s.data.data();
+        for (int64_t b = 0; b < blocks; ++b) {
+            if (scales[b] == 0xff) {
+                return invalid_argument(where(scale_name) + ": tensor '" + scale_name +
+                                        "' has the NaN scale 0xff");
+            }
+            uint8_t* out = bytes->data() + b * dtype_block_bytes(DType::kMXFP4);
+            const uint8_t* in = codes + b * 16;  // 32 codes of this block, 2 per byte
+            out[0] = scales[b];
+            for (int j = 0; j < 16; ++j) {
+                const uint8_t lo = (in[j / 2] >> (4 * (j % 2))) & 0xf;
+                const uint8_t hi = (in[(j + 16) / 2] >> (4 * (j % 2))) & 0xf;
+                out[1 + j] = static_cast<uint8_t>(lo | (hi << 4));
+            }
+        }
+        return owned_matrix(DType::kMXFP4, rows, cols, std::move(bytes));
+    }
+
     // DeepSeek FP8: `<name minus .weight>.weight_scale_inv`, f32 (or e8m0), one
     // scale per block_rows x block_cols block.
+    // DeepSeek V4 names it "<name minus weight>scale" (F8_E8M0).
     Status attach_fp8_scales(const std::string& name, WeightMatrix& m) {
-        const std::string scale_name = name + "_scale_inv";
+        const std::string scale_name =
+            config_.is_v4() ? v4_scale_name(name) : name + "_scale_inv";
         if (!set_.has(scale_name)) {
             return invalid_argument(where(name) + ": FP8 tensor '" + name + "' has no '" + scale_name + "'");
         }
@@ -183,6 +268,21 @@ public:
         return to_f32(file_.path(), ref.gguf_name, v);
     }
 
+    // V4's ffn_gate_tid2eid: I32 [vocab, experts_per_tok].
+    Result<std::vector<int32_t>> int_matrix(const std::string& name, int64_t rows,
+                                            int64_t cols) override {
+        DSI_ASSIGN_OR_RETURN(GgufTensorRef ref, resolve(name));
+        DSI_ASSIGN_OR_RETURN(TensorView v, file_.view(ref.gguf_name));
+        DSI_RETURN_IF_ERROR(check_shape(file_.path(), ref.gguf_name, v, {rows, cols}));
+        if (v.dtype != DType::kI32) {
+            return invalid_argument(file_.path() + ": tensor '" + ref.gguf_name + "' has dtype " +
+                                    std::string(dtype_name(v.dtype)) + ", expected I32");
+        }
+        std::vector<int32_t> out(static_cast<size_t>(rows * cols));
+        std::memcpy(out.data(), v.data.data(), out.size() * 4);
+        return out;
+    }
+
 private:
     // llama.cpp's MLA files store kv_b_proj split per head: attn_k_b [heads, kv_lora,
     // nope] (transposed) and attn_v_b [heads, v, kv_lora]. Rebuild [heads * (nope + v),
@@ -215,13 +315,7 @@ private:
                 std::copy_n(&v[(h * vd + j) * lora], lora, out + (h * (nope + vd) + nope + j) * lora);
             }
         }
-        WeightMatrix m;
-        m.dtype = DType::kF32;
-        m.rows = rows;
-        m.cols = cols;
-        m.data = bytes->data();
-        m.owned = std::move(bytes);
-        return m;
+        return owned_matrix(DType::kF32, rows, cols, std::move(bytes));
     }
 
     Result<GgufTensorRef> resolve(const std::string& name) const {

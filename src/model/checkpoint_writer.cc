@@ -58,17 +58,77 @@ Result<TokenizerFiles> read_tokenizer_files(Env* env, const std::string& dir) {
     return t;
 }
 
-Status write_hf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
-                           const TokenizerFiles& tokenizer, const std::string& dir,
-                           uint64_t max_shard_bytes) {
+namespace {
+
+// config.json, generation_config.json and the tokenizer files.
+Status write_hf_side_files(Env* env, const ModelConfig& c, const TokenizerFiles& tokenizer,
+                           const std::string& dir) {
+    DSI_RETURN_IF_ERROR(env->write_file(dir + "/config.json", to_hf_config_json(c)));
+    json gen = {{"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id},
+                {"do_sample", false}};
+    DSI_RETURN_IF_ERROR(env->write_file(dir + "/generation_config.json", gen.dump(2) + "\n"));
+    DSI_RETURN_IF_ERROR(env->write_file(dir + "/tokenizer.json", tokenizer.tokenizer_json));
+    return env->write_file(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json);
+}
+
+// DeepSeek V4 in the official layout (model/weights.h deepseek_v4_tensor_specs): FP8
+// weights with "<x>.scale" F8_E8M0 per 128x128 block, FP4 experts as I8 pairs with
+// "<x>.scale" F8_E8M0 per 32, tid2eid I64, the rest BF16 / F32.
+Status write_v4_safetensors(Env* env, const ModelConfig& c, uint64_t seed,
+                            const std::string& dir, uint64_t max_shard_bytes) {
+    std::vector<std::vector<uint8_t>> storage;
+    std::vector<SafetensorsTensor> tensors;
+    const std::vector<V4TensorSpec> specs = deepseek_v4_tensor_specs(c);
+    storage.reserve(specs.size() * 2);
+    for (const V4TensorSpec& spec : specs) {
+        V4SyntheticTensor t = synthetic_v4_tensor(c, spec, seed);
+        switch (t.dtype) {
+            case DType::kF8E4M3:
+            case DType::kI8:
+                storage.push_back(std::move(t.codes));
+                tensors.push_back({spec.name, t.dtype, t.stored_shape, storage.back()});
+                storage.push_back(std::move(t.scales));
+                tensors.push_back(
+                    {v4_scale_name(spec.name), DType::kE8M0, t.scale_shape, storage.back()});
+                break;
+            case DType::kI64: {
+                std::vector<uint8_t> bytes(t.ints.size() * 8);
+                for (size_t i = 0; i < t.ints.size(); ++i) {
+                    const int64_t v = t.ints[i];
+                    std::memcpy(bytes.data() + 8 * i, &v, 8);
+                }
+                storage.push_back(std::move(bytes));
+                tensors.push_back({spec.name, DType::kI64, t.stored_shape, storage.back()});
+                break;
+            }
+            default:
+                storage.push_back(to_bytes(t.dtype, t.values));
+                tensors.push_back({spec.name, t.dtype, t.stored_shape, storage.back()});
+        }
+    }
+    return write_sharded_safetensors(env, dir, tensors, max_shard_bytes, {{"format", "pt"}});
+}
+
+// FP8 codes come from the synthetic generator only (`fp8_seed`); everything else
+// from `values`.
+Status write_hf(Env* env, const ModelConfig& c, const TensorValues& values,
+                const uint64_t* fp8_seed, const TokenizerFiles& tokenizer,
+                const std::string& dir, uint64_t max_shard_bytes) {
+    if ((c.fp8 || c.is_v4()) && fp8_seed == nullptr) {
+        return invalid_argument("write_hf_checkpoint: FP8 / V4 output needs the synthetic writer");
+    }
     DSI_RETURN_IF_ERROR(env->create_dirs(dir));
+    if (c.is_v4()) {
+        DSI_RETURN_IF_ERROR(write_v4_safetensors(env, c, *fp8_seed, dir, max_shard_bytes));
+        return write_hf_side_files(env, c, tokenizer, dir);
+    }
     std::vector<std::vector<uint8_t>> storage;
     std::vector<SafetensorsTensor> tensors;
     const std::vector<TensorSpec> specs = deepseek_tensor_specs(c);
     storage.reserve(specs.size() * 2);
     for (const TensorSpec& spec : specs) {
         if (c.fp8 && spec.quantizable) {
-            Fp8Matrix m = synthetic_fp8(c, spec, seed);
+            Fp8Matrix m = synthetic_fp8(c, spec, *fp8_seed);
             storage.push_back(std::move(m.codes));
             tensors.push_back({spec.name, DType::kF8E4M3, spec.shape, storage.back()});
             std::vector<int64_t> sshape = {(spec.shape[0] + c.fp8_block_rows - 1) / c.fp8_block_rows,
@@ -79,18 +139,36 @@ Status write_hf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
         }
         const bool keep_f32 = spec.name.find("e_score_correction_bias") != std::string::npos;
         const DType dtype = keep_f32 ? DType::kF32 : DType::kBF16;
-        storage.push_back(to_bytes(dtype, synthetic_tensor(c, spec, seed)));
+        DSI_ASSIGN_OR_RETURN(std::vector<float> v, values(spec));
+        if (static_cast<int64_t>(v.size()) != shape_numel(spec.shape)) {
+            return invalid_argument("write_hf_checkpoint: wrong size for " + spec.name);
+        }
+        storage.push_back(to_bytes(dtype, v));
         tensors.push_back({spec.name, dtype, spec.shape, storage.back()});
     }
     DSI_RETURN_IF_ERROR(write_sharded_safetensors(env, dir, tensors, max_shard_bytes,
                                                   {{"format", "pt"}}));
-    DSI_RETURN_IF_ERROR(env->write_file(dir + "/config.json", to_hf_config_json(c)));
-    json gen = {{"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id},
-                {"do_sample", false}};
-    DSI_RETURN_IF_ERROR(env->write_file(dir + "/generation_config.json", gen.dump(2) + "\n"));
-    DSI_RETURN_IF_ERROR(env->write_file(dir + "/tokenizer.json", tokenizer.tokenizer_json));
-    DSI_RETURN_IF_ERROR(env->write_file(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json));
-    return Status::ok();
+    return write_hf_side_files(env, c, tokenizer, dir);
+}
+
+TensorValues synthetic_values(const ModelConfig& c, uint64_t seed) {
+    return [&c, seed](const TensorSpec& spec) -> Result<std::vector<float>> {
+        return synthetic_tensor(c, spec, seed);
+    };
+}
+
+}  // namespace
+
+Status write_hf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
+                           const TokenizerFiles& tokenizer, const std::string& dir,
+                           uint64_t max_shard_bytes) {
+    return write_hf(env, c, synthetic_values(c, seed), &seed, tokenizer, dir, max_shard_bytes);
+}
+
+Status write_hf_checkpoint(Env* env, const ModelConfig& c, const TensorValues& values,
+                           const TokenizerFiles& tokenizer, const std::string& dir,
+                           uint64_t max_shard_bytes) {
+    return write_hf(env, c, values, nullptr, tokenizer, dir, max_shard_bytes);
 }
 
 namespace {
@@ -149,11 +227,39 @@ Status add_tokenizer_metadata(const ModelConfig& c, const TokenizerFiles& files,
     return Status::ok();
 }
 
-}  // namespace
+// Merged expert tensors [experts, rows, cols], gathered in expert order.
+struct MergedExperts {
+    std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> tensors;
+    std::vector<std::string> order;
 
-Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
-                             const TokenizerFiles& tokenizer, DType matrix_dtype,
-                             const std::string& path, std::optional<DType> expert_dtype) {
+    void add(const std::string& name, int64_t experts, const std::vector<int64_t>& shape,
+             const std::vector<float>& v) {
+        auto& [s, values] = tensors[name];
+        if (s.empty()) {
+            s = {experts, shape[0], shape[1]};
+            values.reserve(static_cast<size_t>(shape_numel(s)));
+            order.push_back(name);
+        }
+        values.insert(values.end(), v.begin(), v.end());
+    }
+    void write(GgufWriter& w, DType dtype) {
+        for (const std::string& name : order) {
+            auto& [s, values] = tensors[name];
+            w.add_tensor(name, dtype, s, to_bytes(dtype, values));
+            values = {};
+        }
+    }
+};
+
+Status write_gguf_file(Env* env, const GgufWriter& w, const std::string& path) {
+    size_t slash = path.rfind('/');
+    if (slash != std::string::npos) DSI_RETURN_IF_ERROR(env->create_dirs(path.substr(0, slash)));
+    return w.write(env, path);
+}
+
+// The routed experts' GGUF type; INVALID_ARGUMENT for an unsupported pair.
+Result<DType> gguf_expert_dtype(const ModelConfig& c, DType matrix_dtype,
+                                std::optional<DType> expert_dtype) {
     if (matrix_dtype != DType::kF32 && matrix_dtype != DType::kF16 &&
         matrix_dtype != DType::kBF16 && matrix_dtype != DType::kQ8_0) {
         return invalid_argument("GGUF matrix dtype must be f32, f16, bf16 or q8_0");
@@ -168,30 +274,84 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
         return invalid_argument("GGUF expert dtype " + std::string(dtype_name(exps_dtype)) +
                                 " needs hidden_size and moe_intermediate_size % 32 == 0");
     }
+    return exps_dtype;
+}
+
+// llama.cpp deepseek4 (docs/models.md): the main layers (no MTP), matrices in
+// matrix_dtype, routed experts merged in the expert dtype, tid2eid I32, the rest F32.
+Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed,
+                     const TokenizerFiles& tokenizer, DType matrix_dtype,
+                     const std::string& path, std::optional<DType> expert_dtype) {
+    DSI_ASSIGN_OR_RETURN(DType exps_dtype, gguf_expert_dtype(c, matrix_dtype, expert_dtype));
+    GgufWriter w;
+    for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
+    DSI_RETURN_IF_ERROR(add_tokenizer_metadata(c, tokenizer, w));
+    MergedExperts merged;
+    for (const V4TensorSpec& spec : deepseek_v4_tensor_specs(c)) {
+        std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(c, spec.name);
+        if (!ref) continue;  // MTP
+        V4SyntheticTensor t = synthetic_v4_tensor(c, spec, seed);
+        if (ref->expert >= 0) {
+            merged.add(ref->gguf_name, c.n_routed_experts, spec.shape, t.values);
+            continue;
+        }
+        if (spec.storage == V4Storage::kI64) {
+            std::vector<uint8_t> bytes(t.ints.size() * 4);
+            std::memcpy(bytes.data(), t.ints.data(), bytes.size());
+            w.add_tensor(ref->gguf_name, DType::kI32, spec.shape, bytes);
+            continue;
+        }
+        // Projections take matrix_dtype; the router, hc_*, ape, sinks, norms stay F32.
+        const bool matrix = spec.shape.size() == 2 &&
+                            (spec.storage == V4Storage::kFp8 || spec.storage == V4Storage::kBF16) &&
+                            !spec.name.ends_with("ffn.gate.weight");
+        DType dtype = matrix ? matrix_dtype : DType::kF32;
+        if (dtype_block_elems(dtype) > 1 && spec.shape.back() % 32 != 0) dtype = DType::kF32;
+        w.add_tensor(ref->gguf_name, dtype, spec.shape, to_bytes(dtype, t.values));
+    }
+    merged.write(w, exps_dtype);
+    return write_gguf_file(env, w, path);
+}
+
+}  // namespace
+
+Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
+                             const TokenizerFiles& tokenizer, DType matrix_dtype,
+                             const std::string& path, std::optional<DType> expert_dtype,
+                             std::optional<DType> attn_kv_b_dtype) {
+    if (c.is_v4()) return write_v4_gguf(env, c, seed, tokenizer, matrix_dtype, path, expert_dtype);
+    return write_gguf_checkpoint(env, c, synthetic_values(c, seed), tokenizer, matrix_dtype, path,
+                                 expert_dtype, attn_kv_b_dtype);
+}
+
+Status write_gguf_checkpoint(Env* env, const ModelConfig& c, const TensorValues& values,
+                             const TokenizerFiles& tokenizer, DType matrix_dtype,
+                             const std::string& path, std::optional<DType> expert_dtype,
+                             std::optional<DType> attn_kv_b_dtype) {
+    if (c.is_v4()) {
+        return invalid_argument("write_gguf_checkpoint: V4 output needs the synthetic writer");
+    }
+    DSI_ASSIGN_OR_RETURN(DType exps_dtype, gguf_expert_dtype(c, matrix_dtype, expert_dtype));
+    if (attn_kv_b_dtype && *attn_kv_b_dtype != DType::kF32 && *attn_kv_b_dtype != DType::kF16 &&
+        *attn_kv_b_dtype != DType::kBF16) {
+        return invalid_argument("GGUF attn_k_b/attn_v_b dtype must be f32, f16 or bf16");
+    }
+
     GgufWriter w;
     for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
     DSI_RETURN_IF_ERROR(add_tokenizer_metadata(c, tokenizer, w));
 
-    // Merged expert tensors: [experts, rows, cols], gathered in expert order.
-    struct Merged {
-        std::vector<int64_t> shape;
-        std::vector<float> values;
-    };
-    std::map<std::string, Merged> merged;
-    std::vector<std::string> merged_order;
+    MergedExperts merged;
     for (const TensorSpec& spec : deepseek_tensor_specs(c)) {
         std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(c, spec.name);
         DSI_CHECK(ref.has_value(), "no GGUF name for ", spec.name);
-        std::vector<float> v = synthetic_tensor(c, spec, seed);
+        DSI_ASSIGN_OR_RETURN(std::vector<float> v, values(spec));
+        if (static_cast<int64_t>(v.size()) != shape_numel(spec.shape)) {
+            return invalid_argument("write_gguf_checkpoint: wrong size for " + spec.name);
+        }
         const DType dtype = is_matrix(spec) ? matrix_dtype : DType::kF32;
         if (ref->expert >= 0) {
-            Merged& m = merged[ref->gguf_name];
-            if (m.shape.empty()) {
-                m.shape = {c.n_routed_experts, spec.shape[0], spec.shape[1]};
-                m.values.reserve(static_cast<size_t>(shape_numel(m.shape)));
-                merged_order.push_back(ref->gguf_name);
-            }
-            m.values.insert(m.values.end(), v.begin(), v.end());
+            merged.add(ref->gguf_name, c.n_routed_experts, spec.shape, v);
             continue;
         }
         if (spec.name.find("kv_b_proj") == std::string::npos) {
@@ -216,19 +376,19 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
                 }
             }
             const std::string blk = ref->gguf_name.substr(0, ref->gguf_name.find("attn_kv_b"));
-            const DType kb_dtype = nope % 32 == 0 ? dtype : DType::kF32;
+            // attn_k_b is f32 in an f32 file, else bf16 (never q8_0/f16): llama.cpp's AMX
+            // CPU variant places q8_0/f16 weights in its AMX buffer, then finds no backend
+            // for k_b's batched product and aborts (docs/gguf_deepseek2.md section 8);
+            // bf16 stays on the plain CPU path, so AMX can stay on.
+            const DType kb_dtype = attn_kv_b_dtype.value_or(dtype == DType::kF32 ? DType::kF32
+                                                                                 : DType::kBF16);
+            const DType vb_dtype = attn_kv_b_dtype.value_or(dtype);
             w.add_tensor(blk + "attn_k_b.weight", kb_dtype, {nh, lora, nope}, to_bytes(kb_dtype, kb));
-            w.add_tensor(blk + "attn_v_b.weight", dtype, {nh, vd, lora}, to_bytes(dtype, vb));
+            w.add_tensor(blk + "attn_v_b.weight", vb_dtype, {nh, vd, lora}, to_bytes(vb_dtype, vb));
         }
     }
-    for (const std::string& name : merged_order) {
-        Merged& m = merged[name];
-        w.add_tensor(name, exps_dtype, m.shape, to_bytes(exps_dtype, m.values));
-        m.values = {};
-    }
-    size_t slash = path.rfind('/');
-    if (slash != std::string::npos) DSI_RETURN_IF_ERROR(env->create_dirs(path.substr(0, slash)));
-    return w.write(env, path);
+    merged.write(w, exps_dtype);
+    return write_gguf_file(env, w, path);
 }
 
 }  // namespace dsi

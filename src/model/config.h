@@ -1,6 +1,8 @@
 // ModelConfig: the hyper-parameters of a DeepSeek-family model, read from a Hugging
-// Face config.json (DeepseekV3ForCausalLM, DeepseekV2ForCausalLM) or from GGUF
-// metadata, plus the quantities derived from them (YaRN frequencies, softmax scale).
+// Face config.json (DeepseekV4ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)
+// or from GGUF metadata, plus the quantities derived from them (YaRN frequencies,
+// softmax scale). V4's hybrid attention (sliding window, compressed KV, indexer,
+// hyper-connections, hash routing) has its own block of fields below; docs/models.md.
 //
 // The architecture registry is a table from `architectures[0]` to a family; new
 // families (V4 hybrid attention) add a row. Thread model: plain value type.
@@ -15,9 +17,10 @@
 
 namespace dsi {
 
-enum class ModelFamily : uint8_t { kDeepseekV2, kDeepseekV3 };
+enum class ModelFamily : uint8_t { kDeepseekV2, kDeepseekV3, kDeepseekV4 };
 
-enum class ScoringFunc : uint8_t { kSoftmax, kSigmoid };
+// kSqrtSoftplus: sqrt(softplus(logit)) (DeepSeek V4).
+enum class ScoringFunc : uint8_t { kSoftmax, kSigmoid, kSqrtSoftplus };
 enum class TopkMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
 
 struct RopeScaling {
@@ -74,6 +77,39 @@ struct ModelConfig {
     int64_t fp8_block_cols = 128;
     bool fp8_scale_ue8m0 = false;
 
+    // ---- DeepSeek V4 (family kDeepseekV4) only; reference deepseek_v4.md §1 ----
+    // MQA with one shared KV head of head_dim values (K = V); the last
+    // qk_rope_head_dim of them carry RoPE (qk_nope_head_dim = head_dim - rope).
+    int64_t head_dim = 0;
+    int64_t num_key_value_heads = 1;
+    // Grouped low-rank output projection: heads split into o_groups groups, each
+    // projected to o_lora_rank by its slice of wo_a, then wo_b maps back to hidden.
+    int64_t o_groups = 0;
+    int64_t o_lora_rank = 0;
+    int64_t sliding_window = 0;
+    // One entry per layer, then one per MTP layer: 0 (window only), 4 (compressed
+    // with an indexer) or 128 (compressed, all entries attended).
+    std::vector<int64_t> compress_ratios;
+    double compress_rope_theta = 0.0;  // compressed layers' RoPE base (with YaRN)
+    int64_t index_n_heads = 0;
+    int64_t index_head_dim = 0;
+    int64_t index_topk = 0;
+    int64_t num_hash_layers = 0;  // first layers route by token id (ffn.gate.tid2eid)
+    double swiglu_limit = 0.0;    // 0: no clamp
+    int64_t hc_mult = 0;          // hyper-connection streams
+    int64_t hc_sinkhorn_iters = 0;
+    double hc_eps = 0.0;
+    bool expert_fp4 = false;      // expert_dtype "fp4": routed experts e2m1 + ue8m0 per 32
+
+    bool is_v4() const { return family == ModelFamily::kDeepseekV4; }
+    // compress_ratios[layer] (layer may be an MTP layer's index). REQUIRES: is_v4().
+    int64_t compress_ratio(int64_t layer) const {
+        return compress_ratios[static_cast<size_t>(layer)];
+    }
+    // RoPE inverse frequencies of a V4 layer: rope_theta without YaRN for
+    // window-only layers, compress_rope_theta with YaRN for compressed ones.
+    std::vector<double> v4_rope_inv_freq(int64_t layer) const;
+
     int64_t qk_head_dim() const { return qk_nope_head_dim + qk_rope_head_dim; }
     bool is_moe_layer(int64_t layer) const {
         return n_routed_experts > 0 && layer >= first_k_dense_replace &&
@@ -87,9 +123,14 @@ struct ModelConfig {
     double rope_attention_factor() const;
     // Per-pair inverse frequencies (qk_rope_head_dim / 2 of them), YaRN-blended.
     std::vector<double> rope_inv_freq() const;
+    // The same for an explicit base and with or without the YaRN blend.
+    std::vector<double> rope_inv_freq(double theta, bool yarn) const;
 
     // Checks ranges and cross-field consistency; errors name the field.
     Status validate() const;
+
+private:
+    Status validate_v4() const;
 };
 
 // Parses an HF config.json. Unknown architectures are INVALID_ARGUMENT naming the

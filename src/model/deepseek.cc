@@ -9,6 +9,7 @@
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "model/internal/linear.h"
 
 namespace dsi {
 namespace {
@@ -34,17 +35,8 @@ void axpy(float a, const float* x, float* y, int64_t n) {
     for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-// A linear layer's weights: as stored (for the reference path and for lookups)
-// and repacked for kernels/ (unless the reference path is on).
-struct Linear {
-    WeightMatrix w;
-    kernels::PackedMatrix packed;
-    bool is_packed = false;
-    int64_t rows() const { return w.rows; }
-};
-
-// Tensor classes that --weight-format chooses formats for.
-enum class WeightClass { kAttn, kMlp, kShared, kExperts, kRouter, kHead, kCount };
+using internal::Linear;
+using internal::WeightClass;
 
 struct Mlp {
     Linear gate, up, down;
@@ -109,8 +101,7 @@ struct DeepseekModel::Impl {
     std::optional<Mtp> mtp;
     bool reference_kernels = false;
     kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
-    // Per WeightClass: the format to repack into; nullopt = the stored one.
-    std::optional<kernels::WeightFormat> class_format[static_cast<int>(WeightClass::kCount)];
+    internal::ClassFormats class_format;
     std::vector<double> inv_freq;
     double rope_factor = 1.0;
     float softmax_scale = 1.0f;
@@ -146,20 +137,7 @@ struct DeepseekModel::Impl {
 
 Status DeepseekModel::Impl::pack(WeightClass cls, Linear& lin) {
     if (reference_kernels) return Status::ok();
-    const WeightMatrix& w = lin.w;
-    kernels::SourceMatrix src{w.dtype, w.rows, w.cols, w.data, w.block_scale, w.block_rows,
-                              w.block_cols};
-    const kernels::WeightFormat native = kernels::native_weight_format(w.dtype);
-    kernels::WeightFormat format = class_format[static_cast<int>(cls)].value_or(native);
-    Result<kernels::PackedMatrix> packed = kernels::pack_matrix(src, format);
-    if (!packed.is_ok() && format != native) {
-        // The requested format does not fit this tensor: keep the stored one.
-        packed = kernels::pack_matrix(src, native);
-    }
-    if (!packed.is_ok()) return packed.status();
-    lin.packed = std::move(packed).value();
-    lin.is_packed = true;
-    return Status::ok();
+    return internal::pack_linear(class_format, cls, lin);
 }
 
 Status DeepseekModel::Impl::load_linear(const std::string& name, int64_t rows, int64_t cols,
@@ -658,55 +636,6 @@ void DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& slot
     for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
 }
 
-namespace {
-
-// Parses Options::weight_format (see deepseek.h) into one optional format per class.
-Status parse_weight_formats(const std::string& spec,
-                            std::optional<kernels::WeightFormat> (&out)[static_cast<int>(
-                                WeightClass::kCount)]) {
-    static const char* const kClassNames[] = {"attn",    "mlp",    "shared",
-                                              "experts", "router", "head"};
-    auto parse_one = [](std::string_view v, std::optional<kernels::WeightFormat>& f) {
-        if (v == "auto") {
-            f.reset();
-            return true;
-        }
-        kernels::WeightFormat wf;
-        if (!kernels::parse_weight_format(v, &wf)) return false;
-        f = wf;
-        return true;
-    };
-    for (auto& f : out) f.reset();
-    if (spec.empty()) return Status::ok();
-    std::string_view rest = spec;
-    while (!rest.empty()) {
-        const size_t comma = rest.find(',');
-        std::string_view item = rest.substr(0, comma);
-        rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-        const size_t eq = item.find('=');
-        if (eq == std::string_view::npos) {
-            std::optional<kernels::WeightFormat> f;
-            if (!parse_one(item, f)) {
-                return invalid_argument("weight format: unknown format '" + std::string(item) + "'");
-            }
-            for (auto& o : out) o = f;
-            continue;
-        }
-        const std::string_view cls = item.substr(0, eq);
-        int index = -1;
-        for (int i = 0; i < static_cast<int>(WeightClass::kCount); ++i) {
-            if (cls == kClassNames[i]) index = i;
-        }
-        if (index < 0 || !parse_one(item.substr(eq + 1), out[index])) {
-            return invalid_argument("weight format: bad entry '" + std::string(item) +
-                                    "' (classes: attn, mlp, shared, experts, router, head)");
-        }
-    }
-    return Status::ok();
-}
-
-}  // namespace
-
 DeepseekModel::DeepseekModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 DeepseekModel::~DeepseekModel() = default;
 
@@ -719,6 +648,11 @@ kernels::KvDtype DeepseekModel::kv_dtype() const { return impl_->kv_dtype; }
 int64_t DeepseekModel::kv_num_layers() const {
     return impl_->cfg.num_hidden_layers + (impl_->mtp ? 1 : 0);
 }
+KvLayout DeepseekModel::kv_layout() const {
+    KvLayout layout;
+    layout.groups.push_back(KvGroupLayout{"mla", kv_num_layers(), 1, kv_row_floats()});
+    return layout;
+}
 std::unique_ptr<KvCache> DeepseekModel::new_kv_cache(int64_t capacity) const {
     return std::make_unique<ContiguousKvCache>(kv_num_layers(), kv_row_floats(), capacity);
 }
@@ -727,11 +661,16 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
                                                            Options options) {
     auto impl = std::make_unique<Impl>();
     impl->cfg = source->config();
+    if (impl->cfg.is_v4()) {
+        return unimplemented(source->description() +
+                             ": DeepseekV4ForCausalLM runs through DeepseekV4Model "
+                             "(model/deepseek_v4.h; load_causal_lm picks it)");
+    }
     DSI_RETURN_IF_ERROR(impl->cfg.validate());
     impl->source = std::move(source);
     impl->pool = std::make_unique<ThreadPool>(options.num_threads);
     impl->reference_kernels = options.reference_kernels;
-    DSI_RETURN_IF_ERROR(parse_weight_formats(options.weight_format, impl->class_format));
+    DSI_RETURN_IF_ERROR(internal::parse_weight_formats(options.weight_format, impl->class_format));
     const ModelConfig& c = impl->cfg;
     if (!kernels::parse_kv_dtype(options.kv_dtype.c_str(), &impl->kv_dtype)) {
         return invalid_argument("kv dtype '" + options.kv_dtype + "' (f32, bf16, e4m3)");
@@ -842,47 +781,78 @@ Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOu
 }
 
 Status DeepseekModel::mtp_forward(std::span<const int32_t> next_tokens,
-                                  std::span<const float> hidden, int64_t start_pos,
-                                  KvCache& cache, std::vector<float>& logits) {
+                                  std::span<const float> hidden, int64_t start_pos, KvCache& cache,
+                                  std::vector<float>& logits, std::vector<float>* mtp_hidden,
+                                  int64_t logit_rows) {
+    const int64_t T = static_cast<int64_t>(next_tokens.size());
+    MtpStep step{next_tokens, hidden, start_pos, &cache, logit_rows < 0 ? T : logit_rows};
+    MtpBatchOutput out;
+    DSI_RETURN_IF_ERROR(mtp_forward_batch(std::span<const MtpStep>(&step, 1), out));
+    logits = std::move(out.logits);
+    if (mtp_hidden != nullptr) *mtp_hidden = std::move(out.hidden);
+    return Status::ok();
+}
+
+Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatchOutput& out) {
     Impl& m = *impl_;
     if (!m.mtp) return failed_precondition("mtp_forward: the checkpoint has no MTP layer");
     const ModelConfig& c = m.cfg;
-    const int64_t T = static_cast<int64_t>(next_tokens.size());
     const int64_t H = c.hidden_size;
-    if (T == 0 || static_cast<int64_t>(hidden.size()) != T * H) {
-        return invalid_argument("mtp_forward: hidden must be [tokens, hidden_size]");
+    std::vector<int32_t> next;
+    std::vector<float> hidden;
+    TokenSlots slots;
+    std::vector<int64_t> logit_tokens;  // batch token index of each logits row
+    out.logit_row.clear();
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const MtpStep& st = steps[i];
+        const int64_t T = static_cast<int64_t>(st.next_tokens.size());
+        if (T == 0 || static_cast<int64_t>(st.hidden.size()) != T * H) {
+            return invalid_argument("mtp_forward: hidden must be [tokens, hidden_size]");
+        }
+        for (int32_t t : st.next_tokens) {
+            if (t < 0 || t >= c.vocab_size)
+                return invalid_argument("mtp_forward: token id out of range");
+        }
+        if (st.cache == nullptr || st.start_pos < 0 || st.start_pos + T > st.cache->capacity()) {
+            return out_of_range("mtp_forward: positions exceed the KV capacity");
+        }
+        const int64_t first = static_cast<int64_t>(next.size());
+        next.insert(next.end(), st.next_tokens.begin(), st.next_tokens.end());
+        hidden.insert(hidden.end(), st.hidden.begin(), st.hidden.end());
+        for (int64_t t = 0; t < T; ++t) {
+            slots.pos.push_back(st.start_pos + t);
+            slots.cache.push_back(st.cache);
+        }
+        out.logit_row.push_back(static_cast<int64_t>(logit_tokens.size()));
+        for (int64_t t = T - std::clamp<int64_t>(st.logit_rows, 0, T); t < T; ++t) {
+            logit_tokens.push_back(first + t);
+        }
     }
-    for (int32_t t : next_tokens) {
-        if (t < 0 || t >= c.vocab_size) return invalid_argument("mtp_forward: token id out of range");
-    }
-    if (start_pos < 0 || start_pos + T > cache.capacity()) {
-        return out_of_range("mtp_forward: positions exceed the KV capacity");
-    }
+    const int64_t N = slots.size();
+    if (N == 0) return invalid_argument("mtp_forward: empty batch");
     const Mtp& mtp = *m.mtp;
-    std::vector<float> cat(static_cast<size_t>(T * 2 * H));
-    std::vector<float> e(static_cast<size_t>(T * H));
-    m.embed_rows(mtp.embed, next_tokens, e.data());
-    std::vector<float> en(static_cast<size_t>(T * H));
-    std::vector<float> hn(static_cast<size_t>(T * H));
-    m.rms_norm(e.data(), mtp.enorm, T, H, en.data());
-    m.rms_norm(hidden.data(), mtp.hnorm, T, H, hn.data());
-    for (int64_t t = 0; t < T; ++t) {
+    std::vector<float> cat(static_cast<size_t>(N * 2 * H));
+    std::vector<float> e(static_cast<size_t>(N * H));
+    m.embed_rows(mtp.embed, next, e.data());
+    std::vector<float> en(static_cast<size_t>(N * H));
+    std::vector<float> hn(static_cast<size_t>(N * H));
+    m.rms_norm(e.data(), mtp.enorm, N, H, en.data());
+    m.rms_norm(hidden.data(), mtp.hnorm, N, H, hn.data());
+    for (int64_t t = 0; t < N; ++t) {
         // Embedding first, then the hidden state (DeepSeek V3 MTP).
         std::copy_n(en.data() + t * H, H, cat.data() + t * 2 * H);
         std::copy_n(hn.data() + t * H, H, cat.data() + t * 2 * H + H);
     }
-    std::vector<float> x(static_cast<size_t>(T * H));
-    m.matmul(mtp.eh_proj, cat.data(), T, x.data());
-    TokenSlots slots;
-    for (int64_t t = 0; t < T; ++t) {
-        slots.pos.push_back(start_pos + t);
-        slots.cache.push_back(&cache);
+    out.hidden.resize(static_cast<size_t>(N * H));
+    m.matmul(mtp.eh_proj, cat.data(), N, out.hidden.data());
+    m.block(mtp.block, out.hidden.data(), slots);
+    const int64_t R = static_cast<int64_t>(logit_tokens.size());
+    std::vector<float> xn(static_cast<size_t>(R * H));
+    for (int64_t r = 0; r < R; ++r) {
+        m.rms_norm(out.hidden.data() + logit_tokens[r] * H, mtp.head_norm, 1, H, xn.data() + r * H);
     }
-    m.block(mtp.block, x.data(), slots);
-    std::vector<float> xn(static_cast<size_t>(T * H));
-    m.rms_norm(x.data(), mtp.head_norm, T, H, xn.data());
-    logits.resize(static_cast<size_t>(T * c.vocab_size));
-    m.matmul(mtp.head, xn.data(), T, logits.data());
+    out.logits.resize(static_cast<size_t>(R * c.vocab_size));
+    if (R > 0) m.matmul(mtp.head, xn.data(), R, out.logits.data());
     return Status::ok();
 }
 

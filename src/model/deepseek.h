@@ -10,10 +10,12 @@
 // are mapped into the latent space, attend over the cached latent rows, and the
 // value up-projection is applied after.
 //
-// Weights stay in their stored format (bf16, fp8 + block scales, q8_0, f32) and are
-// dequantised row by row. Every output element is reduced in one fixed order, so
-// results do not depend on the thread count or on which other tokens are in the
-// call (batch invariance by construction).
+// Weights are repacked once at load into the kernels' formats (Options::weight_format;
+// kernels/packed_matrix.h) and multiplied by kernels/matmul.h's GEMV/GEMM, chosen per
+// ISA at run time; Options::reference_kernels selects the plain loops that dequantise
+// row by row instead. Every output element is reduced in one fixed order, so results
+// do not depend on the thread count or on which other tokens are in the call (batch
+// invariance by construction).
 //
 // Thread model: a loaded model is immutable; forward() may run concurrently for
 // different sequences if each has its own KvCache, but it uses the model's thread
@@ -29,8 +31,9 @@
 #include "base/status.h"
 #include "base/thread_pool.h"
 #include "kernels/attention.h"
+#include "kernels/kv_cache.h"
+#include "model/causal_lm.h"
 #include "model/config.h"
-#include "model/kv_cache.h"
 #include "model/weights.h"
 
 namespace dsi {
@@ -42,25 +45,22 @@ struct ForwardOutput {
     std::vector<float> hidden;
 };
 
-// One sequence's part of a batched step: `tokens` at positions [start_pos,
-// start_pos + tokens.size()) of the sequence whose KV lives in `cache`.
-struct SequenceStep {
-    std::span<const int32_t> tokens;
+// One sequence's part of a batched MTP pass (DeepseekModel::mtp_forward_batch).
+struct MtpStep {
+    std::span<const int32_t> next_tokens;  // token i + 1 for each row i
+    std::span<const float> hidden;         // [rows, hidden] main (or MTP) hidden states
     int64_t start_pos = 0;
     KvCache* cache = nullptr;
-    bool all_logits = false;  // logits for every token, else only for the last
+    int64_t logit_rows = 0;  // logits for the last this many rows
 };
 
-struct BatchOutput {
-    // Logits rows [rows, vocab]; sequence i's rows start at logit_row[i] (one row, or
-    // one per token with all_logits).
-    std::vector<float> logits;
-    std::vector<int64_t> logit_row;
-    // Final-normed hidden states [total tokens, hidden], in batch order.
-    std::vector<float> hidden;
+struct MtpBatchOutput {
+    std::vector<float> logits;       // [rows with logits, vocab]
+    std::vector<int64_t> logit_row;  // sequence i's first logits row
+    std::vector<float> hidden;       // MTP output before the head norm [total rows, hidden]
 };
 
-class DeepseekModel {
+class DeepseekModel final : public CausalLm {
 public:
     struct Options {
         int num_threads = 1;
@@ -87,15 +87,18 @@ public:
                                                        Options options);
     ~DeepseekModel();
 
-    const ModelConfig& config() const;
+    const ModelConfig& config() const override;
+    // One group "mla" of kv_num_layers() layers x one kv_row_floats() row per token; no
+    // state slot; prefixes are reusable.
+    KvLayout kv_layout() const override;
     // 4-byte words per cached token per layer: kv_lora_rank + qk_rope_head_dim values
     // encoded as kv_dtype() (as many floats for f32, fewer for bf16 / e4m3). A KvCache
     // for this model holds rows of this size; row() points at one.
     int64_t kv_row_floats() const;
-    kernels::KvDtype kv_dtype() const;
+    kernels::KvDtype kv_dtype() const override;
     // Layers a KvCache must hold: main layers plus the MTP layer(s).
     int64_t kv_num_layers() const;
-    std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const;
+    std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const override;
 
     // Runs `tokens` at positions [start_pos, start_pos + T): writes their KV rows
     // and fills `out`. Errors: token id outside the vocabulary, positions past the
@@ -107,15 +110,23 @@ public:
     // attention reads each token's own sequence only. Each sequence's results are
     // bitwise the same as running it alone (batch invariance). REQUIRES: entries use
     // distinct caches.
-    Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out);
+    Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) override;
 
     // MTP (num_nextn_predict_layers = 1): for each i, combines the main model's
     // final hidden state of token i (`hidden` [T, hidden]) with the embedding of
     // the next token `next_tokens[i]` and returns draft logits [T, vocab] for the
     // token after it. Uses the MTP layer's rows of `cache` at the same positions.
-    // FAILED_PRECONDITION if the checkpoint has no MTP layer.
+    // FAILED_PRECONDITION if the checkpoint has no MTP layer. With `mtp_hidden`, also
+    // returns the MTP layer's output before its head norm [T, hidden]: the hidden input
+    // of the next recursive draft (spec/mtp.h). `logit_rows` >= 0 computes logits for the
+    // last that many rows only ([logit_rows, vocab]; 0: none, KV rows only).
     Status mtp_forward(std::span<const int32_t> next_tokens, std::span<const float> hidden,
-                       int64_t start_pos, KvCache& cache, std::vector<float>& logits);
+                       int64_t start_pos, KvCache& cache, std::vector<float>& logits,
+                       std::vector<float>* mtp_hidden = nullptr, int64_t logit_rows = -1);
+
+    // Several sequences' MTP passes in one (the rows of sequence i follow those of i-1 in
+    // `out.hidden`); each sequence's results are bitwise those of mtp_forward alone.
+    Status mtp_forward_batch(std::span<const MtpStep> steps, MtpBatchOutput& out);
 
     struct Impl;
 

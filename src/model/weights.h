@@ -50,6 +50,10 @@ public:
     virtual Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) = 0;
     // A vector of n values (norm weights, biases) as f32.
     virtual Result<std::vector<float>> vector(const std::string& name, int64_t n) = 0;
+    // An integer matrix [rows, cols] (V4's ffn.gate.tid2eid: I32 or I64 stored) as int32;
+    // values outside int32 are INVALID_ARGUMENT.
+    virtual Result<std::vector<int32_t>> int_matrix(const std::string& name, int64_t rows,
+                                                    int64_t cols);
     // Where the weights come from ("hf:/path", "gguf:/path"), for messages.
     virtual std::string description() const = 0;
 };
@@ -73,6 +77,8 @@ public:
     bool has(const std::string& name) const override { return tensors_.count(name) != 0; }
     Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override;
     Result<std::vector<float>> vector(const std::string& name, int64_t n) override;
+    Result<std::vector<int32_t>> int_matrix(const std::string& name, int64_t rows,
+                                            int64_t cols) override;
     std::string description() const override { return "memory"; }
 
 private:
@@ -88,5 +94,25 @@ struct TensorSpec {
     bool quantizable;  // FP8 in DeepSeek's checkpoints (linear weights, not norms/gate/embeddings)
 };
 std::vector<TensorSpec> deepseek_tensor_specs(const ModelConfig& config);
+
+// DeepSeek V4 (DeepseekV4ForCausalLM): every tensor of the official checkpoint
+// (reference deepseek_v4.md §3: names without a "model." prefix, "layers.N.",
+// "mtp.0."), with its logical shape [out, in] and how the official checkpoint stores it.
+enum class V4Storage : uint8_t {
+    kBF16,  // norms, embed/head, compressor and router weights
+    kF32,   // hc_*, attn_sink, compressor ape, gate bias
+    kFp8,   // e4m3 + "<name minus weight>scale" F8_E8M0 per 128x128 block (bf16 if !fp8)
+    kFp4,   // routed experts: I8 [out, in/2] e2m1 pairs (low nibble = even element) +
+            // ".scale" F8_E8M0 [out, in/32] (FP8 if !expert_fp4)
+    kI64,   // ffn.gate.tid2eid (I64 in the official files: their total_size counts 8 bytes)
+};
+struct V4TensorSpec {
+    std::string name;
+    std::vector<int64_t> shape;
+    V4Storage storage;
+};
+std::vector<V4TensorSpec> deepseek_v4_tensor_specs(const ModelConfig& config);
+// The scale tensor of an FP8 / FP4 V4 weight: "x.weight" -> "x.scale".
+std::string v4_scale_name(const std::string& weight_name);
 
 }  // namespace dsi

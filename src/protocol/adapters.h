@@ -19,16 +19,32 @@
 
 #include "base/status.h"
 #include "protocol/conversation.h"
+#include "protocol/json_limits.h"
 #include "protocol/output_parser.h"
 
 namespace dsi::protocol {
 
-enum class ApiProtocol { kChatCompletions, kResponses, kMessages };
+// The four HTTP APIs. kCompletions (legacy /v1/completions) has a prompt, not a
+// conversation: its output is text, rendered by the server's Renderer.
+enum class ApiProtocol { kChatCompletions, kCompletions, kResponses, kMessages };
 
-Result<Conversation> parse_chat_completions_request(std::string_view body);
-Result<Conversation> parse_responses_request(std::string_view body);
-Result<Conversation> parse_messages_request(std::string_view body);
-Result<Conversation> parse_request(ApiProtocol api, std::string_view body);
+// `max_depth`: nesting limit of the body and of the JSON strings in it (tool-call
+// arguments), checked before any value is copied or dumped (json_limits.h).
+Result<Conversation> parse_chat_completions_request(std::string_view body,
+                                                    int max_depth = kDefaultMaxJsonDepth);
+Result<Conversation> parse_responses_request(std::string_view body,
+                                             int max_depth = kDefaultMaxJsonDepth);
+Result<Conversation> parse_messages_request(std::string_view body,
+                                            int max_depth = kDefaultMaxJsonDepth);
+Result<Conversation> parse_request(ApiProtocol api, std::string_view body,
+                                   int max_depth = kDefaultMaxJsonDepth);
+// The body as one JSON object (depth-checked first), and the conversation read from
+// it (the pieces of parse_request; request.h reads the rest of the body from the same
+// value). REQUIRES for conversation_from_json: `body` came from parse_request_body
+// with the same max_depth; INVALID_ARGUMENT for kCompletions.
+Result<OrderedJson> parse_request_body(std::string_view body, int max_depth);
+Result<Conversation> conversation_from_json(ApiProtocol api, const OrderedJson& body,
+                                            int max_depth);
 
 // The error JSON each API returns with a non-OK status.
 std::string json_error_body(ApiProtocol api, const Status& status);
@@ -49,7 +65,7 @@ struct Completion {
     std::string reasoning;
     std::string content;
     std::vector<ToolCall> tool_calls;
-    FinishReason finish = FinishReason::kStop;
+    StopReason finish = StopReason::kStop;
     bool malformed = false;
 };
 Completion fold_events(const std::vector<Event>& events);

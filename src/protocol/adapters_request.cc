@@ -1,9 +1,13 @@
 // Request JSON -> Conversation for the three APIs (S-REC-1). nlohmann exceptions
 // stay inside this file (STYLE 2); every rejection names the offending field.
+#include <algorithm>
+#include <cctype>
 #include <limits>
 
 #include "protocol/adapters.h"
+#include "protocol/request.h"
 #include "protocol/internal/json_fields.h"
+#include "protocol/json_limits.h"
 
 namespace dsi::protocol {
 
@@ -12,18 +16,6 @@ using namespace internal;  // NOLINT: J and the field helpers
 namespace {
 
 constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
-
-Result<J> parse_body(std::string_view body) {
-    try {
-        J j = J::parse(body);
-        if (!j.is_object()) {
-            return field_error("body", "expected a JSON object");
-        }
-        return j;
-    } catch (const nlohmann::json::exception& e) {
-        return field_error("body", std::string("invalid JSON: ") + e.what());
-    }
-}
 
 // content: string | null | [{type:"text"|"input_text"|"output_text", text}].
 Result<std::string> text_content(const J& msg, std::string_view key, std::string_view path,
@@ -58,7 +50,8 @@ Result<std::string> text_content(const J& msg, std::string_view key, std::string
     return out;
 }
 
-Status check_arguments(const std::string& args, std::string_view path) {
+Status check_arguments(const std::string& args, std::string_view path, int max_depth) {
+    DSI_RETURN_IF_ERROR(check_json_depth(args, max_depth, path));
     try {
         J a = J::parse(args.empty() ? std::string("{}") : args);
         if (!a.is_object()) {
@@ -94,6 +87,10 @@ Status thinking_switch(const J& j, std::string_view path, Conversation* c) {
     const std::string p = join_path(path, "thinking");
     DSI_RETURN_IF_ERROR(expect_object(*t, p));
     DSI_ASSIGN_OR_RETURN(std::string type, req_string(*t, "type", p));
+    // Known but not applied (no thinking budget here): still type-checked, as the APIs
+    // do (Anthropic also wants >= 1024; smaller budgets are accepted here).
+    DSI_ASSIGN_OR_RETURN(auto budget, opt_int(*t, "budget_tokens", p, 1, INT64_MAX));
+    (void)budget;
     if (type == "enabled" || type == "adaptive") {
         c->thinking = true;
     } else if (type == "disabled") {
@@ -132,6 +129,48 @@ Status common_sampling(const J& j, Conversation* c) {
     return Status::ok();
 }
 
+// Tool names as the APIs accept them: OpenAI ^[a-zA-Z0-9_-]{1,64}$, Anthropic
+// ^[a-zA-Z0-9_-]{1,128}$ (issue 22 D9). The name is printed into the DSML prompt.
+Status check_tool_name(const std::string& name, size_t max_chars, std::string_view path) {
+    const bool ok = !name.empty() && name.size() <= max_chars &&
+                    std::all_of(name.begin(), name.end(), [](char ch) {
+                        return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '_' ||
+                               ch == '-';
+                    });
+    if (!ok) {
+        return field_error(path, "must match ^[a-zA-Z0-9_-]{1," + std::to_string(max_chars) +
+                                     "}$, got '" + name.substr(0, 80) + "'");
+    }
+    return Status::ok();
+}
+
+Status penalties(const J& j, Conversation* c) {
+    DSI_ASSIGN_OR_RETURN(c->sampling.presence_penalty,
+                         opt_number(j, "presence_penalty", "", -2.0, 2.0));
+    DSI_ASSIGN_OR_RETURN(c->sampling.frequency_penalty,
+                         opt_number(j, "frequency_penalty", "", -2.0, 2.0));
+    return Status::ok();
+}
+
+// Chat Completions / Completions `stream_options.include_usage`.
+Status stream_options(const J& j, Conversation* c) {
+    if (const J* so = member(j, "stream_options")) {
+        DSI_RETURN_IF_ERROR(expect_object(*so, "stream_options"));
+        DSI_ASSIGN_OR_RETURN(auto iu, opt_bool(*so, "include_usage", "stream_options"));
+        c->include_usage = iu.value_or(false);
+    }
+    return Status::ok();
+}
+
+// `seed`: any integer (negative ones wrap, as before).
+Status seed(const J& j, Conversation* c) {
+    DSI_ASSIGN_OR_RETURN(auto v, opt_int(j, "seed", "", INT64_MIN, INT64_MAX));
+    if (v) {
+        c->sampling.seed = static_cast<uint64_t>(*v);
+    }
+    return Status::ok();
+}
+
 // OpenAI function tool: {type:"function", function:{name, description?, parameters?}}
 // (Chat Completions) or flat {type:"function", name, …} (Responses).
 Result<Tool> function_tool(const J& t, std::string_view path, bool flat) {
@@ -151,9 +190,7 @@ Result<Tool> function_tool(const J& t, std::string_view path, bool flat) {
         DSI_RETURN_IF_ERROR(expect_object(*f, fp));
     }
     DSI_ASSIGN_OR_RETURN(std::string name, req_string(*f, "name", fp));
-    if (name.empty()) {
-        return field_error(join_path(fp, "name"), "must not be empty");
-    }
+    DSI_RETURN_IF_ERROR(check_tool_name(name, 64, join_path(fp, "name")));
     Tool tool;
     tool.function = J::object();
     tool.function["name"] = name;
@@ -180,12 +217,9 @@ Status check_tool_choice(const Conversation& c, std::string_view path) {
     return field_error(path, "names a function that is not in tools: '" + c.tool_choice + "'");
 }
 
-}  // namespace
-
 // ------------------------------------------------------------ Chat Completions
 
-Result<Conversation> parse_chat_completions_request(std::string_view body) {
-    DSI_ASSIGN_OR_RETURN(J j, parse_body(body));
+Result<Conversation> chat_conversation(const J& j, int max_depth) {
     Conversation c;
     DSI_ASSIGN_OR_RETURN(c.model, req_string(j, "model", ""));
     const J* msgs = member(j, "messages");
@@ -241,7 +275,8 @@ Result<Conversation> parse_chat_completions_request(std::string_view body) {
                 DSI_RETURN_IF_ERROR(expect_object(*f, fp));
                 DSI_ASSIGN_OR_RETURN(call.name, req_string(*f, "name", fp));
                 DSI_ASSIGN_OR_RETURN(call.arguments, req_string(*f, "arguments", fp));
-                DSI_RETURN_IF_ERROR(check_arguments(call.arguments, join_path(fp, "arguments")));
+                DSI_RETURN_IF_ERROR(
+                    check_arguments(call.arguments, join_path(fp, "arguments"), max_depth));
                 msg.tool_calls.push_back(std::move(call));
             }
         }
@@ -297,31 +332,20 @@ Result<Conversation> parse_chat_completions_request(std::string_view body) {
         DSI_RETURN_IF_ERROR(reasoning_effort(*effort, "reasoning_effort", &c));
     }
     DSI_RETURN_IF_ERROR(common_sampling(j, &c));
-    DSI_ASSIGN_OR_RETURN(c.sampling.presence_penalty,
-                         opt_number(j, "presence_penalty", "", -2.0, 2.0));
-    DSI_ASSIGN_OR_RETURN(c.sampling.frequency_penalty,
-                         opt_number(j, "frequency_penalty", "", -2.0, 2.0));
+    DSI_RETURN_IF_ERROR(penalties(j, &c));
     DSI_ASSIGN_OR_RETURN(auto max_tokens, opt_int(j, "max_tokens", "", 1, kMaxTokens));
     DSI_ASSIGN_OR_RETURN(auto max_completion,
                          opt_int(j, "max_completion_tokens", "", 1, kMaxTokens));
     c.sampling.max_tokens = max_completion ? max_completion : max_tokens;
-    DSI_ASSIGN_OR_RETURN(auto seed, opt_int(j, "seed", "", INT64_MIN, INT64_MAX));
-    if (seed) {
-        c.sampling.seed = static_cast<uint64_t>(*seed);
-    }
+    DSI_RETURN_IF_ERROR(seed(j, &c));
     DSI_RETURN_IF_ERROR(stop_list(j, "stop", "", &c));
-    if (const J* so = member(j, "stream_options")) {
-        DSI_RETURN_IF_ERROR(expect_object(*so, "stream_options"));
-        DSI_ASSIGN_OR_RETURN(auto iu, opt_bool(*so, "include_usage", "stream_options"));
-        c.include_usage = iu.value_or(false);
-    }
+    DSI_RETURN_IF_ERROR(stream_options(j, &c));
     return c;
 }
 
 // ------------------------------------------------------------ Responses
 
-Result<Conversation> parse_responses_request(std::string_view body) {
-    DSI_ASSIGN_OR_RETURN(J j, parse_body(body));
+Result<Conversation> responses_conversation(const J& j, int max_depth) {
     Conversation c;
     DSI_ASSIGN_OR_RETURN(c.model, req_string(j, "model", ""));
     DSI_ASSIGN_OR_RETURN(auto instructions, opt_string(j, "instructions", ""));
@@ -390,7 +414,8 @@ Result<Conversation> parse_responses_request(std::string_view body) {
                 DSI_ASSIGN_OR_RETURN(call.id, req_string(it, "call_id", ip));
                 DSI_ASSIGN_OR_RETURN(call.name, req_string(it, "name", ip));
                 DSI_ASSIGN_OR_RETURN(call.arguments, req_string(it, "arguments", ip));
-                DSI_RETURN_IF_ERROR(check_arguments(call.arguments, join_path(ip, "arguments")));
+                DSI_RETURN_IF_ERROR(
+                    check_arguments(call.arguments, join_path(ip, "arguments"), max_depth));
                 if (c.messages.empty() || c.messages.back().role != Role::kAssistant) {
                     Message m;
                     m.role = Role::kAssistant;
@@ -455,13 +480,14 @@ Result<Conversation> parse_responses_request(std::string_view body) {
     }
     DSI_RETURN_IF_ERROR(common_sampling(j, &c));
     DSI_ASSIGN_OR_RETURN(c.sampling.max_tokens, opt_int(j, "max_output_tokens", "", 1, kMaxTokens));
+    DSI_RETURN_IF_ERROR(seed(j, &c));
     return c;
 }
 
 // ------------------------------------------------------------ Anthropic Messages
 
-Result<Conversation> parse_messages_request(std::string_view body) {
-    DSI_ASSIGN_OR_RETURN(J j, parse_body(body));
+// `input` of tool_use blocks is a JSON value (checked with the body), not text.
+Result<Conversation> messages_conversation(const J& j, int /*max_depth*/) {
     Conversation c;
     DSI_ASSIGN_OR_RETURN(c.model, req_string(j, "model", ""));
     DSI_ASSIGN_OR_RETURN(c.sampling.max_tokens, opt_int(j, "max_tokens", "", 1, kMaxTokens));
@@ -560,6 +586,7 @@ Result<Conversation> parse_messages_request(std::string_view body) {
             Tool tool;
             tool.function = J::object();
             DSI_ASSIGN_OR_RETURN(std::string name, req_string(t, "name", tp));
+            DSI_RETURN_IF_ERROR(check_tool_name(name, 128, join_path(tp, "name")));
             tool.function["name"] = name;
             if (const J* d = member(t, "description")) {
                 tool.function["description"] = *d;
@@ -600,13 +627,178 @@ Result<Conversation> parse_messages_request(std::string_view body) {
     return c;
 }
 
-Result<Conversation> parse_request(ApiProtocol api, std::string_view body) {
-    switch (api) {
-        case ApiProtocol::kChatCompletions: return parse_chat_completions_request(body);
-        case ApiProtocol::kResponses: return parse_responses_request(body);
-        case ApiProtocol::kMessages: return parse_messages_request(body);
+// ------------------------------------------------------------ legacy completions
+
+// {"model", "prompt": string, "max_tokens" (default 16, OpenAI's), "temperature",
+// "top_p", "presence_penalty", "frequency_penalty", "seed", "stop" (up to 4),
+// "stream", "stream_options"}: the sampling checks are Chat's.
+Result<Conversation> completions_settings(const J& j) {
+    Conversation c;
+    DSI_ASSIGN_OR_RETURN(c.model, req_string(j, "model", ""));
+    DSI_RETURN_IF_ERROR(common_sampling(j, &c));
+    DSI_RETURN_IF_ERROR(penalties(j, &c));
+    DSI_ASSIGN_OR_RETURN(c.sampling.max_tokens, opt_int(j, "max_tokens", "", 1, kMaxTokens));
+    if (!c.sampling.max_tokens) {
+        c.sampling.max_tokens = 16;
     }
-    return invalid_argument("unknown protocol");
+    DSI_RETURN_IF_ERROR(seed(j, &c));
+    DSI_RETURN_IF_ERROR(stop_list(j, "stop", "", &c));
+    if (c.sampling.stop.size() > 4) {
+        return field_error("stop", "expected a string or up to 4 strings");
+    }
+    DSI_RETURN_IF_ERROR(stream_options(j, &c));
+    return c;
+}
+
+// ------------------------------------------------------------ the serving controls
+
+constexpr size_t kMaxCacheSaltBytes = 256;
+constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
+
+Status serving_controls(const J& j, Request* r) {
+    DSI_ASSIGN_OR_RETURN(auto salt, opt_string(j, "cache_salt", ""));
+    if (salt) {
+        // Control characters are refused so that a client's salt can never spell the
+        // server's per-key namespace (server/api.h, effective_cache_salt).
+        const bool printable = std::none_of(salt->begin(), salt->end(), [](char ch) {
+            return static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f;
+        });
+        if (salt->empty() || salt->size() > kMaxCacheSaltBytes || !printable) {
+            return field_error("cache_salt", "must be a non-empty string of at most " +
+                                                 std::to_string(kMaxCacheSaltBytes) +
+                                                 " bytes without control characters");
+        }
+        r->cache_salt = std::move(*salt);
+    }
+    DSI_ASSIGN_OR_RETURN(auto traffic, opt_string(j, "traffic_class", ""));
+    if (traffic) {
+        if (*traffic == "chat") {
+            r->traffic_class = TrafficClass::kChat;
+        } else if (*traffic == "agent") {
+            r->traffic_class = TrafficClass::kAgent;
+        } else {
+            return field_error("traffic_class", "must be 'chat' or 'agent', got '" +
+                                                    traffic->substr(0, 40) + "'");
+        }
+    }
+    DSI_ASSIGN_OR_RETURN(r->timeout_ms, opt_int(j, "timeout_ms", "", 1, kMaxTimeoutMs));
+    return Status::ok();
+}
+
+// logprobs / top_logprobs / n as each OpenAI API spells them.
+Status output_options(ApiProtocol api, const J& j, Request* r) {
+    if (api == ApiProtocol::kChatCompletions) {
+        DSI_ASSIGN_OR_RETURN(auto on, opt_bool(j, "logprobs", ""));
+        DSI_ASSIGN_OR_RETURN(auto top, opt_int(j, "top_logprobs", "", 0, 20));
+        if (on.value_or(false)) {
+            r->logprobs = static_cast<int32_t>(top.value_or(0));
+        } else if (top) {
+            return field_error("top_logprobs", "requires logprobs: true");
+        }
+    } else if (api == ApiProtocol::kCompletions) {
+        DSI_ASSIGN_OR_RETURN(auto k, opt_int(j, "logprobs", "", 0, 5));
+        r->logprobs = k ? static_cast<int32_t>(*k) : -1;
+    } else if (api == ApiProtocol::kResponses) {
+        // On when `include` has "message.output_text.logprobs"; top_logprobs 0-20.
+        bool on = false;
+        if (const J* inc = member(j, "include")) {
+            DSI_RETURN_IF_ERROR(expect_array(*inc, "include"));
+            for (size_t i = 0; i < inc->size(); ++i) {
+                if (!(*inc)[i].is_string()) {
+                    return field_error(index_path("include", i), "expected a string");
+                }
+                on = on || (*inc)[i].get<std::string>() == "message.output_text.logprobs";
+            }
+        }
+        DSI_ASSIGN_OR_RETURN(auto top, opt_int(j, "top_logprobs", "", 0, 20));
+        if (on) {
+            r->logprobs = static_cast<int32_t>(top.value_or(0));
+        }
+    }
+    if (api == ApiProtocol::kChatCompletions || api == ApiProtocol::kCompletions) {
+        DSI_ASSIGN_OR_RETURN(auto n, opt_int(j, "n", "", INT64_MIN, INT64_MAX));
+        if (n && *n != 1) {
+            return field_error("n", "only 1 is supported");
+        }
+    }
+    if (api != ApiProtocol::kMessages) {
+        DSI_ASSIGN_OR_RETURN(auto ignore_eos, opt_bool(j, "ignore_eos", ""));
+        r->ignore_eos = ignore_eos.value_or(false);
+    }
+    if (api == ApiProtocol::kChatCompletions || api == ApiProtocol::kResponses) {
+        DSI_ASSIGN_OR_RETURN(auto parallel, opt_bool(j, "parallel_tool_calls", ""));
+        r->parallel_tool_calls = parallel.value_or(true);
+    }
+    return Status::ok();
+}
+
+}  // namespace
+
+Result<Request> parse_api_request(ApiProtocol api, std::string_view body,
+                                  const RequestOptions& options) {
+    DSI_ASSIGN_OR_RETURN(J j, parse_request_body(body, options.max_json_depth));
+    DSI_RETURN_IF_ERROR(check_request_fields(api, j));
+    Request r;
+    r.api = api;
+    if (api == ApiProtocol::kCompletions) {
+        DSI_ASSIGN_OR_RETURN(r.conversation, completions_settings(j));
+        DSI_ASSIGN_OR_RETURN(r.prompt, req_string(j, "prompt", ""));
+    } else {
+        DSI_ASSIGN_OR_RETURN(r.conversation, conversation_from_json(api, j, options.max_json_depth));
+    }
+    DSI_ASSIGN_OR_RETURN(r.grammar, read_structured_request(api, j));
+    DSI_RETURN_IF_ERROR(output_options(api, j, &r));
+    if (api != ApiProtocol::kCompletions) {
+        DSI_ASSIGN_OR_RETURN(auto forced_tool, read_tool_choice(r.conversation, options.encoding,
+                                                                r.parallel_tool_calls));
+        if (forced_tool) {
+            if (r.grammar) {
+                return field_error("tool_choice", "cannot be combined with " + r.grammar->field);
+            }
+            r.grammar = std::move(forced_tool);
+        }
+    }
+    // With a grammar the output is the final answer only: thinking off (the prompt
+    // closes the think block), so the mask covers every output token.
+    if (r.grammar) {
+        r.conversation.thinking = false;
+    }
+    DSI_RETURN_IF_ERROR(serving_controls(j, &r));
+    return r;
+}
+
+Result<Conversation> conversation_from_json(ApiProtocol api, const OrderedJson& body,
+                                            int max_depth) {
+    switch (api) {
+        case ApiProtocol::kChatCompletions: return chat_conversation(body, max_depth);
+        case ApiProtocol::kResponses: return responses_conversation(body, max_depth);
+        case ApiProtocol::kMessages: return messages_conversation(body, max_depth);
+        case ApiProtocol::kCompletions: break;
+    }
+    return invalid_argument("legacy completions carry a prompt, not a conversation");
+}
+
+Result<OrderedJson> parse_request_body(std::string_view body, int max_depth) {
+    DSI_ASSIGN_OR_RETURN(J j, parse_json(body, max_depth, ""));
+    if (!j.is_object()) {
+        return field_error("body", "expected a JSON object");
+    }
+    return j;
+}
+
+Result<Conversation> parse_request(ApiProtocol api, std::string_view body, int max_depth) {
+    DSI_ASSIGN_OR_RETURN(J j, parse_request_body(body, max_depth));
+    return conversation_from_json(api, j, max_depth);
+}
+
+Result<Conversation> parse_chat_completions_request(std::string_view body, int max_depth) {
+    return parse_request(ApiProtocol::kChatCompletions, body, max_depth);
+}
+Result<Conversation> parse_responses_request(std::string_view body, int max_depth) {
+    return parse_request(ApiProtocol::kResponses, body, max_depth);
+}
+Result<Conversation> parse_messages_request(std::string_view body, int max_depth) {
+    return parse_request(ApiProtocol::kMessages, body, max_depth);
 }
 
 }  // namespace dsi::protocol

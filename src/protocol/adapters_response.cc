@@ -1,6 +1,8 @@
 // Parser events -> API responses and SSE sequences (S-REC-1).
 #include "protocol/adapters.h"
 
+#include "base/check.h"
+
 namespace dsi::protocol {
 
 Completion fold_events(const std::vector<Event>& events) {
@@ -35,16 +37,20 @@ namespace {
 
 using J = nlohmann::ordered_json;
 
-std::string anthropic_stop(FinishReason r) {
+std::string anthropic_stop(StopReason r) {
     switch (r) {
-        case FinishReason::kStop: return "end_turn";
-        case FinishReason::kLength: return "max_tokens";
-        case FinishReason::kToolCalls: return "tool_use";
+        case StopReason::kStop: return "end_turn";
+        case StopReason::kLength: return "max_tokens";
+        case StopReason::kToolCalls: return "tool_use";
     }
     return "end_turn";
 }
 
+// The model wrote `args`: deeper than a request may be is treated as not JSON (D1).
 J parse_args_or_empty(const std::string& args) {
+    if (!check_json_depth(args, kDefaultMaxJsonDepth, "").is_ok()) {
+        return J::object();
+    }
     J a = J::parse(args, nullptr, false);
     return a.is_object() ? a : J::object();
 }
@@ -133,6 +139,9 @@ std::string SseEvent::to_wire() const {
 }
 
 std::string json_error_body(ApiProtocol api, const Status& status) {
+    // The message may quote the client's bytes (a JSON parse error shows the token it
+    // read): invalid UTF-8 there becomes U+FFFD instead of a throw from dump()
+    // (found by fuzz_http: one body with a stray 0x84 ended the process).
     const std::string& msg = status.message();
     const size_t colon = msg.find(": ");
     J param = colon == std::string::npos ? J(nullptr) : J(msg.substr(0, colon));
@@ -141,13 +150,13 @@ std::string json_error_body(ApiProtocol api, const Status& status) {
         return J{{"type", "error"},
                  {"error", {{"type", client ? "invalid_request_error" : "api_error"},
                             {"message", msg}}}}
-            .dump();
+            .dump(-1, ' ', false, J::error_handler_t::replace);
     }
     return J{{"error", {{"message", msg},
                         {"type", client ? "invalid_request_error" : "server_error"},
                         {"param", param},
                         {"code", nullptr}}}}
-        .dump();
+        .dump(-1, ' ', false, J::error_handler_t::replace);
 }
 
 std::string build_response(ApiProtocol api, const ResponseMeta& meta, const Completion& c) {
@@ -184,7 +193,7 @@ std::string build_response(ApiProtocol api, const ResponseMeta& meta, const Comp
                 out.push_back(responses_call_item("fc_" + meta.id + "_" + std::to_string(i),
                                                   c.tool_calls[i], true));
             }
-            const std::string status = c.finish == FinishReason::kLength ? "incomplete"
+            const std::string status = c.finish == StopReason::kLength ? "incomplete"
                                                                           : "completed";
             return responses_object(meta, status, out).dump();
         }
@@ -203,6 +212,7 @@ std::string build_response(ApiProtocol api, const ResponseMeta& meta, const Comp
             }
             return messages_object(meta, content, anthropic_stop(c.finish)).dump();
         }
+        case ApiProtocol::kCompletions: break;  // text output: the server's Renderer
     }
     return "{}";
 }
@@ -210,7 +220,9 @@ std::string build_response(ApiProtocol api, const ResponseMeta& meta, const Comp
 // ------------------------------------------------------------ streaming
 
 StreamWriter::StreamWriter(ApiProtocol api, ResponseMeta meta)
-    : api_(api), meta_(std::move(meta)) {}
+    : api_(api), meta_(std::move(meta)) {
+    DSI_CHECK(api != ApiProtocol::kCompletions, "legacy completions stream text, not events");
+}
 
 std::vector<SseEvent> StreamWriter::start() {
     std::vector<SseEvent> out;
@@ -243,6 +255,7 @@ std::vector<SseEvent> StreamWriter::start() {
                                    J{{"type", "message_start"}, {"message", msg}}.dump()});
             break;
         }
+        case ApiProtocol::kCompletions: break;
     }
     return out;
 }
@@ -252,6 +265,7 @@ std::vector<SseEvent> StreamWriter::on_event(const Event& e) {
         case ApiProtocol::kChatCompletions: return chat_event(e);
         case ApiProtocol::kResponses: return responses_event(e);
         case ApiProtocol::kMessages: return messages_event(e);
+        case ApiProtocol::kCompletions: break;
     }
     return {};
 }
@@ -415,7 +429,7 @@ std::vector<SseEvent> StreamWriter::responses_event(const Event& e) {
             for (auto& s : close_open_block()) {
                 out.push_back(std::move(s));
             }
-            const bool incomplete = e.finish == FinishReason::kLength;
+            const bool incomplete = e.finish == StopReason::kLength;
             const std::string status = incomplete ? "incomplete" : "completed";
             J items = J::array();
             for (const auto& it : output_items_) {

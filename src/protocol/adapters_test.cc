@@ -7,6 +7,7 @@
 
 #include "protocol/encoder.h"
 #include "protocol/internal/test_util.h"
+#include "support/build_paths.h"
 
 namespace dsi::protocol {
 namespace {
@@ -76,7 +77,7 @@ std::vector<Event> sample_events() {
     add(EventKind::kToolCallEnd, "", 0);
     Event f;
     f.kind = EventKind::kFinish;
-    f.finish = FinishReason::kToolCalls;
+    f.finish = StopReason::kToolCalls;
     ev.push_back(f);
     return ev;
 }

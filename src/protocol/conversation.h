@@ -53,7 +53,9 @@ struct Message {
     std::optional<OrderedJson> response_format;
 };
 
-struct SamplingParams {
+// Sampling as the client asked for it: unset fields take the server's defaults when
+// the server fills the engine's dsi::SamplingParams (server/api.cc).
+struct SamplingRequest {
     std::optional<double> temperature;
     std::optional<double> top_p;
     std::optional<int64_t> top_k;
@@ -77,7 +79,7 @@ struct Conversation {
     std::optional<OrderedJson> response_format;  // JSON schema object, when requested
     bool thinking = false;
     ReasoningEffort reasoning_effort = ReasoningEffort::kDefault;
-    SamplingParams sampling;
+    SamplingRequest sampling;
     bool stream = false;
     bool include_usage = false;  // Chat Completions stream_options.include_usage
 };

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "protocol/internal/python_json.h"
+#include "protocol/json_limits.h"
 
 namespace dsi::protocol {
 
@@ -64,6 +65,8 @@ std::string tool_schemas(const std::vector<Tool>& tools) {
 // with string="true", anything else json.dumps'ed with string="false".
 Result<std::string> dsml_invoke(const ToolCall& call) {
     OrderedJson args;
+    DSI_RETURN_IF_ERROR(check_json_depth(call.arguments, kDefaultMaxJsonDepth,
+                                         "tool call '" + call.name + "' arguments"));
     try {
         args = OrderedJson::parse(call.arguments.empty() ? std::string("{}") : call.arguments);
     } catch (const nlohmann::json::exception&) {

@@ -7,11 +7,11 @@
 
 namespace dsi::protocol {
 
-std::string_view finish_reason_name(FinishReason reason) {
+std::string_view finish_reason_name(StopReason reason) {
     switch (reason) {
-        case FinishReason::kStop: return "stop";
-        case FinishReason::kLength: return "length";
-        case FinishReason::kToolCalls: return "tool_calls";
+        case StopReason::kStop: return "stop";
+        case StopReason::kLength: return "length";
+        case StopReason::kToolCalls: return "tool_calls";
     }
     return "stop";
 }
@@ -439,7 +439,7 @@ struct OutputParser::Impl {
                 return;
             }
             if (id == st.eos) {
-                finish(FinishReason::kStop, true);
+                finish(StopReason::kStop, true);
                 return;
             }
             if (marker_token(id)) {
@@ -454,7 +454,7 @@ struct OutputParser::Impl {
         }
     }
 
-    void finish(FinishReason reason, bool eos) {
+    void finish(StopReason reason, bool eos) {
         if (finished) {
             return;
         }
@@ -476,7 +476,7 @@ struct OutputParser::Impl {
         }
         Event e;
         e.kind = EventKind::kFinish;
-        e.finish = (reason == FinishReason::kStop && num_calls > 0) ? FinishReason::kToolCalls
+        e.finish = (reason == StopReason::kStop && num_calls > 0) ? StopReason::kToolCalls
                                                                     : reason;
         e.malformed = malformed;
         out->push_back(std::move(e));
@@ -495,7 +495,7 @@ void OutputParser::push(std::span<const int32_t> ids, std::vector<Event>* out) {
     impl_->push(ids);
 }
 
-void OutputParser::finish(FinishReason reason, std::vector<Event>* out) {
+void OutputParser::finish(StopReason reason, std::vector<Event>* out) {
     impl_->out = out;
     impl_->finish(reason, false);
 }
@@ -507,7 +507,7 @@ std::vector<Event> parse_completion(const Tokenizer& tokenizer, const SpecialTok
     OutputParser parser(tokenizer, tokens, options);
     std::vector<Event> out;
     parser.push(ids, &out);
-    parser.finish(FinishReason::kLength, &out);
+    parser.finish(StopReason::kLength, &out);
     return out;
 }
 

@@ -31,8 +31,11 @@
 
 namespace dsi::protocol {
 
-enum class FinishReason { kStop, kLength, kToolCalls };
-std::string_view finish_reason_name(FinishReason reason);  // "stop" | "length" | "tool_calls"
+// Why the output ended as the APIs report it (OpenAI finish_reason, Anthropic
+// stop_reason, Responses status). Not engine::FinishReason, the engine's lifecycle end
+// (stop, length, abort, deadline, error), which the renderer maps onto this.
+enum class StopReason { kStop, kLength, kToolCalls };
+std::string_view finish_reason_name(StopReason reason);  // "stop" | "length" | "tool_calls"
 
 enum class EventKind {
     kReasoningDelta,
@@ -49,7 +52,7 @@ struct Event {
     int tool_index = -1;
     std::string tool_id;
     std::string tool_name;
-    FinishReason finish = FinishReason::kStop;
+    StopReason finish = StopReason::kStop;
     bool malformed = false;
     bool operator==(const Event&) const = default;
 };
@@ -78,7 +81,7 @@ public:
     void push(std::span<const int32_t> ids, std::vector<Event>* out);
     // Ends the completion without EOS (e.g. max tokens: kLength): flushes what is
     // held back and emits finish. No-op after EOS.
-    void finish(FinishReason reason, std::vector<Event>* out);
+    void finish(StopReason reason, std::vector<Event>* out);
     bool done() const;
 
 private:

@@ -1,9 +1,11 @@
 // Api: everything the HTTP server does with a request body that needs no socket,
 // so it is tested without one. Routes a path to an endpoint; turns a body into an
-// engine::GenerateRequest (protocol adapter -> chat encoder -> token ids -> sampling,
-// with the server's limits); renders engine Updates into the caller's protocol
-// (SSE bytes while streaming, one JSON body otherwise); shapes every error as the
-// caller's protocol error object with the HTTP status from http_status().
+// engine::GenerateRequest (protocol::parse_api_request reads the body once -> chat
+// encoder -> token ids; here: the server's limits, model name, the API key's cache
+// salt, the deadline on the engine's clock, the grammar compile wait); renders engine
+// Updates into the caller's protocol (SSE bytes while streaming, one JSON body
+// otherwise); shapes every error as the caller's protocol error object with the HTTP
+// status from http_status().
 //
 //   POST /v1/chat/completions  OpenAI Chat Completions   (protocol/ adapters)
 //   POST /v1/responses         OpenAI Responses          (protocol/ adapters)
@@ -23,12 +25,14 @@
 #include <utility>
 #include <vector>
 
+#include "base/env.h"
 #include "base/status.h"
 #include "engine/engine.h"
 #include "protocol/adapters.h"
 #include "protocol/encoder.h"
 #include "protocol/output_parser.h"
-#include "sampling/stop.h"
+#include "protocol/renderer.h"
+#include "protocol/request.h"
 #include "server/engine_service.h"
 #include "tokenizer/tokenizer.h"
 
@@ -36,7 +40,7 @@ namespace dsi::server {
 
 class StructuredOutput;  // structured_output.h
 
-enum class Endpoint { kChatCompletions, kCompletions, kResponses, kMessages };
+using Endpoint = protocol::ApiProtocol;
 std::optional<Endpoint> endpoint_for_path(std::string_view path);
 std::string_view endpoint_name(Endpoint e);  // "chat_completions" | ... (metrics labels)
 
@@ -50,6 +54,10 @@ struct ServerLimits {
     int64_t header_timeout_ms = 10000;          // request line + headers (slow loris)
     int64_t idle_timeout_ms = 60000;            // keep-alive connection without a request
     int64_t body_timeout_ms = 30000;            // reading the body
+    int64_t write_timeout_ms = 30000;           // one write of a reply the client must take
+    // Nesting levels a request body (and each JSON string in it) may hold; 400 naming
+    // the field above (issue 22 D1: deeper values would overflow the stack).
+    int max_json_depth = protocol::kDefaultMaxJsonDepth;
 };
 
 struct ApiContext {
@@ -63,7 +71,25 @@ struct ApiContext {
     // Grammar compiles for response_format / text.format / guided_regex /
     // guided_grammar; nullptr: such requests get 501. REQUIRES: outlives the context.
     StructuredOutput* structured_output = nullptr;
+    // Clock of request deadlines (`timeout_ms`): the engine's Env. nullptr: the default.
+    Env* env = nullptr;
 };
+
+// An API key and the prefix-cache salt of its tenant ("" = none).
+struct ApiKey {
+    std::string key;
+    std::string cache_salt;
+};
+// "KEY" or "KEY:SALT" (`dsinfer serve --api-key`, one line of --api-keys-file).
+// INVALID_ARGUMENT for an empty key or a character that cannot be in an HTTP header.
+Result<ApiKey> parse_api_key(std::string_view spec);
+
+// The engine's cache salt of a request: the client's `cache_salt` as given when its API
+// key has no salt; else the key's salt and the client's combined, in a namespace no
+// client-chosen salt can reach (a client salt has no control characters). So tenants
+// with salted keys never share prefix blocks with each other or with anyone else,
+// whatever they send, and each can still partition its own cache with cache_salt.
+std::string effective_cache_salt(std::string_view key_salt, std::string_view request_salt);
 
 struct HttpReply {
     int status = 200;
@@ -92,54 +118,31 @@ struct Prepared {
 };
 
 // INVALID_ARGUMENT / OUT_OF_RANGE (400), NOT_FOUND (404, unknown model).
-// `seed` is used when the request gives none.
+// `seed` is used when the request gives none; `key_salt`: the cache salt of the API key
+// the request was authenticated with (effective_cache_salt).
 Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_view body,
-                                 uint64_t seed);
+                                 uint64_t seed, std::string_view key_salt = {});
 
-// Turns one generation's Updates into protocol output.
+// One generation's Updates in the caller's protocol: protocol::Renderer (finish, stop
+// cut, logprob shapes and usage are decided there) over the request's Prepared.
 class Renderer {
 public:
     // REQUIRES: ctx outlives the renderer.
     Renderer(const ApiContext& ctx, const Prepared& prepared, std::string id, int64_t created_s);
-    ~Renderer();
 
     // Streaming: SSE bytes for one update (the first call includes the opening
     // events). After the finishing update, finished() is true and the bytes end
     // the stream ([DONE] / message_stop / response.completed).
-    std::string on_update_sse(const Update& u);
+    std::string on_update_sse(const Update& u) { return impl_.on_update_sse(u); }
     // Non-streaming: consume an update; after the finishing one, reply() is the body.
-    void on_update(const Update& u);
+    void on_update(const Update& u) { impl_.on_update(u); }
     HttpReply reply() const;
 
-    bool finished() const { return finished_; }
-    int64_t completion_tokens() const { return num_tokens_; }
+    bool finished() const { return impl_.finished(); }
+    int64_t completion_tokens() const { return impl_.completion_tokens(); }
 
 private:
-    // Feeds the update to the parser / completion state; returns protocol events.
-    std::vector<protocol::Event> consume(const Update& u);
-    std::string chat_logprobs_chunk(std::string data);
-    // Responses with logprobs: output_text delta / done events and response.completed.
-    std::string responses_logprobs_event(const std::string& event, std::string data);
-    std::string completion_chunk(std::string_view text, const char* finish);
-
-    const ApiContext& ctx_;
-    Prepared prepared_;
-    std::string id_;
-    int64_t created_s_ = 0;
-    protocol::ResponseMeta meta_;
-    std::unique_ptr<protocol::OutputParser> parser_;
-    std::unique_ptr<protocol::StreamWriter> writer_;
-    std::unique_ptr<StopMatcher> stop_;
-    std::vector<protocol::Event> events_;  // non-streaming
-    std::string text_;                     // completions: output text
-    nlohmann::json logprobs_;              // chat: content entries; completions: object
-    size_t logprobs_sent_ = 0;
-    bool started_ = false;
-    bool finished_ = false;
-    bool saw_think_end_ = false;
-    int64_t num_tokens_ = 0;
-    int64_t num_reasoning_tokens_ = 0;
-    engine::FinishReason reason_ = engine::FinishReason::kNone;
+    protocol::Renderer impl_;
 };
 
 }  // namespace dsi::server

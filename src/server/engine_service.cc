@@ -12,7 +12,12 @@ namespace {
 constexpr auto kIdleWait = std::chrono::milliseconds(50);
 }  // namespace
 
-EngineService::EngineService(std::unique_ptr<engine::Engine> engine) : engine_(std::move(engine)) {
+EngineService::EngineService(std::unique_ptr<engine::Engine> engine)
+    : owned_engine_(std::move(engine)), engine_(owned_engine_.get()) {
+    thread_ = std::thread([this] { loop(); });
+}
+
+EngineService::EngineService(engine::Engine* engine) : engine_(engine) {
     thread_ = std::thread([this] { loop(); });
 }
 
@@ -28,7 +33,7 @@ void EngineService::submit(Ticket ticket, engine::GenerateRequest request, Sink 
     c.request = std::move(request);
     c.sink = std::move(sink);
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         if (stopping_) {
             Update u;
             u.ticket = ticket;
@@ -49,7 +54,7 @@ void EngineService::abort(Ticket ticket) {
     c.kind = Command::Kind::kAbort;
     c.ticket = ticket;
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         queue_.push_back(std::move(c));
     }
     cv_.notify_one();
@@ -59,20 +64,20 @@ void EngineService::abort_all() {
     Command c;
     c.kind = Command::Kind::kAbortAll;
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         queue_.push_back(std::move(c));
     }
     cv_.notify_one();
 }
 
 ServiceStats EngineService::stats_snapshot() const {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     return stats_;
 }
 
 void EngineService::stop() {
     {
-        std::lock_guard<std::mutex> lock(mu_);
+        MutexLock lock(&mu_);
         stopping_ = true;
     }
     cv_.notify_one();
@@ -145,7 +150,7 @@ void EngineService::apply(Command& c) {
 
 void EngineService::publish_stats() {
     engine::EngineStats es = engine_->stats();
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     stats_.engine = es;
     stats_.queue_depth = static_cast<int64_t>(queue_.size());
     stats_.num_running = static_cast<int64_t>(running_.size());
@@ -157,9 +162,9 @@ void EngineService::loop() {
         std::deque<Command> batch;
         bool stopping = false;
         {
-            std::unique_lock<std::mutex> lock(mu_);
+            MutexLock lock(&mu_);
             if (queue_.empty() && !stopping_ && !engine_->has_work()) {
-                cv_.wait_for(lock, kIdleWait);
+                cv_.wait_for(&mu_, kIdleWait);
             }
             batch.swap(queue_);
             stopping = stopping_;

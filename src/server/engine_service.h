@@ -14,37 +14,30 @@
 // commands with a deadline (kIdleWait) when the engine has no work.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
 #include "engine/engine.h"
+#include "protocol/renderer.h"
 
 namespace dsi::server {
 
 using Ticket = uint64_t;
 
-struct TokenOut {
-    int32_t token = -1;
-    std::string text;
-    float logprob = 0.0f;
-    std::vector<std::pair<int32_t, float>> top_logprobs;
-};
+using TokenOut = protocol::OutputToken;
 
-struct Update {
+// One engine event of a generation (protocol::Renderer reads it) for the ticket's
+// sink; `error` non-OK: the engine refused the request (finished is true).
+struct Update : protocol::OutputUpdate {
     Ticket ticket = 0;
-    std::vector<TokenOut> tokens;  // zero or one token
-    bool finished = false;
-    engine::FinishReason reason = engine::FinishReason::kNone;
-    Status error;  // non-OK: the engine refused the request (finished is true)
-    int64_t cached_prompt_tokens = 0;  // the request's prefix-cache hit (usage)
+    Status error;
 };
 using Sink = std::function<void(Update)>;
 
@@ -61,6 +54,9 @@ class EngineService {
 public:
     // REQUIRES: `engine` was created on any thread but is used by nobody else.
     explicit EngineService(std::unique_ptr<engine::Engine> engine);
+    // Borrows the engine (serving::Replica owns it). REQUIRES: as above, and `engine`
+    // outlives the service.
+    explicit EngineService(engine::Engine* engine);
     ~EngineService();  // stop() + join
 
     void submit(Ticket ticket, engine::GenerateRequest request, Sink sink);
@@ -83,12 +79,13 @@ private:
     void apply(Command& c);
     void publish_stats();
 
-    std::unique_ptr<engine::Engine> engine_;
-    mutable std::mutex mu_;
-    std::condition_variable cv_;
-    std::deque<Command> queue_;  // GUARDED_BY(mu_)
-    bool stopping_ = false;      // GUARDED_BY(mu_)
-    ServiceStats stats_;         // GUARDED_BY(mu_)
+    std::unique_ptr<engine::Engine> owned_engine_;  // null when borrowed
+    engine::Engine* engine_ = nullptr;
+    mutable Mutex mu_;
+    CondVar cv_;
+    std::deque<Command> queue_ DSI_GUARDED_BY(mu_);
+    bool stopping_ DSI_GUARDED_BY(mu_) = false;
+    ServiceStats stats_ DSI_GUARDED_BY(mu_);
     // Engine thread only.
     std::unordered_map<Ticket, engine::RequestId> running_;
     std::unordered_map<engine::RequestId, Ticket> tickets_;

@@ -1,8 +1,9 @@
-// The only translation unit that includes Beast/Asio. Exceptions: Asio calls use
-// error_code overloads; run() catches what Asio may still throw (adapter rule,
-// STYLE 2) and turns it into a Status.
+// The only translation unit that includes Asio (Beast's parser settings are shared
+// with answer_offline through internal/http_parse.h). Exceptions: Asio calls use error_code
+// overloads; run() catches what Asio may still throw (adapter rule, STYLE 2) -> a Status.
 #include "server/http_server.h"
 
+#include <array>
 #include <atomic>
 #include <boost/asio/bind_executor.hpp>
 #include <boost/asio/dispatch.hpp>
@@ -16,14 +17,20 @@
 #include <boost/beast/http.hpp>
 #include <chrono>
 #include <csignal>
+#include <cstring>
 #include <deque>
+#include <limits>
 #include <optional>
 #include <sstream>
 #include <thread>
 #include <vector>
 
+#include "base/check.h"
 #include "base/env.h"
 #include "base/logging.h"
+#include "server/http_rules.h"
+#include "server/internal/http_parse.h"
+#include "server/web_assets.h"
 
 namespace dsi::server {
 
@@ -34,17 +41,36 @@ using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 
 namespace {
-constexpr size_t kHeaderLimitBytes = 16 * 1024;
-// An oversized body up to this size is read and dropped before the 413.
-constexpr uint64_t kDiscardLimitBytes = uint64_t{64} << 20;
-// After a 413 (or another reply that leaves input unread): bytes drained before closing.
+// After a reply that ends the connection: what the client is still sending is read
+// and dropped for at most this long / this many bytes, so it reads the reply rather
+// than a reset; then the socket is closed.
 constexpr uint64_t kLingerLimitBytes = uint64_t{4} << 20;
+constexpr auto kLingerTime = std::chrono::seconds(2);
+// One socket read.
+constexpr size_t kReadChunkBytes = 16 * 1024;
+// Connections refused past max_connections that are still being answered; past this
+// many a new connection is closed without a reply.
+constexpr int64_t kMaxRefusing = 64;
+constexpr auto kAcceptRetry = std::chrono::milliseconds(50);
 constexpr auto kDrainPoll = std::chrono::milliseconds(20);
 constexpr auto kAbortWait = std::chrono::seconds(5);
 
 double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
 }
+
+using Parser = internal::RequestParser;
+using internal::head_of;
+using internal::parse_error_verdict;
+using internal::start_body;
+using internal::start_parser;
+
+HttpReply verdict_reply(const HeadVerdict& v) {
+    HttpReply r = error_reply(v.endpoint.value_or(Endpoint::kChatCompletions), v.status, v.message);
+    for (const auto& h : v.headers) r.headers.push_back(h);
+    return r;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -52,15 +78,20 @@ struct HttpServer::Impl {
     EngineService* service = nullptr;
     Metrics* metrics = nullptr;
     ServerOptions options;
+    // Sessions use what is declared before `ioc`: destroying it destroys them.
+    std::unique_ptr<BodyBudget> body_budget;
+    std::atomic<int> port{0};
+    std::atomic<bool> draining{false};
+    std::atomic<int64_t> in_flight{0};        // generations holding a concurrency slot
+    std::atomic<int64_t> open_responses{0};   // generations whose reply is not yet written
+    std::atomic<int64_t> num_connections{0};  // sessions counted against max_connections
+    std::atomic<int64_t> num_refusing{0};     // sessions answering 503 past the cap
+    std::atomic<uint64_t> next_ticket{1};
     asio::io_context ioc;
     tcp::acceptor acceptor{ioc};
     asio::signal_set signals{ioc};
     asio::steady_timer drain_timer{ioc};
-    std::atomic<int> port{0};
-    std::atomic<bool> draining{false};
-    std::atomic<int64_t> in_flight{0};       // generations holding a concurrency slot
-    std::atomic<int64_t> open_responses{0};  // generations whose reply is not yet written
-    std::atomic<uint64_t> next_ticket{1};
+    asio::steady_timer accept_timer{ioc};
     Clock::time_point drain_deadline;
     bool aborted_all = false;
 
@@ -73,161 +104,323 @@ namespace {
 
 class Session : public std::enable_shared_from_this<Session> {
 public:
-    Session(tcp::socket socket, HttpServer::Impl* server)
-        : stream_(std::move(socket)), server_(server) {}
+    Session(tcp::socket socket, HttpServer::Impl* server, bool refusing)
+        : socket_(std::move(socket)),
+          timer_(socket_.get_executor()),
+          server_(server),
+          refusing_(refusing),
+          buffer_(static_cast<size_t>(kReadBufferBytes)) {
+        (refusing_ ? server_->num_refusing : server_->num_connections).fetch_add(1);
+    }
+    ~Session() {
+        release_body();
+        (refusing_ ? server_->num_refusing : server_->num_connections).fetch_sub(1);
+    }
 
     void start() {
-        asio::dispatch(stream_.get_executor(),
-                       [self = shared_from_this()] { self->read_header(); });
+        asio::dispatch(socket_.get_executor(), [self = shared_from_this()] {
+            if (self->refusing_) return self->refuse();
+            self->begin_request();
+        });
     }
 
 private:
     using Response = http::response<http::string_body>;
+    // kHead / kBody: parsing a request; kDrop: dropping a refused body before its
+    // reply; kAnswer: answering (a generation, a reply being written); kLinger: the
+    // reply is out and the connection is closing.
+    enum class Phase { kHead, kBody, kDrop, kAnswer, kLinger };
 
     const ApiContext& ctx() const { return *server_->ctx; }
 
-    void read_header() {
+    // ---- deadlines: one timer; every phase that waits on the client arms it ----
+    // kIdle: between keep-alive requests (expiry closes quietly); kHead / kBody: a request
+    // that started but did not arrive in time (expiry answers 408 and closes); kWrite: a
+    // reply the client does not read (expiry ends the connection, aborting a generation);
+    // kLinger: the closing connection's last reads.
+    enum class Deadline { kIdle, kHead, kBody, kWrite, kLinger };
+    void arm(std::chrono::milliseconds after, Deadline what) {
+        const uint64_t gen = ++timer_gen_;
+        timer_.expires_after(after);
+        timer_.async_wait([self = shared_from_this(), gen, what, after](beast::error_code ec) {
+            if (ec || gen != self->timer_gen_ || self->closed_) return;
+            self->on_deadline(what, after);
+        });
+    }
+    void on_deadline(Deadline what, std::chrono::milliseconds after) {
+        if (what == Deadline::kBody && phase_ == Phase::kDrop && !writing_) {
+            server_->metrics->on_timeout("body");
+            return answer_refusal();  // the refusal the dropped body was waiting for
+        }
+        if (what == Deadline::kHead && phase_ == Phase::kHead && !head_bytes_) {
+            // A new connection that sent nothing: nothing to answer, close quietly.
+            server_->metrics->on_timeout("idle");
+            return close();
+        }
+        if ((what == Deadline::kHead || what == Deadline::kBody) && !writing_ &&
+            (phase_ == Phase::kHead || phase_ == Phase::kBody)) {
+            server_->metrics->on_timeout(what == Deadline::kHead ? "header" : "body");
+            HeadVerdict v = verdict_;
+            v.status = 408;
+            v.message = std::string("request timeout: the request ") +
+                        (what == Deadline::kHead ? "head" : "body") + " did not arrive within " +
+                        std::to_string(after.count()) + " ms";
+            v.headers.clear();
+            if (v.metric_name.empty()) v.metric_name = "other";
+            v.close = true;
+            return refuse_request(std::move(v));
+        }
+        if (what == Deadline::kWrite) server_->metrics->on_timeout("write");
+        if (what == Deadline::kIdle) server_->metrics->on_timeout("idle");
+        if (active_) disconnect();
+        close();
+    }
+    void disarm() {
+        ++timer_gen_;
+        timer_.cancel();
+    }
+    static std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
+
+    // ---- reading ----
+    // Waits for the next request; one already buffered (pipelined) is parsed at once.
+    void begin_request() {
+        if (closed_) return;
         parser_.emplace();
-        parser_->header_limit(kHeaderLimitBytes);
-        // Beast checks Content-Length against this while parsing the header; the
-        // server's own limit is applied in on_header (so an oversized body gets a 413).
-        parser_->body_limit(kDiscardLimitBytes);
-        const int64_t ms =
-            num_requests_ == 0 ? ctx().limits.header_timeout_ms : ctx().limits.idle_timeout_ms;
-        stream_.expires_after(std::chrono::milliseconds(ms));
-        http::async_read_header(
-            stream_, buffer_, *parser_,
-            [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+        start_parser(*parser_);
+        verdict_ = HeadVerdict{};
+        phase_ = Phase::kHead;
+        head_started_ = buffer_.size() > 0 || num_requests_ == 0;
+        head_bytes_ = buffer_.size() > 0;
+        if (head_started_) {
+            arm(ms(ctx().limits.header_timeout_ms), Deadline::kHead);
+        } else {
+            arm(ms(ctx().limits.idle_timeout_ms), Deadline::kIdle);
+        }
+        process();
     }
 
-    void on_header(beast::error_code ec) {
-        if (ec == http::error::body_limit) {
-            std::string target(parser_->get().target());
-            endpoint_ = endpoint_for_path(target.substr(0, target.find('?')));
-            return too_large();
+    // One read at a time, into read_buf_ (buffer_ is consumed while it is pending).
+    void read_more() {
+        if (reading_ || closed_) return;
+        const size_t room = buffer_.max_size() - buffer_.size();
+        if (room == 0) {
+            // A head or chunk line that does not fit: framing we will not buffer.
+            if (phase_ == Phase::kHead || phase_ == Phase::kBody) {
+                const beast::error_code ec =
+                    phase_ == Phase::kHead ? http::error::header_limit : http::error::bad_chunk;
+                return refuse_request(parse_error_verdict(ec, verdict_));
+            }
+            return;  // answering: pipelined bytes wait in the kernel
         }
-        if (ec) return close();  // timeout (slow loris), EOF, or a malformed header
-        ++num_requests_;
-        const auto& req = parser_->get();
-        target_ = std::string(req.target());
-        if (const size_t q = target_.find('?'); q != std::string::npos) target_.resize(q);
-        endpoint_ = endpoint_for_path(target_);
-        keep_alive_ = req.keep_alive();
-        if (endpoint_ && req.method() == http::verb::post) {
-            // A body over the limit fails this read with body_limit before buffering it.
-            if (const auto len = parser_->content_length();
-                len && *len > static_cast<uint64_t>(ctx().limits.max_body_bytes)) {
-                if (*len > kDiscardLimitBytes) return too_large();
-                // Read (and drop) a moderately large body first: clients such as
-                // undici fail on a reply that arrives while they are still sending.
-                stream_.expires_after(std::chrono::milliseconds(ctx().limits.body_timeout_ms));
-                http::async_read(stream_, buffer_, *parser_,
-                                 [self = shared_from_this()](beast::error_code e, size_t) {
-                                     if (e) return self->close();
-                                     self->parser_->get().body().clear();
-                                     self->too_large();
-                                 });
+        reading_ = true;
+        socket_.async_read_some(
+            asio::buffer(read_buf_.data(), std::min(room, read_buf_.size())),
+            [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_read(ec, n); });
+    }
+
+    void on_read(beast::error_code ec, size_t n) {
+        reading_ = false;
+        if (closed_) return;
+        if (ec) {
+            if (active_) {
+                disconnect();  // the client went away mid-generation
+                return close();
+            }
+            if (phase_ == Phase::kAnswer) {
+                peer_eof_ = true;  // finish writing the reply, then close
                 return;
             }
-            parser_->body_limit(static_cast<uint64_t>(ctx().limits.max_body_bytes));
-            stream_.expires_after(std::chrono::milliseconds(ctx().limits.body_timeout_ms));
-            http::async_read(
-                stream_, buffer_, *parser_,
-                [self = shared_from_this()](beast::error_code e, size_t) { self->on_body(e); });
-            return;
+            return close();
         }
-        if (!parser_->is_done()) {
-            // Any other request with a body: read it (within the limit), then route.
-            stream_.expires_after(std::chrono::milliseconds(ctx().limits.body_timeout_ms));
-            http::async_read(stream_, buffer_, *parser_,
-                             [self = shared_from_this()](beast::error_code e, size_t) {
-                                 if (e) return self->close();
-                                 self->route();
-                             });
-            return;
+        if (phase_ == Phase::kLinger) {
+            lingered_bytes_ += n;
+            if (lingered_bytes_ > kLingerLimitBytes) return close();
+            return read_more();
         }
-        route();
+        if (phase_ == Phase::kHead && n > 0) head_bytes_ = true;
+        auto dst = buffer_.prepare(n);
+        std::memcpy(dst.data(), read_buf_.data(), n);
+        buffer_.commit(n);
+        if (phase_ == Phase::kAnswer) return read_more();  // watching; keeps what arrives
+        process();
     }
 
-    void on_body(beast::error_code ec) {
-        if (ec == http::error::body_limit) return too_large();
-        if (ec) return close();
-        route();
+    // Parses what is buffered as far as it goes.
+    void process() {
+        while (!closed_) {
+            if (phase_ == Phase::kDrop) {
+                const uint64_t n = std::min<uint64_t>(drop_left_, buffer_.size());
+                buffer_.consume(n);
+                drop_left_ -= n;
+                if (drop_left_ == 0) return answer_refusal();
+                return read_more();
+            }
+            if (phase_ != Phase::kHead && phase_ != Phase::kBody) return;
+            if (phase_ == Phase::kHead && parser_->is_header_done()) {
+                on_head();
+                continue;
+            }
+            if (parser_->is_done()) return on_request();
+            if (buffer_.size() == 0) return read_more();
+            if (!head_started_) {
+                head_started_ = true;  // the idle wait is over: the head has its own deadline
+                arm(ms(ctx().limits.header_timeout_ms), Deadline::kHead);
+            }
+            beast::error_code ec;
+            const size_t n = parser_->put(buffer_.data(), ec);
+            buffer_.consume(n);
+            if (ec == http::error::need_more) {
+                if (n == 0) return read_more();
+                continue;
+            }
+            if (ec) return refuse_request(parse_error_verdict(ec, verdict_));
+        }
     }
 
-    void too_large() {
-        keep_alive_ = false;  // the unread body makes the connection unusable
-        discard_input_ = true;
-        const Endpoint e = endpoint_.value_or(Endpoint::kChatCompletions);
-        reply(error_reply(e, 413,
-                          "request body is over the limit of " +
-                              std::to_string(ctx().limits.max_body_bytes) + " bytes"),
-              std::string(endpoint_name(e)));
+    void on_head() {
+        ++num_requests_;
+        head_ = head_of(*parser_);
+        keep_alive_ = parser_->get().keep_alive();
+        HeadPolicy policy;
+        policy.api_keys = &server_->options.api_keys;
+        policy.max_body_bytes = ctx().limits.max_body_bytes;
+        policy.retry_after_s = ctx().limits.retry_after_s;
+        policy.draining = server_->draining.load();
+        verdict_ = check_head(head_, policy);
+        if (verdict_.status != 0) {
+            if (verdict_.drop_body_bytes > 0) {
+                // Read and drop the declared body (never stored), then answer.
+                keep_alive_ = false;
+                phase_ = Phase::kDrop;
+                drop_left_ = verdict_.drop_body_bytes;
+                arm(ms(ctx().limits.body_timeout_ms), Deadline::kBody);
+                return;
+            }
+            return refuse_request(verdict_);
+        }
+        phase_ = Phase::kBody;          // the head is checked
+        if (!head_.has_body()) return;  // complete: process() answers it
+        // The body must fit the global budget before a byte of it is stored.
+        const int64_t want = head_.content_length ? static_cast<int64_t>(*head_.content_length)
+                                                  : static_cast<int64_t>(verdict_.body_limit_bytes);
+        if (!server_->body_budget->try_reserve(want)) {
+            HeadVerdict busy = verdict_;
+            busy.status = 503;
+            busy.message = "server busy: too many request bodies in flight; retry later";
+            busy.headers.emplace_back("Retry-After", std::to_string(ctx().limits.retry_after_s));
+            busy.close = true;
+            return refuse_request(busy);
+        }
+        body_reserved_bytes_ = want;
+        start_body(*parser_, verdict_);
+        arm(ms(ctx().limits.body_timeout_ms), Deadline::kBody);
+        if (verdict_.send_continue && buffer_.size() == 0) {
+            pending_ += "HTTP/1.1 100 Continue\r\n\r\n";
+            flush();
+        }
     }
 
-    bool authorized() const {
-        const std::string& key = server_->options.api_key;
-        if (key.empty()) return true;
-        const auto& req = parser_->get();
-        if (auto it = req.find(http::field::authorization); it != req.end()) {
-            if (it->value() == "Bearer " + key) return true;
+    void release_body() {
+        if (body_reserved_bytes_ > 0) {
+            server_->body_budget->release(body_reserved_bytes_);
+            body_reserved_bytes_ = 0;
         }
-        if (auto it = req.find("x-api-key"); it != req.end()) {
-            if (it->value() == key) return true;
-        }
-        return false;
     }
 
-    void route() {
-        const auto& req = parser_->get();
-        const http::verb method = req.method();
-        if (target_ == "/health" && method == http::verb::get) {
-            return reply(HttpReply{200, "application/json", "{\"status\":\"ok\"}", {}}, "health");
+    // Answers a request refused from its head or its framing.
+    void refuse_request(HeadVerdict v) {
+        verdict_ = std::move(v);
+        if (verdict_.close) keep_alive_ = false;
+        answer_refusal();
+    }
+
+    void answer_refusal() {
+        phase_ = Phase::kAnswer;
+        disarm();
+        release_body();
+        reply(verdict_reply(verdict_), verdict_.metric_name);
+        read_more();
+    }
+
+    // Past max_connections: 503 + Retry-After, then close.
+    void refuse() {
+        HeadVerdict v;
+        v.status = 503;
+        v.message = "too many connections; retry later";
+        v.headers.emplace_back("Retry-After", std::to_string(ctx().limits.retry_after_s));
+        v.metric_name = "other";
+        v.close = true;
+        refuse_request(std::move(v));
+    }
+
+    // ---- answering ----
+    void on_request() {
+        phase_ = Phase::kAnswer;
+        disarm();
+        switch (verdict_.route) {
+            case RouteKind::kHealth:
+                reply(HttpReply{200, "application/json", "{\"status\":\"ok\"}", {}}, "health");
+                break;
+            case RouteKind::kReady: {
+                const bool ready = !server_->draining.load();
+                reply(HttpReply{ready ? 200 : 503,
+                                "application/json",
+                                ready ? "{\"status\":\"ready\"}" : "{\"status\":\"draining\"}",
+                                {}},
+                      "ready");
+                break;
+            }
+            case RouteKind::kMetrics:
+                reply(HttpReply{200,
+                                "text/plain; version=0.0.4",
+                                server_->metrics->render(server_->service->stats_snapshot(),
+                                                         server_->in_flight.load(),
+                                                         !server_->draining.load()),
+                                {}},
+                      "metrics");
+                break;
+            case RouteKind::kModels:
+                reply(models_reply(ctx(), 0), "models");
+                break;
+            case RouteKind::kWeb: {
+                // The built-in chat page: public static files; its API calls carry the key.
+                const WebAsset* asset = find_web_asset(head_.path());
+                DSI_CHECK(asset != nullptr, "check_head routed a missing web asset");
+                reply(HttpReply{200,
+                                std::string(asset->content_type),
+                                std::string(asset->body),
+                                {{"Cache-Control", "no-cache"},
+                                 {"X-Content-Type-Options", "nosniff"},
+                                 {"Content-Security-Policy",
+                                  "default-src 'self'; frame-ancestors 'none'"}}},
+                      "web");
+                break;
+            }
+            case RouteKind::kGenerate:
+                generate();
+                break;
+            case RouteKind::kNone:
+                DSI_CHECK(false, "check_head accepted a request without a route");
         }
-        if (target_ == "/ready" && method == http::verb::get) {
-            const bool ready = !server_->draining.load();
-            return reply(HttpReply{ready ? 200 : 503,
-                                   "application/json",
-                                   ready ? "{\"status\":\"ready\"}" : "{\"status\":\"draining\"}",
-                                   {}},
-                         "ready");
-        }
-        if (target_ == "/metrics" && method == http::verb::get) {
-            std::string text =
-                server_->metrics->render(server_->service->stats_snapshot(),
-                                         server_->in_flight.load(), !server_->draining.load());
-            return reply(HttpReply{200, "text/plain; version=0.0.4", std::move(text), {}},
-                         "metrics");
-        }
-        const bool is_api = target_.rfind("/v1/", 0) == 0;
-        const Endpoint shape = endpoint_.value_or(Endpoint::kChatCompletions);
-        if (is_api && !authorized()) {
-            return reply(error_reply(shape, 401, "invalid or missing API key"),
-                         endpoint_ ? std::string(endpoint_name(shape)) : "other");
-        }
-        if (target_ == "/v1/models" && method == http::verb::get) {
-            return reply(models_reply(ctx(), 0), "models");
-        }
-        if (!endpoint_) {
-            return reply(error_reply(shape, 404, "no route for " + target_), "other");
-        }
-        if (method != http::verb::post) {
-            HttpReply r = error_reply(shape, 405, "use POST for " + target_);
-            r.headers.emplace_back("Allow", "POST");
-            return reply(std::move(r), std::string(endpoint_name(shape)));
-        }
-        generate();
+        // Watch the socket: EOF while generating means the client went away; bytes of a
+        // pipelined next request stay buffered.
+        read_more();
     }
 
     void generate() {
-        const Endpoint e = *endpoint_;
+        const Endpoint e = *verdict_.endpoint;
         const std::string name(endpoint_name(e));
         if (server_->draining.load()) {
+            keep_alive_ = false;
             return reply(error_reply(e, 503, "server is shutting down"), name);
         }
         const uint64_t ticket = server_->next_ticket.fetch_add(1);
         Result<Prepared> prepared =
-            prepare_request(ctx(), e, parser_->get().body(), Env::default_env()->random_seed());
+            prepare_request(ctx(), e, parser_->get().body(), Env::default_env()->random_seed(),
+                            verdict_.key_salt);
+        // The body is no longer needed (prepared holds what it said).
+        std::string().swap(parser_->get().body());
+        release_body();
         if (!prepared.is_ok()) return reply(error_reply(e, prepared.status()), name);
         // Concurrency slot: held until the engine's final update.
         if (server_->in_flight.fetch_add(1) >= ctx().limits.max_concurrent) {
@@ -236,7 +429,6 @@ private:
             r.headers.emplace_back("Retry-After", std::to_string(ctx().limits.retry_after_s));
             return reply(std::move(r), name);
         }
-        parser_->get().body().clear();
         std::string id = (e == Endpoint::kMessages      ? "msg_"
                           : e == Endpoint::kResponses   ? "resp_"
                           : e == Endpoint::kCompletions ? "cmpl-"
@@ -254,38 +446,12 @@ private:
         counted_open_ = true;
         last_token_time_ = start_time_;
         num_tokens_ = 0;
-        auto executor = stream_.get_executor();
+        auto executor = socket_.get_executor();
         server_->service->submit(
             ticket, std::move(prepared->request), [self = shared_from_this(), executor](Update u) {
                 asio::post(executor,
                            [self, u = std::move(u)]() mutable { self->on_update(std::move(u)); });
             });
-        // Watch the socket: EOF while generating means the client went away.
-        stream_.expires_never();
-        watch();
-    }
-
-    void watch() {
-        if (watching_ || closed_) return;
-        watching_ = true;
-        stream_.async_read_some(
-            buffer_.prepare(4096),
-            [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_watch(ec, n); });
-    }
-
-    void on_watch(beast::error_code ec, size_t n) {
-        watching_ = false;
-        if (ec) {
-            if (active_) disconnect();
-            return close();
-        }
-        buffer_.commit(n);
-        if (active_ || writing_) {
-            // A pipelined next request: keep it buffered; stop watching if it grows.
-            if (buffer_.size() < kHeaderLimitBytes) watch();
-            return;
-        }
-        read_header();
     }
 
     void disconnect() {
@@ -317,9 +483,9 @@ private:
             if (final_update) close();
             return;
         }
-        const std::string name(endpoint_name(*endpoint_));
+        const std::string name(endpoint_name(*verdict_.endpoint));
         if (!u.error.is_ok() && !headers_sent_) {
-            return reply(error_reply(*endpoint_, u.error), name);
+            return reply(error_reply(*verdict_.endpoint, u.error), name);
         }
         if (!stream_mode_) {
             renderer_->on_update(u);
@@ -329,26 +495,35 @@ private:
         if (!headers_sent_) {
             headers_sent_ = true;
             server_->metrics->on_request(name, 200);
-            // SSE body as HTTP/1.1 chunks, so the connection stays reusable.
             pending_ +=
                 "HTTP/1.1 200 OK\r\nServer: dsinfer\r\nContent-Type: text/event-stream\r\n"
-                "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n";
+                "Cache-Control: no-cache\r\n";
+            // HTTP/1.1: the SSE body as chunks, so the connection stays reusable. An
+            // HTTP/1.0 client cannot read chunks (RFC 9112 §6.1): the body ends with the
+            // connection.
+            chunked_ = head_.version >= 11;
+            if (!chunked_) keep_alive_ = false;
+            if (chunked_) pending_ += "Transfer-Encoding: chunked\r\n";
             pending_ +=
                 keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
         }
         std::string sse = renderer_->on_update_sse(u);
         if (!u.error.is_ok()) {
-            sse += "event: error\ndata: " + error_reply(*endpoint_, u.error).body + "\n\n";
+            sse += "event: error\ndata: " + error_reply(*verdict_.endpoint, u.error).body + "\n\n";
         }
-        if (!sse.empty()) append_chunk(sse);
+        if (!sse.empty()) append_body(sse);
         if (final_update) {
-            pending_ += "0\r\n\r\n";
+            if (chunked_) pending_ += "0\r\n\r\n";
             response_done_ = true;
         }
         flush();
     }
 
-    void append_chunk(const std::string& data) {
+    void append_body(const std::string& data) {
+        if (!chunked_) {
+            pending_ += data;
+            return;
+        }
         char size[24];
         std::snprintf(size, sizeof(size), "%zx\r\n", data.size());
         pending_ += size;
@@ -356,7 +531,8 @@ private:
         pending_ += "\r\n";
     }
 
-    // Writes what is pending; one write in flight at a time.
+    // Writes what is pending; one write in flight at a time. While answering, a write
+    // that a client does not read within write_timeout_ms ends the connection.
     void flush() {
         if (writing_ || closed_) return;
         if (pending_.empty()) {
@@ -369,14 +545,21 @@ private:
         writing_ = true;
         inflight_.swap(pending_);
         pending_.clear();
-        asio::async_write(stream_, asio::buffer(inflight_),
-                          [self = shared_from_this()](beast::error_code ec, size_t) {
+        const bool deadline = phase_ == Phase::kAnswer;
+        if (deadline) arm(ms(ctx().limits.write_timeout_ms), Deadline::kWrite);
+        asio::async_write(socket_, asio::buffer(inflight_),
+                          [self = shared_from_this(), deadline](beast::error_code ec, size_t) {
                               self->writing_ = false;
+                              if (self->inflight_.capacity() > kReadChunkBytes) {
+                                  std::string().swap(self->inflight_);
+                              }
                               self->inflight_.clear();
+                              if (self->closed_) return;
                               if (ec) {
                                   self->disconnect();
                                   return self->close();
                               }
+                              if (deadline && self->phase_ == Phase::kAnswer) self->disarm();
                               self->flush();
                           });
     }
@@ -387,14 +570,16 @@ private:
         res->set(http::field::server, "dsinfer");
         res->set(http::field::content_type, r.content_type);
         for (const auto& [k, v] : r.headers) res->set(k, v);
-        res->keep_alive(keep_alive_ && !server_->draining.load());
+        const bool keep = keep_alive_ && !server_->draining.load();
+        // An HTTP/1.0 client keeps the connection only when told so explicitly.
+        res->set(http::field::connection, keep ? "keep-alive" : "close");
         res->body() = std::move(r.body);
         res->prepare_payload();
         // Serialise into pending_ so streaming and plain replies share one writer.
         std::ostringstream os;
         os << *res;
         pending_ += os.str();
-        if (!res->keep_alive()) keep_alive_ = false;
+        if (!keep) keep_alive_ = false;
         response_done_ = true;
         flush();
     }
@@ -408,56 +593,53 @@ private:
 
     void after_response() {
         release_open();
-        if (discard_input_) return discard_then_close();
-        if (!keep_alive_) {
-            beast::error_code ec;
-            stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-            return close();
-        }
-        if (watching_) {
-            // The watch read becomes the wait for the next request.
-            stream_.expires_after(std::chrono::milliseconds(ctx().limits.idle_timeout_ms));
-            return;
-        }
-        read_header();
+        renderer_.reset();
+        if (!keep_alive_ || peer_eof_) return linger();
+        begin_request();  // a pipelined request already buffered is answered at once
     }
 
-    // After a 413 the client may still be sending its body: read and drop it for a
-    // short while so closing does not reset the connection before the reply is read.
-    void discard_then_close() {
+    // The reply is out; the client may still be sending (a refused body): read and
+    // drop that for a short while so closing does not reset the connection before the
+    // reply is read. At most kLingerTime and kLingerLimitBytes: a refused body is
+    // never read in full.
+    void linger() {
+        phase_ = Phase::kLinger;
+        buffer_.consume(buffer_.size());
         beast::error_code ec;
-        if (discard_.empty()) {
-            stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
-            stream_.expires_after(std::chrono::seconds(2));
-            discard_.resize(64 * 1024);
-        }
-        // Read (and drop) what the client is still sending for a short while, so it sees
-        // the reply rather than a reset; at most 2 s and kLingerLimitBytes, then close:
-        // an oversized body is never read in full.
-        stream_.async_read_some(asio::buffer(discard_),
-                                [self = shared_from_this()](beast::error_code e, size_t n) {
-                                    self->discarded_bytes_ += n;
-                                    if (e || self->discarded_bytes_ > kLingerLimitBytes) {
-                                        return self->close();
-                                    }
-                                    self->discard_then_close();
-                                });
+        socket_.shutdown(tcp::socket::shutdown_send, ec);
+        arm(std::chrono::duration_cast<std::chrono::milliseconds>(kLingerTime), Deadline::kLinger);
+        read_more();
     }
 
     void close() {
         release_open();
+        release_body();
         if (closed_) return;
         closed_ = true;
+        disarm();
         beast::error_code ec;
-        stream_.socket().close(ec);
+        socket_.close(ec);
     }
 
-    beast::tcp_stream stream_;
+    tcp::socket socket_;
+    asio::steady_timer timer_;
+    uint64_t timer_gen_ = 0;
     HttpServer::Impl* server_;
+    const bool refusing_;
+    // Input: read_buf_ <- socket; buffer_ holds what is not parsed yet (bounded).
+    std::array<char, kReadChunkBytes> read_buf_{};
     beast::flat_buffer buffer_;
-    std::optional<http::request_parser<http::string_body>> parser_;
-    std::string target_;
-    std::optional<Endpoint> endpoint_;
+    bool reading_ = false;
+    bool peer_eof_ = false;
+    std::optional<Parser> parser_;
+    Phase phase_ = Phase::kHead;
+    bool head_started_ = false;
+    bool head_bytes_ = false;  // a byte of the current request's head has arrived
+    RequestHead head_;
+    HeadVerdict verdict_;
+    int64_t body_reserved_bytes_ = 0;
+    uint64_t drop_left_ = 0;
+    uint64_t lingered_bytes_ = 0;
     bool keep_alive_ = true;
     int64_t num_requests_ = 0;
     // The generation in flight (one per connection).
@@ -466,6 +648,7 @@ private:
     bool active_ = false;
     bool stream_mode_ = false;
     bool headers_sent_ = false;
+    bool chunked_ = true;
     bool disconnected_ = false;
     int64_t prompt_tokens_ = 0;
     int64_t num_tokens_ = 0;
@@ -475,13 +658,9 @@ private:
     std::string pending_;
     std::string inflight_;
     bool writing_ = false;
-    bool watching_ = false;
     bool response_done_ = false;
     bool closed_ = false;
     bool counted_open_ = false;
-    bool discard_input_ = false;
-    std::string discard_;
-    uint64_t discarded_bytes_ = 0;
 };
 
 }  // namespace
@@ -491,9 +670,18 @@ void HttpServer::Impl::accept() {
         if (ec) {
             if (!acceptor.is_open()) return;  // closed by the drain
             DSI_LOG(kWarning) << "accept: " << ec.message();
-        } else {
-            std::make_shared<Session>(std::move(s), this)->start();
+            // Out of file descriptors and the like: retry shortly instead of spinning.
+            accept_timer.expires_after(kAcceptRetry);
+            accept_timer.async_wait([this](beast::error_code) {
+                if (!draining.load()) accept();
+            });
+            return;
         }
+        if (num_connections.load() < options.max_connections) {
+            std::make_shared<Session>(std::move(s), this, false)->start();
+        } else if (num_refusing.load() < kMaxRefusing) {
+            std::make_shared<Session>(std::move(s), this, true)->start();  // 503 + Retry-After
+        }                                                                  // else: `s` closes here
         if (!draining.load()) accept();
     });
 }
@@ -543,6 +731,11 @@ Result<std::unique_ptr<HttpServer>> HttpServer::create(const ApiContext* ctx,
     impl->service = service;
     impl->metrics = metrics;
     impl->options = std::move(options);
+    if (impl->options.max_connections < 1) return invalid_argument("max_connections must be >= 1");
+    if (impl->options.max_body_budget_bytes < ctx->limits.max_body_bytes) {
+        return invalid_argument("max_body_budget_bytes must be >= max_body_bytes");
+    }
+    impl->body_budget = std::make_unique<BodyBudget>(impl->options.max_body_budget_bytes);
     beast::error_code ec;
     const asio::ip::address addr = asio::ip::make_address(impl->options.host, ec);
     if (ec) return invalid_argument("--host: " + ec.message());

@@ -1,17 +1,33 @@
 // HttpServer: the HTTP/1.1 + SSE shell (Boost.Beast/Asio) over Api and
-// EngineService. This header is Beast-free; Beast and Asio live only in
-// http_server.cc (one translation unit: CI builds on 2 cores).
+// EngineService. This header is Beast-free; Asio lives only in http_server.cc (one
+// translation unit: CI builds on 2 cores; the parser settings it shares with
+// answer_offline are in internal/http_parse.h).
 //
-// Per connection: read the header (deadline: header_timeout_ms for a new
-// connection, idle_timeout_ms between keep-alive requests), check route, method
-// and --api-key (401), read the body (413 over max_body_bytes), answer. A
-// generation holds one of max_concurrent slots (429 + Retry-After when none is
-// free) from admission until the engine's final update. While it runs, a read
-// stays pending on the socket: EOF or an error aborts the generation at once
-// (its KV blocks are freed by the engine) -- also on a failed write.
+// Per connection (at most max_connections; past it a connection gets 503 +
+// Retry-After and is closed): bytes are read into a bounded buffer and parsed from
+// there, so a request that arrived while the previous reply was written (pipelined)
+// is answered next, in order. Every read has a deadline: idle_timeout_ms between
+// keep-alive requests (the connection is then closed quietly), header_timeout_ms for a
+// request's head and body_timeout_ms for its body (408 Request Timeout, then close); a
+// write the client does not take within write_timeout_ms ends the connection (and
+// aborts its generation).
+// Once the head is parsed, http_rules.h's check_head decides before any body byte is
+// read: framing (400, 501), Host (400), Expect (100 Continue / 417), route and
+// method (404, 405), --api-key (401; the key's cache salt goes with the request),
+// per-route body limit (GET routes take none;
+// 413 over max_body_bytes). An accepted body must then fit the global
+// max_body_budget_bytes (503 + Retry-After otherwise). A generation holds one of
+// max_concurrent slots (429 + Retry-After when none is free) from admission until
+// the engine's final update. While it runs, a read stays pending on the socket: EOF
+// or an error aborts the generation at once (its KV blocks are freed by the engine)
+// -- also on a failed write. HTTP/1.0 clients get streams close-delimited (no chunked
+// coding).
 // SIGTERM / SIGINT / shutdown(): stop accepting, answer 503 to new requests and
 // /ready, wait for running generations up to drain_grace_ms, abort the rest, then
 // run() returns OK.
+//
+// Memory per connection is bounded before authentication: the read buffer
+// (kReadBufferBytes), the reply being written, and a body counted in the budget.
 //
 // Thread model: run() blocks the calling thread and runs num_io_threads Asio
 // threads; each connection is served on its own strand. shutdown() and port()
@@ -22,6 +38,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "server/api.h"
@@ -33,10 +50,17 @@ namespace dsi::server {
 struct ServerOptions {
     std::string host = "127.0.0.1";
     int port = 8000;      // 0: any free port (see port())
-    std::string api_key;  // empty: no authentication
+    // Accepted keys (Bearer or x-api-key) and their tenants' cache salts (api.h,
+    // effective_cache_salt). Empty: no authentication.
+    std::vector<ApiKey> api_keys;
     int num_io_threads = 2;
     int64_t drain_grace_ms = 30000;
+    int64_t max_connections = 1024;                      // open connections; 503 past it
+    int64_t max_body_budget_bytes = int64_t{256} << 20;  // bodies held at once, all connections
 };
+
+// Bytes a connection buffers ahead of parsing (a request head must fit).
+inline constexpr int64_t kReadBufferBytes = 64 * 1024;
 
 class HttpServer {
 public:

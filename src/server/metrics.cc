@@ -1,6 +1,7 @@
 #include "server/metrics.h"
 
 #include <cstdio>
+#include <tuple>
 
 namespace dsi::server {
 namespace {
@@ -52,35 +53,40 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
 }
 
 void Metrics::on_request(std::string_view endpoint, int http_status) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++requests_[{std::string(endpoint), http_status}];
 }
 
 void Metrics::on_first_token(double seconds) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ttft_.observe(seconds);
 }
 
 void Metrics::on_inter_token(double seconds) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     tpot_.observe(seconds);
 }
 
 void Metrics::on_finish(double e2e_seconds, int64_t prompt_tokens, int64_t output_tokens) {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     e2e_.observe(e2e_seconds);
     prompt_tokens_ += prompt_tokens;
     output_tokens_ += output_tokens;
 }
 
 void Metrics::on_disconnect() {
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     ++disconnects_;
+}
+
+void Metrics::on_timeout(std::string_view what) {
+    MutexLock lock(&mu_);
+    ++timeouts_[std::string(what)];
 }
 
 std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool ready) const {
     std::string out;
-    std::lock_guard<std::mutex> lock(mu_);
+    MutexLock lock(&mu_);
     header(&out, "dsinfer_requests_total", "counter", "HTTP requests by endpoint and status");
     for (const auto& [key, n] : requests_) {
         line(&out,
@@ -97,6 +103,13 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
             static_cast<double>(output_tokens_));
     counter(&out, "dsinfer_client_disconnects_total", "requests aborted by a client disconnect",
             static_cast<double>(disconnects_));
+    header(&out, "dsinfer_connection_timeouts_total", "counter",
+           "connection deadlines fired, by kind (idle, header, body, write)");
+    for (const char* kind : {"idle", "header", "body", "write"}) {
+        auto it = timeouts_.find(kind);
+        line(&out, std::string("dsinfer_connection_timeouts_total{kind=\"") + kind + "\"}",
+             it == timeouts_.end() ? 0.0 : static_cast<double>(it->second));
+    }
     gauge(&out, "dsinfer_ready", "1 when the model is loaded and the server is not draining",
           ready ? 1 : 0);
     gauge(&out, "dsinfer_requests_in_flight", "generation requests the HTTP layer holds",
@@ -128,6 +141,40 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
             static_cast<double>(s.engine.steps));
     counter(&out, "dsinfer_engine_preemptions_total", "sequences preempted",
             static_cast<double>(s.engine.preemptions));
+    counter(&out, "dsinfer_swapped_out_blocks_total", "KV blocks swapped out to host memory",
+            static_cast<double>(s.engine.swapped_out_blocks));
+    counter(&out, "dsinfer_engine_forward_seconds_total", "time the worker spent in steps",
+            static_cast<double>(s.engine.forward_ns) * 1e-9);
+    counter(&out, "dsinfer_engine_step_errors_total", "engine steps that failed",
+            static_cast<double>(s.num_step_errors));
+    // Speculative decoding (issue 24): acceptance = accepted / draft tokens; per draft
+    // position j, accepted_at{j} / drafted_at{j}.
+    counter(&out, "dsinfer_spec_verify_steps_total", "decode steps that verified drafts",
+            static_cast<double>(s.engine.spec_verify_steps));
+    counter(&out, "dsinfer_spec_draft_tokens_total", "drafted tokens verified",
+            static_cast<double>(s.engine.spec_draft_tokens));
+    counter(&out, "dsinfer_spec_accepted_tokens_total", "drafted tokens accepted",
+            static_cast<double>(s.engine.spec_accepted_tokens));
+    for (const auto& [name, help, values] :
+         {std::tuple{"dsinfer_spec_drafted_at_position_total",
+                     "verify steps with a draft at position", &s.engine.spec_drafted_at},
+          std::tuple{"dsinfer_spec_accepted_at_position_total", "drafts accepted at position",
+                     &s.engine.spec_accepted_at}}) {
+        header(&out, name, "counter", help);
+        for (size_t j = 0; j < values->size(); ++j) {
+            line(&out, std::string(name) + "{position=\"" + std::to_string(j) + "\"}",
+                 static_cast<double>((*values)[j]));
+        }
+    }
+    counter(&out, "dsinfer_store_hit_tokens_total", "prompt tokens taken from the KV store",
+            static_cast<double>(s.engine.store_hit_tokens));
+    counter(&out, "dsinfer_store_hit_blocks_total", "blocks fetched from the KV store and used",
+            static_cast<double>(s.engine.store_hit_blocks));
+    counter(&out, "dsinfer_store_miss_blocks_total",
+            "blocks matched in the store's metadata but not usable (damaged, late)",
+            static_cast<double>(s.engine.store_miss_blocks));
+    counter(&out, "dsinfer_store_blocks_written_total", "blocks written behind to the KV store",
+            static_cast<double>(s.engine.store_blocks_written));
     return out;
 }
 

@@ -7,10 +7,10 @@
 #include <array>
 #include <cstdint>
 #include <map>
-#include <mutex>
 #include <string>
 #include <utility>
 
+#include "base/mutex.h"
 #include "server/engine_service.h"
 
 namespace dsi::server {
@@ -36,18 +36,21 @@ public:
     void on_inter_token(double seconds);  // TPOT: time between consecutive tokens
     void on_finish(double e2e_seconds, int64_t prompt_tokens, int64_t output_tokens);
     void on_disconnect();
+    // A connection deadline fired: "idle", "header", "body" or "write" (http_server.h).
+    void on_timeout(std::string_view what);
 
     std::string render(const ServiceStats& stats, int64_t num_in_flight, bool ready) const;
 
 private:
-    mutable std::mutex mu_;
-    std::map<std::pair<std::string, int>, int64_t> requests_;  // GUARDED_BY(mu_)
-    Histogram ttft_;                                           // GUARDED_BY(mu_)
-    Histogram tpot_;                                           // GUARDED_BY(mu_)
-    Histogram e2e_;                                            // GUARDED_BY(mu_)
-    int64_t prompt_tokens_ = 0;                                // GUARDED_BY(mu_)
-    int64_t output_tokens_ = 0;                                // GUARDED_BY(mu_)
-    int64_t disconnects_ = 0;                                  // GUARDED_BY(mu_)
+    mutable Mutex mu_;
+    std::map<std::pair<std::string, int>, int64_t> requests_ DSI_GUARDED_BY(mu_);
+    Histogram ttft_ DSI_GUARDED_BY(mu_);
+    Histogram tpot_ DSI_GUARDED_BY(mu_);
+    Histogram e2e_ DSI_GUARDED_BY(mu_);
+    int64_t prompt_tokens_ DSI_GUARDED_BY(mu_) = 0;
+    int64_t output_tokens_ DSI_GUARDED_BY(mu_) = 0;
+    int64_t disconnects_ DSI_GUARDED_BY(mu_) = 0;
+    std::map<std::string, int64_t> timeouts_ DSI_GUARDED_BY(mu_);  // by deadline kind
 };
 
 }  // namespace dsi::server

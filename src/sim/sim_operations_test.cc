@@ -7,15 +7,15 @@
 namespace dsi::sim {
 namespace {
 
-Trace ops_trace(int64_t n, uint64_t seed, double input_median_tokens = 4000) {
-    SyntheticTraceSettings s;
+workload::Trace ops_trace(int64_t n, uint64_t seed, double input_median_tokens = 4000) {
+    workload::SyntheticTraceSettings s;
     s.input_median_tokens = input_median_tokens;
     s.num_requests = n;
     s.seed = seed;
     s.rate_per_s = 100;
     s.long_context_fraction = 0.0;
     s.output_median_tokens = 300;  // requests decode for seconds, so drains find work
-    return *generate_synthetic_trace(s);
+    return *workload::generate_synthetic_trace(s);
 }
 
 // 4 prefill engines; 8 decode ranks in 4 EP instances of 2.
@@ -40,7 +40,7 @@ void expect_same(const SimResult& a, const SimResult& b) {
 }
 
 TEST(SimOperationsTest, DrainMovesRequestsWithTheirKv) {
-    const Trace t = ops_trace(2000, 3);
+    const workload::Trace t = ops_trace(2000, 3);
     ClusterDescription c = ops_cluster();
     c.operations.drains = {{5.0, 1}};
     SimOptions o;
@@ -68,7 +68,7 @@ TEST(SimOperationsTest, DrainMovesRequestsWithTheirKv) {
 }
 
 TEST(SimOperationsTest, FailureReroutesAndRestartsSmaller) {
-    const Trace t = ops_trace(2000, 4);
+    const workload::Trace t = ops_trace(2000, 4);
     ClusterDescription c = ops_cluster();
     c.num_decode = 8;
     c.operations.decode_ep_size = 4;
@@ -93,7 +93,7 @@ TEST(SimOperationsTest, FailureReroutesAndRestartsSmaller) {
 }
 
 TEST(SimOperationsTest, FailureBelowMinimumEpLeavesWorkUnfinished) {
-    const Trace t = ops_trace(300, 5);
+    const workload::Trace t = ops_trace(300, 5);
     ClusterDescription c = ops_cluster();
     c.num_decode = 2;
     c.operations.decode_ep_size = 2;
@@ -108,7 +108,7 @@ TEST(SimOperationsTest, FailureBelowMinimumEpLeavesWorkUnfinished) {
 }
 
 TEST(SimOperationsTest, EventsAfterTheTraceChangeNothing) {
-    const Trace t = ops_trace(1000, 6);
+    const workload::Trace t = ops_trace(1000, 6);
     ClusterDescription c = ops_cluster();
     auto plain = simulate(t, c, SimOptions{});
     c.operations.drains = {{1e6, 0}};
@@ -124,7 +124,7 @@ TEST(SimOperationsTest, EventsAfterTheTraceChangeNothing) {
 }
 
 TEST(SimOperationsTest, AutoscalerFollowsLoadAndSavesDevices) {
-    const Trace t = ops_trace(2000, 7, 1000);
+    const workload::Trace t = ops_trace(2000, 7, 1000);
     ClusterDescription c = ops_cluster();
     c.num_prefill = 8;
     OperationsSettings& op = c.operations;
@@ -160,7 +160,7 @@ TEST(SimOperationsTest, AutoscalerFollowsLoadAndSavesDevices) {
 }
 
 TEST(SimOperationsTest, EveryRoutingConservesUnderOperations) {
-    const Trace t = ops_trace(1500, 8);
+    const workload::Trace t = ops_trace(1500, 8);
     ClusterDescription c = ops_cluster();
     c.operations.drains = {{3.0, 2}};
     c.operations.failures = {{4.0, 0, 1}, {3.5, 2, 2}};  // the second hits a draining instance

@@ -6,7 +6,7 @@
 #include <memory>
 #include <queue>
 
-#include "sim/block_store.h"
+#include "sim/block_id_cache.h"
 #include "sim/internal/sim_core.h"
 
 namespace dsi::sim {
@@ -73,7 +73,7 @@ Distribution distribution(std::vector<double> v) {
 namespace internal {
 
 
-int64_t Sim::hit_tokens_for(const TraceRequest& tr, int64_t matched_blocks) const {
+int64_t Sim::hit_tokens_for(const workload::TraceRequest& tr, int64_t matched_blocks) const {
     // S-KV-10: hit <= L - 134, rounded down to whole 128-token blocks.
     int64_t hit = std::min<int64_t>(matched_blocks * trace_.block_tokens,
                                     tr.input_tokens - kSwaReserveTokens);
@@ -82,7 +82,7 @@ int64_t Sim::hit_tokens_for(const TraceRequest& tr, int64_t matched_blocks) cons
 }
 
 void Sim::on_arrival(uint32_t r) {
-    const TraceRequest& tr = trace_.requests[r];
+    const workload::TraceRequest& tr = trace_.requests[r];
     Req& q = reqs_[r];
     q.arrival_ns = now_;
     q.context_tokens = tr.input_tokens;
@@ -92,7 +92,7 @@ void Sim::on_arrival(uint32_t r) {
 }
 
 void Sim::route_prefill(uint32_t r, bool reroute) {
-    const TraceRequest& tr = trace_.requests[r];
+    const workload::TraceRequest& tr = trace_.requests[r];
     Req& q = reqs_[r];
     const auto chain = trace_.blocks_of(tr);
     int engine = -1;
@@ -235,7 +235,7 @@ void Sim::on_prefill_done(int e) {
     pe.busy = false;
     for (const Chunk& ch : pe.step) {
         Req& q = reqs_[ch.req];
-        const TraceRequest& tr = trace_.requests[ch.req];
+        const workload::TraceRequest& tr = trace_.requests[ch.req];
         q.done_tokens += ch.q;
         res_.computed_tokens += ch.q;
         pe.queued_tokens -= ch.q;
@@ -253,7 +253,7 @@ void Sim::on_prefill_done(int e) {
             q.first_token_ns = out_ns;
         }
         // S-KV-7 analogue: the prompt's blocks are written to the store.
-        BlockStore* store = shared_store_ ? shared_store_.get() : pe.store.get();
+        BlockIdCache* store = shared_store_ ? shared_store_.get() : pe.store.get();
         store->insert(trace_.blocks_of(tr), now_);
         res_.kv_moved_tokens += q.context_tokens;
         const int64_t transfer_ns = static_cast<int64_t>(
@@ -272,7 +272,7 @@ void Sim::on_prefill_done(int e) {
 }
 
 bool Sim::place_decode(uint32_t r) {
-    const TraceRequest& tr = trace_.requests[r];
+    const workload::TraceRequest& tr = trace_.requests[r];
     const int64_t reserve = static_cast<int64_t>(tr.input_tokens) + tr.output_tokens;
     const int64_t kv = kv_of(r);
     Result<int> d = resource_exhausted("");
@@ -350,7 +350,7 @@ void Sim::on_decode_done(int d) {
     while (!de.finishing.empty() && de.finishing.top().first <= de.step) {
         const uint32_t r = de.finishing.top().second;
         de.finishing.pop();
-        const TraceRequest& tr = trace_.requests[r];
+        const workload::TraceRequest& tr = trace_.requests[r];
         --de.running;
         ranks_[d].num_requests -= 1;
         ranks_[d].kv_tokens -= static_cast<int64_t>(tr.input_tokens) + tr.output_tokens - 1;
@@ -432,25 +432,31 @@ void Sim::summarize() {
     std::array<std::vector<double>, cluster::kNumPrefillBuckets> bucket_ttft;
     ttft.reserve(n);
     int64_t output_tokens = 0;
+    int64_t slo_met = 0;
     bool once = true;
     for (size_t i = 0; i < n; ++i) {
         const Req& q = reqs_[i];
-        const TraceRequest& tr = trs[i];
+        const workload::TraceRequest& tr = trs[i];
         once = once && q.finishes == 1;
         end = std::max(end, q.finish_ns);
         prefill_end = std::max(prefill_end, q.prefill_done_ns);
         ttft.push_back((q.first_token_ns - q.arrival_ns) / 1e6);
         bucket_ttft[bucket_of(tr.input_tokens)].push_back(ttft.back());
+        bool met = ttft.back() <= o_.slo_ttft_ms;
         if (tr.output_tokens >= 2) {
             tpot.push_back((q.finish_ns - q.first_token_ns) / 1e6 / (tr.output_tokens - 1));
             res_.expected_decode_tokens += tr.output_tokens - 1;
+            met = met && tpot.back() <= o_.slo_tpot_ms;
         }
+        slo_met += (met && q.finishes == 1) ? 1 : 0;
         res_.input_tokens += tr.input_tokens;
         output_tokens += tr.output_tokens;
     }
     res_.num_finished = num_finished_;
     const double span_ns = std::max<double>(1.0, static_cast<double>(end - t0));
     res_.makespan_s = span_ns / 1e9;
+    res_.slo_attainment = n > 0 ? static_cast<double>(slo_met) / static_cast<double>(n) : 0.0;
+    res_.goodput_requests_per_s = static_cast<double>(slo_met) / res_.makespan_s;
     res_.ttft_ms = distribution(std::move(ttft));
     for (int b = 0; b < cluster::kNumPrefillBuckets; ++b) {
         res_.bucket_ttft_ms[b] = distribution(std::move(bucket_ttft[b]));
@@ -476,7 +482,7 @@ void Sim::summarize() {
     std::vector<std::pair<double, size_t>> ideal_at_decode(n);
     std::vector<std::pair<double, size_t>> real_at_decode(n);
     for (size_t i = 0; i < n; ++i) {
-        const TraceRequest& tr = trs[i];
+        const workload::TraceRequest& tr = trs[i];
         const double a = static_cast<double>(reqs_[i].arrival_ns);
         const double w =
             ideal_prefill_ns(c_, o_.prefill_lb, tr.input_tokens, reqs_[i].first_hit_tokens);
@@ -493,7 +499,7 @@ void Sim::summarize() {
         double fluid = static_cast<double>(t0);
         double bound = static_cast<double>(t0);
         for (const auto& [a, i] : at) {
-            const TraceRequest& tr = trs[i];
+            const workload::TraceRequest& tr = trs[i];
             fluid = std::max(fluid, a) + ideal_decode_ns(c_, tr.input_tokens, tr.output_tokens) / nd;
             bound = std::max(bound, a + min_decode_latency_ns(c_, tr.input_tokens, tr.output_tokens));
         }
@@ -546,7 +552,7 @@ void Sim::summarize() {
 
 }  // namespace internal
 
-Result<SimResult> simulate(const Trace& trace, const ClusterDescription& cluster_desc,
+Result<SimResult> simulate(const workload::Trace& trace, const ClusterDescription& cluster_desc,
                            const SimOptions& options) {
     DSI_RETURN_IF_ERROR(cluster_desc.validate());
     DSI_RETURN_IF_ERROR(options.prefill_lb.validate());
@@ -571,14 +577,14 @@ Result<SimResult> simulate(const Trace& trace, const ClusterDescription& cluster
     double time_scale = options.time_scale;
     if (options.target_load > 0) {
         // Offered work of each stage with shared-store hits at the trace's own timing.
-        BlockStore probe(cluster_desc.store_capacity_tokens > 0
+        BlockIdCache probe(cluster_desc.store_capacity_tokens > 0
                              ? std::max<int64_t>(1, cluster_desc.store_capacity_tokens /
                                                         trace.block_tokens)
                              : 0,
                          cluster_desc.store_ttl_ns);
         double wp = 0;
         double wd = 0;
-        for (const TraceRequest& r : trs) {
+        for (const workload::TraceRequest& r : trs) {
             const auto chain = trace.blocks_of(r);
             int64_t hit = std::min<int64_t>(probe.match(chain, r.arrival_ns) * trace.block_tokens,
                                             r.input_tokens - kSwaReserveTokens);

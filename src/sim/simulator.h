@@ -11,7 +11,7 @@
 //  - KV transfer prefill -> decode: prompt KV bytes / link bandwidth;
 //  - store read: hit KV bytes / store bandwidth, overlapped with queueing (the request's
 //    first token is not before arrival + read time);
-//  - prefix hits: BlockStore match at arrival (shared) or on the routed engine (local).
+//  - prefix hits: BlockIdCache match at arrival (shared) or on the routed engine (local).
 // Baselines in the same code path: round robin, least loaded (queued tokens / running
 // requests) and a prefix-affinity router with a load term (per-engine caches, the way
 // public KV-aware routers work).
@@ -31,7 +31,7 @@
 #include "cluster/decode_lb.h"
 #include "cluster/prefill_lb.h"
 #include "engine/prefill_cost_model.h"
-#include "sim/trace.h"
+#include "workload/trace.h"
 
 namespace dsi::sim {
 
@@ -140,6 +140,11 @@ struct SimOptions {
     double target_load = 0;
     // > 0: SimResult::timeline gets one point per bin of this many simulated ns.
     int64_t timeline_bin_ns = 0;
+    // Service-level objective of SimResult::slo_attainment / goodput_requests_per_s: a
+    // request meets it when its TTFT <= slo_ttft_ms and its TPOT <= slo_tpot_ms (one-token
+    // requests: TTFT only).
+    double slo_ttft_ms = 2000;
+    double slo_tpot_ms = 50;
 };
 
 // One bin of the timeline: mean share of busy engines of each stage, and the requests
@@ -170,6 +175,8 @@ struct SimResult {
     double prefill_lb_efficiency = 0;
     double decode_lb_efficiency = 0;
     double lb_efficiency = 0;  // end to end: ideal makespan / achieved
+    double slo_attainment = 0;          // share of requests meeting SimOptions' SLO
+    double goodput_requests_per_s = 0;  // those requests / makespan
     double cost_per_million_tokens = 0;
     std::array<int64_t, cluster::kNumPrefillBuckets> bucket_requests{};
     std::array<Distribution, cluster::kNumPrefillBuckets> bucket_ttft_ms;  // by S-LB bucket
@@ -204,7 +211,7 @@ struct SimResult {
     std::vector<TimelinePoint> timeline;  // empty unless SimOptions::timeline_bin_ns > 0
 };
 
-Result<SimResult> simulate(const Trace& trace, const ClusterDescription& cluster,
+Result<SimResult> simulate(const workload::Trace& trace, const ClusterDescription& cluster,
                            const SimOptions& options);
 
 }  // namespace dsi::sim

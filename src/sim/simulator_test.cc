@@ -2,19 +2,18 @@
 
 #include <gtest/gtest.h>
 
-#include "sim/svg_plot.h"
 
 namespace dsi::sim {
 namespace {
 
-Trace small_trace(int64_t n, uint64_t seed, double long_fraction = 0.02) {
-    SyntheticTraceSettings s;
+workload::Trace small_trace(int64_t n, uint64_t seed, double long_fraction = 0.02) {
+    workload::SyntheticTraceSettings s;
     s.num_requests = n;
     s.seed = seed;
     s.rate_per_s = 50;
     s.long_context_fraction = long_fraction;
     s.output_median_tokens = 50;
-    return *generate_synthetic_trace(s);
+    return *workload::generate_synthetic_trace(s);
 }
 
 ClusterDescription small_cluster() {
@@ -25,7 +24,7 @@ ClusterDescription small_cluster() {
 }
 
 TEST(SimulatorTest, DeterministicAndConserving) {
-    const Trace t = small_trace(3000, 5);
+    const workload::Trace t = small_trace(3000, 5);
     SimOptions o;
     o.target_load = 0.8;
     auto a = simulate(t, small_cluster(), o);
@@ -48,8 +47,37 @@ TEST(SimulatorTest, DeterministicAndConserving) {
     EXPECT_GT(a->hit_rate, 0.1);
 }
 
+// Goodput counts the requests within both SLO bounds: an SLO looser than every request's
+// TTFT and TPOT admits all of them, one below the smallest TTFT none, and the share falls
+// as the TTFT bound tightens or the load rises.
+TEST(SimulatorTest, SloAttainmentAndGoodput) {
+    const workload::Trace t = small_trace(2000, 9);
+    auto run = [&](double load, double ttft_ms, double tpot_ms) {
+        SimOptions o;
+        o.target_load = load;
+        o.slo_ttft_ms = ttft_ms;
+        o.slo_tpot_ms = tpot_ms;
+        auto r = simulate(t, small_cluster(), o);
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        return *r;
+    };
+    const SimResult all = run(0.8, 1e12, 1e12);
+    EXPECT_DOUBLE_EQ(all.slo_attainment, 1.0);
+    EXPECT_DOUBLE_EQ(all.goodput_requests_per_s, all.num_finished / all.makespan_s);
+    const SimResult none = run(0.8, 0.0, 1e12);
+    EXPECT_DOUBLE_EQ(none.slo_attainment, 0.0);
+    EXPECT_DOUBLE_EQ(none.goodput_requests_per_s, 0.0);
+    const SimResult p50 = run(0.8, all.ttft_ms.p50, 1e12);
+    EXPECT_GT(p50.slo_attainment, 0.45);
+    EXPECT_LT(p50.slo_attainment, 0.55);
+    const SimResult tight_tpot = run(0.8, 1e12, all.tpot_ms.p50);
+    EXPECT_LT(tight_tpot.slo_attainment, 0.55);
+    EXPECT_GE(run(0.5, all.ttft_ms.p90, 1e12).slo_attainment,
+              run(1.0, all.ttft_ms.p90, 1e12).slo_attainment);
+}
+
 TEST(SimulatorTest, TimelineMatchesUtilisation) {
-    const Trace t = small_trace(2000, 7);
+    const workload::Trace t = small_trace(2000, 7);
     SimOptions o;
     o.target_load = 0.9;
     o.timeline_bin_ns = 500'000'000;
@@ -74,7 +102,7 @@ TEST(SimulatorTest, TimelineMatchesUtilisation) {
 }
 
 TEST(SimulatorTest, MinMaxReassignmentNoWorseOnLongContexts) {
-    const Trace t = small_trace(3000, 11, 0.05);
+    const workload::Trace t = small_trace(3000, 11, 0.05);
     SimOptions o;
     o.target_load = 0.9;
     auto minmax = simulate(t, small_cluster(), o);
@@ -88,7 +116,7 @@ TEST(SimulatorTest, MinMaxReassignmentNoWorseOnLongContexts) {
 }
 
 TEST(SimulatorTest, EveryPolicyAndStoreModeConserves) {
-    const Trace t = small_trace(1500, 9);
+    const workload::Trace t = small_trace(1500, 9);
     for (auto pr : {PrefillRouting::kDeepSeek, PrefillRouting::kRoundRobin,
                     PrefillRouting::kLeastLoaded, PrefillRouting::kPrefixAffinity}) {
         for (auto dr : {DecodeRouting::kDeepSeek, DecodeRouting::kRoundRobin,
@@ -113,7 +141,7 @@ TEST(SimulatorTest, EveryPolicyAndStoreModeConserves) {
 }
 
 TEST(SimulatorTest, StoreCapacityAndTtlLowerHitRate) {
-    const Trace t = small_trace(3000, 11, 0.0);
+    const workload::Trace t = small_trace(3000, 11, 0.0);
     ClusterDescription c = small_cluster();
     SimOptions o;
     o.time_scale = 1.0;
@@ -128,14 +156,14 @@ TEST(SimulatorTest, StoreCapacityAndTtlLowerHitRate) {
 }
 
 TEST(SimulatorTest, RejectsBadInputs) {
-    const Trace t = small_trace(10, 1);
+    const workload::Trace t = small_trace(10, 1);
     SimOptions o;
     o.store = StoreKind::kPerEngine;  // DeepSeek LB needs the shared store
     EXPECT_FALSE(simulate(t, small_cluster(), o).is_ok());
     ClusterDescription c = small_cluster();
     c.num_decode = 0;
     EXPECT_FALSE(simulate(t, c, SimOptions{}).is_ok());
-    EXPECT_FALSE(simulate(Trace{}, small_cluster(), SimOptions{}).is_ok());
+    EXPECT_FALSE(simulate(workload::Trace{}, small_cluster(), SimOptions{}).is_ok());
 }
 
 TEST(SimulatorTest, ClusterDescriptionParsing) {
@@ -162,23 +190,6 @@ TEST(SimulatorTest, ClusterDescriptionParsing) {
         EXPECT_FALSE(r.is_ok()) << b;
         EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     }
-}
-
-TEST(SvgPlotTest, RendersLinesAndBars) {
-    SvgPlot p;
-    p.title = "a < b";
-    p.series = {{"s1", {{1, 2}, {10, 3}}}, {"s2", {{1, 1}, {10, 4}}}};
-    p.log_x = true;
-    p.h_lines = {{"goal", 3.5}};
-    const std::string svg = p.render();
-    EXPECT_EQ(svg.rfind("<svg", 0), 0u);
-    EXPECT_NE(svg.find("a &lt; b"), std::string::npos);
-    EXPECT_NE(svg.find("polyline"), std::string::npos);
-    SvgPlot b;
-    b.bars = true;
-    b.categories = {"x", "y"};
-    b.series = {{"s", {{0, 1}, {1, 2}}}};
-    EXPECT_NE(b.render().find("<rect"), std::string::npos);
 }
 
 }  // namespace

@@ -1,4 +1,5 @@
 #include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 #include <gtest/gtest.h>
 

@@ -17,9 +17,11 @@
 #include "engine/engine.h"
 #include "grammar/compile_service.h"
 #include "grammar/mask_provider.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "grammar/test_tokenizer.h"
 #include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 namespace dsi::grammar {
 namespace {

@@ -18,7 +18,9 @@
 #include "grammar/compile_service.h"
 #include "grammar/mask_provider.h"
 #include "grammar/test_tokenizer.h"
+#include "model/deepseek.h"
 #include "model/synthetic.h"
+#include "support/build_paths.h"
 
 namespace dsi::grammar {
 namespace {
@@ -28,7 +30,7 @@ constexpr int64_t kWait = int64_t{60} * 1000000000;
 
 TEST(GrammarGeneration, TwentySchemasSampledAndGreedyOnTiny) {
     const Tokenizer& tok = test_util::real_tokenizer();
-    std::ifstream in(DSINFER_SOURCE_DIR "/tests/cases/grammar/generation_schemas.json");
+    std::ifstream in(std::string(DSINFER_SOURCE_DIR) + "/tests/cases/grammar/generation_schemas.json");
     ASSERT_TRUE(in.good());
     std::stringstream ss;
     ss << in.rdbuf();
@@ -84,7 +86,7 @@ TEST(GrammarGeneration, TwentySchemasSampledAndGreedyOnTiny) {
     }
     ASSERT_TRUE((*eng)->run().is_ok());
 
-    std::ofstream samples(DSINFER_BINARY_DIR "/grammar_generation_samples.jsonl");
+    std::ofstream samples(std::string(DSINFER_BINARY_DIR) + "/grammar_generation_samples.jsonl");
     std::set<std::string> distinct;
     int checked = 0;
     for (const auto& [id, out] : outs) {

@@ -21,6 +21,7 @@
 #include "model/synthetic.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 namespace dsi {
 namespace {

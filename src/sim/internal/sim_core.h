@@ -14,9 +14,9 @@
 #include "cluster/decode_lb.h"
 #include "cluster/drain.h"
 #include "cluster/prefill_lb.h"
-#include "sim/block_store.h"
+#include "sim/block_id_cache.h"
 #include "sim/simulator.h"
-#include "sim/trace.h"
+#include "workload/trace.h"
 
 namespace dsi::sim::internal {
 
@@ -78,7 +78,7 @@ struct PrefillEngine {
     bool busy = false;
     double busy_ns = 0;
     std::vector<Chunk> step;
-    std::unique_ptr<BlockStore> store;  // per-engine store mode only
+    std::unique_ptr<BlockIdCache> store;  // per-engine store mode only
     bool online = true;     // operations: takes new work
     bool stopping = false;  // operations: scaled in, finishing its queue
 };
@@ -106,7 +106,7 @@ struct DecodeInstance {
 
 class Sim {
 public:
-    Sim(const Trace& trace, const ClusterDescription& c, const SimOptions& o, double time_scale)
+    Sim(const workload::Trace& trace, const ClusterDescription& c, const SimOptions& o, double time_scale)
         : trace_(trace),
           c_(c),
           o_(o),
@@ -121,10 +121,10 @@ public:
                 ? std::max<int64_t>(1, c.store_capacity_tokens / trace.block_tokens)
                 : 0;
         if (o.store == StoreKind::kShared) {
-            shared_store_ = std::make_unique<BlockStore>(cap_blocks, c.store_ttl_ns);
+            shared_store_ = std::make_unique<BlockIdCache>(cap_blocks, c.store_ttl_ns);
         } else {
             for (auto& e : prefill_) {
-                e.store = std::make_unique<BlockStore>(
+                e.store = std::make_unique<BlockIdCache>(
                     cap_blocks > 0 ? std::max<int64_t>(1, cap_blocks / c.num_prefill) : 0,
                     c.store_ttl_ns);
             }
@@ -145,7 +145,7 @@ public:
 private:
     void summarize();
     void push(int64_t t_ns, Ev type, uint32_t id) { events_.push({t_ns, seq_++, type, id}); }
-    int64_t hit_tokens_for(const TraceRequest& tr, int64_t matched_blocks) const;
+    int64_t hit_tokens_for(const workload::TraceRequest& tr, int64_t matched_blocks) const;
     void on_arrival(uint32_t r);
     void route_prefill(uint32_t r, bool reroute);
     void try_start_prefill(int e);
@@ -157,7 +157,7 @@ private:
     void place_pending();
     // KV of a request in decode: prompt + tokens generated so far.
     int64_t kv_of(uint32_t r) const {
-        const TraceRequest& tr = trace_.requests[r];
+        const workload::TraceRequest& tr = trace_.requests[r];
         return tr.input_tokens + std::max<int64_t>(0, tr.output_tokens - 1) - reqs_[r].decode_left;
     }
     // Operations (sim_operations.cc).
@@ -222,7 +222,7 @@ private:
         ++num_finished_;
     }
 
-    const Trace& trace_;
+    const workload::Trace& trace_;
     const ClusterDescription& c_;
     const SimOptions& o_;
     double time_scale_;
@@ -233,7 +233,7 @@ private:
     cluster::DecodeLb decode_lb_;
     cluster::DecodeRoundRobin decode_rr_;
     std::unique_ptr<cluster::PrefillLb> prefill_lb_;
-    std::unique_ptr<BlockStore> shared_store_;
+    std::unique_ptr<BlockIdCache> shared_store_;
     std::priority_queue<Event, std::vector<Event>, Later> events_;
     std::deque<uint32_t> decode_pending_;
     uint64_t seq_ = 0;

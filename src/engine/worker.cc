@@ -1,0 +1,268 @@
+#include "engine/worker.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+
+#include "base/check.h"
+#include "base/clock.h"
+
+namespace dsi::engine {
+
+Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
+               int64_t swap_in_layer_delay_us, std::shared_ptr<spec::Drafter> drafter, int spec_k)
+    : model_(model),
+      pool_(pool),
+      record_logits_(record_logits),
+      swap_in_layer_delay_us_(swap_in_layer_delay_us),
+      vocab_(model->config().vocab_size),
+      eos_(static_cast<int32_t>(model->config().eos_token_id)),
+      drafter_(std::move(drafter)),
+      spec_k_(spec_k) {}
+
+Worker::~Worker() { stop(); }
+
+void Worker::start() {
+    thread_ = std::thread([this] { loop(); });
+}
+
+void Worker::stop() {
+    if (!thread_.joinable()) return;
+    {
+        MutexLock l(&mu_);
+        stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+}
+
+void Worker::submit(StepPlan plan) {
+    if (!thread_.joinable()) {
+        StepResult r = execute(plan);
+        MutexLock l(&mu_);
+        done_.push_back(std::move(r));
+        return;
+    }
+    {
+        MutexLock l(&mu_);
+        todo_.push_back(std::move(plan));
+    }
+    cv_.notify_all();
+}
+
+StepResult Worker::wait() {
+    MutexLock l(&mu_);
+    // No deadline: a step always ends (the forward pass has no unbounded wait; a
+    // swap-in layer wait aborts after 60 s, kv/paged_kv_cache.h).
+    while (done_.empty()) cv_.wait(&mu_);
+    StepResult r = std::move(done_.front());
+    done_.pop_front();
+    return r;
+}
+
+void Worker::loop() {
+    while (true) {
+        StepPlan plan;
+        {
+            MutexLock l(&mu_);
+            while (!stop_ && todo_.empty()) cv_.wait(&mu_);
+            if (todo_.empty()) return;  // stop_ and drained
+            plan = std::move(todo_.front());
+            todo_.pop_front();
+        }
+        StepResult r = execute(plan);
+        {
+            MutexLock l(&mu_);
+            done_.push_back(std::move(r));
+        }
+        cv_.notify_all();
+    }
+}
+
+StepResult Worker::execute(StepPlan& plan) {
+    StepResult r;
+    r.start_ns = steady_clock_ns();
+    for (int64_t id : plan.release) seqs_.erase(id);
+    // Preemption by swapping: save the victims' rows before anything in this step
+    // can overwrite their blocks, then restore the resumed sequences' rows.
+    for (const kv::HostCopy& c : plan.save) kv::copy_block_to_host(*pool_, c);
+    for (const StepItem& it : plan.items) {
+        for (const kv::HostCopy& c : it.restore) kv::copy_block_from_host(*pool_, c);
+    }
+    steps_.clear();
+    inputs_.resize(plan.items.size());
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+        StepItem& it = plan.items[i];
+        if (it.init) {
+            WorkerSeq ws;
+            ws.req = it.req;
+            ws.params = it.req->sampling;
+            ws.params.seed = it.seed;
+            ws.output = std::move(it.output);
+            ws.epoch = it.epoch;
+            seqs_[it.seq_id] = std::move(ws);
+        }
+        WorkerSeq& ws = seqs_.at(it.seq_id);
+        DSI_CHECK_EQ(ws.epoch, it.epoch);
+        std::span<const int32_t> toks = it.tokens;
+        if (toks.empty()) {
+            // S-ASYNC: the decode input is the token this worker sampled last; it
+            // never goes through the host. (A token of -1 ended the sequence; the
+            // host drops this result.)
+            // With speculation the drafts follow it (verified in one pass).
+            inputs_[i].assign(1, std::max(ws.last, 0));
+            inputs_[i].insert(inputs_[i].end(), it.drafts.begin(), it.drafts.end());
+            toks = inputs_[i];
+        }
+        steps_.push_back({toks, it.start_pos, &it.cache, !it.drafts.empty()});
+    }
+    // S-KV-6: copy fetched blocks layer by layer on a swap-in thread while the
+    // forward pass runs; attention on those rows waits for its layer.
+    kv::LayerGate gate;
+    std::thread swapper;
+    int64_t swap_start_ns = 0;
+    std::atomic<int64_t> swap_end_ns{0};
+    bool any_swap = false;
+    for (StepItem& it : plan.items) {
+        if (it.swap_in.blocks.empty()) continue;
+        any_swap = true;
+        it.cache.set_gate(&gate, it.swap_in.begin_pos, it.swap_in.end_pos());
+        r.swap_in_blocks += static_cast<int64_t>(it.swap_in.blocks.size());
+    }
+    if (any_swap) {
+        swap_start_ns = steady_clock_ns();
+        swapper = std::thread([&] {
+            swap_in_layers(plan, gate);
+            swap_end_ns.store(steady_clock_ns(), std::memory_order_release);
+        });
+        // Counted: this forward pass starts before the last layer has arrived.
+        if (gate.ready() < pool_->groups()[0].num_layers) {
+            for (const StepItem& it : plan.items) r.swap_in_overlapped += !it.swap_in.blocks.empty();
+        }
+    }
+    r.status = model_->forward_batch(steps_, out_);
+    if (any_swap) {
+        swapper.join();
+        r.swap_in_ns = swap_end_ns.load(std::memory_order_acquire) - swap_start_ns;
+        r.swap_in_wait_ns = gate.wait_ns();
+        for (const StepItem& it : plan.items) {
+            for (const kv::SwapIn& sw : it.swap_in.blocks)
+                r.swap_in_bytes += static_cast<int64_t>(sw.data->payload().size());
+        }
+    }
+    if (r.status.is_ok()) {
+        for (size_t i = 0; i < plan.items.size(); ++i) {
+            r.items.push_back(sample_item(plan.items[i], i));
+        }
+        if (drafter_ != nullptr) r.status = draft(plan, r);
+    }
+    r.end_ns = steady_clock_ns();
+    return r;
+}
+
+ItemResult Worker::sample_item(StepItem& it, size_t i) {
+    ItemResult ir;
+    ir.seq_id = it.seq_id;
+    ir.epoch = it.epoch;
+    ir.num_tokens = static_cast<int64_t>(steps_[i].tokens.size());
+    ir.num_kept = ir.num_tokens;
+    if (!it.sample) return ir;
+    WorkerSeq& ws = seqs_.at(it.seq_id);
+    const size_t num_rows = it.drafts.size() + 1;
+    std::span<const float> rows(out_.logits.data() + out_.logit_row[i] * vocab_,
+                                num_rows * static_cast<size_t>(vocab_));
+    // Row j predicts the token at start_pos + num_tokens - drafts + j. Without drafts
+    // this is the plain sampling of one position.
+    spec::VerifyInput in{rows,
+                         vocab_,
+                         it.drafts,
+                         static_cast<uint64_t>(it.start_pos + ir.num_tokens) - it.drafts.size(),
+                         ws.req->prompt,
+                         eos_,
+                         ws.req->mask.get()};
+    spec::verify_exact(sampler_, in, ws.params, ws.output, verified_);
+    ir.sampled = true;
+    ir.num_drafts = static_cast<int32_t>(it.drafts.size());
+    ir.num_accepted = verified_.accepted;
+    // Rows kept: the prompt/input rows and one per emitted token after the first (each
+    // accepted draft that another token follows). Rows of rejected drafts — and of a
+    // matched draft that ended the sequence — are rolled back (rewritten later).
+    ir.num_kept = ir.num_tokens - ir.num_drafts + static_cast<int64_t>(verified_.tokens.size()) - 1;
+    ws.last = verified_.tokens.back().token;
+    if (record_logits_) {
+        ir.logits.assign(
+            rows.begin(),
+            rows.begin() + static_cast<std::ptrdiff_t>(verified_.tokens.size()) * vocab_);
+    }
+    ir.tokens = std::move(verified_.tokens);
+    return ir;
+}
+
+Status Worker::draft(StepPlan& plan, StepResult& r) {
+    const bool hidden = drafter_->uses_hidden();
+    const int64_t H = model_->config().hidden_size;
+    draft_in_.clear();
+    draft_k_.clear();
+    draft_item_.clear();
+    int64_t hidden_offset = 0;  // the item's first row in the step's hidden states
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+        StepItem& it = plan.items[i];
+        const ItemResult& ir = r.items[i];
+        const int64_t offset = hidden_offset;
+        hidden_offset += ir.num_tokens;
+        if (!hidden && !it.sample) continue;
+        if (ir.sampled && ir.tokens.back().token < 0) continue;  // ended
+        const WorkerSeq& ws = seqs_.at(it.seq_id);
+        spec::DraftInput in;
+        in.prompt = ws.req->prompt;
+        in.output = ws.output;
+        if (hidden) {
+            in.hidden =
+                std::span<const float>(out_.hidden)
+                    .subspan(static_cast<size_t>(offset * H), static_cast<size_t>(ir.num_kept * H));
+            in.hidden_pos = it.start_pos;
+            in.cache = &it.cache;
+        }
+        draft_in_.push_back(in);
+        draft_k_.push_back(it.sample ? spec_k_ : 0);
+        draft_item_.push_back(i);
+    }
+    if (draft_in_.empty()) return Status::ok();
+    draft_out_.resize(draft_in_.size());
+    DSI_RETURN_IF_ERROR(drafter_->propose_batch(draft_in_, draft_k_, draft_out_));
+    for (size_t d = 0; d < draft_item_.size(); ++d) {
+        const WorkerSeq& ws = seqs_.at(plan.items[draft_item_[d]].seq_id);
+        if (ws.req->mask != nullptr) cut_forbidden_drafts(ws, draft_out_[d]);
+        r.items[draft_item_[d]].next_drafts = std::move(draft_out_[d]);
+    }
+    return Status::ok();
+}
+
+void Worker::cut_forbidden_drafts(const WorkerSeq& ws, std::vector<int32_t>& drafts) {
+    // Structured output: a draft the grammar forbids after the output and the drafts
+    // before it would be rejected; it and everything after it are never proposed.
+    draft_context_ = ws.output;
+    for (size_t j = 0; j < drafts.size(); ++j) {
+        draft_mask_.reset(vocab_, true);
+        ws.req->mask->fill(draft_context_, draft_mask_);
+        if (!draft_mask_.allowed(drafts[j])) {
+            drafts.resize(j);
+            return;
+        }
+        draft_context_.push_back(drafts[j]);
+    }
+}
+
+void Worker::swap_in_layers(StepPlan& plan, kv::LayerGate& gate) {
+    const int64_t num_layers = pool_->groups()[0].num_layers;  // what the store holds
+    for (int64_t l = 0; l < num_layers; ++l) {
+        if (swap_in_layer_delay_us_ > 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(swap_in_layer_delay_us_));
+        for (StepItem& it : plan.items) {
+            for (const kv::SwapIn& sw : it.swap_in.blocks) kv::copy_fetched_layer(*pool_, sw, l);
+        }
+        gate.set_ready(l + 1);
+    }
+}
+
+}  // namespace dsi::engine

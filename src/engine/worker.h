@@ -1,0 +1,112 @@
+// Worker: the device side of the engine's step loop. It runs a StepPlan (host <-> pool
+// block copies, forward_batch, sampling) and returns a StepResult, and keeps what
+// sampling needs per sequence (the sequence's own output for penalties, the last token
+// it sampled, which is the next decode input: S-ASYNC, it never goes through the host).
+//
+// Inline (async off): submit() runs the plan at once and wait() returns its result.
+// Async (after start()): plans queue to the worker thread; the host schedules step N+1
+// while step N runs; results come back in submission order.
+//
+// Per plan, in order: drop released sequences' state; save swap victims' blocks to host
+// slots; restore resumed sequences' rows; (re)create sequences marked init; forward pass
+// with fetched store blocks copied in layer by layer on a swap-in thread beside it
+// (S-KV-6: attention on a fetched row waits for its layer through kv::LayerGate);
+// sample the rows marked sample (with speculation: verify the item's drafts by the
+// exact rule, spec/verify.h, and report the rows to keep); then, with a drafter,
+// propose the next step's drafts (the MTP drafter also writes its KV rows for every
+// item, spec/mtp.h).
+//
+// Thread model: submit / wait / start / stop from the engine's scheduling thread only;
+// everything else on the worker thread (or inline). The model and pool are used by the
+// worker alone while a plan runs; the host orders block reuse by steps (engine.h).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "base/mutex.h"
+#include "engine/step_plan.h"
+#include "kv/block_pool.h"
+#include "model/causal_lm.h"
+#include "sampling/sampler.h"
+#include "spec/drafter.h"
+#include "spec/verify.h"
+
+namespace dsi::engine {
+
+class Worker {
+public:
+    // REQUIRES: model and pool outlive the worker (swap-in writes fetched blocks into
+    // the pool).
+    // With a drafter, sampled items come back with next_drafts (at most spec_k).
+    Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
+           int64_t swap_in_layer_delay_us, std::shared_ptr<spec::Drafter> drafter = nullptr,
+           int spec_k = 0);
+    ~Worker();  // stop()
+    Worker(const Worker&) = delete;
+    Worker& operator=(const Worker&) = delete;
+
+    // Runs plans on a worker thread from now on (async).
+    void start();
+    // Runs the plans queued so far, then ends the thread. Idempotent.
+    void stop();
+    void submit(StepPlan plan);
+    // The result of the oldest submitted plan not yet returned (blocks until it ran).
+    // REQUIRES: a plan was submitted and not yet waited for.
+    StepResult wait();
+
+private:
+    struct WorkerSeq {
+        std::shared_ptr<const RequestShared> req;
+        SamplingParams params;  // with this completion's seed
+        std::vector<int32_t> output;
+        int32_t last = 0;
+        uint32_t epoch = 0;
+    };
+
+    void loop();
+    StepResult execute(StepPlan& plan);
+    // Layer-major copy of every fetched block of the plan into its pool block.
+    void swap_in_layers(StepPlan& plan, kv::LayerGate& gate);
+    // Samples (and verifies the drafts of) item i after the forward pass.
+    ItemResult sample_item(StepItem& it, size_t i);
+    // The next step's drafts for every item that wants them, in one drafter call.
+    Status draft(StepPlan& plan, StepResult& r);
+    // Cuts `drafts` at the first one the sequence's grammar mask forbids.
+    void cut_forbidden_drafts(const WorkerSeq& ws, std::vector<int32_t>& drafts);
+
+    CausalLm* model_;
+    kv::BlockPool* pool_;
+    bool record_logits_;
+    int64_t swap_in_layer_delay_us_;
+    int64_t vocab_;
+    int32_t eos_;
+    std::shared_ptr<spec::Drafter> drafter_;
+    int spec_k_;
+    // Worker thread (or inline) only.
+    std::unordered_map<int64_t, WorkerSeq> seqs_;
+    Sampler sampler_;
+    BatchOutput out_;
+    std::vector<SequenceStep> steps_;
+    std::vector<std::vector<int32_t>> inputs_;  // per item: decode input (+ drafts)
+    spec::Verified verified_;
+    std::vector<spec::DraftInput> draft_in_;
+    std::vector<int> draft_k_;
+    std::vector<size_t> draft_item_;
+    std::vector<std::vector<int32_t>> draft_out_;
+    std::vector<int32_t> draft_context_;
+    TokenMask draft_mask_;
+
+    Mutex mu_;
+    CondVar cv_;
+    std::deque<StepPlan> todo_ DSI_GUARDED_BY(mu_);
+    std::deque<StepResult> done_ DSI_GUARDED_BY(mu_);
+    bool stop_ DSI_GUARDED_BY(mu_) = false;
+    std::thread thread_;  // owner thread only
+};
+
+}  // namespace dsi::engine

@@ -1,0 +1,557 @@
+#include "kv/tiered_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "base/check.h"
+#include "base/logging.h"
+
+namespace dsi::kv {
+namespace {
+
+int64_t block_floats_of(const std::vector<CacheGroupSpec>& groups) {
+    int64_t n = 0;  // every cache group's slice of one block
+    for (const CacheGroupSpec& g : groups) n += g.block_floats();
+    return n;
+}
+
+}  // namespace
+
+void copy_block_to_host(BlockPool& pool, const HostCopy& c) {
+    float* host = c.host;
+    for (size_t g = 0; g < pool.groups().size(); ++g) {
+        const size_t n = static_cast<size_t>(pool.groups()[g].block_floats());
+        std::memcpy(host, pool.data(g, c.block), n * sizeof(float));
+        host += n;
+    }
+}
+
+void copy_block_from_host(BlockPool& pool, const HostCopy& c) {
+    const float* host = c.host;
+    for (size_t g = 0; g < pool.groups().size(); ++g) {
+        const size_t n = static_cast<size_t>(pool.groups()[g].block_floats());
+        std::memcpy(pool.data(g, c.block), host, n * sizeof(float));
+        host += n;
+    }
+}
+
+void copy_fetched_layer(BlockPool& pool, const SwapIn& s, int64_t layer) {
+    const CacheGroupSpec& g = pool.groups()[0];
+    const int64_t layer_floats = g.entries_per_block() * g.floats_per_entry;
+    std::span<const uint8_t> src = s.data->layer(static_cast<uint32_t>(layer));
+    // A block is [layer][entry][floats].
+    std::memcpy(pool.data(0, s.block) + layer * layer_floats, src.data(), src.size());
+}
+
+Result<std::unique_ptr<TieredCache>> TieredCache::create(TieredCacheOptions options) {
+    if (options.groups.empty()) return invalid_argument("tiered cache needs a cache group");
+    if (options.state_floats < 0 || (options.state_floats > 0 && options.num_state_slots < 1)) {
+        return invalid_argument("tiered cache: a state-slot layout needs state_floats > 0 and "
+                                "at least one slot");
+    }
+    DSI_ASSIGN_OR_RETURN(std::unique_ptr<BlockPool> pool,
+                         BlockPool::create(options.groups, options.num_blocks));
+    return std::unique_ptr<TieredCache>(new TieredCache(std::move(options), std::move(pool)));
+}
+
+TieredCache::TieredCache(TieredCacheOptions options, std::unique_ptr<BlockPool> pool)
+    : options_(std::move(options)),
+      pool_(std::move(pool)),
+      swap_(options_.swap_space_bytes, block_floats_of(options_.groups)) {
+    if (options_.state_floats > 0) {
+        slots_ = std::make_unique<StateSlotPool>(options_.num_state_slots, options_.state_floats);
+    }
+    open_store();
+}
+
+TieredCache::~TieredCache() {
+    // Stop the tier threads before the store they use goes.
+    fetcher_.reset();
+    // Shutdown drains the write-behind queue, bounded (a dead store cannot hold us).
+    if (write_behind_ != nullptr) (void)write_behind_->flush(kvstore::deadline_after_ms(5000));
+    write_behind_.reset();
+}
+
+// A store that cannot be opened is logged and left out: serving goes on.
+void TieredCache::open_store() {
+    if (options_.store != nullptr) {
+        store_ = options_.store;
+    } else if (!options_.store_uri.empty()) {
+        Result<std::unique_ptr<kvstore::BlockStore>> st =
+            kvstore::open_block_store(options_.store_uri);
+        if (!st.is_ok()) {
+            DSI_LOG(kWarning) << "kv store " << options_.store_uri
+                              << " unavailable, serving without it: " << st.status().to_string();
+            return;
+        }
+        owned_store_ = std::move(st).value();
+        store_ = owned_store_.get();
+    }
+    if (store_ == nullptr || !options_.prefix_cache) {
+        store_ = nullptr;
+        return;
+    }
+    model_identity_ = kvstore::model_identity(options_.model_id);
+    if (options_.store_write) {
+        kvstore::WriteBehind::Options wo;
+        wo.max_queued_bytes = options_.write_queue_bytes;
+        write_behind_ = std::make_unique<kvstore::WriteBehind>(store_, wo);
+    }
+    // S-KV-5: blocks are read straight into reused host buffers (read_many_into),
+    // each sized for one encoded block; the swap-in copies from them.
+    kvstore::Fetcher::Options fo;
+    fo.buffer_bytes = kvstore::header_bytes(static_cast<uint32_t>(store_layers())) +
+                      static_cast<size_t>(layer_bytes() * store_layers());
+    fo.max_buffers = std::max<int64_t>(
+        1, options_.fetch_buffer_bytes / static_cast<int64_t>(fo.buffer_bytes));
+    fetcher_ = std::make_unique<kvstore::Fetcher>(store_, fo);
+}
+
+TieredCache::Seq& TieredCache::at(SeqId id) {
+    auto it = seqs_.find(id);
+    DSI_CHECK(it != seqs_.end(), "unknown sequence");
+    return it->second;
+}
+
+const TieredCache::Seq& TieredCache::at(SeqId id) const {
+    auto it = seqs_.find(id);
+    DSI_CHECK(it != seqs_.end(), "unknown sequence");
+    return it->second;
+}
+
+int64_t TieredCache::layer_bytes() const {
+    const CacheGroupSpec& g = options_.groups[0];
+    return g.entries_per_block() * g.floats_per_entry * static_cast<int64_t>(sizeof(float));
+}
+
+kvstore::BlockInfo TieredCache::store_info(const Seq& s, std::span<const int32_t> tokens,
+                                           int64_t b) const {
+    kvstore::BlockInfo info;
+    info.key = kvstore::StoreKey{s.keys[b].lo, s.keys[b].hi};
+    info.model = model_identity_;
+    info.num_layers = static_cast<uint32_t>(store_layers());
+    // A block written under another dtype is a mismatch on fetch.
+    info.dtype = options_.store_dtype;
+    info.num_tokens = static_cast<uint32_t>(kBlockTokens);
+    info.token_hash = kvstore::token_ids_hash(tokens.subspan(b * kBlockTokens, kBlockTokens));
+    info.traffic_class = s.traffic;
+    return info;
+}
+
+// S-KV-7: a block just published (prefill or decode) is offered to the store. One
+// bounded copy here (WriteBehind::offer copies and never blocks; a full queue drops).
+void TieredCache::offer_block(const Seq& s, std::span<const int32_t> tokens, int64_t b) {
+    if (write_behind_ == nullptr) return;
+    const float* base = pool_->data(0, s.blocks[b]);
+    const int64_t floats = layer_bytes() / static_cast<int64_t>(sizeof(float));
+    std::vector<std::span<const uint8_t>> layers;
+    for (int64_t l = 0; l < store_layers(); ++l) {
+        layers.emplace_back(reinterpret_cast<const uint8_t*>(base + l * floats),
+                            static_cast<size_t>(layer_bytes()));
+    }
+    if (write_behind_->offer(store_info(s, tokens, b), layers)) {
+        ++stats_.store_blocks_offered;
+        stats_.store_bytes_offered += layer_bytes() * store_layers();
+    } else {
+        ++stats_.store_blocks_dropped;
+    }
+}
+
+// Keys of the first n full blocks of tokens.
+void TieredCache::ensure_keys(Seq& s, std::span<const int32_t> tokens, int64_t n) {
+    while (static_cast<int64_t>(s.keys.size()) < n) {
+        const size_t b = s.keys.size();
+        const BlockKey parent = b == 0 ? BlockKey{} : s.keys[b - 1];
+        s.keys.push_back(chain_key(parent, tokens.subspan(b * kBlockTokens, kBlockTokens), s.salt));
+    }
+}
+
+// S-KV-9: a hit keeps at least one token back (its logits start the output).
+int64_t TieredCache::max_hit_blocks(size_t num_tokens) const {
+    if (!options_.prefix_cache) return 0;
+    return (static_cast<int64_t>(num_tokens) - 1) / kBlockTokens;
+}
+
+void TieredCache::release_staged(Seq& s) {
+    pool_->release_all(s.staged);
+    s.staged.clear();
+    s.staged_data.clear();
+    s.staged_first = 0;
+}
+
+void TieredCache::drop_fetch(Seq& s) {
+    if (s.fetch == nullptr) return;
+    s.fetch.reset();
+    --num_fetching_;
+}
+
+// S-KV-4/5: after the local match, ask the store for the rest of the chain (metadata
+// only) and fetch the hits off-thread. True if a fetch is now in flight.
+bool TieredCache::start_fetch(Seq& s, std::span<const int32_t> tokens, int64_t max_hit) {
+    s.store_checked = true;
+    const PrefixPeek p =
+        pool_->peek(std::span<const BlockKey>(s.keys).first(static_cast<size_t>(max_hit)));
+    const int64_t first = p.num_hit_blocks;
+    if (first >= max_hit) return false;
+    std::vector<kvstore::StoreKey> chain;
+    for (int64_t b = first; b < max_hit; ++b) chain.push_back({s.keys[b].lo, s.keys[b].hi});
+    ++stats_.store_lookups;
+    Result<int64_t> n = store_->match_prefix(
+        chain, kvstore::deadline_after_ms(options_.match_timeout_ms));
+    if (!n.is_ok() || *n <= 0) return false;  // a dead store is a miss
+    chain.resize(static_cast<size_t>(*n));
+    std::vector<kvstore::BlockInfo> expects;
+    for (int64_t b = first; b < first + *n; ++b) expects.push_back(store_info(s, tokens, b));
+    s.fetch_first_block = first;
+    s.fetch_num_blocks = *n;
+    s.fetch_submit_ns = kvstore::deadline_after_ms(0);
+    s.fetch_deadline_ns = kvstore::deadline_after_ms(options_.fetch_timeout_ms);
+    s.fetch = fetcher_->submit(std::move(chain), std::move(expects), s.fetch_deadline_ns);
+    ++num_fetching_;
+    return true;
+}
+
+// A finished (or late) fetch: pin the local prefix, take the leading verified blocks
+// into new pool blocks the sequence holds (staged). Anything unusable is a miss: the
+// sequence computes those tokens.
+void TieredCache::resolve_fetch(Seq& s) {
+    std::shared_ptr<kvstore::FetchTicket> t = s.fetch;
+    const int64_t now = kvstore::deadline_after_ms(0);
+    drop_fetch(s);
+    if (!t->done()) {  // late: the fetch goes on, its result is dropped
+        stats_.store_miss_blocks += s.fetch_num_blocks;
+        return;
+    }
+    const int64_t lat = now - s.fetch_submit_ns;
+    ++stats_.fetch_count;
+    stats_.fetch_sum_ns += lat;
+    stats_.fetch_max_ns = std::max(stats_.fetch_max_ns, lat);
+    // Each fetched block holds a Fetcher host buffer until the swap-in has copied it
+    // (the step plan drops it) or the sequence ends.
+    std::vector<Result<kvstore::FetchedBlock>>& res = t->results();
+    std::vector<std::shared_ptr<const kvstore::Block>> got;
+    for (Result<kvstore::FetchedBlock>& r : res) {
+        if (!r.is_ok()) break;  // the chain stops at the first miss
+        const kvstore::Block& b = **r;
+        bool ok = b.num_layers() == static_cast<uint32_t>(store_layers());
+        for (uint32_t l = 0; ok && l < b.num_layers(); ++l)
+            ok = static_cast<int64_t>(b.layer(l).size()) == layer_bytes();
+        if (!ok) break;
+        got.push_back(std::move(r).value());
+    }
+    stats_.store_miss_blocks += static_cast<int64_t>(res.size() - got.size());
+    if (got.empty()) return;
+    const int64_t first = s.fetch_first_block;
+    const int64_t end = first + static_cast<int64_t>(got.size());
+    // The local prefix may have changed while fetching: pin what is there now.
+    std::vector<BlockId> pinned =
+        pool_->match_and_pin(std::span<const BlockKey>(s.keys).first(static_cast<size_t>(end)));
+    const int64_t m = static_cast<int64_t>(pinned.size());
+    if (m < first) {  // a parent was evicted meanwhile: the chain is broken
+        pool_->release_all(pinned);
+        stats_.store_miss_blocks += static_cast<int64_t>(got.size());
+        return;
+    }
+    const int64_t need = end - m;
+    if (need > 0) {
+        Result<std::vector<BlockId>> nb = pool_->allocate(need);
+        if (!nb.is_ok()) {  // pool short: compute instead
+            pool_->release_all(pinned);
+            stats_.store_miss_blocks += static_cast<int64_t>(got.size());
+            return;
+        }
+        pinned.insert(pinned.end(), nb->begin(), nb->end());
+        s.staged_data.assign(got.begin() + (m - first), got.end());
+    }
+    s.staged = std::move(pinned);
+    s.staged_first = m;
+}
+
+void TieredCache::add(SeqId id, const BlockKey& salt, kvstore::TrafficClass traffic) {
+    Seq s;
+    s.salt = salt;
+    s.traffic = traffic;
+    const bool inserted = seqs_.emplace(id, std::move(s)).second;
+    DSI_CHECK(inserted, "sequence added twice");
+}
+
+void TieredCache::remove(SeqId id) {
+    Seq& s = at(id);
+    pool_->release_all(s.blocks);
+    s.blocks.clear();
+    release_staged(s);
+    drop_fetch(s);
+    swap_.release(s.swap_slots);  // abort of a swapped-out sequence frees its host space
+    release_state(s);
+    seqs_.erase(id);
+}
+
+bool TieredCache::fetching(SeqId id) const { return at(id).fetch != nullptr; }
+
+bool TieredCache::poll_fetch(SeqId id) {
+    Seq& s = at(id);
+    DSI_CHECK(s.fetch != nullptr);
+    if (!s.fetch->done() && kvstore::deadline_after_ms(0) < s.fetch_deadline_ns) return false;
+    resolve_fetch(s);
+    return true;
+}
+
+std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
+                                                         std::span<const int32_t> tokens) {
+    Seq& s = at(id);
+    AdmissionPeek p;
+    if (!s.swap_slots.empty()) {
+        // Swapped out: its rows come back from host memory, no prefix lookup.
+        p.num_cached_tokens = s.swapped_rows;
+        p.num_swapped_blocks = static_cast<int64_t>(s.swap_slots.size());
+        return p;
+    }
+    const int64_t max_hit = max_hit_blocks(tokens.size());
+    if (max_hit > 0 && store_ != nullptr && !s.store_checked && s.staged.empty()) {
+        ensure_keys(s, tokens, max_hit);
+        if (start_fetch(s, tokens, max_hit)) return std::nullopt;
+    }
+    if (!s.staged.empty()) {
+        // Prefix blocks already held (local pins + fetched): nothing to pin.
+        p.num_cached_tokens = static_cast<int64_t>(s.staged.size()) * kBlockTokens;
+    } else if (max_hit > 0) {
+        ensure_keys(s, tokens, max_hit);
+        const PrefixPeek hit =
+            pool_->peek(std::span<const BlockKey>(s.keys).first(static_cast<size_t>(max_hit)));
+        p.num_cached_tokens = hit.num_hit_blocks * kBlockTokens;
+        p.num_cached_unreferenced_blocks = hit.num_unreferenced;
+    }
+    return p;
+}
+
+int64_t TieredCache::admit(SeqId id, int64_t num_cached_tokens) {
+    Seq& s = at(id);
+    DSI_CHECK(!s.admitted);
+    s.admitted = true;
+    if (slots_ != nullptr) {
+        Result<SlotId> slot = slots_->allocate();
+        DSI_CHECK(slot.is_ok(), "admission without a free state slot: ", slot.status().to_string());
+        s.state_slot = *slot;
+    }
+    if (!s.swap_slots.empty()) {
+        // Blocks for the swapped rows are allocated by restore(), after every pin.
+        s.num_store_blocks = s.swapped_rows / kBlockTokens;  // written before
+        return s.swapped_rows;
+    }
+    const int64_t hit = num_cached_tokens / kBlockTokens;
+    if (!s.staged.empty()) {
+        // S-KV-6: the fetched blocks go to the worker with this step's item
+        // (take_swap_in); they are published after the step that copied them.
+        s.blocks = std::move(s.staged);
+        s.staged.clear();
+        s.num_published = s.staged_first;
+        s.num_store_blocks = static_cast<int64_t>(s.blocks.size());
+        const int64_t fetched = static_cast<int64_t>(s.staged_data.size());
+        stats_.store_hit_blocks += fetched;
+        stats_.store_hit_tokens += fetched * kBlockTokens;
+    } else {
+        s.blocks =
+            pool_->match_and_pin(std::span<const BlockKey>(s.keys).first(static_cast<size_t>(hit)));
+        s.num_published = hit;
+        s.num_store_blocks = hit;
+    }
+    DSI_CHECK_EQ(static_cast<int64_t>(s.blocks.size()), hit);
+    return hit * kBlockTokens;
+}
+
+bool TieredCache::swapped_out(SeqId id) const { return !at(id).swap_slots.empty(); }
+
+Result<std::vector<HostCopy>> TieredCache::restore(SeqId id) {
+    Seq& s = at(id);
+    DSI_CHECK(s.admitted && !s.swap_slots.empty() && s.blocks.empty());
+    Result<std::vector<BlockId>> rb = pool_->allocate(static_cast<int64_t>(s.swap_slots.size()));
+    if (!rb.is_ok()) {
+        return internal_error("scheduler over-committed blocks for a swap-in: " +
+                              rb.status().to_string());
+    }
+    std::vector<HostCopy> copies;
+    for (size_t i = 0; i < rb->size(); ++i) copies.push_back({(*rb)[i], swap_.slot(s.swap_slots[i])});
+    s.blocks = std::move(rb).value();
+    stats_.swapped_in_blocks += static_cast<int64_t>(s.swap_slots.size());
+    swap_.release(s.swap_slots);  // reusable from the next plan on
+    s.swap_slots.clear();
+    s.swapped_rows = 0;
+    return copies;
+}
+
+Status TieredCache::grow(SeqId id, int64_t n) {
+    if (n <= 0) return Status::ok();
+    Seq& s = at(id);
+    Result<std::vector<BlockId>> nb = pool_->allocate(n);
+    if (!nb.is_ok()) {
+        return internal_error("scheduler over-committed blocks: " + nb.status().to_string());
+    }
+    s.blocks.insert(s.blocks.end(), nb->begin(), nb->end());
+    return Status::ok();
+}
+
+void TieredCache::truncate(SeqId id, int64_t num_rows) {
+    Seq& s = at(id);
+    const auto keep = static_cast<size_t>(blocks_for_tokens(num_rows));
+    DSI_CHECK_LE(s.num_published, static_cast<int64_t>(keep));
+    if (s.blocks.size() <= keep) return;
+    pool_->release_all(std::span<const BlockId>(s.blocks).subspan(keep));
+    s.blocks.resize(keep);
+}
+
+int64_t TieredCache::num_blocks(SeqId id) const {
+    return static_cast<int64_t>(at(id).blocks.size());
+}
+
+int64_t TieredCache::num_exclusive_blocks(SeqId id) const {
+    int64_t n = 0;
+    for (BlockId b : at(id).blocks) n += pool_->ref_count(b) == 1;
+    return n;
+}
+
+PagedKvCache TieredCache::table(SeqId id) {
+    const Seq& s = at(id);
+    float* state = s.state_slot >= 0 ? slots_->data(s.state_slot) : nullptr;
+    return PagedKvCache(pool_.get(), 0, s.blocks, state);
+}
+
+void TieredCache::release_state(Seq& s) {
+    if (s.state_slot < 0) return;
+    slots_->release(s.state_slot);
+    s.state_slot = -1;
+}
+
+SwapInBatch TieredCache::take_swap_in(SeqId id) {
+    Seq& s = at(id);
+    SwapInBatch batch;
+    if (s.staged_data.empty()) return batch;
+    batch.begin_pos = s.staged_first * kBlockTokens;
+    for (size_t j = 0; j < s.staged_data.size(); ++j) {
+        batch.blocks.push_back(
+            {s.blocks[static_cast<size_t>(s.staged_first) + j], std::move(s.staged_data[j])});
+    }
+    s.staged_data.clear();
+    return batch;
+}
+
+void TieredCache::publish(SeqId id, std::span<const int32_t> tokens, int64_t num_full_blocks) {
+    if (!options_.prefix_cache) return;
+    Seq& s = at(id);
+    if (num_full_blocks <= s.num_published) return;
+    ensure_keys(s, tokens, num_full_blocks);
+    for (int64_t b = s.num_published; b < num_full_blocks; ++b) {
+        // S-KV-7: new blocks (prefill and decode) are written behind; blocks that came
+        // from a tier are not written back.
+        if (pool_->publish(s.blocks[b], s.keys[b]) && b >= s.num_store_blocks) {
+            offer_block(s, tokens, b);
+        }
+    }
+    s.num_published = num_full_blocks;
+}
+
+bool TieredCache::preempt(SeqId id, int64_t rows) {
+    Seq& s = at(id);
+    bool swapped = false;
+    // State (window ring, partial windows) is not in the blocks: recompute.
+    if (rows > 0 && slots_ == nullptr) {
+        const int64_t n = blocks_for_tokens(rows);
+        if (std::optional<std::vector<int32_t>> slots = swap_.allocate(n)) {
+            for (int64_t i = 0; i < n; ++i) {
+                pending_saves_.push_back(
+                    {s.blocks[static_cast<size_t>(i)], swap_.slot((*slots)[static_cast<size_t>(i)])});
+            }
+            s.swap_slots = std::move(*slots);
+            s.swapped_rows = rows;
+            ++stats_.preemptions_swapped;
+            stats_.swapped_out_blocks += n;
+            swapped = true;
+        }
+    }
+    pool_->release_all(s.blocks);
+    s.blocks.clear();
+    release_state(s);
+    s.admitted = false;
+    s.num_published = 0;
+    s.store_checked = false;
+    s.num_store_blocks = 0;
+    return swapped;
+}
+
+std::vector<HostCopy> TieredCache::take_saves() {
+    std::vector<HostCopy> saves = std::move(pending_saves_);
+    pending_saves_.clear();
+    return saves;
+}
+
+void TieredCache::end_plan() { swap_.end_plan(); }
+
+void TieredCache::wait_for_fetch(int64_t max_wait_ms) {
+    for (auto& [id, s] : seqs_) {
+        if (s.fetch == nullptr) continue;
+        (void)s.fetch->wait(std::min(s.fetch_deadline_ns, kvstore::deadline_after_ms(max_wait_ms)));
+        return;
+    }
+}
+
+TieredCacheStats TieredCache::stats() const {
+    TieredCacheStats s = stats_;
+    s.pool = pool_->stats();
+    s.swap_slots_held = swap_.num_held();
+    if (slots_ != nullptr) s.state_slots_in_use = slots_->num_slots() - slots_->num_free();
+    if (write_behind_ != nullptr) {
+        s.store_blocks_written = write_behind_->num_written();
+        s.store_blocks_dropped = write_behind_->num_dropped();
+    }
+    if (store_ != nullptr) s.store_puts_dropped = store_->metrics().puts_dropped;
+    if (fetcher_ != nullptr) {
+        const kvstore::FetchBufferStats fb = fetcher_->buffer_stats();
+        s.fetch_buffers_allocated = fb.allocated;
+        s.fetch_buffers_in_use = fb.in_use;
+        s.fetch_buffer_leases = fb.leases;
+    }
+    return s;
+}
+
+Status TieredCache::check_invariants() const {
+    std::vector<int32_t> refs(static_cast<size_t>(pool_->num_blocks()), 0);
+    std::vector<int32_t> held_slots;
+    std::vector<SlotId> state_held;
+    for (const auto& [id, s] : seqs_) {
+        if ((s.state_slot >= 0) != (s.admitted && slots_ != nullptr)) {
+            return internal_error("sequence " + std::to_string(id) +
+                                  (s.admitted ? " is admitted without" : " is waiting with") +
+                                  " a state slot");
+        }
+        if (s.state_slot >= 0) state_held.push_back(s.state_slot);
+        held_slots.insert(held_slots.end(), s.swap_slots.begin(), s.swap_slots.end());
+        if (!s.swap_slots.empty() &&
+            (s.admitted || s.swapped_rows <= 0 ||
+             blocks_for_tokens(s.swapped_rows) != static_cast<int64_t>(s.swap_slots.size()))) {
+            return internal_error("sequence " + std::to_string(id) + " has inconsistent swap state");
+        }
+        for (BlockId b : s.blocks) ++refs[static_cast<size_t>(b)];
+        for (BlockId b : s.staged) ++refs[static_cast<size_t>(b)];
+        if (!s.admitted && !s.blocks.empty()) {
+            return internal_error("waiting sequence " + std::to_string(id) + " holds blocks");
+        }
+    }
+    DSI_RETURN_IF_ERROR(swap_.check_invariants(held_slots));
+    if (slots_ != nullptr) {
+        DSI_RETURN_IF_ERROR(slots_->check_invariants());
+        std::sort(state_held.begin(), state_held.end());
+        const bool shared =
+            std::adjacent_find(state_held.begin(), state_held.end()) != state_held.end() ||
+            std::any_of(state_held.begin(), state_held.end(),
+                        [&](SlotId id) { return !slots_->is_taken(id); });
+        if (shared || slots_->num_slots() - slots_->num_free() !=
+                          static_cast<int64_t>(state_held.size())) {
+            return internal_error("state slots taken (" +
+                                  std::to_string(slots_->num_slots() - slots_->num_free()) +
+                                  ") are not the distinct slots the sequences hold (" +
+                                  std::to_string(state_held.size()) + ")");
+        }
+    }
+    return pool_->check_invariants(refs);
+}
+
+}  // namespace dsi::kv

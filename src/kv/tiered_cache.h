@@ -1,0 +1,281 @@
+// TieredCache: the engine's KV below the scheduler. It owns the block pool and every
+// sequence's cache state across the tiers (S-KV-4..7, docs/kvstore.md):
+//   device   pool blocks: the block table, prefix pins (hash-chain keys, S-KV-4),
+//            publication to the prefix index;
+//   store    a kvstore::BlockStore below the pool: admission matches the rest of the
+//            chain there (metadata only) and fetches the hits on the Fetcher thread
+//            while the sequence waits; published blocks are written behind;
+//   host     swap slots (HostSwapSpace) holding a preempted sequence's rows.
+// Models with fixed per-sequence state (DeepSeek V4: window ring, compressor partial
+// windows; kernels/kv_cache.h KvLayout) also get one state slot per running sequence
+// (StateSlotPool): taken at admission, released at preemption and removal, handed to
+// the model through the block table's PagedKvCache::state(). Such state cannot be
+// restored from blocks, so a sequence holding a slot is always preempted by recompute.
+// The engine sees a sequence id and a few counts; it never touches blocks, pins,
+// tickets or slots. Sizes come in plain (cache groups, block count), not from a model.
+//
+// Per sequence, in the order the engine calls:
+//   add ─> [waiting: fetching() / poll_fetch() / peek_admission()] ─> admit
+//       ─> [running: restore() for a swapped-in one, grow(), table(), take_swap_in(),
+//           publish()] ─> preempt (back to waiting) | remove
+// Policies:
+//   - S-KV-9: an admission hit keeps at least one token back (its logits start the
+//     output); only whole blocks are matched, published, stored or fetched.
+//   - The store is asked once per admission epoch; a fetch later than its deadline,
+//     a block that fails its checks, a broken chain or a short pool is a miss (the
+//     sequence computes those tokens). Blocks that came from a tier are not written back.
+//   - Preemption swaps when the host slots allow, all or nothing; else the rows are
+//     dropped (recompute). Slots released are reusable from the next plan on
+//     (end_plan()), so a save never overwrites a slot a pending restore still reads.
+//   - Block data hazards are ordered by the caller's steps (engine.h): a block released
+//     while a step may use it is handed out again only by a later plan.
+// Device-side copies (copy_block_to_host, copy_block_from_host, copy_fetched_layer) run
+// on whoever runs the forward pass, at the times the plans order.
+//
+// Thread model: not thread-safe; every method on the engine's scheduling thread. The
+// store's own threads (write-behind, fetcher) are internal and stopped by the destructor
+// before the store goes.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "kv/block_key.h"
+#include "kv/block_pool.h"
+#include "kv/host_swap.h"
+#include "kv/paged_kv_cache.h"
+#include "kv/state_slots.h"
+#include "kvstore/async_store.h"
+#include "kvstore/block_store.h"
+
+namespace dsi::kv {
+
+using SeqId = int64_t;
+
+// A fetched block to copy into pool block `block` before its rows are read (S-KV-6).
+struct SwapIn {
+    BlockId block = 0;
+    std::shared_ptr<const kvstore::Block> data;
+};
+
+// A sequence's fetched blocks, at positions [begin_pos, end_pos()).
+struct SwapInBatch {
+    int64_t begin_pos = 0;
+    std::vector<SwapIn> blocks;
+    int64_t end_pos() const {
+        return begin_pos + static_cast<int64_t>(blocks.size()) * kBlockTokens;
+    }
+};
+
+// One block copied between the pool and a host swap slot (preemption by swapping).
+struct HostCopy {
+    BlockId block = 0;
+    float* host = nullptr;
+};
+
+// Every cache group's slice of the block, back to back, to/from the host slot.
+void copy_block_to_host(BlockPool& pool, const HostCopy& c);
+void copy_block_from_host(BlockPool& pool, const HostCopy& c);
+// Layer `layer` of a fetched block into group 0 of its pool block. REQUIRES: the block's
+// layer sizes were checked on admission (they are).
+void copy_fetched_layer(BlockPool& pool, const SwapIn& s, int64_t layer);
+
+struct TieredCacheOptions {
+    // Device tier. Group 0 is what the store holds (one block = its layers).
+    std::vector<CacheGroupSpec> groups;
+    int64_t num_blocks = 0;
+    bool prefix_cache = true;
+    // Per-sequence state slots of state_floats words (0: none). REQUIRES: with state,
+    // num_state_slots >= the most sequences ever admitted at once (the scheduler's
+    // max_running_seqs), since admission takes one.
+    int64_t state_floats = 0;
+    int64_t num_state_slots = 0;
+    // Host tier: bytes of swap slots (0: preemption always recomputes).
+    int64_t swap_space_bytes = 0;
+    // Store tier: a store the caller owns (wins; REQUIRES: outlives the cache), else a
+    // kvstore URI ("" = none). An unreachable store is logged and left out.
+    kvstore::BlockStore* store = nullptr;
+    std::string store_uri;
+    std::string model_id;    // the store's model identity
+    uint32_t store_dtype = 1;  // dtype code in the store's block header (1 f32, 2 bf16, 3 e4m3)
+    int64_t match_timeout_ms = 200;
+    int64_t fetch_timeout_ms = 5000;
+    int64_t write_queue_bytes = int64_t{256} << 20;
+    int64_t fetch_buffer_bytes = int64_t{256} << 20;
+    bool store_write = true;
+};
+
+struct TieredCacheStats {
+    int64_t preemptions_swapped = 0;
+    int64_t swapped_out_blocks = 0;
+    int64_t swapped_in_blocks = 0;
+    int64_t swap_slots_held = 0;
+    int64_t state_slots_in_use = 0;
+    int64_t store_lookups = 0;
+    int64_t store_hit_blocks = 0;
+    int64_t store_miss_blocks = 0;
+    int64_t store_hit_tokens = 0;
+    int64_t store_blocks_offered = 0;
+    int64_t store_blocks_dropped = 0;
+    int64_t store_blocks_written = 0;
+    int64_t store_puts_dropped = 0;
+    int64_t store_bytes_offered = 0;
+    int64_t fetch_count = 0, fetch_sum_ns = 0, fetch_max_ns = 0;
+    int64_t fetch_buffers_allocated = 0, fetch_buffers_in_use = 0, fetch_buffer_leases = 0;
+    BlockPoolStats pool;
+};
+
+// What admission would find for a waiting sequence now.
+struct AdmissionPeek {
+    int64_t num_cached_tokens = 0;                // rows it starts with (whole blocks)
+    int64_t num_cached_unreferenced_blocks = 0;  // hit blocks pinning takes from the pool
+    int64_t num_swapped_blocks = 0;              // > 0: swapped out; rows come back from host
+};
+
+class TieredCache {
+public:
+    // INVALID_ARGUMENT on bad groups or num_blocks < 1.
+    static Result<std::unique_ptr<TieredCache>> create(TieredCacheOptions options);
+    ~TieredCache();  // stops the store threads (write-behind drained, bounded)
+    TieredCache(const TieredCache&) = delete;
+    TieredCache& operator=(const TieredCache&) = delete;
+
+    // --- sequences ---
+    // A new sequence whose keys are salted with `salt`; its stored blocks get `traffic`.
+    void add(SeqId id, const BlockKey& salt, kvstore::TrafficClass traffic);
+    // Releases everything the sequence holds (blocks, staged blocks, fetch, slots).
+    void remove(SeqId id);
+
+    // --- waiting sequences ---
+    // A store fetch is in flight: the sequence waits outside the admission queue.
+    bool fetching(SeqId id) const;
+    // For a fetching sequence: false while the fetch runs and is not late; else resolves
+    // it (pins the local prefix, places the verified blocks into pool blocks the
+    // sequence holds; anything unusable is a miss) and returns true.
+    bool poll_fetch(SeqId id);
+    // What admission would take for `tokens` (the sequence's known tokens); nullopt when
+    // this call started a store fetch (the sequence waits for it).
+    std::optional<AdmissionPeek> peek_admission(SeqId id, std::span<const int32_t> tokens);
+    // Takes the peeked prefix (pins local hits, or adopts fetched blocks) and returns the
+    // rows the sequence starts with: num_cached_tokens of the peek, or the swapped rows.
+    // With state slots, takes one (aborts if none is free: the caller bounds admissions).
+    // Call for every admission of a step before any restore() / grow() of that step, so
+    // an allocation cannot evict a hit. REQUIRES: num_cached_tokens from peek_admission.
+    int64_t admit(SeqId id, int64_t num_cached_tokens);
+    bool swapped_out(SeqId id) const;
+
+    // --- running sequences ---
+    // A swapped-out sequence just admitted: allocates blocks for its saved rows and
+    // returns the copies that bring them back (its slots are released after this plan).
+    Result<std::vector<HostCopy>> restore(SeqId id);
+    // Appends n new blocks. INTERNAL if the pool cannot (the scheduler over-committed).
+    Status grow(SeqId id, int64_t n);
+    int64_t num_blocks(SeqId id) const;
+    // Speculation rollback (issue 24): keeps the first rows [0, num_rows) and releases
+    // the blocks after the one holding the last of them. The released blocks held only
+    // rejected drafts' rows (never published). REQUIRES: no step in flight writes them;
+    // num_rows covers every published block.
+    void truncate(SeqId id, int64_t num_rows);
+    // Blocks only this sequence references (what preempting it frees).
+    int64_t num_exclusive_blocks(SeqId id) const;
+    // The model's view of the block table (a copy: the cache may grow it meanwhile),
+    // with the sequence's state slot.
+    PagedKvCache table(SeqId id);
+    // Fetched blocks the next step must copy in before reading them (once).
+    SwapInBatch take_swap_in(SeqId id);
+    // Publishes full blocks [.., num_full_blocks) of `tokens` to the prefix index and
+    // offers the new ones to the store's write-behind (S-KV-7). REQUIRES: their rows
+    // are computed (the step that computed them has completed).
+    void publish(SeqId id, std::span<const int32_t> tokens, int64_t num_full_blocks);
+    // Back to waiting: rows [0, rows) go to host slots when they fit and the sequence
+    // has no state slot (true), else are dropped (recompute). Its blocks and state slot
+    // are released either way.
+    bool preempt(SeqId id, int64_t rows);
+
+    // --- plans ---
+    // Saves queued by preempt() since the last call: the next step runs them first.
+    std::vector<HostCopy> take_saves();
+    // Call after submitting a plan: slots released before it become reusable.
+    void end_plan();
+
+    // --- whole cache ---
+    int64_t num_available_blocks() const { return pool_->num_available(); }
+    int64_t num_pool_blocks() const { return pool_->num_blocks(); }
+    int64_t num_state_slots() const { return slots_ ? slots_->num_slots() : 0; }
+    BlockPool* pool() { return pool_.get(); }
+    int64_t num_fetching() const { return num_fetching_; }
+    // Waits until the oldest in-flight fetch is done, at most max_wait_ms.
+    void wait_for_fetch(int64_t max_wait_ms);
+    TieredCacheStats stats() const;
+    // The pool's invariants; every refcount equals the references the sequences hold;
+    // waiting sequences hold no table blocks; every swap slot is free, pending, or held
+    // by exactly one swapped-out sequence with a consistent row count; with state slots,
+    // exactly the admitted sequences hold one each, and the rest are free.
+    Status check_invariants() const;
+
+private:
+    struct Seq {
+        BlockKey salt;
+        kvstore::TrafficClass traffic = kvstore::TrafficClass::kChatbot;
+        std::vector<BlockKey> keys;  // chain keys of the full blocks seen so far
+        std::vector<BlockId> blocks;  // the block table (admitted only)
+        bool admitted = false;
+        int64_t num_published = 0;     // blocks put in the prefix index
+        int64_t num_store_blocks = 0;  // blocks [0, n) need no write-behind (from a tier)
+        // Store (S-KV-4/5): asked once per epoch.
+        bool store_checked = false;
+        std::shared_ptr<kvstore::FetchTicket> fetch;
+        int64_t fetch_first_block = 0;  // chain index of the first fetched key
+        int64_t fetch_num_blocks = 0;
+        int64_t fetch_submit_ns = 0;    // kvstore clock
+        int64_t fetch_deadline_ns = 0;  // kvstore clock
+        // A resolved fetch: the prefix blocks the waiting sequence holds (local hits
+        // pinned, then fetched blocks to swap in from staged_first on).
+        std::vector<BlockId> staged;
+        std::vector<std::shared_ptr<const kvstore::Block>> staged_data;
+        int64_t staged_first = 0;
+        // Swapped out: host slots holding rows [0, swapped_rows).
+        std::vector<int32_t> swap_slots;
+        int64_t swapped_rows = 0;
+        SlotId state_slot = -1;  // admitted, with a state-slot layout
+    };
+
+    TieredCache(TieredCacheOptions options, std::unique_ptr<BlockPool> pool);
+    void open_store();
+    Seq& at(SeqId id);
+    const Seq& at(SeqId id) const;
+    int64_t layer_bytes() const;
+    int64_t store_layers() const { return options_.groups[0].num_layers; }
+    kvstore::BlockInfo store_info(const Seq& s, std::span<const int32_t> tokens, int64_t b) const;
+    void offer_block(const Seq& s, std::span<const int32_t> tokens, int64_t b);
+    void ensure_keys(Seq& s, std::span<const int32_t> tokens, int64_t n);
+    int64_t max_hit_blocks(size_t num_tokens) const;
+    bool start_fetch(Seq& s, std::span<const int32_t> tokens, int64_t max_hit);
+    void resolve_fetch(Seq& s);
+    void drop_fetch(Seq& s);
+    void release_staged(Seq& s);
+    void release_state(Seq& s);
+
+    TieredCacheOptions options_;
+    std::unique_ptr<BlockPool> pool_;
+    HostSwapSpace swap_;
+    std::unique_ptr<StateSlotPool> slots_;  // null: the model keeps no per-sequence state
+    std::vector<HostCopy> pending_saves_;
+    std::map<SeqId, Seq> seqs_;  // by id (= arrival order)
+    int64_t num_fetching_ = 0;
+    TieredCacheStats stats_;
+    // Store tier (null: none). Declared last: destroyed first (threads before store).
+    std::unique_ptr<kvstore::BlockStore> owned_store_;
+    kvstore::BlockStore* store_ = nullptr;
+    kvstore::StoreKey model_identity_;
+    std::unique_ptr<kvstore::WriteBehind> write_behind_;
+    std::unique_ptr<kvstore::Fetcher> fetcher_;
+};
+
+}  // namespace dsi::kv

@@ -1,0 +1,95 @@
+// TieredCache with a model that keeps per-sequence state (DeepSeek V4's KvLayout): state
+// slots taken at admission, released at preemption and removal, never swapped; and
+// PagedKvCache's addressing of several cache groups over one block table.
+#include "kv/tiered_cache.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <vector>
+
+namespace dsi::kv {
+namespace {
+
+std::vector<CacheGroupSpec> v4_like_groups() {
+    return {{"c4", 2, 4, 8}, {"c4_index", 2, 4, 4}, {"c128", 1, 128, 8}};
+}
+
+TEST(PagedKvCacheTest, EntriesOfEveryGroupOverOneTable) {
+    auto pool = BlockPool::create(v4_like_groups(), 4).value();
+    std::vector<BlockId> table = pool->allocate(2).value();
+    float state[3] = {};
+    PagedKvCache c(pool.get(), 0, table, state);
+    EXPECT_EQ(c.capacity(), 256);
+    EXPECT_EQ(c.state(), state);
+    // Ratio 4: positions 4e .. 4e + 3 share entry e; block 1 starts at position 128.
+    EXPECT_EQ(c.entry(0, 1, 8), c.entry(0, 1, 11));
+    EXPECT_EQ(c.entry(0, 1, 12) - c.entry(0, 1, 8), 8);
+    EXPECT_EQ(c.entry(0, 1, 130), pool->data(0, table[1]) + (1 * 32 + 0) * 8);
+    EXPECT_EQ(c.entry(1, 0, 5), pool->data(1, table[0]) + 1 * 4);
+    // Ratio 128: one entry per block.
+    EXPECT_EQ(c.entry(2, 0, 0), c.entry(2, 0, 127));
+    EXPECT_EQ(c.entry(2, 0, 200), pool->data(2, table[1]));
+    EXPECT_EQ(c.row(0, 9), c.entry(0, 0, 9));  // row() is the chosen group
+    PagedKvCache plain(pool.get(), 0, table);
+    EXPECT_EQ(plain.state(), nullptr);
+}
+
+TEST(TieredCacheStateTest, SlotsFollowAdmissionAndAreNeverSwapped) {
+    TieredCacheOptions o;
+    o.groups = v4_like_groups();
+    o.num_blocks = 8;
+    o.prefix_cache = false;
+    o.swap_space_bytes = int64_t{1} << 20;  // room to swap, but state cannot be restored
+    o.state_floats = 16;
+    o.num_state_slots = 2;
+    auto cache = TieredCache::create(o).value();
+    EXPECT_EQ(cache->num_state_slots(), 2);
+    const BlockKey salt = make_salt("m", "");
+    for (SeqId id : {1, 2, 3}) cache->add(id, salt, kvstore::TrafficClass::kChatbot);
+    EXPECT_EQ(cache->table(1).state(), nullptr);  // waiting: no slot
+    for (SeqId id : {1, 2}) {
+        ASSERT_TRUE(cache->peek_admission(id, std::vector<int32_t>(300, 5)).has_value());
+        EXPECT_EQ(cache->admit(id, 0), 0);
+        ASSERT_TRUE(cache->grow(id, 2).is_ok());
+    }
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    EXPECT_EQ(cache->stats().state_slots_in_use, 2);
+    float* s1 = cache->table(1).state();
+    float* s2 = cache->table(2).state();
+    ASSERT_NE(s1, nullptr);
+    ASSERT_NE(s2, nullptr);
+    EXPECT_NE(s1, s2);
+    EXPECT_EQ(std::abs(s1 - s2), 16);
+    // Preemption with swap space free still recomputes: the state is not in blocks.
+    EXPECT_FALSE(cache->preempt(2, 250));
+    EXPECT_TRUE(cache->take_saves().empty());
+    EXPECT_EQ(cache->stats().state_slots_in_use, 1);
+    EXPECT_EQ(cache->stats().preemptions_swapped, 0);
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    // The freed slot goes to the next admission.
+    EXPECT_EQ(cache->admit(3, 0), 0);
+    EXPECT_EQ(cache->table(3).state(), s2);
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    cache->remove(1);  // finish / abort
+    cache->remove(3);
+    cache->remove(2);  // waiting: holds nothing
+    EXPECT_EQ(cache->stats().state_slots_in_use, 0);
+    EXPECT_EQ(cache->stats().pool.num_used, 0);
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+}
+
+TEST(TieredCacheStateTest, BadStateOptionsAreRejected) {
+    TieredCacheOptions o;
+    o.groups = v4_like_groups();
+    o.num_blocks = 4;
+    o.state_floats = 16;
+    o.num_state_slots = 0;
+    EXPECT_FALSE(TieredCache::create(o).is_ok());
+    o.state_floats = -1;
+    o.num_state_slots = 1;
+    EXPECT_FALSE(TieredCache::create(o).is_ok());
+}
+
+}  // namespace
+}  // namespace dsi::kv

@@ -1,0 +1,131 @@
+#include "serving/replica.h"
+
+#include "base/logging.h"
+#include "engine/calibrate.h"
+#include "kvstore/block_store.h"
+#include "model/weights.h"
+#include "serving/data_dir.h"
+#include "serving/default_model.h"
+#include "serving/model_id.h"
+
+namespace dsi::serving {
+namespace {
+
+bool is_gguf_path(const std::string& path) { return path.ends_with(".gguf"); }
+
+// The checkpoint's directory: the model directory, or the folder of a .gguf file.
+std::string checkpoint_dir(const std::string& model_path) {
+    if (!is_gguf_path(model_path)) {
+        return model_path;
+    }
+    const size_t slash = model_path.rfind('/');
+    return slash == std::string::npos ? "." : model_path.substr(0, slash);
+}
+
+}  // namespace
+
+Replica::~Replica() {
+    engine_.reset();  // stops the engine's store threads while the store is alive
+    store_.reset();
+    model_.reset();
+    tokenizer_.reset();
+}
+
+Status Replica::reset_engine(engine::EngineOptions options) {
+    engine_.reset();
+    options.model_id = engine_options_.model_id;
+    options.tokenizer = tokenizer_.get();
+    options.kv_store = store_.get();
+    options.kv_store_uri.clear();
+    DSI_ASSIGN_OR_RETURN(engine_, engine::Engine::create(model_.get(), options, env_));
+    engine_options_ = std::move(options);
+    return Status();
+}
+
+Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) {
+    std::unique_ptr<Replica> r(new Replica());
+    r->env_ = env;
+    r->model_path_ = options.model_path;
+    r->is_default_model_ = options.model_path.empty();
+    // The store first: a malformed URI fails before minutes of loading.
+    if (!options.kv_store_uri.empty()) {
+        Result<std::unique_ptr<kvstore::BlockStore>> store =
+            kvstore::open_block_store(options.kv_store_uri);
+        if (store.is_ok()) {
+            r->store_ = std::move(store).value();
+        } else if (store.status().code() == StatusCode::kInvalidArgument) {
+            return store.status().with_context("--kv-store " + options.kv_store_uri);
+        } else {
+            DSI_LOG(kWarning) << "kv store " << options.kv_store_uri
+                              << " unavailable, serving without it: " << store.status().to_string();
+        }
+    }
+    if (r->is_default_model_) {
+        Result<std::string> tok_dir = find_tokenizer_data_dir(env, options.data_dir);
+        if (!tok_dir.is_ok()) {
+            return tok_dir.status().with_context("the default model");
+        }
+        const std::string cache =
+            options.cache_dir.empty() ? default_cache_dir() : options.cache_dir;
+        Result<std::string> data_dir = find_data_dir(env, options.data_dir);
+        const std::string pack =
+            data_dir.is_ok() ? *data_dir + "/" + kDefaultModelPack : std::string();
+        DSI_ASSIGN_OR_RETURN(r->model_path_, ensure_default_model(env, cache, *tok_dir, pack));
+    }
+    const std::string& path = r->model_path_;
+    r->served_model_name_ = served_model_name(options.model_id, path, r->is_default_model_);
+    Result<std::string> fingerprint = checkpoint_fingerprint(env, path);
+    if (!fingerprint.is_ok()) {
+        return fingerprint.status().with_context("--model");
+    }
+    r->cache_identity_ = cache_identity(*fingerprint, options.weight_format);
+
+    if (options.load_tokenizer) {
+        const std::string tok_dir =
+            options.tokenizer_dir.empty() ? checkpoint_dir(path) : options.tokenizer_dir;
+        Result<std::unique_ptr<Tokenizer>> tok = Tokenizer::load(env, tok_dir);
+        if (!tok.is_ok()) {
+            return tok.status().with_context("tokenizer (--tokenizer-dir)");
+        }
+        r->tokenizer_ = std::move(tok).value();
+    }
+
+    Result<std::unique_ptr<WeightSource>> source = open_checkpoint(env, path);
+    if (!source.is_ok()) {
+        return source.status().with_context("--model");
+    }
+    ModelOptions mo;
+    mo.num_threads = options.num_threads > 0 ? options.num_threads : env->num_cpus();
+    mo.weight_format = options.weight_format;
+    mo.kv_dtype = options.kv_dtype;
+    DSI_ASSIGN_OR_RETURN(r->model_, load_causal_lm(std::move(source).value(), mo));
+
+    engine::EngineOptions eo = std::move(options.engine);
+    if (!eo.cost_model_path.empty() && !env->file_exists(eo.cost_model_path)) {
+        return not_found("--cost-model " + eo.cost_model_path + " does not exist");
+    }
+    if (eo.cost_model_path.empty()) {
+        eo.cost_model_path = engine::cost_model_path_for(path);  // `dsinfer calibrate`
+    }
+    if (r->is_default_model_ && options.create_engine) {
+        // Issue 22 D3: the embedded default calibrates its prefill cost model on first
+        // start (a quick grid, kept beside the model); a failure leaves the conservative
+        // estimate the engine uses without a fit.
+        Result<engine::PrefillCostModel> cost =
+            engine::ensure_cost_model(env, r->model_.get(), eo.cost_model_path);
+        if (!cost.is_ok()) {
+            DSI_LOG(kWarning) << "calibration: " << cost.status().to_string();
+        }
+    }
+    r->engine_options_ = eo;
+    r->engine_options_.model_id = r->cache_identity_;
+    r->engine_options_.tokenizer = r->tokenizer_.get();
+    r->engine_options_.kv_store = r->store_.get();
+    r->engine_options_.kv_store_uri.clear();
+    if (options.create_engine) {
+        DSI_RETURN_IF_ERROR(r->reset_engine(r->engine_options_));
+    }
+    return r;
+}
+
+}  // namespace dsi::serving

@@ -1,0 +1,280 @@
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <random>
+#include <vector>
+
+#include "model/synthetic.h"
+#include "spec/drafter.h"
+#include "spec/mtp.h"
+#include "spec/ngram.h"
+#include "spec/verify.h"
+
+namespace dsi::spec {
+namespace {
+
+TEST(SpecConfigTest, ParsesMethodsAndRejectsUnknown) {
+    EXPECT_EQ(parse_method("mtp").value(), Method::kMtp);
+    EXPECT_EQ(parse_method("ngram").value(), Method::kNgram);
+    EXPECT_EQ(parse_method("none").value(), Method::kNone);
+    EXPECT_EQ(parse_method("").value(), Method::kNone);
+    Result<Method> bad = parse_method("eagle");
+    ASSERT_FALSE(bad.is_ok());
+    EXPECT_NE(bad.status().message().find("eagle"), std::string::npos);
+}
+
+TEST(SpecConfigTest, ValidatesBounds) {
+    SpecConfig c;
+    c.method = Method::kNgram;
+    c.num_tokens = 5;
+    EXPECT_TRUE(validate(c, false).is_ok());
+    c.num_tokens = -1;
+    EXPECT_EQ(validate(c, true).code(), StatusCode::kInvalidArgument);
+    c.num_tokens = kMaxSpeculativeTokens + 1;
+    EXPECT_EQ(validate(c, true).code(), StatusCode::kInvalidArgument);
+    c.num_tokens = kMaxSpeculativeTokens;
+    EXPECT_TRUE(validate(c, true).is_ok());
+    c.method = Method::kMtp;
+    Status no_mtp = validate(c, false);
+    EXPECT_EQ(no_mtp.code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(no_mtp.message().find("MTP"), std::string::npos);
+    c.method = Method::kNone;
+    EXPECT_EQ(validate(c, true).code(), StatusCode::kInvalidArgument);  // k without a method
+    c.num_tokens = 0;
+    EXPECT_TRUE(validate(c, false).is_ok());
+    c.method = Method::kNgram;
+    c.ngram_min = 3;
+    c.ngram_max = 2;
+    EXPECT_EQ(validate(c, true).code(), StatusCode::kInvalidArgument);
+}
+
+TEST(NgramDrafterTest, ProposesWhatFollowedTheMostRecentMatch) {
+    NgramDrafter d(3, 1);
+    std::vector<int32_t> out;
+    // "7 8 9" occurred twice; the most recent is followed by 4 5.
+    d.propose_tokens(std::vector<int32_t>{7, 8, 9, 1, 2, 7, 8, 9, 4, 5, 6, 7, 8, 9}, 2, out);
+    EXPECT_EQ(out, (std::vector<int32_t>{4, 5}));
+    // k larger than what follows: stops at the end of the known tokens.
+    d.propose_tokens(std::vector<int32_t>{1, 2, 3, 1, 2}, 8, out);
+    EXPECT_EQ(out, (std::vector<int32_t>{3, 1, 2}));
+    // The longest suffix wins over a more recent shorter one.
+    d.propose_tokens(std::vector<int32_t>{5, 6, 10, 9, 6, 11, 5, 6}, 1, out);
+    EXPECT_EQ(out, (std::vector<int32_t>{10}));
+}
+
+TEST(NgramDrafterTest, NothingWithoutAMatchOrBudget) {
+    NgramDrafter d(4, 2);
+    std::vector<int32_t> out = {99};
+    d.propose_tokens(std::vector<int32_t>{1, 2, 3, 4, 5}, 4, out);
+    EXPECT_TRUE(out.empty());
+    d.propose_tokens(std::vector<int32_t>{1, 2, 1, 2}, 0, out);
+    EXPECT_TRUE(out.empty());
+    d.propose_tokens(std::vector<int32_t>{1}, 3, out);
+    EXPECT_TRUE(out.empty());
+    // Through the Drafter interface: prompt ++ output.
+    std::vector<int32_t> prompt = {4, 5, 6, 7}, output = {4, 5};
+    DraftInput in;
+    in.prompt = prompt;
+    in.output = output;
+    ASSERT_TRUE(d.propose(in, 3, out).is_ok());
+    EXPECT_EQ(out, (std::vector<int32_t>{6, 7, 4}));
+}
+
+std::vector<float> random_rows(int rows, int vocab, uint32_t seed) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.0f, 2.0f);
+    std::vector<float> v(static_cast<size_t>(rows * vocab));
+    for (float& x : v) x = n(rng);
+    return v;
+}
+
+// The tokens sampling would give one position at a time without speculation.
+std::vector<int32_t> sequential(const std::vector<float>& rows, int vocab, int n,
+                                const SamplingParams& p, std::vector<int32_t> output, uint64_t pos,
+                                TokenMaskProvider* mask = nullptr) {
+    Sampler s;
+    std::vector<int32_t> got;
+    for (int j = 0; j < n; ++j) {
+        SampleContext ctx{{}, output, -1, mask};
+        const int32_t t = s.sample(std::span<const float>(rows).subspan(
+                                       static_cast<size_t>(j * vocab), static_cast<size_t>(vocab)),
+                                   p, ctx, pos + j)
+                              .token;
+        got.push_back(t);
+        output.push_back(t);
+    }
+    return got;
+}
+
+TEST(VerifyExactTest, OracleDraftsAllAcceptedPlusBonusGreedyAndSeeded) {
+    const int V = 50, k = 4;
+    const std::vector<float> rows = random_rows(k + 1, V, 3);
+    for (double temp : {0.0, 0.9}) {
+        SamplingParams p;
+        p.temperature = temp;
+        p.seed = 77;
+        p.repetition_penalty = 1.3;  // context-dependent: drafts must enter the context
+        const std::vector<int32_t> want = sequential(rows, V, k + 1, p, {1, 2}, 10);
+        std::vector<int32_t> drafts(want.begin(), want.begin() + k);
+        Sampler s;
+        std::vector<int32_t> output = {1, 2};
+        Verified v;
+        verify_exact(s, {rows, V, drafts, 10, {}, -1, nullptr}, p, output, v);
+        EXPECT_EQ(v.accepted, k);
+        ASSERT_EQ(v.tokens.size(), static_cast<size_t>(k + 1));
+        for (int j = 0; j <= k; ++j) EXPECT_EQ(v.tokens[j].token, want[j]);
+        EXPECT_EQ(output,
+                  (std::vector<int32_t>{1, 2, want[0], want[1], want[2], want[3], want[4]}));
+    }
+}
+
+TEST(VerifyExactTest, FirstMismatchIsReplacedByTheTargetsToken) {
+    const int V = 50, k = 4;
+    const std::vector<float> rows = random_rows(k + 1, V, 4);
+    SamplingParams p;
+    p.temperature = 1.0;
+    p.seed = 5;
+    const std::vector<int32_t> want = sequential(rows, V, k + 1, p, {}, 0);
+    for (int bad = 0; bad < k; ++bad) {
+        std::vector<int32_t> drafts(want.begin(), want.begin() + k);
+        drafts[bad] = (drafts[bad] + 1) % V;
+        Sampler s;
+        std::vector<int32_t> output;
+        Verified v;
+        verify_exact(s, {rows, V, drafts, 0, {}, -1, nullptr}, p, output, v);
+        EXPECT_EQ(v.accepted, bad);
+        ASSERT_EQ(v.tokens.size(), static_cast<size_t>(bad + 1));
+        EXPECT_EQ(v.tokens.back().token, want[bad]);
+        EXPECT_EQ(output, std::vector<int32_t>(want.begin(), want.begin() + bad + 1));
+    }
+}
+
+TEST(VerifyExactTest, StopsAtEosAndAtAMaskThatAllowsNothing) {
+    const int V = 20;
+    std::vector<float> rows(static_cast<size_t>(3 * V), 0.0f);
+    rows[0 * V + 3] = 5.0f;
+    rows[1 * V + 1] = 5.0f;  // EOS (id 1) at the second position
+    rows[2 * V + 7] = 5.0f;
+    const std::vector<int32_t> drafts = {3, 1};
+    Sampler s;
+    std::vector<int32_t> output;
+    Verified v;
+    verify_exact(s, {rows, V, drafts, 0, {}, 1, nullptr}, SamplingParams{}, output, v);
+    ASSERT_EQ(v.tokens.size(), 2u);
+    EXPECT_EQ(v.accepted, 2);
+    EXPECT_EQ(output, (std::vector<int32_t>{3, 1}));
+
+    struct Nothing : TokenMaskProvider {
+        int calls = 0;
+        std::vector<size_t> lengths;
+        void fill(std::span<const int32_t> out, TokenMask& m) override {
+            lengths.push_back(out.size());
+            if (++calls == 2) m.reset(m.size(), false);
+        }
+    } mask;
+    output.clear();
+    verify_exact(s, {rows, V, drafts, 0, {}, -1, &mask}, SamplingParams{}, output, v);
+    ASSERT_EQ(v.tokens.size(), 2u);
+    EXPECT_EQ(v.tokens[1].token, -1);
+    EXPECT_EQ(v.accepted, 1);
+    EXPECT_EQ(output, (std::vector<int32_t>{3}));
+    // The mask saw the accepted draft in the output of the second position.
+    EXPECT_EQ(mask.lengths, (std::vector<size_t>{0, 1}));
+}
+
+class MtpDrafterTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        ModelConfig c = synthetic_preset("tiny-v3").value();
+        c.vocab_size = 512;
+        model_ = DeepseekModel::load(synthetic_memory_model(c, 99), {1}).value();
+    }
+    std::unique_ptr<DeepseekModel> model_;
+};
+
+TEST_F(MtpDrafterTest, FirstDraftIsTheMtpHeadAndRecursionFollowsItsOwnHidden) {
+    const int64_t V = model_->config().vocab_size, H = model_->config().hidden_size;
+    const std::vector<int32_t> prompt = {5, 17, 300, 42, 9, 77};
+    const int64_t P = static_cast<int64_t>(prompt.size());
+    // Engine-style: prefill, sample the first token, draft 3.
+    auto cache = model_->new_kv_cache(64);
+    ForwardOutput out;
+    ASSERT_TRUE(model_->forward(prompt, 0, *cache, false, out).is_ok());
+    const std::vector<int32_t> output = {argmax(out.logits)};
+    MtpDrafter d(model_.get());
+    DraftInput in;
+    in.prompt = prompt;
+    in.output = output;
+    in.hidden = out.hidden;
+    in.hidden_pos = 0;
+    in.cache = cache.get();
+    std::vector<int32_t> drafts;
+    ASSERT_TRUE(d.propose(in, 3, drafts).is_ok());
+    ASSERT_EQ(drafts.size(), 3u);
+
+    // By hand on a fresh cache: the same catch-up, then the recursion.
+    auto ref = model_->new_kv_cache(64);
+    ForwardOutput o2;
+    ASSERT_TRUE(model_->forward(prompt, 0, *ref, false, o2).is_ok());
+    std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+    next.push_back(output[0]);
+    std::vector<float> logits, h;
+    ASSERT_TRUE(model_->mtp_forward(next, o2.hidden, 0, *ref, logits, &h).is_ok());
+    int32_t t = argmax(std::span<const float>(logits).subspan((P - 1) * V, V));
+    EXPECT_EQ(drafts[0], t);
+    for (int j = 1; j < 3; ++j) {
+        std::vector<float> last(h.end() - H, h.end());
+        ASSERT_TRUE(
+            model_->mtp_forward(std::span<const int32_t>(&t, 1), last, P - 1 + j, *ref, logits, &h)
+                .is_ok());
+        t = argmax(logits);
+        EXPECT_EQ(drafts[j], t) << j;
+    }
+    // logit_rows: the last rows of the full logits, bitwise; 0 gives none.
+    auto again = model_->new_kv_cache(64);
+    ASSERT_TRUE(model_->forward(prompt, 0, *again, false, o2).is_ok());
+    std::vector<float> full, last_only;
+    ASSERT_TRUE(model_->mtp_forward(next, o2.hidden, 0, *again, full).is_ok());
+    ASSERT_TRUE(model_->mtp_forward(next, o2.hidden, 0, *again, last_only, nullptr, 2).is_ok());
+    ASSERT_EQ(last_only.size(), static_cast<size_t>(2 * V));
+    EXPECT_TRUE(std::equal(last_only.begin(), last_only.end(), full.end() - 2 * V));
+    ASSERT_TRUE(model_->mtp_forward(next, o2.hidden, 0, *again, last_only, nullptr, 0).is_ok());
+    EXPECT_TRUE(last_only.empty());
+    // k = 0 writes the KV rows only; an unknown next token is an error, not a crash.
+    ASSERT_TRUE(d.propose(in, 0, drafts).is_ok());
+    EXPECT_TRUE(drafts.empty());
+    in.output = {};
+    EXPECT_FALSE(d.propose(in, 2, drafts).is_ok());
+}
+
+// Batched drafting (one MTP pass per depth for all sequences) gives each sequence the
+// drafts it gets alone.
+TEST_F(MtpDrafterTest, BatchedDraftsEqualDraftsAlone) {
+    const std::vector<std::vector<int32_t>> prompts = {
+        {5, 17, 300, 42, 9, 77}, {8, 8, 1, 400, 3}, {100, 200, 300, 400, 500, 11, 12, 13}};
+    const std::vector<int> ks = {3, 0, 5};
+    auto prefill = [&](const std::vector<int32_t>& p, std::unique_ptr<KvCache>& cache,
+                       ForwardOutput& out, std::vector<int32_t>& output) {
+        cache = model_->new_kv_cache(64);
+        ASSERT_TRUE(model_->forward(p, 0, *cache, false, out).is_ok());
+        output = {argmax(out.logits)};
+    };
+    std::vector<std::unique_ptr<KvCache>> caches(3), alone_caches(3);
+    std::vector<ForwardOutput> outs(3);
+    std::vector<std::vector<int32_t>> outputs(3), alone(3), batched(3);
+    std::vector<DraftInput> in(3);
+    MtpDrafter d(model_.get());
+    for (size_t i = 0; i < 3; ++i) {
+        prefill(prompts[i], alone_caches[i], outs[i], outputs[i]);
+        DraftInput one{prompts[i], outputs[i], outs[i].hidden, 0, alone_caches[i].get()};
+        ASSERT_TRUE(d.propose(one, ks[i], alone[i]).is_ok());
+        EXPECT_EQ(alone[i].size(), static_cast<size_t>(ks[i]));
+        prefill(prompts[i], caches[i], outs[i], outputs[i]);
+        in[i] = {prompts[i], outputs[i], outs[i].hidden, 0, caches[i].get()};
+    }
+    ASSERT_TRUE(d.propose_batch(in, ks, batched).is_ok());
+    EXPECT_EQ(batched, alone);
+}
+
+}  // namespace
+}  // namespace dsi::spec

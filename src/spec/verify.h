@@ -1,0 +1,44 @@
+// Acceptance of drafted tokens (issue 24, S-ENG-7).
+//
+// Exact rule (greedy and seeded sampling): the target samples each position in turn
+// exactly as it would without speculation — the same processed logits row (batch- and
+// chunk-invariant kernels), the same context (prompt + output so far, which includes
+// the drafts accepted before it: penalties and grammar masks see them), the same draw
+// counter_uniform(seed, position) — and a draft is accepted iff it equals that token.
+// The first mismatch is replaced by the target's token; when every draft is accepted
+// the last row gives one more (the bonus token). The emitted tokens are therefore the
+// output without speculation, token for token.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "sampling/sampler.h"
+
+namespace dsi::spec {
+
+struct Verified {
+    // Emitted in order: the accepted drafts, then the target's own token (a token of
+    // -1 means the grammar mask allowed nothing; nothing follows it).
+    std::vector<SampledToken> tokens;
+    int accepted = 0;  // drafts accepted
+};
+
+struct VerifyInput {
+    std::span<const float> rows;  // [drafts + 1, vocab]: row j predicts position first_position + j
+    int64_t vocab = 0;
+    std::span<const int32_t> drafts;
+    uint64_t first_position = 0;
+    std::span<const int32_t> prompt;
+    int32_t eos_id = -1;
+    TokenMaskProvider* mask = nullptr;
+};
+
+// Appends every emitted token >= 0 to `output` (the sequence's generated tokens).
+// Stops after a token that ends the sequence (EOS unless ignore_eos, a stop id).
+// REQUIRES: rows.size() == (drafts.size() + 1) * vocab; validate_sampling(params) OK.
+void verify_exact(Sampler& sampler, const VerifyInput& in, const SamplingParams& params,
+                  std::vector<int32_t>& output, Verified& out);
+
+}  // namespace dsi::spec

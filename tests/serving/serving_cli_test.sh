@@ -1,0 +1,144 @@
+#!/usr/bin/env bash
+# `dsinfer` as a user runs it (issue 14), real processes on loopback:
+#   1. `cmake --install` into a fresh prefix; the installed `dsinfer serve`, started from /
+#      with an empty cache directory, creates the embedded default model from its
+#      installed data and answers a chat completion;
+#   2. `serve --kv-store file://DIR`: a 1,500-token prompt, the server restarted, the same
+#      prompt reports >= 1,024 cached prompt tokens in usage;
+#   3. the same store blocks hit across commands: `generate` hits the blocks `serve`
+#      wrote, and `serve` hits the blocks `generate` wrote (one model id rule);
+#   4. bad flag values are refused with a message naming the flag.
+# Usage: serving_cli_test.sh BUILD_DIR
+set -euo pipefail
+build="$(cd "$1" && pwd)"
+work="$(mktemp -d "${TMPDIR:-/tmp}/dsi_serving_cli_XXXXXX")"
+server_pid=""
+cleanup() {
+  [[ -n "$server_pid" ]] && kill -9 "$server_pid" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Every run sees only this test's home (empty cache) and none of the caller's settings.
+unset XDG_CACHE_HOME $(env | sed -n 's/^\(DSINFER_[A-Z_]*\)=.*/\1/p')
+export HOME="$work/home"
+mkdir -p "$HOME"
+
+cmake --install "$build" --prefix "$work/prefix" > "$work/install.log" 2>&1 ||
+  { cat "$work/install.log" >&2; fail "cmake --install"; }
+bin="$work/prefix/bin/dsinfer"
+[[ -x "$bin" ]] || fail "no installed binary"
+[[ -f "$work/prefix/share/dsinfer/tokenizer/deepseek_v3/tokenizer.json" ]] ||
+  fail "no installed tokenizer data"
+
+port=""
+start_server() {  # start_server NAME ARGS...: from /, sets server_pid and port
+  local name="$1"
+  shift
+  (cd / && exec "$bin" serve --port 0 --threads 1 "$@") > "$work/$name.out" 2> "$work/$name.err" &
+  server_pid=$!
+  port=""
+  for _ in $(seq 600); do
+    port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.out")"
+    [[ -n "$port" ]] && return 0
+    kill -0 "$server_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  cat "$work/$name.out" "$work/$name.err" >&2
+  fail "$name did not start"
+}
+stop_server() {
+  kill -TERM "$server_pid"
+  wait "$server_pid" || fail "serve exit status after SIGTERM"
+  server_pid=""
+}
+post() {  # post PATH JSON -> response body on stdout
+  curl -sS --max-time 300 "http://127.0.0.1:$port$1" -H 'Content-Type: application/json' -d "$2"
+}
+cached_tokens() { sed -n 's/.*"cached_tokens":\([0-9]*\).*/\1/p'; }
+prompt_tokens() { sed -n 's/.*"prompt_tokens":\([0-9]*\).*/\1/p'; }
+
+# 1. Installed, from /, empty cache: the default model is created and answers.
+start_server first
+# The embedded default is the trained model pack, unpacked under a name with its hash.
+compgen -G "$HOME/.cache/dsinfer/models/dsinfer-default-*/model.safetensors" > /dev/null ||
+  fail "default model not created: $(find "$HOME/.cache" -maxdepth 4 | tr '\n' ' ')"
+r="$(post /v1/chat/completions \
+  '{"model":"dsinfer-tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}')"
+[[ "$r" == *'"object":"chat.completion"'* ]] || fail "no chat completion: $r"
+stop_server
+
+# 2. A store, a 1,500-token prompt, a restart.
+store="file://$work/store?fsync=0"
+words() {  # words SEED: ~1,500 tokens of distinct text
+  for i in $(seq 150); do printf 'item %d of list %s is %d; ' "$i" "$1" $((i * 7919 % 1000)); done
+}
+p1="$(words one)"
+req1="$(printf '{"model":"dsinfer-tiny","prompt":"%s","max_tokens":2}' "$p1")"
+start_server store1 --kv-store "$store"
+r="$(post /v1/completions "$req1")"
+n="$(prompt_tokens <<< "$r")"
+[[ -n "$n" ]] && (( n >= 1500 )) || fail "prompt of $n tokens, wanted >= 1500: $r"
+echo "prompt tokens: $n, first run cached: $(cached_tokens <<< "$r")"
+stop_server  # drains the write-behind queue into the store
+start_server store2 --kv-store "$store"
+r="$(post /v1/completions "$req1")"
+c="$(cached_tokens <<< "$r")"
+[[ -n "$c" ]] && (( c >= 1024 )) || fail "after restart: cached $c, wanted >= 1024: $r"
+echo "after restart: cached $c"
+
+# 3. generate hits what serve wrote; serve hits what generate wrote.
+gen() {  # gen NAME PROMPT
+  (cd / && timeout 300 "$bin" generate --prompt "$2" --max-tokens 2 --threads 1 \
+    --kv-store "$store") > "$work/$1.out" 2> "$work/$1.err" ||
+    { cat "$work/$1.err" >&2; fail "generate $1"; }
+}
+gen gen1 "$p1"
+hits="$(sed -n 's/.*kv store: [0-9]* lookups, \([0-9]*\) hit blocks.*/\1/p' "$work/gen1.err")"
+[[ -n "$hits" ]] && (( hits >= 8 )) || { cat "$work/gen1.err" >&2; fail "generate hit $hits blocks"; }
+echo "generate hit $hits blocks written by serve"
+p2="$(words two)"
+gen gen2 "$p2"
+r="$(post /v1/completions "$(printf '{"model":"dsinfer-tiny","prompt":"%s","max_tokens":2}' "$p2")")"
+c="$(cached_tokens <<< "$r")"
+[[ -n "$c" ]] && (( c >= 1024 )) || fail "serve after generate: cached $c: $r"
+echo "serve hit $c tokens written by generate"
+stop_server
+
+# 4. Bad flag values: refused, the flag named.
+bad() {  # bad FLAG ARGS...
+  local flag="$1"
+  shift
+  if (cd / && timeout 120 "$bin" "$@") > "$work/bad.out" 2>&1; then
+    fail "accepted: $*"
+  fi
+  grep -q -- "$flag" "$work/bad.out" || fail "no mention of $flag: $(cat "$work/bad.out")"
+}
+bad --kv-cache-mb serve --kv-cache-mb -5
+bad --kv-store serve --kv-store 'ftp://nowhere'
+bad --kv-dtype generate --prompt x --kv-dtype f7
+bad --swap-space-mb generate --prompt x --swap-space-mb -1
+bad --model generate --prompt x --model "$work/missing"
+bad --cost-model serve --cost-model "$work/missing.json"
+bad --data-dir serve --cache-dir "$work/empty-cache" --data-dir "$work/nothing-here"
+bad --speculative generate --prompt x --speculative eagle
+bad --num-speculative-tokens generate --prompt x --speculative ngram --num-speculative-tokens 17
+bad --num-speculative-tokens generate --prompt x --num-speculative-tokens 3
+
+# 5. Speculative decoding changes nothing in the output (exact acceptance, issue 24).
+spec_gen() {  # spec_gen NAME ARGS...
+  local name="$1"
+  shift
+  (cd / && timeout 300 "$bin" generate --prompt "$p1" --max-tokens 24 --threads 1 \
+    --temperature 0.7 --seed 9 "$@") > "$work/$name.out" 2> "$work/$name.err" ||
+    { cat "$work/$name.err" >&2; fail "generate $name"; }
+}
+spec_gen nospec
+spec_gen mtp --speculative mtp --num-speculative-tokens 3
+spec_gen ngram --speculative ngram
+cmp -s "$work/nospec.out" "$work/mtp.out" || fail "mtp output differs: $(cat "$work/mtp.out")"
+cmp -s "$work/nospec.out" "$work/ngram.out" || fail "ngram output differs: $(cat "$work/ngram.out")"
+grep -q "speculative" "$work/mtp.err" || fail "no speculative summary: $(cat "$work/mtp.err")"
+echo "speculation: same output as without"
+echo "PASS"
