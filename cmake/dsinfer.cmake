@@ -30,7 +30,8 @@ function(dsi_library name)
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
 endfunction()
 
-# dsi_test(NAME SOURCES... DEPS ...): one GoogleTest binary, registered with CTest.
+# dsi_test(NAME SOURCES... DEPS ... [ARGS ...]): one GoogleTest binary, registered with
+# CTest (ARGS: its command-line arguments there, e.g. a --gtest_filter).
 # Tests find vendored data (DSINFER_SOURCE_DIR/tests/data, see its README) and generated
 # models through DSINFER_SOURCE_DIR (tests/support/build_paths.h, linked in through
 # dsi_gtest_main); nothing outside the repository.
@@ -38,11 +39,11 @@ endfunction()
 # a test skipped (GTEST_SKIP): ctest reports it as skipped, not passed.
 set(DSI_TEST_SKIP_RETURN_CODE 77)
 function(dsi_test name)
-  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS" ${ARGN})
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;DEPS;LABELS;ARGS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
   target_compile_options(${name} PRIVATE ${DSINFER_WARNINGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} dsi_gtest_main)
-  add_test(NAME ${name} COMMAND ${name})
+  add_test(NAME ${name} COMMAND ${name} ${ARG_ARGS})
   set_tests_properties(${name} PROPERTIES SKIP_RETURN_CODE ${DSI_TEST_SKIP_RETURN_CODE})
   if(NOT ARG_TIMEOUT)
     set(ARG_TIMEOUT 600)

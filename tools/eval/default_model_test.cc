@@ -11,6 +11,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <string>
+#include <system_error>
+
+#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include "eval/eval.h"
@@ -41,9 +45,10 @@ class DefaultModel : public testing::Test {
 protected:
     static void SetUpTestSuite() {
         Env* env = Env::default_env();
-        const std::string cache = testing::TempDir() + "/default_model_test";
-        std::filesystem::remove_all(cache);
-        auto dir = ensure_expanded_pack(env, kPack, kTokenizer, cache);
+        // One folder per process: ctest runs the two filters of this binary at once.
+        cache_ = testing::TempDir() + "/default_model_test." + std::to_string(::getpid());
+        std::filesystem::remove_all(cache_);
+        auto dir = ensure_expanded_pack(env, kPack, kTokenizer, cache_);
         ASSERT_TRUE(dir.is_ok()) << dir.status().to_string();
         auto tok = Tokenizer::load(env, *dir);
         ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
@@ -59,12 +64,16 @@ protected:
     static void TearDownTestSuite() {
         delete model_;
         delete tokenizer_;
+        std::error_code ec;
+        std::filesystem::remove_all(cache_, ec);
     }
+    static std::string cache_;
     static DeepseekModel* model_;
     static Tokenizer* tokenizer_;
 };
 DeepseekModel* DefaultModel::model_ = nullptr;
 Tokenizer* DefaultModel::tokenizer_ = nullptr;
+std::string DefaultModel::cache_;
 
 // Largest |dsinfer - reference| over the recorded top-8 logits and the unused-id
 // logit at every position; also the argmax must agree where the reference's top-2
