@@ -32,17 +32,34 @@ scripts/build.sh release
 run_ctest build -j "$(nproc)"
 # The sanitizer phase builds only what its tests run: each selected test's binaries (the
 # test program, the dsinfer CLI a script test drives); release built and tested the rest.
+# ctest -N names the selected tests; their commands come from the CTestTestfile.cmake
+# files (ctest omits the command of a test whose program is not built yet).
 asan_select=(-LE "no_asan|node|slow")
 scripts/build.sh asan --configure-only
 mapfile -t asan_targets < <(
   ctest --test-dir build-asan -N "${asan_select[@]}" --show-only=json-v1 |
     node -e '
-      const fs = require("fs");
-      const dirs = [require("path").resolve(process.argv[1]), fs.realpathSync(process.argv[1])];
+      const fs = require("fs"), path = require("path");
+      const root = fs.realpathSync(process.argv[1]);
+      const dirs = [path.resolve(process.argv[1]), root];
+      const selected = new Set(JSON.parse(fs.readFileSync(0, "utf8")).tests.map(t => t.name));
       const out = new Set();
-      for (const t of JSON.parse(fs.readFileSync(0, "utf8")).tests)
-        for (const a of t.command || [])
-          for (const d of dirs) if (a.startsWith(d + "/")) out.add(a.slice(d.length + 1));
+      const walk = (d) => {
+        for (const e of fs.readdirSync(d, {withFileTypes: true})) {
+          const p = path.join(d, e.name);
+          if (e.isDirectory()) walk(p);
+          else if (e.name === "CTestTestfile.cmake") {
+            const text = fs.readFileSync(p, "utf8");
+            for (const m of text.matchAll(/^add_test\(\[=\[(.+?)\]=\] (.*)\)$/gm)) {
+              if (!selected.has(m[1])) continue;
+              for (const a of m[2].matchAll(/"([^"]*)"/g))
+                for (const b of dirs)
+                  if (a[1].startsWith(b + "/")) out.add(a[1].slice(b.length + 1));
+            }
+          }
+        }
+      };
+      walk(root);
       console.log([...out].join("\n"));' build-asan)
 if ((${#asan_targets[@]} < 10)); then
   echo "FAILED: found only ${#asan_targets[@]} sanitizer test binaries to build" >&2
