@@ -14,8 +14,8 @@
 #include <string>
 #include <system_error>
 
-#include <unistd.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include "eval/eval.h"
 #include "model/deepseek.h"
