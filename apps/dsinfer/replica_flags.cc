@@ -38,7 +38,8 @@ void add_replica_flags(CLI::App& cmd, ReplicaFlags* f, ReplicaFlagSet set) {
                 "weights repacked at load: auto | bf16 | q8_0 | ... | class=format list, e.g. "
                 "experts=mxfp4 (DeepseekModel::Options)");
     add_setting(cmd, "--kv-dtype", f->kv_dtype,
-                "KV cache dtype: f32 | bf16 | e4m3 (FP8, one scale per 16 values)")
+                "KV cache dtype: f32 | bf16 | e4m3 (V2/V3: FP8 with one scale per 16 values; V4: "
+                "584-byte FP8 rows and MXFP4 indexer keys as in the reference; V4 takes no bf16)")
         ->check(CLI::IsMember({"f32", "bf16", "e4m3"}));
     if (!set.engine) {
         return;

@@ -13,11 +13,12 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> s
                                     ": DeepSeek V4 has no reference-kernel path "
                                     "(reference_kernels is for V2/V3)");
         }
-        if (options.kv_dtype != "f32") {
-            return invalid_argument(source->description() + ": DeepSeek V4 keeps its KV in f32; " +
-                                    "kv dtype '" + options.kv_dtype + "' is not supported for V4 yet");
-        }
         DeepseekV4Model::Options o;
+        if (!kernels::parse_kv_dtype(options.kv_dtype.c_str(), &o.kv_dtype) ||
+            o.kv_dtype == kernels::KvDtype::kBf16) {
+            return invalid_argument(source->description() + ": DeepSeek V4 keeps its KV in f32 or " +
+                                    "e4m3; kv dtype '" + options.kv_dtype + "' is not supported");
+        }
         o.num_threads = options.num_threads;
         o.weight_format = options.weight_format;
         DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekV4Model> m,

@@ -11,6 +11,7 @@
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
 #include "model/internal/linear.h"
+#include "model/internal/v4_kv_format.h"
 
 namespace dsi {
 namespace {
@@ -68,7 +69,7 @@ struct V4Mtp {
 // Where one layer keeps its state: offsets (floats) in the sequence's state slot, and
 // the cache groups holding its compressed entries and indexer keys.
 struct LayerSlots {
-    int64_t ring = 0;  // [window, head_dim]: position p at row p % window
+    int64_t ring = 0;  // [window main rows]: position p at row p % window
     // Compressor accumulators: kv then score rows [coff * ratio, coff * D] each.
     int64_t comp = -1, comp_floats = 0;
     int64_t idx_comp = -1, idx_comp_floats = 0;
@@ -135,6 +136,11 @@ struct DeepseekV4Model::Impl {
     Linear head;
     std::optional<V4Mtp> mtp;
     std::vector<float> ones;  // weight of the per-head query normalisation
+    // KV rows (deepseek_v4.h): f32, or e4m3 (main rows FP8, indexer keys MXFP4).
+    kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
+    bool fp8() const { return kv_dtype == kernels::KvDtype::kE4m3; }
+    int64_t main_words = 0;  // 4-byte words per main row
+    int64_t key_words = 0;   // per indexer key row
     // The per-sequence cache (class comment in deepseek_v4.h): per layer (main, then MTP).
     KvLayout layout;
     std::vector<LayerSlots> slots;
@@ -143,8 +149,10 @@ struct DeepseekV4Model::Impl {
     void plan_cache();
     // A fresh sequence: lengths 0, accumulators empty (kv 0, score -inf).
     void reset_state(float* slot) const;
-    float* ring(const V4Layer& L, KvCache* c) const {
-        return c->state() + slots[static_cast<size_t>(L.index)].ring;
+    // Window row of position `pos` (ring slot pos % window).
+    float* ring_row(const V4Layer& L, KvCache* c, int64_t pos) const {
+        return c->state() + slots[static_cast<size_t>(L.index)].ring +
+               (pos % cfg.sliding_window) * main_words;
     }
     CompView comp_state(const V4Layer& L, KvCache* c, bool indexer) const {
         const LayerSlots& s = slots[static_cast<size_t>(L.index)];
@@ -152,7 +160,7 @@ struct DeepseekV4Model::Impl {
         const int64_t n = indexer ? s.idx_comp_floats : s.comp_floats;
         return {c->state() + off, c->state() + off + n, n};
     }
-    // Compressed entry i of L (indexer: its key).
+    // Compressed entry i of L (indexer: its key), as stored.
     float* entry_ptr(const V4Layer& L, KvCache* c, int64_t i, bool indexer) const {
         const LayerSlots& s = slots[static_cast<size_t>(L.index)];
         return c->entry(static_cast<size_t>(indexer ? s.keys_group : s.entries_group),
@@ -202,6 +210,19 @@ struct DeepseekV4Model::Impl {
     // Feeds the chunk's tokens through a compressor, emitting entries into `entries`.
     void compress(const V4Layer& L, const Compressor& cp, const float* h, const Tokens& tk,
                   bool indexer);
+    // A stored main row (indexer: key row) as floats: the row itself for f32, else
+    // decoded into `buf` (head_dim or index_head_dim floats).
+    const float* main_row(const float* row, float* buf) const {
+        if (!fp8()) return row;
+        internal::v4_main_decode(reinterpret_cast<const uint8_t*>(row), cfg.head_dim,
+                                 cfg.qk_rope_head_dim, buf);
+        return buf;
+    }
+    const float* key_row(const float* row, float* buf) const {
+        if (!fp8()) return row;
+        internal::v4_index_decode(reinterpret_cast<const uint8_t*>(row), cfg.index_head_dim, buf);
+        return buf;
+    }
     void moe(const V4Layer& L, const float* h, const Tokens& tk, float* out);
     void expert(const Expert& e, const float* x, int64_t n, float* y);
     void logits_of(const HcParams& hcp, const std::vector<float>& norm, const float* x,
@@ -502,8 +523,16 @@ void DeepseekV4Model::Impl::compress(const V4Layer& L, const Compressor& cp, con
         }
         const int64_t i = pos / r;
         float* dst = entry_ptr(L, tk.cache[t], i, indexer);
-        rms_norm(entry.data(), cp.norm.data(), 1, D, dst);
-        rope(L, i * r, dst, 1, D, D, false);
+        rms_norm(entry.data(), cp.norm.data(), 1, D, entry.data());
+        rope(L, i * r, entry.data(), 1, D, D, false);
+        if (!fp8()) {
+            std::copy(entry.begin(), entry.end(), dst);
+        } else if (indexer) {
+            internal::hadamard_rotate(entry.data(), D);
+            internal::v4_index_encode(entry.data(), D, reinterpret_cast<uint8_t*>(dst));
+        } else {
+            internal::v4_main_encode(entry.data(), D, cfg.qk_rope_head_dim, reinterpret_cast<uint8_t*>(dst));
+        }
     }
 }
 
@@ -528,6 +557,17 @@ void DeepseekV4Model::Impl::attention(const V4Layer& L, const float* h, const To
         rope(L, tk.pos[t], q.data() + t * nh * hd, nh, hd, hd, false);
         rope(L, tk.pos[t], kv.data() + t * hd, 1, hd, hd, false);
     }
+    // e4m3: the rows as stored (kvq, into the ring below), and the chunk's queries
+    // read them as stored too, so a chunk equals token-by-token decode bitwise.
+    std::vector<float> kvq;
+    if (fp8()) {
+        kvq.resize(static_cast<size_t>(n * main_words));
+        for (int64_t t = 0; t < n; ++t) {
+            auto* row = reinterpret_cast<uint8_t*>(kvq.data() + t * main_words);
+            internal::v4_main_encode(kv.data() + t * hd, hd, c.qk_rope_head_dim, row);
+            internal::v4_main_decode(row, hd, c.qk_rope_head_dim, kv.data() + t * hd);
+        }
+    }
     if (L.ratio > 0) compress(L, L.comp, h, tk, false);
     // The indexer (ratio 4): per token, the compressed entries it attends to.
     std::vector<std::vector<int32_t>> chosen(static_cast<size_t>(n));
@@ -542,14 +582,20 @@ void DeepseekV4Model::Impl::attention(const V4Layer& L, const float* h, const To
         const float wscale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(ihd)) /
                                                 std::sqrt(static_cast<double>(ih)));
         for (int64_t t = 0; t < n; ++t) rope(L, tk.pos[t], qi.data() + t * ih * ihd, ih, ihd, ihd, false);
+        if (fp8()) {  // the keys' rotation, and the queries quantised as the keys are
+            for (int64_t v = 0; v < n * ih; ++v) {
+                internal::hadamard_rotate(qi.data() + v * ihd, ihd);
+                internal::v4_fp4_simulate(qi.data() + v * ihd, ihd);
+            }
+        }
         pool->parallel_for(n, 1, [&](int64_t begin, int64_t end) {
             const kernels::Isa isa = kernels::active_isa();
-            std::vector<float> score;
+            std::vector<float> score, buf(static_cast<size_t>(ihd));
             for (int64_t t = begin; t < end; ++t) {
                 const int64_t visible = (tk.pos[t] + 1) / 4;
                 score.assign(static_cast<size_t>(visible), 0.0f);
                 for (int64_t e = 0; e < visible; ++e) {
-                    const float* key = entry_ptr(L, tk.cache[t], e, true);
+                    const float* key = key_row(entry_ptr(L, tk.cache[t], e, true), buf.data());
                     float s = 0.0f;
                     for (int64_t hh = 0; hh < ih; ++hh) {
                         const float d = kernels::dot(isa, qi.data() + (t * ih + hh) * ihd, key, ihd);
@@ -578,16 +624,22 @@ void DeepseekV4Model::Impl::attention(const V4Layer& L, const float* h, const To
     pool->parallel_for(n, 1, [&](int64_t begin, int64_t end) {
         const kernels::Isa isa = kernels::active_isa();
         std::vector<const float*> keys;
-        std::vector<float> p;
+        std::vector<float> p, decoded;
         for (int64_t t = begin; t < end; ++t) {
             const int64_t pos = tk.pos[t];
-            const float* ring_rows = ring(L, tk.cache[t]);
+            const std::vector<int32_t>& ids = chosen[static_cast<size_t>(t)];
+            // e4m3: stored rows are decoded once per token (not per head).
+            if (fp8()) decoded.resize(static_cast<size_t>((ids.size() + static_cast<size_t>(win)) * hd));
+            int64_t used = 0;
+            auto stored = [&](const float* row) {
+                return main_row(row, fp8() ? decoded.data() + (used++) * hd : nullptr);
+            };
             keys.clear();
-            for (int32_t e : chosen[static_cast<size_t>(t)]) keys.push_back(entry_ptr(L, tk.cache[t], e, false));
+            for (int32_t e : ids) keys.push_back(stored(entry_ptr(L, tk.cache[t], e, false)));
             for (int64_t s = std::max<int64_t>(0, pos - win + 1); s <= pos; ++s) {
                 keys.push_back(s >= tk.chunk_start[t]
                                    ? kv.data() + (tk.chunk_first[t] + s - tk.chunk_start[t]) * hd
-                                   : ring_rows + (s % win) * hd);
+                                   : stored(ring_row(L, tk.cache[t], s)));
             }
             p.resize(keys.size());
             for (int64_t hh = 0; hh < nh; ++hh) {
@@ -614,8 +666,9 @@ void DeepseekV4Model::Impl::attention(const V4Layer& L, const float* h, const To
     });
     // The chunk's raw KV rows into each sequence's window ring (after every query
     // of the chunk has read the old rows).
+    const float* rows = fp8() ? kvq.data() : kv.data();
     for (int64_t t = 0; t < n; ++t) {
-        std::copy_n(kv.data() + t * hd, hd, ring(L, tk.cache[t]) + (tk.pos[t] % win) * hd);
+        std::copy_n(rows + t * main_words, main_words, ring_row(L, tk.cache[t], tk.pos[t]));
     }
     // Inverse RoPE on the output's rope dims, at the query's position.
     for (int64_t t = 0; t < n; ++t) rope(L, tk.pos[t], o.data() + t * nh * hd, nh, hd, hd, true);
@@ -772,6 +825,15 @@ Result<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::load(
     DSI_RETURN_IF_ERROR(internal::parse_weight_formats(options.weight_format, impl->class_format));
     const ModelConfig& c = impl->cfg;
     WeightSource& src = *impl->source;
+    impl->kv_dtype = options.kv_dtype;
+    if (options.kv_dtype == kernels::KvDtype::kBf16) {
+        return invalid_argument("DeepSeek V4: kv dtype 'bf16' is not supported (f32 or e4m3)");
+    }
+    if (impl->fp8() && (c.index_head_dim % 32 != 0 || (c.index_head_dim & (c.index_head_dim - 1)) != 0)) {
+        return invalid_argument(
+            "DeepSeek V4: kv dtype 'e4m3' needs a power-of-two index_head_dim of at least 32 (its "
+            "keys are Hadamard-rotated MXFP4); the config has " + std::to_string(c.index_head_dim));
+    }
     const int64_t H = c.hidden_size;
     impl->ones.assign(static_cast<size_t>(c.head_dim), 1.0f);
     DSI_ASSIGN_OR_RETURN(impl->embed, src.matrix("embed.weight", c.vocab_size, H));
@@ -802,6 +864,10 @@ Result<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::load(
 
 void DeepseekV4Model::Impl::plan_cache() {
     const ModelConfig& c = cfg;
+    // Rows in 4-byte words (a key row of index_head_dim 64 is 34 bytes: padded to 36).
+    main_words = fp8() ? (internal::v4_main_row_bytes(c.head_dim, c.qk_rope_head_dim) + 3) / 4 : c.head_dim;
+    key_words = fp8() && c.index_head_dim > 0 ? (internal::v4_index_row_bytes(c.index_head_dim) + 3) / 4
+                                               : c.index_head_dim;
     const int64_t nl = c.num_hidden_layers + (mtp ? 1 : 0);
     slots.assign(static_cast<size_t>(nl), LayerSlots{});
     int64_t n4 = 0, n128 = 0;
@@ -814,13 +880,13 @@ void DeepseekV4Model::Impl::plan_cache() {
     int g4 = -1, g4i = -1, g128 = -1;
     if (n4 > 0) {
         g4 = static_cast<int>(layout.groups.size());
-        layout.groups.push_back({"c4", n4, 4, c.head_dim});
+        layout.groups.push_back({"c4", n4, 4, main_words});
         g4i = static_cast<int>(layout.groups.size());
-        layout.groups.push_back({"c4_index", n4, 4, c.index_head_dim});
+        layout.groups.push_back({"c4_index", n4, 4, key_words});
     }
     if (n128 > 0) {
         g128 = static_cast<int>(layout.groups.size());
-        layout.groups.push_back({"c128", n128, 128, c.head_dim});
+        layout.groups.push_back({"c128", n128, 128, main_words});
     }
     // A model without compressed layers still pages its positions (the engine counts
     // a sequence's length in blocks): one word per block.
@@ -830,7 +896,7 @@ void DeepseekV4Model::Impl::plan_cache() {
         LayerSlots& s = slots[static_cast<size_t>(i)];
         const int64_t r = c.compress_ratio(i);
         s.ring = off;
-        off += c.sliding_window * c.head_dim;
+        off += c.sliding_window * main_words;
         if (r > 0) {
             const int64_t coff = r == 4 ? 2 : 1;
             s.comp = off;
@@ -868,6 +934,7 @@ void DeepseekV4Model::Impl::reset_state(float* slot) const {
 }
 
 KvLayout DeepseekV4Model::kv_layout() const { return impl_->layout; }
+kernels::KvDtype DeepseekV4Model::kv_dtype() const { return impl_->kv_dtype; }
 
 std::unique_ptr<KvCache> DeepseekV4Model::new_kv_cache(int64_t capacity) const {
     auto cache = std::make_unique<ContiguousKvCache>(impl_->layout, capacity);

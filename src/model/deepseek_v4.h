@@ -14,20 +14,25 @@
 //
 // Numerics: weights stay in their stored format (FP8 e4m3 with block scales, FP4
 // routed experts as MXFP4 blocks, bf16, f32) and are read by kernels/ matmul;
-// activations, KV and compressor state are f32. The reference's simulated
-// quantisation of activations and cached KV is not applied (docs/models.md).
+// activations and compressor state are f32. KV (Options::kv_dtype): f32 keeps the
+// rows exact (no simulated quantisation; what llama.cpp's deepseek4 computes); e4m3
+// stores them as the reference simulates and production stores them — main rows as
+// 584-byte FP8 entries (448 e4m3 with a ue8m0 scale per 64, 64 rope dims in bf16),
+// indexer keys Hadamard-rotated as 68-byte MXFP4 rows, the indexer's queries rotated
+// and FP4-simulated (model/internal/v4_kv_format.h; docs/models.md).
 //
 // Determinism: every output element is reduced in one fixed order, so a sequence's
 // results are bitwise the same whatever the batch, the prefill chunking (one chunk,
 // several, or token by token) and the thread count.
 //
 // Cache (kv_layout(), the engine's view through CausalLm): compressed entries are
-// paged, one entry per 4 tokens ("c4", ratio-4 layers, head_dim floats), its indexer
-// keys ("c4_index", index_head_dim floats) and one entry per 128 tokens ("c128",
-// ratio-128 layers); the state slot holds a header (the main and MTP lengths), then
-// per layer (main layers, then MTP) the sliding-window ring [sliding_window, head_dim]
-// and the compressors' accumulators (kv and score rows [coff * ratio, coff * D], main
-// compressor then indexer's). All f32. A step at start_pos 0 resets the slot (the
+// paged, one entry per 4 tokens ("c4", ratio-4 layers, one main row), its indexer
+// keys ("c4_index", one key row) and one entry per 128 tokens ("c128", ratio-128
+// layers, one main row); the state slot holds a header (the main and MTP lengths),
+// then per layer (main layers, then MTP) the sliding-window ring [sliding_window main
+// rows] and the compressors' accumulators (f32 kv and score rows [coff * ratio, coff
+// * D], main compressor then indexer's). A main row is head_dim floats (f32) or 584
+// bytes (e4m3, head_dim 512); a key row index_head_dim floats or 68 bytes. A step at start_pos 0 resets the slot (the
 // accumulators' scores to -inf); the window ring and entries are only read where
 // written. Prefixes are not reusable from the paged groups alone (the slot depends on
 // the whole history; issue 16 adds V4 prefix caching).
@@ -98,6 +103,9 @@ public:
         // As DeepseekModel::Options::weight_format ("auto" keeps stored formats:
         // e4m3 + block scales, MXFP4 experts, bf16, f32).
         std::string weight_format = "auto";
+        // kF32 or kE4m3 (the class comment); INVALID_ARGUMENT for kBf16, or kE4m3 with
+        // an index_head_dim that is not a power of two >= 32.
+        kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
     };
 
     // Reads and checks every tensor of the config (presence, dtype, shape);
@@ -109,10 +117,10 @@ public:
     const ModelConfig& config() const override;
     std::unique_ptr<V4State> new_state(int64_t capacity) const;
 
-    // CausalLm (the engine's seam): the layout above, f32, a contiguous cache, and the
+    // CausalLm (the engine's seam): the layout above, Options::kv_dtype, a contiguous cache, and the
     // forward pass over caches of that layout (BatchOutput::hidden stays empty).
     KvLayout kv_layout() const override;
-    kernels::KvDtype kv_dtype() const override { return kernels::KvDtype::kF32; }
+    kernels::KvDtype kv_dtype() const override;
     std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const override;
     Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) override;
 

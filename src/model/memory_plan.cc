@@ -5,16 +5,13 @@
 #include <map>
 
 #include "kernels/attention.h"
+#include "model/internal/v4_kv_format.h"
 #include "model/weights.h"
 
 namespace dsi {
 namespace {
 
 constexpr int64_t kF32 = 4;
-// Reference deepseek_v4.md §4.2: 448 e4m3 + 64 bf16 + 7 ue8m0 scales + 1 pad.
-constexpr int64_t kV4Fp8EntryBytes = 584;
-// One MXFP4 indexer key of 128 values: 64 code bytes + 4 scales.
-int64_t mxfp4_bytes(int64_t n) { return n / 2 + n / 32; }
 
 void add_weight(std::map<std::string, MemoryPlan::WeightFormat>& by, const std::string& format,
                 int64_t bytes) {
@@ -73,6 +70,10 @@ void plan_v4_kv(const ModelConfig& c, MemoryPlan& p) {
     const int64_t ihd = c.index_head_dim;
     const int64_t W = c.sliding_window;
     const int64_t N = p.context;
+    // --kv-dtype e4m3 (deepseek_v4.md §4.2): 584-byte main rows at head_dim 512 (448
+    // e4m3 + 64 bf16 + 7 ue8m0 scales + 1 pad), 68-byte MXFP4 indexer keys at 128.
+    const int64_t entry = internal::v4_main_row_bytes(hd, c.qk_rope_head_dim);
+    const int64_t key = ihd > 0 && ihd % 32 == 0 ? internal::v4_index_row_bytes(ihd) : ihd * kF32;
     MemoryPlan::LayerKind window{"window (ratio 0)"}, c4{"ratio 4 + indexer"}, c128{"ratio 128"};
     for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
         const int64_t r = c.compress_ratio(l);
@@ -80,7 +81,7 @@ void plan_v4_kv(const ModelConfig& c, MemoryPlan& p) {
         k.layers += 1;
         // Every layer keeps a window ring of raw rows.
         k.dsinfer_state_bytes += W * hd * kF32;
-        k.compact_state_bytes += W * kV4Fp8EntryBytes;
+        k.compact_state_bytes += W * entry;
         if (r == 0) continue;
         const int64_t coff = r == 4 ? 2 : 1;
         // Compressor accumulators: kv + score rows [coff * r, coff * D] in f32.
@@ -89,14 +90,14 @@ void plan_v4_kv(const ModelConfig& c, MemoryPlan& p) {
         k.dsinfer_state_bytes += acc;
         k.compact_state_bytes += acc;
         k.dsinfer_bytes_per_token += static_cast<double>(hd * kF32) / static_cast<double>(r);
-        k.compact_bytes_per_token += static_cast<double>(kV4Fp8EntryBytes) / static_cast<double>(r);
+        k.compact_bytes_per_token += static_cast<double>(entry) / static_cast<double>(r);
         p.dsinfer_kv_bytes += N / r * hd * kF32;
-        p.compact_kv_bytes += N / r * kV4Fp8EntryBytes;
+        p.compact_kv_bytes += N / r * entry;
         if (r == 4) {
             k.dsinfer_bytes_per_token += static_cast<double>(ihd * kF32) / 4.0;
-            k.compact_bytes_per_token += static_cast<double>(mxfp4_bytes(ihd)) / 4.0;
+            k.compact_bytes_per_token += static_cast<double>(key) / 4.0;
             p.dsinfer_kv_bytes += N / 4 * ihd * kF32;
-            p.compact_kv_bytes += N / 4 * mxfp4_bytes(ihd);
+            p.compact_kv_bytes += N / 4 * key;
         }
     }
     for (MemoryPlan::LayerKind* k : {&window, &c4, &c128}) {
