@@ -3,16 +3,31 @@
 #include <cstdlib>
 #include <cstring>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 #include "kernels/internal/gemm_amx.h"
 
 namespace dsi::kernels {
 namespace {
 
+#if defined(__x86_64__)
+// CPUID leaf 1 ECX bit 29 (F16C) and leaf 7 EDX bits 24/25 (AMX-TILE / AMX-INT8), read
+// directly: clang 14's __builtin_cpu_supports knows neither name.
+bool cpuid_bit(unsigned leaf, int reg, int bit) {
+    unsigned r[4] = {0, 0, 0, 0};
+    if (!__get_cpuid_count(leaf, 0, &r[0], &r[1], &r[2], &r[3])) return false;
+    return (r[reg] >> bit) & 1u;
+}
+constexpr int kEcx = 2, kEdx = 3;
+#endif
+
 bool cpu_has_avx2() {
 #if defined(__x86_64__)
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
+           cpuid_bit(1, kEcx, 29);
 #else
     return false;
 #endif
@@ -32,8 +47,7 @@ bool cpu_has_avx512() {
 bool cpu_has_amx_int8() {
 #if defined(__x86_64__)
     __builtin_cpu_init();
-    return cpu_has_avx512() && __builtin_cpu_supports("amx-tile") &&
-           __builtin_cpu_supports("amx-int8");
+    return cpu_has_avx512() && cpuid_bit(7, kEdx, 24) && cpuid_bit(7, kEdx, 25);
 #else
     return false;
 #endif

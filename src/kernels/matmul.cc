@@ -174,11 +174,11 @@ void quantize_act_q8(const float* x, int64_t k, int8_t* q, float* d, int32_t* s1
         const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
         int32_t sum = 0;
         for (int j = 0; j < kQ8Block; ++j) {
-            const int v = static_cast<int>(std::nearbyint(xb[j] * id));
+            const int32_t v = internal::rne_to_i32(xb[j] * id);
             q[b * kQ8Block + j] = static_cast<int8_t>(v);
-            sum += v;
+            sum = internal::wrap_add(sum, v);
         }
-        s128[b] = 128 * sum;
+        s128[b] = internal::wrap_times128(sum);
     }
 }
 

@@ -299,7 +299,10 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     const int64_t T = slots.size();
     const ModelConfig& c = cfg;
     const int64_t H = c.hidden_size;
-    const auto [nh, nope, rd, qk, vd, lora] = mla_dims(c);
+    // Plain copies, not a structured binding: clang 14 does not let lambdas capture one.
+    const MlaDims dims = mla_dims(c);
+    [[maybe_unused]] const int64_t nh = dims.nh, nope = dims.nope, rd = dims.rd, qk = dims.qk,
+                                   vd = dims.vd, lora = dims.lora;
 
     std::vector<float> q(static_cast<size_t>(T * nh * qk));
     if (c.q_lora_rank > 0) {
@@ -357,7 +360,10 @@ void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
                                            const TokenSlots& slots, float* attn) {
     const int64_t T = slots.size();
     const ModelConfig& c = cfg;
-    const auto [nh, nope, rd, qk, vd, lora] = mla_dims(c);
+    // Plain copies, not a structured binding: clang 14 does not let lambdas capture one.
+    const MlaDims dims = mla_dims(c);
+    [[maybe_unused]] const int64_t nh = dims.nh, nope = dims.nope, rd = dims.rd, qk = dims.qk,
+                                   vd = dims.vd, lora = dims.lora;
     pool->parallel_for(T * nh, 1, [&](int64_t begin, int64_t end) {
         std::vector<float> q_lat(static_cast<size_t>(lora));
         std::vector<float> o_lat(static_cast<size_t>(lora));
@@ -409,7 +415,10 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
     static_assert(KvCache::kLatentBlockTokens == kernels::kKvBlockTokens);
     const int64_t T = slots.size();
     const ModelConfig& c = cfg;
-    const auto [nh, nope, rd, qk, vd, lora] = mla_dims(c);
+    // Plain copies, not a structured binding: clang 14 does not let lambdas capture one.
+    const MlaDims dims = mla_dims(c);
+    [[maybe_unused]] const int64_t nh = dims.nh, nope = dims.nope, rd = dims.rd, qk = dims.qk,
+                                   vd = dims.vd, lora = dims.lora;
     // Absorb W_kb into the queries, one batch-invariant matmul per head:
     // q_lat[t, h] = W_kb[h]^T q_nope[t, h].
     std::vector<float> q_lat(static_cast<size_t>(T * nh * lora));

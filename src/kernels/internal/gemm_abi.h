@@ -23,6 +23,7 @@
 // identical results.
 #pragma once
 
+#include <climits>
 #include <cstdint>
 
 namespace dsi::kernels::internal {
@@ -33,6 +34,28 @@ static inline int32_t load_i32(const int8_t* p) {
     int32_t v;
     __builtin_memcpy(&v, p, 4);
     return v;
+}
+
+// Activation quantisation with non-finite or huge inputs (a NaN weight upstream):
+// the SIMD converts give 0x80000000 for them; these keep the scalar paths and the
+// sums defined (two's-complement wrap, no signed overflow). The codes are garbage
+// then, as the input was.
+static inline int32_t rne_to_i32(float v) {  // nearest even, as nearbyint / cvtps
+    if (!(v >= -2147483648.0f && v < 2147483648.0f)) return INT32_MIN;
+    return static_cast<int32_t>(__builtin_nearbyintf(v));
+}
+static inline int32_t wrap_add(int32_t a, int32_t b) {
+    return static_cast<int32_t>(static_cast<uint32_t>(a) + static_cast<uint32_t>(b));
+}
+static inline int32_t wrap_times128(int32_t sum) {
+    return static_cast<int32_t>(static_cast<uint32_t>(sum) * 128u);
+}
+// The wrapped sum of n int32 lanes (GCC's _mm512_reduce_add_epi32 adds as int, which
+// UBSan reports on overflow).
+static inline int32_t wrap_sum(const int32_t* lanes, int n) {
+    int32_t s = 0;
+    for (int i = 0; i < n; ++i) s = wrap_add(s, lanes[i]);
+    return s;
 }
 
 constexpr int kGroupRows = 16;

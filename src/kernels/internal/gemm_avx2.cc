@@ -247,7 +247,7 @@ void q8_quantize_blocks_avx2(const float* x, int64_t nb, const float* id, int8_t
         __m128i h = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
-        s128[b] = 128 * _mm_cvtsi128_si32(h);
+        s128[b] = wrap_times128(_mm_cvtsi128_si32(h));
     }
 }
 

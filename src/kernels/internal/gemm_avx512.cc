@@ -272,7 +272,9 @@ void q8_quantize_blocks_avx512(const float* x, int64_t nb, const float* id, int8
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block), _mm512_cvtepi32_epi8(c0));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block + 16),
                          _mm512_cvtepi32_epi8(c1));
-        s128[b] = 128 * _mm512_reduce_add_epi32(_mm512_add_epi32(c0, c1));
+        int32_t lanes[16];
+        _mm512_storeu_si512(lanes, _mm512_add_epi32(c0, c1));
+        s128[b] = wrap_times128(wrap_sum(lanes, 16));
     }
 }
 

@@ -127,16 +127,16 @@ void quantize_i8c_avx2(const float* x, int64_t k, int64_t padded_cols, int8_t* q
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(sums), vsum);
     int32_t sum = 0;
     for (int32_t v : sums)
-        sum += v;
+        sum = wrap_add(sum, v);
     for (; j < k; ++j) {
         const int v = quantize_one(x[j], id);
         q[j] = static_cast<int8_t>(v);
-        sum += v;
+        sum = wrap_add(sum, v);
     }
     for (; j < padded_cols; ++j)
         q[j] = 0;
     *d = amax / 127.0f;
-    *s128 = 128 * sum;
+    *s128 = wrap_times128(sum);
 }
 
 }  // namespace dsi::kernels::internal

@@ -131,7 +131,9 @@ void quantize_i8c_avx512(const float* x, int64_t k, int64_t padded_cols, int8_t*
     for (; j < padded_cols; ++j)
         q[j] = 0;
     *d = amax / 127.0f;
-    *s128 = 128 * _mm512_reduce_add_epi32(vsum);
+    int32_t lanes[16];
+    _mm512_storeu_si512(lanes, vsum);
+    *s128 = wrap_times128(wrap_sum(lanes, 16));
 }
 
 }  // namespace dsi::kernels::internal

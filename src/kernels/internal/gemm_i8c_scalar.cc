@@ -14,14 +14,14 @@ void quantize_i8c_scalar(const float* x, int64_t k, int64_t padded_cols, int8_t*
     const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int32_t sum = 0;
     for (int64_t j = 0; j < k; ++j) {
-        const int v = static_cast<int>(std::nearbyint(x[j] * id));
+        const int32_t v = rne_to_i32(x[j] * id);
         q[j] = static_cast<int8_t>(v);
-        sum += v;
+        sum = wrap_add(sum, v);
     }
     for (int64_t j = k; j < padded_cols; ++j)
         q[j] = 0;
     *d = amax / 127.0f;
-    *s128 = 128 * sum;
+    *s128 = wrap_times128(sum);
 }
 
 void gemm_i8c_scalar(const PackedView& w, const I8cActs& xa, int64_t m, float* y,
