@@ -17,7 +17,7 @@
 namespace dsi::serving {
 
 // The served model name of the default model (serving/model_id.h).
-inline constexpr const char* kDefaultModelName = "dsinfer-tiny";
+inline constexpr const char* kDefaultModelName = "dsinfer-default";
 // The trained default model's pack, relative to the data directory.
 inline constexpr const char* kDefaultModelPack = "models/dsinfer-default.safetensors";
 

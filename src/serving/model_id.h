@@ -2,7 +2,7 @@
 // (docs/serving.md, "Model id").
 //
 //   - served model name: what API clients send and see in "model". `--model-id` when
-//     given; the embedded default model is "dsinfer-tiny"; otherwise the checkpoint's
+//     given; the embedded default model is "dsinfer-default"; otherwise the checkpoint's
 //     directory name or GGUF file name.
 //   - cache identity: what the KV cache is keyed by. It salts every prefix-cache block
 //     key (kv::make_salt) and is the store's model identity (kvstore::model_identity),

@@ -65,7 +65,7 @@ start_server first
 compgen -G "$HOME/.cache/dsinfer/models/dsinfer-default-*/model.safetensors" > /dev/null ||
   fail "default model not created: $(find "$HOME/.cache" -maxdepth 4 | tr '\n' ' ')"
 r="$(post /v1/chat/completions \
-  '{"model":"dsinfer-tiny","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}')"
+  '{"model":"dsinfer-default","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}')"
 [[ "$r" == *'"object":"chat.completion"'* ]] || fail "no chat completion: $r"
 stop_server
 
@@ -75,7 +75,7 @@ words() {  # words SEED: ~1,500 tokens of distinct text
   for i in $(seq 150); do printf 'item %d of list %s is %d; ' "$i" "$1" $((i * 7919 % 1000)); done
 }
 p1="$(words one)"
-req1="$(printf '{"model":"dsinfer-tiny","prompt":"%s","max_tokens":2}' "$p1")"
+req1="$(printf '{"model":"dsinfer-default","prompt":"%s","max_tokens":2}' "$p1")"
 start_server store1 --kv-store "$store"
 r="$(post /v1/completions "$req1")"
 n="$(prompt_tokens <<< "$r")"
@@ -100,7 +100,7 @@ hits="$(sed -n 's/.*kv store: [0-9]* lookups, \([0-9]*\) hit blocks.*/\1/p' "$wo
 echo "generate hit $hits blocks written by serve"
 p2="$(words two)"
 gen gen2 "$p2"
-r="$(post /v1/completions "$(printf '{"model":"dsinfer-tiny","prompt":"%s","max_tokens":2}' "$p2")")"
+r="$(post /v1/completions "$(printf '{"model":"dsinfer-default","prompt":"%s","max_tokens":2}' "$p2")")"
 c="$(cached_tokens <<< "$r")"
 [[ -n "$c" ]] && (( c >= 1024 )) || fail "serve after generate: cached $c: $r"
 echo "serve hit $c tokens written by generate"
