@@ -162,7 +162,7 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t available_bytes) {
     std::snprintf(line, sizeof line, "  %-44s %8s          %14" PRId64 " B  %s\n", "total", "",
                   p.weight_bytes, human(static_cast<double>(p.weight_bytes)).c_str());
     out += line;
-    out += "\nKV per layer kind (dsinfer f32 | compact FP8 layout)\n";
+    out += "\nKV per layer kind (--kv-dtype f32 | --kv-dtype e4m3)\n";
     for (const auto& k : p.kinds) {
         std::snprintf(line, sizeof line,
                       "  %-24s %3" PRId64 " layers  per token %10.2f | %9.2f B   state per "
@@ -177,12 +177,16 @@ std::string format_memory_plan(const MemoryPlan& p, int64_t available_bytes) {
                   human(static_cast<double>(p.compact_kv_bytes)).c_str());
     out += line;
     const int64_t need = p.weight_bytes + p.dsinfer_kv_bytes;
+    const int64_t need_e4m3 = p.weight_bytes + p.compact_kv_bytes;
     if (available_bytes > 0) {
         std::snprintf(line, sizeof line,
-                      "\nweights + one sequence (dsinfer): %s; available memory %s: %s\n",
+                      "\nweights + one sequence: %s (f32 KV) | %s (e4m3 KV); available memory %s: "
+                      "%s | %s\n",
                       human(static_cast<double>(need)).c_str(),
+                      human(static_cast<double>(need_e4m3)).c_str(),
                       human(static_cast<double>(available_bytes)).c_str(),
-                      need <= available_bytes ? "fits" : "does NOT fit");
+                      need <= available_bytes ? "fits" : "does NOT fit",
+                      need_e4m3 <= available_bytes ? "fits" : "does NOT fit");
         out += line;
     }
     return out;

@@ -3,9 +3,9 @@
 // context, from the config alone (model/weights.h tensor specs), so a bare config.json
 // (the real DeepSeek-V4-Flash's included) can be planned without its weights.
 //
-// Two KV layouts are planned: what dsinfer stores today ("dsinfer": f32 rows; V4
-// state in V4State) and the compact layout (V2/V3: e4m3 with one scale per 16 values,
-// --kv-dtype e4m3; V4 with --kv-dtype e4m3: the FP8 layout of reference
+// Two KV layouts are planned, both what the engine allocates: --kv-dtype f32 ("dsinfer":
+// f32 rows; V4 state slot) and --kv-dtype e4m3 ("compact"; V2/V3: e4m3 with one scale
+// per 16 values; V4: the FP8 layout of reference
 // deepseek_v4.md §4.2 — 584-byte entries of 448 e4m3 + 64 bf16 + 8 scale bytes,
 // 68-byte MXFP4 indexer keys).
 // Thread model: pure functions.
