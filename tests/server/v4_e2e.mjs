@@ -54,9 +54,13 @@ test('generate: HF and GGUF give the same greedy text', async () => {
   assert.equal(gg, hf);
 });
 
-test('generate: a V4 checkpoint refuses a KV dtype it does not support', async () => {
+test('generate: a V4 checkpoint runs an e4m3 KV cache and refuses bf16', async () => {
+  const args = ['--prompt', 'The quick brown fox', '--max-tokens', '12', '--temperature', '0',
+    '--threads', '1'];
+  const fp8 = run(['generate', '--model', modelDir, ...args, '--kv-dtype', 'e4m3']);
+  assert.ok(fp8.startsWith('The quick brown fox'), 'e4m3 generate wrote text');
   assert.throws(() => run(['generate', '--model', modelDir, '--prompt', 'x', '--max-tokens', '2',
-    '--kv-dtype', 'e4m3']), /V4 keeps its KV in f32/);
+    '--kv-dtype', 'bf16']), /V4 keeps its KV in f32 or e4m3; kv dtype 'bf16' is not supported/);
 });
 
 test('bench offline runs a V4 checkpoint', async () => {
