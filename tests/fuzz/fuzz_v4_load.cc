@@ -9,6 +9,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,9 +21,12 @@
 
 namespace {
 
-// One scratch file per process, rewritten for each input.
+// One scratch file per process, rewritten for each input, removed at exit.
 const std::string& scratch_path() {
-    static const std::string path = "/tmp/fuzz_v4_load_" + std::to_string(::getpid()) + ".gguf";
+    static const std::string path = [] {
+        std::atexit([] { ::unlink(("/tmp/fuzz_v4_load_" + std::to_string(::getpid()) + ".gguf").c_str()); });
+        return "/tmp/fuzz_v4_load_" + std::to_string(::getpid()) + ".gguf";
+    }();
     return path;
 }
 
