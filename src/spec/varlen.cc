@@ -1,0 +1,149 @@
+#include "spec/varlen.h"
+
+#include <algorithm>
+#include <cmath>
+#include <nlohmann/json.hpp>
+#include <numeric>
+
+#include "base/check.h"
+
+namespace dsi::spec {
+
+int AcceptanceEstimator::bin_index(float prob) {
+    if (!(prob >= 0.0f)) return kProbBins;  // NaN or negative: no probability
+    return std::min(kProbBins - 1, static_cast<int>(prob * kProbBins));
+}
+
+const AcceptanceEstimator::Bin& AcceptanceEstimator::bin(int j, float prob) const {
+    const int p = std::clamp(j, 0, kMaxSpeculativeTokens - 1);
+    return bins_[static_cast<size_t>(p)][static_cast<size_t>(bin_index(prob))];
+}
+
+AcceptanceEstimator::Bin& AcceptanceEstimator::bin(int j, float prob) {
+    return const_cast<Bin&>(std::as_const(*this).bin(j, prob));
+}
+
+double AcceptanceEstimator::estimate(int j, float prob) const {
+    const Bin& b = bin(j, prob);
+    const double prior = prob >= 0.0f ? std::min(1.0f, prob) : 0.5;
+    return (b.accepted + kPriorWeight * prior) / (b.n + kPriorWeight);
+}
+
+void AcceptanceEstimator::observe(int j, float prob, bool accepted) {
+    Bin& b = bin(j, prob);
+    if (b.n >= kWindow) {
+        b.n *= 0.5;
+        b.accepted *= 0.5;
+    }
+    b.n += 1;
+    b.accepted += accepted ? 1 : 0;
+}
+
+Result<VerifyCostCurve> VerifyCostCurve::create(std::vector<VerifyCostPoint> points) {
+    if (points.size() < 2) {
+        return invalid_argument("verify cost curve: needs at least 2 points, got " +
+                                std::to_string(points.size()));
+    }
+    for (size_t i = 0; i < points.size(); ++i) {
+        const VerifyCostPoint& p = points[i];
+        if (p.tokens < 1 || (i > 0 && p.tokens <= points[i - 1].tokens)) {
+            return invalid_argument("verify cost curve: token counts must increase from 1 (point " +
+                                    std::to_string(i) + ")");
+        }
+        if (!std::isfinite(p.ns) || p.ns <= 0) {
+            return invalid_argument("verify cost curve: time of point " + std::to_string(i) +
+                                    " must be finite and > 0");
+        }
+    }
+    VerifyCostCurve c;
+    c.points_ = std::move(points);
+    return c;
+}
+
+double VerifyCostCurve::ns(int64_t tokens) const {
+    const std::vector<VerifyCostPoint>& p = points_;
+    if (tokens <= p.front().tokens) return p.front().ns;
+    size_t hi = 1;
+    while (hi + 1 < p.size() && p[hi].tokens < tokens) ++hi;
+    const VerifyCostPoint& a = p[hi - 1];
+    const VerifyCostPoint& b = p[hi];
+    const double slope = (b.ns - a.ns) / static_cast<double>(b.tokens - a.tokens);
+    // Past the last point the last slope goes on; a measured dip never makes a larger
+    // step cheaper than a smaller one.
+    return std::max(a.ns, a.ns + slope * static_cast<double>(tokens - a.tokens));
+}
+
+std::string VerifyCostCurve::to_json(std::string_view info_json) const {
+    nlohmann::ordered_json j;
+    j["format"] = "dsinfer-verify-cost-v1";
+    nlohmann::ordered_json pts = nlohmann::ordered_json::array();
+    for (const VerifyCostPoint& p : points_) pts.push_back({{"tokens", p.tokens}, {"ns", p.ns}});
+    j["points"] = std::move(pts);
+    if (!info_json.empty()) j["fit"] = nlohmann::ordered_json::parse(info_json);
+    return j.dump(2) + "\n";
+}
+
+Result<VerifyCostCurve> VerifyCostCurve::from_json(std::string_view text) {
+    const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object()) return invalid_argument("verify cost curve: not a JSON object");
+    if (j.value("format", "") != "dsinfer-verify-cost-v1") {
+        return invalid_argument("verify cost curve: format is not dsinfer-verify-cost-v1");
+    }
+    auto it = j.find("points");
+    if (it == j.end() || !it->is_array()) return invalid_argument("verify cost curve: no points array");
+    std::vector<VerifyCostPoint> points;
+    for (const nlohmann::json& p : *it) {
+        if (!p.is_object() || !p.contains("tokens") || !p.contains("ns") ||
+            !p["tokens"].is_number_integer() || !p["ns"].is_number()) {
+            return invalid_argument("verify cost curve: a point needs integer tokens and number ns");
+        }
+        points.push_back({p["tokens"].get<int64_t>(), p["ns"].get<double>()});
+    }
+    return create(std::move(points));
+}
+
+VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int64_t base_tokens,
+                                   int64_t sampled, const VerifyCostCurve& cost) {
+    struct Slot {
+        double survival;
+        uint32_t request;
+        uint32_t pos;
+    };
+    std::vector<Slot> slots;
+    for (size_t i = 0; i < requests.size(); ++i) {
+        double s = 1.0;
+        for (size_t j = 0; j < requests[i].accept.size(); ++j) {
+            const double a = requests[i].accept[j];
+            DSI_DCHECK(a >= 0.0 && a <= 1.0);
+            s *= a;
+            slots.push_back({s, static_cast<uint32_t>(i), static_cast<uint32_t>(j)});
+        }
+    }
+    // Highest survival first; equal survivals of one request stay in draft order, so
+    // every prefix of this order is a prefix of each request's drafts.
+    std::stable_sort(slots.begin(), slots.end(),
+                     [](const Slot& a, const Slot& b) { return a.survival > b.survival; });
+    VarlenChoice best;
+    best.lengths.assign(requests.size(), 0);
+    double gain = 0;
+    best.tokens_per_ns = static_cast<double>(sampled) / cost.ns(base_tokens);
+    size_t best_n = 0;
+    for (size_t n = 1; n <= slots.size(); ++n) {
+        gain += slots[n - 1].survival;
+        const double rate = (static_cast<double>(sampled) + gain) /
+                            cost.ns(base_tokens + static_cast<int64_t>(n));
+        if (rate > best.tokens_per_ns) {
+            best.tokens_per_ns = rate;
+            best.expected_accepted = gain;
+            best_n = n;
+        }
+    }
+    for (size_t n = 0; n < best_n; ++n) {
+        int& len = best.lengths[slots[n].request];
+        len = std::max(len, static_cast<int>(slots[n].pos) + 1);
+    }
+    best.verified = static_cast<int64_t>(best_n);
+    return best;
+}
+
+}  // namespace dsi::spec

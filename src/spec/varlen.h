@@ -1,0 +1,114 @@
+// DSpark-style variable-length verification (SPEC S-SPEC, issue 24): each step verifies
+// the prefix subset of every request's drafts that maximises expected output tokens per
+// unit of step time.
+//
+// Three pure parts, used by the engine's worker (engine/worker.cc) and by tests and the
+// simulator alike (no clock, no model):
+//   - AcceptanceEstimator: the chance that draft j of a request is accepted given that
+//     the drafts before it were, from the drafter's own probability of the token (the
+//     MTP head's softmax; none for n-gram) recalibrated online against what
+//     verification observed (per draft position and probability bin);
+//   - VerifyCostCurve: step time as a function of the tokens a step runs, profiled on
+//     the machine (engine/calibrate.h, `dsinfer calibrate`), piecewise linear;
+//   - choose_verify_lengths: survival s(i, j) = product of the conditional estimates of
+//     drafts 1..j of request i; all (i, j) slots sorted by survival (a request's
+//     survivals never grow with j, so every top-N set is a prefix of each request's
+//     drafts: cumulative product, global sort, top-N, remap); the N that maximises
+//     (requests + sum of the top-N survivals) / time(base tokens + N) wins. N = 0 when no
+//     draft pays, so speculation switches itself off where verifying costs more than it
+//     yields.
+// With the exact acceptance rule (spec/verify.h) the output does not depend on how many
+// drafts are verified: only speed changes.
+//
+// Thread model: none of these is thread-safe; the worker owns one of each.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "base/status.h"
+#include "spec/drafter.h"
+
+namespace dsi::spec {
+
+class AcceptanceEstimator {
+public:
+    static constexpr int kProbBins = 10;
+    // Weight of the prior (the drafter's probability, or 0.5 without one) in
+    // pseudo-observations; counts of a bin are halved once they reach kWindow, so the
+    // estimate follows a drifting acceptance rate.
+    static constexpr double kPriorWeight = 4.0;
+    static constexpr double kWindow = 512.0;
+
+    // Conditional acceptance estimate of the draft at position j (0-based) whose drafter
+    // probability is `prob` (NaN or < 0: none). In [0, 1].
+    double estimate(int j, float prob) const;
+    // Verification outcome of one drafted token that was verified (every draft up to and
+    // including the first rejected one).
+    void observe(int j, float prob, bool accepted);
+
+    // For tests and metrics: observations and acceptances held for (j, prob)'s bin.
+    double observed(int j, float prob) const { return bin(j, prob).n; }
+
+private:
+    struct Bin {
+        double n = 0;
+        double accepted = 0;
+    };
+    static int bin_index(float prob);
+    const Bin& bin(int j, float prob) const;
+    Bin& bin(int j, float prob);
+    // [position][probability bin; the last one: no probability]
+    std::array<std::array<Bin, kProbBins + 1>, kMaxSpeculativeTokens> bins_{};
+};
+
+// Step time (ns) against the tokens a step runs (prefill chunks, decodes and their
+// drafts together): points measured at increasing token counts, linear between them,
+// extended by the last segment's slope past the last point and flat below the first.
+struct VerifyCostPoint {
+    int64_t tokens = 0;
+    double ns = 0;
+};
+class VerifyCostCurve {
+public:
+    // INVALID_ARGUMENT unless there are >= 2 points, tokens strictly increase from >= 1,
+    // and every time is finite and > 0.
+    static Result<VerifyCostCurve> create(std::vector<VerifyCostPoint> points);
+    double ns(int64_t tokens) const;
+    std::span<const VerifyCostPoint> points() const { return points_; }
+
+    // {"format": "dsinfer-verify-cost-v1", "points": [{"tokens": n, "ns": t}, ...],
+    //  "fit": {...informational}}.
+    std::string to_json(std::string_view info_json) const;
+    // INVALID_ARGUMENT naming the problem (not JSON, wrong format, bad points).
+    static Result<VerifyCostCurve> from_json(std::string_view text);
+
+private:
+    std::vector<VerifyCostPoint> points_;
+};
+
+// One request of a step that may verify drafts: the conditional acceptance estimate of
+// each proposed draft, in order.
+struct VarlenRequest {
+    std::span<const double> accept;
+};
+
+struct VarlenChoice {
+    std::vector<int> lengths;       // drafts to verify, per request
+    int64_t verified = 0;           // their sum (N)
+    double expected_accepted = 0;   // sum of the chosen survivals
+    double tokens_per_ns = 0;       // (requests + expected_accepted) / time(base + N)
+};
+
+// `base_tokens`: the tokens the step runs without any draft (>= requests.size(): each
+// request's own input token, plus other sequences' prefill chunks and decodes);
+// `sampled`: the sequences that emit a token this step (the requests and any other
+// decodes). REQUIRES: every estimate in [0, 1].
+VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int64_t base_tokens,
+                                   int64_t sampled, const VerifyCostCurve& cost);
+
+}  // namespace dsi::spec

@@ -1,0 +1,164 @@
+#include "spec/varlen.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+namespace dsi::spec {
+namespace {
+
+VerifyCostCurve curve(std::vector<VerifyCostPoint> p) {
+    auto c = VerifyCostCurve::create(std::move(p));
+    EXPECT_TRUE(c.is_ok()) << c.status().message();
+    return std::move(c).value();
+}
+
+TEST(AcceptanceEstimatorTest, StartsAtTheDrafterProbabilityAndLearnsTheObservedRate) {
+    AcceptanceEstimator e;
+    EXPECT_DOUBLE_EQ(e.estimate(0, 0.83f), 0.83f);
+    EXPECT_DOUBLE_EQ(e.estimate(3, NAN), 0.5);  // no probability (n-gram): 0.5
+    // The drafter says 0.95 but only 1 in 4 is accepted at position 0 in that bin.
+    for (int i = 0; i < 400; ++i) e.observe(0, 0.95f, i % 4 == 0);
+    EXPECT_NEAR(e.estimate(0, 0.96f), 0.25, 0.02);
+    // Other positions and bins are untouched.
+    EXPECT_DOUBLE_EQ(e.estimate(1, 0.95f), 0.95f);
+    EXPECT_DOUBLE_EQ(e.estimate(0, 0.45f), 0.45f);
+    // A drift to always-accepted is followed (counts are halved at the window).
+    for (int i = 0; i < 3000; ++i) e.observe(0, 0.95f, true);
+    EXPECT_GT(e.estimate(0, 0.95f), 0.97);
+    EXPECT_LE(e.observed(0, 0.95f), AcceptanceEstimator::kWindow + 1);
+    // Positions past the last share its bins; probabilities above 1 are capped.
+    for (int i = 0; i < 100; ++i) e.observe(40, NAN, false);
+    EXPECT_LT(e.estimate(kMaxSpeculativeTokens - 1, NAN), 0.05);
+    EXPECT_LE(e.estimate(5, 7.0f), 1.0);
+}
+
+TEST(VerifyCostCurveTest, InterpolatesAndExtrapolatesAndRejectsBadPoints) {
+    VerifyCostCurve c = curve({{1, 100}, {5, 140}, {9, 300}});
+    EXPECT_DOUBLE_EQ(c.ns(1), 100);
+    EXPECT_DOUBLE_EQ(c.ns(0), 100);
+    EXPECT_DOUBLE_EQ(c.ns(3), 120);
+    EXPECT_DOUBLE_EQ(c.ns(7), 220);
+    EXPECT_DOUBLE_EQ(c.ns(13), 460);  // the last slope (40 / token) goes on
+    // A measured dip never makes more tokens cheaper than the point before.
+    VerifyCostCurve dip = curve({{1, 100}, {2, 90}});
+    EXPECT_DOUBLE_EQ(dip.ns(4), 100);
+
+    EXPECT_FALSE(VerifyCostCurve::create({{1, 100}}).is_ok());
+    EXPECT_FALSE(VerifyCostCurve::create({{0, 100}, {2, 200}}).is_ok());
+    EXPECT_FALSE(VerifyCostCurve::create({{2, 100}, {2, 200}}).is_ok());
+    EXPECT_FALSE(VerifyCostCurve::create({{1, 100}, {2, NAN}}).is_ok());
+    EXPECT_FALSE(VerifyCostCurve::create({{1, 100}, {2, -1}}).is_ok());
+}
+
+TEST(VerifyCostCurveTest, JsonRoundTripAndErrors) {
+    VerifyCostCurve c = curve({{1, 100.5}, {8, 400}});
+    auto back = VerifyCostCurve::from_json(c.to_json(R"({"threads": 2})"));
+    ASSERT_TRUE(back.is_ok()) << back.status().message();
+    ASSERT_EQ(back->points().size(), 2u);
+    EXPECT_EQ(back->points()[1].tokens, 8);
+    EXPECT_DOUBLE_EQ(back->points()[0].ns, 100.5);
+    for (const char* bad : {"", "[]", "{\"format\": \"x\", \"points\": []}",
+                            R"({"format": "dsinfer-verify-cost-v1"})",
+                            R"({"format": "dsinfer-verify-cost-v1", "points": [{"tokens": 1}]})",
+                            R"({"format": "dsinfer-verify-cost-v1", "points": [{"tokens": 1.5, "ns": 2}, {"tokens": 3, "ns": 4}]})"}) {
+        EXPECT_FALSE(VerifyCostCurve::from_json(bad).is_ok()) << bad;
+    }
+}
+
+TEST(ChooseVerifyLengthsTest, WorkedNumbers) {
+    // Two requests alone in the step (base 2 tokens, 2 sampled). Step time 10 for up to
+    // 4 tokens, then +5 per token: drafts are free up to 2 more tokens, then cost half a
+    // step each.
+    VerifyCostCurve c = curve({{1, 10}, {4, 10}, {8, 30}});
+    const std::vector<double> a{0.9, 0.8, 0.5};  // survivals 0.9, 0.72, 0.36
+    const std::vector<double> b{0.6, 0.5};       // survivals 0.6, 0.3
+    const std::vector<VarlenRequest> r{{a}, {b}};
+    VarlenChoice ch = choose_verify_lengths(r, 2, 2, c);
+    // Order: a1 .9, a2 .72, b1 .6, a3 .36, b2 .3. Rates: N=0 2/10 = .2; N=1 2.9/10;
+    // N=2 3.62/10 = .362; N=3 4.22/15 = .281; ... best N = 2 (a's first two drafts).
+    ASSERT_EQ(ch.lengths.size(), 2u);
+    EXPECT_EQ(ch.lengths[0], 2);
+    EXPECT_EQ(ch.lengths[1], 0);
+    EXPECT_EQ(ch.verified, 2);
+    EXPECT_NEAR(ch.expected_accepted, 1.62, 1e-12);
+    EXPECT_NEAR(ch.tokens_per_ns, 0.362, 1e-12);
+}
+
+TEST(ChooseVerifyLengthsTest, FlatCostVerifiesEverythingAndSteepCostNothing) {
+    const std::vector<double> a{0.9, 0.2, 0.1};
+    const std::vector<double> b{0.05};
+    const std::vector<VarlenRequest> r{{a}, {b}};
+    VarlenChoice flat = choose_verify_lengths(r, 2, 2, curve({{1, 10}, {100, 10.0001}}));
+    EXPECT_EQ(flat.lengths, (std::vector<int>{3, 1}));
+    // Each token costs a full step: a draft pays only if certain, and 1.0 only ties.
+    VerifyCostCurve steep = curve({{1, 10}, {2, 20}});
+    VarlenChoice none = choose_verify_lengths(r, 2, 2, steep);
+    EXPECT_EQ(none.lengths, (std::vector<int>{0, 0}));
+    EXPECT_EQ(none.verified, 0);
+    // Other sequences' tokens in the step count in the time.
+    const std::vector<double> sure{1.0, 1.0};
+    const std::vector<VarlenRequest> one{{sure}};
+    VerifyCostCurve knee = curve({{1, 10}, {64, 10}, {65, 100}});
+    EXPECT_EQ(choose_verify_lengths(one, 1, 1, knee).verified, 2);
+    EXPECT_EQ(choose_verify_lengths(one, 64, 5, knee).verified, 0);
+    // No requests, no drafts.
+    EXPECT_EQ(choose_verify_lengths({}, 3, 3, knee).verified, 0);
+}
+
+// The choice equals the best of every combination of per-request prefix lengths.
+TEST(ChooseVerifyLengthsTest, MatchesBruteForceOverAllPrefixLengths) {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<double> u(0.0, 1.0);
+    for (int trial = 0; trial < 300; ++trial) {
+        const int R = 1 + static_cast<int>(rng() % 3);
+        std::vector<std::vector<double>> acc(static_cast<size_t>(R));
+        for (auto& v : acc) {
+            v.resize(rng() % 4);
+            for (double& x : v) x = trial % 5 == 0 ? std::round(u(rng) * 2) / 2 : u(rng);
+        }
+        std::vector<VarlenRequest> reqs;
+        for (const auto& v : acc) reqs.push_back({v});
+        const int64_t base = R + static_cast<int64_t>(rng() % 5);
+        const double step = 1 + u(rng) * 10;
+        VerifyCostCurve c =
+            curve({{1, step}, {2 + static_cast<int64_t>(rng() % 6), step * (1 + u(rng))},
+                   {20, step * (2 + u(rng) * 6)}});
+        VarlenChoice ch = choose_verify_lengths(reqs, base, R, c);
+        // Brute force.
+        double best = 0;
+        std::vector<int> len(static_cast<size_t>(R), 0);
+        while (true) {
+            double gain = 0;
+            int64_t n = 0;
+            for (int i = 0; i < R; ++i) {
+                double s = 1;
+                for (int j = 0; j < len[static_cast<size_t>(i)]; ++j) {
+                    s *= acc[static_cast<size_t>(i)][static_cast<size_t>(j)];
+                    gain += s;
+                }
+                n += len[static_cast<size_t>(i)];
+            }
+            best = std::max(best, (R + gain) / c.ns(base + n));
+            int i = 0;
+            while (i < R && len[static_cast<size_t>(i)] ==
+                                static_cast<int>(acc[static_cast<size_t>(i)].size())) {
+                len[static_cast<size_t>(i)] = 0;
+                ++i;
+            }
+            if (i == R) break;
+            ++len[static_cast<size_t>(i)];
+        }
+        EXPECT_NEAR(ch.tokens_per_ns, best, 1e-12 * best) << "trial " << trial;
+        int64_t sum = 0;
+        for (size_t i = 0; i < ch.lengths.size(); ++i) {
+            EXPECT_LE(ch.lengths[i], static_cast<int>(acc[i].size()));
+            sum += ch.lengths[i];
+        }
+        EXPECT_EQ(sum, ch.verified);
+    }
+}
+
+}  // namespace
+}  // namespace dsi::spec
