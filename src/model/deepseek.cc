@@ -802,7 +802,56 @@ Status DeepseekModel::mtp_forward(std::span<const int32_t> next_tokens,
     return Status::ok();
 }
 
-Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatchOutput& out) {
+struct MtpDraftHead::Weights {
+    Linear head;
+    std::vector<uint8_t> rows;  // the selected rows' bytes (w.data points here)
+};
+
+MtpDraftHead::MtpDraftHead(std::vector<int32_t> ids, std::unique_ptr<Weights> w)
+    : ids_(std::move(ids)), w_(std::move(w)) {}
+MtpDraftHead::~MtpDraftHead() = default;
+
+Result<std::unique_ptr<const MtpDraftHead>> DeepseekModel::make_mtp_draft_head(
+    std::span<const int32_t> ids) const {
+    Impl& m = *impl_;
+    if (!m.mtp) return failed_precondition("draft vocabulary: the checkpoint has no MTP layer");
+    const int64_t V = m.cfg.vocab_size;
+    if (ids.empty()) return invalid_argument("draft vocabulary: no token ids");
+    for (size_t i = 0; i < ids.size(); ++i) {
+        if (ids[i] < 0 || ids[i] >= V || (i > 0 && ids[i] <= ids[i - 1])) {
+            return invalid_argument("draft vocabulary: ids must increase strictly within [0, " +
+                                    std::to_string(V) + "); entry " + std::to_string(i) +
+                                    " is " + std::to_string(ids[i]));
+        }
+    }
+    const WeightMatrix& src = m.mtp->head.w;
+    auto w = std::make_unique<MtpDraftHead::Weights>();
+    WeightMatrix& dst = w->head.w;
+    dst.rows = static_cast<int64_t>(ids.size());
+    dst.cols = src.cols;
+    if (src.block_scale == nullptr) {
+        // Rows are contiguous in every stored format without block scales: copy them
+        // as stored, so a draft logit is the full head's logit of that token.
+        dst.dtype = src.dtype;
+        const int64_t rb = src.row_bytes();
+        w->rows.resize(static_cast<size_t>(rb) * ids.size());
+        for (size_t i = 0; i < ids.size(); ++i) {
+            std::copy_n(src.data + ids[i] * rb, rb, w->rows.data() + static_cast<int64_t>(i) * rb);
+        }
+    } else {  // FP8 with block scales: the selected rows dequantised
+        dst.dtype = DType::kF32;
+        w->rows.resize(sizeof(float) * static_cast<size_t>(src.cols) * ids.size());
+        float* f = reinterpret_cast<float*>(w->rows.data());
+        for (size_t i = 0; i < ids.size(); ++i) src.dequantize_row(ids[i], f + i * src.cols);
+    }
+    dst.data = w->rows.data();
+    DSI_RETURN_IF_ERROR(m.pack(WeightClass::kHead, w->head));
+    return std::unique_ptr<const MtpDraftHead>(
+        new MtpDraftHead(std::vector<int32_t>(ids.begin(), ids.end()), std::move(w)));
+}
+
+Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatchOutput& out,
+                                        const MtpDraftHead* head) {
     Impl& m = *impl_;
     if (!m.mtp) return failed_precondition("mtp_forward: the checkpoint has no MTP layer");
     const ModelConfig& c = m.cfg;
@@ -860,8 +909,9 @@ Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatch
     for (int64_t r = 0; r < R; ++r) {
         m.rms_norm(out.hidden.data() + logit_tokens[r] * H, mtp.head_norm, 1, H, xn.data() + r * H);
     }
-    out.logits.resize(static_cast<size_t>(R * c.vocab_size));
-    if (R > 0) m.matmul(mtp.head, xn.data(), R, out.logits.data());
+    const Linear& lm = head != nullptr ? head->w_->head : mtp.head;
+    out.logits.resize(static_cast<size_t>(R * lm.rows()));
+    if (R > 0) m.matmul(lm, xn.data(), R, out.logits.data());
     return Status::ok();
 }
 

@@ -60,6 +60,25 @@ struct MtpBatchOutput {
     std::vector<float> hidden;       // MTP output before the head norm [total rows, hidden]
 };
 
+// A restricted MTP head (FR-Spec style draft vocabulary): the MTP head's rows of
+// `ids()` only, in the stored format. Drafting over a few thousand frequent tokens
+// instead of the whole vocabulary makes a draft cheap where the head dominates the MTP
+// layer (small models: the embedded default model's head is 96 % of its MTP pass).
+// Drafts only change speed (the target verifies them). Immutable; made by
+// DeepseekModel::make_mtp_draft_head.
+class MtpDraftHead {
+public:
+    ~MtpDraftHead();
+    std::span<const int32_t> ids() const { return ids_; }
+
+private:
+    friend class DeepseekModel;
+    struct Weights;
+    MtpDraftHead(std::vector<int32_t> ids, std::unique_ptr<Weights> w);
+    std::vector<int32_t> ids_;
+    std::unique_ptr<Weights> w_;
+};
+
 class DeepseekModel final : public CausalLm {
 public:
     struct Options {
@@ -126,7 +145,14 @@ public:
 
     // Several sequences' MTP passes in one (the rows of sequence i follow those of i-1 in
     // `out.hidden`); each sequence's results are bitwise those of mtp_forward alone.
-    Status mtp_forward_batch(std::span<const MtpStep> steps, MtpBatchOutput& out);
+    // With `head`, logits rows have head->ids().size() columns (column c scores token
+    // head->ids()[c]).
+    Status mtp_forward_batch(std::span<const MtpStep> steps, MtpBatchOutput& out,
+                             const MtpDraftHead* head = nullptr);
+    // The MTP head restricted to `ids` (strictly increasing, within the vocabulary,
+    // non-empty): INVALID_ARGUMENT otherwise, FAILED_PRECONDITION without an MTP layer.
+    Result<std::unique_ptr<const MtpDraftHead>> make_mtp_draft_head(
+        std::span<const int32_t> ids) const;
 
     struct Impl;
 

@@ -23,8 +23,12 @@ Result<Method> parse_method(std::string_view name) {
 }
 
 Status Drafter::propose_batch(std::span<const DraftInput> in, std::span<const int> k,
-                              std::span<std::vector<int32_t>> drafts) {
-    for (size_t i = 0; i < in.size(); ++i) DSI_RETURN_IF_ERROR(propose(in[i], k[i], drafts[i]));
+                              std::span<std::vector<int32_t>> drafts,
+                              std::span<std::vector<float>> probs) {
+    for (size_t i = 0; i < in.size(); ++i) {
+        DSI_RETURN_IF_ERROR(propose(in[i], k[i], drafts[i]));
+        if (!probs.empty()) probs[i].clear();
+    }
     return Status::ok();
 }
 

@@ -74,9 +74,14 @@ public:
     virtual Status propose(const DraftInput& in, int k, std::vector<int32_t>& drafts) = 0;
     // The same for several sequences of one step (drafts[i] for in[i] with k[i]); a
     // drafter may batch them (MTP does). Each sequence's drafts are those propose()
-    // gives it alone. REQUIRES: the three spans have the same size.
+    // gives it alone. `probs`, when not empty, receives for each sequence the
+    // drafter's own probability of each draft (the MTP head's softmax at the drafted
+    // token; empty when the drafter has none, as n-gram) — what variable-length
+    // verification estimates acceptance from (spec/varlen.h). REQUIRES: the spans
+    // have the same size (probs: or 0).
     virtual Status propose_batch(std::span<const DraftInput> in, std::span<const int> k,
-                                 std::span<std::vector<int32_t>> drafts);
+                                 std::span<std::vector<int32_t>> drafts,
+                                 std::span<std::vector<float>> probs);
     // True: needs the step's hidden states and KV (called after every step).
     virtual bool uses_hidden() const { return false; }
 };

@@ -16,16 +16,23 @@ namespace dsi::spec {
 
 class MtpDrafter : public Drafter {
 public:
-    // REQUIRES: the model has an MTP layer and outlives the drafter.
-    explicit MtpDrafter(DeepseekModel* model);
+    // REQUIRES: the model has an MTP layer and outlives the drafter. With `head`, drafts
+    // come from the restricted draft vocabulary (argmax over head->ids(); the
+    // probability is the softmax over those ids).
+    explicit MtpDrafter(DeepseekModel* model, std::shared_ptr<const MtpDraftHead> head = nullptr);
     Status propose(const DraftInput& in, int k, std::vector<int32_t>& drafts) override;
     // One batched MTP pass per draft depth for all sequences (mtp_forward_batch).
     Status propose_batch(std::span<const DraftInput> in, std::span<const int> k,
-                         std::span<std::vector<int32_t>> drafts) override;
+                         std::span<std::vector<int32_t>> drafts,
+                         std::span<std::vector<float>> probs) override;
     bool uses_hidden() const override { return true; }
 
 private:
+    // The drafted token of one logits row and its softmax probability.
+    int32_t pick(std::span<const float> row, float* prob) const;
+
     DeepseekModel* model_;
+    std::shared_ptr<const MtpDraftHead> head_;
     int64_t hidden_size_;
     std::vector<int32_t> next_;
     std::vector<MtpStep> steps_;

@@ -1,6 +1,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <numeric>
 #include <random>
 #include <vector>
 
@@ -247,6 +249,73 @@ TEST_F(MtpDrafterTest, FirstDraftIsTheMtpHeadAndRecursionFollowsItsOwnHidden) {
     EXPECT_FALSE(d.propose(in, 2, drafts).is_ok());
 }
 
+// A draft vocabulary (FR-Spec): the restricted head scores exactly the full head's
+// logits of its ids; over every id it drafts what the full head drafts; over a subset
+// only ids of the subset; the probabilities are the softmax at the drafted token.
+TEST_F(MtpDrafterTest, DraftHeadScoresItsIdsAsTheFullHeadAndGivesProbabilities) {
+    const int64_t V = model_->config().vocab_size;
+    const std::vector<int32_t> prompt = {5, 17, 300, 42, 9, 77};
+    auto run = [&](std::shared_ptr<const MtpDraftHead> head, std::vector<int32_t>& drafts,
+                   std::vector<float>& probs) {
+        auto cache = model_->new_kv_cache(64);
+        ForwardOutput out;
+        ASSERT_TRUE(model_->forward(prompt, 0, *cache, false, out).is_ok());
+        const std::vector<int32_t> output = {argmax(out.logits)};
+        MtpDrafter d(model_.get(), std::move(head));
+        DraftInput in{prompt, output, out.hidden, 0, cache.get()};
+        std::vector<std::vector<int32_t>> dr(1);
+        std::vector<std::vector<float>> pr(1);
+        const int k = 4;
+        ASSERT_TRUE(d.propose_batch(std::span<const DraftInput>(&in, 1),
+                                    std::span<const int>(&k, 1), dr, pr)
+                        .is_ok());
+        drafts = dr[0];
+        probs = pr[0];
+    };
+    std::vector<int32_t> all_ids(static_cast<size_t>(V)), odd;
+    std::iota(all_ids.begin(), all_ids.end(), 0);
+    for (int32_t t = 1; t < V; t += 2) odd.push_back(t);
+    std::vector<int32_t> full, everything, sub;
+    std::vector<float> pf, pe, ps;
+    run(nullptr, full, pf);
+    run(std::shared_ptr<const MtpDraftHead>(model_->make_mtp_draft_head(all_ids).value()),
+        everything, pe);
+    auto odd_head = std::shared_ptr<const MtpDraftHead>(model_->make_mtp_draft_head(odd).value());
+    run(odd_head, sub, ps);
+    ASSERT_EQ(full.size(), 4u);
+    EXPECT_EQ(everything, full);
+    EXPECT_EQ(pe, pf);
+    ASSERT_EQ(sub.size(), 4u);
+    for (int32_t t : sub) EXPECT_EQ(t % 2, 1) << t;
+    for (float p : ps) EXPECT_TRUE(p > 0.0f && p <= 1.0f) << p;
+
+    // Logits of the restricted head = the full head's columns of its ids.
+    auto cache = model_->new_kv_cache(64);
+    ForwardOutput out;
+    ASSERT_TRUE(model_->forward(prompt, 0, *cache, false, out).is_ok());
+    std::vector<int32_t> next(prompt.begin() + 1, prompt.end());
+    next.push_back(argmax(out.logits));
+    MtpStep step{next, out.hidden, 0, cache.get(), 1};
+    MtpBatchOutput a, b;
+    ASSERT_TRUE(model_->mtp_forward_batch(std::span<const MtpStep>(&step, 1), a).is_ok());
+    ASSERT_TRUE(
+        model_->mtp_forward_batch(std::span<const MtpStep>(&step, 1), b, odd_head.get()).is_ok());
+    ASSERT_EQ(b.logits.size(), odd.size());
+    for (size_t c = 0; c < odd.size(); ++c) EXPECT_EQ(b.logits[c], a.logits[static_cast<size_t>(odd[c])]);
+    // The first draft's probability is the softmax of the full row at the draft.
+    double sum = 0;
+    const float top = a.logits[static_cast<size_t>(full[0])];
+    for (float v : a.logits) sum += std::exp(static_cast<double>(v - top));
+    EXPECT_NEAR(pf[0], 1.0 / sum, 1e-6);
+
+    // Bad vocabularies.
+    EXPECT_FALSE(model_->make_mtp_draft_head(std::vector<int32_t>{}).is_ok());
+    EXPECT_FALSE(model_->make_mtp_draft_head(std::vector<int32_t>{3, 3}).is_ok());
+    EXPECT_FALSE(model_->make_mtp_draft_head(std::vector<int32_t>{5, 2}).is_ok());
+    EXPECT_FALSE(model_->make_mtp_draft_head(std::vector<int32_t>{-1}).is_ok());
+    EXPECT_FALSE(model_->make_mtp_draft_head(std::vector<int32_t>{static_cast<int32_t>(V)}).is_ok());
+}
+
 // Batched drafting (one MTP pass per depth for all sequences) gives each sequence the
 // drafts it gets alone.
 TEST_F(MtpDrafterTest, BatchedDraftsEqualDraftsAlone) {
@@ -272,7 +341,7 @@ TEST_F(MtpDrafterTest, BatchedDraftsEqualDraftsAlone) {
         prefill(prompts[i], caches[i], outs[i], outputs[i]);
         in[i] = {prompts[i], outputs[i], outs[i].hidden, 0, caches[i].get()};
     }
-    ASSERT_TRUE(d.propose_batch(in, ks, batched).is_ok());
+    ASSERT_TRUE(d.propose_batch(in, ks, batched, {}).is_ok());
     EXPECT_EQ(batched, alone);
 }
 
