@@ -67,6 +67,15 @@ void add_replica_flags(CLI::App& cmd, ReplicaFlags* f, ReplicaFlagSet set) {
                 "drafts verified per step, 1..16 (0 = 5)");
     add_setting(cmd, "--use-nextn-decode", f->use_nextn_decode,
                 "K > 0: --speculative mtp --num-speculative-tokens K (S-ENG-10)");
+    add_switch(cmd, "--enable-mtp-varlen", f->enable_mtp_varlen,
+               "DSpark variable-length verification (S-SPEC): verify per step the drafts whose "
+               "estimated acceptance pays for their cost on the --verify-cost curve");
+    add_setting(cmd, "--spec-draft-vocab", f->spec_draft_vocab,
+                "MTP draft vocabulary (FR-Spec): a dsinfer-draft-vocab-v1 JSON file | auto "
+                "(draft_vocab.json beside the checkpoint, if any) | none");
+    add_setting(cmd, "--verify-cost", f->verify_cost,
+                "verify-cost curve JSON for --enable-mtp-varlen (default: "
+                "dsinfer_verify_cost.json beside the checkpoint, profiled there on first use)");
     add_setting(cmd, "--max-running-seqs", f->max_running_seqs,
                 "sequences in a step at most (scheduler)")
         ->check(CLI::PositiveNumber);
@@ -136,6 +145,9 @@ Result<serving::ReplicaOptions> to_replica_options(const ReplicaFlags& f) {
     if (e.speculative.num_tokens > 0 && !e.speculative.enabled()) {
         return invalid_argument("--num-speculative-tokens needs --speculative mtp or ngram");
     }
+    e.speculative.varlen = f.enable_mtp_varlen;
+    o.draft_vocab = f.spec_draft_vocab;
+    o.verify_cost_path = f.verify_cost;
     e.scheduler.max_running_seqs = f.max_running_seqs;
     e.scheduler.max_batched_tokens = f.max_batched_tokens;
     e.scheduler.step_budget_ns = f.step_budget_ms * 1e6;

@@ -7,6 +7,7 @@
 
 #include "model/config.h"
 #include "model/causal_lm.h"
+#include "sampling/sampler.h"
 
 namespace dsi::engine {
 namespace {
@@ -194,14 +195,114 @@ Result<std::vector<CalibrationPoint>> profile_prefill(CausalLm* model,
     return points;
 }
 
-std::string cost_model_path_for(const std::string& model_path) {
-    constexpr std::string_view kName = "dsinfer_prefill_cost.json";
+namespace {
+
+// A file kept beside a checkpoint: DIR/name, or FILE.gguf.name for a GGUF file.
+std::string beside_checkpoint(const std::string& model_path, std::string_view name) {
     const bool is_gguf =
         model_path.size() > 5 && model_path.compare(model_path.size() - 5, 5, ".gguf") == 0;
-    if (is_gguf) return model_path + "." + std::string(kName);
+    if (is_gguf) return model_path + "." + std::string(name);
     std::string dir = model_path;
     while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
-    return dir + "/" + std::string(kName);
+    return dir + "/" + std::string(name);
+}
+
+}  // namespace
+
+std::string cost_model_path_for(const std::string& model_path) {
+    return beside_checkpoint(model_path, "dsinfer_prefill_cost.json");
+}
+
+std::string verify_cost_path_for(const std::string& model_path) {
+    return beside_checkpoint(model_path, "dsinfer_verify_cost.json");
+}
+
+Result<spec::VerifyCostCurve> profile_verify_cost(CausalLm* model, const VerifyCalibration& grid) {
+    const std::vector<int64_t>& ns = grid.tokens;
+    if (ns.empty() || ns.front() < 1 || !std::is_sorted(ns.begin(), ns.end()) ||
+        std::adjacent_find(ns.begin(), ns.end()) != ns.end() || grid.tokens_per_seq < 1 ||
+        grid.context < 0 || grid.reps < 1) {
+        return invalid_argument(
+            "verify-cost calibration needs increasing token counts >= 1, tokens per sequence "
+            ">= 1, context >= 0 and reps >= 1");
+    }
+    if (model->kv_layout().state_floats > 0) {
+        return failed_precondition("verify-cost calibration: " + model->config().architecture +
+                                   " keeps per-sequence state (speculation is not supported)");
+    }
+    const int64_t len = grid.context + grid.tokens_per_seq;
+    if (len > model->config().max_position_embeddings) {
+        return invalid_argument("verify-cost calibration: context + tokens per sequence = " +
+                                std::to_string(len) + " exceeds the model length");
+    }
+    const int64_t vocab = model->config().vocab_size;
+    std::vector<int32_t> tokens(static_cast<size_t>(len));
+    for (int64_t i = 0; i < len; ++i) tokens[i] = static_cast<int32_t>((1000 + i * 31) % vocab);
+    const int64_t num_seqs = (ns.back() + grid.tokens_per_seq - 1) / grid.tokens_per_seq;
+    std::vector<std::unique_ptr<KvCache>> caches;
+    std::vector<SequenceStep> steps;
+    BatchOutput out;
+    for (int64_t i = 0; i < num_seqs; ++i) {
+        caches.push_back(model->new_kv_cache(len));
+        for (int64_t p = 0; p < grid.context; p += 512) {
+            const int64_t q = std::min<int64_t>(512, grid.context - p);
+            steps.assign(1, {std::span<const int32_t>(tokens).subspan(p, q), p, caches.back().get(), false});
+            DSI_RETURN_IF_ERROR(model->forward_batch(steps, out));
+        }
+    }
+    std::vector<spec::VerifyCostPoint> points;
+    for (int64_t n : ns) {
+        steps.clear();
+        for (int64_t i = 0, left = n; left > 0; ++i, left -= grid.tokens_per_seq) {
+            const int64_t q = std::min(left, grid.tokens_per_seq);
+            steps.push_back({std::span<const int32_t>(tokens).subspan(grid.context, q), grid.context,
+                             caches[i].get(), true});
+        }
+        double best = 1e300;
+        for (int r = 0; r < grid.reps; ++r) {
+            const auto t0 = std::chrono::steady_clock::now();
+            DSI_RETURN_IF_ERROR(model->forward_batch(steps, out));
+            int64_t sink = 0;
+            for (size_t row = 0; row * vocab < out.logits.size(); ++row) {
+                sink += argmax(std::span<const float>(out.logits).subspan(row * vocab, vocab));
+            }
+            const auto t1 = std::chrono::steady_clock::now();
+            if (sink < 0) return internal_error("verify-cost calibration: bad argmax");
+            best = std::min(best, std::chrono::duration<double, std::nano>(t1 - t0).count());
+        }
+        points.push_back({n, std::max(best, 1.0)});
+    }
+    return spec::VerifyCostCurve::create(std::move(points));
+}
+
+Result<std::optional<spec::VerifyCostCurve>> load_verify_cost(Env* env, const std::string& path) {
+    if (!env->file_exists(path)) return std::optional<spec::VerifyCostCurve>();
+    Result<std::string> text = env->read_file(path);
+    if (!text.is_ok()) return text.status().with_context("verify cost curve " + path);
+    Result<spec::VerifyCostCurve> c = spec::VerifyCostCurve::from_json(*text);
+    if (!c.is_ok()) return c.status().with_context("verify cost curve " + path);
+    return std::optional<spec::VerifyCostCurve>(std::move(c).value());
+}
+
+Result<spec::VerifyCostCurve> ensure_verify_cost(Env* env, CausalLm* model, const std::string& path,
+                                                 const VerifyCalibration& grid) {
+    if (!path.empty()) {
+        DSI_ASSIGN_OR_RETURN(std::optional<spec::VerifyCostCurve> existing,
+                             load_verify_cost(env, path));
+        if (existing) return std::move(*existing);
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    DSI_ASSIGN_OR_RETURN(spec::VerifyCostCurve curve, profile_verify_cost(model, grid));
+    if (!path.empty()) {
+        nlohmann::ordered_json info;
+        info["source"] = "engine::ensure_verify_cost";
+        info["tokens_per_seq"] = grid.tokens_per_seq;
+        info["context"] = grid.context;
+        info["reps"] = grid.reps;
+        info["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        DSI_RETURN_IF_ERROR(env->write_file(path, curve.to_json(info.dump())));
+    }
+    return curve;
 }
 
 std::string cost_model_to_json(const PrefillCostModel& model, std::string_view fit_info) {

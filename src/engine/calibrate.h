@@ -29,6 +29,7 @@
 #include "base/env.h"
 #include "base/status.h"
 #include "engine/prefill_cost_model.h"
+#include "spec/varlen.h"
 
 namespace dsi {
 class CausalLm;
@@ -119,5 +120,31 @@ Result<PrefillCostModel> cost_model_from_json(std::string_view text);
 // nullopt when the file does not exist; an error naming the file when it cannot be
 // read or is malformed.
 Result<std::optional<PrefillCostModel>> load_cost_model(Env* env, const std::string& path);
+
+// Variable-length verification's step-cost curve (spec/varlen.h, issue 24): the time
+// of a decode step that runs n tokens — sequences of up to tokens_per_seq tokens (a
+// decode and its drafts) each, after `context` computed tokens, logits for every row
+// and each row's argmax (verification samples every row) — best of `reps`, per n.
+// File: {"format": "dsinfer-verify-cost-v1", "points": [...]} at
+// verify_cost_path_for(model path), written by `dsinfer calibrate` and, on first use
+// of --spec-varlen, by ensure_verify_cost.
+struct VerifyCalibration {
+    std::vector<int64_t> tokens = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192};
+    int64_t tokens_per_seq = 6;
+    int64_t context = 256;
+    int reps = 3;
+};
+// INVALID_ARGUMENT on an empty or non-increasing token list, values < 1, reps < 1 or
+// context + tokens_per_seq past the model length; FAILED_PRECONDITION for a model with
+// per-sequence state (speculation is refused there).
+Result<spec::VerifyCostCurve> profile_verify_cost(CausalLm* model, const VerifyCalibration& grid);
+// DIR/dsinfer_verify_cost.json, or FILE.gguf.dsinfer_verify_cost.json.
+std::string verify_cost_path_for(const std::string& model_path);
+// nullopt when the file does not exist; an error naming the file when it is malformed.
+Result<std::optional<spec::VerifyCostCurve>> load_verify_cost(Env* env, const std::string& path);
+// The curve at `path` if it exists; else profiles `model` on `grid`, writes the curve to
+// `path` (when not "") and returns it.
+Result<spec::VerifyCostCurve> ensure_verify_cost(Env* env, CausalLm* model, const std::string& path,
+                                                 const VerifyCalibration& grid = {});
 
 }  // namespace dsi::engine

@@ -121,7 +121,8 @@ struct Engine::Impl {
           scheduler(options.scheduler, e),
           cache(std::move(c)),
           worker(m, cache->pool(), options.record_logits, options.swap_in_layer_delay_us,
-                 options.drafter, options.drafter ? options.speculative.k() : 0) {
+                 options.drafter, options.drafter ? options.speculative.k() : 0,
+                 options.verify_cost) {
         vocab = model->config().vocab_size;
         eos = static_cast<int32_t>(model->config().eos_token_id);
         max_model_len = options.max_model_len > 0 ? options.max_model_len
@@ -335,6 +336,7 @@ struct Engine::Impl {
             fatal = r.status.with_context("forward pass");
             return;
         }
+        bool step_verified = false;
         for (ItemResult& ir : r.items) {
             auto sit = seqs.find(ir.seq_id);
             if (sit == seqs.end() || sit->second.epoch != ir.epoch) continue;  // ended/preempted
@@ -347,6 +349,7 @@ struct Engine::Impl {
                 cache->truncate(s.id, s.num_computed);
             }
             count_speculation(ir);
+            step_verified |= ir.num_drafts > 0;
             s.drafts = std::move(ir.next_drafts);
             // Publish blocks whose rows are all computed and whose tokens are known (with
             // speculation the accepted drafts' rows are computed: their tokens count).
@@ -367,9 +370,11 @@ struct Engine::Impl {
                 if (handle_token(s, ir.tokens[j], row)) break;  // finished: s is gone
             }
         }
+        stats.spec_steps += step_verified ? 1 : 0;
     }
 
     void count_speculation(const ItemResult& ir) {
+        stats.spec_varlen_cut_tokens += ir.drafts_cut;
         if (ir.num_drafts == 0) return;
         ++stats.spec_verify_steps;
         stats.spec_draft_tokens += ir.num_drafts;
@@ -447,7 +452,7 @@ namespace {
 
 // Checks the speculative settings and creates their drafter (none when off). The
 // loop runs synchronously with speculation (EngineOptions::speculative).
-Status make_drafter(CausalLm* model, const KvLayout& layout, EngineOptions& options) {
+Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOptions& options) {
     spec::SpecConfig c = options.speculative;
     if (options.drafter != nullptr) c.method = spec::Method::kNgram;  // only k is checked
     // MTP drafting is wired for V2/V3 (DeepseekModel) only.
@@ -462,11 +467,29 @@ Status make_drafter(CausalLm* model, const KvLayout& layout, EngineOptions& opti
             "back yet (" + model->config().architecture + ")");
     }
     if (options.drafter == nullptr && c.method == spec::Method::kMtp) {
-        options.drafter = std::make_shared<spec::MtpDrafter>(v3);
+        std::shared_ptr<const MtpDraftHead> head;
+        if (!c.draft_vocab_path.empty()) {
+            const std::string& path = c.draft_vocab_path;
+            Result<std::string> text = env->read_file(path);
+            if (!text.is_ok()) return text.status().with_context("draft vocabulary " + path);
+            Result<std::vector<int32_t>> ids =
+                spec::parse_draft_vocab(*text, model->config().vocab_size);
+            if (!ids.is_ok()) return ids.status().with_context(path);
+            DSI_ASSIGN_OR_RETURN(head, v3->make_mtp_draft_head(*ids));
+        }
+        options.drafter = std::make_shared<spec::MtpDrafter>(v3, std::move(head));
     } else if (options.drafter == nullptr && c.method == spec::Method::kNgram) {
         options.drafter = std::make_shared<spec::NgramDrafter>(c.ngram_max, c.ngram_min);
     }
     if (options.drafter != nullptr) options.async = false;
+    if (c.varlen && options.verify_cost == nullptr) {
+        // No curve from `dsinfer calibrate`: a quick one of this model, in memory.
+        VerifyCalibration quick;
+        quick.reps = 2;
+        DSI_ASSIGN_OR_RETURN(spec::VerifyCostCurve curve, profile_verify_cost(model, quick));
+        options.verify_cost = std::make_shared<const spec::VerifyCostCurve>(std::move(curve));
+    }
+    if (!c.varlen) options.verify_cost = nullptr;
     return Status::ok();
 }
 
@@ -497,7 +520,7 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
         options.kv_store_uri.clear();
         options.swap_space_bytes = 0;
     }
-    DSI_RETURN_IF_ERROR(make_drafter(model, layout, options));
+    DSI_RETURN_IF_ERROR(make_drafter(model, layout, env, options));
     kv::TieredCacheOptions co;
     for (const KvGroupLayout& g : layout.groups) {
         co.groups.push_back(

@@ -74,6 +74,7 @@
 #include "model/causal_lm.h"
 #include "sampling/sampler.h"
 #include "spec/drafter.h"
+#include "spec/varlen.h"
 
 namespace dsi {
 namespace kvstore {
@@ -120,6 +121,10 @@ struct EngineOptions {
     // Tests: a drafter of the caller's (wins over speculative.method; k from
     // speculative.k()).
     std::shared_ptr<spec::Drafter> drafter;
+    // Variable-length verification's step-cost curve (speculative.varlen): the curve
+    // `dsinfer calibrate` profiled (engine/calibrate.h, serving loads it); without one,
+    // create() profiles a quick curve of the model in memory.
+    std::shared_ptr<const spec::VerifyCostCurve> verify_cost;
     bool record_logits = false;            // pass each sampled row's logits to the callback (tests)
     const Tokenizer* tokenizer = nullptr;  // needed for text and stop strings
     // KV block store below the pool (S-KV-4..7): "" = none; else a kvstore URI
@@ -190,6 +195,11 @@ struct EngineStats {
     int64_t spec_accepted_tokens = 0;
     std::array<int64_t, spec::kMaxSpeculativeTokens> spec_drafted_at{};
     std::array<int64_t, spec::kMaxSpeculativeTokens> spec_accepted_at{};
+    // Steps that verified at least one draft (verified tokens per step =
+    // spec_draft_tokens / spec_steps), and drafts proposed but not verified because
+    // variable-length verification judged them not worth their cost.
+    int64_t spec_steps = 0;
+    int64_t spec_varlen_cut_tokens = 0;
     int64_t forward_ns = 0;   // worker busy time
     int64_t host_gap_ns = 0;  // worker idle between consecutive steps while work existed
     kv::BlockPoolStats pool;

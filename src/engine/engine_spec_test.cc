@@ -106,6 +106,16 @@ EngineOptions spec_options(spec::Method m, int k) {
     return o;
 }
 
+// Variable-length verification with a step-cost curve where each token costs
+// `per_token` of a one-token step (0.3: a draft pays only when its survival is high).
+EngineOptions varlen_options(spec::Method m, int k, double per_token = 0.3) {
+    EngineOptions o = spec_options(m, k);
+    o.speculative.varlen = true;
+    o.verify_cost = std::make_shared<const spec::VerifyCostCurve>(
+        spec::VerifyCostCurve::create({{1, 1e6}, {2, (1 + per_token) * 1e6}}).value());
+    return o;
+}
+
 TEST(EngineSpecTest, EveryDrafterGivesTheOutputWithoutSpeculation) {
     for (double temp : {0.0, 0.8}) {
         std::vector<GenerateRequest> reqs;
@@ -117,10 +127,14 @@ TEST(EngineSpecTest, EveryDrafterGivesTheOutputWithoutSpeculation) {
             std::string name;
             EngineOptions o;
         };
+        // Varlen with MTP: the synthetic model's head is random, so its draft
+        // probabilities are small; near-free drafts keep some of them verified.
         std::vector<Case> cases = {{"mtp k=3", spec_options(spec::Method::kMtp, 3)},
                                    {"ngram k=4", spec_options(spec::Method::kNgram, 4)},
                                    {"oracle k=5", spec_options(spec::Method::kNone, 5)},
-                                   {"garbage k=2", spec_options(spec::Method::kNone, 2)}};
+                                   {"garbage k=2", spec_options(spec::Method::kNone, 2)},
+                                   {"mtp k=5 varlen", varlen_options(spec::Method::kMtp, 5, 1e-4)},
+                                   {"ngram k=5 varlen", varlen_options(spec::Method::kNgram, 5)}};
         cases[2].o.drafter = oracle;
         cases[3].o.drafter = std::make_shared<GarbageDrafter>();
         for (const Case& c : cases) {
@@ -320,6 +334,85 @@ TEST(EngineSpecTest, PreemptedSpeculatingSequencesKeepTheirOutput) {
         expect_same(run(o, reqs, true, &st), want, swap_bytes ? "swap" : "recompute");
         EXPECT_GT(st.preemptions, 0);
     }
+}
+
+// DSpark: drafts that are never accepted stop being verified (speculation switches
+// itself off); drafts that are always accepted are verified in full once learnt; the
+// output never changes; without a curve the engine profiles one.
+TEST(EngineSpecTest, VarlenCutsWhatDoesNotPayAndKeepsWhatDoes) {
+    std::vector<GenerateRequest> reqs;
+    for (int v = 0; v < 3; ++v) reqs.push_back(request(v, v == 0 ? 0.0 : 0.9, 120));
+    const Outputs want = run(base_options(), reqs, true);
+
+    EngineOptions garbage = varlen_options(spec::Method::kNone, 5);
+    garbage.drafter = std::make_shared<GarbageDrafter>();
+    EngineStats g;
+    expect_same(run(garbage, reqs, true, &g), want, "garbage varlen");
+    // Proposed = verified + cut; once explored (a few dozen rejections at position 0),
+    // nothing more is verified.
+    EXPECT_GT(g.spec_varlen_cut_tokens, 5 * g.spec_draft_tokens) << g.spec_draft_tokens;
+    EXPECT_GT(g.spec_draft_tokens, 0);
+
+    auto oracle = std::make_shared<OracleDrafter>();
+    for (size_t i = 0; i < reqs.size(); ++i) oracle->ref[reqs[i].prompt] = want[i].tokens;
+    EngineOptions sure = varlen_options(spec::Method::kNone, 5);
+    sure.drafter = oracle;
+    EngineStats o;
+    expect_same(run(sure, reqs, true, &o), want, "oracle varlen");
+    EXPECT_EQ(o.spec_accepted_tokens, o.spec_draft_tokens);
+    // Explored and learnt: most steps verify all 5.
+    EXPECT_GT(o.spec_draft_tokens, 3 * o.spec_verify_steps) << o.spec_verify_steps;
+    EXPECT_GT(o.spec_steps, 0);
+    EXPECT_LE(o.spec_steps, o.spec_verify_steps);
+
+    EngineOptions profiled = spec_options(spec::Method::kMtp, 3);
+    profiled.speculative.varlen = true;  // no curve given: create() profiles one
+    expect_same(run(profiled, reqs, true), want, "mtp varlen, profiled curve");
+}
+
+// An MTP draft vocabulary (FR-Spec): drafts come from its ids only; output unchanged;
+// bad files are refused by name.
+TEST(EngineSpecTest, DraftVocabularyRestrictsMtpDrafts) {
+    std::vector<GenerateRequest> reqs;
+    for (int v = 0; v < 3; ++v) reqs.push_back(request(v, 0.0, 60));
+    const Outputs want = run(base_options(), reqs, true);
+    Env* env = Env::default_env();
+    const std::string dir = ::testing::TempDir();
+    const std::string path = dir + "/engine_spec_draft_vocab.json";
+    // The tokens the outputs use, and a few more: most drafts can be right.
+    std::vector<int32_t> ids;
+    for (const Completion& c : want) ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
+    for (int32_t t = 0; t < 512; t += 7) ids.push_back(t);
+    ASSERT_TRUE(env->write_file(path, spec::draft_vocab_to_json(ids, "test")).is_ok());
+    EngineOptions o = spec_options(spec::Method::kMtp, 3);
+    o.speculative.draft_vocab_path = path;
+    EngineStats st;
+    expect_same(run(o, reqs, true, &st), want, "mtp with a draft vocabulary");
+    EXPECT_GT(st.spec_draft_tokens, 0);
+    EXPECT_GT(st.spec_accepted_tokens, 0);
+
+    auto create = [&](EngineOptions opt) {
+        return Engine::create(&shared_model(), std::move(opt), env).status();
+    };
+    const std::string bad = dir + "/engine_spec_bad_vocab.json";
+    for (const char* text : {"not json", R"({"format": "dsinfer-draft-vocab-v1", "ids": []})",
+                             R"({"format": "dsinfer-draft-vocab-v1", "ids": [1, 512]})",
+                             R"({"format": "other", "ids": [1]})"}) {
+        ASSERT_TRUE(env->write_file(bad, text).is_ok());
+        o.speculative.draft_vocab_path = bad;
+        Status s = create(o);
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << text;
+        EXPECT_NE(s.message().find("draft vocabulary"), std::string::npos) << s.to_string();
+    }
+    o.speculative.draft_vocab_path = dir + "/does_not_exist.json";
+    EXPECT_FALSE(create(o).is_ok());
+    // Only MTP drafts from a vocabulary; varlen needs a method.
+    EngineOptions ng = spec_options(spec::Method::kNgram, 3);
+    ng.speculative.draft_vocab_path = path;
+    EXPECT_EQ(create(ng).code(), StatusCode::kInvalidArgument);
+    EngineOptions off = base_options();
+    off.speculative.varlen = true;
+    EXPECT_EQ(create(off).code(), StatusCode::kInvalidArgument);
 }
 
 TEST(EngineSpecTest, BadSettingsAreRefused) {

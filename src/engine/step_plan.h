@@ -69,6 +69,7 @@ struct ItemResult {
     int32_t num_drafts = 0;            // drafts verified
     int32_t num_accepted = 0;          // of which accepted
     std::vector<int32_t> next_drafts;  // proposals for the next step (speculation)
+    int32_t drafts_cut = 0;            // varlen: proposals not sent to verification
 };
 
 struct StepResult {

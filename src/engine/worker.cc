@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 
 #include "base/check.h"
 #include "base/clock.h"
@@ -10,7 +11,8 @@
 namespace dsi::engine {
 
 Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
-               int64_t swap_in_layer_delay_us, std::shared_ptr<spec::Drafter> drafter, int spec_k)
+               int64_t swap_in_layer_delay_us, std::shared_ptr<spec::Drafter> drafter, int spec_k,
+               std::shared_ptr<const spec::VerifyCostCurve> varlen_cost)
     : model_(model),
       pool_(pool),
       record_logits_(record_logits),
@@ -18,7 +20,8 @@ Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
       vocab_(model->config().vocab_size),
       eos_(static_cast<int32_t>(model->config().eos_token_id)),
       drafter_(std::move(drafter)),
-      spec_k_(spec_k) {}
+      spec_k_(spec_k),
+      varlen_cost_(std::move(varlen_cost)) {}
 
 Worker::~Worker() { stop(); }
 
@@ -181,6 +184,7 @@ ItemResult Worker::sample_item(StepItem& it, size_t i) {
                          eos_,
                          ws.req->mask.get()};
     spec::verify_exact(sampler_, in, ws.params, ws.output, verified_);
+    if (varlen_cost_ != nullptr && !it.drafts.empty()) observe_acceptance(it, ws, verified_);
     ir.sampled = true;
     ir.num_drafts = static_cast<int32_t>(it.drafts.size());
     ir.num_accepted = verified_.accepted;
@@ -229,13 +233,70 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
     }
     if (draft_in_.empty()) return Status::ok();
     draft_out_.resize(draft_in_.size());
-    DSI_RETURN_IF_ERROR(drafter_->propose_batch(draft_in_, draft_k_, draft_out_));
+    draft_probs_.resize(varlen_cost_ != nullptr ? draft_in_.size() : 0);
+    DSI_RETURN_IF_ERROR(drafter_->propose_batch(draft_in_, draft_k_, draft_out_, draft_probs_));
     for (size_t d = 0; d < draft_item_.size(); ++d) {
         const WorkerSeq& ws = seqs_.at(plan.items[draft_item_[d]].seq_id);
         if (ws.req->mask != nullptr) cut_forbidden_drafts(ws, draft_out_[d]);
+    }
+    if (varlen_cost_ != nullptr) choose_lengths(plan, r);
+    for (size_t d = 0; d < draft_item_.size(); ++d) {
         r.items[draft_item_[d]].next_drafts = std::move(draft_out_[d]);
     }
     return Status::ok();
+}
+
+void Worker::observe_acceptance(const StepItem& it, const WorkerSeq& ws, const spec::Verified& v) {
+    // Every draft up to the first rejected one was verified; drafts after a token that
+    // ended the sequence were not. A draft without a recorded probability (none
+    // proposed by this worker, e.g. after a restart of the sequence) counts as none.
+    auto prob = [&](size_t j) {
+        return j < ws.draft_probs.size() ? ws.draft_probs[j] : std::nanf("");
+    };
+    const size_t accepted = static_cast<size_t>(v.accepted);
+    for (size_t j = 0; j < accepted; ++j) estimator_.observe(static_cast<int>(j), prob(j), true);
+    if (accepted < it.drafts.size() && v.tokens.size() == accepted + 1 &&
+        v.tokens.back().token != it.drafts[accepted]) {
+        estimator_.observe(static_cast<int>(accepted), prob(accepted), false);
+    }
+}
+
+int64_t Worker::choose_lengths(const StepPlan& plan, StepResult& r) {
+    // The next step is assumed to look like this one without its drafts: every item's
+    // input tokens, one per decode (S-SPEC: the decision uses the latest confidences;
+    // the loop is synchronous with speculation, so it is taken right here).
+    int64_t base = 0, sampled = 0;
+    for (size_t i = 0; i < plan.items.size(); ++i) {
+        base += r.items[i].num_tokens - r.items[i].num_drafts;
+        sampled += plan.items[i].sample ? 1 : 0;
+    }
+    draft_accept_.resize(draft_item_.size());
+    varlen_in_.clear();
+    for (size_t d = 0; d < draft_item_.size(); ++d) {
+        std::vector<double>& acc = draft_accept_[d];
+        acc.clear();
+        for (size_t j = 0; j < draft_out_[d].size(); ++j) {
+            const float p = j < draft_probs_[d].size() ? draft_probs_[d][j] : std::nanf("");
+            acc.push_back(estimator_.optimistic(static_cast<int>(j), p));
+        }
+        varlen_in_.push_back({acc});
+    }
+    const spec::VarlenChoice choice = spec::choose_verify_lengths(
+        varlen_in_, std::max<int64_t>(base, static_cast<int64_t>(draft_item_.size())),
+        std::max<int64_t>(sampled, 1), *varlen_cost_);
+    int64_t cut = 0;
+    for (size_t d = 0; d < draft_item_.size(); ++d) {
+        const size_t keep = static_cast<size_t>(choice.lengths[d]);
+        std::vector<int32_t>& drafts = draft_out_[d];
+        const int32_t n = static_cast<int32_t>(drafts.size() - std::min(keep, drafts.size()));
+        r.items[draft_item_[d]].drafts_cut = n;
+        cut += n;
+        drafts.resize(std::min(keep, drafts.size()));
+        std::vector<float>& probs = draft_probs_[d];
+        probs.resize(std::min(probs.size(), drafts.size()));
+        seqs_.at(plan.items[draft_item_[d]].seq_id).draft_probs = probs;
+    }
+    return cut;
 }
 
 void Worker::cut_forbidden_drafts(const WorkerSeq& ws, std::vector<int32_t>& drafts) {

@@ -34,6 +34,7 @@
 #include "model/causal_lm.h"
 #include "sampling/sampler.h"
 #include "spec/drafter.h"
+#include "spec/varlen.h"
 #include "spec/verify.h"
 
 namespace dsi::engine {
@@ -42,10 +43,13 @@ class Worker {
 public:
     // REQUIRES: model and pool outlive the worker (swap-in writes fetched blocks into
     // the pool).
-    // With a drafter, sampled items come back with next_drafts (at most spec_k).
+    // With a drafter, sampled items come back with next_drafts (at most spec_k). With
+    // `varlen_cost` (DSpark variable-length verification, spec/varlen.h), the drafts of
+    // each step are cut to the prefix subset that maximises expected tokens per unit of
+    // step time under that cost curve, from acceptance estimates learnt here.
     Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
            int64_t swap_in_layer_delay_us, std::shared_ptr<spec::Drafter> drafter = nullptr,
-           int spec_k = 0);
+           int spec_k = 0, std::shared_ptr<const spec::VerifyCostCurve> varlen_cost = nullptr);
     ~Worker();  // stop()
     Worker(const Worker&) = delete;
     Worker& operator=(const Worker&) = delete;
@@ -66,6 +70,9 @@ private:
         std::vector<int32_t> output;
         int32_t last = 0;
         uint32_t epoch = 0;
+        // Varlen: the drafter's probability of each draft proposed last (the host sends
+        // a prefix of those drafts back to verify).
+        std::vector<float> draft_probs;
     };
 
     void loop();
@@ -78,6 +85,12 @@ private:
     Status draft(StepPlan& plan, StepResult& r);
     // Cuts `drafts` at the first one the sequence's grammar mask forbids.
     void cut_forbidden_drafts(const WorkerSeq& ws, std::vector<int32_t>& drafts);
+    // Varlen: learns from item `it`'s verification (the drafts it verified, how many
+    // were accepted, the token the target emitted after them).
+    void observe_acceptance(const StepItem& it, const WorkerSeq& ws, const spec::Verified& v);
+    // Varlen: cuts every drafting item's drafts to the chosen lengths; returns the
+    // drafts cut.
+    int64_t choose_lengths(const StepPlan& plan, StepResult& r);
 
     CausalLm* model_;
     kv::BlockPool* pool_;
@@ -87,6 +100,8 @@ private:
     int32_t eos_;
     std::shared_ptr<spec::Drafter> drafter_;
     int spec_k_;
+    std::shared_ptr<const spec::VerifyCostCurve> varlen_cost_;
+    spec::AcceptanceEstimator estimator_;
     // Worker thread (or inline) only.
     std::unordered_map<int64_t, WorkerSeq> seqs_;
     Sampler sampler_;
@@ -98,6 +113,9 @@ private:
     std::vector<int> draft_k_;
     std::vector<size_t> draft_item_;
     std::vector<std::vector<int32_t>> draft_out_;
+    std::vector<std::vector<float>> draft_probs_;
+    std::vector<std::vector<double>> draft_accept_;
+    std::vector<spec::VarlenRequest> varlen_in_;
     std::vector<int32_t> draft_context_;
     TokenMask draft_mask_;
 

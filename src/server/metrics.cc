@@ -155,6 +155,12 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
             static_cast<double>(s.engine.spec_draft_tokens));
     counter(&out, "dsinfer_spec_accepted_tokens_total", "drafted tokens accepted",
             static_cast<double>(s.engine.spec_accepted_tokens));
+    counter(&out, "dsinfer_spec_steps_total",
+            "engine steps that verified drafts (verified per step = draft tokens / steps)",
+            static_cast<double>(s.engine.spec_steps));
+    counter(&out, "dsinfer_spec_varlen_cut_tokens_total",
+            "drafts not verified: variable-length verification judged them not worth it",
+            static_cast<double>(s.engine.spec_varlen_cut_tokens));
     for (const auto& [name, help, values] :
          {std::tuple{"dsinfer_spec_drafted_at_position_total",
                      "verify steps with a draft at position", &s.engine.spec_drafted_at},

@@ -784,6 +784,8 @@ TEST(MetricsTest, RendersSpeculationCounters) {
     st.engine.spec_verify_steps = 7;
     st.engine.spec_draft_tokens = 21;
     st.engine.spec_accepted_tokens = 12;
+    st.engine.spec_steps = 5;
+    st.engine.spec_varlen_cut_tokens = 9;
     st.engine.spec_drafted_at[0] = 7;
     st.engine.spec_accepted_at[0] = 6;
     st.engine.spec_drafted_at[2] = 7;
@@ -792,6 +794,7 @@ TEST(MetricsTest, RendersSpeculationCounters) {
     for (const char* want :
          {"# TYPE dsinfer_spec_draft_tokens_total counter\n", "dsinfer_spec_verify_steps_total 7\n",
           "dsinfer_spec_draft_tokens_total 21\n", "dsinfer_spec_accepted_tokens_total 12\n",
+          "dsinfer_spec_steps_total 5\n", "dsinfer_spec_varlen_cut_tokens_total 9\n",
           "# TYPE dsinfer_spec_accepted_at_position_total counter\n",
           "dsinfer_spec_drafted_at_position_total{position=\"0\"} 7\n",
           "dsinfer_spec_accepted_at_position_total{position=\"0\"} 6\n",

@@ -22,6 +22,39 @@ std::string checkpoint_dir(const std::string& model_path) {
     return slash == std::string::npos ? "." : model_path.substr(0, slash);
 }
 
+// Issue 24: the MTP draft vocabulary and the verify-cost curve of variable-length
+// verification, both kept beside the checkpoint by default.
+Status resolve_speculation_files(Env* env, const std::string& model_path, CausalLm* model,
+                                 const ReplicaOptions& options, engine::EngineOptions& eo) {
+    spec::SpecConfig& sc = eo.speculative;
+    const std::string& dv = options.draft_vocab;
+    if (dv == "auto") {
+        const std::string beside = checkpoint_dir(model_path) + "/draft_vocab.json";
+        sc.draft_vocab_path =
+            sc.method == spec::Method::kMtp && env->file_exists(beside) ? beside : "";
+    } else if (dv == "none" || dv.empty()) {
+        sc.draft_vocab_path.clear();
+    } else {
+        if (!env->file_exists(dv)) return not_found("--spec-draft-vocab " + dv + " does not exist");
+        sc.draft_vocab_path = dv;
+    }
+    if (!sc.varlen || !sc.enabled() || !options.create_engine) return Status::ok();
+    if (!options.verify_cost_path.empty() && !env->file_exists(options.verify_cost_path)) {
+        return not_found("--verify-cost " + options.verify_cost_path + " does not exist");
+    }
+    const std::string path = options.verify_cost_path.empty()
+                                 ? engine::verify_cost_path_for(model_path)
+                                 : options.verify_cost_path;
+    Result<spec::VerifyCostCurve> curve = engine::ensure_verify_cost(env, model, path);
+    if (!curve.is_ok()) {
+        // A read-only checkpoint directory: profile in memory (the engine does).
+        DSI_LOG(kWarning) << "verify cost curve: " << curve.status().to_string();
+        return Status::ok();
+    }
+    eo.verify_cost = std::make_shared<const spec::VerifyCostCurve>(std::move(curve).value());
+    return Status::ok();
+}
+
 }  // namespace
 
 Replica::~Replica() {
@@ -117,6 +150,7 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
             DSI_LOG(kWarning) << "calibration: " << cost.status().to_string();
         }
     }
+    DSI_RETURN_IF_ERROR(resolve_speculation_files(env, path, r->model_.get(), options, eo));
     r->engine_options_ = eo;
     r->engine_options_.model_id = r->cache_identity_;
     r->engine_options_.tokenizer = r->tokenizer_.get();

@@ -54,6 +54,14 @@ struct ReplicaOptions {
     // used as given.
     bool create_engine = true;
     engine::EngineOptions engine;
+    // Speculation's files beside the checkpoint (issue 24). draft_vocab: a
+    // dsinfer-draft-vocab-v1 file | "auto" (draft_vocab.json beside the checkpoint when
+    // drafting with MTP and the file exists) | "none"/"" (whole vocabulary); sets
+    // engine.speculative.draft_vocab_path. verify_cost_path (with
+    // engine.speculative.varlen): the curve file, "" = dsinfer_verify_cost.json beside the
+    // checkpoint, profiled and written there when missing; sets engine.verify_cost.
+    std::string draft_vocab = "auto";
+    std::string verify_cost_path;
     // KV block store below the pool (kvstore::open_block_store): "" = none. A malformed
     // URI fails open_replica; a store that cannot be reached is logged and left out
     // (serving goes on without it, as every later store failure is a miss).

@@ -42,6 +42,13 @@ Status validate(const SpecConfig& c, bool model_has_mtp) {
         return invalid_argument("num_speculative_tokens " + std::to_string(c.num_tokens) +
                                 " needs a speculative method (mtp or ngram)");
     }
+    if (c.varlen && c.method == Method::kNone) {
+        return invalid_argument("variable-length verification needs a speculative method (mtp or ngram)");
+    }
+    if (!c.draft_vocab_path.empty() && c.method != Method::kMtp) {
+        return invalid_argument("a draft vocabulary (" + c.draft_vocab_path +
+                                ") needs the mtp speculative method");
+    }
     if (c.ngram_min < 1 || c.ngram_max < c.ngram_min) {
         return invalid_argument("ngram bounds must satisfy 1 <= min <= max, got min " +
                                 std::to_string(c.ngram_min) + " max " +

@@ -36,13 +36,20 @@ struct SpecConfig {
     // Prompt lookup: the longest and shortest suffix matched (tokens).
     int ngram_max = 4;
     int ngram_min = 2;
+    // DSpark variable-length verification (S-SPEC, spec/varlen.h; --spec-varlen,
+    // DSINFER_ENABLE_MTP_VARLEN=1): each step verifies the prefix subset of the drafts
+    // that maximises expected tokens per unit of step time.
+    bool varlen = false;
+    // MTP draft vocabulary (FR-Spec): a JSON file of token ids the MTP head drafts from
+    // (spec/mtp.h parse_draft_vocab); "" = the whole vocabulary.
+    std::string draft_vocab_path;
 
     bool enabled() const { return method != Method::kNone; }
     int k() const { return num_tokens > 0 ? num_tokens : 5; }
 };
 
-// INVALID_ARGUMENT for k < 0, k > kMaxSpeculativeTokens, bad n-gram bounds, or k set
-// without a method; FAILED_PRECONDITION for MTP on a checkpoint without an MTP layer.
+// INVALID_ARGUMENT for k < 0, k > kMaxSpeculativeTokens, bad n-gram bounds, k, varlen or
+// a draft vocabulary set without a method (a draft vocabulary: without mtp); FAILED_PRECONDITION for MTP on a checkpoint without an MTP layer.
 Status validate(const SpecConfig& config, bool model_has_mtp);
 
 // What a drafter sees of one sequence after a step.

@@ -25,8 +25,20 @@ AcceptanceEstimator::Bin& AcceptanceEstimator::bin(int j, float prob) {
 
 double AcceptanceEstimator::estimate(int j, float prob) const {
     const Bin& b = bin(j, prob);
-    const double prior = prob >= 0.0f ? std::min(1.0f, prob) : 0.5;
+    // Without a drafter probability, a position nothing was learnt of yet starts from
+    // the position before it: a drafter right at j - 1 is tried at j (a fixed 0.5
+    // would never pay for verification on a loaded step, so it would never be learnt).
+    double prior = 0.5;
+    if (prob >= 0.0f) {
+        prior = std::min(1.0f, prob);
+    } else if (j > 0) {
+        prior = estimate(std::min(j, kMaxSpeculativeTokens - 1) - 1, prob);
+    }
     return (b.accepted + kPriorWeight * prior) / (b.n + kPriorWeight);
+}
+
+double AcceptanceEstimator::optimistic(int j, float prob) const {
+    return std::min(1.0, estimate(j, prob) + 1.0 / std::sqrt(bin(j, prob).n + 1.0));
 }
 
 void AcceptanceEstimator::observe(int j, float prob, bool accepted) {

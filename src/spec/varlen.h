@@ -7,7 +7,8 @@
 //   - AcceptanceEstimator: the chance that draft j of a request is accepted given that
 //     the drafts before it were, from the drafter's own probability of the token (the
 //     MTP head's softmax; none for n-gram) recalibrated online against what
-//     verification observed (per draft position and probability bin);
+//     verification observed (per draft position and probability bin), with an
+//     exploration bonus for bins seldom observed;
 //   - VerifyCostCurve: step time as a function of the tokens a step runs, profiled on
 //     the machine (engine/calibrate.h, `dsinfer calibrate`), piecewise linear;
 //   - choose_verify_lengths: survival s(i, j) = product of the conditional estimates of
@@ -45,8 +46,14 @@ public:
     static constexpr double kWindow = 512.0;
 
     // Conditional acceptance estimate of the draft at position j (0-based) whose drafter
-    // probability is `prob` (NaN or < 0: none). In [0, 1].
+    // probability is `prob` (NaN or < 0: none). In [0, 1]. The prior of a bin is the
+    // drafter's probability; without one, the estimate of position j - 1 (0.5 at j = 0).
     double estimate(int j, float prob) const;
+    // What the verification choice uses: the estimate plus an exploration bonus that
+    // shrinks with the bin's observations, min(1, estimate + 1 / sqrt(n + 1)). A bin
+    // never tried is 1.0, so every position is tried before it can be judged; a bin
+    // of garbage drafts falls below a draft's marginal cost after a few dozen.
+    double optimistic(int j, float prob) const;
     // Verification outcome of one drafted token that was verified (every draft up to and
     // including the first rejected one).
     void observe(int j, float prob, bool accepted);

@@ -28,6 +28,20 @@ TEST(AcceptanceEstimatorTest, StartsAtTheDrafterProbabilityAndLearnsTheObservedR
     for (int i = 0; i < 3000; ++i) e.observe(0, 0.95f, true);
     EXPECT_GT(e.estimate(0, 0.95f), 0.97);
     EXPECT_LE(e.observed(0, 0.95f), AcceptanceEstimator::kWindow + 1);
+    // The choice explores: an untried bin is 1.0; the bonus shrinks as 1 / sqrt(n + 1).
+    EXPECT_DOUBLE_EQ(e.optimistic(7, 0.1f), 1.0);
+    AcceptanceEstimator g;
+    for (int i = 0; i < 99; ++i) g.observe(0, 0.2f, false);
+    EXPECT_NEAR(g.optimistic(0, 0.2f), g.estimate(0, 0.2f) + 0.1, 1e-12);
+    EXPECT_LT(g.optimistic(0, 0.2f), 0.12);
+    // Without a probability, an unexplored position starts from the one before it.
+    AcceptanceEstimator chain;
+    for (int i = 0; i < 200; ++i) chain.observe(0, NAN, true);
+    EXPECT_GT(chain.estimate(1, NAN), 0.97);
+    EXPECT_GT(chain.estimate(4, NAN), 0.97);
+    for (int i = 0; i < 200; ++i) chain.observe(1, NAN, false);
+    EXPECT_LT(chain.estimate(1, NAN), 0.05);
+    EXPECT_LT(chain.estimate(2, NAN), 0.05);
     // Positions past the last share its bins; probabilities above 1 are capped.
     for (int i = 0; i < 100; ++i) e.observe(40, NAN, false);
     EXPECT_LT(e.estimate(kMaxSpeculativeTokens - 1, NAN), 0.05);
