@@ -4,8 +4,11 @@
 // trained default model and its held-out chat prompts (tests/data/default_model).
 //
 //   spec_bench --model DIR [--cases FILE] [--prompts 8] [--max-tokens 64] [--reps 3]
-//              [--threads 2] [--temperature 0] [--configs off,mtp1,...,ngram5]
+//              [--threads 2] [--temperature 0] [--configs off,mtp1,...,ngram5,mtp5dv]
 //              [--concurrency 1,4,16]
+// A configuration is off, or a method and k with optional suffixes: d = MTP drafts
+// from draft_vocab.json beside the model, v = DSpark variable-length verification on
+// dsinfer_verify_cost.json beside the model (profiled and written there if missing).
 //
 // Every configuration runs the same prompts one at a time (1 sequence), greedy by
 // default; configurations alternate within each repetition (off, mtp1, ..., off, ...),
@@ -14,6 +17,7 @@
 // "off" in the same run. Each configuration's tokens are checked equal to "off"'s (the
 // exact rule: the run fails otherwise).
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -26,8 +30,10 @@
 
 #include "base/env.h"
 #include "base/settings.h"
+#include "engine/calibrate.h"
 #include "engine/engine.h"
 #include "model/deepseek.h"
+#include "model/draft_vocab.h"
 #include "model/weights.h"
 #include "protocol/adapters.h"
 #include "protocol/encoder.h"
@@ -55,12 +61,29 @@ struct Config {
     spec::SpecConfig spec;
 };
 
-Result<Config> parse_config(const std::string& name) {
+// off | METHOD K [d] [v]: d = MTP drafts from the draft vocabulary beside the model
+// (draft_vocab.json), v = variable-length verification (DSpark) on the model's
+// verify-cost curve.
+Result<Config> parse_config(const std::string& name, const std::string& model_dir) {
     Config c{name, {}};
     if (name == "off") return c;
-    const std::string method = name.substr(0, name.find_first_of("0123456789"));
+    const size_t digits = name.find_first_of("0123456789");
+    if (digits == std::string::npos) return invalid_argument("config " + name + ": no K");
+    const std::string method = name.substr(0, digits);
     DSI_ASSIGN_OR_RETURN(c.spec.method, spec::parse_method(method));
-    c.spec.num_tokens = std::stoi(name.substr(method.size()));
+    size_t end = digits;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    c.spec.num_tokens = std::stoi(name.substr(digits, end - digits));
+    for (char x : name.substr(end)) {
+        if (x == 'd') {
+            c.spec.draft_vocab_path = model_dir + "/" + kDraftVocabFile;
+        } else if (x == 'v') {
+            c.spec.varlen = true;
+        } else {
+            return invalid_argument("config " + name + ": unknown suffix (d: draft vocabulary, "
+                                    "v: variable-length verification)");
+        }
+    }
     return c;
 }
 
@@ -75,9 +98,10 @@ struct Run {
 // warm-up request); tokens/s over the timed rounds.
 Result<Run> run_config(DeepseekModel* model, const Config& c,
                        const std::vector<std::vector<int32_t>>& prompts, int concurrency,
-                       const Flags& f) {
+                       const Flags& f, std::shared_ptr<const spec::VerifyCostCurve> curve) {
     engine::EngineOptions o;
     o.speculative = c.spec;
+    if (c.spec.varlen) o.verify_cost = std::move(curve);
     o.num_kv_blocks = 64;
     o.prefix_cache = false;  // every prompt is computed (no cross-config reuse)
     o.scheduler.step_budget_ns = 1e12;
@@ -123,6 +147,8 @@ Result<Run> run_config(DeepseekModel* model, const Config& c,
     r.stats.spec_verify_steps -= warm.spec_verify_steps;
     r.stats.spec_draft_tokens -= warm.spec_draft_tokens;
     r.stats.spec_accepted_tokens -= warm.spec_accepted_tokens;
+    r.stats.spec_steps -= warm.spec_steps;
+    r.stats.spec_varlen_cut_tokens -= warm.spec_varlen_cut_tokens;
     for (size_t j = 0; j < warm.spec_drafted_at.size(); ++j) {
         r.stats.spec_drafted_at[j] -= warm.spec_drafted_at[j];
         r.stats.spec_accepted_at[j] -= warm.spec_accepted_at[j];
@@ -175,10 +201,25 @@ int run(const Flags& f) {
     }
     std::vector<Config> configs;
     std::stringstream cs(f.configs);
+    bool any_varlen = false;
     for (std::string name; std::getline(cs, name, ',');) {
-        Result<Config> c = parse_config(name);
+        Result<Config> c = parse_config(name, f.model);
         if (!c.is_ok()) return fail(c.status());
+        any_varlen |= c->spec.varlen;
         configs.push_back(*c);
+    }
+    // Variable-length verification's step-cost curve: the one beside the model, or
+    // profiled now and kept there (as `serve --enable-mtp-varlen` does).
+    std::shared_ptr<const spec::VerifyCostCurve> curve;
+    if (any_varlen) {
+        auto c = engine::ensure_verify_cost(env, model->get(), engine::verify_cost_path_for(f.model));
+        if (!c.is_ok()) return fail(c.status());
+        curve = std::make_shared<const spec::VerifyCostCurve>(std::move(c).value());
+        std::fprintf(stderr, "verify cost curve (tokens: ms):");
+        for (const spec::VerifyCostPoint& p : curve->points()) {
+            std::fprintf(stderr, " %lld: %.2f", static_cast<long long>(p.tokens), p.ns * 1e-6);
+        }
+        std::fprintf(stderr, "\n");
     }
     nlohmann::json out = nlohmann::json::array();
     std::stringstream ccs(f.concurrency);
@@ -188,7 +229,7 @@ int run(const Flags& f) {
         std::map<std::string, Run> last;
         for (int rep = 0; rep < f.reps; ++rep) {
             for (const Config& c : configs) {
-                Result<Run> r = run_config(model->get(), c, prompts, conc, f);
+                Result<Run> r = run_config(model->get(), c, prompts, conc, f, curve);
                 if (!r.is_ok()) return fail(r.status().with_context(c.name));
                 if (last.count("off") && r->outputs != last["off"].outputs) {
                     return fail(internal_error(c.name + ": output differs from off"));
@@ -200,8 +241,9 @@ int run(const Flags& f) {
             }
         }
         const double base = tps.count("off") ? median(tps["off"]) : 0.0;
-        std::printf("concurrency %d\n%-8s %10s %8s %8s %8s %10s  %s\n", conc, "config", "tok/s",
-                    "min", "max", "speedup", "acc.len", "acceptance by draft position");
+        std::printf("concurrency %d\n%-8s %10s %8s %8s %8s %10s %9s  %s\n", conc, "config",
+                    "tok/s", "min", "max", "speedup", "acc.len", "verif/st",
+                    "acceptance by draft position");
         for (const Config& c : configs) {
             const std::vector<double>& v = tps[c.name];
             const engine::EngineStats& st = last[c.name].stats;
@@ -220,10 +262,13 @@ int run(const Flags& f) {
                 per += b;
                 per_j.push_back(a);
             }
-            std::printf("%-8s %10.1f %8.1f %8.1f %8.2f %10.2f  %s\n", c.name.c_str(), med,
+            // Drafts verified per step that verified any (S-SPEC's "tokens verified per step").
+            const double per_step =
+                st.spec_steps ? static_cast<double>(st.spec_draft_tokens) / st.spec_steps : 0.0;
+            std::printf("%-8s %10.1f %8.1f %8.1f %8.2f %10.2f %9.2f  %s\n", c.name.c_str(), med,
                         *std::min_element(v.begin(), v.end()),
                         *std::max_element(v.begin(), v.end()), base > 0 ? med / base : 0.0, acc_len,
-                        per.c_str());
+                        per_step, per.c_str());
             out.push_back({{"concurrency", conc},
                            {"config", c.name},
                            {"tokens_per_s_median", med},
@@ -234,6 +279,9 @@ int run(const Flags& f) {
                            {"verify_steps", st.spec_verify_steps},
                            {"draft_tokens", st.spec_draft_tokens},
                            {"accepted_tokens", st.spec_accepted_tokens},
+                           {"spec_steps", st.spec_steps},
+                           {"drafts_verified_per_step", per_step},
+                           {"varlen_cut_tokens", st.spec_varlen_cut_tokens},
                            {"output_tokens", last[c.name].output_tokens}});
         }
     }
@@ -255,7 +303,8 @@ int main(int argc, char** argv) {
     app.add_option("--reps", f.reps, "alternating repetitions");
     app.add_option("--threads", f.threads, "compute threads");
     app.add_option("--temperature", f.temperature, "0 = greedy (seeded otherwise)");
-    app.add_option("--configs", f.configs, "off | mtpK | ngramK, comma-separated");
+    app.add_option("--configs", f.configs,
+                   "off | mtpK | ngramK, + d (draft vocabulary) / v (varlen), comma-separated");
     app.add_option("--concurrency", f.concurrency, "sequences at a time, comma-separated");
     CLI11_PARSE(app, argc, argv);
     return dsi::run(f);

@@ -19,6 +19,7 @@
 #include "kv/tiered_cache.h"
 #include "sampling/stop.h"
 #include "model/deepseek.h"
+#include "model/draft_vocab.h"
 #include "spec/mtp.h"
 #include "spec/ngram.h"
 #include "tokenizer/tokenizer.h"
@@ -473,7 +474,7 @@ Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOpt
             Result<std::string> text = env->read_file(path);
             if (!text.is_ok()) return text.status().with_context("draft vocabulary " + path);
             Result<std::vector<int32_t>> ids =
-                spec::parse_draft_vocab(*text, model->config().vocab_size);
+                parse_draft_vocab(*text, model->config().vocab_size);
             if (!ids.is_ok()) return ids.status().with_context(path);
             DSI_ASSIGN_OR_RETURN(head, v3->make_mtp_draft_head(*ids));
         }

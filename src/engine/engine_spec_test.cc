@@ -14,6 +14,7 @@
 #include "engine/engine_test_util.h"
 #include "model/deepseek_v4.h"
 #include "spec/drafter.h"
+#include "model/draft_vocab.h"
 #include "spec/mtp.h"
 
 namespace dsi::engine {
@@ -383,7 +384,7 @@ TEST(EngineSpecTest, DraftVocabularyRestrictsMtpDrafts) {
     std::vector<int32_t> ids;
     for (const Completion& c : want) ids.insert(ids.end(), c.tokens.begin(), c.tokens.end());
     for (int32_t t = 0; t < 512; t += 7) ids.push_back(t);
-    ASSERT_TRUE(env->write_file(path, spec::draft_vocab_to_json(ids, "test")).is_ok());
+    ASSERT_TRUE(env->write_file(path, draft_vocab_to_json(ids, "test")).is_ok());
     EngineOptions o = spec_options(spec::Method::kMtp, 3);
     o.speculative.draft_vocab_path = path;
     EngineStats st;

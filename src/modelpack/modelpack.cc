@@ -4,6 +4,8 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 
+#include "base/logging.h"
+#include "model/draft_vocab.h"
 #include "tensor/dtype.h"
 
 namespace dsi {
@@ -145,12 +147,20 @@ TensorValues ModelPack::tensor_values() const {
     return [this](const TensorSpec& spec) { return values(spec); };
 }
 
+Status write_pack_draft_vocab(Env* env, const ModelPack& pack, const std::string& hf_dir) {
+    // The ids the model was trained on: every other id shares one "other" row, so an
+    // MTP draft outside them is never the model's best guess (issue 24).
+    return env->write_file(hf_dir + "/" + kDraftVocabFile,
+                           draft_vocab_to_json(pack.used_ids(), "vocab.used_ids of the model pack"));
+}
+
 Status expand_model_pack(Env* env, const ModelPack& pack, const TokenizerFiles& tokenizer,
                          const std::string& hf_dir, const std::string& gguf_path,
                          DType gguf_dtype) {
     DSI_RETURN_IF_ERROR(
         write_hf_checkpoint(env, pack.config(), pack.tensor_values(), tokenizer, hf_dir));
     DSI_RETURN_IF_ERROR(env->write_file(hf_dir + "/recipe.json", pack.recipe_json() + "\n"));
+    DSI_RETURN_IF_ERROR(write_pack_draft_vocab(env, pack, hf_dir));
     if (!gguf_path.empty()) {
         DSI_RETURN_IF_ERROR(write_gguf_checkpoint(env, pack.config(), pack.tensor_values(),
                                                   tokenizer, gguf_dtype, gguf_path));
@@ -166,7 +176,16 @@ Result<std::string> ensure_expanded_pack(Env* env, const std::string& pack_path,
     std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(pack->digest()));
     std::string stem = std::filesystem::path(pack_path).stem().string();
     const std::string dir = cache_dir + "/models/" + stem + "-" + std::string(hex, 12);
-    if (env->file_exists(dir + "/config.json")) return dir;
+    if (env->file_exists(dir + "/config.json")) {
+        // Expanded before draft vocabularies existed: add it (best effort).
+        if (!env->file_exists(dir + "/" + kDraftVocabFile)) {
+            Status s = write_pack_draft_vocab(env, *pack, dir);
+            if (!s.is_ok()) {
+                DSI_LOG(kWarning) << "draft vocabulary: " << s.to_string();
+            }
+        }
+        return dir;
+    }
     Result<TokenizerFiles> tok = read_tokenizer_files(env, tokenizer_dir);
     if (!tok.is_ok()) return tok.status().with_context("tokenizer files for the default model");
     const std::string tmp = dir + ".tmp" + std::to_string(env->random_seed() % 100000);

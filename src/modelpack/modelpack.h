@@ -45,6 +45,8 @@ public:
     // The f32 values of one tensor of deepseek_tensor_specs(config()).
     Result<std::vector<float>> values(const TensorSpec& spec) const;
     TensorValues tensor_values() const;
+    // The token ids with rows of their own (ascending); every other id shares one row.
+    const std::vector<int32_t>& used_ids() const { return used_ids_; }
 
 private:
     ModelPack(SafetensorsFile file, ModelConfig config);
@@ -61,10 +63,14 @@ private:
 
 // Writes the full checkpoint: an HF directory (bf16, the pack's values exactly)
 // into `hf_dir`, and when `gguf_path` is not empty a GGUF with `gguf_dtype`
-// matrices (F32 / BF16 hold the values exactly).
+// matrices (F32 / BF16 hold the values exactly); draft_vocab.json beside them.
 Status expand_model_pack(Env* env, const ModelPack& pack, const TokenizerFiles& tokenizer,
                          const std::string& hf_dir, const std::string& gguf_path = "",
                          DType gguf_dtype = DType::kBF16);
+
+// draft_vocab.json (model/draft_vocab.h) of the pack's used ids in `hf_dir`: the MTP
+// draft vocabulary that speculation picks up beside the checkpoint.
+Status write_pack_draft_vocab(Env* env, const ModelPack& pack, const std::string& hf_dir);
 
 // The expanded HF directory of the pack at `pack_path`, under
 // `cache_dir`/models/<stem>-<digest>/ (created on first use: written to a temporary

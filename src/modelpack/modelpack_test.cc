@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "model/deepseek.h"
+#include "model/draft_vocab.h"
 #include "model/synthetic.h"
 #include "tensor/dtype.h"
 
@@ -141,6 +142,13 @@ TEST(ModelPack, ExpandsIntoALoadableCheckpoint) {
         auto model = DeepseekModel::load(std::move(src).value(), o);
         ASSERT_TRUE(model.is_ok()) << p << ": " << model.status().to_string();
     }
+    // The draft vocabulary beside it is the pack's used ids (issue 24).
+    auto text = Env::default_env()->read_file(dir + "/hf/draft_vocab.json");
+    ASSERT_TRUE(text.is_ok());
+    auto ids = parse_draft_vocab(*text, 512);
+    ASSERT_TRUE(ids.is_ok()) << ids.status().to_string();
+    EXPECT_EQ(*ids, (*pack)->used_ids());
+    EXPECT_FALSE(ids->empty());
 }
 
 TEST(ModelPack, RejectsMalformedPacks) {

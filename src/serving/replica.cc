@@ -3,6 +3,7 @@
 #include "base/logging.h"
 #include "engine/calibrate.h"
 #include "kvstore/block_store.h"
+#include "model/draft_vocab.h"
 #include "model/weights.h"
 #include "serving/data_dir.h"
 #include "serving/default_model.h"
@@ -29,7 +30,7 @@ Status resolve_speculation_files(Env* env, const std::string& model_path, Causal
     spec::SpecConfig& sc = eo.speculative;
     const std::string& dv = options.draft_vocab;
     if (dv == "auto") {
-        const std::string beside = checkpoint_dir(model_path) + "/draft_vocab.json";
+        const std::string beside = checkpoint_dir(model_path) + "/" + kDraftVocabFile;
         sc.draft_vocab_path =
             sc.method == spec::Method::kMtp && env->file_exists(beside) ? beside : "";
     } else if (dv == "none" || dv.empty()) {

@@ -11,21 +11,12 @@
 
 #include <memory>
 #include <span>
-#include <string>
-#include <string_view>
 #include <vector>
 
 #include "model/deepseek.h"
 #include "spec/drafter.h"
 
 namespace dsi::spec {
-
-// A draft vocabulary file: {"format": "dsinfer-draft-vocab-v1", "ids": [...]} (token
-// ids, any order, duplicates allowed) -> the ids sorted and unique. INVALID_ARGUMENT
-// naming the problem (not JSON, wrong format, an id that is not a non-negative
-// integer below `vocab_size`, no ids).
-Result<std::vector<int32_t>> parse_draft_vocab(std::string_view json, int64_t vocab_size);
-std::string draft_vocab_to_json(std::span<const int32_t> ids, std::string_view source);
 
 class MtpDrafter : public Drafter {
 public:

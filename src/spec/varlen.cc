@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <numeric>
 
@@ -14,9 +15,10 @@ int AcceptanceEstimator::bin_index(float prob) {
     return std::min(kProbBins - 1, static_cast<int>(prob * kProbBins));
 }
 
+int AcceptanceEstimator::position(int j) { return std::clamp(j, 0, kMaxSpeculativeTokens - 1); }
+
 const AcceptanceEstimator::Bin& AcceptanceEstimator::bin(int j, float prob) const {
-    const int p = std::clamp(j, 0, kMaxSpeculativeTokens - 1);
-    return bins_[static_cast<size_t>(p)][static_cast<size_t>(bin_index(prob))];
+    return bins_[static_cast<size_t>(position(j))][static_cast<size_t>(bin_index(prob))];
 }
 
 AcceptanceEstimator::Bin& AcceptanceEstimator::bin(int j, float prob) {
@@ -25,30 +27,44 @@ AcceptanceEstimator::Bin& AcceptanceEstimator::bin(int j, float prob) {
 
 double AcceptanceEstimator::estimate(int j, float prob) const {
     const Bin& b = bin(j, prob);
-    // Without a drafter probability, a position nothing was learnt of yet starts from
-    // the position before it: a drafter right at j - 1 is tried at j (a fixed 0.5
-    // would never pay for verification on a loaded step, so it would never be learnt).
     double prior = 0.5;
     if (prob >= 0.0f) {
-        prior = std::min(1.0f, prob);
+        // The drafter's probability, calibrated by what position j observed overall
+        // (a head that is over-confident at deep positions is scaled down there).
+        const Position& p = positions_[static_cast<size_t>(position(j))];
+        const double calibration =
+            (p.prob_accepted + kPriorWeight) / (p.prob_sum + kPriorWeight);
+        prior = std::min(1.0, static_cast<double>(std::min(1.0f, prob)) * calibration);
     } else if (j > 0) {
-        prior = estimate(std::min(j, kMaxSpeculativeTokens - 1) - 1, prob);
+        // Without a probability, a position nothing was learnt of yet starts from the
+        // position before it: a drafter right at j - 1 is tried at j.
+        prior = estimate(position(j) - 1, prob);
     }
     return (b.accepted + kPriorWeight * prior) / (b.n + kPriorWeight);
 }
 
 double AcceptanceEstimator::optimistic(int j, float prob) const {
-    return std::min(1.0, estimate(j, prob) + 1.0 / std::sqrt(bin(j, prob).n + 1.0));
+    const double n = positions_[static_cast<size_t>(position(j))].n;
+    return std::min(1.0, estimate(j, prob) + kExplore / std::sqrt(n + 1.0));
 }
 
 void AcceptanceEstimator::observe(int j, float prob, bool accepted) {
+    auto halve_at_window = [](double& n, std::initializer_list<double*> with) {
+        if (n < kWindow) return;
+        n *= 0.5;
+        for (double* v : with) *v *= 0.5;
+    };
     Bin& b = bin(j, prob);
-    if (b.n >= kWindow) {
-        b.n *= 0.5;
-        b.accepted *= 0.5;
-    }
+    halve_at_window(b.n, {&b.accepted});
     b.n += 1;
     b.accepted += accepted ? 1 : 0;
+    Position& p = positions_[static_cast<size_t>(position(j))];
+    halve_at_window(p.n, {&p.prob_sum, &p.prob_accepted});
+    p.n += 1;
+    if (prob >= 0.0f) {
+        p.prob_sum += std::min(1.0f, prob);
+        p.prob_accepted += accepted ? 1 : 0;
+    }
 }
 
 Result<VerifyCostCurve> VerifyCostCurve::create(std::vector<VerifyCostPoint> points) {

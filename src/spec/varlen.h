@@ -47,12 +47,17 @@ public:
 
     // Conditional acceptance estimate of the draft at position j (0-based) whose drafter
     // probability is `prob` (NaN or < 0: none). In [0, 1]. The prior of a bin is the
-    // drafter's probability; without one, the estimate of position j - 1 (0.5 at j = 0).
+    // drafter's probability scaled by position j's observed calibration (accepted /
+    // sum of the probabilities of the drafts observed there, shrunk towards 1); without
+    // a probability, the estimate of position j - 1 (0.5 at j = 0).
     double estimate(int j, float prob) const;
     // What the verification choice uses: the estimate plus an exploration bonus that
-    // shrinks with the bin's observations, min(1, estimate + 1 / sqrt(n + 1)). A bin
-    // never tried is 1.0, so every position is tried before it can be judged; a bin
-    // of garbage drafts falls below a draft's marginal cost after a few dozen.
+    // shrinks with the observations of position j (all bins), min(1, estimate +
+    // kExplore / sqrt(n_j + 1)). A position never tried gets at least +0.5, so it is
+    // tried before it is judged; deep positions are tried only as often as the survival
+    // of the drafts before them makes them worth it, and a position of garbage drafts
+    // falls below a draft's marginal cost after a few dozen observations.
+    static constexpr double kExplore = 0.5;
     double optimistic(int j, float prob) const;
     // Verification outcome of one drafted token that was verified (every draft up to and
     // including the first rejected one).
@@ -67,10 +72,17 @@ private:
         double accepted = 0;
     };
     static int bin_index(float prob);
+    struct Position {
+        double n = 0;              // observations at this position (every bin)
+        double prob_sum = 0;       // sum of the drafter probabilities given with them
+        double prob_accepted = 0;  // acceptances of the drafts that had one
+    };
+    static int position(int j);
     const Bin& bin(int j, float prob) const;
     Bin& bin(int j, float prob);
     // [position][probability bin; the last one: no probability]
     std::array<std::array<Bin, kProbBins + 1>, kMaxSpeculativeTokens> bins_{};
+    std::array<Position, kMaxSpeculativeTokens> positions_{};
 };
 
 // Step time (ns) against the tokens a step runs (prefill chunks, decodes and their

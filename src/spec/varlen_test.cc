@@ -21,19 +21,24 @@ TEST(AcceptanceEstimatorTest, StartsAtTheDrafterProbabilityAndLearnsTheObservedR
     // The drafter says 0.95 but only 1 in 4 is accepted at position 0 in that bin.
     for (int i = 0; i < 400; ++i) e.observe(0, 0.95f, i % 4 == 0);
     EXPECT_NEAR(e.estimate(0, 0.96f), 0.25, 0.02);
-    // Other positions and bins are untouched.
+    // Another position is untouched; another bin of position 0 starts from its
+    // probability scaled by the position's calibration (accepted / sum of probabilities).
     EXPECT_DOUBLE_EQ(e.estimate(1, 0.95f), 0.95f);
-    EXPECT_DOUBLE_EQ(e.estimate(0, 0.45f), 0.45f);
+    const double calibration = (100 + 4.0) / (400 * static_cast<double>(0.95f) + 4.0);
+    EXPECT_NEAR(e.estimate(0, 0.45f), 0.45 * calibration, 1e-6);
     // A drift to always-accepted is followed (counts are halved at the window).
     for (int i = 0; i < 3000; ++i) e.observe(0, 0.95f, true);
     EXPECT_GT(e.estimate(0, 0.95f), 0.97);
     EXPECT_LE(e.observed(0, 0.95f), AcceptanceEstimator::kWindow + 1);
-    // The choice explores: an untried bin is 1.0; the bonus shrinks as 1 / sqrt(n + 1).
-    EXPECT_DOUBLE_EQ(e.optimistic(7, 0.1f), 1.0);
+    // The choice explores: an untried position gets +0.5; the bonus shrinks as
+    // 0.5 / sqrt(n + 1) with the position's observations (every bin).
+    EXPECT_NEAR(e.optimistic(7, 0.1f), 0.6, 1e-6);
+    EXPECT_DOUBLE_EQ(e.optimistic(7, 0.9f), 1.0);
     AcceptanceEstimator g;
     for (int i = 0; i < 99; ++i) g.observe(0, 0.2f, false);
-    EXPECT_NEAR(g.optimistic(0, 0.2f), g.estimate(0, 0.2f) + 0.1, 1e-12);
-    EXPECT_LT(g.optimistic(0, 0.2f), 0.12);
+    EXPECT_NEAR(g.optimistic(0, 0.2f), g.estimate(0, 0.2f) + 0.05, 1e-12);
+    EXPECT_NEAR(g.optimistic(0, 0.7f), g.estimate(0, 0.7f) + 0.05, 1e-12);
+    EXPECT_LT(g.optimistic(0, 0.2f), 0.06);
     // Without a probability, an unexplored position starts from the one before it.
     AcceptanceEstimator chain;
     for (int i = 0; i < 200; ++i) chain.observe(0, NAN, true);
