@@ -6,7 +6,7 @@
 
 DATA.json is one of
 - a figure of bench/sim_figures: {"kind": "lines" | "bars", "title", "x_label",
-  "y_label", "log_x", "categories" (bars), "y_range" ([lo, hi], optional),
+  "y_label", "log_x", "categories" (bars), "y_min", "y_max" (optional),
   "ref_lines": [{"label", "y"}], "series": [{"name", "x", "y"}]};
 - a report of `dsinfer bench serve --out-json` (it has "runs"): latency and
   throughput against concurrency (or request rate when the rates differ);
@@ -45,18 +45,44 @@ plt.rcParams.update({
 
 FIGSIZE = (8.0, 4.2)  # inches; the legend goes right of the axes and widens the figure
 REF_COLOR = "#555555"
+REF_STYLES = ["--", ":", "-."]  # tells reference lines apart when the legend names them
 
 
 def legend_outside(ax):
     """Legend right of the axes: it never covers data and is never cut (bbox tight)."""
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    handles, labels = ax.get_legend_handles_labels()
+    if not handles:
+        return
+    # Data first, then the reference lines the legend names (stable order otherwise).
+    order = sorted(range(len(handles)), key=lambda i: getattr(handles[i], "get_color",
+                                                              lambda: None)() == REF_COLOR)
+    ax.legend([handles[i] for i in order], [labels[i] for i in order], loc="upper left",
+              bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+
+
+def data_hit(ax, renderer):
+    """A test of whether a display-space box covers data: bars, or any point of the lines
+    drawn so far (sampled every 2 pixels along each segment)."""
+    bars = [p.get_window_extent(renderer) for p in ax.patches]
+    pts = []
+    for line in ax.lines:
+        xy = line.get_transform().transform(line.get_xydata())
+        for (x0, y0), (x1, y1) in zip(xy, xy[1:]):
+            n = max(1, int(math.hypot(x1 - x0, y1 - y0) / 2))
+            pts += [(x0 + (x1 - x0) * i / n, y0 + (y1 - y0) * i / n) for i in range(n + 1)]
+        if len(xy) == 1:
+            pts.append(tuple(xy[0]))
+
+    def hit(box):
+        return any(box.overlaps(b) for b in bars) or \
+            any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in pts)
+    return hit
 
 
 def draw_ref_lines(ax, refs):
-    """Dashed horizontal reference lines, each labelled just above or below it. A label
-    takes the first place (right, left, middle of the axes; above, then below its line)
-    where it overlaps no other text of the axes and stays inside them."""
+    """Horizontal reference lines, each labelled just above or below it where the label
+    covers no data and no other text (right, left, middle of the axes; above, then below);
+    a line with no such place is named in the legend instead, by its line style."""
     if not refs:
         return
     refs = sorted(refs, key=lambda r: r["y"])
@@ -65,30 +91,36 @@ def draw_ref_lines(ax, refs):
     ax.set_ylim(min(lo, min(ys) - 0.02 * (hi - lo)), max(hi, max(ys) + 0.06 * (hi - lo)))
     renderer = ax.figure.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
+    covers_data = data_hit(ax, renderer)
     placed = [t.get_window_extent(renderer) for t in ax.texts]  # e.g. the bars' values
     trans = blended_transform_factory(ax.transAxes, ax.transData)
-    places = [(x, ha, dy) for x, ha in ((0.995, "right"), (0.005, "left"), (0.5, "center"))
+    places = [(x, ha, dy) for x, ha in ((0.995, "right"), (0.005, "left"), (0.5, "center"),
+                                        (0.75, "center"), (0.25, "center"))
               for dy in (3, -3)]
-    for r in refs:
-        ax.axhline(r["y"], color=REF_COLOR, linestyle="--", linewidth=1.0, zorder=1)
+    ref_px = [ax.transData.transform((0, r["y"]))[1] for r in refs]
+    for i, r in enumerate(refs):
+        style = REF_STYLES[i % len(REF_STYLES)]
+        others = ref_px[:i] + ref_px[i + 1:]
         for place in places:
             label = ref_label(ax, trans, r, place)
             box = label.get_window_extent(renderer)
-            if box.y0 >= frame.y0 and box.y1 <= frame.y1 and \
-                    not any(box.overlaps(p) for p in placed):
+            if box.y0 >= frame.y0 and box.y1 <= frame.y1 and not covers_data(box) and \
+                    not any(box.overlaps(p) for p in placed) and \
+                    not any(box.y0 <= y <= box.y1 for y in others):
+                placed.append(box)
+                ax.axhline(r["y"], color=REF_COLOR, linestyle=style, linewidth=1.0, zorder=1)
                 break
             label.remove()
-        else:  # no free place: the first one
-            label = ref_label(ax, trans, r, places[0])
-        placed.append(label.get_window_extent(renderer))
+        else:
+            ax.axhline(r["y"], color=REF_COLOR, linestyle=style, linewidth=1.0, zorder=1,
+                       label=r["label"])
 
 
 def ref_label(ax, trans, ref, place):
     x, ha, dy = place
     return ax.annotate(ref["label"], xy=(x, ref["y"]), xycoords=trans, xytext=(0, dy),
                        textcoords="offset points", ha=ha, va="bottom" if dy > 0 else "top",
-                       fontsize=8.5, color=REF_COLOR, zorder=3,
-                       bbox=dict(boxstyle="square,pad=0.1", fc="white", ec="none", alpha=0.8))
+                       fontsize=8.5, color=REF_COLOR, zorder=3)
 
 
 def draw_lines(fig_data):
@@ -127,8 +159,7 @@ def figure_of(fig_data):
     ax.set_title(fig_data.get("title", ""))
     ax.set_xlabel(fig_data.get("x_label", ""))
     ax.set_ylabel(fig_data.get("y_label", ""))
-    if fig_data.get("y_range"):
-        ax.set_ylim(*fig_data["y_range"])
+    ax.set_ylim(bottom=fig_data.get("y_min"), top=fig_data.get("y_max"))
     fig.tight_layout()  # the axes' final size, for the reference labels' spacing
     draw_ref_lines(ax, fig_data.get("ref_lines", []))
     legend_outside(ax)

@@ -25,7 +25,7 @@ SVG = "{http://www.w3.org/2000/svg}"
 LINES = {
     "kind": "lines", "title": "EPLB moe_lb (lower is better)",
     "x_label": "Zipf exponent", "y_label": "moe_lb", "log_x": False, "categories": [],
-    "y_range": [1.0, 3.0],
+    "y_min": 1.0, "y_max": 3.0,
     "ref_lines": [{"label": "goal 1.05", "y": 1.05},
                   {"label": "DeepSeek reported 1.090", "y": 1.09}],
     "series": [
@@ -37,7 +37,7 @@ LINES = {
 BARS = {
     "kind": "bars", "title": "LB efficiency", "x_label": "", "y_label": "ideal / achieved",
     "log_x": False, "categories": ["mooncake", "azure2023_code", "azure2023_conv"],
-    "y_range": [0, 1.05],
+    "y_min": 0, "y_max": 1.05,
     "ref_lines": [{"label": "goal 0.90", "y": 0.9},
                   {"label": "DeepSeek reported ~0.80", "y": 0.8}],
     "series": [{"name": "deepseek", "x": [0, 1, 2], "y": [0.93, 0.88, 0.91]},
@@ -174,10 +174,16 @@ class PlotTest(unittest.TestCase):
             fig.canvas.draw()
             renderer = fig.canvas.get_renderer()
             ax = fig.axes[0]
-            refs = [c for c in ax.texts if c.get_text() in {r["label"] for r in data["ref_lines"]}]
-            self.assertEqual(len(refs), 2)
-            a, b = (r.get_window_extent(renderer) for r in refs)
-            self.assertFalse(a.overlaps(b), f"{a} overlaps {b}")
+            names = {r["label"] for r in data["ref_lines"]}
+            inline = [t for t in ax.texts if t.get_text() in names]
+            in_legend = [t.get_text() for t in ax.get_legend().get_texts()
+                         if t.get_text() in names]
+            # Each reference line is named once: beside it, or in the legend.
+            self.assertEqual(sorted([t.get_text() for t in inline] + in_legend), sorted(names))
+            boxes = [t.get_window_extent(renderer) for t in inline]
+            for i, a in enumerate(boxes):
+                for b in boxes[i + 1:]:
+                    self.assertFalse(a.overlaps(b), f"{a} overlaps {b}")
             # bbox_inches="tight" grows the saved image to the union of the artists;
             # check that union holds the legend, i.e. nothing is clipped away.
             tight = fig.get_tightbbox(renderer)
@@ -186,6 +192,20 @@ class PlotTest(unittest.TestCase):
             self.assertTrue(tight.contains(inches.x0, inches.y0)
                             and tight.contains(inches.x1 - 1e-6, inches.y1 - 1e-6))
 
+    def test_reference_label_covers_no_data(self):
+        fig = plot.figure_for(LINES)
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        ax = fig.axes[0]
+        names = {r["label"] for r in LINES["ref_lines"]}
+        series = {s["name"] for s in LINES["series"]}
+        for t in ax.texts:
+            if t.get_text() in names:
+                box = t.get_window_extent(renderer)
+                for ln in ax.lines:
+                    if ln.get_label() in series:
+                        xy = ln.get_transform().transform(ln.get_xydata())
+                        self.assertFalse(any(box.contains(x, y) for x, y in xy), t.get_text())
 
 if __name__ == "__main__":
     unittest.main()
