@@ -173,6 +173,11 @@ def serve_figure(report):
     by_rate = len(rates) > 1
     xs = [math.inf if r["request_rate"] == "inf" else r["request_rate"] for r in runs] \
         if by_rate else [r["concurrency"] for r in runs]
+    finite = sorted({x for x in xs if math.isfinite(x) and x > 0})
+    inf_x = 2 * finite[-1] if finite else 1  # an unpaced run ("inf") right of the others
+    ticks = finite + ([inf_x] if math.inf in xs else [])
+    tick_labels = [f"{x:g}" for x in finite] + (["inf"] if math.inf in xs else [])
+    xs = [inf_x if x == math.inf else x for x in xs]
     x_label = "request rate (/s)" if by_rate else "concurrency (max requests in flight)"
     fig, (lat, thr) = plt.subplots(2, 1, figsize=(FIGSIZE[0], 7.0), sharex=True)
     metrics = (("ttft_ms", "TTFT", "C0"), ("tpot_ms", "TPOT", "C1"), ("itl_ms", "ITL", "C2"))
@@ -191,12 +196,15 @@ def serve_figure(report):
     thr.set_xlabel(x_label)
     thr.yaxis.set_major_locator(ticker.MaxNLocator(nbins=8, steps=[1, 2, 2.5, 5, 10]))
     thr.set_ylim(bottom=0)
-    finite = [x for x in xs if math.isfinite(x) and x > 0]
-    if finite and max(finite) / min(finite) >= 8:
+    if ticks and ticks[-1] / ticks[0] >= 8:
         thr.set_xscale("log", base=2)
     # The measured points are the ticks: 1, 16, 64, 256 rather than powers of two.
-    thr.set_xticks(finite, [f"{x:g}" for x in finite])
+    thr.set_xticks(ticks, tick_labels)
     thr.xaxis.set_minor_locator(ticker.NullLocator())
+    lo, hi = lat.get_ylim()  # two decades or less: label 1, 2 and 5 of each decade
+    subs = (1.0, 2.0, 5.0) if math.log10(hi / lo) <= 2 else (1.0,)
+    lat.yaxis.set_major_locator(ticker.LogLocator(base=10, subs=subs))
+    lat.yaxis.set_minor_formatter(ticker.NullFormatter())
     lat.yaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,g}"))
     for ax in (lat, thr):
         legend_outside(ax)

@@ -146,6 +146,13 @@ class PlotTest(unittest.TestCase):
         ticks = tick_labels(svg)
         self.assertEqual([v for v in ticks["x"] if v], ["1", "16", "64", "256"])  # shared x
 
+    def test_serve_rate_sweep_puts_unpaced_last(self):
+        runs = [dict(run_summary(256, k + 1), request_rate=rate)
+                for k, rate in enumerate((2, 8, "inf"))]
+        svg = self.draw({"label": "rates", "runs": runs}, "rates")
+        self.assertIn("request rate (/s)", texts(svg))
+        self.assertEqual([v for v in tick_labels(svg)["x"] if v], ["2", "8", "inf"])
+
     def test_loss_from_tsv(self):
         tsv = os.path.join(self.dir.name, "loss.tsv")
         with open(tsv, "w") as f:
