@@ -3,7 +3,8 @@
 #  1. concurrency sweep 1,16,64,256 (random dataset, streaming chat);
 #  2. multi-turn dataset (shared system prompt + history) with the prefix cache on, then off.
 # usage: bench/serve_figures.sh DSINFER_BINARY SMALL_MODEL_DIR OUT_DIR
-# Writes OUT_DIR/{sweep,multiturn_on,multiturn_off}.{json,svg} and the servers' logs.
+# Writes OUT_DIR/{sweep,multiturn_true,multiturn_false}.json, the servers' logs and
+# OUT_DIR/sweep.svg (tools/plots/plot.py; needs python3-matplotlib).
 set -euo pipefail
 bin=$1 model=$2 out=$3
 port=${PORT:-18180}
@@ -27,14 +28,15 @@ start_server serve_sweep
 "$bin" bench serve --base-url "$base" --model small --dataset random \
     --input-len 16 --output-len 16 --num-prompts 16 --prompts-per-concurrency 1 \
     --concurrency 1,16,64,256 --label "dsinfer serve, small preset" \
-    --out-json "$out/sweep.json" --out-svg "$out/sweep.svg"
+    --out-json "$out/sweep.json"
 stop_server
+/usr/bin/python3 "$(dirname "$0")/../tools/plots/plot.py" "$out/sweep.json" "$out/sweep.svg"
 
 for pc in true false; do
     start_server "serve_multiturn_$pc" --prefix-cache "$pc"
     "$bin" bench serve --base-url "$base" --model small --dataset multi-turn \
         --conversations 4 --turns 3 --system-prefix-len 256 --input-len 24 --output-len 12 \
         --concurrency 4 --label "multi-turn, prefix cache $pc" \
-        --out-json "$out/multiturn_$pc.json" --out-svg "$out/multiturn_$pc.svg"
+        --out-json "$out/multiturn_$pc.json"
     stop_server
 done

@@ -1,13 +1,16 @@
 // sim_figures: the figures of issue 9, measured in one run, printed as Markdown tables
-// and written as SVG (docs/figures/). Every number is timed or simulated here; ratios
-// are against references run in the same process (round robin; no EPLB; the trace
-// generator for speed).
+// and written as figure data (docs/figures/NAME.json) that tools/plots/plot.py draws as
+// NAME.svg (scripts/figures.sh does both). Every number is timed or simulated here;
+// ratios are against references run in the same process (round robin; no EPLB; the
+// trace generator for speed).
 //
 //   sim_figures [out_dir [lb|ops|heldout|hit|eplb|speed]]   (default: <source>/docs/figures, all)
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -16,7 +19,6 @@
 #include "cluster/eplb.h"
 #include "sim/ops_sim.h"
 #include "sim/simulator.h"
-#include "workload/svg_plot.h"
 #include "workload/trace.h"
 #include "support/build_paths.h"
 
@@ -33,6 +35,52 @@ void write(const std::string& path, const std::string& text) {
         std::fprintf(stderr, "%s\n", st.to_string().c_str());
     }
 }
+
+// The data of one figure in the form tools/plots/plot.py reads; the script draws it.
+struct Series {
+    std::string name;
+    std::vector<std::pair<double, double>> points;  // (x, y); bars: x is the category index
+};
+
+struct Figure {
+    std::string title;
+    std::string x_label;
+    std::string y_label;
+    bool log_x = false;
+    bool bars = false;                    // grouped bars: one group per category
+    std::vector<std::string> categories;  // bar groups (bars only)
+    std::vector<Series> series;
+    std::optional<double> y_min;  // unset: from the data
+    std::optional<double> y_max;
+    std::vector<std::pair<std::string, double>> ref_lines;  // labelled horizontal lines
+
+    // Writes DIR/NAME.json.
+    void write_data(const std::string& dir, const std::string& name) const {
+        nlohmann::json j = {{"kind", bars ? "bars" : "lines"}, {"title", title},
+                            {"x_label", x_label},           {"y_label", y_label},
+                            {"log_x", log_x},               {"categories", categories}};
+        if (y_min) {
+            j["y_min"] = *y_min;
+        }
+        if (y_max) {
+            j["y_max"] = *y_max;
+        }
+        j["ref_lines"] = nlohmann::json::array();
+        for (const auto& [label, y] : ref_lines) {
+            j["ref_lines"].push_back({{"label", label}, {"y", y}});
+        }
+        j["series"] = nlohmann::json::array();
+        for (const Series& s : series) {
+            nlohmann::json xs = nlohmann::json::array(), ys = nlohmann::json::array();
+            for (const auto& [x, y] : s.points) {
+                xs.push_back(x);
+                ys.push_back(y);
+            }
+            j["series"].push_back({{"name", s.name}, {"x", std::move(xs)}, {"y", std::move(ys)}});
+        }
+        write(dir + "/" + name + ".json", j.dump(1) + "\n");
+    }
+};
 
 struct Policy {
     const char* name;
@@ -64,13 +112,13 @@ sim::SimOptions policy_options(const Policy& p, double load) {
 void lb_figure(const std::string& traces, const std::string& out, double load) {
     const char* files[] = {"mooncake_synthetic_trace.jsonl", "azure2023_code.csv",
                            "azure2023_conv.csv"};
-    workload::SvgPlot plot;
+    Figure plot;
     plot.title = "LB efficiency, 64 prefill + 64 decode, offered load " + std::to_string(load).substr(0, 4);
     plot.y_label = "ideal makespan / achieved";
     plot.bars = true;
     plot.y_min = 0;
     plot.y_max = 1.05;
-    plot.h_lines = {{"goal 0.90", 0.9}, {"DeepSeek reported ~0.80", 0.8}};
+    plot.ref_lines = {{"goal 0.90", 0.9}, {"DeepSeek reported ~0.80", 0.8}};
     for (const Policy& p : kPolicies) {
         plot.series.push_back({p.name, {}});
     }
@@ -107,7 +155,7 @@ void lb_figure(const std::string& traces, const std::string& out, double load) {
                 {static_cast<double>(plot.categories.size() - 1), r.lb_efficiency});
         }
     }
-    write(out + "/sim_lb_efficiency.svg", plot.render(820, 420));
+    plot.write_data(out, "sim_lb_efficiency");
 }
 
 // Issue 20: every routing policy on data it was not tuned on. The prefill-LB settings of
@@ -187,7 +235,7 @@ void hit_rate_figure(const std::string& traces, const std::string& out) {
                 static_cast<long long>(unique_blocks), span_s);
     const double fractions[] = {0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0};
     const double ttls_s[] = {30, 120, 600, 0};
-    workload::SvgPlot plot;
+    Figure plot;
     plot.title = "Prefix hit rate vs store capacity (Mooncake trace)";
     plot.x_label = "store capacity, fraction of the trace's unique blocks (log)";
     plot.y_label = "hit tokens / input tokens";
@@ -218,7 +266,7 @@ void hit_rate_figure(const std::string& traces, const std::string& out) {
         }
         std::printf("\n");
     }
-    write(out + "/sim_hit_rate.svg", plot.render());
+    plot.write_data(out, "sim_hit_rate");
 }
 
 std::vector<double> zipf(int layers, int experts, double s, double drift, uint64_t seed) {
@@ -260,11 +308,11 @@ void eplb_figure(const std::string& out) {
     std::printf("| setup | Zipf s | no EPLB | reference heuristic | ours (refined) | ours, next window "
                 "| next, placed on mean of 16 past windows | next, placed on the noise-free loads "
                 "(floor) | ours vs no EPLB | place ms |\n|---|---|---|---|---|---|---|---|---|---|\n");
-    workload::SvgPlot plot;
+    Figure plot;
     plot.title = "EPLB moe_lb, decode EP64, 384 experts, global (lower is better)";
     plot.x_label = "Zipf exponent of expert popularity";
     plot.y_label = "moe_lb (mean over layers)";
-    plot.h_lines = {{"goal 1.05", 1.05}, {"DeepSeek reported 1.090", 1.09}};
+    plot.ref_lines = {{"goal 1.05", 1.05}, {"DeepSeek reported 1.090", 1.09}};
     plot.series = {{"no EPLB", {}}, {"reference heuristic", {}}, {"ours", {}}, {"ours, next window", {}}};
     for (const Setup& s : setups) {
         cluster::EplbLayout layout{s.groups, s.nodes, s.ep,
@@ -318,9 +366,9 @@ void eplb_figure(const std::string& out) {
             }
         }
     }
-    plot.y_min = 1.0;
-    plot.y_max = 3.0;
-    write(out + "/eplb_moe_lb.svg", plot.render());
+    plot.y_min = 0.98;  // moe_lb >= 1: the placements at 1.0 stay off the axis line
+    plot.y_max = 3.0;   // no EPLB leaves the top at skew 0.6 (its values are in the table)
+    plot.write_data(out, "eplb_moe_lb");
 
     // How much drift the 1.05 goal tolerates on the next window: decode EP64, 384 experts.
     std::printf("\n### EPLB next-window moe_lb vs drift (decode EP64, 384 experts, global, Zipf 0.6; "
@@ -446,11 +494,13 @@ void eplb_drift_figure(const std::string& out) {
                 "| mean + 1 sd | mean of 10, least-loaded replica | last window, least-loaded "
                 "replica | true popularity (floor, static) |\n"
                 "|---|---|---|---|---|---|---|---|---|---|\n");
-    workload::SvgPlot plot;
+    Figure plot;
     plot.title = "EPLB decode, 256 experts, next-10-window moe_lb under 10 % iid drift";
-    plot.x_label = "setup (0: EP64 r1, 1: EP64 r2, 2: EP128 r1, 3: EP144 +32)";
+    plot.x_label = "decode setup (redundant experts)";
     plot.y_label = "moe_lb";
-    plot.h_lines = {{"goal 1.05", 1.05}, {"DeepSeek reported 1.090", 1.09}};
+    plot.bars = true;
+    plot.categories = {"EP64, 1/rank", "EP64, 2/rank", "EP128, 1/rank", "EP144, 32 in all"};
+    plot.ref_lines = {{"goal 1.05", 1.05}, {"DeepSeek reported 1.090", 1.09}};
     plot.series = {{"static split, last window", {}},
                    {"static split, mean of 10", {}},
                    {"least-loaded replica, mean of 10", {}}};
@@ -471,8 +521,7 @@ void eplb_drift_figure(const std::string& out) {
         }
     }
     plot.y_min = 1.0;
-    plot.y_max = 1.25;
-    write(out + "/eplb_drift.svg", plot.render());
+    plot.write_data(out, "eplb_drift");
     // How far the goal holds: EP64, 1 redundant per rank, iid drift sweep.
     std::printf("\n### EPLB drift sweep (decode EP64, 256 experts, 1 redundant/rank, Zipf 0.6, iid "
                 "drift, mean of next 10 windows)\n\n| per-expert drift (log-normal sigma) | "
@@ -556,7 +605,7 @@ void ops_figure(const std::string& out) {
                 static_cast<long long>(r->rerouted_requests), r->failures, r->restart_ep_size,
                 r->min_online_decode, r->max_online_decode, r->wait_p99_s, r->device_hours,
                 r->conservation_ok ? "yes" : "NO");
-    workload::SvgPlot plot;
+    Figure plot;
     plot.title = "Autoscaling over a compressed day; one decode device fails at 2.5 h";
     plot.x_label = "time (h)";
     plot.y_label = "instances (rate: requests/s / 4)";
@@ -573,7 +622,7 @@ void ops_figure(const std::string& out) {
         plot.series[4].points.push_back({h, static_cast<double>(p.draining)});
         plot.series[5].points.push_back({h, static_cast<double>(p.restarting)});
     }
-    write(out + "/sim_autoscale.svg", plot.render(820, 420));
+    plot.write_data(out, "sim_autoscale");
 }
 
 // Operations inside the request-level simulator (`dsinfer sim` with an "operations"
@@ -676,7 +725,7 @@ void lb_timeline_figure(const std::string& traces, const std::string& out) {
     if (!trace.is_ok()) {
         return;
     }
-    workload::SvgPlot plot;
+    Figure plot;
     plot.title = "Mooncake trace, load 0.9: busy share of the 64 prefill engines";
     plot.x_label = "simulated time (s)";
     plot.y_label = "busy share";
@@ -698,7 +747,7 @@ void lb_timeline_figure(const std::string& traces, const std::string& out) {
         const char* name = mode == cluster::PrefillReassign::kProportional
                                ? "proportional (before)"
                                : "min-max completion (after)";
-        workload::SvgSeries series{name, {}};
+        Series series{name, {}};
         double tail = 0;
         for (const sim::TimelinePoint& p : r->timeline) {
             series.points.push_back({p.t_s, p.prefill_busy});
@@ -713,7 +762,7 @@ void lb_timeline_figure(const std::string& traces, const std::string& out) {
                     r->bucket_ttft_ms[2].max, util, tail * 64);
         plot.series.push_back(std::move(series));
     }
-    write(out + "/sim_lb_timeline.svg", plot.render(820, 420));
+    plot.write_data(out, "sim_lb_timeline");
 }
 
 }  // namespace

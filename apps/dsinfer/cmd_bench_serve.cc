@@ -1,7 +1,8 @@
 // dsinfer bench serve: OpenAI-compatible load generator (issue 6; library: src/loadgen).
 // Targets any server that speaks /v1/chat/completions or /v1/completions (dsinfer,
 // llama-server, vLLM, SGLang). Sweeps concurrency x request rate over one dataset and
-// writes a JSON report and an SVG figure. Ctrl-C cancels the run in flight and reports
+// writes a JSON report; tools/plots/plot.py draws its figure (latency and throughput
+// against the swept concurrency or rate). Ctrl-C cancels the run in flight and reports
 // what finished.
 #include <atomic>
 #include <cmath>
@@ -59,7 +60,6 @@ struct BenchServeFlags {
     uint64_t seed = 1;
     std::string label;
     std::string out_json;
-    std::string out_svg;
     bool fail_on_error = false;
 };
 
@@ -132,8 +132,6 @@ int run_bench_serve(const BenchServeFlags& f) {
     std::signal(SIGINT, on_sigint);
     loadgen::HttpClient client(*target);
     json runs = json::array();
-    std::vector<loadgen::SweepPoint> points;
-    const bool sweep_rate = rates->size() > 1;
     int64_t total_errors = 0;
     std::printf("%-6s %-8s %6s %6s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "rate", "ok", "err",
                 "req/s", "out_tok/s", "ttft_p50", "ttft_p99", "tpot_p50", "itl_p50", "itl_p99");
@@ -164,7 +162,6 @@ int run_bench_serve(const BenchServeFlags& f) {
             run["request_rate"] = std::isinf(rate) ? json("inf") : json(rate);
             run["cancelled"] = result.cancelled;
             runs.push_back(std::move(run));
-            points.push_back({sweep_rate ? rate : conc, s});
         }
     }
     const std::string label =
@@ -181,11 +178,10 @@ int run_bench_serve(const BenchServeFlags& f) {
     if (!f.out_json.empty() && !write_file(f.out_json, report.dump(2) + "\n")) {
         return fail(internal_error("cannot write " + f.out_json));
     }
-    if (!f.out_svg.empty() &&
-        !write_file(f.out_svg, loadgen::sweep_svg(label, sweep_rate ? "request rate (/s)"
-                                                                    : "concurrency",
-                                                  points))) {
-        return fail(internal_error("cannot write " + f.out_svg));
+    if (!f.out_json.empty()) {
+        // The figure is drawn by matplotlib, outside the binary (docs/server.md).
+        std::printf("report: %s (figure: tools/plots/plot.py %s OUT.svg)\n", f.out_json.c_str(),
+                    f.out_json.c_str());
     }
     if (g_cancel.load()) return 130;
     return f.fail_on_error && total_errors > 0 ? 1 : 0;
@@ -229,8 +225,8 @@ void register_bench_serve_command(CLI::App& bench) {
     add_setting(*s, "--temperature", f->temperature, "sampling temperature");
     add_setting(*s, "--seed", f->seed, "dataset and arrival seed");
     add_setting(*s, "--label", f->label, "report title");
-    add_setting(*s, "--out-json", f->out_json, "write the JSON report here");
-    add_setting(*s, "--out-svg", f->out_svg, "write the SVG figure here");
+    add_setting(*s, "--out-json", f->out_json,
+                "write the JSON report here (tools/plots/plot.py draws it)");
     add_switch(*s, "--fail-on-error", f->fail_on_error, "exit 1 when a request failed");
     s->callback([f] {
         if (int rc = run_bench_serve(*f); rc != 0) throw CLI::RuntimeError(rc);

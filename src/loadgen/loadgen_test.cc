@@ -437,7 +437,11 @@ TEST(Runner, TimesTokensAndCountsErrors) {
     EXPECT_NE(body.find("\"include_usage\":true"), std::string::npos);
     const nlohmann::json j = summary_json(s);
     EXPECT_EQ(j["num_errors"], 4);
-    EXPECT_NE(sweep_svg("t", "concurrency", {{1, s}, {4, s}}).find("<svg"), std::string::npos);
+    // The fields tools/plots/plot.py draws a report's figure from.
+    for (const char* key : {"ttft_ms", "tpot_ms", "itl_ms"}) {
+        EXPECT_TRUE(j[key].contains("p50") && j[key].contains("p99")) << key;
+    }
+    EXPECT_TRUE(j.contains("output_token_throughput") && j.contains("total_token_throughput"));
 }
 
 TEST(Runner, MultiTurnCarriesRepliesAndStreamCutIsAnError) {

@@ -6,7 +6,8 @@
 #   logits, the evaluation cases, the first 20 held-out conversations, and the
 #   figures eval_model measures on the expanded pack (figures.json, the floor the
 #   ctest asserts);
-# - draws the loss curve into docs/default_model_loss.svg.
+# - writes the loss curve's data (docs/figures/default_model_loss.json) and draws it
+#   (docs/figures/default_model_loss.svg, tools/plots/plot.py).
 # Needs build/tools/{eval_model,expand_pack} (ninja -C build eval_model expand_pack).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -47,7 +48,8 @@ fig = {"limit": int(sys.argv[3]), "loss_limit": 20, "max_tokens": int(sys.argv[4
        "heldout_loss_nats": r["heldout_loss_nats"]}
 json.dump(fig, open(sys.argv[2], "w"), indent=1)
 EOF
-$PY tools/train/plot_loss.py "$RUN/loss.tsv" docs/default_model_loss.svg \
+$PY tools/plots/plot.py --loss-tsv "$RUN/loss.tsv" docs/figures/default_model_loss.json \
   --bigram "$($PY tools/train/bigram.py --train "$RUN/train" --heldout "$RUN/heldout" | awk '{print $3}')"
+$PY tools/plots/plot.py docs/figures/default_model_loss.json docs/figures/default_model_loss.svg
 rm -rf "$CACHE"
 sha256sum "$PACK"
