@@ -1,6 +1,8 @@
 // `dsinfer calibrate`: profile prefill chunks of a checkpoint at several (q, c) points,
 // fit the quadratic prefill cost model (S-LB) and store it beside the checkpoint, where
-// the engine picks it up (engine/calibrate.h, docs/engine.md "Calibration").
+// the engine picks it up (engine/calibrate.h, docs/engine.md "Calibration"); then the
+// verify-cost curve of variable-length verification (step time against tokens per step).
+#include <algorithm>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,6 +27,10 @@ struct CalibrateFlags {
     std::string q_values = "16,64,256,512";
     std::string c_values = "0,512,1536";
     int reps = 2;
+    // Variable-length verification's step-cost curve (issue 24): "" = beside the
+    // checkpoint (engine::verify_cost_path_for); "none" = skip it.
+    std::string verify_out;
+    std::string verify_tokens = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192";
 };
 
 Result<std::vector<int64_t>> parse_counts(const std::string& flag, const std::string& s) {
@@ -96,6 +102,38 @@ int run_calibrate(const CalibrateFlags& f) {
         "ns (max error on the points %.1f%%)\n",
         out.c_str(), fit->base_ns, fit->per_q_ns, fit->per_c_ns, fit->per_qc_ns, fit->per_qq_ns,
         100 * worst);
+    if (f.verify_out == "none") return 0;
+    // The step time against the tokens a step verifies (spec/varlen.h), for
+    // --enable-mtp-varlen. Models whose state cannot roll back (V4) do not speculate.
+    if (model->kv_layout().state_floats > 0) {
+        std::printf("verify-cost curve: skipped (%s does not speculate)\n",
+                    model->config().architecture.c_str());
+        return 0;
+    }
+    engine::VerifyCalibration grid;
+    Result<std::vector<int64_t>> ns = parse_counts("--verify-tokens", f.verify_tokens);
+    if (!ns.is_ok()) return fail(ns.status());
+    grid.tokens = *ns;
+    grid.reps = std::max(f.reps, 3);
+    Result<spec::VerifyCostCurve> curve = engine::profile_verify_cost(model, grid);
+    if (!curve.is_ok()) return fail(curve.status().with_context("--verify-tokens"));
+    info = nlohmann::ordered_json();
+    info["threads"] = f.replica.threads > 0 ? f.replica.threads : env->num_cpus();
+    info["weight_format"] = f.replica.weight_format;
+    info["isa"] = std::string(kernels::isa_name(kernels::active_isa()));
+    info["tokens_per_seq"] = grid.tokens_per_seq;
+    info["context"] = grid.context;
+    info["reps"] = grid.reps;
+    const std::string vout = f.verify_out.empty()
+                                 ? engine::verify_cost_path_for((*replica)->model_path())
+                                 : f.verify_out;
+    w = env->write_file(vout, curve->to_json(info.dump()));
+    if (!w.is_ok()) return fail(w);
+    std::printf("wrote %s:", vout.c_str());
+    for (const spec::VerifyCostPoint& p : curve->points()) {
+        std::printf(" %lld tokens %.2f ms;", static_cast<long long>(p.tokens), p.ns / 1e6);
+    }
+    std::printf("\n");
     return 0;
 }
 
@@ -111,6 +149,11 @@ void register_calibrate_command(CLI::App& app) {
     add_setting(*c, "--q", f->q_values, "chunk sizes (new tokens) to time, comma list");
     add_setting(*c, "--c", f->c_values, "computed prefix lengths to time, comma list");
     add_setting(*c, "--reps", f->reps, "timed runs per point (best kept)");
+    add_setting(*c, "--verify-out", f->verify_out,
+                "verify-cost curve JSON for --enable-mtp-varlen (default: beside the "
+                "checkpoint; none = skip)");
+    add_setting(*c, "--verify-tokens", f->verify_tokens,
+                "step sizes (tokens verified per step) to time for the verify-cost curve");
     c->callback([f] {
         if (int rc = run_calibrate(*f); rc != 0) throw CLI::RuntimeError(rc);
     });

@@ -146,6 +146,15 @@ Result<serving::ReplicaOptions> to_replica_options(const ReplicaFlags& f) {
         return invalid_argument("--num-speculative-tokens needs --speculative mtp or ngram");
     }
     e.speculative.varlen = f.enable_mtp_varlen;
+    if (e.speculative.varlen && !e.speculative.enabled()) {
+        return invalid_argument("--enable-mtp-varlen needs --speculative mtp or ngram");
+    }
+    const bool vocab_file = f.spec_draft_vocab != "auto" && f.spec_draft_vocab != "none" &&
+                            !f.spec_draft_vocab.empty();
+    if (vocab_file && e.speculative.method != spec::Method::kMtp) {
+        return invalid_argument("--spec-draft-vocab " + f.spec_draft_vocab +
+                                " needs --speculative mtp");
+    }
     o.draft_vocab = f.spec_draft_vocab;
     o.verify_cost_path = f.verify_cost;
     e.scheduler.max_running_seqs = f.max_running_seqs;

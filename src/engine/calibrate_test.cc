@@ -239,5 +239,56 @@ TEST(CalibrateTest, EnsureCostModelCalibratesOnceAndKeepsTheFit) {
     ::rmdir(dir.c_str());
 }
 
+
+// Variable-length verification's step-cost curve (issue 24): one point per step size,
+// increasing token counts, positive times, kept beside the checkpoint and read back
+// without profiling; bad grids and malformed files are errors naming them.
+TEST(CalibrateTest, VerifyCostCurveIsProfiledOnceAndKept) {
+    Env* env = Env::default_env();
+    std::unique_ptr<DeepseekModel> model = tiny_model();
+    VerifyCalibration grid;
+    grid.tokens = {1, 3, 7, 12};
+    grid.tokens_per_seq = 4;
+    grid.context = 40;
+    grid.reps = 1;
+    Result<spec::VerifyCostCurve> curve = profile_verify_cost(model.get(), grid);
+    ASSERT_TRUE(curve.is_ok()) << curve.status().to_string();
+    ASSERT_EQ(curve->points().size(), 4u);
+    for (size_t i = 0; i < 4; ++i) {
+        EXPECT_EQ(curve->points()[i].tokens, grid.tokens[i]);
+        EXPECT_GT(curve->points()[i].ns, 0);
+    }
+    for (auto bad_grid : {std::vector<int64_t>{}, std::vector<int64_t>{0, 2},
+                          std::vector<int64_t>{4, 2}, std::vector<int64_t>{2, 2}}) {
+        VerifyCalibration bad = grid;
+        bad.tokens = bad_grid;
+        EXPECT_EQ(profile_verify_cost(model.get(), bad).status().code(), StatusCode::kInvalidArgument);
+    }
+    VerifyCalibration too_long = grid;
+    too_long.context = 1'000'000'000;
+    EXPECT_FALSE(profile_verify_cost(model.get(), too_long).is_ok());
+
+    const std::string dir = "/tmp/dsinfer_verify_cost_test_" + std::to_string(::getpid());
+    ASSERT_TRUE(env->create_dirs(dir).is_ok());
+    const std::string path = verify_cost_path_for(dir);
+    EXPECT_EQ(path, dir + "/dsinfer_verify_cost.json");
+    EXPECT_EQ(verify_cost_path_for("/m/x.gguf"), "/m/x.gguf.dsinfer_verify_cost.json");
+    std::remove(path.c_str());
+    Result<spec::VerifyCostCurve> first = ensure_verify_cost(env, model.get(), path, grid);
+    ASSERT_TRUE(first.is_ok()) << first.status().to_string();
+    ASSERT_TRUE(env->file_exists(path));
+    VerifyCalibration unusable = grid;
+    unusable.tokens = {};
+    Result<spec::VerifyCostCurve> again = ensure_verify_cost(env, model.get(), path, unusable);
+    ASSERT_TRUE(again.is_ok()) << again.status().to_string();  // read, not profiled
+    EXPECT_DOUBLE_EQ(again->points()[2].ns, first->points()[2].ns);
+    ASSERT_TRUE(env->write_file(path, R"({"format": "dsinfer-verify-cost-v1", "points": []})").is_ok());
+    Result<spec::VerifyCostCurve> broken = ensure_verify_cost(env, model.get(), path, grid);
+    ASSERT_FALSE(broken.is_ok());
+    EXPECT_NE(broken.status().to_string().find(path), std::string::npos);
+    std::remove(path.c_str());
+    ::rmdir(dir.c_str());
+}
+
 }  // namespace
 }  // namespace dsi::engine

@@ -7,7 +7,9 @@
 #      prompt reports >= 1,024 cached prompt tokens in usage;
 #   3. the same store blocks hit across commands: `generate` hits the blocks `serve`
 #      wrote, and `serve` hits the blocks `generate` wrote (one model id rule);
-#   4. bad flag values are refused with a message naming the flag.
+#   4. bad flag values are refused with a message naming the flag;
+#   5. speculative decoding (MTP, n-gram, MTP with variable-length verification) gives
+#      the output without it.
 # Usage: serving_cli_test.sh BUILD_DIR
 set -euo pipefail
 build="$(cd "$1" && pwd)"
@@ -125,6 +127,10 @@ bad --data-dir serve --cache-dir "$work/empty-cache" --data-dir "$work/nothing-h
 bad --speculative generate --prompt x --speculative eagle
 bad --num-speculative-tokens generate --prompt x --speculative ngram --num-speculative-tokens 17
 bad --num-speculative-tokens generate --prompt x --num-speculative-tokens 3
+bad --enable-mtp-varlen generate --prompt x --enable-mtp-varlen
+bad --spec-draft-vocab generate --prompt x --speculative ngram --spec-draft-vocab "$work/v.json"
+bad --spec-draft-vocab generate --prompt x --speculative mtp --spec-draft-vocab "$work/missing.json"
+bad --verify-cost generate --prompt x --speculative mtp --enable-mtp-varlen --verify-cost "$work/missing.json"
 
 # 5. Speculative decoding changes nothing in the output (exact acceptance, issue 24).
 spec_gen() {  # spec_gen NAME ARGS...
@@ -137,8 +143,15 @@ spec_gen() {  # spec_gen NAME ARGS...
 spec_gen nospec
 spec_gen mtp --speculative mtp --num-speculative-tokens 3
 spec_gen ngram --speculative ngram
+# DSpark variable-length verification: the verify-cost curve is profiled on first use
+# and kept beside the model; MTP drafts from the default model's draft vocabulary.
+spec_gen varlen --speculative mtp --num-speculative-tokens 4 --enable-mtp-varlen
 cmp -s "$work/nospec.out" "$work/mtp.out" || fail "mtp output differs: $(cat "$work/mtp.out")"
 cmp -s "$work/nospec.out" "$work/ngram.out" || fail "ngram output differs: $(cat "$work/ngram.out")"
+cmp -s "$work/nospec.out" "$work/varlen.out" || fail "varlen output differs: $(cat "$work/varlen.out")"
+ls "$HOME"/.cache/dsinfer/models/*/dsinfer_verify_cost.json > /dev/null 2>&1 ||
+  fail "no verify-cost curve beside the default model: $(ls "$HOME"/.cache/dsinfer/models/*)"
+ls "$HOME"/.cache/dsinfer/models/*/draft_vocab.json > /dev/null 2>&1 || fail "no draft vocabulary beside the default model"
 grep -q "speculative" "$work/mtp.err" || fail "no speculative summary: $(cat "$work/mtp.err")"
 echo "speculation: same output as without"
 echo "PASS"
