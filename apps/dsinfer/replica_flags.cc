@@ -3,6 +3,7 @@
 #include <limits>
 
 #include "base/logging.h"
+#include "spec/verify.h"
 
 namespace dsi {
 namespace {
@@ -70,6 +71,10 @@ void add_replica_flags(CLI::App& cmd, ReplicaFlags* f, ReplicaFlagSet set) {
     add_switch(cmd, "--enable-mtp-varlen", f->enable_mtp_varlen,
                "DSpark variable-length verification (S-SPEC): verify per step the drafts whose "
                "estimated acceptance pays for their cost on the --verify-cost curve");
+    add_setting(cmd, "--spec-acceptance", f->spec_acceptance,
+                "how drafts are accepted at temperature > 0: exact (the output without "
+                "speculation, token for token) | rejection (lossless rejection sampling: the "
+                "same distribution, the same tokens on every run with fixed k)");
     add_setting(cmd, "--spec-draft-vocab", f->spec_draft_vocab,
                 "MTP draft vocabulary (FR-Spec): a dsinfer-draft-vocab-v1 JSON file | auto "
                 "(draft_vocab.json beside the checkpoint, if any) | none");
@@ -146,6 +151,12 @@ Result<serving::ReplicaOptions> to_replica_options(const ReplicaFlags& f) {
         return invalid_argument("--num-speculative-tokens needs --speculative mtp or ngram");
     }
     e.speculative.varlen = f.enable_mtp_varlen;
+    Result<spec::Acceptance> rule = spec::parse_acceptance(f.spec_acceptance);
+    if (!rule.is_ok()) return rule.status().with_context("--spec-acceptance");
+    e.speculative.rejection = *rule == spec::Acceptance::kRejection;
+    if (e.speculative.rejection && !e.speculative.enabled()) {
+        return invalid_argument("--spec-acceptance rejection needs --speculative mtp or ngram");
+    }
     if (e.speculative.varlen && !e.speculative.enabled()) {
         return invalid_argument("--enable-mtp-varlen needs --speculative mtp or ngram");
     }

@@ -38,6 +38,7 @@ struct ReplicaFlags {
     int num_speculative_tokens = 0;  // 0: the default k (5)
     int use_nextn_decode = 0;        // K > 0: --speculative mtp --num-speculative-tokens K
     bool enable_mtp_varlen = false;  // DSpark variable-length verification (S-SPEC)
+    std::string spec_acceptance = "exact";  // exact | rejection (spec/verify.h)
     std::string spec_draft_vocab = "auto";  // PATH | auto (beside the checkpoint) | none
     std::string verify_cost;                // "" = beside the checkpoint
     // Scheduler (engine::SchedulerConfig).

@@ -123,7 +123,9 @@ struct Engine::Impl {
           cache(std::move(c)),
           worker(m, cache->pool(), options.record_logits, options.swap_in_layer_delay_us,
                  options.drafter, options.drafter ? options.speculative.k() : 0,
-                 options.verify_cost) {
+                 options.verify_cost,
+                 options.speculative.rejection ? spec::Acceptance::kRejection
+                                               : spec::Acceptance::kExact) {
         vocab = model->config().vocab_size;
         eos = static_cast<int32_t>(model->config().eos_token_id);
         max_model_len = options.max_model_len > 0 ? options.max_model_len

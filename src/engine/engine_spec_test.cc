@@ -371,6 +371,29 @@ TEST(EngineSpecTest, VarlenCutsWhatDoesNotPayAndKeepsWhatDoes) {
     expect_same(run(profiled, reqs, true), want, "mtp varlen, profiled curve");
 }
 
+// The rejection rule with fixed-length speculation (S-ENG-7): the same seed gives the
+// same tokens on every run, alone or in a batch; greedy is the output without
+// speculation.
+TEST(EngineSpecTest, RejectionRuleIsDeterministicWithFixedLength) {
+    std::vector<GenerateRequest> reqs;
+    for (int v = 0; v < 4; ++v) reqs.push_back(request(v, v == 0 ? 0.0 : 0.9, 48));
+    const Outputs off = run(base_options(), reqs, false);
+    for (spec::Method m : {spec::Method::kMtp, spec::Method::kNgram}) {
+        EngineOptions o = spec_options(m, 4);
+        o.speculative.rejection = true;
+        EngineStats st;
+        const Outputs alone = run(o, reqs, false);
+        expect_same(run(o, reqs, true, &st), alone, "rejection together vs alone");
+        expect_same(run(o, reqs, true), alone, "rejection again");
+        EXPECT_EQ(alone[0].tokens, off[0].tokens);  // greedy
+        EXPECT_GT(st.spec_draft_tokens, 0);
+    }
+    EngineOptions bad = base_options();
+    bad.speculative.rejection = true;
+    EXPECT_EQ(Engine::create(&shared_model(), bad, Env::default_env()).status().code(),
+              StatusCode::kInvalidArgument);
+}
+
 // An MTP draft vocabulary (FR-Spec): drafts come from its ids only; output unchanged;
 // bad files are refused by name.
 TEST(EngineSpecTest, DraftVocabularyRestrictsMtpDrafts) {

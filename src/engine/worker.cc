@@ -12,7 +12,7 @@ namespace dsi::engine {
 
 Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
                int64_t swap_in_layer_delay_us, std::shared_ptr<spec::Drafter> drafter, int spec_k,
-               std::shared_ptr<const spec::VerifyCostCurve> varlen_cost)
+               std::shared_ptr<const spec::VerifyCostCurve> varlen_cost, spec::Acceptance rule)
     : model_(model),
       pool_(pool),
       record_logits_(record_logits),
@@ -21,7 +21,8 @@ Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
       eos_(static_cast<int32_t>(model->config().eos_token_id)),
       drafter_(std::move(drafter)),
       spec_k_(spec_k),
-      varlen_cost_(std::move(varlen_cost)) {}
+      varlen_cost_(std::move(varlen_cost)),
+      rule_(rule) {}
 
 Worker::~Worker() { stop(); }
 
@@ -182,7 +183,8 @@ ItemResult Worker::sample_item(StepItem& it, size_t i) {
                          static_cast<uint64_t>(it.start_pos + ir.num_tokens) - it.drafts.size(),
                          ws.req->prompt,
                          eos_,
-                         ws.req->mask.get()};
+                         ws.req->mask.get(),
+                         rule_};
     spec::verify_exact(sampler_, in, ws.params, ws.output, verified_);
     if (varlen_cost_ != nullptr && !it.drafts.empty()) observe_acceptance(it, ws, verified_);
     ir.sampled = true;

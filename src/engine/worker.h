@@ -46,10 +46,12 @@ public:
     // With a drafter, sampled items come back with next_drafts (at most spec_k). With
     // `varlen_cost` (DSpark variable-length verification, spec/varlen.h), the drafts of
     // each step are cut to the prefix subset that maximises expected tokens per unit of
-    // step time under that cost curve, from acceptance estimates learnt here.
+    // step time under that cost curve, from acceptance estimates learnt here. `rule`:
+    // how drafts are accepted at temperature > 0 (spec/verify.h).
     Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
            int64_t swap_in_layer_delay_us, std::shared_ptr<spec::Drafter> drafter = nullptr,
-           int spec_k = 0, std::shared_ptr<const spec::VerifyCostCurve> varlen_cost = nullptr);
+           int spec_k = 0, std::shared_ptr<const spec::VerifyCostCurve> varlen_cost = nullptr,
+           spec::Acceptance rule = spec::Acceptance::kExact);
     ~Worker();  // stop()
     Worker(const Worker&) = delete;
     Worker& operator=(const Worker&) = delete;
@@ -101,6 +103,7 @@ private:
     std::shared_ptr<spec::Drafter> drafter_;
     int spec_k_;
     std::shared_ptr<const spec::VerifyCostCurve> varlen_cost_;
+    spec::Acceptance rule_;
     spec::AcceptanceEstimator estimator_;
     // Worker thread (or inline) only.
     std::unordered_map<int64_t, WorkerSeq> seqs_;

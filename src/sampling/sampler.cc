@@ -95,7 +95,8 @@ void TokenMask::set(int32_t id, bool allowed) {
 }
 
 SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams& p,
-                             const SampleContext& ctx, uint64_t position) {
+                             const SampleContext& ctx, uint64_t position, DraftCheck* draft) {
+    if (draft != nullptr) draft->accepted = false;
     const int64_t vocab = static_cast<int64_t>(logits.size());
     work_.assign(logits.begin(), logits.end());
     for (const auto& [id, bias] : p.logit_bias) {
@@ -190,14 +191,31 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
             n = keep;
         }
         sum = std::accumulate(probs_.begin(), probs_.begin() + static_cast<long>(n), 0.0);
-        double u = counter_uniform(p.seed, position) * sum;
-        out.token = order_[n - 1];
-        for (size_t i = 0; i < n; ++i) {
-            u -= probs_[i];
-            if (u < 0) {
-                out.token = order_[i];
-                break;
+        // Rejection rule: the draft's probability among the candidates (0 when filtered
+        // out); accepted with that probability, else it leaves the draw below.
+        size_t skip = n;
+        if (draft != nullptr && draft->token >= 0) {
+            for (size_t i = 0; i < n; ++i) {
+                if (order_[i] == draft->token) skip = i;
             }
+            const double px = skip < n ? probs_[skip] / sum : 0.0;
+            if (counter_uniform(p.seed ^ kRejectionSalt, position) < px) {
+                draft->accepted = true;
+                out.token = draft->token;
+            } else if (skip < n) {
+                sum -= probs_[skip];
+            }
+        }
+        if (draft == nullptr || !draft->accepted) {
+            double u = counter_uniform(p.seed, position) * sum;
+            out.token = -1;
+            for (size_t i = 0; i < n; ++i) {
+                if (i == skip) continue;
+                out.token = order_[i];  // the last candidate left if rounding runs out
+                u -= probs_[i];
+                if (u < 0) break;
+            }
+            if (out.token < 0) out.token = order_[skip];  // only the draft was left
         }
     }
     if (p.logprobs >= 0) {

@@ -100,12 +100,25 @@ struct SampledToken {
     std::vector<std::pair<int32_t, float>> top_logprobs;  // best first, ties by id
 };
 
+// Speculative decoding's lossless rejection rule for one deterministic draft (issue 24,
+// spec/verify.h): the draft x is accepted with probability p(x) (draw
+// counter_uniform(seed ^ kRejectionSalt, position)); when rejected, the token is drawn
+// from p with x removed, renormalised (draw counter_uniform(seed, position)). The token
+// is distributed exactly as p; the draws depend only on (seed, position).
+inline constexpr uint64_t kRejectionSalt = 0x9e3779b97f4a7c15ULL;
+struct DraftCheck {
+    int32_t token = -1;     // the draft
+    bool accepted = false;  // out: the draft was accepted
+};
+
 class Sampler {
 public:
     // Samples the token at `position` (its index in the sequence). REQUIRES:
-    // validate_sampling(params) is OK.
+    // validate_sampling(params) is OK. With `draft` (temperature > 0), by the rejection
+    // rule above instead of one plain draw; greedy rows take the argmax either way.
     SampledToken sample(std::span<const float> logits, const SamplingParams& params,
-                        const SampleContext& context, uint64_t position);
+                        const SampleContext& context, uint64_t position,
+                        DraftCheck* draft = nullptr);
 
 private:
     std::vector<float> work_;

@@ -42,6 +42,76 @@ TEST(SamplerTest, DistributionMatchesSoftmax) {
     EXPECT_NEAR(static_cast<double>(ones) / n, 0.75, 0.015);
 }
 
+// The speculative rejection rule (issue 24): with a fixed draft, the sampled token is
+// distributed as the target (temperature, top-k applied): the total-variation distance
+// to the target shrinks with the sample count (10 -> 100,000), while the distances to
+// wrong references (the draft alone, uniform, a hotter temperature) stay large; the
+// draft is accepted with its target probability; each (seed, position) gives one token.
+TEST(SamplerTest, RejectionRuleKeepsTheTargetDistribution) {
+    const std::vector<float> l = {1.0f, 0.2f, -0.5f, 2.0f, 0.7f, -3.0f};
+    SamplingParams p;
+    p.temperature = 0.8;
+    p.top_k = 5;  // id 5 is filtered out
+    p.seed = 123;
+    // The target, and a wrong one: the same logits at temperature 1.5.
+    std::vector<double> target(6, 0.0), hotter(6, 0.0);
+    double z = 0, zh = 0;
+    for (int i = 0; i < 5; ++i) {
+        target[static_cast<size_t>(i)] = std::exp(l[static_cast<size_t>(i)] / p.temperature);
+        hotter[static_cast<size_t>(i)] = std::exp(l[static_cast<size_t>(i)] / 1.5);
+        z += target[static_cast<size_t>(i)];
+        zh += hotter[static_cast<size_t>(i)];
+    }
+    for (double& t : target) t /= z;
+    for (double& t : hotter) t /= zh;
+    const std::vector<double> draft_only = {0, 0, 0, 0, 1, 0};
+    const std::vector<double> uniform(6, 1.0 / 6);
+    auto tv = [](const std::vector<double>& a, const std::vector<double>& b) {
+        double d = 0;
+        for (size_t i = 0; i < a.size(); ++i) d += std::abs(a[i] - b[i]);
+        return d / 2;
+    };
+    Sampler s;
+    std::vector<double> counts(6, 0.0);
+    int64_t accepted = 0;
+    std::vector<double> tv_at;
+    int64_t n = 0;
+    for (int64_t target_n : {10, 100, 1000, 10000, 100000}) {
+        for (; n < target_n; ++n) {
+            DraftCheck d{4};
+            const int32_t t = s.sample(l, p, SampleContext{}, static_cast<uint64_t>(n), &d).token;
+            ASSERT_TRUE(t >= 0 && t < 5) << t;
+            EXPECT_EQ(d.accepted, t == 4);
+            counts[static_cast<size_t>(t)] += 1;
+            accepted += d.accepted;
+        }
+        std::vector<double> emp(6);
+        for (size_t i = 0; i < 6; ++i) emp[i] = counts[i] / static_cast<double>(n);
+        tv_at.push_back(tv(emp, target));
+        if (n >= 1000) {
+            EXPECT_GT(tv(emp, draft_only), 0.5);
+            EXPECT_GT(tv(emp, uniform), 0.15);
+            EXPECT_GT(tv(emp, hotter), 0.1);
+        }
+    }
+    EXPECT_LT(tv_at.back(), 0.01);
+    EXPECT_LT(tv_at.back(), tv_at[0]);
+    EXPECT_LT(tv_at[4], tv_at[2]);
+    EXPECT_NEAR(static_cast<double>(accepted) / static_cast<double>(n), target[4], 0.01);
+    // Deterministic per (seed, position); a draft the filters removed is never accepted.
+    for (uint64_t pos = 0; pos < 100; ++pos) {
+        DraftCheck a{4}, b{4}, gone{5};
+        EXPECT_EQ(s.sample(l, p, SampleContext{}, pos, &a).token,
+                  s.sample(l, p, SampleContext{}, pos, &b).token);
+        EXPECT_NE(s.sample(l, p, SampleContext{}, pos, &gone).token, 5);
+        EXPECT_FALSE(gone.accepted);
+    }
+    // Greedy: the argmax, whatever the draft.
+    SamplingParams g;
+    DraftCheck d{4};
+    EXPECT_EQ(s.sample(l, g, SampleContext{}, 0, &d).token, 3);
+}
+
 TEST(SamplerTest, TopKAndTopPRestrict) {
     std::vector<float> l = {5.0f, 4.9f, 0.0f, -1.0f};
     SamplingParams p;

@@ -42,6 +42,9 @@ Status validate(const SpecConfig& c, bool model_has_mtp) {
         return invalid_argument("num_speculative_tokens " + std::to_string(c.num_tokens) +
                                 " needs a speculative method (mtp or ngram)");
     }
+    if (c.rejection && c.method == Method::kNone) {
+        return invalid_argument("the rejection acceptance rule needs a speculative method (mtp or ngram)");
+    }
     if (c.varlen && c.method == Method::kNone) {
         return invalid_argument("variable-length verification needs a speculative method (mtp or ngram)");
     }

@@ -40,6 +40,9 @@ struct SpecConfig {
     // DSINFER_ENABLE_MTP_VARLEN=1): each step verifies the prefix subset of the drafts
     // that maximises expected tokens per unit of step time.
     bool varlen = false;
+    // Acceptance rule for temperature > 0 (spec/verify.h; --spec-acceptance):
+    // exact (the output without speculation) or rejection (the same distribution).
+    bool rejection = false;
     // MTP draft vocabulary (FR-Spec): a JSON file of token ids the MTP head drafts from
     // (spec/mtp.h parse_draft_vocab); "" = the whole vocabulary.
     std::string draft_vocab_path;

@@ -14,6 +14,9 @@
 #include <span>
 #include <vector>
 
+#include <string_view>
+
+#include "base/status.h"
 #include "sampling/sampler.h"
 
 namespace dsi::spec {
@@ -25,6 +28,18 @@ struct Verified {
     int accepted = 0;  // drafts accepted
 };
 
+// Exact: the output without speculation, token for token (above). Rejection: the
+// lossless rejection rule of sampling/sampler.h (DraftCheck): a draft is accepted with
+// its probability under the target, a rejected position is drawn from the target with
+// the draft removed; the same distribution as without speculation and the same tokens on
+// every run and in every batch with fixed-length speculation (S-ENG-7), but not the
+// tokens of a run without speculation. With deterministic drafts (greedy MTP, n-gram)
+// both accept a draft with the same probability; greedy rows are identical.
+enum class Acceptance : uint8_t { kExact, kRejection };
+const char* acceptance_name(Acceptance a);
+// "exact" / "rejection"; else INVALID_ARGUMENT.
+Result<Acceptance> parse_acceptance(std::string_view name);
+
 struct VerifyInput {
     std::span<const float> rows;  // [drafts + 1, vocab]: row j predicts position first_position + j
     int64_t vocab = 0;
@@ -33,11 +48,13 @@ struct VerifyInput {
     std::span<const int32_t> prompt;
     int32_t eos_id = -1;
     TokenMaskProvider* mask = nullptr;
+    Acceptance rule = Acceptance::kExact;
 };
 
 // Appends every emitted token >= 0 to `output` (the sequence's generated tokens).
 // Stops after a token that ends the sequence (EOS unless ignore_eos, a stop id).
 // REQUIRES: rows.size() == (drafts.size() + 1) * vocab; validate_sampling(params) OK.
+// (Named for the default rule; in.rule chooses.)
 void verify_exact(Sampler& sampler, const VerifyInput& in, const SamplingParams& params,
                   std::vector<int32_t>& output, Verified& out);
 

@@ -128,6 +128,8 @@ bad --speculative generate --prompt x --speculative eagle
 bad --num-speculative-tokens generate --prompt x --speculative ngram --num-speculative-tokens 17
 bad --num-speculative-tokens generate --prompt x --num-speculative-tokens 3
 bad --enable-mtp-varlen generate --prompt x --enable-mtp-varlen
+bad --spec-acceptance generate --prompt x --speculative mtp --spec-acceptance maybe
+bad --spec-acceptance generate --prompt x --spec-acceptance rejection
 bad --spec-draft-vocab generate --prompt x --speculative ngram --spec-draft-vocab "$work/v.json"
 bad --spec-draft-vocab generate --prompt x --speculative mtp --spec-draft-vocab "$work/missing.json"
 bad --verify-cost generate --prompt x --speculative mtp --enable-mtp-varlen --verify-cost "$work/missing.json"
