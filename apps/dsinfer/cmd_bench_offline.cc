@@ -108,7 +108,11 @@ Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t
             {"accepted_tokens", st.spec_accepted_tokens},
             {"accepted_length",
              1.0 + static_cast<double>(st.spec_accepted_tokens) / st.spec_verify_steps},
-            {"acceptance_by_position", per}};
+            {"acceptance_by_position", per},
+            {"steps", st.spec_steps},
+            {"drafts_verified_per_step",
+             st.spec_steps ? static_cast<double>(st.spec_draft_tokens) / st.spec_steps : 0.0},
+            {"varlen_cut_tokens", st.spec_varlen_cut_tokens}};
     }
     return out;
 }

@@ -264,13 +264,14 @@ int run_generate(const GenerateFlags& f) {
         }
         std::fprintf(stderr,
                      "speculative: %lld verify steps, %lld drafts, %lld accepted (%.1f%%), "
-                     "%.2f tokens per verify step, acceptance by position [%s]\n",
+                     "%.2f tokens per verify step, acceptance by position [%s], %lld drafts "
+                     "not verified (varlen)\n",
                      static_cast<long long>(st.spec_verify_steps),
                      static_cast<long long>(st.spec_draft_tokens),
                      static_cast<long long>(st.spec_accepted_tokens),
                      100.0 * st.spec_accepted_tokens / st.spec_draft_tokens,
                      1.0 + static_cast<double>(st.spec_accepted_tokens) / st.spec_verify_steps,
-                     per_pos.c_str());
+                     per_pos.c_str(), static_cast<long long>(st.spec_varlen_cut_tokens));
     }
     if (!f.replica.kv_store.empty()) {
         std::fprintf(stderr,
