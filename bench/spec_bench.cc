@@ -102,7 +102,7 @@ Result<Run> run_config(DeepseekModel* model, const Config& c,
     engine::EngineOptions o;
     o.speculative = c.spec;
     if (c.spec.varlen) o.verify_cost = std::move(curve);
-    o.num_kv_blocks = 64;
+    o.num_kv_blocks = std::max(64, 4 * concurrency);  // no preemption at any concurrency
     o.prefix_cache = false;  // every prompt is computed (no cross-config reuse)
     o.scheduler.step_budget_ns = 1e12;
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<engine::Engine> eng,
