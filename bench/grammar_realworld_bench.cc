@@ -53,6 +53,13 @@ int main(int argc, char** argv) {
     std::printf("mask steps >= 1 ms: %lld (%.2f%%), >= 100 ms: %lld\n",
                 static_cast<long long>(slow_1ms), m.empty() ? 0.0 : 100.0 * slow_1ms / m.size(),
                 static_cast<long long>(slow_100ms));
+    auto sum_s = [](const std::vector<double>& v) {
+        double t = 0;
+        for (double x : v) t += x;
+        return t / 1e6;
+    };
+    std::printf("totals: compile %.1f s (front end %.1f s), masks %.1f s\n", sum_s(run.compile_us),
+                sum_s(run.front_end_us), sum_s(m));
     std::printf("\n%s", run.markdown(0).c_str());
     return run.false_accepts == 0 ? 0 : 1;
 }

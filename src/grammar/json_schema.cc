@@ -1050,7 +1050,8 @@ private:
                 "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-"
                 "(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + leap + "-02-29)";
             std::string time = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,9})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
-            std::string label = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?";
+            // Domain labels of e-mail addresses, letters in either case (as ajv-formats).
+            std::string label = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?";
             // Host names: up to 4 labels of up to 62 characters (at most 251 in all,
             // within the 253 of RFC 1123).
             std::string host_label = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,60}[a-zA-Z0-9])?";
@@ -1061,15 +1062,33 @@ private:
                         dur_d = "[0-9]+D", dur_mo = "[0-9]+M(?:" + dur_d + ")?",
                         dur_y = "[0-9]+Y(?:" + dur_mo + ")?";
             std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+            // RFC 3986 URIs with an authority: scheme "://" [userinfo "@"] reg-name
+            // [":" port] path-abempty ["?" query] ["#" fragment], letters in either
+            // case (issue 21: real-world URLs such as "https://Example.com/A" were
+            // rejected). A subset of RFC 3986 and of ajv-formats' "uri" (no IP
+            // literals in brackets, no URIs without "//").
+            std::string pct = "%[0-9a-fA-F]{2}";
+            std::string sub = "\\-a-zA-Z0-9._~!$&'()*+,;=";  // '-' escaped: more follows
+            std::string pchar = "(?:[" + sub + ":@]|" + pct + ")";
+            std::string uri = "[a-zA-Z][a-zA-Z0-9+.-]*://(?:(?:[" + sub + ":]|" + pct + ")*@)?(?:[" +
+                              sub + "]|" + pct + ")*(?::[0-9]*)?(?:/" + pchar + "*)*(?:\\?(?:" +
+                              pchar + "|[/?])*)?(?:#(?:" + pchar + "|[/?])*)?";
+            // RFC 6570 URI templates as ajv-formats reads them: literals (printable
+            // ASCII but space " ' % < > \\ ^ ` { | }), %-escapes, and expressions
+            // {op? var(:prefix|*)?(,var...)*}; ASCII only (a subset).
+            std::string var = "(?:[a-zA-Z0-9_]|" + pct + ")+(?::[1-9][0-9]{0,3}|\\*)?";
+            std::string uri_template = "(?:[!#$&()*+,./0-9:;=?@A-Z\\[\\]_a-z~\\-]|" + pct +
+                                       "|\\{[+#./;?&=,!@|]?" + var + "(?:," + var + ")*\\})*";
             std::string h = "[0-9a-f]";
             return std::map<std::string, std::string>{
                 {"date", date},
                 {"time", time},
                 {"date-time", date + "T" + time},
-                {"email", "[a-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[a-z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:" + label +
+                {"email", "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:" + label +
                               "\\.)+" + label},
                 {"uuid", h + "{8}-" + h + "{4}-" + h + "{4}-" + h + "{4}-" + h + "{12}"},
-                {"uri", "[a-z][a-z0-9+.-]*://" + label + "(?:\\." + label + ")*(?:/[a-zA-Z0-9._~!$&'()*+,;=:@-]*)*"},
+                {"uri", uri},
+                {"uri-template", uri_template},
                 {"ipv4", octet + "\\." + octet + "\\." + octet + "\\." + octet},
                 {"ipv6", "(?:" + h + "{1,4}:){7}" + h + "{1,4}"},
                 {"hostname", host_label + "(?:\\." + host_label + "){0,3}"},

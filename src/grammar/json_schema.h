@@ -17,8 +17,8 @@
 // $ref beside other keywords (when the parts' keywords merge without conflict;
 // recursion included), not of simple schemas, $ref / $defs / definitions (local JSON
 // pointers, recursion included), boolean schemas, and the formats date, time,
-// date-time, duration, email, hostname, uuid, uri, ipv4, ipv6 as assertions (other
-// formats are annotations). Unknown keywords are ignored, as the specification says.
+// date-time, duration, email, hostname, uuid, uri, uri-template, ipv4, ipv6 as
+// assertions (other formats are annotations). Unknown keywords are ignored, as the specification says.
 // Counting bounds above Limits::max_repeat are RESOURCE_EXHAUSTED naming the keyword;
 // a schema nothing satisfies is INVALID_ARGUMENT ("accepts no input"). The other
 // JSON Schema keywords are UNIMPLEMENTED (the server maps it to a 400 for the
@@ -39,9 +39,9 @@ namespace dsi::grammar {
 
 struct JsonSchemaOptions {
     Limits limits;
-    // The formats date-time, date, time, duration, email, hostname, ipv4, ipv6, uuid
-    // and uri are assertions (the grammar accepts a subset of each; sound); false
-    // treats every format as an annotation (2020-12's default vocabulary).
+    // The formats date-time, date, time, duration, email, hostname, ipv4, ipv6, uuid,
+    // uri and uri-template are assertions (the grammar accepts a subset of each;
+    // sound); false treats every format as an annotation (2020-12's default vocabulary).
     bool format_assertion = true;
     // Validation of text a user or another program wrote: integers may also be
     // spelled with a zero fraction (1.0) or a non-negative exponent (1E1, 2e+10).

@@ -39,6 +39,17 @@ std::string replay_tokens(const std::shared_ptr<CompiledGrammar>& cg, const Toke
     return "";
 }
 
+// Where a rejected text fails: "…before|after" around the first byte the grammar
+// refuses ("<end>" when every byte is taken but the text is incomplete).
+std::string failure_point(const std::shared_ptr<CompiledGrammar>& cg, const std::string& text) {
+    GrammarMatcher m(cg);
+    size_t k = 0;
+    while (k < text.size() && m.advance_bytes(std::string_view(text).substr(k, 1))) ++k;
+    const size_t from = k > 40 ? k - 40 : 0;
+    return "@" + std::to_string(k) + " `" + text.substr(from, k - from) + "` | `" +
+           (k < text.size() ? text.substr(k, 20) : std::string("<end>")) + "`";
+}
+
 }  // namespace
 
 std::vector<Schema> load_corpus(const std::string& source_dir) {
@@ -103,7 +114,7 @@ CorpusRun run_corpus(const std::vector<Schema>& corpus, const Tokenizer& tok,
                 run.false_accepted.push_back(s.id + ": " + inst.text);
             } else if (!accepted && inst.valid) {
                 ++run.false_rejects;
-                run.false_rejected.push_back(s.id + ": " + inst.text);
+                run.false_rejected.push_back(s.id + " " + failure_point(cg, inst.text));
             } else if (accepted) {
                 ++run.valid_accepted;
             } else {
@@ -134,7 +145,7 @@ std::string CorpusRun::markdown(size_t max_examples) const {
     for (const auto& [n, kind] : sorted) md += "| " + std::to_string(n) + " | " + kind + " |\n";
     md += "\nFalse rejects (first " + std::to_string(max_examples) + "):\n\n";
     for (size_t i = 0; i < false_rejected.size() && i < max_examples; ++i) {
-        md += "- `" + false_rejected[i].substr(0, 200) + "`\n";
+        md += "- " + false_rejected[i] + "\n";
     }
     return md;
 }

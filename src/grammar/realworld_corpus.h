@@ -51,7 +51,8 @@ struct CorpusRun {
     // Accepted byte by byte, but a token of its encoding was not in the mask at its
     // step (or EOS not at the end): "id: what failed".
     std::vector<std::string> token_failures;
-    std::vector<std::string> false_rejected;  // "id: text" (all)
+    // "id @offset `before` | `from the refused byte`" (all).
+    std::vector<std::string> false_rejected;
     std::map<std::string, int> compile_errors;  // kind (error_kind) -> schemas
     // Per compiled schema: compile_json_schema + CompiledGrammar (tables are lazy),
     // and the front end (compile_json_schema, including GrammarBuilder) alone.
