@@ -104,6 +104,7 @@ CorpusRun run_corpus(const std::vector<Schema>& corpus, const Tokenizer& tok,
         run.front_end_us.push_back(elapsed_us(t0));
         auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), vocab, matcher_options);
         run.compile_us.push_back(elapsed_us(t0));
+        run.compiled_ids.push_back(s.id);
         ++run.num_compiled;
         for (const auto& inst : s.instances) {
             run.num_valid += inst.valid;

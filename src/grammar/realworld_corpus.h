@@ -58,6 +58,7 @@ struct CorpusRun {
     // and the front end (compile_json_schema, including GrammarBuilder) alone.
     std::vector<double> compile_us;
     std::vector<double> front_end_us;
+    std::vector<std::string> compiled_ids;  // parallel to compile_us
     // Every fill_mask() of every token-by-token replay.
     std::vector<double> mask_us;
 
