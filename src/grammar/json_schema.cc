@@ -136,6 +136,7 @@ public:
     Result<Grammar> run_on(const json& schema, const std::string& where) {
         uint32_t root_rule = builder_.declare("root");
         DSI_ASSIGN_OR_RETURN(ExprPtr body, compile(schema, where, 0));
+        if (options_.flexible_whitespace) body = e_seq({whitespace(), body, whitespace()});
         builder_.define(root_rule, body);
         while (!pending_refs_.empty()) {
             auto [pointer, id] = pending_refs_.back();
@@ -156,6 +157,27 @@ private:
         return invalid_argument("JSON schema at '" + (where.empty() ? "#" : "#" + where) + "': " + what);
     }
 
+    // ---- structural characters --------------------------------------------------------
+    // Compact JSON by default; with JsonSchemaOptions::flexible_whitespace, JSON's
+    // insignificant whitespace after '{' '[', around ',' ':', before '}' ']' (and
+    // around the root value): every place RFC 8259 allows it, so a value is never
+    // preceded or followed by whitespace of its own (only "{ }" / "[ ]" is ambiguous).
+    ExprPtr whitespace() const {
+        ByteSet ws;
+        for (char c : {' ', '\t', '\n', '\r'}) ws.set(static_cast<uint8_t>(c));
+        return e_star(e_bytes(ws));
+    }
+    ExprPtr open_char(char c) const {
+        return options_.flexible_whitespace ? e_seq({e_byte(c), whitespace()}) : e_byte(c);
+    }
+    ExprPtr sep_char(char c) const {
+        return options_.flexible_whitespace ? e_seq({whitespace(), e_byte(c), whitespace()})
+                                            : e_byte(c);
+    }
+    ExprPtr close_char(char c) const {
+        return options_.flexible_whitespace ? e_seq({whitespace(), e_byte(c)}) : e_byte(c);
+    }
+
     // ---- shared rules --------------------------------------------------------------
     ExprPtr value_rule() {
         if (value_rule_ != kNoRule) return e_rule(value_rule_);
@@ -164,12 +186,12 @@ private:
         uint32_t arr = builder_.declare("json_array");
         ExprPtr v = e_rule(value_rule_);
         ExprPtr s = string_any();
-        builder_.define(obj, e_seq({e_byte('{'),
-                                    e_opt(e_seq({s, e_byte(':'), v,
-                                                 e_star(e_seq({e_byte(','), s, e_byte(':'), v}))})),
-                                    e_byte('}')}));
-        builder_.define(arr, e_seq({e_byte('['), e_opt(e_seq({v, e_star(e_seq({e_byte(','), v}))})),
-                                    e_byte(']')}));
+        builder_.define(obj, e_seq({open_char('{'),
+                                    e_opt(e_seq({s, sep_char(':'), v,
+                                                 e_star(e_seq({sep_char(','), s, sep_char(':'), v}))})),
+                                    close_char('}')}));
+        builder_.define(arr, e_seq({open_char('['), e_opt(e_seq({v, e_star(e_seq({sep_char(','), v}))})),
+                                    close_char(']')}));
         builder_.define(value_rule_,
                         e_alt({e_rule(obj), e_rule(arr), s, number_any(), e_literal("true"),
                                e_literal("false"), e_literal("null")}));
@@ -1150,12 +1172,12 @@ private:
         auto tail = [&](bool first) -> ExprPtr {
             if (first) {
                 if (rmax == 0) return e_empty();
-                ExprPtr more = e_repeat(e_seq({e_byte(','), item}), rest_min > 0 ? static_cast<uint32_t>(rest_min - 1) : 0,
+                ExprPtr more = e_repeat(e_seq({sep_char(','), item}), rest_min > 0 ? static_cast<uint32_t>(rest_min - 1) : 0,
                                         rmax == kUnbounded ? kUnbounded : rmax - 1);
                 ExprPtr one = e_seq({item, more});
                 return rest_min == 0 ? e_opt(one) : one;
             }
-            return e_repeat(e_seq({e_byte(','), item}), static_cast<uint32_t>(rest_min), rmax);
+            return e_repeat(e_seq({sep_char(','), item}), static_cast<uint32_t>(rest_min), rmax);
         };
         // T(i): elements from index i (i < n: the prefix schema i).
         ExprPtr t = tail(n == 0);
@@ -1164,11 +1186,11 @@ private:
                 t = e_empty();
                 continue;
             }
-            ExprPtr here = e_seq({i == 0 ? e_empty() : e_byte(','), prefix[i], t});
+            ExprPtr here = e_seq({i == 0 ? e_empty() : sep_char(','), prefix[i], t});
             t = i + 1 > min ? e_alt({e_empty(), here}) : here;
             if (i == 0) break;
         }
-        return e_seq({e_byte('['), t, e_byte(']')});
+        return e_seq({open_char('['), t, close_char(']')});
     }
 
     // A JSON string (canonical escaping) not equal to any of `keys`: the keys' trie,
@@ -1391,7 +1413,7 @@ private:
         auto key_literal = [](const std::string& k) { return json(k).dump(-1, ' ', false, json::error_handler_t::replace); };
         ExprPtr add_kv;
         if (patterns.empty()) {
-            if (additional_allowed) add_kv = e_seq({key_not_in(names), e_byte(':'), additional});
+            if (additional_allowed) add_kv = e_seq({key_not_in(names), sep_char(':'), additional});
         } else {
             // With patterns, undeclared keys are generated only from the patterns
             // (keys matching none would need a complement; for additionalProperties
@@ -1409,7 +1431,7 @@ private:
                 if (v == nullptr) {
                     DSI_ASSIGN_OR_RETURN(v, compile_all(nontrivial_pattern_schemas, where + "/patternProperties", depth));
                 }
-                branches.push_back(e_seq({e_byte('"'), patterns[i].key, e_byte('"'), e_byte(':'), v}));
+                branches.push_back(e_seq({e_byte('"'), patterns[i].key, e_byte('"'), sep_char(':'), v}));
             }
             if (!branches.empty()) add_kv = e_alt(std::move(branches));
         }
@@ -1419,15 +1441,15 @@ private:
         // T(i, first): properties i.. given whether nothing was written yet.
         ExprPtr t_first, t_more;
         if (add_kv) {
-            t_more = e_star(e_seq({e_byte(','), add_kv}));
+            t_more = e_star(e_seq({sep_char(','), add_kv}));
             t_first = e_opt(e_seq({add_kv, t_more}));
         } else {
             t_first = t_more = e_empty();
         }
         for (size_t i = props.size(); i-- > 0;) {
-            ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), e_byte(':'), props[i].second});
+            ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), sep_char(':'), props[i].second});
             ExprPtr with_first = e_seq({kv, t_more});
-            ExprPtr with_more = e_seq({e_byte(','), kv, t_more});
+            ExprPtr with_more = e_seq({sep_char(','), kv, t_more});
             if (required[i]) {
                 t_first = with_first;
                 t_more = with_more;
@@ -1436,7 +1458,7 @@ private:
                 t_more = e_alt({with_more, t_more});
             }
         }
-        return e_seq({e_byte('{'), t_first, e_byte('}')});
+        return e_seq({open_char('{'), t_first, close_char('}')});
     }
 
     // Object members with minProperties / maxProperties: T(i, k) = the members from
@@ -1473,7 +1495,7 @@ private:
                     out = e_fail();
                 } else {
                     uint32_t mx = rmax == UINT64_MAX ? kUnbounded : static_cast<uint32_t>(rmax);
-                    ExprPtr more_item = e_seq({e_byte(','), add_kv});
+                    ExprPtr more_item = e_seq({sep_char(','), add_kv});
                     if (k > 0) {
                         out = e_repeat(more_item, static_cast<uint32_t>(rmin), mx);
                     } else if (mx == 0) {
@@ -1485,16 +1507,16 @@ private:
                     }
                 }
             } else {
-                ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), e_byte(':'), props[i].second});
+                ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), sep_char(':'), props[i].second});
                 ExprPtr present = k + 1 > hi ? e_fail()
-                                              : e_seq({k == 0 ? e_empty() : e_byte(','), kv,
+                                              : e_seq({k == 0 ? e_empty() : sep_char(','), kv,
                                                        t(i + 1, std::min<uint64_t>(k + 1, cap))});
                 out = required[i] ? present : e_alt({present, t(i + 1, k)});
             }
             memo[{i, k}] = out;
             return out;
         };
-        return e_seq({e_byte('{'), t(0, 0), e_byte('}')});
+        return e_seq({open_char('{'), t(0, 0), close_char('}')});
     }
 
     static constexpr uint32_t kNoRule = UINT32_MAX;

@@ -47,6 +47,11 @@ struct JsonSchemaOptions {
     // spelled with a zero fraction (1.0) or a non-negative exponent (1E1, 2e+10).
     // Off for generation, where integers stay canonical (-0 is accepted either way).
     bool integer_spellings = false;
+    // Validation of text a user or a model wrote: JSON's insignificant whitespace
+    // (space, tab, LF, CR) wherever RFC 8259 allows it (`{"a": 1, "b": [1, 2]}`).
+    // Off for generation, which stays compact. Enum / const values that are objects
+    // or arrays are still matched in their compact spelling only.
+    bool flexible_whitespace = false;
     size_t max_enum_values = 10000;
     size_t max_schema_bytes = size_t{1} << 20;
 };

@@ -12,6 +12,7 @@
 
 #include <fstream>
 
+#include "grammar/json_schema.h"
 #include "grammar/realworld_corpus.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
@@ -37,6 +38,45 @@ TEST(RealWorldSchemas, ZeroFalseAcceptsAndCompiledFloor) {
     EXPECT_TRUE(run.token_failures.empty());
     EXPECT_GE(run.num_compiled, kCompiledFloor);
     EXPECT_GT(run.valid_accepted, 0);
+}
+
+// JsonSchemaOptions::flexible_whitespace on every third schema: each instance
+// re-serialised with two-space indentation (the usual pretty form) keeps ajv's
+// verdict up to false rejects: zero false accepts, and most valid ones accepted.
+TEST(RealWorldSchemas, FlexibleWhitespaceZeroFalseAccepts) {
+    const auto corpus = realworld::load_corpus(DSINFER_SOURCE_DIR);
+    auto vocab = Vocabulary::from_tokenizer(test_util::real_tokenizer());
+    JsonSchemaOptions flexible;
+    flexible.flexible_whitespace = true;
+    int num_valid = 0, valid_accepted = 0, num_invalid = 0, false_accepts = 0;
+    for (size_t i = 0; i < corpus.size(); i += 3) {
+        auto g = compile_json_schema(corpus[i].schema, flexible);
+        if (!g.is_ok()) continue;
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), vocab);
+        for (const auto& inst : corpus[i].instances) {
+            auto v = nlohmann::ordered_json::parse(inst.text);
+            if (v.dump() != inst.text) continue;  // a number nlohmann spells differently
+            const std::string pretty = v.dump(2);
+            GrammarMatcher m(cg);
+            const bool accepted = m.advance_bytes(pretty) && m.is_accepted();
+            if (inst.valid) {
+                ++num_valid;
+                valid_accepted += accepted;
+            } else {
+                ++num_invalid;
+                if (accepted) {
+                    ++false_accepts;
+                    ADD_FAILURE() << "FALSE ACCEPT " << corpus[i].id << ": " << pretty;
+                }
+            }
+        }
+    }
+    std::cout << "flexible whitespace: " << valid_accepted << " of " << num_valid
+              << " valid accepted, " << false_accepts << " of " << num_invalid
+              << " invalid accepted\n";
+    EXPECT_EQ(false_accepts, 0);
+    EXPECT_GT(num_invalid, 500);
+    EXPECT_GE(valid_accepted, num_valid * 9 / 10);
 }
 
 }  // namespace
