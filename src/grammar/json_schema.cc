@@ -315,14 +315,41 @@ private:
     // ---- merging (allOf, $ref siblings, anyOf/oneOf with a base schema) -------------
     // Merges b's constraining keywords into a; false when they overlap in a way
     // that would need a real intersection.
-    static bool merge_into(json* a, const json& b) {
-        if (b.is_boolean()) return b.get<bool>();
-        if (!b.is_object()) return false;
-        // additionalProperties reads only its own schema's properties, items only its
-        // own prefixItems: merging them across schemas would change their meaning.
+    static bool merge_into(json* a, const json& b_in) {
+        if (b_in.is_boolean()) return b_in.get<bool>();
+        if (!b_in.is_object()) return false;
+        json b = b_in;
+        // additionalProperties X of one side only (no patternProperties on either): X
+        // applies to the members its own schema does not declare, so each member only
+        // the other side declares must hold X too: exact (issue 21: GitHub's allOf of
+        // a closed object and more properties).
+        if (a->contains("additionalProperties") != b.contains("additionalProperties") &&
+            !a->contains("patternProperties") && !b.contains("patternProperties")) {
+            json* open = a->contains("additionalProperties") ? &b : a;  // the side without X
+            const json& x = a->contains("additionalProperties") ? (*a)["additionalProperties"]
+                                                                : b["additionalProperties"];
+            const json& closed = a->contains("additionalProperties") ? *a : b;
+            if (open->contains("properties") && (*open)["properties"].is_object()) {
+                for (auto p = (*open)["properties"].begin(); p != (*open)["properties"].end(); ++p) {
+                    const bool declared = closed.contains("properties") &&
+                                          closed["properties"].is_object() &&
+                                          closed["properties"].contains(p.key());
+                    if (declared || x == true) continue;
+                    p.value() = x == false ? json(false)
+                                           : json{{"allOf", json::array({x, p.value()})}};
+                }
+            }
+        }
+        // Otherwise additionalProperties reads only its own schema's properties, items
+        // only its own prefixItems: merging them across schemas would change their meaning.
         for (auto [dep, on] : {std::pair{"additionalProperties", "properties"},
                                std::pair{"additionalProperties", "patternProperties"},
                                std::pair{"items", "prefixItems"}}) {
+            const bool folded = std::string(dep) == "additionalProperties" &&
+                                std::string(on) == "properties" &&
+                                a->contains(dep) != b.contains(dep) &&
+                                !a->contains("patternProperties") && !b.contains("patternProperties");
+            if (folded) continue;
             if ((b.contains(dep) && a->contains(on)) || (a->contains(dep) && b.contains(on))) {
                 return false;
             }
@@ -344,8 +371,14 @@ private:
             }
             if (k == "properties" && av.is_object() && it.value().is_object()) {
                 for (auto p = it.value().begin(); p != it.value().end(); ++p) {
-                    if (av.contains(p.key()) && av[p.key()] != p.value()) return false;
-                    av[p.key()] = p.value();
+                    // Both schemas' `properties` apply to the member: its value must
+                    // hold both (exact; issue 21: GitHub's allOf parts restate a
+                    // property with another description or a narrower schema).
+                    if (av.contains(p.key()) && av[p.key()] != p.value()) {
+                        av[p.key()] = json{{"allOf", json::array({av[p.key()], p.value()})}};
+                    } else {
+                        av[p.key()] = p.value();
+                    }
                 }
                 continue;
             }
