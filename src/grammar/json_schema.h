@@ -1,6 +1,7 @@
 // JSON Schema front end (draft 2020-12) and json_object mode (SPEC S-SO). Compiles a
 // schema into a grammar whose sentences are compact JSON texts (no insignificant
-// whitespace) that validate against the schema. Object properties come in the
+// whitespace unless JsonSchemaOptions::flexible_whitespace) that validate against the
+// schema. Object properties come in the
 // schema's declaration order (a generation choice: any order is valid JSON Schema,
 // declaration order always validates), optional ones may be left out, additional properties
 // (when allowed) follow and never reuse a declared name.
