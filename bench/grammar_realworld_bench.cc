@@ -60,6 +60,15 @@ int main(int argc, char** argv) {
     };
     std::printf("totals: compile %.1f s (front end %.1f s), masks %.1f s\n", sum_s(run.compile_us),
                 sum_s(run.front_end_us), sum_s(m));
-    std::printf("\n%s", run.markdown(0).c_str());
+    std::vector<size_t> order(run.compile_us.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return run.compile_us[a] > run.compile_us[b]; });
+    std::printf("slowest compiles:");
+    for (size_t i = 0; i < order.size() && i < 5; ++i) {
+        std::printf(" %s %.0f ms;", run.compiled_ids[order[i]].c_str(),
+                    run.compile_us[order[i]] / 1000);
+    }
+    std::printf("\n\n%s", run.markdown(0).c_str());
     return run.false_accepts == 0 ? 0 : 1;
 }
