@@ -91,6 +91,65 @@ TEST(GrammarCases, JsonSchema) {
               [](const ojson& s) { return compile_json_schema(s); });
 }
 
+// Issue 21: JsonSchemaOptions::flexible_whitespace. Every case of json_schema.json
+// keeps its verdict with the option, compact and re-serialised with whitespace
+// everywhere JSON allows it (nlohmann's indented dump, plus spaces around the root);
+// objects / arrays under a schema with enum / const are skipped for the indented form
+// (enum and const values are matched compactly only; the header says so).
+TEST(GrammarCases, JsonSchemaFlexibleWhitespace) {
+    JsonSchemaOptions flexible;
+    flexible.flexible_whitespace = true;
+    int checked = 0;
+    const ojson cases = read_cases("json_schema.json");  // named: a temporary's ["cases"] dangles
+    for (const auto& c : cases["cases"]) {
+        if (c.contains("error")) continue;
+        const std::string label = c["schema"].dump();
+        auto g = compile_json_schema(c["schema"], flexible);
+        ASSERT_TRUE(g.is_ok()) << label << " -> " << g.status().to_string();
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+        const bool has_enum = label.find("\"enum\"") != std::string::npos ||
+                              label.find("\"const\"") != std::string::npos;
+        for (const char* verdict : {"accept", "reject"}) {
+            const bool accept = std::string(verdict) == "accept";
+            for (const auto& text : c[verdict]) {
+                const std::string compact = text.get<std::string>();
+                EXPECT_EQ(full_match(cg, compact), accept) << label << " " << verdict << " " << compact;
+                auto v = ojson::parse(compact, nullptr, /*allow_exceptions=*/false);
+                if (v.is_discarded() || v.dump() != compact) continue;
+                if (has_enum && v.is_structured()) continue;
+                const std::string spaced = " \n" + v.dump(1, '\t') + "\r\n ";
+                EXPECT_EQ(full_match(cg, spaced), accept) << label << " " << verdict << " " << spaced;
+                ++checked;
+            }
+        }
+    }
+    EXPECT_GT(checked, 100);
+}
+
+TEST(JsonSchema, FlexibleWhitespaceIsAnOptionAndOnlyBetweenTokens) {
+    const std::string_view schema =
+        R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"array","items":{"type":"boolean"}}}})";
+    JsonSchemaOptions flexible;
+    flexible.flexible_whitespace = true;
+    auto strict_g = compile_json_schema(schema);
+    auto flex_g = compile_json_schema(schema, flexible);
+    ASSERT_TRUE(strict_g.is_ok() && flex_g.is_ok());
+    auto strict_cg = std::make_shared<CompiledGrammar>(std::move(strict_g).value(), byte_vocab());
+    auto flex_cg = std::make_shared<CompiledGrammar>(std::move(flex_g).value(), byte_vocab());
+    for (const char* ok : {R"({"a": 1, "b": [true, false]})", "{ }", R"({"b":[ ]})",
+                           "\t{\n  \"a\" :12 ,\"b\":[\r\ntrue ] }\n", R"({"a":1,"b":[true]})",
+                           R"({ "a": 1, "zz": { "x" : [ 1 , null ] } })"}) {
+        EXPECT_TRUE(full_match(flex_cg, ok)) << ok;
+    }
+    for (const char* bad : {R"({"a": 1 2})", R"({"b": [tr ue]})", R"({"a": - 1})", R"({"a": 1,})",
+                            R"({"a" 1})", R"({"b": [true,, false]})", "{\f}", R"({"a": "1"})"}) {
+        EXPECT_FALSE(full_match(flex_cg, bad)) << bad;
+    }
+    // Generation (the default) stays compact.
+    EXPECT_FALSE(full_match(strict_cg, R"({"a": 1})"));
+    EXPECT_TRUE(full_match(strict_cg, R"({"a":1})"));
+}
+
 TEST(Grammar, SerializeRoundTrip) {
     auto g = compile_json_schema(read_cases("json_schema.json")["cases"][0]["schema"]);
     ASSERT_TRUE(g.is_ok());

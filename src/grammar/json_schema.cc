@@ -136,6 +136,7 @@ public:
     Result<Grammar> run_on(const json& schema, const std::string& where) {
         uint32_t root_rule = builder_.declare("root");
         DSI_ASSIGN_OR_RETURN(ExprPtr body, compile(schema, where, 0));
+        if (options_.flexible_whitespace) body = e_seq({whitespace(), body, whitespace()});
         builder_.define(root_rule, body);
         while (!pending_refs_.empty()) {
             auto [pointer, id] = pending_refs_.back();
@@ -156,6 +157,27 @@ private:
         return invalid_argument("JSON schema at '" + (where.empty() ? "#" : "#" + where) + "': " + what);
     }
 
+    // ---- structural characters --------------------------------------------------------
+    // Compact JSON by default; with JsonSchemaOptions::flexible_whitespace, JSON's
+    // insignificant whitespace after '{' '[', around ',' ':', before '}' ']' (and
+    // around the root value): every place RFC 8259 allows it, so a value is never
+    // preceded or followed by whitespace of its own (only "{ }" / "[ ]" is ambiguous).
+    ExprPtr whitespace() const {
+        ByteSet ws;
+        for (char c : {' ', '\t', '\n', '\r'}) ws.set(static_cast<uint8_t>(c));
+        return e_star(e_bytes(ws));
+    }
+    ExprPtr open_char(char c) const {
+        return options_.flexible_whitespace ? e_seq({e_byte(c), whitespace()}) : e_byte(c);
+    }
+    ExprPtr sep_char(char c) const {
+        return options_.flexible_whitespace ? e_seq({whitespace(), e_byte(c), whitespace()})
+                                            : e_byte(c);
+    }
+    ExprPtr close_char(char c) const {
+        return options_.flexible_whitespace ? e_seq({whitespace(), e_byte(c)}) : e_byte(c);
+    }
+
     // ---- shared rules --------------------------------------------------------------
     ExprPtr value_rule() {
         if (value_rule_ != kNoRule) return e_rule(value_rule_);
@@ -164,12 +186,12 @@ private:
         uint32_t arr = builder_.declare("json_array");
         ExprPtr v = e_rule(value_rule_);
         ExprPtr s = string_any();
-        builder_.define(obj, e_seq({e_byte('{'),
-                                    e_opt(e_seq({s, e_byte(':'), v,
-                                                 e_star(e_seq({e_byte(','), s, e_byte(':'), v}))})),
-                                    e_byte('}')}));
-        builder_.define(arr, e_seq({e_byte('['), e_opt(e_seq({v, e_star(e_seq({e_byte(','), v}))})),
-                                    e_byte(']')}));
+        builder_.define(obj, e_seq({open_char('{'),
+                                    e_opt(e_seq({s, sep_char(':'), v,
+                                                 e_star(e_seq({sep_char(','), s, sep_char(':'), v}))})),
+                                    close_char('}')}));
+        builder_.define(arr, e_seq({open_char('['), e_opt(e_seq({v, e_star(e_seq({sep_char(','), v}))})),
+                                    close_char(']')}));
         builder_.define(value_rule_,
                         e_alt({e_rule(obj), e_rule(arr), s, number_any(), e_literal("true"),
                                e_literal("false"), e_literal("null")}));
@@ -293,14 +315,41 @@ private:
     // ---- merging (allOf, $ref siblings, anyOf/oneOf with a base schema) -------------
     // Merges b's constraining keywords into a; false when they overlap in a way
     // that would need a real intersection.
-    static bool merge_into(json* a, const json& b) {
-        if (b.is_boolean()) return b.get<bool>();
-        if (!b.is_object()) return false;
-        // additionalProperties reads only its own schema's properties, items only its
-        // own prefixItems: merging them across schemas would change their meaning.
+    static bool merge_into(json* a, const json& b_in) {
+        if (b_in.is_boolean()) return b_in.get<bool>();
+        if (!b_in.is_object()) return false;
+        json b = b_in;
+        // additionalProperties X of one side only (no patternProperties on either): X
+        // applies to the members its own schema does not declare, so each member only
+        // the other side declares must hold X too: exact (issue 21: GitHub's allOf of
+        // a closed object and more properties).
+        if (a->contains("additionalProperties") != b.contains("additionalProperties") &&
+            !a->contains("patternProperties") && !b.contains("patternProperties")) {
+            json* open = a->contains("additionalProperties") ? &b : a;  // the side without X
+            const json& x = a->contains("additionalProperties") ? (*a)["additionalProperties"]
+                                                                : b["additionalProperties"];
+            const json& closed = a->contains("additionalProperties") ? *a : b;
+            if (open->contains("properties") && (*open)["properties"].is_object()) {
+                for (auto p = (*open)["properties"].begin(); p != (*open)["properties"].end(); ++p) {
+                    const bool declared = closed.contains("properties") &&
+                                          closed["properties"].is_object() &&
+                                          closed["properties"].contains(p.key());
+                    if (declared || x == true) continue;
+                    p.value() = x == false ? json(false)
+                                           : json{{"allOf", json::array({x, p.value()})}};
+                }
+            }
+        }
+        // Otherwise additionalProperties reads only its own schema's properties, items
+        // only its own prefixItems: merging them across schemas would change their meaning.
         for (auto [dep, on] : {std::pair{"additionalProperties", "properties"},
                                std::pair{"additionalProperties", "patternProperties"},
                                std::pair{"items", "prefixItems"}}) {
+            const bool folded = std::string(dep) == "additionalProperties" &&
+                                std::string(on) == "properties" &&
+                                a->contains(dep) != b.contains(dep) &&
+                                !a->contains("patternProperties") && !b.contains("patternProperties");
+            if (folded) continue;
             if ((b.contains(dep) && a->contains(on)) || (a->contains(dep) && b.contains(on))) {
                 return false;
             }
@@ -322,8 +371,14 @@ private:
             }
             if (k == "properties" && av.is_object() && it.value().is_object()) {
                 for (auto p = it.value().begin(); p != it.value().end(); ++p) {
-                    if (av.contains(p.key()) && av[p.key()] != p.value()) return false;
-                    av[p.key()] = p.value();
+                    // Both schemas' `properties` apply to the member: its value must
+                    // hold both (exact; issue 21: GitHub's allOf parts restate a
+                    // property with another description or a narrower schema).
+                    if (av.contains(p.key()) && av[p.key()] != p.value()) {
+                        av[p.key()] = json{{"allOf", json::array({av[p.key()], p.value()})}};
+                    } else {
+                        av[p.key()] = p.value();
+                    }
                 }
                 continue;
             }
@@ -1031,15 +1086,25 @@ private:
             if (!r.is_ok()) return r.status().with_context("JSON schema at '#" + where + "/pattern'");
             return e_seq({e_byte('"'), *r, e_byte('"')});
         }
-        if (has_format) {
-            auto r = compile_regex(formats.at(format), RegexMatch::kFull, CharEncoding::kJsonString,
-                                   options_.limits);
-            DSI_CHECK(r.is_ok(), r.status().to_string());
-            return e_seq({e_byte('"'), *r, e_byte('"')});
-        }
+        if (has_format) return format_rule(format);
         if (!has_len) return string_any();
         if (max_len != kUnbounded && min_len > max_len) return e_fail();
         return e_seq({e_byte('"'), e_repeat(json_string_char_any(), min_len, max_len), e_byte('"')});
+    }
+
+    // One rule per format and schema: GitHub's webhook schemas have hundreds of
+    // "format": "uri" fields, and lowering the uri grammar at each was most of the
+    // front end's time (issue 21 corpus: p99 250 ms).
+    ExprPtr format_rule(const std::string& format) {
+        auto it = format_rules_.find(format);
+        if (it != format_rules_.end()) return e_rule(it->second);
+        uint32_t id = builder_.declare("format:" + format);
+        format_rules_.emplace(format, id);
+        auto r = compile_regex(format_regexes().at(format), RegexMatch::kFull,
+                               CharEncoding::kJsonString, options_.limits);
+        DSI_CHECK(r.is_ok(), r.status().to_string());
+        builder_.define(id, e_seq({e_byte('"'), *r, e_byte('"')}));
+        return e_rule(id);
     }
 
     static const std::map<std::string, std::string>& format_regexes() {
@@ -1050,7 +1115,8 @@ private:
                 "(?:[0-9]{4}-(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-"
                 "(?:0[1-9]|[12][0-9]|30)|02-(?:0[1-9]|1[0-9]|2[0-8]))|" + leap + "-02-29)";
             std::string time = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,9})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])";
-            std::string label = "[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?";
+            // Domain labels of e-mail addresses, letters in either case (as ajv-formats).
+            std::string label = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,61}[a-zA-Z0-9])?";
             // Host names: up to 4 labels of up to 62 characters (at most 251 in all,
             // within the 253 of RFC 1123).
             std::string host_label = "[a-zA-Z0-9](?:[a-zA-Z0-9-]{0,60}[a-zA-Z0-9])?";
@@ -1061,15 +1127,33 @@ private:
                         dur_d = "[0-9]+D", dur_mo = "[0-9]+M(?:" + dur_d + ")?",
                         dur_y = "[0-9]+Y(?:" + dur_mo + ")?";
             std::string octet = "(?:25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])";
+            // RFC 3986 URIs with an authority: scheme "://" [userinfo "@"] reg-name
+            // [":" port] path-abempty ["?" query] ["#" fragment], letters in either
+            // case (issue 21: real-world URLs such as "https://Example.com/A" were
+            // rejected). A subset of RFC 3986 and of ajv-formats' "uri" (no IP
+            // literals in brackets, no URIs without "//").
+            std::string pct = "%[0-9a-fA-F]{2}";
+            std::string sub = "\\-a-zA-Z0-9._~!$&'()*+,;=";  // '-' escaped: more follows
+            std::string pchar = "(?:[" + sub + ":@]|" + pct + ")";
+            std::string uri = "[a-zA-Z][a-zA-Z0-9+.-]*://(?:(?:[" + sub + ":]|" + pct + ")*@)?(?:[" +
+                              sub + "]|" + pct + ")*(?::[0-9]*)?(?:/" + pchar + "*)*(?:\\?(?:" +
+                              pchar + "|[/?])*)?(?:#(?:" + pchar + "|[/?])*)?";
+            // RFC 6570 URI templates as ajv-formats reads them: literals (printable
+            // ASCII but space " ' % < > \\ ^ ` { | }), %-escapes, and expressions
+            // {op? var(:prefix|*)?(,var...)*}; ASCII only (a subset).
+            std::string var = "(?:[a-zA-Z0-9_]|" + pct + ")+(?::[1-9][0-9]{0,3}|\\*)?";
+            std::string uri_template = "(?:[!#$&()*+,./0-9:;=?@A-Z\\[\\]_a-z~\\-]|" + pct +
+                                       "|\\{[+#./;?&=,!@|]?" + var + "(?:," + var + ")*\\})*";
             std::string h = "[0-9a-f]";
             return std::map<std::string, std::string>{
                 {"date", date},
                 {"time", time},
                 {"date-time", date + "T" + time},
-                {"email", "[a-z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[a-z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:" + label +
+                {"email", "[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+(?:\\.[a-zA-Z0-9!#$%&'*+/=?^_`{|}~-]+)*@(?:" + label +
                               "\\.)+" + label},
                 {"uuid", h + "{8}-" + h + "{4}-" + h + "{4}-" + h + "{4}-" + h + "{12}"},
-                {"uri", "[a-z][a-z0-9+.-]*://" + label + "(?:\\." + label + ")*(?:/[a-zA-Z0-9._~!$&'()*+,;=:@-]*)*"},
+                {"uri", uri},
+                {"uri-template", uri_template},
                 {"ipv4", octet + "\\." + octet + "\\." + octet + "\\." + octet},
                 {"ipv6", "(?:" + h + "{1,4}:){7}" + h + "{1,4}"},
                 {"hostname", host_label + "(?:\\." + host_label + "){0,3}"},
@@ -1121,12 +1205,12 @@ private:
         auto tail = [&](bool first) -> ExprPtr {
             if (first) {
                 if (rmax == 0) return e_empty();
-                ExprPtr more = e_repeat(e_seq({e_byte(','), item}), rest_min > 0 ? static_cast<uint32_t>(rest_min - 1) : 0,
+                ExprPtr more = e_repeat(e_seq({sep_char(','), item}), rest_min > 0 ? static_cast<uint32_t>(rest_min - 1) : 0,
                                         rmax == kUnbounded ? kUnbounded : rmax - 1);
                 ExprPtr one = e_seq({item, more});
                 return rest_min == 0 ? e_opt(one) : one;
             }
-            return e_repeat(e_seq({e_byte(','), item}), static_cast<uint32_t>(rest_min), rmax);
+            return e_repeat(e_seq({sep_char(','), item}), static_cast<uint32_t>(rest_min), rmax);
         };
         // T(i): elements from index i (i < n: the prefix schema i).
         ExprPtr t = tail(n == 0);
@@ -1135,11 +1219,11 @@ private:
                 t = e_empty();
                 continue;
             }
-            ExprPtr here = e_seq({i == 0 ? e_empty() : e_byte(','), prefix[i], t});
+            ExprPtr here = e_seq({i == 0 ? e_empty() : sep_char(','), prefix[i], t});
             t = i + 1 > min ? e_alt({e_empty(), here}) : here;
             if (i == 0) break;
         }
-        return e_seq({e_byte('['), t, e_byte(']')});
+        return e_seq({open_char('['), t, close_char(']')});
     }
 
     // A JSON string (canonical escaping) not equal to any of `keys`: the keys' trie,
@@ -1362,7 +1446,7 @@ private:
         auto key_literal = [](const std::string& k) { return json(k).dump(-1, ' ', false, json::error_handler_t::replace); };
         ExprPtr add_kv;
         if (patterns.empty()) {
-            if (additional_allowed) add_kv = e_seq({key_not_in(names), e_byte(':'), additional});
+            if (additional_allowed) add_kv = e_seq({key_not_in(names), sep_char(':'), additional});
         } else {
             // With patterns, undeclared keys are generated only from the patterns
             // (keys matching none would need a complement; for additionalProperties
@@ -1380,7 +1464,7 @@ private:
                 if (v == nullptr) {
                     DSI_ASSIGN_OR_RETURN(v, compile_all(nontrivial_pattern_schemas, where + "/patternProperties", depth));
                 }
-                branches.push_back(e_seq({e_byte('"'), patterns[i].key, e_byte('"'), e_byte(':'), v}));
+                branches.push_back(e_seq({e_byte('"'), patterns[i].key, e_byte('"'), sep_char(':'), v}));
             }
             if (!branches.empty()) add_kv = e_alt(std::move(branches));
         }
@@ -1390,15 +1474,15 @@ private:
         // T(i, first): properties i.. given whether nothing was written yet.
         ExprPtr t_first, t_more;
         if (add_kv) {
-            t_more = e_star(e_seq({e_byte(','), add_kv}));
+            t_more = e_star(e_seq({sep_char(','), add_kv}));
             t_first = e_opt(e_seq({add_kv, t_more}));
         } else {
             t_first = t_more = e_empty();
         }
         for (size_t i = props.size(); i-- > 0;) {
-            ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), e_byte(':'), props[i].second});
+            ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), sep_char(':'), props[i].second});
             ExprPtr with_first = e_seq({kv, t_more});
-            ExprPtr with_more = e_seq({e_byte(','), kv, t_more});
+            ExprPtr with_more = e_seq({sep_char(','), kv, t_more});
             if (required[i]) {
                 t_first = with_first;
                 t_more = with_more;
@@ -1407,7 +1491,7 @@ private:
                 t_more = e_alt({with_more, t_more});
             }
         }
-        return e_seq({e_byte('{'), t_first, e_byte('}')});
+        return e_seq({open_char('{'), t_first, close_char('}')});
     }
 
     // Object members with minProperties / maxProperties: T(i, k) = the members from
@@ -1444,7 +1528,7 @@ private:
                     out = e_fail();
                 } else {
                     uint32_t mx = rmax == UINT64_MAX ? kUnbounded : static_cast<uint32_t>(rmax);
-                    ExprPtr more_item = e_seq({e_byte(','), add_kv});
+                    ExprPtr more_item = e_seq({sep_char(','), add_kv});
                     if (k > 0) {
                         out = e_repeat(more_item, static_cast<uint32_t>(rmin), mx);
                     } else if (mx == 0) {
@@ -1456,16 +1540,16 @@ private:
                     }
                 }
             } else {
-                ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), e_byte(':'), props[i].second});
+                ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), sep_char(':'), props[i].second});
                 ExprPtr present = k + 1 > hi ? e_fail()
-                                              : e_seq({k == 0 ? e_empty() : e_byte(','), kv,
+                                              : e_seq({k == 0 ? e_empty() : sep_char(','), kv,
                                                        t(i + 1, std::min<uint64_t>(k + 1, cap))});
                 out = required[i] ? present : e_alt({present, t(i + 1, k)});
             }
             memo[{i, k}] = out;
             return out;
         };
-        return e_seq({e_byte('{'), t(0, 0), e_byte('}')});
+        return e_seq({open_char('{'), t(0, 0), close_char('}')});
     }
 
     static constexpr uint32_t kNoRule = UINT32_MAX;
@@ -1478,6 +1562,7 @@ private:
     uint32_t number_rule_ = kNoRule;
     std::unordered_map<std::string, uint32_t> ref_rules_;
     std::unordered_map<std::string, uint32_t> shared_rules_;  // compile_shared()
+    std::unordered_map<std::string, uint32_t> format_rules_;  // format_rule()
     std::unordered_map<uint32_t, std::vector<uint32_t>> multiple_rules_;  // multiples_of()
     std::vector<std::pair<std::string, uint32_t>> pending_refs_;
 };

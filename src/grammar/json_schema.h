@@ -1,6 +1,7 @@
 // JSON Schema front end (draft 2020-12) and json_object mode (SPEC S-SO). Compiles a
 // schema into a grammar whose sentences are compact JSON texts (no insignificant
-// whitespace) that validate against the schema. Object properties come in the
+// whitespace unless JsonSchemaOptions::flexible_whitespace) that validate against the
+// schema. Object properties come in the
 // schema's declaration order (a generation choice: any order is valid JSON Schema,
 // declaration order always validates), optional ones may be left out, additional properties
 // (when allowed) follow and never reuse a declared name.
@@ -17,8 +18,8 @@
 // $ref beside other keywords (when the parts' keywords merge without conflict;
 // recursion included), not of simple schemas, $ref / $defs / definitions (local JSON
 // pointers, recursion included), boolean schemas, and the formats date, time,
-// date-time, duration, email, hostname, uuid, uri, ipv4, ipv6 as assertions (other
-// formats are annotations). Unknown keywords are ignored, as the specification says.
+// date-time, duration, email, hostname, uuid, uri, uri-template, ipv4, ipv6 as
+// assertions (other formats are annotations). Unknown keywords are ignored, as the specification says.
 // Counting bounds above Limits::max_repeat are RESOURCE_EXHAUSTED naming the keyword;
 // a schema nothing satisfies is INVALID_ARGUMENT ("accepts no input"). The other
 // JSON Schema keywords are UNIMPLEMENTED (the server maps it to a 400 for the
@@ -39,14 +40,19 @@ namespace dsi::grammar {
 
 struct JsonSchemaOptions {
     Limits limits;
-    // The formats date-time, date, time, duration, email, hostname, ipv4, ipv6, uuid
-    // and uri are assertions (the grammar accepts a subset of each; sound); false
-    // treats every format as an annotation (2020-12's default vocabulary).
+    // The formats date-time, date, time, duration, email, hostname, ipv4, ipv6, uuid,
+    // uri and uri-template are assertions (the grammar accepts a subset of each;
+    // sound); false treats every format as an annotation (2020-12's default vocabulary).
     bool format_assertion = true;
     // Validation of text a user or another program wrote: integers may also be
     // spelled with a zero fraction (1.0) or a non-negative exponent (1E1, 2e+10).
     // Off for generation, where integers stay canonical (-0 is accepted either way).
     bool integer_spellings = false;
+    // Validation of text a user or a model wrote: JSON's insignificant whitespace
+    // (space, tab, LF, CR) wherever RFC 8259 allows it (`{"a": 1, "b": [1, 2]}`).
+    // Off for generation, which stays compact. Enum / const values that are objects
+    // or arrays are still matched in their compact spelling only.
+    bool flexible_whitespace = false;
     size_t max_enum_values = 10000;
     size_t max_schema_bytes = size_t{1} << 20;
 };

@@ -1,0 +1,74 @@
+// Structured output on real-world schemas (issue 21 item 4): the vendored corpus of
+// tests/data/realworld-schemas (1,178 GitHub REST API / webhook schemas, instances
+// labelled by ajv). Compiles every schema as the compile service does (lazy position
+// tables, one table cache shared by all grammars; "private": a cache per grammar) and
+// replays every instance the grammar accepts token by token with the DeepSeek V3
+// vocabulary, timing each full-vocabulary fill_mask() (first use of a position builds
+// its table inside that step, as in serving). Reports compile rate, false accepts /
+// rejects (labels: ajv), mask p50/p99/p99.9/max and compile p50/p99/max.
+//   grammar_realworld_bench [private]
+#include <algorithm>
+#include <cstdio>
+#include <string>
+
+#include "grammar/realworld_corpus.h"
+#include "grammar/test_tokenizer.h"
+#include "support/build_paths.h"
+
+using namespace dsi;
+using namespace dsi::grammar;
+
+static double pct(std::vector<double> v, double p) {
+    if (v.empty()) return 0;
+    std::sort(v.begin(), v.end());
+    return v[std::min(v.size() - 1, static_cast<size_t>(p * v.size()))];
+}
+
+int main(int argc, char** argv) {
+    const bool shared = !(argc > 1 && std::string(argv[1]) == "private");
+    MatcherOptions options;
+    if (shared) options.table_cache = std::make_shared<PositionTableCache>();
+    const auto corpus = realworld::load_corpus(DSINFER_SOURCE_DIR);
+    const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options);
+    const auto& m = run.mask_us;
+    int64_t slow_1ms = std::count_if(m.begin(), m.end(), [](double us) { return us >= 1000; });
+    int64_t slow_100ms =
+        std::count_if(m.begin(), m.end(), [](double us) { return us >= 100000; });
+    std::printf("real-world corpus: %d schemas, %d compiled (%.1f%%), %s table cache\n",
+                run.num_schemas, run.num_compiled, 100.0 * run.num_compiled / run.num_schemas,
+                shared ? "shared" : "private");
+    std::printf("instances of compiled schemas: %d valid accepted, %d false rejects, %d invalid "
+                "rejected, %d false accepts, %zu token-replay failures\n",
+                run.valid_accepted, run.false_rejects, run.invalid_rejected, run.false_accepts,
+                run.token_failures.size());
+    std::printf("compile  p50 %9.1f us  p99 %9.1f us  max %9.1f us  n=%zu (goal p99 <= 50000)\n",
+                pct(run.compile_us, 0.5), pct(run.compile_us, 0.99), pct(run.compile_us, 1.0),
+                run.compile_us.size());
+    std::printf("  front end p50 %9.1f us  p99 %9.1f us  max %9.1f us (compile_json_schema)\n",
+                pct(run.front_end_us, 0.5), pct(run.front_end_us, 0.99),
+                pct(run.front_end_us, 1.0));
+    std::printf("mask     p50 %9.1f us  p99 %9.1f us  p99.9 %9.1f us  max %9.1f us  n=%zu "
+                "(goal p50 <= 10, p99 <= 200, max <= 10000)\n",
+                pct(m, 0.5), pct(m, 0.99), pct(m, 0.999), pct(m, 1.0), m.size());
+    std::printf("mask steps >= 1 ms: %lld (%.2f%%), >= 100 ms: %lld\n",
+                static_cast<long long>(slow_1ms), m.empty() ? 0.0 : 100.0 * slow_1ms / m.size(),
+                static_cast<long long>(slow_100ms));
+    auto sum_s = [](const std::vector<double>& v) {
+        double t = 0;
+        for (double x : v) t += x;
+        return t / 1e6;
+    };
+    std::printf("totals: compile %.1f s (front end %.1f s), masks %.1f s\n", sum_s(run.compile_us),
+                sum_s(run.front_end_us), sum_s(m));
+    std::vector<size_t> order(run.compile_us.size());
+    for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+    std::sort(order.begin(), order.end(),
+              [&](size_t a, size_t b) { return run.compile_us[a] > run.compile_us[b]; });
+    std::printf("slowest compiles:");
+    for (size_t i = 0; i < order.size() && i < 5; ++i) {
+        std::printf(" %s %.0f ms;", run.compiled_ids[order[i]].c_str(),
+                    run.compile_us[order[i]] / 1000);
+    }
+    std::printf("\n\n%s", run.markdown(0).c_str());
+    return run.false_accepts == 0 ? 0 : 1;
+}
