@@ -349,9 +349,9 @@ TEST(EngineSpecTest, VarlenCutsWhatDoesNotPayAndKeepsWhatDoes) {
     garbage.drafter = std::make_shared<GarbageDrafter>();
     EngineStats g;
     expect_same(run(garbage, reqs, true, &g), want, "garbage varlen");
-    // Proposed = verified + cut; once explored (a few dozen rejections at position 0),
-    // nothing more is verified.
-    EXPECT_GT(g.spec_varlen_cut_tokens, 5 * g.spec_draft_tokens) << g.spec_draft_tokens;
+    // Fixed k = 5 would verify ~1,800 drafts here (3 x 120 tokens x 5); once explored, a
+    // few dozen rejections, varlen stops drafting (probing once every 16 steps).
+    EXPECT_LT(g.spec_draft_tokens, 180) << g.spec_varlen_cut_tokens;
     EXPECT_GT(g.spec_draft_tokens, 0);
 
     auto oracle = std::make_shared<OracleDrafter>();

@@ -22,7 +22,8 @@ Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
       drafter_(std::move(drafter)),
       spec_k_(spec_k),
       varlen_cost_(std::move(varlen_cost)),
-      rule_(rule) {}
+      rule_(rule),
+      varlen_k_(spec_k) {}
 
 Worker::~Worker() { stop(); }
 
@@ -230,13 +231,25 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
             in.cache = &it.cache;
         }
         draft_in_.push_back(in);
-        draft_k_.push_back(it.sample ? spec_k_ : 0);
+        int k = it.sample ? spec_k_ : 0;
+        if (varlen_cost_ != nullptr) k = it.sample && varlen_off_steps_ == 0 ? varlen_k_ : 0;
+        draft_k_.push_back(k);
         draft_item_.push_back(i);
     }
     if (draft_in_.empty()) return Status::ok();
     draft_out_.resize(draft_in_.size());
     draft_probs_.resize(varlen_cost_ != nullptr ? draft_in_.size() : 0);
+    const int64_t t0 = steady_clock_ns();
     DSI_RETURN_IF_ERROR(drafter_->propose_batch(draft_in_, draft_k_, draft_out_, draft_probs_));
+    if (varlen_cost_ != nullptr) {
+        const bool drafted = std::any_of(draft_k_.begin(), draft_k_.end(), [](int k) { return k > 0; });
+        if (drafted) {
+            const double ns = static_cast<double>(steady_clock_ns() - t0);
+            draft_ns_ = draft_ns_ == 0 ? ns : 0.8 * draft_ns_ + 0.2 * ns;
+        } else if (varlen_off_steps_ > 0 && --varlen_off_steps_ == 0) {
+            varlen_k_ = 1;  // probe: does speculating pay again?
+        }
+    }
     for (size_t d = 0; d < draft_item_.size(); ++d) {
         const WorkerSeq& ws = seqs_.at(plan.items[draft_item_[d]].seq_id);
         if (ws.req->mask != nullptr) cut_forbidden_drafts(ws, draft_out_[d]);
@@ -264,14 +277,14 @@ void Worker::observe_acceptance(const StepItem& it, const WorkerSeq& ws, const s
 }
 
 int64_t Worker::choose_lengths(const StepPlan& plan, StepResult& r) {
-    // The next step is assumed to look like this one without its drafts: every item's
-    // input tokens, one per decode (S-SPEC: the decision uses the latest confidences;
-    // the loop is synchronous with speculation, so it is taken right here).
-    int64_t base = 0, sampled = 0;
-    for (size_t i = 0; i < plan.items.size(); ++i) {
-        base += r.items[i].num_tokens - r.items[i].num_drafts;
-        sampled += plan.items[i].sample ? 1 : 0;
-    }
+    // The next step is assumed to decode the sequences this one sampled (S-SPEC: the
+    // decision uses the latest confidences; the loop is synchronous with speculation,
+    // so it is taken right here). The curve prices rows with logits (profiled with a
+    // logits row per token), so prefill chunks, which have none, are left out: they
+    // cost the same whatever is verified beside them.
+    int64_t sampled = 0;
+    for (const StepItem& it : plan.items) sampled += it.sample ? 1 : 0;
+    const int64_t base = sampled;
     draft_accept_.resize(draft_item_.size());
     varlen_in_.clear();
     for (size_t d = 0; d < draft_item_.size(); ++d) {
@@ -285,8 +298,19 @@ int64_t Worker::choose_lengths(const StepPlan& plan, StepResult& r) {
     }
     const spec::VarlenChoice choice = spec::choose_verify_lengths(
         varlen_in_, std::max<int64_t>(base, static_cast<int64_t>(draft_item_.size())),
-        std::max<int64_t>(sampled, 1), *varlen_cost_);
+        std::max<int64_t>(sampled, 1), *varlen_cost_, draft_ns_);
     int64_t cut = 0;
+    int longest = 0;
+    for (int len : choice.lengths) longest = std::max(longest, len);
+    varlen_k_ = std::min(spec_k_, longest + 1);
+    const bool any_drafts = std::any_of(draft_out_.begin(), draft_out_.end(),
+                                        [](const std::vector<int32_t>& d) { return !d.empty(); });
+    if (any_drafts && !choice.pays) {
+        // Drafting and verifying cost more than they yield: stop drafting for a while
+        // (S-SPEC: off where it does not pay), then probe with one draft.
+        varlen_off_steps_ = kVarlenBackoffSteps;
+        varlen_k_ = 0;
+    }
     for (size_t d = 0; d < draft_item_.size(); ++d) {
         const size_t keep = static_cast<size_t>(choice.lengths[d]);
         std::vector<int32_t>& drafts = draft_out_[d];

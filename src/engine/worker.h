@@ -105,6 +105,15 @@ private:
     std::shared_ptr<const spec::VerifyCostCurve> varlen_cost_;
     spec::Acceptance rule_;
     spec::AcceptanceEstimator estimator_;
+    // Varlen: drafts asked of the drafter per sequence, one more than the longest
+    // verified in the last choice (at most spec_k): drafts nobody would verify are not
+    // drafted, and one more is always proposed so the choice can grow again.
+    int varlen_k_;
+    // Varlen: what drafting cost a step (EMA of the drafter calls that drafted), and the
+    // steps left without drafting after speculation did not pay (then one probe draft).
+    double draft_ns_ = 0;
+    int varlen_off_steps_ = 0;
+    static constexpr int kVarlenBackoffSteps = 16;
     // Worker thread (or inline) only.
     std::unordered_map<int64_t, WorkerSeq> seqs_;
     Sampler sampler_;

@@ -45,7 +45,8 @@ double AcceptanceEstimator::estimate(int j, float prob) const {
 
 double AcceptanceEstimator::optimistic(int j, float prob) const {
     const double n = positions_[static_cast<size_t>(position(j))].n;
-    return std::min(1.0, estimate(j, prob) + kExplore / std::sqrt(n + 1.0));
+    const double bonus = n < kExploreObservations ? kExplore / std::sqrt(n + 1.0) : 0.0;
+    return std::min(1.0, estimate(j, prob) + bonus);
 }
 
 void AcceptanceEstimator::observe(int j, float prob, bool accepted) {
@@ -131,7 +132,7 @@ Result<VerifyCostCurve> VerifyCostCurve::from_json(std::string_view text) {
 }
 
 VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int64_t base_tokens,
-                                   int64_t sampled, const VerifyCostCurve& cost) {
+                                   int64_t sampled, const VerifyCostCurve& cost, double draft_ns) {
     struct Slot {
         double survival;
         uint32_t request;
@@ -154,12 +155,13 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
     VarlenChoice best;
     best.lengths.assign(requests.size(), 0);
     double gain = 0;
-    best.tokens_per_ns = static_cast<double>(sampled) / cost.ns(base_tokens);
+    const double without = static_cast<double>(sampled) / cost.ns(base_tokens);
+    best.tokens_per_ns = static_cast<double>(sampled) / (cost.ns(base_tokens) + draft_ns);
     size_t best_n = 0;
     for (size_t n = 1; n <= slots.size(); ++n) {
         gain += slots[n - 1].survival;
         const double rate = (static_cast<double>(sampled) + gain) /
-                            cost.ns(base_tokens + static_cast<int64_t>(n));
+                            (cost.ns(base_tokens + static_cast<int64_t>(n)) + draft_ns);
         if (rate > best.tokens_per_ns) {
             best.tokens_per_ns = rate;
             best.expected_accepted = gain;
@@ -171,6 +173,7 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
         len = std::max(len, static_cast<int>(slots[n].pos) + 1);
     }
     best.verified = static_cast<int64_t>(best_n);
+    best.pays = best.tokens_per_ns > without;
     return best;
 }
 

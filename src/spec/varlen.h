@@ -51,13 +51,15 @@ public:
     // sum of the probabilities of the drafts observed there, shrunk towards 1); without
     // a probability, the estimate of position j - 1 (0.5 at j = 0).
     double estimate(int j, float prob) const;
-    // What the verification choice uses: the estimate plus an exploration bonus that
-    // shrinks with the observations of position j (all bins), min(1, estimate +
-    // kExplore / sqrt(n_j + 1)). A position never tried gets at least +0.5, so it is
-    // tried before it is judged; deep positions are tried only as often as the survival
-    // of the drafts before them makes them worth it, and a position of garbage drafts
-    // falls below a draft's marginal cost after a few dozen observations.
+    // What the verification choice uses: the estimate plus an exploration bonus while
+    // position j (all bins) has fewer than kExploreObservations observations,
+    // min(1, estimate + kExplore / sqrt(n_j + 1)); the estimate alone after that. A
+    // position never tried gets +0.5, so it is tried before it is judged; deep positions
+    // are tried only as often as the survival of the drafts before them makes them worth
+    // it; the bonus ends, so a choice between near-certain drafts and a loaded step is
+    // made on the estimates (an optimistic 1.0 would make every draft look free).
     static constexpr double kExplore = 0.5;
+    static constexpr double kExploreObservations = 32;
     double optimistic(int j, float prob) const;
     // Verification outcome of one drafted token that was verified (every draft up to and
     // including the first rejected one).
@@ -120,14 +122,19 @@ struct VarlenChoice {
     std::vector<int> lengths;       // drafts to verify, per request
     int64_t verified = 0;           // their sum (N)
     double expected_accepted = 0;   // sum of the chosen survivals
-    double tokens_per_ns = 0;       // (requests + expected_accepted) / time(base + N)
+    // (sampled + expected_accepted) / (time(base + N) + draft_ns)
+    double tokens_per_ns = 0;
+    // Speculating at all beats not drafting: tokens_per_ns > sampled / time(base).
+    bool pays = false;
 };
 
 // `base_tokens`: the tokens the step runs without any draft (>= requests.size(): each
 // request's own input token, plus other sequences' prefill chunks and decodes);
 // `sampled`: the sequences that emit a token this step (the requests and any other
-// decodes). REQUIRES: every estimate in [0, 1].
+// decodes); `draft_ns`: what drafting costs a step (it moves the best N up, and decides
+// `pays`). REQUIRES: every estimate in [0, 1].
 VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int64_t base_tokens,
-                                   int64_t sampled, const VerifyCostCurve& cost);
+                                   int64_t sampled, const VerifyCostCurve& cost,
+                                   double draft_ns = 0);
 
 }  // namespace dsi::spec

@@ -35,9 +35,12 @@ TEST(AcceptanceEstimatorTest, StartsAtTheDrafterProbabilityAndLearnsTheObservedR
     EXPECT_NEAR(e.optimistic(7, 0.1f), 0.6, 1e-6);
     EXPECT_DOUBLE_EQ(e.optimistic(7, 0.9f), 1.0);
     AcceptanceEstimator g;
-    for (int i = 0; i < 99; ++i) g.observe(0, 0.2f, false);
-    EXPECT_NEAR(g.optimistic(0, 0.2f), g.estimate(0, 0.2f) + 0.05, 1e-12);
-    EXPECT_NEAR(g.optimistic(0, 0.7f), g.estimate(0, 0.7f) + 0.05, 1e-12);
+    for (int i = 0; i < 15; ++i) g.observe(0, 0.2f, false);
+    EXPECT_NEAR(g.optimistic(0, 0.2f), g.estimate(0, 0.2f) + 0.125, 1e-12);
+    EXPECT_NEAR(g.optimistic(0, 0.7f), g.estimate(0, 0.7f) + 0.125, 1e-12);
+    // No bonus once the position has kExploreObservations observations.
+    for (int i = 15; i < 32; ++i) g.observe(0, 0.2f, false);
+    EXPECT_DOUBLE_EQ(g.optimistic(0, 0.2f), g.estimate(0, 0.2f));
     EXPECT_LT(g.optimistic(0, 0.2f), 0.06);
     // Without a probability, an unexplored position starts from the one before it.
     AcceptanceEstimator chain;
@@ -124,6 +127,25 @@ TEST(ChooseVerifyLengthsTest, FlatCostVerifiesEverythingAndSteepCostNothing) {
     EXPECT_EQ(choose_verify_lengths(one, 64, 5, knee).verified, 0);
     // No requests, no drafts.
     EXPECT_EQ(choose_verify_lengths({}, 3, 3, knee).verified, 0);
+    EXPECT_FALSE(choose_verify_lengths({}, 3, 3, knee).pays);
+}
+
+// The drafting cost: it makes longer verification worth more (the best N grows) and
+// decides whether speculating pays at all.
+TEST(ChooseVerifyLengthsTest, DraftingCostDecidesWhetherSpeculationPays) {
+    VerifyCostCurve c = curve({{1, 10}, {2, 14}});  // a draft costs 40 % of a step
+    const std::vector<double> a{0.9, 0.6, 0.5};    // survivals 0.9, 0.54, 0.27
+    const std::vector<VarlenRequest> r{{a}};
+    // Free drafting: N=1 (1.9/14 = .136 > 1/10; N=2: 2.44/18 = .136 also ties lower).
+    VarlenChoice free_draft = choose_verify_lengths(r, 1, 1, c, 0);
+    EXPECT_EQ(free_draft.verified, 1);
+    EXPECT_TRUE(free_draft.pays);
+    // Drafting costs 8: N=0 gives 1/18; N=1 1.9/22 = .086; N=2 2.44/26 = .094; N=3
+    // 2.71/30 = .090: N=2, but not drafting (1/10) is better.
+    VarlenChoice costly = choose_verify_lengths(r, 1, 1, c, 8);
+    EXPECT_EQ(costly.verified, 2);
+    EXPECT_FALSE(costly.pays);
+    EXPECT_NEAR(costly.tokens_per_ns, 2.44 / 26, 1e-12);
 }
 
 // The choice equals the best of every combination of per-request prefix lengths.
