@@ -421,7 +421,8 @@ TEST(EngineSpecTest, DraftVocabularyRestrictsMtpDrafts) {
     const std::string bad = dir + "/engine_spec_bad_vocab.json";
     for (const char* text : {"not json", R"({"format": "dsinfer-draft-vocab-v1", "ids": []})",
                              R"({"format": "dsinfer-draft-vocab-v1", "ids": [1, 512]})",
-                             R"({"format": "other", "ids": [1]})"}) {
+                             R"({"format": "other", "ids": [1]})", R"({"format": [1], "ids": [1]})",
+                             R"({"format": "dsinfer-draft-vocab-v1", "ids": [1, "x"]})"}) {
         ASSERT_TRUE(env->write_file(bad, text).is_ok());
         o.speculative.draft_vocab_path = bad;
         Status s = create(o);

@@ -8,7 +8,7 @@ namespace dsi {
 Result<std::vector<int32_t>> parse_draft_vocab(std::string_view json, int64_t vocab_size) {
     const nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return invalid_argument("draft vocabulary: not a JSON object");
-    if (j.value("format", "") != "dsinfer-draft-vocab-v1") {
+    if (auto f = j.find("format"); f == j.end() || *f != "dsinfer-draft-vocab-v1") {  // any type: no throw
         return invalid_argument("draft vocabulary: format is not dsinfer-draft-vocab-v1");
     }
     auto it = j.find("ids");

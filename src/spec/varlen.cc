@@ -115,7 +115,7 @@ std::string VerifyCostCurve::to_json(std::string_view info_json) const {
 Result<VerifyCostCurve> VerifyCostCurve::from_json(std::string_view text) {
     const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) return invalid_argument("verify cost curve: not a JSON object");
-    if (j.value("format", "") != "dsinfer-verify-cost-v1") {
+    if (auto f = j.find("format"); f == j.end() || *f != "dsinfer-verify-cost-v1") {  // any type: no throw
         return invalid_argument("verify cost curve: format is not dsinfer-verify-cost-v1");
     }
     auto it = j.find("points");

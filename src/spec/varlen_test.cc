@@ -82,6 +82,7 @@ TEST(VerifyCostCurveTest, JsonRoundTripAndErrors) {
     EXPECT_EQ(back->points()[1].tokens, 8);
     EXPECT_DOUBLE_EQ(back->points()[0].ns, 100.5);
     for (const char* bad : {"", "[]", "{\"format\": \"x\", \"points\": []}",
+                            R"({"format": 5, "points": [{"tokens": 1, "ns": 2}, {"tokens": 3, "ns": 4}]})",
                             R"({"format": "dsinfer-verify-cost-v1"})",
                             R"({"format": "dsinfer-verify-cost-v1", "points": [{"tokens": 1}]})",
                             R"({"format": "dsinfer-verify-cost-v1", "points": [{"tokens": 1.5, "ns": 2}, {"tokens": 3, "ns": 4}]})"}) {
