@@ -111,7 +111,11 @@ struct Engine::Impl {
     RequestId next_request = 1;
     int64_t next_seq = 1;
     int in_flight = 0;
+    int in_flight_speculative = 0;  // of which plans that draft or verify drafts
     int64_t prev_end_ns = 0;
+    // DSpark (speculative.varlen): whether to speculate at the current batch size, from
+    // the measured rates of both loop modes (spec/varlen.h).
+    spec::SpecGate gate;
     Status fatal;
     EngineStats stats;
 
@@ -125,7 +129,8 @@ struct Engine::Impl {
                  options.drafter, options.drafter ? options.speculative.k() : 0,
                  options.verify_cost,
                  options.speculative.rejection ? spec::Acceptance::kRejection
-                                               : spec::Acceptance::kExact) {
+                                               : spec::Acceptance::kExact),
+          gate(options.spec_gate) {
         vocab = model->config().vocab_size;
         eos = static_cast<int32_t>(model->config().eos_token_id);
         max_model_len = options.max_model_len > 0 ? options.max_model_len
@@ -134,13 +139,36 @@ struct Engine::Impl {
     }
 
     // Schedules one step; false if there is nothing to run.
+    // Whether the next plan speculates: always with fixed-length speculation; with
+    // variable-length verification when the gate measured that it pays at this batch.
+    bool speculate_next() {
+        if (options.drafter == nullptr) return false;
+        if (options.verify_cost == nullptr) return true;
+        int64_t decoding = 0;
+        for (int64_t id : running) {
+            const Sequence& s = seqs.at(id);
+            decoding += s.num_computed >= s.prefill_target ? 1 : 0;
+        }
+        return gate.speculate(decoding);
+    }
+
     Result<bool> schedule_and_submit() {
+        const bool speculate = speculate_next();
+        if (!speculate) {
+            for (int64_t id : running) seqs.at(id).drafts.clear();  // not verified
+        }
         Views v = collect_views();
         ScheduleDecision d = scheduler.schedule(v.running, v.waiting, cache->num_available_blocks());
         d.expired.insert(d.expired.end(), v.expired.begin(), v.expired.end());
         apply(d, v.waiting);
         if (d.scheduled.empty()) return false;
         DSI_ASSIGN_OR_RETURN(StepPlan plan, build_plan(d));
+        plan.draft = speculate;
+        const bool verifies = std::any_of(plan.items.begin(), plan.items.end(),
+                                          [](const StepItem& it) { return !it.drafts.empty(); });
+        // Drafts exist only after a speculative step's result, which nothing overtakes.
+        DSI_CHECK(!verifies || in_flight == 0);
+        in_flight_speculative += plan.draft || verifies ? 1 : 0;
         worker.submit(std::move(plan));
         cache->end_plan();
         ++in_flight;
@@ -200,7 +228,7 @@ struct Engine::Impl {
     }
 
     // Drafts the next decode step verifies: never past max_tokens (the step emits up to
-    // drafts + 1 tokens). Exact because speculation runs the loop synchronously.
+    // drafts + 1 tokens). Exact because a step that verifies drafts runs alone.
     int64_t num_drafts_to_verify(const Sequence& s) const {
         const int64_t room = s.req->sampling.max_tokens - s.num_output() - 1;
         return std::clamp<int64_t>(room, 0, static_cast<int64_t>(s.drafts.size()));
@@ -334,6 +362,8 @@ struct Engine::Impl {
         }
         stats.forward_ns += r.end_ns - r.start_ns;
         if (prev_end_ns > 0) stats.host_gap_ns += std::max<int64_t>(0, r.start_ns - prev_end_ns);
+        if (r.speculative) --in_flight_speculative;
+        if (options.verify_cost != nullptr && prev_end_ns > 0) observe_rate(r, r.end_ns - prev_end_ns);
         prev_end_ns = r.end_ns;
         if (!r.status.is_ok()) {
             fatal = r.status.with_context("forward pass");
@@ -374,6 +404,18 @@ struct Engine::Impl {
             }
         }
         stats.spec_steps += step_verified ? 1 : 0;
+    }
+
+    // The gate's measurement: output tokens over the time since the previous result, of
+    // steps that only decoded (prefill chunks would price the mode by the prompts).
+    void observe_rate(const StepResult& r, int64_t period_ns) {
+        int64_t tokens = 0;
+        for (const ItemResult& ir : r.items) {
+            if (!ir.sampled || ir.num_tokens != 1 + ir.num_drafts) return;
+            for (const SampledToken& t : ir.tokens) tokens += t.token >= 0 ? 1 : 0;
+        }
+        if (r.items.empty()) return;
+        gate.observe(r.speculative, static_cast<int64_t>(r.items.size()), tokens, period_ns);
     }
 
     void count_speculation(const ItemResult& ir) {
@@ -453,8 +495,8 @@ struct Engine::Impl {
 
 namespace {
 
-// Checks the speculative settings and creates their drafter (none when off). The
-// loop runs synchronously with speculation (EngineOptions::speculative).
+// Checks the speculative settings and creates their drafter (none when off). Steps that
+// speculate run synchronously (EngineOptions::speculative).
 Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOptions& options) {
     spec::SpecConfig c = options.speculative;
     if (options.drafter != nullptr) c.method = spec::Method::kNgram;  // only k is checked
@@ -484,7 +526,6 @@ Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOpt
     } else if (options.drafter == nullptr && c.method == spec::Method::kNgram) {
         options.drafter = std::make_shared<spec::NgramDrafter>(c.ngram_max, c.ngram_min);
     }
-    if (options.drafter != nullptr) options.async = false;
     if (c.varlen && options.verify_cost == nullptr) {
         // No curve from `dsinfer calibrate`: a quick one of this model, in memory.
         VerifyCalibration quick;
@@ -660,7 +701,8 @@ Status Engine::abort(RequestId id) {
 Status Engine::step() {
     Impl& m = *impl_;
     DSI_RETURN_IF_ERROR(m.fatal);
-    const int max_in_flight = m.options.async ? 2 : 1;
+    // A speculative plan runs alone: the next plan's positions depend on its drafts.
+    const int max_in_flight = m.options.async && m.in_flight_speculative == 0 ? 2 : 1;
     bool submitted = false;
     if (m.in_flight < max_in_flight) {
         DSI_ASSIGN_OR_RETURN(submitted, m.schedule_and_submit());

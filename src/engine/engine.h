@@ -115,8 +115,11 @@ struct EngineOptions {
     // Speculative decoding (issue 24, docs/engine.md "Speculative decoding"): drafts
     // verified in the same step as everyone else's work, output token for token the
     // same as without (exact acceptance rule). Validated by create() (k range, MTP
-    // present). With speculation on, the step loop runs synchronously (async is
-    // ignored): a step's input positions depend on how many drafts the last accepted.
+    // present). A step that drafts or verifies runs synchronously (a step's input
+    // positions depend on how many drafts the last one accepted); with variable-length
+    // verification (speculative.varlen) a spec::SpecGate measures, per batch size,
+    // whether speculating beats the asynchronous loop without it, and the engine runs
+    // whichever is faster (async when it does not speculate, if `async`).
     spec::SpecConfig speculative;
     // Tests: a drafter of the caller's (wins over speculative.method; k from
     // speculative.k()).
@@ -125,6 +128,9 @@ struct EngineOptions {
     // `dsinfer calibrate` profiled (engine/calibrate.h, serving loads it); without one,
     // create() profiles a quick curve of the model in memory.
     std::shared_ptr<const spec::VerifyCostCurve> verify_cost;
+    // Variable-length verification's on/off gate (probe and hold lengths; measure =
+    // false speculates always, for tests of the verification choice alone).
+    spec::SpecGate::Options spec_gate;
     bool record_logits = false;            // pass each sampled row's logits to the callback (tests)
     const Tokenizer* tokenizer = nullptr;  // needed for text and stop strings
     // KV block store below the pool (S-KV-4..7): "" = none; else a kvstore URI

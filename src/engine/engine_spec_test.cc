@@ -8,7 +8,9 @@
 // settings are refused.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <map>
+#include <thread>
 
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
@@ -114,6 +116,7 @@ EngineOptions varlen_options(spec::Method m, int k, double per_token = 0.3) {
     o.speculative.varlen = true;
     o.verify_cost = std::make_shared<const spec::VerifyCostCurve>(
         spec::VerifyCostCurve::create({{1, 1e6}, {2, (1 + per_token) * 1e6}}).value());
+    o.spec_gate.measure = false;  // the verification choice alone (the gate: its own test)
     return o;
 }
 
@@ -350,7 +353,7 @@ TEST(EngineSpecTest, VarlenCutsWhatDoesNotPayAndKeepsWhatDoes) {
     EngineStats g;
     expect_same(run(garbage, reqs, true, &g), want, "garbage varlen");
     // Fixed k = 5 would verify ~1,800 drafts here (3 x 120 tokens x 5); once explored, a
-    // few dozen rejections, varlen stops drafting (probing once every 16 steps).
+    // few dozen rejections, varlen cuts what it drafts (one token a step, not verified).
     EXPECT_LT(g.spec_draft_tokens, 180) << g.spec_varlen_cut_tokens;
     EXPECT_GT(g.spec_draft_tokens, 0);
 
@@ -369,6 +372,53 @@ TEST(EngineSpecTest, VarlenCutsWhatDoesNotPayAndKeepsWhatDoes) {
     EngineOptions profiled = spec_options(spec::Method::kMtp, 3);
     profiled.speculative.varlen = true;  // no curve given: create() profiles one
     expect_same(run(profiled, reqs, true), want, "mtp varlen, profiled curve");
+}
+
+// Proposes what `inner` does, after `sleep_ms` of drafting (a drafter that costs more
+// than it yields, whatever its acceptance).
+struct SlowDrafter : spec::Drafter {
+    std::shared_ptr<spec::Drafter> inner;
+    int sleep_ms = 0;
+    bool uses_hidden() const override { return inner->uses_hidden(); }
+    Status propose(const spec::DraftInput& in, int k, std::vector<int32_t>& drafts) override {
+        if (k > 0) std::this_thread::sleep_for(std::chrono::milliseconds(sleep_ms));
+        return inner->propose(in, k, drafts);
+    }
+};
+
+// DSpark's gate (S-SPEC: off where it does not pay), measured on the engine's own steps:
+// a drafter whose every proposal costs 25 ms leaves most steps unspeculated (they run
+// in the asynchronous loop), an oracle that is always right is used on most steps, and
+// the output is the output without speculation either way.
+TEST(EngineSpecTest, GateSpeculatesOnlyWhereItIsFaster) {
+    std::vector<GenerateRequest> reqs;
+    for (int v = 0; v < 4; ++v) reqs.push_back(request(v, v == 0 ? 0.0 : 0.9, 120));
+    const Outputs want = run(base_options(), reqs, true);
+    auto oracle = std::make_shared<OracleDrafter>();
+    for (size_t i = 0; i < reqs.size(); ++i) oracle->ref[reqs[i].prompt] = want[i].tokens;
+
+    auto slow = std::make_shared<SlowDrafter>();
+    slow->inner = oracle;
+    slow->sleep_ms = 25;
+    EngineOptions costly = varlen_options(spec::Method::kNone, 1, 1e-4);
+    costly.spec_gate = {};  // measuring
+    costly.drafter = slow;
+    EngineStats c;
+    expect_same(run(costly, reqs, true, &c), want, "costly drafter, gated");
+    // One token per plain step, two per verifying one: ~120 steps; probes speculate on
+    // a few of them (first probe 4 steps, then at most 4 per hold of >= 8).
+    EXPECT_GT(c.spec_steps, 0);
+    EXPECT_LT(c.spec_steps * 5, c.steps) << c.steps;
+
+    EngineOptions sure = varlen_options(spec::Method::kNone, 5, 1e-4);
+    sure.spec_gate = {};
+    sure.drafter = oracle;
+    EngineStats o;
+    expect_same(run(sure, reqs, true, &o), want, "oracle, gated");
+    EXPECT_EQ(o.spec_accepted_tokens, o.spec_draft_tokens);
+    // Six tokens a verifying step: far fewer steps than the ~120 without speculation.
+    EXPECT_GT(o.spec_steps * 2, o.steps) << o.steps;
+    EXPECT_LT(o.steps, 60);
 }
 
 // The rejection rule with fixed-length speculation (S-ENG-7): the same seed gives the

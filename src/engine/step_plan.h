@@ -53,6 +53,10 @@ struct StepPlan {
     // (their blocks may be reused by it).
     std::vector<kv::HostCopy> save;
     std::vector<int64_t> release;  // worker state to drop (finished sequences)
+    // Speculation: the worker proposes drafts after this step (next_drafts). The host
+    // plans the next step only once this one's result is back (the drafts decide its
+    // positions), and verifies drafts only in a step that runs alone.
+    bool draft = false;
 };
 
 struct ItemResult {
@@ -75,6 +79,7 @@ struct ItemResult {
 struct StepResult {
     Status status;
     std::vector<ItemResult> items;
+    bool speculative = false;  // the plan drafted or verified drafts
     int64_t start_ns = 0;
     int64_t end_ns = 0;
     // Swap-in (S-KV-6) of this step, if any.

@@ -160,6 +160,8 @@ StepResult Worker::execute(StepPlan& plan) {
             r.items.push_back(sample_item(plan.items[i], i));
         }
         if (drafter_ != nullptr) r.status = draft(plan, r);
+        r.speculative = plan.draft || std::any_of(plan.items.begin(), plan.items.end(),
+                                                  [](const StepItem& it) { return !it.drafts.empty(); });
     }
     r.end_ns = steady_clock_ns();
     return r;
@@ -207,6 +209,9 @@ ItemResult Worker::sample_item(StepItem& it, size_t i) {
 
 Status Worker::draft(StepPlan& plan, StepResult& r) {
     const bool hidden = drafter_->uses_hidden();
+    // Not drafting this step: only the MTP drafter's catch-up (its KV rows of every
+    // item, k = 0), so that its cache is whole when drafting resumes.
+    if (!plan.draft && !hidden) return Status::ok();
     const int64_t H = model_->config().hidden_size;
     draft_in_.clear();
     draft_k_.clear();
@@ -231,8 +236,8 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
             in.cache = &it.cache;
         }
         draft_in_.push_back(in);
-        int k = it.sample ? spec_k_ : 0;
-        if (varlen_cost_ != nullptr) k = it.sample && varlen_off_steps_ == 0 ? varlen_k_ : 0;
+        int k = it.sample && plan.draft ? spec_k_ : 0;
+        if (varlen_cost_ != nullptr && k > 0) k = varlen_k_;
         draft_k_.push_back(k);
         draft_item_.push_back(i);
     }
@@ -241,15 +246,12 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
     draft_probs_.resize(varlen_cost_ != nullptr ? draft_in_.size() : 0);
     const int64_t t0 = steady_clock_ns();
     DSI_RETURN_IF_ERROR(drafter_->propose_batch(draft_in_, draft_k_, draft_out_, draft_probs_));
-    if (varlen_cost_ != nullptr) {
-        const bool drafted = std::any_of(draft_k_.begin(), draft_k_.end(), [](int k) { return k > 0; });
-        if (drafted) {
-            const double ns = static_cast<double>(steady_clock_ns() - t0);
-            draft_ns_ = draft_ns_ == 0 ? ns : 0.8 * draft_ns_ + 0.2 * ns;
-        } else if (varlen_off_steps_ > 0 && --varlen_off_steps_ == 0) {
-            varlen_k_ = 1;  // probe: does speculating pay again?
-        }
+    const bool drafted = std::any_of(draft_k_.begin(), draft_k_.end(), [](int k) { return k > 0; });
+    if (varlen_cost_ != nullptr && drafted) {
+        const double ns = static_cast<double>(steady_clock_ns() - t0);
+        draft_ns_ = draft_ns_ == 0 ? ns : 0.8 * draft_ns_ + 0.2 * ns;
     }
+    if (!drafted) return Status::ok();
     for (size_t d = 0; d < draft_item_.size(); ++d) {
         const WorkerSeq& ws = seqs_.at(plan.items[draft_item_[d]].seq_id);
         if (ws.req->mask != nullptr) cut_forbidden_drafts(ws, draft_out_[d]);
@@ -306,10 +308,11 @@ int64_t Worker::choose_lengths(const StepPlan& plan, StepResult& r) {
     const bool any_drafts = std::any_of(draft_out_.begin(), draft_out_.end(),
                                         [](const std::vector<int32_t>& d) { return !d.empty(); });
     if (any_drafts && !choice.pays) {
-        // Drafting and verifying cost more than they yield: stop drafting for a while
-        // (S-SPEC: off where it does not pay), then probe with one draft.
-        varlen_off_steps_ = kVarlenBackoffSteps;
-        varlen_k_ = 0;
+        // Drafting and verifying cost more than they yield on the curve: draft one token
+        // next time (the cheapest probe). Whether speculating pays at all, with the
+        // loop's own costs, the engine's SpecGate measures (S-SPEC: off where it does
+        // not pay).
+        varlen_k_ = 1;
     }
     for (size_t d = 0; d < draft_item_.size(); ++d) {
         const size_t keep = static_cast<size_t>(choice.lengths[d]);

@@ -112,8 +112,6 @@ private:
     // Varlen: what drafting cost a step (EMA of the drafter calls that drafted), and the
     // steps left without drafting after speculation did not pay (then one probe draft).
     double draft_ns_ = 0;
-    int varlen_off_steps_ = 0;
-    static constexpr int kVarlenBackoffSteps = 16;
     // Worker thread (or inline) only.
     std::unordered_map<int64_t, WorkerSeq> seqs_;
     Sampler sampler_;

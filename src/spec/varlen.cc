@@ -177,4 +177,72 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
     return best;
 }
 
+int SpecGate::bucket(int64_t batch) {
+    int b = 0;
+    while (b + 1 < kBuckets && (int64_t{1} << b) < batch) ++b;
+    return b;
+}
+
+double SpecGate::rate(int64_t batch, bool speculated) const {
+    return buckets_[static_cast<size_t>(bucket(batch))].rate[speculated ? 1 : 0];
+}
+
+void SpecGate::start_run(Bucket& b, bool on, bool probing, int steps) {
+    if (on != b.on || !b.started) {
+        // A new mode: its first step carries the switch; its rate is measured afresh.
+        if (b.started) ++switches_;
+        b.fresh = true;
+        b.run_tokens = 0;
+        b.run_ns = 0;
+    }
+    b.started = true;
+    b.on = on;
+    b.probing = probing;
+    b.left = std::max(steps, 1);
+}
+
+void SpecGate::decide(Bucket& b) {
+    if (!b.probing) {
+        start_run(b, !b.on, true, o_.probe_steps);  // a hold ended: probe the other mode
+        return;
+    }
+    const bool other = !b.on;
+    if (b.rate[other ? 1 : 0] == 0) {
+        start_run(b, other, true, o_.probe_steps);  // never measured: probe it first
+        return;
+    }
+    const bool best_on = b.rate[1] >= b.rate[0];
+    b.hold = b.has_winner && best_on == b.winner_on ? std::max(b.hold, o_.min_hold) * 2
+                                                      : o_.min_hold;
+    const double slower = std::min(b.rate[0], b.rate[1]) / std::max(b.rate[0], b.rate[1]);
+    const double budget = o_.probe_steps * (1 - slower) / o_.max_probe_cost;
+    if (budget > b.hold) b.hold = static_cast<int>(std::min<double>(std::ceil(budget), o_.max_hold));
+    b.hold = std::min(b.hold, o_.max_hold);
+    b.winner_on = best_on;
+    b.has_winner = true;
+    start_run(b, best_on, false, b.hold);
+}
+
+bool SpecGate::speculate(int64_t batch) {
+    if (!o_.measure) return true;
+    Bucket& b = buckets_[static_cast<size_t>(bucket(batch))];
+    if (!b.started) start_run(b, true, true, o_.probe_steps);
+    if (b.left <= 0) decide(b);
+    --b.left;
+    return b.on;
+}
+
+void SpecGate::observe(bool speculated, int64_t batch, int64_t tokens, int64_t period_ns) {
+    Bucket& b = buckets_[static_cast<size_t>(bucket(batch))];
+    if (period_ns <= 0 || tokens < 0 || !b.started || speculated != b.on) return;
+    if (b.fresh) {
+        b.fresh = false;
+        return;
+    }
+    // Recent steps weigh most (the rate drifts as contexts grow and prompts change).
+    b.run_tokens = kDecay * b.run_tokens + static_cast<double>(tokens);
+    b.run_ns = kDecay * b.run_ns + static_cast<double>(period_ns);
+    b.rate[b.on ? 1 : 0] = b.run_tokens / b.run_ns;
+}
+
 }  // namespace dsi::spec

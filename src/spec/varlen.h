@@ -18,10 +18,15 @@
 //     (requests + sum of the top-N survivals) / time(base tokens + N) wins. N = 0 when no
 //     draft pays, so speculation switches itself off where verifying costs more than it
 //     yields.
+//   - SpecGate: whether the engine speculates at all, per batch size, from the output
+//     rate it measured in each mode (speculating runs the loop synchronously; not
+//     speculating runs it asynchronously, which the cost curve cannot price): each mode
+//     is measured in short probes, the faster one is held for a doubling number of steps.
 // With the exact acceptance rule (spec/verify.h) the output does not depend on how many
 // drafts are verified: only speed changes.
 //
-// Thread model: none of these is thread-safe; the worker owns one of each.
+// Thread model: none of these is thread-safe; the worker owns the first three, the
+// engine's host side the gate.
 #pragma once
 
 #include <array>
@@ -136,5 +141,67 @@ struct VarlenChoice {
 VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int64_t base_tokens,
                                    int64_t sampled, const VerifyCostCurve& cost,
                                    double draft_ns = 0);
+
+// Speculate or not, decided per batch-size bucket (decoding sequences: 1, 2, 3-4, 5-8,
+// ..., 2^k+1 - 2^(k+1)) from measured output rates: tokens emitted per ns of wall time
+// between consecutive step results, which includes drafting, sampling and the host's
+// planning (overlapped in the asynchronous loop, not in the synchronous one). A bucket
+// starts with a probe of each mode (speculating first), then holds the faster mode for
+// `min_hold` steps, doubling up to `max_hold` each time a probe of the other mode
+// confirms the choice (back to `min_hold` when it does not), and at least long enough
+// that a probe of the slower mode costs at most `max_probe_cost` of the hold's output
+// (probe_steps * (1 - slower / faster) / hold). A mode's rate is that of its latest run,
+// recent steps weighted most (kDecay). The first step of each run of a mode is not measured (it carries the switch: drafts not yet proposed, or the loop refilling).
+// Pure: no clock; the engine passes measured periods. Not thread-safe.
+class SpecGate {
+public:
+    struct Options {
+        int probe_steps = 4;  // steps of a probe run (the first is not measured)
+        int min_hold = 8;
+        int max_hold = 256;
+        double max_probe_cost = 0.02;
+        bool measure = true;  // false: always speculate
+    };
+    SpecGate() : SpecGate(Options{}) {}
+    explicit SpecGate(Options o) : o_(o) {}
+
+    // Whether the next planned step speculates, with `batch` decoding sequences; counts
+    // a planned step of that bucket.
+    bool speculate(int64_t batch);
+    // A measured step: planned in mode `speculated`, `batch` decoding sequences (a step
+    // that also ran prefill chunks is not passed), `tokens` emitted, `period_ns` since
+    // the previous step's result. Steps of a mode the bucket has left are ignored.
+    void observe(bool speculated, int64_t batch, int64_t tokens, int64_t period_ns);
+
+    static int bucket(int64_t batch);
+    // Weight of a run's earlier steps in its rate, per later step.
+    static constexpr double kDecay = 0.8;
+    static constexpr int kBuckets = 16;
+    // For tests, metrics and benchmarks: the bucket's latest measured rate of a mode
+    // (tokens per ns; 0 before it was measured) and its current mode.
+    double rate(int64_t batch, bool speculated) const;
+    bool mode(int64_t batch) const { return buckets_[static_cast<size_t>(bucket(batch))].on; }
+    int64_t switches() const { return switches_; }
+
+private:
+    struct Bucket {
+        bool on = true;          // current mode: speculate
+        bool probing = true;     // the current run is a probe (else a hold)
+        bool started = false;    // a run was planned (speculate() called) in this bucket
+        int left = 0;            // planned steps left in the run
+        int hold = 0;            // length of the next hold
+        bool fresh = true;       // the run's first observation is still to come
+        double run_tokens = 0, run_ns = 0;
+        double rate[2] = {0, 0};  // [off, on], tokens per ns, 0: never measured
+        bool winner_on = true;
+        bool has_winner = false;
+    };
+    void start_run(Bucket& b, bool on, bool probing, int steps);
+    void decide(Bucket& b);
+
+    Options o_;
+    std::array<Bucket, kBuckets> buckets_{};
+    int64_t switches_ = 0;
+};
 
 }  // namespace dsi::spec

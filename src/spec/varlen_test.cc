@@ -202,5 +202,118 @@ TEST(ChooseVerifyLengthsTest, MatchesBruteForceOverAllPrefixLengths) {
     }
 }
 
+// A simulated engine loop for SpecGate: each mode has a true output rate (tokens per ns)
+// per batch size, measured with +-10 % noise; observations arrive `delay` steps after
+// the plan (the asynchronous loop), or at once. Returns the tokens per ns achieved.
+struct GateRun {
+    int64_t on_steps = 0;
+    int64_t steps = 0;
+    double tokens = 0;
+    double ns = 0;
+    double rate() const { return tokens / ns; }
+};
+template <typename RateFn>
+GateRun run_gate(SpecGate& gate, int64_t batch, int steps, RateFn true_rate, int delay = 0,
+                 uint32_t seed = 1) {
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<double> noise(0.9, 1.1);
+    GateRun r;
+    // Speculating emits 1.5 tokens per sequence and step (batch: even).
+    std::vector<std::pair<bool, double>> pending;  // (mode, period) in plan order
+    for (int i = 0; i < steps; ++i) {
+        const bool on = gate.speculate(batch);
+        const double tokens = static_cast<double>(batch) * (on ? 1.5 : 1.0);
+        const double period = tokens / (true_rate(i, on) * noise(rng));
+        r.on_steps += on ? 1 : 0;
+        ++r.steps;
+        r.tokens += tokens;
+        r.ns += period;
+        pending.push_back({on, period});
+        if (static_cast<int>(pending.size()) > delay) {
+            auto [m, p] = pending.front();
+            pending.erase(pending.begin());
+            gate.observe(m, batch, m ? batch * 3 / 2 : batch, std::llround(p));
+        }
+    }
+    return r;
+}
+
+TEST(SpecGateTest, BucketsByPowersOfTwo) {
+    EXPECT_EQ(SpecGate::bucket(0), 0);
+    EXPECT_EQ(SpecGate::bucket(1), 0);
+    EXPECT_EQ(SpecGate::bucket(2), 1);
+    EXPECT_EQ(SpecGate::bucket(3), 2);
+    EXPECT_EQ(SpecGate::bucket(4), 2);
+    EXPECT_EQ(SpecGate::bucket(5), 3);
+    EXPECT_EQ(SpecGate::bucket(64), 6);
+    EXPECT_EQ(SpecGate::bucket(65), 7);
+    EXPECT_EQ(SpecGate::bucket(int64_t{1} << 40), SpecGate::kBuckets - 1);
+}
+
+TEST(SpecGateTest, HoldsTheFasterModeAndSpendsLittleOnTheOther) {
+    for (int delay : {0, 1}) {
+        // Speculating 1.5x faster: almost every step speculates.
+        SpecGate fast;
+        const GateRun a = run_gate(fast, 2, 2000, [](int, bool on) { return on ? 1.5e-6 : 1e-6; },
+                                   delay);
+        EXPECT_GT(a.on_steps, a.steps * 95 / 100) << "delay " << delay;
+        EXPECT_TRUE(fast.mode(2));
+        EXPECT_NEAR(fast.rate(2, true) / fast.rate(2, false), 1.5, 0.15);
+        // Speculating at 0.6x: almost none does, and the run keeps >= 97 % of the
+        // faster mode's rate (the probes' cost).
+        SpecGate slow;
+        const GateRun b = run_gate(slow, 64, 2000, [](int, bool on) { return on ? 0.6e-6 : 1e-6; },
+                                   delay);
+        EXPECT_LT(b.on_steps, b.steps * 5 / 100) << "delay " << delay;
+        EXPECT_FALSE(slow.mode(64));
+        EXPECT_GT(b.rate(), 0.97e-6) << "delay " << delay;
+    }
+}
+
+TEST(SpecGateTest, BucketsDecideApartAndFollowADrift) {
+    SpecGate gate;
+    // Batch 2: speculation pays; batch 64: it does not. Interleaved steps.
+    for (int i = 0; i < 300; ++i) {
+        const auto seed = static_cast<uint32_t>(i);
+        run_gate(gate, 2, 1, [](int, bool on) { return on ? 1.6e-6 : 1e-6; }, 0, seed);
+        run_gate(gate, 64, 1, [](int, bool on) { return on ? 0.7e-6 : 1e-6; }, 0, seed);
+    }
+    EXPECT_TRUE(gate.mode(2));
+    EXPECT_FALSE(gate.mode(64));
+    EXPECT_FALSE(gate.mode(40));  // 33-64: the bucket of 64
+    // The batch-2 rates change: speculation stops paying (a harder prompt). Within a
+    // longest hold plus two probes the gate has switched, and stays switched.
+    SpecGate drift;
+    run_gate(drift, 2, 1000, [](int, bool on) { return on ? 1.6e-6 : 1e-6; });
+    EXPECT_TRUE(drift.mode(2));
+    const SpecGate::Options o;
+    const int within = o.max_hold + 2 * o.probe_steps + 1;
+    const GateRun after = run_gate(drift, 2, within, [](int, bool on) { return on ? 0.5e-6 : 1e-6; });
+    EXPECT_FALSE(drift.mode(2));
+    const GateRun later = run_gate(drift, 2, 1000, [](int, bool on) { return on ? 0.5e-6 : 1e-6; });
+    EXPECT_LT(later.on_steps, later.steps * 5 / 100);
+    EXPECT_GT(after.steps, 0);
+}
+
+TEST(SpecGateTest, IgnoresBadAndStrayObservations) {
+    SpecGate gate;
+    gate.observe(true, 8, 100, 1000);  // before any plan of the bucket: ignored
+    EXPECT_EQ(gate.rate(8, true), 0);
+    EXPECT_TRUE(gate.speculate(8));    // the first probe speculates
+    gate.observe(true, 8, 16, 1000);   // the run's first step: not measured
+    gate.observe(true, 8, 16, 0);      // no period: ignored
+    gate.observe(true, 8, 16, -5);
+    gate.observe(true, 8, -1, 1000);
+    gate.observe(false, 8, 16, 1000);  // a mode the bucket is not in: ignored
+    EXPECT_EQ(gate.rate(8, true), 0);
+    EXPECT_EQ(gate.rate(8, false), 0);
+    gate.observe(true, 8, 16, 1000);
+    EXPECT_DOUBLE_EQ(gate.rate(8, true), 16.0 / 1000);
+    gate.observe(true, 8, 8, 1000);
+    const double d = SpecGate::kDecay;
+    EXPECT_DOUBLE_EQ(gate.rate(8, true), (16.0 * d + 8) / (1000 * d + 1000));
+    EXPECT_EQ(gate.switches(), 0);
+}
+
 }  // namespace
 }  // namespace dsi::spec
