@@ -52,6 +52,7 @@ struct Sequence {
     bool init_sent = false;
     bool gated = false;  // completion > 0 waiting for completion 0's prefill
     std::vector<int32_t> drafts;  // speculation: proposed after the last step
+    int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_verify_steps = 0;
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop;
 
@@ -308,6 +309,9 @@ struct Engine::Impl {
 
     void emit(Sequence& s, TokenEvent& ev) {
         ev.cached_prompt_tokens = std::max<int64_t>(s.num_cached_prompt, 0);
+        ev.spec_draft_tokens = s.spec_draft_tokens;
+        ev.spec_accepted_tokens = s.spec_accepted_tokens;
+        ev.spec_verify_steps = s.spec_verify_steps;
         auto it = requests.find(s.request_id);
         if (it != requests.end() && it->second.callback) it->second.callback(ev);
     }
@@ -382,6 +386,11 @@ struct Engine::Impl {
                 cache->truncate(s.id, s.num_computed);
             }
             count_speculation(ir);
+            if (ir.num_drafts > 0) {
+                s.spec_draft_tokens += ir.num_drafts;
+                s.spec_accepted_tokens += ir.num_accepted;
+                ++s.spec_verify_steps;
+            }
             step_verified |= ir.num_drafts > 0;
             s.drafts = std::move(ir.next_drafts);
             // Publish blocks whose rows are all computed and whose tokens are known (with

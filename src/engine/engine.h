@@ -175,6 +175,11 @@ struct TokenEvent {
     // Prompt tokens this request took from the prefix cache at its first admission
     // (0 before admission); per-request usage.cached_tokens in the server.
     int64_t cached_prompt_tokens = 0;
+    // This completion's speculative decoding so far: drafts verified, of which
+    // accepted, and the steps that verified any (per-request usage, on request).
+    int64_t spec_draft_tokens = 0;
+    int64_t spec_accepted_tokens = 0;
+    int64_t spec_verify_steps = 0;
 };
 using StreamCallback = std::function<void(const TokenEvent&)>;
 

@@ -49,6 +49,18 @@ Result<Conversation> conversation_from_json(ApiProtocol api, const OrderedJson& 
 // The error JSON each API returns with a non-OK status.
 std::string json_error_body(ApiProtocol api, const Status& status);
 
+// One generation's speculative decoding: drafted tokens verified, of which accepted, in
+// how many verifying steps.
+struct SpeculativeUsage {
+    int64_t draft_tokens = 0;
+    int64_t accepted_tokens = 0;
+    int64_t verify_steps = 0;
+};
+
+// dsinfer's usage extension, on request (the request field speculative_usage):
+// {"draft_tokens", "accepted_tokens", "verify_steps"}, as usage.speculative.
+OrderedJson speculative_usage_json(const SpeculativeUsage& s);
+
 struct ResponseMeta {
     std::string id;     // "chatcmpl-…" / "resp_…" / "msg_…"
     std::string model;
@@ -58,6 +70,9 @@ struct ResponseMeta {
     int64_t reasoning_tokens = 0;
     int64_t cached_tokens = 0;  // of prompt_tokens, from the prefix cache
     bool include_usage = false;  // Chat Completions stream_options.include_usage
+    // Request field speculative_usage: usage.speculative with these counts.
+    bool speculative_usage = false;
+    SpeculativeUsage speculative;
 };
 
 // A finished completion folded from events (the non-streaming view).
@@ -100,6 +115,7 @@ public:
     }
     // Known once the request is admitted (before start() in the server).
     void set_cached_tokens(int64_t cached_tokens) { meta_.cached_tokens = cached_tokens; }
+    void set_speculative(const SpeculativeUsage& s) { meta_.speculative = s; }
 
 private:
     std::vector<SseEvent> chat_event(const Event& e);

@@ -682,6 +682,8 @@ Status serving_controls(const J& j, Request* r) {
         }
     }
     DSI_ASSIGN_OR_RETURN(r->timeout_ms, opt_int(j, "timeout_ms", "", 1, kMaxTimeoutMs));
+    DSI_ASSIGN_OR_RETURN(auto spec_usage, opt_bool(j, "speculative_usage", ""));
+    r->speculative_usage = spec_usage.value_or(false);
     return Status::ok();
 }
 

@@ -33,6 +33,12 @@ Completion fold_events(const std::vector<Event>& events) {
 
 namespace dsi::protocol {
 
+OrderedJson speculative_usage_json(const SpeculativeUsage& s) {
+    return OrderedJson{{"draft_tokens", s.draft_tokens},
+                       {"accepted_tokens", s.accepted_tokens},
+                       {"verify_steps", s.verify_steps}};
+}
+
 namespace {
 
 using J = nlohmann::ordered_json;
@@ -55,29 +61,37 @@ J parse_args_or_empty(const std::string& args) {
     return a.is_object() ? a : J::object();
 }
 
+J with_speculative(J u, const ResponseMeta& m) {
+    if (m.speculative_usage) u["speculative"] = speculative_usage_json(m.speculative);
+    return u;
+}
+
 J chat_usage(const ResponseMeta& m) {
     J u = {{"prompt_tokens", m.prompt_tokens},
            {"completion_tokens", m.completion_tokens},
            {"total_tokens", m.prompt_tokens + m.completion_tokens}};
     u["prompt_tokens_details"] = {{"cached_tokens", m.cached_tokens}};
     u["completion_tokens_details"] = {{"reasoning_tokens", m.reasoning_tokens}};
-    return u;
+    return with_speculative(std::move(u), m);
 }
 
 J responses_usage(const ResponseMeta& m) {
-    return J{{"input_tokens", m.prompt_tokens},
-             {"input_tokens_details", {{"cached_tokens", m.cached_tokens}}},
-             {"output_tokens", m.completion_tokens},
-             {"output_tokens_details", {{"reasoning_tokens", m.reasoning_tokens}}},
-             {"total_tokens", m.prompt_tokens + m.completion_tokens}};
+    return with_speculative(
+        J{{"input_tokens", m.prompt_tokens},
+          {"input_tokens_details", {{"cached_tokens", m.cached_tokens}}},
+          {"output_tokens", m.completion_tokens},
+          {"output_tokens_details", {{"reasoning_tokens", m.reasoning_tokens}}},
+          {"total_tokens", m.prompt_tokens + m.completion_tokens}},
+        m);
 }
 
 J messages_usage(const ResponseMeta& m) {
     // Anthropic counts cache reads apart from input_tokens.
-    return J{{"input_tokens", m.prompt_tokens - m.cached_tokens},
-             {"cache_creation_input_tokens", 0},
-             {"cache_read_input_tokens", m.cached_tokens},
-             {"output_tokens", m.completion_tokens}};
+    return with_speculative(J{{"input_tokens", m.prompt_tokens - m.cached_tokens},
+                              {"cache_creation_input_tokens", 0},
+                              {"cache_read_input_tokens", m.cached_tokens},
+                              {"output_tokens", m.completion_tokens}},
+                            m);
 }
 
 J responses_reasoning_item(const std::string& id, const std::string& text, bool done) {
@@ -496,7 +510,9 @@ std::vector<SseEvent> StreamWriter::messages_event(const Event& e) {
             }
             ev("message_delta", J{{"delta", {{"stop_reason", anthropic_stop(e.finish)},
                                              {"stop_sequence", nullptr}}},
-                                  {"usage", {{"output_tokens", meta_.completion_tokens}}}});
+                                  {"usage", with_speculative(
+                                                J{{"output_tokens", meta_.completion_tokens}},
+                                                meta_)}});
             ev("message_stop", J::object());
             break;
     }

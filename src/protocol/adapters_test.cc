@@ -230,5 +230,52 @@ TEST(Adapters, NonStreamingResponses) {
     EXPECT_EQ(msg["content"][2]["input"]["city"], "Paris");
 }
 
+// Usage's speculative extension appears when the request asked for it (all APIs,
+// streaming and not) and nowhere else.
+TEST(Adapters, SpeculativeUsageOnRequest) {
+    const Completion c = fold_events(sample_events());
+    ResponseMeta meta;
+    meta.id = "id1";
+    meta.model = "m";
+    meta.prompt_tokens = 3;
+    meta.completion_tokens = 9;
+    meta.include_usage = true;
+    meta.speculative = {12, 7, 4};
+    auto usage_of = [&](ApiProtocol api) { return J::parse(build_response(api, meta, c))["usage"]; };
+    for (ApiProtocol api :
+         {ApiProtocol::kChatCompletions, ApiProtocol::kResponses, ApiProtocol::kMessages}) {
+        meta.speculative_usage = false;
+        EXPECT_FALSE(usage_of(api).contains("speculative")) << usage_of(api);
+        meta.speculative_usage = true;
+        const J u = usage_of(api);
+        ASSERT_TRUE(u.contains("speculative")) << u;
+        EXPECT_EQ(u["speculative"], J::parse(R"({"draft_tokens":12,"accepted_tokens":7,"verify_steps":4})"));
+        EXPECT_EQ(u.contains("output_tokens") ? u["output_tokens"] : u["completion_tokens"], 9);
+    }
+    // Streaming: the closing usage (Chat usage chunk, Responses completed, Messages
+    // message_delta) carries it.
+    for (ApiProtocol api :
+         {ApiProtocol::kChatCompletions, ApiProtocol::kResponses, ApiProtocol::kMessages}) {
+        StreamWriter w(api, meta);
+        std::vector<SseEvent> out = w.start();
+        for (const Event& e : sample_events()) {
+            for (auto& s : w.on_event(e)) out.push_back(std::move(s));
+        }
+        bool seen = false;
+        for (const SseEvent& s : out) {
+            if (s.data == "[DONE]") continue;
+            const J j = J::parse(s.data);
+            const J* u = j.contains("usage") ? &j["usage"]
+                         : j.contains("response") && j["response"].contains("usage")
+                             ? &j["response"]["usage"]
+                             : nullptr;
+            if (u == nullptr || u->is_null() || !u->contains("speculative")) continue;
+            EXPECT_EQ((*u)["speculative"]["accepted_tokens"], 7) << s.data;
+            seen = true;
+        }
+        EXPECT_TRUE(seen) << static_cast<int>(api);
+    }
+}
+
 }  // namespace
 }  // namespace dsi::protocol

@@ -32,10 +32,12 @@ void set_output_text_logprobs(J& response, const J& logprobs) {
 
 // Legacy completions usage (with the request's prefix-cache hit).
 J completions_usage(const ResponseMeta& m, int64_t completion_tokens) {
-    return J{{"prompt_tokens", m.prompt_tokens},
-             {"completion_tokens", completion_tokens},
-             {"total_tokens", m.prompt_tokens + completion_tokens},
-             {"prompt_tokens_details", {{"cached_tokens", m.cached_tokens}}}};
+    J u = {{"prompt_tokens", m.prompt_tokens},
+           {"completion_tokens", completion_tokens},
+           {"total_tokens", m.prompt_tokens + completion_tokens},
+           {"prompt_tokens_details", {{"cached_tokens", m.cached_tokens}}}};
+    if (m.speculative_usage) u["speculative"] = J(speculative_usage_json(m.speculative));
+    return u;
 }
 
 // The one finish rule of every API: the engine's length limit, deadline or abort is
@@ -59,6 +61,7 @@ Renderer::Renderer(const Tokenizer& tokenizer, const SpecialTokens& special,
     meta_.created_s = options_.created_s;
     meta_.prompt_tokens = options_.prompt_tokens;
     meta_.include_usage = options_.include_usage;
+    meta_.speculative_usage = options_.speculative_usage;
     if (options_.api != ApiProtocol::kCompletions) {
         ParserOptions po;
         po.thinking = options_.thinking_prompt;
@@ -82,6 +85,7 @@ Renderer::~Renderer() = default;
 std::vector<Event> Renderer::consume(const OutputUpdate& u) {
     std::vector<Event> raw;
     meta_.cached_tokens = std::max(meta_.cached_tokens, u.cached_prompt_tokens);
+    meta_.speculative = u.speculative;
     for (const OutputToken& t : u.tokens) {
         ++num_tokens_;
         if (options_.thinking_prompt && !saw_think_end_) {
@@ -243,6 +247,7 @@ std::string Renderer::on_update_sse(const OutputUpdate& u) {
         return out;
     }
     writer_->set_cached_tokens(meta_.cached_tokens);
+    writer_->set_speculative(meta_.speculative);
     if (!started_) {
         started_ = true;
         for (const SseEvent& s : writer_->start()) out += s.to_wire();

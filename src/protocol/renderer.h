@@ -12,7 +12,8 @@
 //     bytes), Responses `logprobs` on output_text parts / delta / done events without
 //     reasoning tokens, legacy completions tokens / token_logprobs / top_logprobs /
 //     text_offset;
-//   - usage: prompt, completion, reasoning and prefix-cache-hit tokens per API.
+//   - usage: prompt, completion, reasoning and prefix-cache-hit tokens per API, and on
+//     request dsinfer's `speculative` counts.
 //
 // Thread model: one per generation, used by one thread at a time.
 #pragma once
@@ -48,6 +49,7 @@ struct OutputUpdate {
     bool finished = false;
     engine::FinishReason reason = engine::FinishReason::kNone;
     int64_t cached_prompt_tokens = 0;  // the request's prefix-cache hit (usage)
+    SpeculativeUsage speculative;      // so far (usage, on request)
 };
 
 struct RenderOptions {
@@ -61,6 +63,7 @@ struct RenderOptions {
     int64_t created_s = 0;
     int64_t prompt_tokens = 0;
     std::vector<std::string> stop;
+    bool speculative_usage = false;  // request field speculative_usage
 };
 
 class Renderer {

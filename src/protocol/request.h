@@ -16,6 +16,9 @@
 //                 blocks the request writes (SPEC S-KV-3).
 //   timeout_ms    integer 1..86,400,000: the generation ends (finish "length" /
 //                 "max_tokens" / "incomplete") this long after the server read it.
+//   speculative_usage  boolean: usage carries `speculative` {draft_tokens,
+//                 accepted_tokens, verify_steps} of this request's speculative decoding
+//                 (zeros when the server does not speculate; docs/server.md).
 //
 // Thread model: pure functions over plain values.
 #pragma once
@@ -59,6 +62,7 @@ struct Request {
     std::string cache_salt;  // "" = none
     TrafficClass traffic_class = TrafficClass::kChat;
     std::optional<int64_t> timeout_ms;
+    bool speculative_usage = false;
 };
 
 // INVALID_ARGUMENT (HTTP 400) naming the field; each API's unknown top-level field in

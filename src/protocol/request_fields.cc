@@ -45,7 +45,8 @@ constexpr Field kCommonOpenAiFields[] = {
 };
 // dsinfer's serving controls, in every API (request.h).
 constexpr Field kServingFields[] = {
-    {"cache_salt", kStr}, {"traffic_class", kStr}, {"timeout_ms", kInt}};
+    {"cache_salt", kStr}, {"traffic_class", kStr}, {"timeout_ms", kInt},
+    {"speculative_usage", kBool}};
 constexpr Field kChatFields[] = {
     {"messages", kArr},          {"audio", kObj},
     {"frequency_penalty", kNum}, {"function_call", kStr | kObj},

@@ -223,6 +223,7 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
     p.include_usage = conv.include_usage;
     p.model = conv.model;
     p.logprobs = req.logprobs;
+    p.speculative_usage = req.speculative_usage;
     DSI_RETURN_IF_ERROR(check_model(ctx, p.model));
     if (e == Endpoint::kCompletions) {
         if (ctx.tokenizer->add_bos_token()) p.request.prompt.push_back(ctx.tokenizer->bos_id());
@@ -265,6 +266,7 @@ protocol::RenderOptions render_options(const Prepared& p, std::string id, int64_
     o.created_s = created_s;
     o.prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
     o.stop = p.stop;
+    o.speculative_usage = p.speculative_usage;
     return o;
 }
 

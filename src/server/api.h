@@ -114,6 +114,7 @@ struct Prepared {
     int32_t logprobs = -1;  // -1: off; else top-k count (chat / completions / responses)
     std::string model;
     std::vector<std::string> stop;
+    bool speculative_usage = false;
     engine::GenerateRequest request;
 };
 

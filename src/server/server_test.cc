@@ -257,7 +257,8 @@ TEST(Prepare, ServingControlsReachTheEngineFromEveryApi) {
     ApiContext ctx = context();
     FakeClockEnv clock(1000);
     ctx.env = &clock;
-    const std::string controls = R"("cache_salt":"t1","traffic_class":"agent","timeout_ms":5000)";
+    const std::string controls =
+        R"("cache_salt":"t1","traffic_class":"agent","timeout_ms":5000,"speculative_usage":true)";
     for (Endpoint e : {Endpoint::kChatCompletions, Endpoint::kCompletions, Endpoint::kResponses,
                        Endpoint::kMessages}) {
         const std::string base = e == Endpoint::kCompletions ? R"({"model":"m","prompt":"Hi",)"
@@ -270,6 +271,7 @@ TEST(Prepare, ServingControlsReachTheEngineFromEveryApi) {
         EXPECT_EQ(p->request.cache_salt, "t1");
         EXPECT_TRUE(p->request.agent_traffic);
         EXPECT_EQ(p->request.deadline_ns, 1000 + int64_t{5000} * 1000000);
+        EXPECT_TRUE(p->speculative_usage);
         // Under a salted API key: a namespace of its own, and per client salt.
         auto k = prepare_request(ctx, e, base + controls + "}", 1, "tenantA");
         ASSERT_TRUE(k.is_ok());
@@ -281,13 +283,15 @@ TEST(Prepare, ServingControlsReachTheEngineFromEveryApi) {
         EXPECT_EQ(d->request.cache_salt, "");
         EXPECT_FALSE(d->request.agent_traffic);
         EXPECT_EQ(d->request.deadline_ns, 0);
+        EXPECT_FALSE(d->speculative_usage);
 
         // Bad values: 400 in the API's shape, naming the field.
         for (const char* bad :
              {R"("cache_salt":"")", R"("cache_salt":5)", R"("cache_salt":"a\nb")",
               R"("traffic_class":"batch")", R"("traffic_class":1)", R"("timeout_ms":0)",
               R"("timeout_ms":-1)", R"("timeout_ms":1.5)", R"("timeout_ms":"1s")",
-              R"("timeout_ms":100000000000)"}) {
+              R"("timeout_ms":100000000000)", R"("speculative_usage":"yes")",
+              R"("speculative_usage":1)"}) {
             auto r = prepare_request(ctx, e, base + bad + "}", 1);
             ASSERT_FALSE(r.is_ok()) << bad;
             const std::string field = std::string(bad).substr(1, std::string(bad).find('"', 1) - 1);

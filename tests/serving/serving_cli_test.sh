@@ -9,7 +9,9 @@
 #      wrote, and `serve` hits the blocks `generate` wrote (one model id rule);
 #   4. bad flag values are refused with a message naming the flag;
 #   5. speculative decoding (MTP, n-gram, MTP with variable-length verification) gives
-#      the output without it.
+#      the output without it;
+#   6. a request with speculative_usage gets its drafted / accepted counts in usage
+#      (Chat Completions, Messages); without it usage has none; a bad value is a 400.
 # Usage: serving_cli_test.sh BUILD_DIR
 set -euo pipefail
 build="$(cd "$1" && pwd)"
@@ -156,4 +158,26 @@ ls "$HOME"/.cache/dsinfer/models/*/dsinfer_verify_cost.json > /dev/null 2>&1 ||
 ls "$HOME"/.cache/dsinfer/models/*/draft_vocab.json > /dev/null 2>&1 || fail "no draft vocabulary beside the default model"
 grep -q "speculative" "$work/mtp.err" || fail "no speculative summary: $(cat "$work/mtp.err")"
 echo "speculation: same output as without"
+
+# 6. Per-request speculative counts in usage, when the request asks (speculative_usage).
+start_server spec --speculative mtp --num-speculative-tokens 3
+chat='"model":"dsinfer-default","messages":[{"role":"user","content":"Hi"}],"max_tokens":16,"ignore_eos":true'
+for body in "{$chat,\"speculative_usage\":true}" \
+  '{"model":"dsinfer-default","max_tokens":16,"messages":[{"role":"user","content":"Hi"}],"speculative_usage":true}'; do
+  path=/v1/chat/completions
+  [[ "$body" == *'"max_tokens":16,"messages"'* ]] && path=/v1/messages
+  r="$(post "$path" "$body")"
+  python3 -c '
+import json, sys
+u = json.loads(sys.argv[1])["usage"]["speculative"]
+assert u["draft_tokens"] > 0 and 0 <= u["accepted_tokens"] <= u["draft_tokens"], u
+assert 0 < u["verify_steps"] <= u["draft_tokens"], u
+' "$r" || fail "speculative usage on $path: $r"
+done
+r="$(post /v1/chat/completions "{$chat}")"
+[[ "$r" == *'"usage"'* && "$r" != *'"speculative"'* ]] || fail "speculative usage not asked for: $r"
+r="$(post /v1/chat/completions "{$chat,\"speculative_usage\":\"yes\"}")"
+[[ "$r" == *'speculative_usage: '* ]] || fail "bad speculative_usage accepted: $r"
+stop_server
+echo "speculative usage: on request"
 echo "PASS"
