@@ -223,10 +223,38 @@ void SpecGate::decide(Bucket& b) {
     start_run(b, best_on, false, b.hold);
 }
 
+void SpecGate::start_bucket(int index) {
+    // Neighbours' measured speed-ups (rate on / rate off) are the prior: batch sizes
+    // twice apart gain alike. A clear one starts the bucket holding that mode (as long
+    // as the probe-cost rule asks); otherwise (or with none) the bucket probes not
+    // speculating first (the loop without speculation costs nothing over the baseline).
+    Bucket& b = buckets_[static_cast<size_t>(index)];
+    double sum = 0;
+    int n = 0;
+    for (int nb : {index - 1, index + 1}) {
+        if (nb < 0 || nb >= kBuckets) continue;
+        const Bucket& o = buckets_[static_cast<size_t>(nb)];
+        if (!o.has_winner || o.rate[0] <= 0 || o.rate[1] <= 0) continue;
+        sum += o.rate[1] / o.rate[0];
+        ++n;
+    }
+    const double speedup = n > 0 ? sum / n : 1;
+    if (std::abs(speedup - 1) < kPriorMargin) {
+        start_run(b, false, true, o_.probe_steps);
+        return;
+    }
+    const bool on = speedup > 1;
+    const double slower = on ? 1 / speedup : speedup;
+    const double budget = o_.probe_steps * (1 - slower) / o_.max_probe_cost;
+    b.hold = static_cast<int>(std::clamp<double>(std::ceil(budget), o_.min_hold, o_.max_hold));
+    start_run(b, on, false, b.hold);
+}
+
 bool SpecGate::speculate(int64_t batch) {
     if (!o_.measure) return true;
-    Bucket& b = buckets_[static_cast<size_t>(bucket(batch))];
-    if (!b.started) start_run(b, true, true, o_.probe_steps);
+    const int index = bucket(batch);
+    Bucket& b = buckets_[static_cast<size_t>(index)];
+    if (!b.started) start_bucket(index);
     if (b.left <= 0) decide(b);
     --b.left;
     return b.on;

@@ -146,7 +146,9 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
 // ..., 2^k+1 - 2^(k+1)) from measured output rates: tokens emitted per ns of wall time
 // between consecutive step results, which includes drafting, sampling and the host's
 // planning (overlapped in the asynchronous loop, not in the synchronous one). A bucket
-// starts with a probe of each mode (speculating first), then holds the faster mode for
+// starts with a probe of each mode (not speculating first) — or, when its neighbouring
+// buckets measured a clear speed-up or loss (beyond kPriorMargin), by holding the mode
+// they favour — then holds the faster mode for
 // `min_hold` steps, doubling up to `max_hold` each time a probe of the other mode
 // confirms the choice (back to `min_hold` when it does not), and at least long enough
 // that a probe of the slower mode costs at most `max_probe_cost` of the hold's output
@@ -176,6 +178,9 @@ public:
     static int bucket(int64_t batch);
     // Weight of a run's earlier steps in its rate, per later step.
     static constexpr double kDecay = 0.8;
+    // A new bucket takes its neighbours' measured speed-up as a prior when it is
+    // further than this from 1.
+    static constexpr double kPriorMargin = 0.15;
     static constexpr int kBuckets = 16;
     // For tests, metrics and benchmarks: the bucket's latest measured rate of a mode
     // (tokens per ns; 0 before it was measured) and its current mode.
@@ -197,6 +202,7 @@ private:
         bool has_winner = false;
     };
     void start_run(Bucket& b, bool on, bool probing, int steps);
+    void start_bucket(int index);
     void decide(Bucket& b);
 
     Options o_;

@@ -299,20 +299,41 @@ TEST(SpecGateTest, IgnoresBadAndStrayObservations) {
     SpecGate gate;
     gate.observe(true, 8, 100, 1000);  // before any plan of the bucket: ignored
     EXPECT_EQ(gate.rate(8, true), 0);
-    EXPECT_TRUE(gate.speculate(8));    // the first probe speculates
-    gate.observe(true, 8, 16, 1000);   // the run's first step: not measured
-    gate.observe(true, 8, 16, 0);      // no period: ignored
-    gate.observe(true, 8, 16, -5);
-    gate.observe(true, 8, -1, 1000);
-    gate.observe(false, 8, 16, 1000);  // a mode the bucket is not in: ignored
+    EXPECT_FALSE(gate.speculate(8));    // no prior: the first probe does not speculate
+    gate.observe(false, 8, 16, 1000);   // the run's first step: not measured
+    gate.observe(false, 8, 16, 0);      // no period: ignored
+    gate.observe(false, 8, 16, -5);
+    gate.observe(false, 8, -1, 1000);
+    gate.observe(true, 8, 16, 1000);    // a mode the bucket is not in: ignored
     EXPECT_EQ(gate.rate(8, true), 0);
     EXPECT_EQ(gate.rate(8, false), 0);
-    gate.observe(true, 8, 16, 1000);
-    EXPECT_DOUBLE_EQ(gate.rate(8, true), 16.0 / 1000);
-    gate.observe(true, 8, 8, 1000);
+    gate.observe(false, 8, 16, 1000);
+    EXPECT_DOUBLE_EQ(gate.rate(8, false), 16.0 / 1000);
+    gate.observe(false, 8, 8, 1000);
     const double d = SpecGate::kDecay;
-    EXPECT_DOUBLE_EQ(gate.rate(8, true), (16.0 * d + 8) / (1000 * d + 1000));
+    EXPECT_DOUBLE_EQ(gate.rate(8, false), (16.0 * d + 8) / (1000 * d + 1000));
     EXPECT_EQ(gate.switches(), 0);
+    // Gate off: always speculates.
+    SpecGate always(SpecGate::Options{.measure = false});
+    for (int i = 0; i < 50; ++i) EXPECT_TRUE(always.speculate(1 + i));
+}
+
+// A new bucket starts from its neighbours' measured speed-up: a clear loss at 33-64
+// makes 17-32 start by holding off (no probe of speculation for the hold), a clear gain
+// at 2 makes 3-4 start speculating; a bucket with no measured neighbour probes.
+TEST(SpecGateTest, NewBucketsStartFromTheirNeighbours) {
+    SpecGate gate;
+    run_gate(gate, 64, 200, [](int, bool on) { return on ? 0.6e-6 : 1e-6; });
+    EXPECT_FALSE(gate.mode(64));
+    const GateRun next = run_gate(gate, 32, 40, [](int, bool on) { return on ? 0.6e-6 : 1e-6; });
+    EXPECT_EQ(next.on_steps, 0);
+    SpecGate up;
+    run_gate(up, 2, 200, [](int, bool on) { return on ? 1.6e-6 : 1e-6; });
+    EXPECT_TRUE(up.mode(2));
+    EXPECT_TRUE(up.speculate(4));
+    SpecGate far;
+    run_gate(far, 2, 200, [](int, bool on) { return on ? 1.6e-6 : 1e-6; });
+    EXPECT_FALSE(far.speculate(16));  // not a neighbour: probes, not speculating first
 }
 
 }  // namespace
