@@ -209,8 +209,9 @@ ItemResult Worker::sample_item(StepItem& it, size_t i) {
 
 Status Worker::draft(StepPlan& plan, StepResult& r) {
     const bool hidden = drafter_->uses_hidden();
-    // Not drafting this step: only the MTP drafter's catch-up (its KV rows of every
-    // item, k = 0), so that its cache is whole when drafting resumes.
+    // Not drafting this step: the MTP drafter's catch-up (its KV rows, k = 0) is
+    // deferred (WorkerSeq::pending_hidden), so that its cache is whole when drafting
+    // resumes.
     if (!plan.draft && !hidden) return Status::ok();
     const int64_t H = model_->config().hidden_size;
     draft_in_.clear();
@@ -224,15 +225,27 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
         hidden_offset += ir.num_tokens;
         if (!hidden && !it.sample) continue;
         if (ir.sampled && ir.tokens.back().token < 0) continue;  // ended
-        const WorkerSeq& ws = seqs_.at(it.seq_id);
+        WorkerSeq& ws = seqs_.at(it.seq_id);
         spec::DraftInput in;
         in.prompt = ws.req->prompt;
         in.output = ws.output;
         if (hidden) {
-            in.hidden =
+            const std::span<const float> rows =
                 std::span<const float>(out_.hidden)
                     .subspan(static_cast<size_t>(offset * H), static_cast<size_t>(ir.num_kept * H));
-            in.hidden_pos = it.start_pos;
+            const bool defer = !plan.draft && ws.pending_rows + ir.num_kept < kMaxPendingRows;
+            if (ws.pending_rows > 0 || defer) {
+                if (ws.pending_rows == 0) ws.pending_pos = it.start_pos;
+                DSI_CHECK_EQ(ws.pending_pos + ws.pending_rows, it.start_pos);
+                ws.pending_hidden.insert(ws.pending_hidden.end(), rows.begin(), rows.end());
+                ws.pending_rows += ir.num_kept;
+                if (defer) continue;
+                in.hidden = ws.pending_hidden;  // cleared after the drafter ran
+                in.hidden_pos = ws.pending_pos;
+            } else {
+                in.hidden = rows;
+                in.hidden_pos = it.start_pos;
+            }
             in.cache = &it.cache;
         }
         draft_in_.push_back(in);
@@ -246,6 +259,11 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
     draft_probs_.resize(varlen_cost_ != nullptr ? draft_in_.size() : 0);
     const int64_t t0 = steady_clock_ns();
     DSI_RETURN_IF_ERROR(drafter_->propose_batch(draft_in_, draft_k_, draft_out_, draft_probs_));
+    for (size_t d = 0; d < draft_item_.size(); ++d) {
+        WorkerSeq& ws = seqs_.at(plan.items[draft_item_[d]].seq_id);
+        ws.pending_hidden.clear();
+        ws.pending_rows = 0;
+    }
     const bool drafted = std::any_of(draft_k_.begin(), draft_k_.end(), [](int k) { return k > 0; });
     if (varlen_cost_ != nullptr && drafted) {
         const double ns = static_cast<double>(steady_clock_ns() - t0);

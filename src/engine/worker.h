@@ -75,7 +75,15 @@ private:
         // Varlen: the drafter's probability of each draft proposed last (the host sends
         // a prefix of those drafts back to verify).
         std::vector<float> draft_probs;
+        // MTP catch-up deferred by steps that did not draft: the target's hidden rows of
+        // positions [pending_pos, + pending_rows), run through the MTP layer with the next
+        // drafting step (or once kMaxPendingRows gather), never if the sequence ends
+        // first — so a gate that does not speculate costs no MTP work.
+        std::vector<float> pending_hidden;
+        int64_t pending_pos = 0;
+        int64_t pending_rows = 0;
     };
+    static constexpr int64_t kMaxPendingRows = 256;
 
     void loop();
     StepResult execute(StepPlan& plan);

@@ -252,6 +252,8 @@ void SpecGate::start_bucket(int index) {
 
 bool SpecGate::speculate(int64_t batch) {
     if (!o_.measure) return true;
+    // Nothing decodes (prefill only): the mode of one sequence, without counting a step.
+    if (batch <= 0) return buckets_[0].started && buckets_[0].on;
     const int index = bucket(batch);
     Bucket& b = buckets_[static_cast<size_t>(index)];
     if (!b.started) start_bucket(index);

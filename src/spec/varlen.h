@@ -168,7 +168,8 @@ public:
     explicit SpecGate(Options o) : o_(o) {}
 
     // Whether the next planned step speculates, with `batch` decoding sequences; counts
-    // a planned step of that bucket.
+    // a planned step of that bucket (batch 0, prefill only: the mode of batch 1 once it
+    // started, else not; nothing counted).
     bool speculate(int64_t batch);
     // A measured step: planned in mode `speculated`, `batch` decoding sequences (a step
     // that also ran prefill chunks is not passed), `tokens` emitted, `period_ns` since
