@@ -53,6 +53,8 @@ function usage(msg) {
          [--top K]            also emit the top-K [id, prob] list per sequence (default 20)
          [--greedy-top K]     emit top-K [id, shifted logit] at every greedy step (default 5, 0 = off)
          [--all-positions]    also emit "positions": full shifted logits after EVERY prompt token
+         [--positions-top K]  also emit "positions_top": after EVERY prompt token, its top-K
+                              [id, shifted logit] pairs (teacher-forced comparison at every position)
          [--amx off|on]       off (default): hide ggml's AMX CPU variant (libggml-cpu-sapphirerapids.so) so
                               every x86 host runs the same AVX2/AVX512 kernels; on: use the stock variant choice
          [--verbose]          forward llama.cpp info logs to stderr
@@ -62,7 +64,7 @@ function usage(msg) {
 
 function parseArgs(argv) {
     const a = {threads: 0, ctx: 0, batch: 0, kvType: "f32", flashAttn: false, top: 20, greedyTop: 5,
-        allPositions: false, verbose: false, amx: "off"};
+        allPositions: false, positionsTop: 0, verbose: false, amx: "off"};
     for (let i = 2; i < argv.length; i++) {
         const k = argv[i];
         const next = () => {
@@ -86,6 +88,7 @@ function parseArgs(argv) {
             case "--top": a.top = int(); break;
             case "--greedy-top": a.greedyTop = int(); break;
             case "--all-positions": a.allPositions = true; break;
+            case "--positions-top": a.positionsTop = int(); break;
             case "--verbose": a.verbose = true; break;
             case "--amx": a.amx = next().toLowerCase(); break;
             case "-h": case "--help": usage(); break;
@@ -250,7 +253,7 @@ async function main() {
 
         const input = prompt.map((t, i) => {
             const last = i === prompt.length - 1;
-            if (!last && !args.allPositions) return t;
+            if (!last && !args.allPositions && args.positionsTop === 0) return t;
             return [t, {generateNext: {token: last, probabilities: true, options: greedyOpts}}];
         });
         const out = await seq.controlledEvaluate(input);
@@ -264,6 +267,13 @@ async function main() {
         if (args.top > 0) res.top = topK(probs, args.top);
         if (args.allPositions) {
             res.positions = prompt.map((_, i) => toJsonArray(invertProbabilities(out[i].next.probabilities, nV)));
+        }
+        if (args.positionsTop > 0) {
+            res.positions_top = prompt.map((_, i) => {
+                const p = out[i].next.probabilities;
+                const sh = invertProbabilities(p, nV);
+                return topK(p, args.positionsTop).map(([id]) => [id, sh[id]]);
+            });
         }
 
         const greedy = [];
