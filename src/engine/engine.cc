@@ -139,7 +139,6 @@ struct Engine::Impl {
         if (options.async) worker.start();
     }
 
-    // Schedules one step; false if there is nothing to run.
     // Whether the next plan speculates: always with fixed-length speculation; with
     // variable-length verification when the gate measured that it pays at this batch.
     bool speculate_next() {
@@ -153,6 +152,7 @@ struct Engine::Impl {
         return gate.speculate(decoding);
     }
 
+    // Schedules one step; false if there is nothing to run.
     Result<bool> schedule_and_submit() {
         const bool speculate = speculate_next();
         if (!speculate) {
