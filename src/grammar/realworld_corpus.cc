@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <fstream>
 
 #include "base/check.h"
@@ -14,16 +15,32 @@ double elapsed_us(std::chrono::steady_clock::time_point t0) {
         .count();
 }
 
+// CPU time of the calling thread: on a shared machine a step's wall time includes the
+// time other processes held the core.
+double thread_cpu_us() {
+    timespec ts{};
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e6 + static_cast<double>(ts.tv_nsec) / 1e3;
+}
+
 // Token by token: each token of `text`'s encoding must be in the full mask at its step,
 // EOS at the end. Returns "" or what failed; appends each fill_mask() time.
 std::string replay_tokens(const std::shared_ptr<CompiledGrammar>& cg, const Tokenizer& tok,
-                          const std::string& text, std::vector<double>* mask_us) {
+                          const std::string& id, const std::string& text,
+                          std::vector<double>* mask_us, std::vector<double>* mask_cpu_us,
+                          std::vector<std::string>* mask_where) {
     GrammarMatcher m(cg);
     TokenBitmask mask(cg->vocab().size());
+    size_t offset = 0;
     auto timed_fill = [&] {
+        const double cpu0 = thread_cpu_us();
         auto t0 = std::chrono::steady_clock::now();
         m.fill_mask(&mask);
         mask_us->push_back(elapsed_us(t0));
+        mask_cpu_us->push_back(thread_cpu_us() - cpu0);
+        mask_where->push_back(id + " @" + std::to_string(offset) + " `" +
+                              text.substr(offset > 30 ? offset - 30 : 0, std::min<size_t>(offset, 30)) +
+                              "`");
     };
     const std::vector<int32_t> ids = tok.encode(text);
     for (size_t k = 0; k < ids.size(); ++k) {
@@ -33,6 +50,7 @@ std::string replay_tokens(const std::shared_ptr<CompiledGrammar>& cg, const Toke
                    ") not in the mask";
         }
         if (!m.advance(ids[k])) return "token " + std::to_string(k) + " refused by advance()";
+        offset += cg->vocab().token_bytes(ids[k]).size();
     }
     timed_fill();
     if (!m.is_accepted() || !mask.test(tok.eos_id())) return "EOS not allowed at the end";
@@ -122,7 +140,8 @@ CorpusRun run_corpus(const std::vector<Schema>& corpus, const Tokenizer& tok,
                 ++run.invalid_rejected;
             }
             if (!accepted) continue;
-            std::string error = replay_tokens(cg, tok, inst.text, &run.mask_us);
+            std::string error = replay_tokens(cg, tok, s.id, inst.text, &run.mask_us, &run.mask_cpu_us,
+                                              &run.mask_where);
             if (!error.empty()) run.token_failures.push_back(s.id + ": " + error);
         }
     }

@@ -61,6 +61,12 @@ struct CorpusRun {
     std::vector<std::string> compiled_ids;  // parallel to compile_us
     // Every fill_mask() of every token-by-token replay.
     std::vector<double> mask_us;
+    // The same fills' CPU time (the thread's): on a shared machine the wall time of a
+    // step includes time other processes held the core.
+    std::vector<double> mask_cpu_us;
+    // Parallel to mask_us: "id @byte offset `text before`" of that fill (finding the
+    // slowest states).
+    std::vector<std::string> mask_where;
 
     // Summary table, compile errors by kind, the first `max_examples` false rejects.
     std::string markdown(size_t max_examples = 40) const;
