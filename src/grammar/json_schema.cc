@@ -1471,27 +1471,34 @@ private:
         if (s.contains("minProperties") || s.contains("maxProperties")) {
             return counted_members(s, where, props, required, add_kv);
         }
-        // T(i, first): properties i.. given whether nothing was written yet.
-        ExprPtr t_first, t_more;
-        if (add_kv) {
-            t_more = e_star(e_seq({sep_char(','), add_kv}));
-            t_first = e_opt(e_seq({add_kv, t_more}));
-        } else {
-            t_first = t_more = e_empty();
+        // Members in declaration order, then the additional ones, as two rules per
+        // property: K(i) = at least one member from property i on (its own, or, when
+        // optional, K(i+1)), M(i) = "," K(i), or nothing when no member from i on is
+        // required. Each property's key and value are lowered once. Before, nested
+        // alternations flattened into one rule per suffix, so every property's
+        // member was copied into each earlier one's rule: O(n^2) elements for n
+        // optional properties (webhook schemas: ~300 ms front end), and O(n^2)
+        // positions, each a table to build (issue 21).
+        const size_t n = props.size();
+        std::vector<bool> empty_ok(n + 1, true);  // no required member from i on
+        for (size_t i = n; i-- > 0;) empty_ok[i] = empty_ok[i + 1] && !required[i];
+        std::vector<uint32_t> k_rule(n + 1), m_rule(n + 1);
+        for (size_t i = 0; i <= n; ++i) {
+            k_rule[i] = builder_.declare("members:#" + where);
+            m_rule[i] = builder_.declare("more_members:#" + where);
         }
-        for (size_t i = props.size(); i-- > 0;) {
-            ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), sep_char(':'), props[i].second});
-            ExprPtr with_first = e_seq({kv, t_more});
-            ExprPtr with_more = e_seq({sep_char(','), kv, t_more});
-            if (required[i]) {
-                t_first = with_first;
-                t_more = with_more;
-            } else {
-                t_first = e_alt({with_first, t_first});
-                t_more = e_alt({with_more, t_more});
+        builder_.define(k_rule[n], add_kv ? e_seq({add_kv, e_rule(m_rule[n])}) : e_fail());
+        for (size_t i = n + 1; i-- > 0;) {
+            if (i < n) {
+                ExprPtr kv = e_seq({e_literal(key_literal(props[i].first)), sep_char(':'), props[i].second});
+                ExprPtr own = e_seq({kv, e_rule(m_rule[i + 1])});
+                builder_.define(k_rule[i], required[i] ? own : e_alt({own, e_rule(k_rule[i + 1])}));
             }
+            ExprPtr more = e_seq({sep_char(','), e_rule(k_rule[i])});
+            builder_.define(m_rule[i], empty_ok[i] ? e_alt({more, e_empty()}) : more);
         }
-        return e_seq({open_char('{'), t_first, close_char('}')});
+        ExprPtr first = empty_ok[0] ? e_alt({e_rule(k_rule[0]), e_empty()}) : e_rule(k_rule[0]);
+        return e_seq({open_char('{'), first, close_char('}')});
     }
 
     // Object members with minProperties / maxProperties: T(i, k) = the members from
