@@ -6,7 +6,9 @@
 // vocabulary, timing each full-vocabulary fill_mask() (first use of a position builds
 // its table inside that step, as in serving). Reports compile rate, false accepts /
 // rejects (labels: ajv), mask p50/p99/p99.9/max and compile p50/p99/max.
-//   grammar_realworld_bench [private]
+//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu]
+// --only: the schemas whose id contains SUBSTRING; --cpu: also each fill's thread CPU
+// time (a system call per step, which slows the fills after it: off by default).
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -25,11 +27,26 @@ static double pct(std::vector<double> v, double p) {
 }
 
 int main(int argc, char** argv) {
-    const bool shared = !(argc > 1 && std::string(argv[1]) == "private");
+    bool shared = true;
+    bool cpu = false;
+    std::string only;
+    for (int i = 1; i < argc; ++i) {
+        const std::string a = argv[i];
+        if (a == "private") {
+            shared = false;
+        } else if (a == "--cpu") {
+            cpu = true;
+        } else if (a == "--only" && i + 1 < argc) {
+            only = argv[++i];
+        }
+    }
     MatcherOptions options;
     if (shared) options.table_cache = std::make_shared<PositionTableCache>();
-    const auto corpus = realworld::load_corpus(DSINFER_SOURCE_DIR);
-    const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options);
+    auto corpus = realworld::load_corpus(DSINFER_SOURCE_DIR);
+    if (!only.empty()) {
+        std::erase_if(corpus, [&](const auto& s) { return s.id.find(only) == std::string::npos; });
+    }
+    const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options, {}, cpu);
     const auto& m = run.mask_us;
     int64_t slow_1ms = std::count_if(m.begin(), m.end(), [](double us) { return us >= 1000; });
     int64_t slow_100ms =
@@ -50,6 +67,11 @@ int main(int argc, char** argv) {
     std::printf("mask     p50 %9.1f us  p99 %9.1f us  p99.9 %9.1f us  max %9.1f us  n=%zu "
                 "(goal p50 <= 10, p99 <= 200, max <= 10000)\n",
                 pct(m, 0.5), pct(m, 0.99), pct(m, 0.999), pct(m, 1.0), m.size());
+    const auto& mc = run.mask_cpu_us;
+    if (cpu) {
+        std::printf("mask CPU p50 %9.1f us  p99 %9.1f us  p99.9 %9.1f us  max %9.1f us (thread CPU time)\n",
+                    pct(mc, 0.5), pct(mc, 0.99), pct(mc, 0.999), pct(mc, 1.0));
+    }
     std::printf("mask steps >= 1 ms: %lld (%.2f%%), >= 100 ms: %lld\n",
                 static_cast<long long>(slow_1ms), m.empty() ? 0.0 : 100.0 * slow_1ms / m.size(),
                 static_cast<long long>(slow_100ms));
@@ -69,6 +91,22 @@ int main(int argc, char** argv) {
         std::printf(" %s %.0f ms;", run.compiled_ids[order[i]].c_str(),
                     run.compile_us[order[i]] / 1000);
     }
-    std::printf("\n\n%s", run.markdown(0).c_str());
+    std::printf("\n");
+    std::vector<size_t> slow(m.size());
+    for (size_t i = 0; i < slow.size(); ++i) slow[i] = i;
+    const size_t num_slow = std::min<size_t>(10, slow.size());
+    std::partial_sort(slow.begin(), slow.begin() + static_cast<ptrdiff_t>(num_slow), slow.end(),
+                      [&](size_t a, size_t b) { return m[a] > m[b]; });
+    std::printf("slowest masks:\n");
+    for (size_t i = 0; i < num_slow; ++i) {
+        const realworld::MaskStep& w = run.mask_steps[slow[i]];
+        const std::string& text = corpus[w.schema].instances[w.instance].text;
+        const size_t from = w.offset > 30 ? w.offset - 30 : 0;
+        std::printf("  %9.1f us", m[slow[i]]);
+        if (cpu) std::printf(" (CPU %9.1f us)", mc[slow[i]]);
+        std::printf("  %s @%u `%s`\n", corpus[w.schema].id.c_str(), w.offset,
+                    text.substr(from, w.offset - from).c_str());
+    }
+    std::printf("\n%s", run.markdown(0).c_str());
     return run.false_accepts == 0 ? 0 : 1;
 }

@@ -179,6 +179,7 @@ Result<uint32_t> GrammarBuilder::repeat_tail_rule(const ExprPtr& item_expr, uint
         }
         uint32_t id = declare("_opt" + std::to_string(names_.size()));
         memo.emplace(k, id);
+        counted_rules_.insert(id);
         lowered_.resize(names_.size());
         lowered_done_.resize(names_.size(), false);
         if (k == 1) {
@@ -360,46 +361,83 @@ void GrammarBuilder::inline_byte_rules() {
     constexpr size_t kMaxInlineSymbols = 512;
     constexpr size_t kMaxRuleAlts = 256;  // per referring rule after inlining
     const size_t n = names_.size();
-    // Inlinable: small, and every rule it references is inlinable (so, never
-    // recursive); found by rounds up to a fixpoint.
+    // Inlinable: small *once fully inlined itself*, and every rule it references is
+    // inlinable (so, never recursive); found by rounds up to a fixpoint. The bound is
+    // on the flattened size because inlining is transitive: a bounded repetition
+    // `[a-z0-9-]{0,61}` lowers to a chain O_61 ::= c O_60 | "" of small rules, which
+    // flattened into a loop body gave 62 alternatives of up to 63 positions (the
+    // e-mail format's domain label): a state then held one stack per alternative, each
+    // at a position of its own, and the first mask in each label built ~60 tables
+    // (issue 21: up to 150 ms per step). Kept as rules, a step moves to one new position.
     std::vector<bool> inlinable(n, false);
+    std::vector<size_t> flat_alts(n, 0), flat_symbols(n, 0);  // sizes once flattened
+    const size_t kCap = kMaxInlineSymbols + 1;                 // saturating counts
     for (bool grew = true; grew;) {
         grew = false;
         for (uint32_t r = 0; r < n; ++r) {
             const auto& alts = lowered_[r];
             if (inlinable[r] || alts.empty() || alts.size() > kMaxInlineAlts) continue;
+            size_t num_alts = 0;
             size_t symbols = 0;
             bool ok = true;
             for (const auto& alt : alts) {
-                symbols += alt.size();
+                // The alternative's flattened count is the product of its references'
+                // counts; each reference's symbols appear once per combination of the
+                // others, each plain symbol once per combination.
+                size_t count = 1;
                 for (uint32_t sym : alt) {
-                    ok = ok && (Grammar::tag(sym) != Grammar::kTagRule ||
-                                inlinable[Grammar::payload(sym)]);
+                    if (Grammar::tag(sym) != Grammar::kTagRule) continue;
+                    const uint32_t callee = Grammar::payload(sym);
+                    ok = ok && inlinable[callee];
+                    count = std::min(kCap, count * std::max<size_t>(flat_alts[callee], 1));
                 }
+                if (!ok) break;
+                for (uint32_t sym : alt) {
+                    if (Grammar::tag(sym) != Grammar::kTagRule) {
+                        symbols += count;
+                    } else {
+                        const uint32_t callee = Grammar::payload(sym);
+                        symbols += flat_symbols[callee] * (count / std::max<size_t>(flat_alts[callee], 1));
+                    }
+                    symbols = std::min(kCap, symbols);
+                }
+                num_alts = std::min(kCap, num_alts + count);
             }
-            if (ok && symbols <= kMaxInlineSymbols) {
+            if (ok && num_alts <= kMaxInlineAlts && symbols <= kMaxInlineSymbols) {
                 inlinable[r] = true;
+                flat_alts[r] = num_alts;
+                flat_symbols[r] = symbols;
                 grew = true;
             }
         }
     }
     for (uint32_t id = 0; id < n; ++id) {
-        if (inlinable[id]) continue;  // its own alternatives have nothing to inline
+        // Its own alternatives have nothing to inline (but O_1 ::= item | "" of a
+        // bounded repetition, whose item is inlined like the other links').
+        if (inlinable[id] && counted_rules_.count(id) == 0) continue;
         std::vector<std::vector<uint32_t>> work(lowered_[id].rbegin(), lowered_[id].rend());
         std::vector<std::vector<uint32_t>> out;
         bool changed = false;
         while (!work.empty()) {
             std::vector<uint32_t> alt = std::move(work.back());
             work.pop_back();
-            // Only loop bodies (`id ::= ... id`): elsewhere inlining multiplies
-            // positions without keeping tokens inside a rule.
+            // Only loop bodies (`id ::= ... id`) and the items of bounded repetitions
+            // (`O_k ::= item O_{k-1}`, a tail call: a string with maxLength 1,024 left
+            // its character rule with 1,024 callers, so every token spanning two
+            // characters was context-dependent, ~100K checked per mask; issue 21):
+            // elsewhere inlining multiplies positions without keeping tokens inside a
+            // rule. The tail reference itself is not inlined.
             const bool loop = !alt.empty() && alt.back() == (Grammar::kTagRule | id);
+            const bool counted = !loop && !alt.empty() && counted_rules_.count(id) > 0;
+            const bool tail_ref = counted && Grammar::tag(alt.back()) == Grammar::kTagRule &&
+                                  counted_rules_.count(Grammar::payload(alt.back())) > 0;
+            const size_t scan_end = tail_ref ? alt.size() - 1 : alt.size();
             size_t k = 0;
-            while (loop && k < alt.size() && !(Grammar::tag(alt[k]) == Grammar::kTagRule &&
-                                               inlinable[Grammar::payload(alt[k])])) {
+            while ((loop || counted) && k < scan_end &&
+                   !(Grammar::tag(alt[k]) == Grammar::kTagRule && inlinable[Grammar::payload(alt[k])])) {
                 ++k;
             }
-            if (!loop) k = alt.size();
+            if (!(loop || counted) || k >= scan_end) k = alt.size();
             const size_t pending = out.size() + work.size() + 1;
             const auto* body = k < alt.size() ? &lowered_[Grammar::payload(alt[k])] : nullptr;
             if (body == nullptr || pending - 1 + body->size() > kMaxRuleAlts ||

@@ -24,6 +24,7 @@
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "base/status.h"
@@ -158,6 +159,9 @@ private:
     std::vector<bool> lowered_done_;
     std::unordered_map<const Expr*, uint32_t> aux_rules_;
     std::unordered_map<const Expr*, std::unordered_map<uint32_t, uint32_t>> tail_rules_;
+    // The O_k rules of bounded repetitions (O_k ::= item O_{k-1} | ""): their item is
+    // inlined like a loop body's (inline_byte_rules).
+    std::unordered_set<uint32_t> counted_rules_;
     std::vector<ByteSet> classes_;
     std::unordered_map<std::string, uint32_t> class_index_;
     size_t num_symbols_ = 0;

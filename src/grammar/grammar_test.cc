@@ -352,5 +352,27 @@ TEST(JsonSchema, FormatAssertionOption) {
     EXPECT_TRUE(full_match(a, R"("example.org")"));
 }
 
+// Undeclared keys leave the declared names' trie at any other character: plain ASCII
+// (the node's byte class), an escape, a control escape or non-ASCII (the grammar's one
+// shared rule), at every depth; a declared name (or, at the end, a prefix of one that
+// is declared too) takes its own schema, and optional members may be skipped.
+TEST(JsonSchema, UndeclaredKeysAreEveryOtherString) {
+    auto g = compile_json_schema(std::string_view(
+        R"({"type":"object","properties":{"ab":{"type":"integer"},"a":{"type":"boolean"},"é":{"type":"null"}},)"
+        R"("additionalProperties":{"type":"string"}})"));
+    ASSERT_TRUE(g.is_ok());
+    auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+    for (const char* ok :
+         {R"({"ab":1,"a":true})", R"({"a":false,"ac":"x"})", R"({"abc":"x"})", R"({"b":"x","\"":"y"})",
+          R"({"a\n":"x"})", R"({"a\\":"x"})", R"({"aé":"x","a\u001f":"y"})", R"({"":"x"})",
+          R"({"é":null,"éé":"x","e":"y"})", R"({"ab":2,"A":"x","a~":"y"})", "{}"}) {
+        EXPECT_TRUE(full_match(cg, ok)) << ok;
+    }
+    for (const char* no : {R"({"ab":"x"})", R"({"a":"x"})", R"({"é":"x"})", R"({"ac":1})",
+                           R"({"a":true,"ab":1})", R"({"ab":1,"ab":2})"}) {
+        EXPECT_FALSE(full_match(cg, no)) << no;
+    }
+}
+
 }  // namespace
 }  // namespace dsi::grammar

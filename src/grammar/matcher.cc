@@ -69,6 +69,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
     std::sort(class_positions_.begin(), class_positions_.end());
     for (uint32_t i = 0; i < class_positions_.size(); ++i) slot_of_pos_[class_positions_[i]] = i;
     compute_chains(reached);
+    compute_links();
     table_cache_ = options_.table_cache ? options_.table_cache
                                         : std::make_shared<PositionTableCache>();
     tables_ = std::make_unique<std::atomic<const PositionTokens*>[]>(class_positions_.size() + 1);
@@ -113,28 +114,131 @@ void CompiledGrammar::compute_chains(const std::vector<bool>& reached) {
             }
         }
     }
-    // Follow unique sites upwards; a bounded walk (longer chains end as unknown).
-    constexpr int kMaxSteps = 64;
+    // Follow unique sites upwards, memoised per rule: a rule reached through a tail
+    // site continues as its caller does, so a bounded repetition's chain O_k ::= c O_{k-1}
+    // (maxLength 1,024) shares one continuation instead of walking up k sites. At most
+    // kMaxChain positions (longer chains end as unknown); a cycle of single sites (not
+    // reached from the root) ends as unknown.
     constexpr size_t kMaxChain = 16;
     chains_.assign(n, {kChainUnknown});
+    std::vector<uint8_t> mark(n, 0);  // 0 unvisited, 1 on the current walk, 2 done
+    std::vector<uint32_t> path;
     for (uint32_t r = 0; r < n; ++r) {
-        if (!reached[r]) continue;
-        std::vector<uint32_t> chain;
-        uint32_t cur = r;
-        uint32_t end = kChainUnknown;
-        for (int step = 0; step < kMaxSteps && chain.size() < kMaxChain; ++step) {
-            if (cur == grammar_.root() && site[cur] == kNoSite) {
-                end = kChainAccept;
+        if (!reached[r] || mark[r] == 2) continue;
+        path.clear();
+        std::vector<uint32_t> tail;
+        for (uint32_t cur = r;; cur = site_rule[cur]) {
+            if (mark[cur] == 2) {
+                tail = chains_[cur];
                 break;
             }
-            if (site[cur] == kNoSite || site[cur] == kMany) break;
-            uint32_t s = site[cur];
-            if (elems[s + 1] != Grammar::kEnd) chain.push_back(s + 1);
-            cur = site_rule[cur];
-            if (cur == r) break;  // a cycle of single sites (not reached from the root)
+            if (mark[cur] == 1) {
+                tail = {kChainUnknown};
+                break;
+            }
+            if (cur == grammar_.root() && site[cur] == kNoSite) {
+                tail = {kChainAccept};
+            } else if (site[cur] == kNoSite || site[cur] == kMany) {
+                tail = {kChainUnknown};
+            } else {
+                mark[cur] = 1;
+                path.push_back(cur);
+                continue;
+            }
+            chains_[cur] = tail;
+            mark[cur] = 2;
+            break;
         }
-        chain.push_back(end);
-        chains_[r] = std::move(chain);
+        for (size_t i = path.size(); i-- > 0;) {
+            const uint32_t q = path[i];
+            const uint32_t s = site[q];
+            std::vector<uint32_t> chain;
+            if (elems[s + 1] != Grammar::kEnd) chain.push_back(s + 1);
+            chain.insert(chain.end(), tail.begin(), tail.end());
+            if (chain.size() > kMaxChain + 1) {
+                chain.resize(kMaxChain);
+                chain.push_back(kChainUnknown);
+            }
+            chains_[q] = chain;
+            mark[q] = 2;
+            tail = std::move(chain);
+        }
+    }
+}
+
+void CompiledGrammar::compute_links() {
+    const auto& elems = grammar_.elements();
+    const uint32_t n = static_cast<uint32_t>(grammar_.num_rules());
+    link_items_.assign(n, 0);
+    // A rule's item alternatives: all but one empty alternative, each a run of byte
+    // classes optionally ending in a reference to one successor rule (the same for
+    // every alternative). Returns false when the rule is not of that shape.
+    constexpr uint32_t kNoNext = UINT32_MAX;
+    auto shape = [&](uint32_t r, uint32_t* next, std::vector<std::vector<uint32_t>>* items) {
+        *next = kNoNext;
+        items->clear();
+        bool have_empty = false;
+        bool first = true;
+        for (uint32_t start : grammar_.alternatives(r)) {
+            if (elems[start] == Grammar::kEnd) {
+                if (have_empty) return false;
+                have_empty = true;
+                continue;
+            }
+            std::vector<uint32_t> item;
+            uint32_t q = start;
+            for (; Grammar::tag(elems[q]) == Grammar::kTagClass; ++q) item.push_back(elems[q]);
+            uint32_t succ = kNoNext;
+            if (Grammar::tag(elems[q]) == Grammar::kTagRule && elems[q + 1] == Grammar::kEnd) {
+                succ = Grammar::payload(elems[q]);
+            } else if (elems[q] != Grammar::kEnd) {
+                return false;
+            }
+            if (item.empty() || succ == r) return false;
+            if (first) {
+                *next = succ;
+                first = false;
+            } else if (succ != *next) {
+                return false;
+            }
+            items->push_back(std::move(item));
+        }
+        return have_empty && !first;
+    };
+    // From each unvisited rule, follow successors to the chain's end (O_1), then count
+    // back. Iterative: chains are as long as the repetition bound (up to 20,000).
+    std::vector<uint8_t> done(n, 0);
+    std::vector<uint32_t> path;
+    std::vector<std::vector<uint32_t>> items_r, items_s;
+    uint32_t next = 0;
+    for (uint32_t r0 = 0; r0 < n; ++r0) {
+        if (done[r0]) continue;
+        path.clear();
+        uint32_t cur = r0;
+        while (!done[cur] && shape(cur, &next, &items_r)) {
+            done[cur] = 1;  // on this walk; its count is set below
+            path.push_back(cur);
+            if (next == kNoNext) break;
+            cur = next;
+        }
+        if (path.empty()) {
+            done[r0] = 1;
+            continue;
+        }
+        // Count back from the walk's end; a link counts only when its successor is a
+        // link with the same items (or it is the last, O_1).
+        for (size_t i = path.size(); i-- > 0;) {
+            const uint32_t r = path[i];
+            shape(r, &next, &items_r);
+            if (next == kNoNext) {
+                link_items_[r] = 1;
+                continue;
+            }
+            if (link_items_[next] == 0) continue;
+            uint32_t next2 = 0;
+            shape(next, &next2, &items_s);
+            if (items_r == items_s) link_items_[r] = link_items_[next] + 1;
+        }
     }
 }
 
@@ -178,6 +282,22 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels) const {
     std::unordered_map<uint32_t, uint32_t> local;
     std::vector<uint32_t> rules;
     auto put32 = [&](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    auto put_class = [&](uint32_t e) {
+        key.push_back('C');
+        key.append(reinterpret_cast<const char*>(classes[Grammar::payload(e)].words), 32);
+    };
+    // A repetition link with more items left than a token has bytes: written as the
+    // unbounded loop over its items (link_items_), so equal for every such count.
+    const uint32_t max_items = static_cast<uint32_t>(vocab_->max_token_bytes()) + 1;
+    auto emit_loop = [&](uint32_t r) {
+        key.push_back('L');
+        put32(static_cast<uint32_t>(grammar_.alternatives(r).size()));
+        for (uint32_t start : grammar_.alternatives(r)) {
+            for (uint32_t q = start; Grammar::tag(elems[q]) == Grammar::kTagClass; ++q) put_class(elems[q]);
+            key.push_back('E');
+        }
+        key.push_back('E');
+    };
     auto emit_seq = [&](uint32_t q) {
         for (;; ++q) {
             uint32_t e = elems[q];
@@ -187,11 +307,14 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels) const {
                 return;
             }
             if (tag == Grammar::kTagClass) {
-                key.push_back('C');
-                key.append(reinterpret_cast<const char*>(classes[Grammar::payload(e)].words), 32);
+                put_class(e);
                 continue;
             }
             uint32_t r = Grammar::payload(e);
+            if (link_items_[r] > max_items) {
+                emit_loop(r);
+                continue;
+            }
             auto [it, fresh] = local.emplace(r, static_cast<uint32_t>(rules.size()));
             if (fresh) rules.push_back(r);
             key.push_back('R');
@@ -328,11 +451,13 @@ void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>
         uint32_t tag = Grammar::tag(e);
         if (tag == Grammar::kTagClass) {
             uint32_t id = node(pos, parent);
-            if (std::find(out->begin(), out->end(), id) == out->end()) {
+            if (id >= out_gen_.size()) out_gen_.resize(std::max<size_t>(nodes_.size(), 2 * size_t{id} + 64), 0);
+            if (out_gen_[id] != expand_gen_) {
                 if (out->size() >= compiled_->options().max_stacks) {
                     overflow_ = true;
                     return;
                 }
+                out_gen_[id] = expand_gen_;
                 out->push_back(id);
             }
             return;
@@ -353,10 +478,7 @@ void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>
         }
         // Rule reference: continuation after it (tail call when it ends the alternative).
         uint32_t rule = Grammar::payload(e);
-        for (auto& v : visited_) {
-            if (v.first == pos && v.second == parent) return;  // nullable cycle
-        }
-        visited_.push_back({pos, parent});
+        if (!mark_visited(pos, parent)) return;  // nullable cycle, or expanded already
         uint32_t cont = elems[pos + 1] == Grammar::kEnd ? parent : node(pos + 1, parent);
         const auto& alts = g_->alternatives(rule);
         for (uint32_t a : alts) expand(a, cont, out, depth + 1);
@@ -364,9 +486,42 @@ void GrammarMatcher::expand(uint32_t pos, uint32_t parent, std::vector<uint32_t>
     }
 }
 
+void GrammarMatcher::begin_expansion() {
+    if (++expand_gen_ == 0) {  // wrapped: no stamp may look current
+        std::fill(out_gen_.begin(), out_gen_.end(), 0);
+        for (auto& v : visit_slots_) v.gen = 0;
+        expand_gen_ = 1;
+    }
+    num_visited_ = 0;
+}
+
+bool GrammarMatcher::mark_visited(uint32_t pos, uint32_t parent) {
+    if ((num_visited_ + 1) * 2 > visit_slots_.size()) {
+        std::vector<VisitSlot> old = std::move(visit_slots_);
+        visit_slots_.assign(std::max<size_t>(64, old.size() * 2), VisitSlot{0, 0});
+        const size_t mask = visit_slots_.size() - 1;
+        for (const VisitSlot& v : old) {
+            if (v.gen != expand_gen_) continue;
+            size_t i = hash_pair(static_cast<uint32_t>(v.key >> 32), static_cast<uint32_t>(v.key)) & mask;
+            while (visit_slots_[i].gen == expand_gen_) i = (i + 1) & mask;
+            visit_slots_[i] = v;
+        }
+    }
+    const uint64_t key = (uint64_t{pos} << 32) | parent;
+    const size_t mask = visit_slots_.size() - 1;
+    size_t i = hash_pair(pos, parent) & mask;
+    while (visit_slots_[i].gen == expand_gen_) {
+        if (visit_slots_[i].key == key) return false;
+        i = (i + 1) & mask;
+    }
+    visit_slots_[i] = VisitSlot{key, expand_gen_};
+    ++num_visited_;
+    return true;
+}
+
 void GrammarMatcher::step(std::span<const uint32_t> in, uint8_t b, std::vector<uint32_t>* out) {
     out->clear();
-    visited_.clear();
+    begin_expansion();
     const auto& classes = *classes_;
     const auto& elems = *elems_;
     for (uint32_t id : in) {
@@ -383,7 +538,7 @@ void GrammarMatcher::initial_state() {
     std::fill(slots_.begin(), slots_.end(), 0);
     history_.clear();
     State s;
-    visited_.clear();
+    begin_expansion();
     for (uint32_t a : g_->alternatives(g_->root())) expand(a, kNone, &s.stacks, 0);
     std::sort(s.stacks.begin(), s.stacks.end());
     s.pool_mark = nodes_.size();
@@ -505,8 +660,9 @@ size_t GrammarMatcher::VecHash::operator()(const std::vector<uint32_t>& v) const
 void GrammarMatcher::memo_begin() {
     memo_mark_ = nodes_.size();
     memo_states_.clear();
+    memo_first_.clear();
     memo_index_.clear();
-    memo_trans_.clear();
+    num_memo_trans_states_ = 0;
     memo_intern({});  // id 0: the dead state
     memo_active_ = true;
 }
@@ -515,30 +671,52 @@ void GrammarMatcher::memo_end() {
     subtree_cache_.clear();
     subtree_bytes_ = 0;
     memo_states_.clear();
+    memo_first_.clear();
     memo_index_.clear();
-    memo_trans_.clear();
+    num_memo_trans_states_ = 0;
     memo_active_ = false;
     truncate_pool(memo_mark_);
 }
 
 uint32_t GrammarMatcher::memo_intern(const std::vector<uint32_t>& stacks) {
-    auto [it, fresh] = memo_index_.emplace(stacks, static_cast<uint32_t>(memo_states_.size()));
-    if (fresh) {
-        memo_states_.push_back(stacks);
-        memo_trans_.resize(memo_trans_.size() + 256, kUnknownTrans);
+    // Look up before inserting: most transitions lead to a known state, and inserting
+    // copies the key.
+    auto found = memo_index_.find(stacks);
+    if (found != memo_index_.end()) return found->second;
+    const uint32_t id = static_cast<uint32_t>(memo_states_.size());
+    memo_index_.emplace(stacks, id);
+    memo_states_.push_back(stacks);
+    ByteSet first;
+    for (uint32_t n : stacks) {
+        if (n == kNone) continue;
+        const ByteSet& c = (*classes_)[Grammar::payload((*elems_)[nodes_[n].pos])];
+        for (int w = 0; w < 4; ++w) first.words[w] |= c.words[w];
     }
-    return it->second;
+    memo_first_.push_back(first);
+    if ((id >> kTransBlockShift) >= memo_trans_.size()) {
+        memo_trans_.emplace_back(size_t{256} << kTransBlockShift);
+    }
+    std::fill_n(&trans(id, 0), 256, kUnknownTrans);
+    ++num_memo_trans_states_;
+    return id;
 }
 
 uint32_t GrammarMatcher::memo_step(uint32_t sid, uint8_t b) {
-    uint32_t t = memo_trans_[size_t{sid} * 256 + b];
+    uint32_t t = trans(sid, b);
     if (t != kUnknownTrans) return t;
+    // No stack takes `b`: dead, and nothing was expanded, so no path reached the
+    // caller. Most trie children of a node are such bytes; skipping step() for them
+    // matters for states of many stacks (an object's remaining optional keys).
+    if (!memo_first_[sid].test(b)) {
+        trans(sid, b) = 0;
+        return 0;
+    }
     overflow_ = false;
     reached_context_ = false;
     step(memo_states_[sid], b, &scratch_a_);
-    uint32_t next = overflow_ ? 0 : memo_intern(scratch_a_);
+    uint32_t next = overflow_ || scratch_a_.empty() ? 0 : memo_intern(scratch_a_);
     t = next | (reached_context_ ? kCtxBit : 0);
-    memo_trans_[size_t{sid} * 256 + b] = t;
+    trans(sid, b) = t;
     return t;
 }
 

@@ -205,6 +205,8 @@ public:
 
 private:
     void compute_chains(const std::vector<bool>& reached);
+    // Finds the links of bounded repetitions (see link_items_).
+    void compute_links();
 
     Grammar grammar_;
     std::shared_ptr<const Vocabulary> vocab_;
@@ -213,6 +215,14 @@ private:
     std::vector<uint32_t> slot_of_pos_;  // element position -> slot (class elements only)
     std::vector<uint32_t> rule_of_slot_;  // slot -> the rule holding that position
     std::vector<std::vector<uint32_t>> chains_;  // per rule: continuation() (unreached: unknown)
+    // Per rule: k when it is the link O_k of a bounded repetition of byte-class items
+    // (O_k ::= item O_{k-1} | "", O_1 ::= item | "", every item alternative one or
+    // more byte classes: at most k items, each at least one byte), else 0. Within a
+    // token (at most max_token_bytes bytes) O_k with k above that bound behaves as the
+    // unbounded loop over the same item, so position_key() writes it as that loop and
+    // every such position shares one table: a string with maxLength 1,024 built a
+    // new table at each character (~10 ms each; issue 21).
+    std::vector<uint32_t> link_items_;
     std::unique_ptr<std::atomic<const PositionTokens*>[]> tables_;
     std::shared_ptr<PositionTableCache> table_cache_;
     mutable std::vector<std::shared_ptr<const PositionTokens>> owned_tables_;  // GUARDED_BY(mu_)
@@ -319,7 +329,22 @@ private:
     std::vector<Node> nodes_;
     std::vector<uint32_t> slots_;  // open addressing, node id + 1; 0 = empty
     std::vector<State> history_;
-    std::vector<std::pair<uint32_t, uint32_t>> visited_;  // expansion cycle guard
+    // Expansion scratch of one step() / initial_state(), stamped with expand_gen_ so
+    // each check is O(1): the linear scans made a step over a state with N stacks cost
+    // O(N^2) (objects with ~100 optional properties: ~40 us per step, tens of ms per
+    // table walk; issue 21).
+    void begin_expansion();
+    // Marks the rule reference at `pos` expanded with `parent`; false if it was already
+    // (a nullable cycle, or the same continuation reached twice).
+    bool mark_visited(uint32_t pos, uint32_t parent);
+    struct VisitSlot {
+        uint64_t key;  // pos << 32 | parent
+        uint32_t gen;
+    };
+    uint32_t expand_gen_ = 0;
+    std::vector<uint32_t> out_gen_;          // per node id: stamp when added to the output
+    std::vector<VisitSlot> visit_slots_;     // open addressing on (pos, parent)
+    size_t num_visited_ = 0;
     bool overflow_ = false;
     bool reached_context_ = false;  // an expansion returned to kContext
     std::vector<std::vector<uint32_t>> levels_;  // trie walk scratch per depth
@@ -334,8 +359,18 @@ private:
     bool memo_active_ = false;
     size_t memo_mark_ = 0;
     std::vector<std::vector<uint32_t>> memo_states_;
+    std::vector<ByteSet> memo_first_;  // per memo state: the bytes some stack takes
     std::unordered_map<std::vector<uint32_t>, uint32_t, VecHash> memo_index_;
-    std::vector<uint32_t> memo_trans_;  // state * 256 + byte -> memo_step() result
+    // memo_step() results by state and byte, in blocks of 64 states kept across
+    // sessions: one growing vector reallocated (and page-faulted) megabytes at each
+    // doubling, a stall of ~10 ms inside some mask step (issue 21).
+    static constexpr uint32_t kTransBlockShift = 6;
+    std::vector<std::vector<uint32_t>> memo_trans_;  // copyable: matchers are copied
+    size_t num_memo_trans_states_ = 0;
+    uint32_t& trans(uint32_t sid, uint8_t b) {
+        return memo_trans_[sid >> kTransBlockShift]
+                          [(size_t{sid & ((1u << kTransBlockShift) - 1)} << 8) | b];
+    }
     // Token results of trie subtrees walked from a memo state (build_position_tokens):
     // key (state | ctx bit) << 32 | trie node. Valid for the memo session.
     struct SubtreeResult {

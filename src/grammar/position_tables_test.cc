@@ -203,6 +203,60 @@ TEST(Matcher, AdditionalPropertiesReproducerMasks) {
     EXPECT_FALSE(bad.advance_bytes(R"({"c":"x"})") && bad.is_accepted());
 }
 
+// issue 21's worst mask steps on the real-world corpus: a string with maxLength 1,024
+// (each character moved to a new link O_k of the bounded repetition, and each link
+// built a table of its own: ~10 ms per step) and the e-mail format's domain labels
+// ({0,61} inlined into the label loop: ~60 tables per step, up to 150 ms). Masks
+// equal the plain walk at every step; positions of links with more items left than a
+// token has bytes share one table, and a label step builds a few tables, not dozens.
+TEST(Matcher, BoundedRepetitionsShareTables) {
+    auto v = real_vocab();
+    const Tokenizer& tok = test_util::real_tokenizer();
+    struct Case {
+        const char* schema;
+        std::string instance;
+        bool constant_after_half;  // no new table in the second half of the steps
+    };
+    std::string words;
+    while (words.size() < 300) words += "lorem ipsum dolor sit amet, ";
+    const std::vector<Case> cases = {
+        {R"({"type":"string","maxLength":1024})", "\"" + words + "\"", true},
+        {R"({"type":"string","format":"email"})", R"("XCsgyU4VpkR@zfsFftJyWkh.vcnc-Example.org")", false},
+    };
+    for (const auto& c : cases) {
+        auto g = compile_json_schema(std::string_view(c.schema));
+        ASSERT_TRUE(g.is_ok()) << c.schema;
+        MatcherOptions opts;
+        opts.table_cache = std::make_shared<PositionTableCache>();
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+        GrammarMatcher m(cg);
+        TokenBitmask a(v->size()), b(v->size());
+        const std::vector<int32_t> ids = tok.encode(c.instance);
+        ASSERT_GT(ids.size(), 10u);
+        PositionTableCache::Stats at_half;
+        for (size_t k = 0; k < ids.size(); ++k) {
+            if (k == ids.size() / 2) at_half = opts.table_cache->stats();
+            m.fill_mask_uncached(&a);
+            if (k % 4 == 0) {  // the plain walk costs ~10 ms a step here
+                m.plain_walk_mask(&b);
+                ASSERT_EQ(a, b) << c.schema << " before token " << k;
+            }
+            ASSERT_TRUE(a.test(ids[k])) << c.schema << " token " << k;
+            ASSERT_TRUE(m.advance(ids[k]));
+        }
+        // The closing quote's step builds the tables after the string.
+        ASSERT_TRUE(m.is_accepted()) << c.schema;
+        const PositionTableCache::Stats end = opts.table_cache->stats();
+        if (c.constant_after_half) {
+            // Each step's new positions found their tables in the cache.
+            EXPECT_LE(end.entries, at_half.entries + 2) << c.schema;
+            EXPECT_GE(end.hits - at_half.hits, static_cast<int64_t>(ids.size() / 2)) << c.schema;
+        } else {
+            EXPECT_LE(cg->table_stats().built, 4 * static_cast<int64_t>(ids.size())) << c.schema;
+        }
+    }
+}
+
 // A table memory bound of zero: every position falls back to the plain walk.
 TEST(Matcher, PositionTableMemoryBoundFallsBackToWalk) {
     auto v = real_vocab();

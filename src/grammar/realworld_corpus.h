@@ -39,6 +39,14 @@ struct Schema {
 // vendored file is missing.
 std::vector<Schema> load_corpus(const std::string& source_dir);
 
+// A fill_mask() of run_corpus: schema and instance (indices into the corpus), and the
+// byte offset in the instance's text before that step.
+struct MaskStep {
+    uint32_t schema = 0;
+    uint32_t instance = 0;
+    uint32_t offset = 0;
+};
+
 struct CorpusRun {
     int num_schemas = 0;
     int num_compiled = 0;
@@ -61,6 +69,11 @@ struct CorpusRun {
     std::vector<std::string> compiled_ids;  // parallel to compile_us
     // Every fill_mask() of every token-by-token replay.
     std::vector<double> mask_us;
+    // The same fills' CPU time (the thread's), when run_corpus measures it: on a shared
+    // machine a step's wall time includes time other processes held the core.
+    std::vector<double> mask_cpu_us;
+    // Parallel to mask_us: where each fill was (finding the slowest states).
+    std::vector<MaskStep> mask_steps;
 
     // Summary table, compile errors by kind, the first `max_examples` false rejects.
     std::string markdown(size_t max_examples = 40) const;
@@ -73,6 +86,6 @@ std::string error_kind(const Status& status);
 
 CorpusRun run_corpus(const std::vector<Schema>& corpus, const Tokenizer& tok,
                      const MatcherOptions& matcher_options,
-                     const JsonSchemaOptions& schema_options = {});
+                     const JsonSchemaOptions& schema_options = {}, bool measure_cpu = false);
 
 }  // namespace dsi::grammar::realworld
