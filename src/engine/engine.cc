@@ -144,12 +144,18 @@ struct Engine::Impl {
     bool speculate_next() {
         if (options.drafter == nullptr) return false;
         if (options.verify_cost == nullptr) return true;
+        // A step that may also run prefill chunks (a running sequence still prefilling,
+        // or one waiting to be admitted) cannot be measured: it gets the bucket's mode
+        // without counting as a probe step.
         int64_t decoding = 0;
+        bool prefill = seqs.size() > running.size();
         for (int64_t id : running) {
             const Sequence& s = seqs.at(id);
-            decoding += s.num_computed >= s.prefill_target ? 1 : 0;
+            const bool decodes = s.num_computed >= s.prefill_target;
+            decoding += decodes ? 1 : 0;
+            prefill |= !decodes;
         }
-        return gate.speculate(decoding);
+        return gate.speculate(decoding, !prefill);
     }
 
     // Schedules one step; false if there is nothing to run.

@@ -194,6 +194,7 @@ void SpecGate::start_run(Bucket& b, bool on, bool probing, int steps) {
         b.fresh = true;
         b.run_tokens = 0;
         b.run_ns = 0;
+        b.run_steps = 0;
     }
     b.started = true;
     b.on = on;
@@ -212,10 +213,16 @@ void SpecGate::decide(Bucket& b) {
         return;
     }
     const bool best_on = b.rate[1] >= b.rate[0];
+    b.speedup = b.rate[1] / b.rate[0];
     b.hold = b.has_winner && best_on == b.winner_on ? std::max(b.hold, o_.min_hold) * 2
                                                       : o_.min_hold;
     const double slower = std::min(b.rate[0], b.rate[1]) / std::max(b.rate[0], b.rate[1]);
-    const double budget = o_.probe_steps * (1 - slower) / o_.max_probe_cost;
+    // A probe's loss is its time (its steps at the slower mode's step time) times the
+    // rate it gives up; the hold's output is its steps at the faster mode's step time.
+    const double lose = best_on ? b.step_ns[0] : b.step_ns[1];
+    const double keep = best_on ? b.step_ns[1] : b.step_ns[0];
+    const double step_ratio = lose > 0 && keep > 0 ? lose / keep : 1;
+    const double budget = o_.probe_steps * step_ratio * (1 - slower) / o_.max_probe_cost;
     if (budget > b.hold) b.hold = static_cast<int>(std::min<double>(std::ceil(budget), o_.max_hold));
     b.hold = std::min(b.hold, o_.max_hold);
     b.winner_on = best_on;
@@ -234,8 +241,8 @@ void SpecGate::start_bucket(int index) {
     for (int nb : {index - 1, index + 1}) {
         if (nb < 0 || nb >= kBuckets) continue;
         const Bucket& o = buckets_[static_cast<size_t>(nb)];
-        if (!o.has_winner || o.rate[0] <= 0 || o.rate[1] <= 0) continue;
-        sum += o.rate[1] / o.rate[0];
+        if (o.speedup <= 0) continue;
+        sum += o.speedup;
         ++n;
     }
     const double speedup = n > 0 ? sum / n : 1;
@@ -244,18 +251,19 @@ void SpecGate::start_bucket(int index) {
         return;
     }
     const bool on = speedup > 1;
+    b.speedup = speedup;  // passed on to its own new neighbours until measured
     const double slower = on ? 1 / speedup : speedup;
     const double budget = o_.probe_steps * (1 - slower) / o_.max_probe_cost;
     b.hold = static_cast<int>(std::clamp<double>(std::ceil(budget), o_.min_hold, o_.max_hold));
     start_run(b, on, false, b.hold);
 }
 
-bool SpecGate::speculate(int64_t batch) {
+bool SpecGate::speculate(int64_t batch, bool measurable) {
     if (!o_.measure) return true;
-    // Nothing decodes (prefill only): the mode of one sequence, without counting a step.
-    if (batch <= 0) return buckets_[0].started && buckets_[0].on;
+    if (batch <= 0) return false;  // prefill only: the first drafts come one step later
     const int index = bucket(batch);
     Bucket& b = buckets_[static_cast<size_t>(index)];
+    if (!measurable) return b.has_winner && !b.probing ? b.on : false;
     if (!b.started) start_bucket(index);
     if (b.left <= 0) decide(b);
     --b.left;
@@ -272,7 +280,9 @@ void SpecGate::observe(bool speculated, int64_t batch, int64_t tokens, int64_t p
     // Recent steps weigh most (the rate drifts as contexts grow and prompts change).
     b.run_tokens = kDecay * b.run_tokens + static_cast<double>(tokens);
     b.run_ns = kDecay * b.run_ns + static_cast<double>(period_ns);
+    b.run_steps = kDecay * b.run_steps + 1;
     b.rate[b.on ? 1 : 0] = b.run_tokens / b.run_ns;
+    b.step_ns[b.on ? 1 : 0] = b.run_ns / b.run_steps;
 }
 
 }  // namespace dsi::spec

@@ -151,8 +151,9 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
 // they favour — then holds the faster mode for
 // `min_hold` steps, doubling up to `max_hold` each time a probe of the other mode
 // confirms the choice (back to `min_hold` when it does not), and at least long enough
-// that a probe of the slower mode costs at most `max_probe_cost` of the hold's output
-// (probe_steps * (1 - slower / faster) / hold). A mode's rate is that of its latest run,
+// that a probe of the slower mode costs at most `max_probe_cost` of the hold's time
+// (probe_steps * its step time * (1 - slower / faster) / (hold * the faster mode's step
+// time)). A mode's rate is that of its latest run,
 // recent steps weighted most (kDecay). The first step of each run of a mode is not measured (it carries the switch: drafts not yet proposed, or the loop refilling).
 // Pure: no clock; the engine passes measured periods. Not thread-safe.
 class SpecGate {
@@ -160,7 +161,7 @@ public:
     struct Options {
         int probe_steps = 4;  // steps of a probe run (the first is not measured)
         int min_hold = 8;
-        int max_hold = 256;
+        int max_hold = 512;
         double max_probe_cost = 0.02;
         bool measure = true;  // false: always speculate
     };
@@ -168,9 +169,10 @@ public:
     explicit SpecGate(Options o) : o_(o) {}
 
     // Whether the next planned step speculates, with `batch` decoding sequences; counts
-    // a planned step of that bucket (batch 0, prefill only: the mode of batch 1 once it
-    // started, else not; nothing counted).
-    bool speculate(int64_t batch);
+    // a planned step of that bucket. A step that cannot be measured (`measurable` false:
+    // it also runs prefill chunks) gets the mode the bucket holds after its probes (not
+    // speculating before them) and counts nothing; so does batch 0 (not speculating).
+    bool speculate(int64_t batch, bool measurable = true);
     // A measured step: planned in mode `speculated`, `batch` decoding sequences (a step
     // that also ran prefill chunks is not passed), `tokens` emitted, `period_ns` since
     // the previous step's result. Steps of a mode the bucket has left are ignored.
@@ -197,10 +199,13 @@ private:
         int left = 0;            // planned steps left in the run
         int hold = 0;            // length of the next hold
         bool fresh = true;       // the run's first observation is still to come
-        double run_tokens = 0, run_ns = 0;
-        double rate[2] = {0, 0};  // [off, on], tokens per ns, 0: never measured
+        double run_tokens = 0, run_ns = 0, run_steps = 0;
+        double rate[2] = {0, 0};     // [off, on], tokens per ns, 0: never measured
+        double step_ns[2] = {0, 0};  // [off, on], time per step
         bool winner_on = true;
         bool has_winner = false;
+        // rate on / rate off, measured (after probes) or taken from neighbours; 0: none.
+        double speedup = 0;
     };
     void start_run(Bucket& b, bool on, bool probing, int steps);
     void start_bucket(int index);

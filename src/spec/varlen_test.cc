@@ -327,6 +327,11 @@ TEST(SpecGateTest, NewBucketsStartFromTheirNeighbours) {
     EXPECT_FALSE(gate.mode(64));
     const GateRun next = run_gate(gate, 32, 40, [](int, bool on) { return on ? 0.6e-6 : 1e-6; });
     EXPECT_EQ(next.on_steps, 0);
+    // ... and passes the prior on while the batch keeps shrinking (a round's wind-down).
+    for (int64_t b : {16, 8, 4}) {
+        const GateRun r = run_gate(gate, b, 10, [](int, bool on) { return on ? 0.6e-6 : 1e-6; });
+        EXPECT_EQ(r.on_steps, 0) << b;
+    }
     SpecGate up;
     run_gate(up, 2, 200, [](int, bool on) { return on ? 1.6e-6 : 1e-6; });
     EXPECT_TRUE(up.mode(2));
@@ -334,6 +339,22 @@ TEST(SpecGateTest, NewBucketsStartFromTheirNeighbours) {
     SpecGate far;
     run_gate(far, 2, 200, [](int, bool on) { return on ? 1.6e-6 : 1e-6; });
     EXPECT_FALSE(far.speculate(16));  // not a neighbour: probes, not speculating first
+}
+
+// Steps that also run prefill chunks cannot be measured: they count no probe step and
+// get the held mode (not speculating before the probes decided); prefill-only plans
+// (batch 0) never speculate.
+TEST(SpecGateTest, UnmeasurableStepsTakeTheHeldModeAndCountNothing) {
+    SpecGate gate;
+    for (int i = 0; i < 100; ++i) EXPECT_FALSE(gate.speculate(8, false));
+    EXPECT_FALSE(gate.speculate(0));
+    // The probes start only now: 4 steps not speculating, then 4 speculating.
+    for (int i = 0; i < 4; ++i) EXPECT_FALSE(gate.speculate(8)) << i;
+    EXPECT_TRUE(gate.speculate(8));
+    run_gate(gate, 8, 200, [](int, bool on) { return on ? 1.6e-6 : 1e-6; });
+    EXPECT_TRUE(gate.mode(8));
+    EXPECT_TRUE(gate.speculate(8, false));  // holding speculation
+    EXPECT_FALSE(gate.speculate(0));
 }
 
 }  // namespace
