@@ -252,7 +252,9 @@ TEST(EngineSpecTest, MtpDraftsDoNotDependOnTheSpeculationHistory) {
     // (Worker::WorkerSeq::pending_hidden), and its drafts are still those of a run that
     // drafted everywhere.
     auto gated = std::make_shared<RecordingMtp>(&shared_model());
-    gated->sleep_ms = 20;
+    // 3 x 60 ms a drafting step: speculating (2 tokens a step at best) is slower than a
+    // plain step unless that takes > 180 ms, even under a sanitizer on a loaded machine.
+    gated->sleep_ms = 60;
     EngineOptions g = varlen_options(spec::Method::kNone, 1, 1e-4);
     g.spec_gate = {};
     g.drafter = gated;
@@ -423,7 +425,7 @@ struct SlowDrafter : spec::Drafter {
 };
 
 // DSpark's gate (S-SPEC: off where it does not pay), measured on the engine's own steps:
-// a drafter whose every proposal costs 25 ms leaves most steps unspeculated (they run
+// a drafter whose every proposal costs 100 ms leaves most steps unspeculated (they run
 // in the asynchronous loop), an oracle that is always right is used on most steps, and
 // the output is the output without speculation either way.
 TEST(EngineSpecTest, GateSpeculatesOnlyWhereItIsFaster) {
@@ -435,7 +437,9 @@ TEST(EngineSpecTest, GateSpeculatesOnlyWhereItIsFaster) {
 
     auto slow = std::make_shared<SlowDrafter>();
     slow->inner = oracle;
-    slow->sleep_ms = 25;
+    // 4 x 100 ms a drafting step: speculating (2 tokens a step) wins only if a plain step
+    // of 4 sequences took > 400 ms.
+    slow->sleep_ms = 100;
     EngineOptions costly = varlen_options(spec::Method::kNone, 1, 1e-4);
     costly.spec_gate = {};  // measuring
     costly.drafter = slow;
