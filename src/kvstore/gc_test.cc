@@ -1,5 +1,8 @@
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
+
 #include "kvstore/file_store.h"
 #include "kvstore/gc_policy.h"
 #include "kvstore/gc_worker.h"
@@ -140,6 +143,9 @@ TEST(GcWorker, FileStoreExpiresByClassAndEvictsUnderWatermark) {
     EXPECT_EQ(m.gc_runs, 1);
 
     // Touch block 5 so it is the most recently used, then shrink capacity to force LRU.
+    // The kernel stamps file times from its coarse clock (one tick, 1-10 ms): without the
+    // wait, the touch can carry the same atime as the puts and the LRU order is a tie.
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));
     ASSERT_TRUE(store->get(blocks[5].info.key, nullptr).is_ok());
     int64_t block_bytes = static_cast<int64_t>(header_bytes(2) + 2000);
     FileStoreOptions small = o;
