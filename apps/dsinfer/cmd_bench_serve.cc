@@ -19,7 +19,7 @@
 #include "base/env.h"
 #include "base/settings.h"
 #include "loadgen/dataset.h"
-#include "loadgen/http_client.h"
+#include "net/http_client.h"
 #include "loadgen/load_runner.h"
 #include "loadgen/report.h"
 
@@ -94,7 +94,7 @@ int run_bench_serve(const BenchServeFlags& f) {
         std::fprintf(stderr, "bench serve: %s\n", st.to_string().c_str());
         return 2;
     };
-    auto target = loadgen::parse_base_url(f.base_url);
+    auto target = net::parse_base_url(f.base_url);
     if (!target.is_ok()) return fail(target.status());
     auto rates = parse_list(f.request_rate, "--request-rate");
     if (!rates.is_ok()) return fail(rates.status());
@@ -130,7 +130,7 @@ int run_bench_serve(const BenchServeFlags& f) {
     ls.seed = f.seed;
 
     std::signal(SIGINT, on_sigint);
-    loadgen::HttpClient client(*target);
+    net::HttpClient client(*target);
     json runs = json::array();
     int64_t total_errors = 0;
     std::printf("%-6s %-8s %6s %6s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "rate", "ok", "err",

@@ -3,12 +3,9 @@
 // and if the parent dies (PR_SET_PDEATHSIG). Thread model: test code, one thread.
 #pragma once
 
-#include <arpa/inet.h>
 #include <hiredis/hiredis.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -17,23 +14,11 @@
 #include <thread>
 
 #include "kvstore/test_util.h"
+#include "net/ports.h"
 
 namespace dsi::kvstore::testing {
 
-inline int free_loopback_port() {
-    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a = {};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof(a);
-    int port = -1;
-    if (::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0) {
-        port = ntohs(a.sin_port);
-    }
-    ::close(fd);
-    return port;
-}
+using net::free_loopback_port;
 
 inline bool have_redis_server() {
     return ::access("/usr/bin/redis-server", X_OK) == 0 ||

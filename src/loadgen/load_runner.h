@@ -22,9 +22,16 @@
 #include <vector>
 
 #include "loadgen/dataset.h"
-#include "loadgen/http_client.h"
+#include "net/http_client.h"
 
 namespace dsi::loadgen {
+
+// The load generator talks through net/'s client (shared with membership/'s etcd calls).
+using net::HttpClient;
+using net::HttpHandlers;
+using net::HttpRequest;
+using net::HttpTarget;
+using net::parse_base_url;
 
 enum class ApiKind { kChat, kCompletions };
 

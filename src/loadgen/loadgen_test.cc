@@ -18,7 +18,7 @@
 #include <vector>
 
 #include "loadgen/dataset.h"
-#include "loadgen/http_client.h"
+#include "net/http_client.h"
 #include "loadgen/load_runner.h"
 #include "loadgen/report.h"
 #include "loadgen/sse.h"
@@ -192,7 +192,7 @@ struct Outcome {
     Status done;
 };
 
-Outcome fetch(HttpClient& client, HttpRequest req) {
+Outcome run_request(HttpClient& client, HttpRequest req) {
     auto out = std::make_shared<Outcome>();
     std::promise<void> p;
     HttpHandlers h;
@@ -223,7 +223,7 @@ TEST(HttpClient, StreamsAChunkedBody) {
         TinyServer::sse_reply(fd, {"data: a\n\n", "data: b\n\n"}, true);
     });
     HttpClient client(server.target());
-    Outcome o = fetch(client, post("{\"x\":1}"));
+    Outcome o = run_request(client, post("{\"x\":1}"));
     EXPECT_TRUE(o.done.is_ok()) << o.done.to_string();
     EXPECT_EQ(o.status, 200);
     EXPECT_EQ(o.body, "data: a\n\ndata: b\n\n");
@@ -237,7 +237,7 @@ TEST(HttpClient, ConnectionRefused) {
         t = gone.target();
     }  // the port is closed now
     HttpClient client(t);
-    Outcome o = fetch(client, post("{}"));
+    Outcome o = run_request(client, post("{}"));
     EXPECT_EQ(o.done.code(), StatusCode::kUnavailable) << o.done.to_string();
     EXPECT_EQ(o.status, 0);
 }
@@ -249,7 +249,7 @@ TEST(HttpClient, TimeoutWhenTheServerStalls) {
         while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     });
     HttpClient client(server.target());
-    Outcome o = fetch(client, post("{}", 200));
+    Outcome o = run_request(client, post("{}", 200));
     release = true;
     EXPECT_EQ(o.done.code(), StatusCode::kDeadlineExceeded) << o.done.to_string();
     EXPECT_EQ(o.body, "data: a\n\n");  // what arrived before the deadline was delivered
@@ -278,6 +278,36 @@ TEST(HttpClient, CancelAllEndsRequestsInFlight) {
     p.get_future().wait();
     release = true;
     EXPECT_EQ(out->done.code(), StatusCode::kCancelled);
+}
+
+TEST(HttpClient, CancelEndsOneRequest) {
+    std::atomic<bool> release{false};
+    std::atomic<int> served{0};
+    TinyServer server([&](int fd, const std::string&) {
+        TinyServer::sse_reply(fd, {"data: a\n\n"}, false);
+        ++served;
+        while (!release) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    });
+    HttpClient client(server.target());
+    auto out = std::make_shared<Outcome>();
+    std::promise<void> p;
+    HttpHandlers h;
+    h.on_body = [out](std::string_view b) {
+        out->body.append(b);
+        return true;
+    };
+    h.on_done = [out, &p](Status s) {
+        out->done = std::move(s);
+        p.set_value();
+    };
+    const uint64_t id = client.start(post("{}", 0), std::move(h));
+    client.cancel(id + 1000);  // no such request: nothing happens
+    while (served == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    client.cancel(id);
+    p.get_future().wait();
+    release = true;
+    EXPECT_EQ(out->done.code(), StatusCode::kCancelled) << out->done.to_string();
+    client.cancel(id);  // ended already: nothing happens
 }
 
 // ---- datasets ----

@@ -249,6 +249,7 @@ Result<Prepared> prepare_request(const ApiContext& ctx, Endpoint e, std::string_
     p.request.agent_traffic = req.traffic_class == protocol::TrafficClass::kAgent;
     p.request.deadline_ns = deadline_ns(ctx, req.timeout_ms);
     DSI_RETURN_IF_ERROR(attach_grammar(ctx, req.grammar, &p.request));
+    p.structured = std::move(req.grammar);
     return p;
 }
 

@@ -33,7 +33,7 @@
 #include "protocol/output_parser.h"
 #include "protocol/renderer.h"
 #include "protocol/request.h"
-#include "server/engine_service.h"
+#include "server/generation_service.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsi::server {
@@ -116,6 +116,8 @@ struct Prepared {
     std::vector<std::string> stop;
     bool speculative_usage = false;
     engine::GenerateRequest request;
+    // The grammar request.mask was compiled from (a remote GenerationService ships it).
+    std::optional<protocol::StructuredRequest> structured;
 };
 
 // INVALID_ARGUMENT / OUT_OF_RANGE (400), NOT_FOUND (404, unknown model).

@@ -1,6 +1,7 @@
 // EngineService: the one thread that owns an engine::Engine and serves it to the
-// HTTP layer through a typed command queue (submit / abort / stop), so no lock is
-// held around the engine and no HTTP thread ever touches it (STYLE 7).
+// HTTP layer (as its GenerationService, generation_service.h) through a typed command
+// queue (submit / abort / stop), so no lock is held around the engine and no HTTP
+// thread ever touches it (STYLE 7).
 //
 // Each submitted generation carries a Sink that receives Updates: one per engine
 // TokenEvent (plus a final one for a rejected submission). Sinks run on the engine
@@ -25,45 +26,29 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "engine/engine.h"
-#include "protocol/renderer.h"
+#include "server/generation_service.h"
 
 namespace dsi::server {
 
-using Ticket = uint64_t;
-
-using TokenOut = protocol::OutputToken;
-
-// One engine event of a generation (protocol::Renderer reads it) for the ticket's
-// sink; `error` non-OK: the engine refused the request (finished is true).
-struct Update : protocol::OutputUpdate {
-    Ticket ticket = 0;
-    Status error;
-};
-using Sink = std::function<void(Update)>;
-
-// What the HTTP layer shows on /metrics; refreshed by the engine thread after
-// every step (and when idle).
-struct ServiceStats {
-    engine::EngineStats engine;
-    int64_t queue_depth = 0;  // commands waiting for the engine thread
-    int64_t num_running = 0;  // generations admitted and not finished
-    int64_t num_step_errors = 0;
-};
-
-class EngineService {
+class EngineService final : public GenerationService {
 public:
     // REQUIRES: `engine` was created on any thread but is used by nobody else.
     explicit EngineService(std::unique_ptr<engine::Engine> engine);
     // Borrows the engine (serving::Replica owns it). REQUIRES: as above, and `engine`
     // outlives the service.
     explicit EngineService(engine::Engine* engine);
-    ~EngineService();  // stop() + join
+    ~EngineService() override;  // stop() + join
 
     void submit(Ticket ticket, engine::GenerateRequest request, Sink sink);
-    void abort(Ticket ticket);
+    // GenerationService: the local engine runs the compiled mask; `structured` is not
+    // needed here.
+    void start(Ticket ticket, Generation generation, Sink sink) override {
+        submit(ticket, std::move(generation.request), std::move(sink));
+    }
+    void abort(Ticket ticket) override;
     // Aborts every running generation (their sinks see kAbort).
-    void abort_all();
-    ServiceStats stats_snapshot() const;
+    void abort_all() override;
+    ServiceStats stats_snapshot() const override;
     // Ends the thread after the commands queued so far; running generations are
     // aborted. Idempotent.
     void stop();

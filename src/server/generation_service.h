@@ -1,0 +1,65 @@
+// GenerationService: what the HTTP layer submits generations to. Two implementations:
+// EngineService (engine_service.h, the engine in this process) and the router's
+// RemoteService (router/, engines in other processes over the engine RPC,
+// engine_rpc.h). The HTTP server, the protocol adapters and the renderers are the same
+// for both, so `dsinfer router` answers the four APIs exactly as `serve` does.
+//
+// Each generation carries a Sink that receives Updates: one per engine TokenEvent
+// (plus a final one for a rejected submission). Sinks run on the service's thread and
+// must only hand the update to their owner (post to an executor, push to a queue);
+// never block. A ticket (chosen by the caller) names the generation in abort(), so an
+// abort can be queued before the service has started it.
+//
+// Thread model: every method is thread-safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+
+#include "base/status.h"
+#include "engine/engine.h"
+#include "protocol/renderer.h"
+#include "protocol/structured_output.h"
+
+namespace dsi::server {
+
+using Ticket = uint64_t;
+
+using TokenOut = protocol::OutputToken;
+
+// One engine event of a generation (protocol::Renderer reads it) for the ticket's
+// sink; `error` non-OK: the engine refused the request (finished is true).
+struct Update : protocol::OutputUpdate {
+    Ticket ticket = 0;
+    Status error;
+};
+using Sink = std::function<void(Update)>;
+
+// What the HTTP layer shows on /metrics; refreshed by the service.
+struct ServiceStats {
+    engine::EngineStats engine;
+    int64_t queue_depth = 0;  // commands waiting for the engine thread
+    int64_t num_running = 0;  // generations admitted and not finished
+    int64_t num_step_errors = 0;
+};
+
+// A generation as the HTTP layer hands it over: the engine request (grammar compiled
+// into request.mask) and the grammar it was compiled from, which a remote service
+// ships instead of the compiled mask.
+struct Generation {
+    engine::GenerateRequest request;
+    std::optional<protocol::StructuredRequest> structured;
+};
+
+class GenerationService {
+public:
+    virtual ~GenerationService() = default;
+    virtual void start(Ticket ticket, Generation generation, Sink sink) = 0;
+    virtual void abort(Ticket ticket) = 0;
+    // Aborts every running generation (their sinks see kAbort).
+    virtual void abort_all() = 0;
+    virtual ServiceStats stats_snapshot() const = 0;
+};
+
+}  // namespace dsi::server
