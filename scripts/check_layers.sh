@@ -8,6 +8,7 @@ set -euo pipefail
 cd "${1:-$(dirname "$0")/..}"
 LAYERS=(
   "base"
+  "net"
   "workload"
   "tensor"
   "kernels"
@@ -21,9 +22,10 @@ LAYERS=(
   "engine"
   "protocol"
   "serving"
-  "cluster"
+  "cluster membership"
   "sim"
   "server"
+  "router"
   "loadgen"
 )
 declare -A rank

@@ -1,6 +1,8 @@
-// `dsinfer serve`: the HTTP API server (server/) on one replica (serving/replica.h).
-// Flags only; the libraries do the work. With no --model it serves the embedded
-// default model (serving/default_model.h).
+// `dsinfer serve`: the HTTP API server (server/) on one replica (serving/replica.h);
+// with --role it is an engine of a cluster (serves the engine RPC and joins
+// --membership). `dsinfer router`: the same HTTP APIs over the engines membership
+// lists (router/remote_service.h). Flags only; the libraries do the work. With no
+// --model both use the embedded default model (serving/default_model.h).
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,8 +11,10 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "membership/registry.h"
 #include "protocol/encoder.h"
 #include "replica_flags.h"
+#include "router/remote_service.h"
 #include "server/api.h"
 #include "server/engine_service.h"
 #include "server/http_server.h"
@@ -33,11 +37,62 @@ struct ServeFlags {
     int64_t max_connections = server::ServerOptions{}.max_connections;
     int64_t max_body_budget_bytes = server::ServerOptions{}.max_body_budget_bytes;
     server::ServerLimits limits;
+    // Cluster (issue 18). serve: --role makes it an engine; router: required.
+    std::string role;            // "" | both | prefill | decode
+    std::string membership;      // etcd://host:port[/prefix] | file:///path.json
+    std::string node_id;         // "" = <role>-<port>
+    std::string advertise;       // host:port others reach it at; "" = host:port
+    int64_t lease_ttl_s = membership::RegistryOptions{}.lease_ttl_s;
+    std::string engine_api_key;  // router: the key engines require
 };
 
-int fail(const Status& s) {
-    std::fprintf(stderr, "dsinfer serve: %s\n", s.to_string().c_str());
+int fail(const Status& s, const char* cmd = "serve") {
+    std::fprintf(stderr, "dsinfer %s: %s\n", cmd, s.to_string().c_str());
     return 1;
+}
+
+// The server's own record for --membership.
+membership::Member self_record(const ServeFlags& f, membership::Role role, int port) {
+    membership::Member m;
+    m.role = role;
+    m.id = f.node_id.empty() ? std::string(membership::role_name(role)) + "-" + std::to_string(port)
+                             : f.node_id;
+    m.address = f.advertise.empty() ? f.host + ":" + std::to_string(port) : f.advertise;
+    m.capacity = f.limits.max_concurrent;
+    m.incarnation = membership::new_incarnation(Env::default_env()->wall_ns());
+    return m;
+}
+
+Result<std::unique_ptr<membership::Registry>> open_membership(const ServeFlags& f) {
+    membership::RegistryOptions ro;
+    ro.lease_ttl_s = f.lease_ttl_s;
+    return membership::open_registry(f.membership, ro);
+}
+
+server::ServerOptions server_options(const ServeFlags& f, std::vector<server::ApiKey> keys) {
+    server::ServerOptions so;
+    so.host = f.host;
+    so.port = f.port;
+    so.api_keys = std::move(keys);
+    so.num_io_threads = f.io_threads;
+    so.drain_grace_ms = f.drain_grace_ms;
+    so.max_connections = f.max_connections;
+    so.max_body_budget_bytes = f.max_body_budget_bytes;
+    return so;
+}
+
+// The API context of a replica (with or without its model).
+server::ApiContext api_context(const ServeFlags& f, serving::Replica& rep,
+                               protocol::ChatEncoding encoding) {
+    server::ApiContext ctx;
+    ctx.tokenizer = rep.tokenizer();
+    ctx.special = protocol::SpecialTokens::from_tokenizer(*rep.tokenizer());
+    ctx.encoding = encoding;
+    ctx.model_id = rep.served_model_name();
+    ctx.max_model_len = f.replica.max_model_len > 0 ? f.replica.max_model_len
+                                                    : rep.config().max_position_embeddings;
+    ctx.limits = f.limits;
+    return ctx;
 }
 
 // "auto": the V4 encoding for a DeepSeek V4 checkpoint, else V3.2's (DSML).
@@ -82,6 +137,15 @@ Result<std::vector<server::ApiKey>> read_api_keys(Env* env, const ServeFlags& f)
 
 int run_serve(const ServeFlags& f) {
     Env* env = Env::default_env();
+    if (!f.role.empty() && f.role != "both") {
+        // Prefill/decode disaggregation needs the KV transfer (issue 18, transfer/).
+        return fail(unimplemented("--role " + f.role +
+                                  ": only 'both' is implemented (disaggregated prefill / "
+                                  "decode engines need the KV transfer, not yet wired)"));
+    }
+    if (!f.membership.empty() && f.role.empty()) {
+        return fail(invalid_argument("--membership needs --role (an engine of a cluster)"));
+    }
     // Checked before the model loads (a typo fails fast); "auto" is resolved after.
     if (Result<protocol::ChatEncoding> e = parse_encoding(f.chat_encoding, ModelConfig{});
         !e.is_ok()) {
@@ -96,17 +160,10 @@ int run_serve(const ServeFlags& f) {
     if (!replica.is_ok()) return fail(replica.status());
     serving::Replica& rep = **replica;
     const std::string& model_id = rep.served_model_name();
-    Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.model()->config());
+    Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.config());
     if (!encoding.is_ok()) return fail(encoding.status());
 
-    server::ApiContext ctx;
-    ctx.tokenizer = rep.tokenizer();
-    ctx.special = protocol::SpecialTokens::from_tokenizer(*rep.tokenizer());
-    ctx.encoding = *encoding;
-    ctx.model_id = model_id;
-    ctx.max_model_len = f.replica.max_model_len > 0 ? f.replica.max_model_len
-                                                    : rep.model()->config().max_position_embeddings;
-    ctx.limits = f.limits;
+    server::ApiContext ctx = api_context(f, rep, *encoding);
     // One grammar compile service per server, over the served tokenizer's vocabulary.
     server::StructuredOutput structured(*rep.tokenizer());
     ctx.structured_output = &structured;
@@ -115,17 +172,22 @@ int run_serve(const ServeFlags& f) {
     // The service borrows the replica's engine; it stops (joining the engine thread)
     // before the replica goes.
     auto service = std::make_unique<server::EngineService>(rep.engine());
-    server::ServerOptions so;
-    so.host = f.host;
-    so.port = f.port;
-    so.api_keys = std::move(keys).value();
-    so.num_io_threads = f.io_threads;
-    so.drain_grace_ms = f.drain_grace_ms;
-    so.max_connections = f.max_connections;
-    so.max_body_budget_bytes = f.max_body_budget_bytes;
+    server::ServerOptions so = server_options(f, std::move(keys).value());
+    so.engine_rpc = !f.role.empty();
     Result<std::unique_ptr<server::HttpServer>> srv =
         server::HttpServer::create(&ctx, service.get(), &metrics, so);
     if (!srv.is_ok()) return fail(srv.status());
+    std::unique_ptr<membership::Registry> registry;
+    if (!f.membership.empty()) {
+        Result<std::unique_ptr<membership::Registry>> r = open_membership(f);
+        if (!r.is_ok()) return fail(r.status());
+        registry = std::move(r).value();
+        const membership::Member self =
+            self_record(f, membership::Role::kBoth, (*srv)->port());
+        if (Status s = registry->join(self); !s.is_ok()) return fail(s);
+        std::printf("dsinfer serve: joined %s as %s (role %s)\n", registry->describe().c_str(),
+                    self.id.c_str(), f.role.c_str());
+    }
     std::printf("dsinfer serve: chat encoding %s\n",
                 std::string(protocol::chat_encoding_name(*encoding)).c_str());
     std::printf("dsinfer serve: listening on http://%s:%d (model %s)\n", f.host.c_str(),
@@ -136,6 +198,8 @@ int run_serve(const ServeFlags& f) {
         f.host.c_str(), (*srv)->port(), model_id.c_str());
     std::fflush(stdout);
     Status s = (*srv)->run();
+    // Routers stop sending here before the engine goes (the drain is over by now).
+    if (registry) (void)registry->leave();
     service->stop();
     service.reset();  // joins the engine thread before the replica goes
     if (!s.is_ok()) return fail(s);
@@ -143,22 +207,63 @@ int run_serve(const ServeFlags& f) {
     return 0;
 }
 
-}  // namespace
-
-void register_bench_serve_command(CLI::App& bench);  // cmd_bench_serve.cc
-
-void register_serve_commands(CLI::App& app) {
-    // `dsinfer bench serve` hangs under `bench` (registered before this in main()).
-    for (CLI::App* bench :
-         app.get_subcommands([](CLI::App* a) { return a->get_name() == "bench"; })) {
-        register_bench_serve_command(*bench);
+int run_router(const ServeFlags& f) {
+    Env* env = Env::default_env();
+    if (f.membership.empty()) return fail(invalid_argument("--membership is required"), "router");
+    if (Result<protocol::ChatEncoding> e = parse_encoding(f.chat_encoding, ModelConfig{});
+        !e.is_ok()) {
+        return fail(e.status(), "router");
     }
-    auto f = std::make_shared<ServeFlags>();
-    CLI::App* cmd = app.add_subcommand("serve", "HTTP API server (OpenAI + Anthropic APIs, SSE)");
-    add_replica_flags(*cmd, &f->replica);
-    add_setting(*cmd, "--kv-cache-bytes", f->replica.kv_cache_bytes,
-                "deprecated: KV block pool size in bytes (use --kv-cache-mb)")
-        ->check(CLI::PositiveNumber);
+    Result<std::vector<server::ApiKey>> keys = read_api_keys(env, f);
+    if (!keys.is_ok()) return fail(keys.status(), "router");
+    Result<std::unique_ptr<membership::Registry>> registry = open_membership(f);
+    if (!registry.is_ok()) return fail(registry.status(), "router");
+    // The model's tokenizer and config only: the router encodes and renders.
+    Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
+    if (!options.is_ok()) return fail(options.status(), "router");
+    options->load_model = false;
+    options->create_engine = false;
+    Result<std::unique_ptr<serving::Replica>> replica =
+        serving::open_replica(std::move(options).value(), env);
+    if (!replica.is_ok()) return fail(replica.status(), "router");
+    serving::Replica& rep = **replica;
+    Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.config());
+    if (!encoding.is_ok()) return fail(encoding.status(), "router");
+    server::ApiContext ctx = api_context(f, rep, *encoding);
+    // The router compiles grammars too: a bad schema is a 400 before any engine.
+    server::StructuredOutput structured(*rep.tokenizer());
+    ctx.structured_output = &structured;
+    ctx.env = env;
+
+    router::RemoteServiceOptions ro;
+    ro.engine_api_key = f.engine_api_key;
+    router::RemoteService remote(ro);
+    Result<std::vector<membership::Member>> engines =
+        (*registry)->watch([&remote](const membership::MemberChange& c) { remote.apply(c); });
+    if (!engines.is_ok()) return fail(engines.status(), "router");
+    remote.set_engines(*engines);
+    server::Metrics metrics;
+    Result<std::unique_ptr<server::HttpServer>> srv =
+        server::HttpServer::create(&ctx, &remote, &metrics, server_options(f, std::move(keys).value()));
+    if (!srv.is_ok()) return fail(srv.status(), "router");
+    membership::Member self = self_record(f, membership::Role::kRouter, (*srv)->port());
+    if (Status s = (*registry)->join(self); !s.is_ok()) return fail(s, "router");
+    std::printf("dsinfer router: %zu engine(s) in %s\n", engines->size(),
+                (*registry)->describe().c_str());
+    std::printf("dsinfer router: listening on http://%s:%d (model %s)\n", f.host.c_str(),
+                (*srv)->port(), ctx.model_id.c_str());
+    std::fflush(stdout);
+    Status s = (*srv)->run();
+    (void)(*registry)->leave();
+    const router::RouterStats st = remote.router_stats();
+    DSI_LOG(kInfo) << "router: " << st.num_routed << " routed, " << st.num_failovers
+                   << " failovers, " << st.num_failed << " failed";
+    if (!s.is_ok()) return fail(s, "router");
+    return 0;
+}
+
+// Flags `serve` and `router` share: listening, keys, encoding, limits, membership.
+void add_http_flags(CLI::App* cmd, ServeFlags* f) {
     add_setting(*cmd, "--host", f->host, "listen address");
     add_setting(*cmd, "--port", f->port, "listen port (0: any free port, printed)");
     add_setting(*cmd, "--api-key", f->api_key,
@@ -191,7 +296,48 @@ void register_serve_commands(CLI::App& app) {
                 "its generation) ends after it");
     add_setting(*cmd, "--max-json-depth", f->limits.max_json_depth,
                 "nesting levels a request's JSON may hold; 400 above");
+    add_setting(*cmd, "--membership", f->membership,
+                "cluster directory: etcd://host:port[/prefix] or file:///path.json");
+    add_setting(*cmd, "--node-id", f->node_id, "this process's id in the directory ('' = role-port)");
+    add_setting(*cmd, "--advertise-address", f->advertise,
+                "host:port others reach this process at ('' = --host:port)");
+    add_setting(*cmd, "--lease-ttl-s", f->lease_ttl_s,
+                "etcd lease: a process that dies leaves the directory after this long")
+        ->check(CLI::Range(2, 3600));
+}
+
+}  // namespace
+
+void register_bench_serve_command(CLI::App& bench);  // cmd_bench_serve.cc
+
+void register_serve_commands(CLI::App& app) {
+    // `dsinfer bench serve` hangs under `bench` (registered before this in main()).
+    for (CLI::App* bench :
+         app.get_subcommands([](CLI::App* a) { return a->get_name() == "bench"; })) {
+        register_bench_serve_command(*bench);
+    }
+    auto f = std::make_shared<ServeFlags>();
+    CLI::App* cmd = app.add_subcommand("serve", "HTTP API server (OpenAI + Anthropic APIs, SSE)");
+    add_replica_flags(*cmd, &f->replica);
+    add_setting(*cmd, "--kv-cache-bytes", f->replica.kv_cache_bytes,
+                "deprecated: KV block pool size in bytes (use --kv-cache-mb)")
+        ->check(CLI::PositiveNumber);
+    add_http_flags(cmd, f.get());
+    add_setting(*cmd, "--role", f->role,
+                "engine of a cluster: both (prefill and decode; serves the engine RPC to a "
+                "router); prefill / decode are not implemented yet")
+        ->check(CLI::IsMember({"", "both", "prefill", "decode"}));
     cmd->callback([f] { throw CLI::RuntimeError(run_serve(*f)); });
+
+    auto rf = std::make_shared<ServeFlags>();
+    rf->port = 8080;
+    CLI::App* rcmd = app.add_subcommand(
+        "router", "cluster entrypoint: the same HTTP APIs, routed to the engines of --membership");
+    add_replica_flags(*rcmd, &rf->replica);
+    add_http_flags(rcmd, rf.get());
+    add_setting(*rcmd, "--engine-api-key", rf->engine_api_key,
+                "the API key the engines require ('' = none)");
+    rcmd->callback([rf] { throw CLI::RuntimeError(run_router(*rf)); });
 }
 
 }  // namespace dsi
