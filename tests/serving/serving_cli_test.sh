@@ -44,7 +44,7 @@ start_server() {  # start_server NAME ARGS...: from /, sets server_pid and port
   server_pid=$!
   port=""
   for _ in $(seq 600); do
-    port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.out")"
+    port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.out" 2>/dev/null || true)"
     [[ -n "$port" ]] && return 0
     kill -0 "$server_pid" 2>/dev/null || break
     sleep 0.2

@@ -26,6 +26,11 @@ gen() {  # name seed n
 gen train 1 60000
 gen heldout 2 1000
 gen cases 3 400
+# INIT_FROM=PACK starts a fresh run from a model pack's weights (e.g. the committed
+# data/default_model/dsinfer-default.safetensors: a machine without the previous run's
+# checkpoint continues from what was published); ignored once RUN/ckpt.pt exists.
+init=()
+if [[ -n "${INIT_FROM:-}" && ! -f "$RUN/ckpt.pt" ]]; then init=(--init-from "$INIT_FROM"); fi
 nice -n 15 $PY tools/train/train.py --data "$RUN/train" --vocab-from "$RUN/heldout" "$RUN/cases" \
-  --run "$RUN" --steps "$STEPS" --threads 2 --batch 2 --lr 3e-3 --warmup 20 --bias-gamma 0.01 >> "$RUN/train.log" 2>&1
+  "${init[@]}" --run "$RUN" --steps "$STEPS" --threads 2 --batch 2 --lr 3e-3 --warmup 20 --bias-gamma 0.01 >> "$RUN/train.log" 2>&1
 $PY tools/train/export.py --run "$RUN" --out "$RUN/dsinfer-default.safetensors"

@@ -1,0 +1,125 @@
+#!/usr/bin/env bash
+# The cluster as processes on loopback (issue 18): etcd + two engines
+# (`dsinfer serve --role both --membership etcd://...`) + `dsinfer router`, on the
+# embedded default model. Drills, each checked against the stream one engine gives
+# alone (same seed: batch-invariant kernels and the counter-based sampler make every
+# engine produce the same tokens):
+#   1. the router answers a streamed request exactly as an engine does;
+#   2. kill -9 the engine serving a stream mid-way: the stream continues on the other
+#      engine without a seam (same content, ends with [DONE]); the router's
+#      directory drops the dead engine when its lease runs out;
+#   3. etcd stopped (SIGSTOP) while requests flow: they still complete (the router
+#      routes on the engines it knows); etcd back: the survivor is still listed.
+# Prints the counts and the time from the kill to the next token.
+# Usage: failover_drill.sh BUILD_DIR
+set -euo pipefail
+src="$(cd "$(dirname "$0")/../.." && pwd)"
+build="$(cd "$1" && pwd)"
+bin="$build/apps/dsinfer/dsinfer"
+work="$(mktemp -d "${TMPDIR:-/tmp}/dsi_cluster_XXXXXX")"
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+fail() {
+  echo "FAIL: $*" >&2
+  for f in "$work"/*.out "$work"/*.err; do [[ -s "$f" ]] && { echo "== $f" >&2; tail -20 "$f" >&2; }; done
+  exit 1
+}
+unset XDG_CACHE_HOME $(env | sed -n 's/^\(DSINFER_[A-Z_]*\)=.*/\1/p')
+export HOME="$work/home"
+mkdir -p "$HOME"
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+
+# etcd on loopback (Debian's etcd-server; scripts/setup.sh installs it).
+ecp=$(free_port); epp=$(free_port)
+etcd --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$ecp" \
+  --advertise-client-urls "http://127.0.0.1:$ecp" --listen-peer-urls "http://127.0.0.1:$epp" \
+  --initial-advertise-peer-urls "http://127.0.0.1:$epp" \
+  --initial-cluster "default=http://127.0.0.1:$epp" --log-level error \
+  > "$work/etcd.out" 2> "$work/etcd.err" &
+etcd_pid=$!
+pids+=("$etcd_pid")
+for _ in $(seq 100); do
+  curl -sf -X POST "http://127.0.0.1:$ecp/v3/kv/range" -d '{"key":"AA=="}' > /dev/null && break
+  sleep 0.1
+done
+membership="etcd://127.0.0.1:$ecp/drill/"
+
+start() {  # start NAME ARGS... -> sets last_pid, last_port
+  local name="$1"
+  shift
+  "$bin" "$@" --port 0 > "$work/$name.out" 2> "$work/$name.err" &
+  last_pid=$!
+  pids+=("$last_pid")
+  last_port=""
+  for _ in $(seq 900); do
+    last_port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.out" 2>/dev/null || true)"
+    [[ -n "$last_port" ]] && return 0
+    kill -0 "$last_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  fail "$name did not start"
+}
+engine_args=(serve --threads 1 --role both --membership "$membership" --lease-ttl-s 2)
+start e1 "${engine_args[@]}" --node-id e1
+e1_pid=$last_pid e1_port=$last_port
+start e2 "${engine_args[@]}" --node-id e2
+e2_pid=$last_pid e2_port=$last_port
+start router router --membership "$membership" --lease-ttl-s 2
+router_port=$last_port
+grep -q "2 engine(s)" "$work/router.out" || fail "router does not list both engines"
+
+body='{"model":"dsinfer-default","messages":[{"role":"user","content":"Tell me a story about a cat."}],
+       "stream":true,"max_tokens":160,"temperature":0.8,"seed":4242,"ignore_eos":true}'
+client="$src/tests/cluster/stream_client.py"
+content() { python3 -c 'import json,sys; print(json.load(sys.stdin)["content"])'; }
+
+# 1. The router answers as one engine does.
+ref="$(python3 "$client" "http://127.0.0.1:$e1_port/v1/chat/completions" "$body")"
+ref_content="$(content <<< "$ref")"
+[[ -n "$ref_content" ]] || fail "the engine gave no content"
+via="$(python3 "$client" "http://127.0.0.1:$router_port/v1/chat/completions" "$body")"
+[[ "$(content <<< "$via")" == "$ref_content" ]] || fail "router stream differs from the engine's"
+echo "drill 1: router stream == engine stream ($(python3 -c 'import json,sys; print(json.load(sys.stdin)["chunks"])' <<< "$via") chunks)"
+
+# 2. kill -9 the engine serving the stream after 20 chunks.
+out="$(python3 "$client" "http://127.0.0.1:$router_port/v1/chat/completions" "$body" \
+  --kill-after 20 --engines "$e1_port:$e1_pid,$e2_port:$e2_pid")"
+python3 - "$out" "$ref_content" <<'PY' || fail "drill 2"
+import json, sys
+out, ref = json.loads(sys.argv[1]), sys.argv[2]
+assert out["killed_pid"], "no engine was running the stream at chunk 20"
+assert out["done"], "the stream did not end with [DONE]"
+assert "error" not in out, out.get("error")
+assert out["content"] == ref, "content differs after failover"
+print(f"drill 2: killed pid {out['killed_pid']} after 20 chunks; next token "
+      f"{out['resume_s']:.3f} s after the kill; content == reference ({out['chunks']} chunks)")
+PY
+killed="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["killed_pid"])' <<< "$out")"
+if [[ "$killed" == "$e1_pid" ]]; then alive_port=$e2_port; dead=e1; else alive_port=$e1_port; dead=e2; fi
+# Its lease (2 s) runs out: the directory drops it.
+for _ in $(seq 100); do
+  listed="$(curl -sf -X POST "http://127.0.0.1:$ecp/v3/kv/range" \
+    -d "{\"key\":\"$(printf /drill/%s "$dead" | base64)\"}")"
+  grep -q '"kvs"' <<< "$listed" || break
+  sleep 0.1
+done
+grep -q '"kvs"' <<< "$listed" && fail "the dead engine is still in the directory"
+echo "drill 2: $dead left the directory after its lease"
+
+# 3. etcd frozen while requests flow: they complete on the engine the router knows.
+kill -STOP "$etcd_pid"
+for i in 1 2; do
+  out="$(python3 "$client" "http://127.0.0.1:$router_port/v1/chat/completions" "$body")"
+  [[ "$(content <<< "$out")" == "$ref_content" ]] || { kill -CONT "$etcd_pid"; fail "drill 3 request $i"; }
+done
+kill -CONT "$etcd_pid"
+sleep 1
+curl -sf "http://127.0.0.1:$alive_port/health" > /dev/null || fail "the survivor is down"
+echo "drill 3: 2 requests completed with etcd stopped"
+kill -TERM "${pids[@]:1}" 2>/dev/null || true
+echo "PASS"

@@ -1,0 +1,67 @@
+#!/usr/bin/env python3
+"""Streams one Chat Completions request and prints its content as JSON (stdlib only).
+
+  stream_client.py URL BODY_JSON [--kill-after N --engines PORT:PID,...]
+
+With --kill-after, after N content chunks it asks every engine's /metrics which one
+runs the generation and SIGKILLs that process (a drill: the router must fail over);
+the output then also has the killed pid and the seconds from the kill to the next chunk.
+"""
+import json
+import os
+import signal
+import sys
+import time
+import urllib.request
+
+
+def running(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("dsinfer_requests_running "):
+                return float(line.split()[1])
+    return 0.0
+
+
+def main():
+    url, body = sys.argv[1], sys.argv[2]
+    kill_after, engines = None, []
+    if "--kill-after" in sys.argv:
+        kill_after = int(sys.argv[sys.argv.index("--kill-after") + 1])
+        spec = sys.argv[sys.argv.index("--engines") + 1]
+        engines = [tuple(int(x) for x in e.split(":")) for e in spec.split(",")]
+    req = urllib.request.Request(url, data=body.encode(),
+                                 headers={"Content-Type": "application/json"})
+    out = {"content": "", "chunks": 0, "killed_pid": None, "resume_s": None, "done": False}
+    killed_at = None
+    with urllib.request.urlopen(req, timeout=300) as r:
+        for raw in r:
+            line = raw.decode().strip()
+            if not line.startswith("data: "):
+                continue
+            data = line[6:]
+            if data == "[DONE]":
+                out["done"] = True
+                break
+            ev = json.loads(data)
+            if "error" in ev:
+                out["error"] = ev["error"]
+                continue
+            delta = ev["choices"][0]["delta"] if ev.get("choices") else {}
+            if delta.get("content"):
+                out["content"] += delta["content"]
+                out["chunks"] += 1
+                if killed_at is not None and out["resume_s"] is None:
+                    out["resume_s"] = time.monotonic() - killed_at
+            if kill_after is not None and out["chunks"] == kill_after and killed_at is None:
+                for port, pid in engines:
+                    if running(port) > 0:
+                        os.kill(pid, signal.SIGKILL)
+                        out["killed_pid"] = pid
+                        killed_at = time.monotonic()
+                        break
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
