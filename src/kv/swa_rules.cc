@@ -16,7 +16,8 @@ bool is_boundary(int64_t position, const SwaGeometry& g) {
 }  // namespace
 
 Status SwaGeometry::validate() const {
-    if (unit_tokens < 1) return invalid_argument("SWA unit must be >= 1 token, got " + n(unit_tokens));
+    if (unit_tokens < 1)
+        return invalid_argument("SWA unit must be >= 1 token, got " + n(unit_tokens));
     if (window_tokens < 1 || window_tokens > unit_tokens) {
         // S-SWA: one replayed unit must rebuild the whole window.
         return invalid_argument("SWA window must be in [1, unit " + n(unit_tokens) + "], got " +
@@ -39,8 +40,8 @@ Result<int64_t> prefill_store_position(int64_t prompt_tokens, const SwaGeometry&
 
 SwaRingRuns swa_ring_runs(int64_t begin, int64_t end, const SwaGeometry& g) {
     const int64_t ring = g.ring_tokens();
-    DSI_CHECK(0 <= begin && begin <= end && end - begin <= ring, "ring runs of [", begin, ", ",
-              end, ") in a ring of ", ring);
+    DSI_CHECK(0 <= begin && begin <= end && end - begin <= ring, "ring runs of [", begin, ", ", end,
+              ") in a ring of ", ring);
     SwaRingRuns r;
     if (begin == end) return r;
     const int64_t first = begin % ring;
@@ -85,15 +86,14 @@ Status SwaStoreTracker::begin_prefill(int64_t start_tokens, int64_t prompt_token
     return Status::ok();
 }
 
-Result<std::optional<SwaCopyRegion>> SwaStoreTracker::on_prefill_chunk(int64_t begin,
-                                                                       int64_t end) {
+Result<std::optional<SwaCopyRegion>> SwaStoreTracker::on_prefill_chunk(int64_t begin, int64_t end) {
     if (!prefill_begun_ || prefill_done_) {
         return invalid_argument("SWA tracker: a prefill chunk outside a prefill");
     }
     if (begin != length_ || end <= begin || end > prompt_tokens_) {
         return invalid_argument("SWA tracker: chunk [" + n(begin) + ", " + n(end) +
-                                ") does not continue [0, " + n(length_) + ") within the prompt of " +
-                                n(prompt_tokens_));
+                                ") does not continue [0, " + n(length_) +
+                                ") within the prompt of " + n(prompt_tokens_));
     }
     std::optional<SwaCopyRegion> copy;
     const int64_t p = prefill_position_;
@@ -122,8 +122,8 @@ Result<int64_t> SwaStoreTracker::on_tokens(int64_t seq_tokens) {
         return invalid_argument("SWA tracker: decode tokens before the prefill's last chunk");
     }
     if (seq_tokens < length_) {
-        return invalid_argument("SWA tracker: length " + n(seq_tokens) + " is below " +
-                                n(length_) + " (use on_rollback)");
+        return invalid_argument("SWA tracker: length " + n(seq_tokens) + " is below " + n(length_) +
+                                " (use on_rollback)");
     }
     const int64_t old_units = length_ / g_.unit_tokens;
     const int64_t new_units = seq_tokens / g_.unit_tokens;
@@ -141,9 +141,9 @@ Status SwaStoreTracker::on_copy_landed(int64_t boundary, int64_t seq_tokens) {
                                 " landed, pending is " + n(pending_));
     }
     if (seq_tokens < boundary || seq_tokens > length_) {
-        return invalid_argument("SWA tracker: copy for boundary " + n(boundary) + " read at length " +
-                                n(seq_tokens) + ", outside [" + n(boundary) + ", " + n(length_) +
-                                "]");
+        return invalid_argument("SWA tracker: copy for boundary " + n(boundary) +
+                                " read at length " + n(seq_tokens) + ", outside [" + n(boundary) +
+                                ", " + n(length_) + "]");
     }
     const int64_t lateness = seq_tokens - boundary;
     if (lateness > g_.max_lateness_tokens) {
@@ -186,10 +186,14 @@ SwaCopyRegion SwaStoreTracker::decode_copy_region(int64_t boundary) const {
 
 std::string_view swa_hit_kind_name(SwaHitKind kind) {
     switch (kind) {
-        case SwaHitKind::kNone: return "none";
-        case SwaHitKind::kExact: return "exact";
-        case SwaHitKind::kCatchUp: return "catch-up";
-        case SwaHitKind::kReplay: return "replay";
+        case SwaHitKind::kNone:
+            return "none";
+        case SwaHitKind::kExact:
+            return "exact";
+        case SwaHitKind::kCatchUp:
+            return "catch-up";
+        case SwaHitKind::kReplay:
+            return "replay";
     }
     return "?";
 }
@@ -247,8 +251,8 @@ Status SwaSlotShape::validate() const {
         return invalid_argument("SWA slot: negative size");
     }
     if (ring_tokens < kSwaWindowTokens) {
-        return invalid_argument("SWA slot: ring of " + n(ring_tokens) + " is shorter than the window " +
-                                n(kSwaWindowTokens));
+        return invalid_argument("SWA slot: ring of " + n(ring_tokens) +
+                                " is shorter than the window " + n(kSwaWindowTokens));
     }
     return Status::ok();
 }

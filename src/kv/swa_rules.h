@@ -174,12 +174,12 @@ enum class SwaHitKind : uint8_t { kNone, kExact, kCatchUp, kReplay };
 std::string_view swa_hit_kind_name(SwaHitKind kind);
 
 struct SwaHitPlan {
-    int64_t input_tokens = 0;       // L
-    int64_t block_hit_tokens = 0;   // L1: block KV reused for [0, L1), after the cap
-    int64_t hit_tokens = 0;         // S-KV-10's hit length (L1, or L1 - unit on replay)
+    int64_t input_tokens = 0;      // L
+    int64_t block_hit_tokens = 0;  // L1: block KV reused for [0, L1), after the cap
+    int64_t hit_tokens = 0;        // S-KV-10's hit length (L1, or L1 - unit on replay)
     SwaHitKind kind = SwaHitKind::kNone;
-    int64_t swa_state_position = 0; // the restored state (kExact, kCatchUp); 0 otherwise
-    int64_t compute_begin = 0;      // first position run through the model
+    int64_t swa_state_position = 0;  // the restored state (kExact, kCatchUp); 0 otherwise
+    int64_t compute_begin = 0;       // first position run through the model
     // kCatchUp and kReplay: the segment [rerun_begin, rerun_end) = [L1 - unit, L1) run
     // again for its SWA rows only; empty otherwise.
     int64_t rerun_begin = 0;

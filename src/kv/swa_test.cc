@@ -91,7 +91,8 @@ TEST(SwaRulesTest, DecodeCopyRingHoldsWindowForLateness0To5) {
             std::vector<int64_t> rows = ring.read(region.ring);
             ASSERT_EQ(rows.size(), 128u);
             bool whole = true;
-            for (int64_t i = 0; i < 128; ++i) whole &= rows[static_cast<size_t>(i)] == boundary - 128 + i;
+            for (int64_t i = 0; i < 128; ++i)
+                whole &= rows[static_cast<size_t>(i)] == boundary - 128 + i;
             EXPECT_EQ(whole, d <= 5) << "boundary " << boundary << " lateness " << d;
             ASSERT_TRUE(t.on_tokens(boundary + d).is_ok());
             const Status landed = t.on_copy_landed(boundary, boundary + d);
@@ -359,8 +360,8 @@ TEST(SwaStatePoolTest, LruEvictionAtBudgetIsCounted) {
     ASSERT_TRUE(pool.put(key(1), TrafficClass::kChatbot, bytes(100)).is_ok());
     ASSERT_TRUE(pool.put(key(2), TrafficClass::kAgent, bytes(100)).is_ok());
     ASSERT_TRUE(pool.put(key(3), TrafficClass::kChatbot, bytes(100)).is_ok());
-    ASSERT_TRUE(pool.get(key(1)).is_ok());   // 1 is now the most recent
-    EXPECT_TRUE(pool.contains(key(2)));      // contains() does not touch
+    ASSERT_TRUE(pool.get(key(1)).is_ok());  // 1 is now the most recent
+    EXPECT_TRUE(pool.contains(key(2)));     // contains() does not touch
     ASSERT_TRUE(pool.put(key(4), TrafficClass::kChatbot, bytes(150)).is_ok());
     // 2 (agent) and 3 (chatbot) were least recent: both evicted to fit 150 B.
     EXPECT_FALSE(pool.contains(key(2)));
@@ -426,9 +427,8 @@ TEST(SwaStatePoolTest, KeysFromTheChainAndLocalPull) {
     EXPECT_EQ((*got)->traffic_class, TrafficClass::kAgent);
     EXPECT_EQ(local.pull(swa_state_key(chain, 128), 0).status().code(), StatusCode::kNotFound);
     // The hit rule's lookup over the pool.
-    Result<SwaHitPlan> p = plan_swa_hit(600, 384, [&](int64_t pos) {
-        return pool.contains(swa_state_key(chain, pos));
-    });
+    Result<SwaHitPlan> p = plan_swa_hit(
+        600, 384, [&](int64_t pos) { return pool.contains(swa_state_key(chain, pos)); });
     ASSERT_TRUE(p.is_ok());
     EXPECT_EQ(p->block_hit_tokens, 384);
     EXPECT_EQ(p->kind, SwaHitKind::kCatchUp);
@@ -447,8 +447,8 @@ TEST(SwaStatePoolTest, ConcurrentPutAndGet) {
         }
     });
     for (int i = 0; i < 4000; ++i) {
-        ASSERT_TRUE(pool.put(key(static_cast<uint64_t>(i % 97)), TrafficClass::kChatbot,
-                             bytes(100)).is_ok());
+        ASSERT_TRUE(pool.put(key(static_cast<uint64_t>(i % 97)), TrafficClass::kChatbot, bytes(100))
+                        .is_ok());
     }
     fetcher.join();
     EXPECT_TRUE(pool.check_invariants().is_ok());
@@ -457,10 +457,10 @@ TEST(SwaStatePoolTest, ConcurrentPutAndGet) {
 
 TEST(SwaCacheCountersTest, PerTrafficClass) {
     SwaCacheCounters c;
-    c.record(hit(1000, 896, {768}), TrafficClass::kChatbot);   // exact
-    c.record(hit(1000, 896, {640}), TrafficClass::kChatbot);   // catch-up
-    c.record(hit(1000, 896, {}), TrafficClass::kAgent);        // replay
-    c.record(hit(100, 0, {}), TrafficClass::kAgent);           // none
+    c.record(hit(1000, 896, {768}), TrafficClass::kChatbot);  // exact
+    c.record(hit(1000, 896, {640}), TrafficClass::kChatbot);  // catch-up
+    c.record(hit(1000, 896, {}), TrafficClass::kAgent);       // replay
+    c.record(hit(100, 0, {}), TrafficClass::kAgent);          // none
     const SwaCacheClassCounters& chat = c.by_class[0];
     EXPECT_EQ(chat.requests, 2);
     EXPECT_EQ(chat.block_hits, 2);
