@@ -13,7 +13,7 @@ if ! command -v "$clangxx" >/dev/null; then
 fi
 sources=(
   src/engine/worker.cc src/engine/engine.cc
-  src/kv/paged_kv_cache.cc src/kv/tiered_cache.cc
+  src/kv/paged_kv_cache.cc src/kv/swa_pool.cc src/kv/tiered_cache.cc
   src/kvstore/async_store.cc src/kvstore/fetch_service.cc src/kvstore/file_store.cc
   src/kvstore/gc_worker.cc src/kvstore/redis_store.cc
   src/server/engine_service.cc src/server/metrics.cc

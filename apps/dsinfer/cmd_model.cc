@@ -1,6 +1,7 @@
 // `dsinfer make-model`, `dsinfer plan` and `dsinfer generate`.
 #include <unistd.h>
 
+#include <cinttypes>
 #include <cstdio>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -12,9 +13,11 @@
 #include "base/progress.h"
 #include "base/settings.h"
 #include "engine/engine.h"
+#include "kv/swa_rules.h"
 #include "model/checkpoint_writer.h"
 #include "model/memory_plan.h"
 #include "model/synthetic.h"
+#include "model/v41_config.h"
 #include "model/weights.h"
 #include "replica_flags.h"
 #include "sampling/sampler.h"
@@ -297,20 +300,78 @@ struct PlanFlags {
     int64_t context = 8192;
 };
 
+// The SWA state slot (S-KV-8, kv/swa_rules.h) as text.
+std::string format_swa_slot(const kv::SwaSlotShape& s, const char* stored_layers,
+                            const char* dropped_layers) {
+    char line[512];
+    std::string out;
+    std::snprintf(line, sizeof line,
+                  "\nSWA state slot per sequence (S-KV-8; ring %" PRId64 " = window %" PRId64
+                  " + 6, %" PRId64 " B per row)\n",
+                  s.ring_tokens, kv::kSwaWindowTokens, s.swa_row_bytes);
+    out += line;
+    std::snprintf(line, sizeof line,
+                  "  stored region   %3" PRId64 " layers x %" PRId64 " x %" PRId64 " B = %" PRId64
+                  " B  (%s; host SWA pool, never the KV store)\n",
+                  s.stored_layers, s.ring_tokens, s.swa_row_bytes, s.stored_bytes(), stored_layers);
+    out += line;
+    std::snprintf(line, sizeof line,
+                  "  dropped region  %3" PRId64 " layers x %" PRId64 " x %" PRId64 " B + %" PRId64
+                  " B accumulators = %" PRId64 " B  (%s; rebuilt, never stored)\n",
+                  s.dropped_swa_layers, s.ring_tokens, s.swa_row_bytes, s.accumulator_bytes,
+                  s.dropped_bytes(), dropped_layers);
+    out += line;
+    std::snprintf(line, sizeof line, "  slot            %" PRId64 " B\n", s.slot_bytes());
+    out += line;
+    return out;
+}
+
+// V4.1 (CED) configs: only the SWA slot; the V4.1 model is not in dsinfer yet.
+int plan_v41(const std::string& path, const std::string& text) {
+    Result<V41TextConfig> c = parse_v41_config(text);
+    if (!c.is_ok()) return fail(c.status().with_context(path));
+    kv::SwaSlotShape s;
+    s.stored_layers = c->encoder_layers();
+    s.dropped_swa_layers = c->num_hidden_layers - c->encoder_layers() + c->num_nextn_predict_layers;
+    s.swa_row_bytes = c->swa_row_bytes();
+    s.accumulator_bytes = c->partial_state_bytes();
+    std::printf("%s: the SWA state slot only (weights and block KV of V4.1 are not planned yet)\n",
+                c->architecture.c_str());
+    std::fputs(format_swa_slot(s, "encoder layers",
+                               "decoder + draft layers' SWA, ratio-2 "
+                               "pending groups")
+                   .c_str(),
+               stdout);
+    return 0;
+}
+
 // `dsinfer plan`: weight and KV bytes of a checkpoint or bare config.json (model/memory_plan.h).
 int run_plan(const PlanFlags& f) {
     Env* env = Env::default_env();
     if (f.context < 1) return fail(invalid_argument("--context must be >= 1"));
-    const std::string path =
-        f.model.ends_with(".json") ? f.model : f.model + "/config.json";
+    const std::string path = f.model.ends_with(".json") ? f.model : f.model + "/config.json";
     Result<std::string> text = env->read_file(path);
     if (!text.is_ok()) return fail(text.status());
+    if (is_v41_config(*text)) return plan_v41(path, *text);
     Result<ModelConfig> config = parse_hf_config(*text);
     if (!config.is_ok()) return fail(config.status().with_context(path));
     const long pages = ::sysconf(_SC_AVPHYS_PAGES);
     const long page = ::sysconf(_SC_PAGESIZE);
     const int64_t available = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
-    std::fputs(format_memory_plan(plan_memory(*config, f.context), available).c_str(), stdout);
+    const MemoryPlan plan = plan_memory(*config, f.context);
+    std::fputs(format_memory_plan(plan, available).c_str(), stdout);
+    if (config->is_v4()) {
+        // V4 has no encoder/decoder split: every main layer's window is stored (compact
+        // rows); the MTP layer's window and the compressors' accumulators are dropped.
+        kv::SwaSlotShape s;
+        s.stored_layers = config->num_hidden_layers;
+        s.dropped_swa_layers = config->num_nextn_predict_layers;
+        s.swa_row_bytes = plan.compact_window_row_bytes;
+        s.accumulator_bytes = plan.accumulator_bytes;
+        std::fputs(
+            format_swa_slot(s, "main layers", "MTP layer's SWA, compressor accumulators").c_str(),
+            stdout);
+    }
     return 0;
 }
 

@@ -106,6 +106,12 @@ void add_replica_flags(CLI::App& cmd, ReplicaFlags* f, ReplicaFlagSet set) {
     add_setting(cmd, "--kv-store-fetch-buffer-mb", f->kv_store_fetch_buffer_mb,
                 "host buffers store fetches are read into (MiB; at least one block)")
         ->check(CLI::NonNegativeNumber);
+    add_setting(cmd, "--yoco-prefill-truncation-mode", f->yoco_prefill_truncation_mode,
+                "V4.1 prefill: compact (decoder layers replay only the prompt's last "
+                "--yoco-prefill-keep-tokens, S-SWA) | off (decoder layers over the whole prompt)");
+    add_setting(cmd, "--yoco-prefill-keep-tokens", f->yoco_prefill_keep_tokens,
+                "V4.1 prefill: prompt tokens the decoder layers replay; at least the window "
+                "(128) + the speculative drafts");
 }
 
 Result<serving::ReplicaOptions> to_replica_options(const ReplicaFlags& f) {
@@ -178,6 +184,15 @@ Result<serving::ReplicaOptions> to_replica_options(const ReplicaFlags& f) {
                          mib_to_bytes("--kv-store-write-queue-mb", f.kv_store_write_queue_mb));
     DSI_ASSIGN_OR_RETURN(e.kv_store_fetch_buffer_bytes,
                          mib_to_bytes("--kv-store-fetch-buffer-mb", f.kv_store_fetch_buffer_mb));
+    Result<kv::YocoTruncationMode> yoco =
+        kv::parse_yoco_truncation_mode(f.yoco_prefill_truncation_mode);
+    if (!yoco.is_ok()) return yoco.status().with_context("--yoco-prefill-truncation-mode");
+    o.yoco_prefill.mode = *yoco;
+    o.yoco_prefill.keep_tokens = f.yoco_prefill_keep_tokens;
+    // S-SWA: the kept tail covers the window after the largest rollback (rejected drafts).
+    const int64_t max_rollback = e.speculative.enabled() ? e.speculative.k() : 0;
+    DSI_RETURN_IF_ERROR(kv::validate_yoco_prefill(o.yoco_prefill, max_rollback)
+                            .with_context("--yoco-prefill-keep-tokens"));
     return o;
 }
 

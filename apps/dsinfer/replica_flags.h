@@ -52,6 +52,9 @@ struct ReplicaFlags {
     int64_t kv_store_fetch_timeout_ms = 5000;
     int64_t kv_store_write_queue_mb = 256;
     int64_t kv_store_fetch_buffer_mb = 256;
+    // V4.1 decoder bounded replay (kv/yoco_prefill.h).
+    std::string yoco_prefill_truncation_mode = "compact";
+    int64_t yoco_prefill_keep_tokens = kv::kDefaultYocoKeepTokens;
 };
 
 // Which flags a command takes: every command takes the checkpoint and model flags;

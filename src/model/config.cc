@@ -1,8 +1,12 @@
 #include "model/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
+#include <utility>
 #include <nlohmann/json.hpp>
+
+#include "model/v41_config.h"
 
 namespace dsi {
 namespace {
@@ -634,6 +638,98 @@ std::string to_hf_config_json(const ModelConfig& c) {
     j["rope_scaling"] = yarn_json(c);
     if (c.fp8) j["quantization_config"] = quantization_json(c);
     return j.dump(2) + "\n";
+}
+
+// ---- V4.1 (model/v41_config.h) ------------------------------------------------------
+
+int64_t V41TextConfig::encoder_layers() const {
+    int64_t first_decoder = 0;
+    for (int64_t id : kv_source_layer_ids) first_decoder = std::max(first_decoder, id);
+    return first_decoder;
+}
+
+int64_t V41TextConfig::partial_state_bytes() const {
+    int64_t bytes = 0;
+    for (int64_t id : kv_source_layer_ids) {
+        if (id >= encoder_layers()) continue;  // the decoder's source (ratio 1) has none
+        const int64_t r = compress_ratios[static_cast<size_t>(id)];
+        if (r > 1) bytes += (r - 1) * 2 * head_dim * static_cast<int64_t>(sizeof(float));
+    }
+    return bytes;
+}
+
+Status V41TextConfig::validate() const {
+    auto bad = [](const char* field, const std::string& why) {
+        return invalid_argument(std::string("config.json: text_config.") + field + " " + why);
+    };
+    if (num_hidden_layers < 2) return bad("num_hidden_layers", "must be >= 2");
+    if (head_dim <= 0 || head_dim % 32 != 0)
+        return bad("head_dim", "must be a positive multiple of 32");
+    if (sliding_window <= 0) return bad("sliding_window", "must be > 0");
+    if (num_nextn_predict_layers < 0) return bad("num_nextn_predict_layers", "must be >= 0");
+    if (static_cast<int64_t>(compress_ratios.size()) !=
+        num_hidden_layers + num_nextn_predict_layers) {
+        return bad("compress_ratios",
+                   "must have num_hidden_layers + num_nextn_predict_layers = " +
+                       std::to_string(num_hidden_layers + num_nextn_predict_layers) +
+                       " entries, has " + std::to_string(compress_ratios.size()));
+    }
+    for (int64_t r : compress_ratios) {
+        if (r < 0) return bad("compress_ratios", "has a negative entry");
+    }
+    if (kv_source_layer_ids.empty()) return bad("kv_source_layer_ids", "is empty");
+    for (int64_t id : kv_source_layer_ids) {
+        if (id < 0 || id >= num_hidden_layers) {
+            return bad("kv_source_layer_ids", "entry " + std::to_string(id) + " is not a layer");
+        }
+    }
+    if (encoder_layers() < 1) return bad("kv_source_layer_ids", "leaves no encoder layer");
+    return Status::ok();
+}
+
+namespace {
+
+// The V4.1 config's architecture and model_type, or "" when absent or malformed.
+std::pair<std::string, std::string> v41_identity(const json& j) {
+    std::string arch, type;
+    if (!j.is_object()) return {arch, type};
+    if (auto it = j.find("architectures");
+        it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
+        arch = (*it)[0].get<std::string>();
+    }
+    if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
+        type = it->get<std::string>();
+    }
+    return {arch, type};
+}
+
+}  // namespace
+
+bool is_v41_config(std::string_view json_text) {
+    json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return false;
+    auto [arch, type] = v41_identity(j);
+    return arch == "DeepseekV41ForCausalLM" || type == "deepseek_v41";
+}
+
+Result<V41TextConfig> parse_v41_config(std::string_view json_text) {
+    json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) return invalid_argument("config.json: not valid JSON");
+    if (!j.is_object() || !j.contains("text_config") || !j["text_config"].is_object()) {
+        return invalid_argument("config.json: a V4.1 config needs a 'text_config' object");
+    }
+    V41TextConfig c;
+    c.architecture = v41_identity(j).first;
+    if (c.architecture.empty()) c.architecture = "DeepseekV41ForCausalLM";
+    const json& t = j["text_config"];
+    DSI_RETURN_IF_ERROR(read_req(t, "num_hidden_layers", c.num_hidden_layers));
+    DSI_RETURN_IF_ERROR(read_req(t, "head_dim", c.head_dim));
+    DSI_RETURN_IF_ERROR(read_req(t, "sliding_window", c.sliding_window));
+    DSI_RETURN_IF_ERROR(read_opt(t, "num_nextn_predict_layers", c.num_nextn_predict_layers));
+    DSI_RETURN_IF_ERROR(read_req(t, "compress_ratios", c.compress_ratios));
+    DSI_RETURN_IF_ERROR(read_req(t, "kv_source_layer_ids", c.kv_source_layer_ids));
+    DSI_RETURN_IF_ERROR(c.validate());
+    return c;
 }
 
 }  // namespace dsi

@@ -75,6 +75,7 @@ void plan_v4_kv(const ModelConfig& c, MemoryPlan& p) {
     const int64_t entry = internal::v4_main_row_bytes(hd, c.qk_rope_head_dim);
     const int64_t key = ihd > 0 && ihd % 32 == 0 ? internal::v4_index_row_bytes(ihd) : ihd * kF32;
     MemoryPlan::LayerKind window{"window (ratio 0)"}, c4{"ratio 4 + indexer"}, c128{"ratio 128"};
+    p.compact_window_row_bytes = entry;
     for (int64_t l = 0; l < c.num_hidden_layers + c.num_nextn_predict_layers; ++l) {
         const int64_t r = c.compress_ratio(l);
         MemoryPlan::LayerKind& k = r == 0 ? window : r == 4 ? c4 : c128;
@@ -89,6 +90,7 @@ void plan_v4_kv(const ModelConfig& c, MemoryPlan& p) {
                             (r == 4 ? 2 * 2 * r * 2 * ihd * kF32 : 0);
         k.dsinfer_state_bytes += acc;
         k.compact_state_bytes += acc;
+        p.accumulator_bytes += acc;
         k.dsinfer_bytes_per_token += static_cast<double>(hd * kF32) / static_cast<double>(r);
         k.compact_bytes_per_token += static_cast<double>(entry) / static_cast<double>(r);
         p.dsinfer_kv_bytes += N / r * hd * kF32;

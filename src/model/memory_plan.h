@@ -44,6 +44,11 @@ struct MemoryPlan {
     // One sequence of `context` tokens: per-token entries (whole groups only) + state.
     int64_t dsinfer_kv_bytes = 0;
     int64_t compact_kv_bytes = 0;
+    // V4 only, for the SWA state slot (S-KV-8, kv/swa_rules.h SwaSlotShape): one window
+    // row in the compact layout, and every compressor's partial-window accumulators of
+    // one sequence (f32; the same in both layouts).
+    int64_t compact_window_row_bytes = 0;
+    int64_t accumulator_bytes = 0;
 };
 
 // REQUIRES: config.validate() is ok; context >= 1.

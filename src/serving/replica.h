@@ -24,6 +24,7 @@
 #include "base/env.h"
 #include "base/status.h"
 #include "engine/engine.h"
+#include "kv/yoco_prefill.h"
 #include "model/causal_lm.h"
 #include "tokenizer/tokenizer.h"
 
@@ -69,6 +70,9 @@ struct ReplicaOptions {
     // URI fails open_replica; a store that cannot be reached is logged and left out
     // (serving goes on without it, as every later store failure is a miss).
     std::string kv_store_uri;
+    // V4.1 (CED) decoder bounded replay (S-SWA, kv/yoco_prefill.h): checked at start
+    // (to_replica_options); read by no model yet.
+    kv::YocoPrefillSettings yoco_prefill;
 };
 
 class Replica {
