@@ -174,14 +174,19 @@ int run_serve(const ServeFlags& f) {
     auto service = std::make_unique<server::EngineService>(rep.engine());
     server::ServerOptions so = server_options(f, std::move(keys).value());
     so.engine_rpc = !f.role.empty();
-    Result<std::unique_ptr<server::HttpServer>> srv =
-        server::HttpServer::create(&ctx, service.get(), &metrics, so);
-    if (!srv.is_ok()) return fail(srv.status());
     std::unique_ptr<membership::Registry> registry;
     if (!f.membership.empty()) {
         Result<std::unique_ptr<membership::Registry>> r = open_membership(f);
         if (!r.is_ok()) return fail(r.status());
         registry = std::move(r).value();
+        // S-DEPLOY drain: leave the directory first, so routers send nothing new while
+        // the running generations finish (those the grace cuts fail over there).
+        so.on_drain_start = [reg = registry.get()] { (void)reg->leave(); };
+    }
+    Result<std::unique_ptr<server::HttpServer>> srv =
+        server::HttpServer::create(&ctx, service.get(), &metrics, so);
+    if (!srv.is_ok()) return fail(srv.status());
+    if (registry) {
         const membership::Member self =
             self_record(f, membership::Role::kBoth, (*srv)->port());
         if (Status s = registry->join(self); !s.is_ok()) return fail(s);

@@ -127,12 +127,20 @@ void RemoteService::add_engine_locked(const membership::Member& m) {
     engines_[m.id] = std::move(e);
 }
 
-void RemoteService::remove_engine_locked(const std::string& id) {
+namespace {
+// A stream with no bytes for this long from an engine the directory dropped is cut.
+constexpr int64_t kStalledStreamNs = int64_t{1000} * 1000000;
+}  // namespace
+
+void RemoteService::remove_engine_locked(const std::string& id, bool cut_streams) {
     auto it = engines_.find(id);
     if (it == engines_.end()) return;
-    // Its streams are cut: each call fails over in on_done.
-    for (auto& [ticket, call] : calls_) {
-        if (call->engine_id == id) it->second.client->cancel(call->http_id);
+    const bool quiet = steady_clock_ns() - it->second.last_bytes_ns > kStalledStreamNs;
+    if (cut_streams || quiet) {
+        // Its streams are cut: each call fails over in on_done.
+        for (auto& [ticket, call] : calls_) {
+            if (call->engine_id == id) it->second.client->cancel(call->http_id);
+        }
     }
     retired_.push_back(std::move(it->second.client));
     engines_.erase(it);
@@ -150,14 +158,14 @@ void RemoteService::set_engines(const std::vector<membership::Member>& members) 
             it->second.member = m;
             continue;
         }
-        remove_engine_locked(m.id);
+        remove_engine_locked(m.id, /*cut_streams=*/true);
         add_engine_locked(m);
     }
     std::vector<std::string> gone;
     for (const auto& [id, e] : engines_) {
         if (keep.count(id) == 0) gone.push_back(id);
     }
-    for (const auto& id : gone) remove_engine_locked(id);
+    for (const auto& id : gone) remove_engine_locked(id, /*cut_streams=*/false);
 }
 
 void RemoteService::apply(const membership::MemberChange& change) {
@@ -172,18 +180,20 @@ void RemoteService::apply(const membership::MemberChange& change) {
             if (it != engines_.end() && it->second.member.address == m.address) {
                 it->second.member = m;  // capacity changed
             } else {
-                remove_engine_locked(m.id);
+                remove_engine_locked(m.id, /*cut_streams=*/true);
                 add_engine_locked(m);
             }
             break;
         }
         case membership::ChangeKind::kRestarted:
             // S-DEPLOY: whatever ran on the old incarnation is lost; its calls fail over.
-            remove_engine_locked(m.id);
+            remove_engine_locked(m.id, /*cut_streams=*/true);
             add_engine_locked(m);
             break;
         case membership::ChangeKind::kLeft:
-            remove_engine_locked(m.id);
+            // A draining engine left on purpose and finishes what it runs; a dead one's
+            // streams have broken already or gone quiet.
+            remove_engine_locked(m.id, /*cut_streams=*/false);
             break;
     }
 }
@@ -310,6 +320,9 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
             if (call->error_body.size() < 65536) call->error_body.append(bytes);
             return;
         }
+        if (auto it = engines_.find(call->engine_id); it != engines_.end()) {
+            it->second.last_bytes_ns = steady_clock_ns();
+        }
         call->line_buffer.append(bytes);
         size_t start = 0;
         for (size_t nl; (nl = call->line_buffer.find('\n', start)) != std::string::npos;
@@ -333,6 +346,16 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
             if (auto it = engines_.find(call->engine_id); it != engines_.end()) {
                 it->second.kv_tokens += static_cast<int64_t>(fwd.tokens.size());
                 call->kv_charged += static_cast<int64_t>(fwd.tokens.size());
+            }
+            if (fwd.finished && fwd.reason == engine::FinishReason::kAbort) {
+                // Nobody here aborted it (abort() ends the call first): the engine gave
+                // it up -- a drain's grace ran out. Its tokens so far count; the rest
+                // comes from another engine.
+                call->broken = true;
+                call->last_error = "engine " + call->engine_id + " aborted the generation";
+                fwd.finished = false;
+                if (!fwd.tokens.empty()) out.push_back(std::move(fwd));
+                break;
             }
             if (fwd.finished) {
                 call->finished = true;

@@ -9,7 +9,9 @@
 //
 // Failover (S-DEPLOY): when an engine's stream breaks before the finishing update
 // (connection refused or reset, the engine killed, a malformed line, a 5xx/429
-// answer, or membership reports the engine gone or restarted) the generation is sent
+// answer, the engine aborting a generation nobody aborted -- a drain's grace ran out --,
+// or membership reports the engine restarted, or gone while its streams are quiet) the
+// generation is sent
 // again, with the same seed, to another engine, and the first N tokens of the new
 // stream -- the N the client already has -- are dropped. Batch-invariant kernels and
 // the counter-based sampler make the new engine produce the same tokens, so the
@@ -82,6 +84,7 @@ private:
         int num_requests = 0;
         int64_t kv_tokens = 0;
         int64_t avoid_until_ns = 0;  // after a broken stream
+        int64_t last_bytes_ns = 0;   // the last stream bytes from it
     };
 
     // Picks an engine not in `tried` (DecodeLb), or "" when none can take it.
@@ -93,7 +96,10 @@ private:
     // Ends the current attempt's engine accounting.
     void release_engine_locked(Call& call) DSI_REQUIRES(mu_);
     void fail_over_or_end(const std::shared_ptr<Call>& call, const Status& why);
-    void remove_engine_locked(const std::string& id) DSI_REQUIRES(mu_);
+    // Stops routing to `id`. cut_streams: its streams are cut now (they fail over);
+    // otherwise only when nothing came from it for kStalledStreamNs (a draining
+    // engine finishes its generations; a dead or frozen one has gone quiet).
+    void remove_engine_locked(const std::string& id, bool cut_streams) DSI_REQUIRES(mu_);
     void add_engine_locked(const membership::Member& m) DSI_REQUIRES(mu_);
 
     const RemoteServiceOptions options_;

@@ -12,7 +12,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <functional>
 #include <future>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -37,18 +39,21 @@ server::ApiContext context() { return server::testing::api_context(); }
 class ServerThread {
 public:
     ServerThread(const server::ApiContext* ctx, server::GenerationService* service,
-                 bool engine_rpc) {
+                 bool engine_rpc, int64_t drain_grace_ms = 2000) {
         server::ServerOptions o;
         o.port = 0;
         o.num_io_threads = 1;
-        o.drain_grace_ms = 2000;
+        o.drain_grace_ms = drain_grace_ms;
         o.engine_rpc = engine_rpc;
         auto s = server::HttpServer::create(ctx, service, &metrics_, o);
         EXPECT_TRUE(s.is_ok()) << s.status().to_string();
         server_ = std::move(s).value();
         thread_ = std::thread([this] { (void)server_->run(); });
     }
-    ~ServerThread() {
+    ~ServerThread() { stop(); }
+    // Drains (as SIGTERM does) and waits for the server to end.
+    void stop() {
+        if (!thread_.joinable()) return;
         server_->shutdown();
         thread_.join();
     }
@@ -63,7 +68,7 @@ private:
 // An engine process in miniature: the tiny model (same weights in every engine),
 // its EngineService and an HttpServer that serves the engine RPC.
 struct Engine {
-    Engine() {
+    explicit Engine(int64_t drain_grace_ms = 2000) {
         ModelConfig c = synthetic_preset("tiny").value();
         auto m = DeepseekModel::load(synthetic_memory_model(c, 7), {1});
         EXPECT_TRUE(m.is_ok()) << m.status().to_string();
@@ -75,7 +80,8 @@ struct Engine {
         EXPECT_TRUE(eng.is_ok()) << eng.status().to_string();
         service = std::make_unique<server::EngineService>(std::move(eng).value());
         ctx = context();
-        http = std::make_unique<ServerThread>(&ctx, service.get(), /*engine_rpc=*/true);
+        http = std::make_unique<ServerThread>(&ctx, service.get(), /*engine_rpc=*/true,
+                                              drain_grace_ms);
     }
     ~Engine() {
         http.reset();
@@ -325,6 +331,62 @@ TEST(Router, AbortEndsTheRemoteGeneration) {
     }
     EXPECT_EQ(a.service->stats_snapshot().num_running, 0);
     remote.abort(7);  // unknown now: nothing happens
+}
+
+// Runs `g` through `remote` and returns every token it streamed and the final update.
+std::pair<std::vector<int32_t>, server::Update> run(RemoteService& remote, server::Ticket t,
+                                                    server::Generation g,
+                                                    const std::function<void()>& after_first) {
+    std::vector<int32_t> tokens;
+    std::mutex mu;
+    std::promise<server::Update> done;
+    std::promise<void> first;
+    bool first_set = false;
+    remote.start(t, std::move(g), [&](server::Update u) {
+        std::lock_guard<std::mutex> l(mu);
+        for (const auto& tok : u.tokens) tokens.push_back(tok.token);
+        if (!tokens.empty() && !first_set) {
+            first_set = true;
+            first.set_value();
+        }
+        if (u.finished) done.set_value(std::move(u));
+    });
+    first.get_future().wait();
+    if (after_first) after_first();
+    server::Update last = done.get_future().get();
+    std::lock_guard<std::mutex> l(mu);
+    return {tokens, last};
+}
+
+server::Generation long_generation() {
+    server::Generation g;
+    g.request.prompt = {0, 7, 11, 13};
+    g.request.sampling.max_tokens = 100;
+    g.request.sampling.ignore_eos = true;
+    g.request.sampling.temperature = 0.9;
+    g.request.sampling.seed = 77;
+    return g;
+}
+
+TEST(Router, AnEngineDrainingPastItsGraceHandsItsGenerationsOver) {
+    Engine a(/*drain_grace_ms=*/0), b;
+    RemoteService only_b;
+    only_b.set_engines({member("b", b.http->port())});
+    const auto [expected, expected_last] = run(only_b, 1, long_generation(), nullptr);
+    ASSERT_EQ(expected.size(), 100u);
+
+    RemoteService remote;
+    remote.set_engines({member("a", a.http->port()), member("b", b.http->port())});
+    // a (first by id) gets it; after its first token a drains with no grace: it aborts
+    // the generation, which goes on at b.
+    const auto [tokens, last] = run(remote, 2, long_generation(), [&] {
+        remote.apply({membership::ChangeKind::kLeft, member("a", a.http->port())});
+        a.http->stop();
+    });
+    EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+    EXPECT_EQ(last.reason, engine::FinishReason::kLength);
+    EXPECT_EQ(tokens, expected);
+    EXPECT_EQ(remote.router_stats().num_failovers, 1);
 }
 
 }  // namespace

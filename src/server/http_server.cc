@@ -741,6 +741,7 @@ void HttpServer::Impl::start_drain() {
                    << options.drain_grace_ms << " ms";
     beast::error_code ec;
     acceptor.close(ec);
+    if (options.on_drain_start) options.on_drain_start();
     drain_deadline = Clock::now() + std::chrono::milliseconds(options.drain_grace_ms);
     drain_tick();
 }

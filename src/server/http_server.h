@@ -36,6 +36,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -59,6 +60,10 @@ struct ServerOptions {
     int64_t max_body_budget_bytes = int64_t{256} << 20;  // bodies held at once, all connections
     // Serve the engine RPC (engine_rpc.h) for a router: `serve --role ...`.
     bool engine_rpc = false;
+    // Called once (on the I/O thread) when a drain starts: an engine leaves the
+    // cluster directory here, so routers stop sending it work while it finishes its
+    // generations. Must not block long.
+    std::function<void()> on_drain_start;
 };
 
 // Bytes a connection buffers ahead of parsing (a request head must fit).

@@ -9,7 +9,10 @@
 #      engine without a seam (same content, ends with [DONE]); the router's
 #      directory drops the dead engine when its lease runs out;
 #   3. etcd stopped (SIGSTOP) while requests flow: they still complete (the router
-#      routes on the engines it knows); etcd back: the survivor is still listed.
+#      routes on the engines it knows); etcd back: the survivor is still listed;
+#   4. drain (SIGTERM) the engine serving a stream, with a grace shorter than the
+#      stream: it leaves the directory at once, aborts at the end of its grace, the
+#      stream continues on a third engine unchanged; the drained engine exits 0.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -64,7 +67,8 @@ start() {  # start NAME ARGS... -> sets last_pid, last_port
   done
   fail "$name did not start"
 }
-engine_args=(serve --threads 1 --role both --membership "$membership" --lease-ttl-s 2)
+engine_args=(serve --threads 1 --role both --membership "$membership" --lease-ttl-s 2
+  --drain-grace-ms 300)
 start e1 "${engine_args[@]}" --node-id e1
 e1_pid=$last_pid e1_port=$last_port
 start e2 "${engine_args[@]}" --node-id e2
@@ -121,5 +125,27 @@ kill -CONT "$etcd_pid"
 sleep 1
 curl -sf "http://127.0.0.1:$alive_port/health" > /dev/null || fail "the survivor is down"
 echo "drill 3: 2 requests completed with etcd stopped"
+
+# 4. Drain the engine serving a stream; a third engine takes it over.
+start e3 "${engine_args[@]}" --node-id e3
+e3_pid=$last_pid e3_port=$last_port
+if [[ $alive_port == "$e1_port" ]]; then alive_pid=$e1_pid; else alive_pid=$e2_pid; fi
+sleep 1  # the router's watch sees e3 (an event, well under a second)
+out="$(python3 "$client" "http://127.0.0.1:$router_port/v1/chat/completions" "$body" \
+  --kill-after 20 --signal TERM --engines "$alive_port:$alive_pid,$e3_port:$e3_pid")"
+python3 - "$out" "$ref_content" <<'PY' || fail "drill 4"
+import json, sys
+out, ref = json.loads(sys.argv[1]), sys.argv[2]
+assert out["killed_pid"], "no engine was running the stream at chunk 20"
+assert out["done"] and "error" not in out, out
+assert out["content"] == ref, "content differs after the drain"
+print(f"drill 4: drained pid {out['killed_pid']} after 20 chunks; next token "
+      f"{out['resume_s']:.3f} s after SIGTERM; content == reference")
+PY
+drained="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["killed_pid"])' <<< "$out")"
+wait "$drained" || fail "the drained engine exited with status $?"
+grep -q "aborted the generation; failing over" "$work/router.err" ||
+  fail "the drained engine finished the stream itself (the grace did not cut it)"
+echo "drill 4: the drained engine handed the stream over at the end of its grace and exited 0"
 kill -TERM "${pids[@]:1}" 2>/dev/null || true
 echo "PASS"

@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """Streams one Chat Completions request and prints its content as JSON (stdlib only).
 
-  stream_client.py URL BODY_JSON [--kill-after N --engines PORT:PID,...]
+  stream_client.py URL BODY_JSON [--kill-after N --engines PORT:PID,... [--signal TERM]]
 
 With --kill-after, after N content chunks it asks every engine's /metrics which one
-runs the generation and SIGKILLs that process (a drill: the router must fail over);
+runs the generation and sends that process SIGKILL (or --signal TERM: a drain) -- a
+drill: the router must fail over;
 the output then also has the killed pid and the seconds from the kill to the next chunk.
 """
 import json
@@ -30,6 +31,9 @@ def main():
         kill_after = int(sys.argv[sys.argv.index("--kill-after") + 1])
         spec = sys.argv[sys.argv.index("--engines") + 1]
         engines = [tuple(int(x) for x in e.split(":")) for e in spec.split(",")]
+    sig = signal.SIGKILL
+    if "--signal" in sys.argv:
+        sig = getattr(signal, "SIG" + sys.argv[sys.argv.index("--signal") + 1])
     req = urllib.request.Request(url, data=body.encode(),
                                  headers={"Content-Type": "application/json"})
     out = {"content": "", "chunks": 0, "killed_pid": None, "resume_s": None, "done": False}
@@ -56,7 +60,7 @@ def main():
             if kill_after is not None and out["chunks"] == kill_after and killed_at is None:
                 for port, pid in engines:
                     if running(port) > 0:
-                        os.kill(pid, signal.SIGKILL)
+                        os.kill(pid, sig)
                         out["killed_pid"] = pid
                         killed_at = time.monotonic()
                         break
