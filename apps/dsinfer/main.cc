@@ -16,6 +16,7 @@ void register_kvstore_commands(CLI::App& app);  // apps/dsinfer/cmd_kvstore.cc
 void register_calibrate_command(CLI::App& app);  // apps/dsinfer/cmd_calibrate.cc
 void register_bench_offline_command(CLI::App& bench);  // apps/dsinfer/cmd_bench_offline.cc
 void register_compile_server_command(CLI::App& app);  // apps/dsinfer/cmd_compile_server.cc
+void register_cluster_commands(CLI::App& app);  // apps/dsinfer/cmd_cluster.cc
 }  // namespace dsi
 
 int main(int argc, char** argv) {
@@ -35,6 +36,7 @@ int main(int argc, char** argv) {
     dsi::register_kvstore_commands(app);
     dsi::register_calibrate_command(app);
     dsi::register_compile_server_command(app);
+    dsi::register_cluster_commands(app);
 
     CLI11_PARSE(app, argc, argv);
     return 0;

@@ -12,7 +12,9 @@
 #      routes on the engines it knows); etcd back: the survivor is still listed;
 #   4. drain (SIGTERM) the engine serving a stream, with a grace shorter than the
 #      stream: it leaves the directory at once, aborts at the end of its grace, the
-#      stream continues on a third engine unchanged; the drained engine exits 0.
+#      stream continues on a third engine unchanged; the drained engine exits 0;
+#   5. `dsinfer cluster up --engines 2` (its own etcd) answers a chat completion through
+#      its router, and Ctrl-C (SIGINT) stops every process it started.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -148,4 +150,27 @@ grep -q "aborted the generation; failing over" "$work/router.err" ||
   fail "the drained engine finished the stream itself (the grace did not cut it)"
 echo "drill 4: the drained engine handed the stream over at the end of its grace and exited 0"
 kill -TERM "${pids[@]:1}" 2>/dev/null || true
+
+# 5. One command for the whole cluster.
+"$bin" cluster up --engines 2 --port 0 --threads 1 --run-dir "$work/up" > "$work/up.out" 2>&1 &
+up_pid=$!
+pids+=("$up_pid")
+up_port=""
+for _ in $(seq 900); do
+  up_port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/up.out" 2>/dev/null || true)"
+  [[ -n "$up_port" ]] && break
+  kill -0 "$up_pid" 2>/dev/null || break
+  sleep 0.2
+done
+[[ -n "$up_port" ]] || fail "cluster up did not start"
+answer="$(curl -sf "http://127.0.0.1:$up_port/v1/chat/completions" -H 'Content-Type: application/json' \
+  -d '{"model":"dsinfer-default","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')" ||
+  fail "cluster up: no answer"
+grep -q '"finish_reason"' <<< "$answer" || fail "cluster up: bad answer $answer"
+children="$(pgrep -P "$up_pid" | tr '\n' ' ')"
+[[ $(wc -w <<< "$children") -eq 4 ]] || fail "cluster up: expected etcd + 2 engines + router, got: $children"
+kill -INT "$up_pid"
+wait "$up_pid" || fail "cluster up exited with status $?"
+for c in $children; do kill -0 "$c" 2>/dev/null && fail "cluster up left process $c running"; done
+echo "drill 5: cluster up answered through its router; Ctrl-C stopped its 4 processes"
 echo "PASS"
