@@ -652,6 +652,18 @@ Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback ca
         return invalid_argument("stop strings need the engine to have a tokenizer");
     }
     if (request.deadline_ns < 0) return invalid_argument("deadline must be >= 0");
+    if (!request.resume_output.empty()) {
+        if (request.sampling.n != 1) return invalid_argument("resume_output needs n = 1");
+        if (static_cast<int64_t>(request.resume_output.size()) >= request.sampling.max_tokens) {
+            return invalid_argument("resume_output must be shorter than max_tokens");
+        }
+        for (int32_t t : request.resume_output) {
+            if (t < 0 || t >= m.vocab) {
+                return invalid_argument("resume_output token id " + std::to_string(t) +
+                                        " outside the vocabulary");
+            }
+        }
+    }
     const int64_t len = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
     if (len > m.max_model_len) {
         return out_of_range("prompt (" + std::to_string(request.prompt.size()) +
@@ -690,6 +702,17 @@ Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback ca
             s.decoder = std::make_unique<IncrementalDecoder>(*m.options.tokenizer);
             if (!shared->sampling.stop.empty())
                 s.stop = std::make_unique<StopMatcher>(shared->sampling.stop);
+        }
+        // A continuation: the tokens so far are output the host knows, as after a
+        // recompute preemption. The text they made was sent by the first engine; what it
+        // still held back (a partial character, a possible stop-string prefix) stays
+        // held here and goes out with the next tokens, as it would have there.
+        for (int32_t t : request.resume_output) {
+            s.tokens.push_back(t);
+            if (s.decoder) {
+                std::string piece = s.decoder->push(t);
+                if (s.stop) (void)s.stop->push(piece);
+            }
         }
         m.cache->add(s.id, salt, traffic);
         rs.seq_ids.push_back(s.id);

@@ -160,6 +160,13 @@ struct GenerateRequest {
     std::shared_ptr<TokenMaskProvider> mask;
     // S-KV-3 retention class of the blocks it writes to the KV store (agent: shorter TTL).
     bool agent_traffic = false;
+    // A continuation (issue 18 failover): output tokens another engine already produced
+    // for this request and the client has. They are prefilled with the prompt and count
+    // as output (max_tokens, penalties, the sampler's positions, the grammar, stop
+    // strings), so the tokens that follow are the ones the first engine would have
+    // produced next; their text is not sent again. REQUIRES: sampling.n == 1 and fewer
+    // tokens than max_tokens.
+    std::vector<int32_t> resume_output;
 };
 
 struct TokenEvent {

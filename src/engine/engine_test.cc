@@ -106,6 +106,46 @@ TEST(EngineTest, SameSeedSameTokensDifferentSeedsDiffer) {
     EXPECT_NE(h.out[a][0].tokens, h.out[c][0].tokens);
 }
 
+// A continuation (resume_output, issue 18 failover) of the first k tokens gives exactly
+// the remaining tokens of the whole generation -- sampling positions, penalties and
+// max_tokens all count the resumed tokens -- for k = 1, 7 and 19 of 20.
+TEST(EngineTest, AContinuationGivesTheRestOfTheSameGeneration) {
+    GenerateRequest r;
+    for (int i = 0; i < 150; ++i) r.prompt.push_back(i * 13 % 512);
+    r.sampling.temperature = 1.2;
+    r.sampling.top_k = 40;
+    r.sampling.frequency_penalty = 0.8;
+    r.sampling.max_tokens = 20;
+    r.sampling.ignore_eos = true;
+    r.sampling.seed = 99;
+    Harness whole(base_options());
+    const RequestId w = whole.add(r);
+    ASSERT_TRUE(whole.engine->run().is_ok());
+    const std::vector<int32_t> all = whole.out[w][0].tokens;
+    ASSERT_EQ(all.size(), 20u);
+    for (size_t k : {1u, 7u, 19u}) {
+        GenerateRequest c = r;
+        c.resume_output.assign(all.begin(), all.begin() + static_cast<std::ptrdiff_t>(k));
+        Harness h(base_options());
+        const RequestId id = h.add(c);
+        ASSERT_TRUE(h.engine->run().is_ok());
+        EXPECT_EQ(h.out[id][0].tokens, std::vector<int32_t>(all.begin() + static_cast<std::ptrdiff_t>(k), all.end()))
+            << "resumed after " << k;
+    }
+    // Refused: n > 1, as long as max_tokens, a token outside the vocabulary.
+    Harness h(base_options());
+    GenerateRequest bad = r;
+    bad.resume_output = {1, 2};
+    bad.sampling.n = 2;
+    EXPECT_FALSE(h.engine->add_request(bad, nullptr).is_ok());
+    bad = r;
+    bad.resume_output = all;
+    EXPECT_FALSE(h.engine->add_request(bad, nullptr).is_ok());
+    bad = r;
+    bad.resume_output = {1, 1 << 30};
+    EXPECT_FALSE(h.engine->add_request(bad, nullptr).is_ok());
+}
+
 // A second request sharing a 4-block prefix computes only its suffix, matches the
 // cache-off output, and a different cache_salt gets no hit.
 TEST(EngineTest, PrefixCacheComputesOnlyTheSuffix) {

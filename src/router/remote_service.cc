@@ -33,6 +33,7 @@ struct RemoteService::Call {
     int num_attempts = 0;
     std::set<std::string> tried;
     int64_t delivered_tokens = 0;  // tokens the client has
+    std::vector<int32_t> delivered_ids;  // their ids (a continuation resumes after them)
     int64_t seen_tokens = 0;       // tokens of the current attempt's stream
     int64_t kv_charged = 0;        // counted into the engine's kv_tokens
     bool aborted = false;
@@ -243,7 +244,11 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     call->tried.insert(id);
     ++call->num_attempts;
     call->attempt = next_attempt();
-    call->seen_tokens = 0;
+    // A re-sent generation continues after the tokens the client has (n = 1: the
+    // engine prefills them as output); otherwise it runs again and they are dropped.
+    const bool resume = call->generation.request.sampling.n == 1;
+    if (resume) call->generation.request.resume_output = call->delivered_ids;
+    call->seen_tokens = resume ? call->delivered_tokens : 0;
     call->broken = false;
     call->http_status = 0;
     call->line_buffer.clear();
@@ -343,6 +348,7 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
             }
             fwd.tokens = std::move(keep);
             call->delivered_tokens += static_cast<int64_t>(fwd.tokens.size());
+            for (const auto& t : fwd.tokens) call->delivered_ids.push_back(t.token);
             if (auto it = engines_.find(call->engine_id); it != engines_.end()) {
                 it->second.kv_tokens += static_cast<int64_t>(fwd.tokens.size());
                 call->kv_charged += static_cast<int64_t>(fwd.tokens.size());

@@ -9,17 +9,19 @@
 //
 // Failover (S-DEPLOY): when an engine's stream breaks before the finishing update
 // (connection refused or reset, the engine killed, a malformed line, a 5xx/429
-// answer, the engine aborting a generation nobody aborted -- a drain's grace ran out --,
-// or membership reports the engine restarted, or gone while its streams are quiet) the
-// generation is sent
-// again, with the same seed, to another engine, and the first N tokens of the new
-// stream -- the N the client already has -- are dropped. Batch-invariant kernels and
-// the counter-based sampler make the new engine produce the same tokens, so the
-// client's stream continues without a seam; structured output is replayed (the
-// grammar runs again over the regenerated tokens). An engine whose stream broke is
-// avoided for `broken_engine_backoff_ms`; each generation tries at most
-// `max_attempts` engines. A 4xx answer (a request the engine refuses) is passed to
-// the client as it is, without failover.
+// answer, the engine aborting a generation nobody aborted -- a drain's grace ran out
+// --, or membership reports the engine restarted, or gone while its streams are
+// quiet) the generation is sent again, with the same seed, to another engine as a
+// continuation: the output tokens the client has travel with it
+// (GenerateRequest::resume_output) and are prefilled as output there, so the new
+// engine's first token is the next one. Batch-invariant kernels and the counter-based
+// sampler make it the token the first engine would have sampled, so the client's
+// stream continues without a seam; structured output is replayed (the grammar is
+// advanced over the resumed tokens). With n > 1 the generation runs again and the
+// tokens the client has are dropped instead. An engine whose stream broke is avoided
+// for `broken_engine_backoff_ms`; each generation tries at most `max_attempts`
+// engines. A 4xx answer (a request the engine refuses) is passed to the client as it
+// is, without failover.
 //
 // Thread model: every method is thread-safe. Each engine has its own HTTP client
 // (one I/O thread); sinks are called from those threads (or the caller's, for

@@ -152,6 +152,7 @@ std::string encode_generation(const Generation& g, int64_t timeout_ms) {
               {"cache_salt", r.cache_salt},
               {"agent_traffic", r.agent_traffic},
               {"timeout_ms", timeout_ms}};
+    if (!r.resume_output.empty()) j["resume"] = r.resume_output;
     if (g.structured) {
         j["grammar"] = {{"kind", grammar::grammar_kind_name(g.structured->spec.kind)},
                         {"text", g.structured->spec.text},
@@ -181,6 +182,13 @@ Result<Generation> decode_generation(const ApiContext& ctx, std::string_view bod
     for (int32_t id : r.prompt) {
         if (id < 0 || (vocab > 0 && id >= vocab)) {
             return invalid_argument("prompt: token id " + std::to_string(id) +
+                                    " is outside the vocabulary");
+        }
+    }
+    DSI_RETURN_IF_ERROR(top.list("resume", &r.resume_output));
+    for (int32_t id : r.resume_output) {
+        if (id < 0 || (vocab > 0 && id >= vocab)) {
+            return invalid_argument("resume: token id " + std::to_string(id) +
                                     " is outside the vocabulary");
         }
     }

@@ -23,6 +23,7 @@ Generation sample_generation() {
     r.prompt = {0, 5, 128803, 42};
     r.cache_salt = std::string("\x01key\x00tenant", 11);
     r.agent_traffic = true;
+    r.resume_output = {9, 8, 7};
     SamplingParams& s = r.sampling;
     s.temperature = 0.7;
     s.top_k = 40;
@@ -50,6 +51,7 @@ TEST(EngineRpc, GenerationRoundTrip) {
     ASSERT_TRUE(back.is_ok()) << back.status().to_string();
     const engine::GenerateRequest& r = back->request;
     EXPECT_EQ(r.prompt, g.request.prompt);
+    EXPECT_EQ(r.resume_output, g.request.resume_output);
     EXPECT_EQ(r.cache_salt, g.request.cache_salt);
     EXPECT_TRUE(r.agent_traffic);
     EXPECT_GT(r.deadline_ns, 0);
@@ -103,6 +105,8 @@ TEST(EngineRpc, MalformedGenerationsNameTheField) {
         {R"({"prompt":[-1],)" + ok_sampling + "}", "prompt"},
         {R"({"prompt":[1,99999999999],)" + ok_sampling + "}", "prompt"},
         {R"({"prompt":[1]})", "sampling"},
+        {R"({"prompt":[1],"resume":[-3],)" + ok_sampling + "}", "resume"},
+        {R"({"prompt":[1],"resume":"x",)" + ok_sampling + "}", "resume"},
         {R"({"prompt":[1],"sampling":{"seed":"1"}})", "sampling.max_tokens"},
         {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":1}})", "sampling.seed"},
         {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"-1"}})", "sampling.seed"},
