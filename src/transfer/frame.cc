@@ -2,6 +2,10 @@
 
 #define XXH_STATIC_LINKING_ONLY
 #include <xxhash.h>
+// Debian's libxxhash is built for baseline x86-64; its *_dispatch entry points pick the
+// AVX2 / AVX-512 kernels at run time (3x faster on a server CPU; hashing was a fifth of
+// a transfer's CPU time without them).
+#include <xxh_x86dispatch.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -331,6 +335,14 @@ uint64_t frame_digest(std::span<const uint8_t> header48, std::span<const uint8_t
     return XXH3_64bits_digest(&state);
 }
 
+uint64_t chain_digest(uint64_t chain, uint64_t frame_digest) {
+    uint8_t le[8];
+    for (size_t i = 0; i < 8; ++i) {
+        le[i] = static_cast<uint8_t>(frame_digest >> (8 * i));
+    }
+    return XXH3_64bits_withSeed(le, sizeof le, chain);
+}
+
 EncodedFrame encode_frame(const FrameFields& fields, std::vector<uint8_t> payload_prefix,
                           std::span<const uint8_t> body) {
     const auto type = static_cast<uint16_t>(fields.type);
@@ -347,7 +359,8 @@ EncodedFrame encode_frame(const FrameFields& fields, std::vector<uint8_t> payloa
     w.put(fields.sequence);
     w.put(static_cast<uint64_t>(payload_prefix.size() + body.size()));
     DSI_CHECK_EQ(f.head.size(), kDigestedHeaderBytes);
-    w.put(frame_digest(f.head, payload_prefix, body));
+    f.digest = frame_digest(f.head, payload_prefix, body);
+    w.put(f.digest);
     f.head.insert(f.head.end(), payload_prefix.begin(), payload_prefix.end());
     f.body = body;
     return f;

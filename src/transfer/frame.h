@@ -110,7 +110,9 @@ struct StateChunkView {
 
 struct EndMessage {
     uint64_t total_bytes = 0;   // data bytes of every LayerChunk and State frame
-    uint64_t total_digest = 0;  // XXH3-64 over those bytes in frame order
+    // chain_digest over those frames' digests in frame order (each frame's digest covers
+    // its header and payload, so this covers every data byte and where it went).
+    uint64_t total_digest = 0;
     bool operator==(const EndMessage&) const = default;
 };
 struct AckMessage {
@@ -156,6 +158,7 @@ Result<FailureMessage> decode_failure(std::span<const uint8_t> payload);
 struct EncodedFrame {
     std::vector<uint8_t> head;
     std::span<const uint8_t> body;
+    uint64_t digest = 0;  // the header's digest field
 
     size_t size() const { return head.size() + body.size(); }
     std::vector<uint8_t> flatten() const;  // head + body in one buffer (tests)
@@ -176,6 +179,11 @@ EncodedFrame encode_frame(const FrameFields& fields, std::vector<uint8_t> payloa
 // XXH3-64 of the header's digested bytes followed by the payload pieces.
 uint64_t frame_digest(std::span<const uint8_t> header48, std::span<const uint8_t> prefix,
                       std::span<const uint8_t> body);
+
+// The End digest, one frame at a time: start from 0, then
+// chain = XXH3-64(frame_digest as 8 little-endian bytes, seed = chain). Hashing 8 bytes
+// per frame instead of every data byte again halves the hashing of a transfer.
+uint64_t chain_digest(uint64_t chain, uint64_t frame_digest);
 
 // A decoded frame; `payload` lives until the decoder's next feed/writable/commit.
 struct FrameView {

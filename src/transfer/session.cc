@@ -69,7 +69,7 @@ Result<SendReport> send_sequence(Connection& conn, const SendOptions& options,
         drain_replies();
         if (sender_ended(sender)) {
             conn.close();
-            return sender.status();
+            return sender_result(sender, frames_sent);  // an Ack can come before next_frame ends
         }
         if (options.should_abort && options.should_abort()) {
             (void)write_frame(conn, sender.abort("the sender gave up"), options.io_timeout);

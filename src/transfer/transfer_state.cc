@@ -1,29 +1,10 @@
 #include "transfer/transfer_state.h"
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <set>
 
 namespace dsi::transfer {
-
-// The End digest: XXH3-64 over every data byte in frame order (streaming).
-struct TransferSender::DigestState {
-    XXH3_state_t state;
-    DigestState() {
-        XXH3_INITSTATE(&state);
-        XXH3_64bits_reset(&state);
-    }
-};
-struct TransferReceiver::DigestState {
-    XXH3_state_t state;
-    DigestState() {
-        XXH3_INITSTATE(&state);
-        XXH3_64bits_reset(&state);
-    }
-};
 
 // ---- Sources and destinations ----
 
@@ -129,8 +110,7 @@ TransferSender::TransferSender(TransferId id, HelloMessage self, BeginMessage be
       begin_(std::move(begin)),
       source_(source),
       chunk_bytes_(chunk_bytes),
-      stamper_(id, self_.incarnation),
-      digest_(std::make_unique<DigestState>()) {
+      stamper_(id, self_.incarnation) {
     DSI_CHECK(chunk_bytes_ > 0);
     DSI_CHECK(source_ != nullptr);
 }
@@ -164,7 +144,7 @@ std::optional<EncodedFrame> TransferSender::next_frame() {
             encode_state_chunk_prefix(begin_.state_sections[section_].name, offset_), piece);
         offset_ += piece.size();
         data_bytes_ += piece.size();
-        XXH3_64bits_update(&digest_->state, piece.data(), piece.size());
+        end_digest_ = chain_digest(end_digest_, frame.digest);
         return frame;
     }
     while (layer_ < begin_.num_layers()) {
@@ -179,13 +159,13 @@ std::optional<EncodedFrame> TransferSender::next_frame() {
                                     encode_layer_chunk_prefix(layer_, offset_), piece);
         offset_ += piece.size();
         data_bytes_ += piece.size();
-        XXH3_64bits_update(&digest_->state, piece.data(), piece.size());
+        end_digest_ = chain_digest(end_digest_, frame.digest);
         return frame;
     }
     state_ = State::kAwaitAck;
     end_sequence_ = stamper_.next_sequence();
     return stamper_.stamp(MessageType::kEnd,
-                          encode_payload(EndMessage{data_bytes_, XXH3_64bits_digest(&digest_->state)}));
+                          encode_payload(EndMessage{data_bytes_, end_digest_}));
 }
 
 EncodedFrame TransferSender::abort(std::string reason) {
@@ -266,8 +246,7 @@ TransferReceiver::TransferReceiver(TransferId id, PeerTable* peers, DestinationF
     : id_(id),
       peers_(peers),
       factory_(std::move(factory)),
-      limits_(std::move(limits)),
-      digest_(std::make_unique<DigestState>()) {
+      limits_(std::move(limits)) {
     DSI_CHECK(peers_ != nullptr);
 }
 
@@ -432,8 +411,8 @@ TransferReceiver::Verdict TransferReceiver::on_begin(const FrameView& frame) {
     return Verdict::kAccepted;
 }
 
-void TransferReceiver::add_data(std::span<const uint8_t> bytes) {
-    XXH3_64bits_update(&digest_->state, bytes.data(), bytes.size());
+void TransferReceiver::add_data(const FrameView& frame, std::span<const uint8_t> bytes) {
+    end_digest_ = chain_digest(end_digest_, frame.header.digest);
     counters_.data_bytes += bytes.size();
 }
 
@@ -458,7 +437,7 @@ TransferReceiver::Verdict TransferReceiver::on_layer_chunk(const FrameView& fram
     const uint64_t n = chunk->data.size();
     destination_->write_layer(layer, chunk->offset_bytes, chunk->data);
     layer_received_[layer] += n;
-    add_data(chunk->data);
+    add_data(frame, chunk->data);
     while (num_layers_ready_ < begin_->num_layers() &&
            layer_received_[num_layers_ready_] == begin_->layer_bytes[num_layers_ready_]) {
         ++num_layers_ready_;
@@ -488,7 +467,7 @@ TransferReceiver::Verdict TransferReceiver::on_state_chunk(const FrameView& fram
     const uint64_t n = chunk->data.size();
     destination_->write_state(section, chunk->offset_bytes, chunk->data);
     state_received_[section] += n;
-    add_data(chunk->data);
+    add_data(frame, chunk->data);
     return Verdict::kAccepted;
 }
 
@@ -518,7 +497,7 @@ TransferReceiver::Verdict TransferReceiver::on_end(const FrameView& frame) {
         return fail(data_loss("End counts " + std::to_string(end->total_bytes) +
                               " data bytes, received " + std::to_string(counters_.data_bytes)));
     }
-    if (end->total_digest != XXH3_64bits_digest(&digest_->state)) {
+    if (end->total_digest != end_digest_) {
         return fail(data_loss("end-to-end digest mismatch over " +
                               std::to_string(counters_.data_bytes) + " bytes"));
     }

@@ -3,13 +3,13 @@
 //
 // TransferSender turns a sequence into frames: Hello, Begin (the sequence description),
 // the State sections (a V4 sequence's SWA ring, compressor accumulators, ...), then each
-// layer in order, cut into LayerChunk frames of at most `chunk_bytes`, then End with the
-// digest of every data byte. Layer order lets decode start on layer 0 while later
+// layer in order, cut into LayerChunk frames of at most `chunk_bytes`, then End with the byte
+// count and the chain of the data frames' digests (frame.h). Layer order lets decode start on layer 0 while later
 // layers are still on the wire (TransferReceiver::num_layers_ready).
 //
 // TransferReceiver reassembles into caller-provided memory (a Destination made by the
 // caller's factory when Begin arrives, e.g. blocks decode reserved) and checks, in this
-// order, for every frame:
+// order, for every frame (each already passed its own digest in the decoder):
 //   1. the transfer already ended (complete, aborted, failed): late -> counted, ignored;
 //   2. another transfer id: the transfer fails;
 //   3. incarnation older than the sender's (from Hello): stale -> counted, ignored;
@@ -176,8 +176,7 @@ private:
     uint64_t end_sequence_ = 0;
     uint64_t data_bytes_ = 0;
     uint64_t num_late_ = 0;
-    struct DigestState;
-    std::unique_ptr<DigestState> digest_;
+    uint64_t end_digest_ = 0;  // chain_digest of the data frames so far
 };
 
 struct ReceiverCounters {
@@ -237,7 +236,7 @@ private:
     Verdict on_layer_chunk(const FrameView& frame);
     Verdict on_state_chunk(const FrameView& frame);
     Verdict on_end(const FrameView& frame);
-    void add_data(std::span<const uint8_t> bytes);
+    void add_data(const FrameView& frame, std::span<const uint8_t> bytes);
 
     TransferId id_;
     PeerTable* peers_;
@@ -254,8 +253,7 @@ private:
     std::vector<uint64_t> layer_received_;
     std::vector<uint64_t> state_received_;
     uint32_t num_layers_ready_ = 0;
-    struct DigestState;
-    std::unique_ptr<DigestState> digest_;
+    uint64_t end_digest_ = 0;  // chain_digest of the data frames so far
 };
 
 }  // namespace dsi::transfer
