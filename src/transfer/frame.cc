@@ -388,7 +388,9 @@ void FrameDecoder::reserve_tail(size_t want) {
     if (capacity_ - live >= want && begin_ > 0) {
         std::memmove(buf_.get(), buf_.get() + begin_, live);
     } else {
-        const size_t cap = std::max({live + want, 2 * capacity_, size_t{64} << 10});
+        // Room for about four frames: the partial frame at the end of a read is moved to
+        // the front once per few frames instead of after every frame.
+        const size_t cap = std::max({4 * (live + want), 2 * capacity_, size_t{64} << 10});
         auto grown = std::make_unique_for_overwrite<uint8_t[]>(cap);
         if (live > 0) {
             std::memcpy(grown.get(), buf_.get() + begin_, live);
