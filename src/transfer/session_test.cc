@@ -85,6 +85,28 @@ protected:
         return {std::move(sent), receiver.join()};
     }
 
+    // Both sides failed: the receiver with `receiver_code` and `words` in its message,
+    // the sender with `sender_code`.
+    static void expect_both_failed(const Result<SendReport>& sent,
+                                   const Result<ReceivedSequence>& got, StatusCode receiver_code,
+                                   const std::string& words, StatusCode sender_code) {
+        ASSERT_FALSE(got.is_ok());
+        EXPECT_EQ(got.status().code(), receiver_code) << got.status().to_string();
+        EXPECT_NE(got.status().message().find(words), std::string::npos)
+            << got.status().to_string();
+        ASSERT_FALSE(sent.is_ok());
+        EXPECT_EQ(sent.status().code(), sender_code) << sent.status().to_string();
+    }
+
+    // One write in ten dropped, Hello and Begin spared.
+    static FaultPlan drop_one_in_ten() {
+        FaultPlan plan;
+        plan.seed = 5;
+        plan.drop_rate = 0.1;
+        plan.spare_first_writes = 2;
+        return plan;
+    }
+
     std::unique_ptr<Transport> tcp_ = make_tcp_transport();
     std::unique_ptr<Listener> listener_;
     PeerTable peers_;
@@ -136,12 +158,8 @@ TEST_F(TransferTcpTest, ACorruptedByteIsADigestFailureOnBothSides) {
     FaultInjectingTransport faulty(tcp_.get(), plan);
     auto [sent, got] = run(seq, &faulty);
     EXPECT_GE(faulty.counts().corrupted, 1u);
-    ASSERT_FALSE(got.is_ok());
-    EXPECT_EQ(got.status().code(), StatusCode::kDataLoss) << got.status().to_string();
-    EXPECT_NE(got.status().message().find("digest mismatch"), std::string::npos);
-    ASSERT_FALSE(sent.is_ok());
+    expect_both_failed(sent, got, StatusCode::kDataLoss, "digest mismatch", StatusCode::kDataLoss);
     // The receiver's Failure reached the sender (its linger keeps the connection open).
-    EXPECT_EQ(sent.status().code(), StatusCode::kDataLoss) << sent.status().to_string();
     EXPECT_NE(sent.status().message().find("receiver failed"), std::string::npos);
 }
 
@@ -163,18 +181,10 @@ TEST_F(TransferTcpTest, ACutConnectionFailsBothSidesAndReleasesTheBuffers) {
 
 TEST_F(TransferTcpTest, ADroppedFrameIsALossOnBothSides) {
     const auto seq = TestSequence::make(12, 100 << 10, false, 104);
-    FaultPlan plan;
-    plan.seed = 5;
-    plan.drop_rate = 0.1;
-    plan.spare_first_writes = 2;
-    FaultInjectingTransport faulty(tcp_.get(), plan);
+    FaultInjectingTransport faulty(tcp_.get(), drop_one_in_ten());
     auto [sent, got] = run(seq, &faulty);
     EXPECT_GE(faulty.counts().dropped, 1u);
-    ASSERT_FALSE(got.is_ok());
-    EXPECT_EQ(got.status().code(), StatusCode::kDataLoss) << got.status().to_string();
-    EXPECT_NE(got.status().message().find("lost"), std::string::npos);
-    ASSERT_FALSE(sent.is_ok());
-    EXPECT_EQ(sent.status().code(), StatusCode::kDataLoss) << sent.status().to_string();
+    expect_both_failed(sent, got, StatusCode::kDataLoss, "lost", StatusCode::kDataLoss);
 }
 
 TEST_F(TransferTcpTest, DroppingEverythingAfterBeginIsATimeout) {
@@ -186,11 +196,9 @@ TEST_F(TransferTcpTest, DroppingEverythingAfterBeginIsATimeout) {
     receive_.io_timeout = 300ms;
     send_.io_timeout = 3s;
     auto [sent, got] = run(seq, &faulty);
-    ASSERT_FALSE(got.is_ok());
-    EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().to_string();
-    ASSERT_FALSE(sent.is_ok());
-    // The receiver's Failure (its timeout) or the sender's own wait for the Ack.
-    EXPECT_EQ(sent.status().code(), StatusCode::kDeadlineExceeded) << sent.status().to_string();
+    // The sender: the receiver's Failure (its timeout) or its own wait for the Ack.
+    expect_both_failed(sent, got, StatusCode::kDeadlineExceeded, "timed out",
+                       StatusCode::kDeadlineExceeded);
 }
 
 TEST_F(TransferTcpTest, DelayedWritesStillArriveBitExact) {
@@ -211,11 +219,7 @@ TEST_F(TransferTcpTest, FaultsFromOneSeedAreTheSameEveryRun) {
     const auto seq = TestSequence::make(12, 100 << 10, false, 107);
     std::vector<std::string> outcomes;
     for (int run_no = 0; run_no < 2; ++run_no) {
-        FaultPlan plan;
-        plan.seed = 5;
-        plan.drop_rate = 0.1;
-        plan.spare_first_writes = 2;
-        FaultInjectingTransport faulty(tcp_.get(), plan);
+        FaultInjectingTransport faulty(tcp_.get(), drop_one_in_ten());
         auto [sent, got] = run(seq, &faulty);
         outcomes.push_back(got.status().to_string());
     }
@@ -226,10 +230,8 @@ TEST_F(TransferTcpTest, AStaleSenderIsRefusedAndTold) {
     ASSERT_TRUE(peers_.observe("prefill-0", 12).is_ok());  // it restarted since
     const auto seq = TestSequence::make(3, 10 << 10, false, 108);
     auto [sent, got] = run(seq);
-    ASSERT_FALSE(got.is_ok());
-    EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);
-    ASSERT_FALSE(sent.is_ok());
-    EXPECT_EQ(sent.status().code(), StatusCode::kFailedPrecondition) << sent.status().to_string();
+    expect_both_failed(sent, got, StatusCode::kFailedPrecondition, "stale incarnation",
+                       StatusCode::kFailedPrecondition);
     EXPECT_NE(sent.status().message().find("stale incarnation 11"), std::string::npos);
 }
 
