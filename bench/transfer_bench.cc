@@ -1,7 +1,8 @@
 // KV transfer throughput (issue 18): one sequence's KV (LAYERS layers of LAYER_KB each,
 // plus a V4-style state section of 1 MiB) sent over loopback TCP through dsi_transfer
 // (send_sequence -> receive_sequence: framing, per-frame XXH3 digests, the end-to-end
-// digest, Hello/Begin/End/Ack) against a raw loopback TCP stream of the same bytes
+// digest, Hello/Begin/End/Ack; the destination exposes its memory, so LayerChunk data is
+// read from the socket straight into place, as the raw side's is) against a raw loopback TCP stream of the same bytes
 // measured in the same run: POSIX sockets, TCP_NODELAY, the sender writing each layer in
 // CHUNK_KB calls, the receiver reading straight into the destination buffers (no
 // framing, no digest: the transport's ceiling). Goal: transfer / raw >= 0.8.
@@ -62,6 +63,10 @@ public:
     }
     void write_state(size_t, uint64_t offset, std::span<const uint8_t> bytes) override {
         std::memcpy(state_->data() + offset, bytes.data(), bytes.size());
+    }
+    // Contiguous layers: chunks are read from the socket straight into place.
+    std::span<uint8_t> layer_memory(uint32_t layer, uint64_t offset, uint64_t n) override {
+        return {(*layers_)[layer].data() + offset, n};
     }
 
 private:

@@ -430,14 +430,14 @@ void FrameDecoder::commit(size_t n) {
     end_ += n;
 }
 
-Result<std::optional<FrameView>> FrameDecoder::next() {
+Result<std::optional<PartialFrame>> FrameDecoder::peek() {
     if (error_) {
         return error_status_;
     }
     const size_t live = end_ - begin_;
     if (live == 0) {
         begin_ = end_ = 0;
-        return std::optional<FrameView>();
+        return std::optional<PartialFrame>();
     }
     const uint8_t* p = buf_.get() + begin_;
     // Each header field is checked as soon as its bytes are here (a peer speaking another
@@ -462,9 +462,10 @@ Result<std::optional<FrameView>> FrameDecoder::next() {
         }
     }
     if (live < kFrameHeaderBytes) {
-        return std::optional<FrameView>();
+        return std::optional<PartialFrame>();
     }
-    FrameHeader h;
+    PartialFrame f;
+    FrameHeader& h = f.header;
     h.type = static_cast<MessageType>(load_le<uint16_t>(p + 6));
     h.transfer_id.hi = load_le<uint64_t>(p + 8);
     h.transfer_id.lo = load_le<uint64_t>(p + 16);
@@ -476,18 +477,34 @@ Result<std::optional<FrameView>> FrameDecoder::next() {
         return fail(FrameError::kPayloadTooLong, std::to_string(h.payload_bytes) + " bytes, limit " +
                                                      std::to_string(max_payload_bytes_));
     }
-    if (live - kFrameHeaderBytes < h.payload_bytes) {
+    f.digested_header = {p, kDigestedHeaderBytes};
+    f.payload = {p + kFrameHeaderBytes,
+                 std::min<size_t>(live - kFrameHeaderBytes, h.payload_bytes)};
+    return std::optional<PartialFrame>(f);
+}
+
+void FrameDecoder::skip_peeked(const PartialFrame& frame) {
+    DSI_CHECK(!error_ && frame.digested_header.data() == buf_.get() + begin_,
+              "skip_peeked: not the frame peek() returned");
+    begin_ += kFrameHeaderBytes + frame.payload.size();
+}
+
+Status FrameDecoder::digest_mismatch(const FrameHeader& h) {
+    return fail(FrameError::kDigestMismatch, std::string(message_type_name(h.type)) +
+                                                 " frame, sequence " + std::to_string(h.sequence));
+}
+
+Result<std::optional<FrameView>> FrameDecoder::next() {
+    DSI_ASSIGN_OR_RETURN(const auto peeked, peek());
+    if (!peeked || peeked->payload.size() < peeked->header.payload_bytes) {
         return std::optional<FrameView>();
     }
-    const std::span<const uint8_t> payload(p + kFrameHeaderBytes, h.payload_bytes);
-    const uint64_t digest = frame_digest({p, kDigestedHeaderBytes}, payload, {});
-    if (digest != h.digest) {
-        return fail(FrameError::kDigestMismatch,
-                    std::string(message_type_name(h.type)) + " frame, sequence " +
-                        std::to_string(h.sequence));
+    const FrameHeader& h = peeked->header;
+    if (frame_digest(peeked->digested_header, peeked->payload, {}) != h.digest) {
+        return digest_mismatch(h);
     }
     begin_ += kFrameHeaderBytes + h.payload_bytes;
-    return std::optional<FrameView>(FrameView{h, payload});
+    return std::optional<FrameView>(FrameView{h, peeked->payload});
 }
 
 Status FrameDecoder::finish() {

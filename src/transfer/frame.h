@@ -34,6 +34,8 @@ inline constexpr size_t kFrameHeaderBytes = 56;
 // The digest covers the header up to (not including) the digest field.
 inline constexpr size_t kDigestedHeaderBytes = 48;
 inline constexpr uint64_t kDefaultMaxPayloadBytes = uint64_t{64} << 20;
+// A LayerChunk payload's fields before its data: layer (u32), byte offset (u64).
+inline constexpr size_t kLayerChunkPrefixBytes = 12;
 
 enum class MessageType : uint16_t {
     kHello = 1,
@@ -191,6 +193,14 @@ struct FrameView {
     std::span<const uint8_t> payload;
 };
 
+// The start of a frame whose header is buffered: views into the decoder's buffer that
+// live until its next feed/writable/commit/skip_peeked.
+struct PartialFrame {
+    FrameHeader header;
+    std::span<const uint8_t> digested_header;  // the header's first 48 bytes
+    std::span<const uint8_t> payload;          // the buffered start of the payload
+};
+
 enum class FrameError : uint8_t {
     kBadMagic,
     kUnknownVersion,
@@ -220,6 +230,19 @@ public:
     // Error codes: kDataLoss (digest, truncated), kInvalidArgument (magic, version, type),
     // kResourceExhausted (payload over the limit). error() names the class.
     Result<std::optional<FrameView>> next();
+
+    // The next frame's checked header and whatever of its payload is buffered (its digest
+    // is not checked: the payload may be incomplete); nullopt until the header is in.
+    // Errors as next().
+    Result<std::optional<PartialFrame>> peek();
+    // Zero-copy receive of a large payload: drops the frame peek() just returned from the
+    // buffer (header and buffered payload); the caller reads the rest of its payload from
+    // the stream itself and checks frame_digest against header.digest.
+    // REQUIRES: `frame` is what peek() returned, with nothing fed since.
+    void skip_peeked(const PartialFrame& frame);
+    // Records a digest mismatch found by a caller that read the payload itself (sticky,
+    // like the decoder's own); returns the error.
+    Status digest_mismatch(const FrameHeader& header);
 
     // End of stream: OK when no partial frame is buffered, else kDataLoss (truncated).
     Status finish();

@@ -121,7 +121,11 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
         conn.close();
         return receiver.status();
     }
-    FrameView frame = *first;
+    ReadFrame frame{*first, false};
+    // KV data goes straight from the socket into the destination when it exposes memory.
+    const PlaceFn place = [&receiver](const FrameHeader& h, std::span<const uint8_t> prefix) {
+        return receiver.place_layer_chunk(h, prefix);
+    };
     uint32_t layers_ready = 0;
     for (;;) {
         if (options.should_abort && options.should_abort()) {
@@ -133,7 +137,9 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
             linger_and_close(conn, options.linger);
             return receiver.status();
         }
-        const auto verdict = receiver.on_frame(frame);
+        const auto verdict =
+            frame.placed ? receiver.commit_placed_layer_chunk(frame.frame.header, frame.frame.payload)
+                         : receiver.on_frame(frame.frame);
         if (options.on_layers_ready && receiver.num_layers_ready() != layers_ready) {
             layers_ready = receiver.num_layers_ready();
             options.on_layers_ready(layers_ready);
@@ -163,7 +169,7 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
         if (verdict == TransferReceiver::Verdict::kFailed) {
             break;
         }
-        auto next = reader.read(options.io_timeout);
+        auto next = reader.read_placing(options.io_timeout, place);
         if (!next.is_ok()) {
             receiver.on_error(next.status());
             break;

@@ -68,6 +68,12 @@ void VectorDestination::write_layer(uint32_t layer, uint64_t offset,
     write_into(&layers_.at(layer), offset, bytes);
 }
 
+std::span<uint8_t> VectorDestination::layer_memory(uint32_t layer, uint64_t offset, uint64_t n) {
+    auto& l = layers_.at(layer);
+    DSI_CHECK_LE(offset + n, l.size());
+    return {l.data() + offset, n};
+}
+
 void VectorDestination::write_state(size_t section, uint64_t offset,
                                     std::span<const uint8_t> bytes) {
     write_into(&states_.at(section), offset, bytes);
@@ -411,9 +417,9 @@ TransferReceiver::Verdict TransferReceiver::on_begin(const FrameView& frame) {
     return Verdict::kAccepted;
 }
 
-void TransferReceiver::add_data(const FrameView& frame, std::span<const uint8_t> bytes) {
-    end_digest_ = chain_digest(end_digest_, frame.header.digest);
-    counters_.data_bytes += bytes.size();
+void TransferReceiver::add_data(const FrameHeader& header, uint64_t n) {
+    end_digest_ = chain_digest(end_digest_, header.digest);
+    counters_.data_bytes += n;
 }
 
 TransferReceiver::Verdict TransferReceiver::on_layer_chunk(const FrameView& frame) {
@@ -436,12 +442,49 @@ TransferReceiver::Verdict TransferReceiver::on_layer_chunk(const FrameView& fram
     }
     const uint64_t n = chunk->data.size();
     destination_->write_layer(layer, chunk->offset_bytes, chunk->data);
+    add_layer_data(frame.header, layer, n);
+    return Verdict::kAccepted;
+}
+
+void TransferReceiver::add_layer_data(const FrameHeader& header, uint32_t layer, uint64_t n) {
     layer_received_[layer] += n;
-    add_data(frame, chunk->data);
+    add_data(header, n);
     while (num_layers_ready_ < begin_->num_layers() &&
            layer_received_[num_layers_ready_] == begin_->layer_bytes[num_layers_ready_]) {
         ++num_layers_ready_;
     }
+}
+
+std::span<uint8_t> TransferReceiver::place_layer_chunk(const FrameHeader& h,
+                                                      std::span<const uint8_t> prefix) {
+    const uint64_t expected = last_sequence_seen_ ? *last_sequence_seen_ + 1 : 0;
+    if (state_ != State::kReceiving || h.type != MessageType::kLayerChunk ||
+        h.transfer_id != id_ || h.incarnation != peer_->incarnation ||
+        h.sequence != expected || peers_->current(peer_->peer_id) != peer_->incarnation) {
+        return {};
+    }
+    auto chunk = decode_layer_chunk(prefix);
+    if (!chunk.is_ok() || chunk->layer >= begin_->num_layers() ||
+        h.payload_bytes < prefix.size()) {
+        return {};
+    }
+    const uint64_t n = h.payload_bytes - prefix.size();
+    if (check_piece("", chunk->offset_bytes, n, begin_->layer_bytes[chunk->layer],
+                    layer_received_[chunk->layer])) {
+        return {};
+    }
+    const auto memory = destination_->layer_memory(chunk->layer, chunk->offset_bytes, n);
+    return memory.size() == n ? memory : std::span<uint8_t>();
+}
+
+TransferReceiver::Verdict TransferReceiver::commit_placed_layer_chunk(
+    const FrameHeader& h, std::span<const uint8_t> prefix) {
+    auto chunk = decode_layer_chunk(prefix);
+    DSI_CHECK(chunk.is_ok() && state_ == State::kReceiving, "commit of a frame not placed");
+    last_sequence_seen_ = h.sequence;
+    ++counters_.frames_accepted;
+    ++counters_.placed;
+    add_layer_data(h, chunk->layer, h.payload_bytes - prefix.size());
     return Verdict::kAccepted;
 }
 
@@ -467,7 +510,7 @@ TransferReceiver::Verdict TransferReceiver::on_state_chunk(const FrameView& fram
     const uint64_t n = chunk->data.size();
     destination_->write_state(section, chunk->offset_bytes, chunk->data);
     state_received_[section] += n;
-    add_data(frame, chunk->data);
+    add_data(frame.header, n);
     return Verdict::kAccepted;
 }
 

@@ -62,6 +62,16 @@ public:
     virtual ~Destination() = default;
     virtual void write_layer(uint32_t layer, uint64_t offset, std::span<const uint8_t> bytes) = 0;
     virtual void write_state(size_t section, uint64_t offset, std::span<const uint8_t> bytes) = 0;
+    // Optional zero-copy path: the memory that holds bytes [offset, offset + n) of `layer`
+    // when they are contiguous, so the transport can read a chunk's data straight into
+    // place; empty (the default) means write_layer is used. Lives as long as the
+    // destination.
+    virtual std::span<uint8_t> layer_memory(uint32_t layer, uint64_t offset, uint64_t n) {
+        (void)layer;
+        (void)offset;
+        (void)n;
+        return {};
+    }
 };
 
 // Called once, on Begin: the memory for that sequence (e.g. the blocks decode reserved
@@ -90,6 +100,7 @@ public:
     explicit VectorDestination(const BeginMessage& begin);
     void write_layer(uint32_t layer, uint64_t offset, std::span<const uint8_t> bytes) override;
     void write_state(size_t section, uint64_t offset, std::span<const uint8_t> bytes) override;
+    std::span<uint8_t> layer_memory(uint32_t layer, uint64_t offset, uint64_t n) override;
 
     const std::vector<std::vector<uint8_t>>& layers() const { return layers_; }
     const std::vector<std::vector<uint8_t>>& states() const { return states_; }
@@ -185,6 +196,7 @@ struct ReceiverCounters {
     uint64_t late = 0;        // after the transfer ended (ignored)
     uint64_t stale = 0;       // from an older incarnation of the sender (ignored)
     uint64_t data_bytes = 0;
+    uint64_t placed = 0;      // LayerChunk frames whose data was read straight into place
 };
 
 struct ReceiverLimits {
@@ -210,6 +222,18 @@ public:
     ~TransferReceiver();
 
     Verdict on_frame(const FrameView& frame);
+
+    // Zero-copy LayerChunk (session.cc): given a LayerChunk frame's header and its
+    // payload's prefix (layer, offset) before its data arrived, the destination memory its
+    // data may be read into -- only when on_frame would accept the frame (same transfer
+    // and incarnation, the next sequence number, receiving, the range inside the layer and
+    // continuing it) and the destination exposes that memory; else empty, and the frame
+    // must take on_frame. Changes nothing.
+    std::span<uint8_t> place_layer_chunk(const FrameHeader& header,
+                                         std::span<const uint8_t> prefix);
+    // The data of a frame place_layer_chunk placed is in the destination and its digest
+    // was checked: account for it as on_frame would have.
+    Verdict commit_placed_layer_chunk(const FrameHeader& header, std::span<const uint8_t> prefix);
     // The connection failed or the decoder reported an error: the transfer fails
     // (unless it already ended).
     void on_error(Status status);
@@ -236,7 +260,8 @@ private:
     Verdict on_layer_chunk(const FrameView& frame);
     Verdict on_state_chunk(const FrameView& frame);
     Verdict on_end(const FrameView& frame);
-    void add_data(const FrameView& frame, std::span<const uint8_t> bytes);
+    void add_layer_data(const FrameHeader& header, uint32_t layer, uint64_t n);
+    void add_data(const FrameHeader& header, uint64_t n);
 
     TransferId id_;
     PeerTable* peers_;

@@ -81,6 +81,46 @@ TEST_F(TransferStateTest, CompleteTransferIsBitExactAndLayersBecomeReadyInOrder)
     EXPECT_TRUE(holds(*dest, seq));
 }
 
+TEST_F(TransferStateTest, PlacedLayerChunksAreCheckedFirstAndAccountedLikeOthers) {
+    const auto seq = TestSequence::make(4, 3000, /*v4=*/true, 11);
+    const auto frames = frames_of(seq, 1000);
+    TransferReceiver r(kId, &peers_, counting_factory());
+    auto prefix_of = [](const FrameView& f) { return f.payload.first(kLayerChunkPrefixBytes); };
+    for (const auto& bytes : frames) {
+        const FrameView f = view(bytes);
+        if (f.header.type != MessageType::kLayerChunk) {
+            ASSERT_NE(r.on_frame(f), Verdict::kFailed) << r.status().to_string();
+            continue;
+        }
+        // Not the next sequence number, another incarnation, another transfer: not placed.
+        FrameHeader skip = f.header;
+        ++skip.sequence;
+        EXPECT_TRUE(r.place_layer_chunk(skip, prefix_of(f)).empty());
+        FrameHeader old = f.header;
+        --old.incarnation;
+        EXPECT_TRUE(r.place_layer_chunk(old, prefix_of(f)).empty());
+        FrameHeader other = f.header;
+        other.transfer_id.lo ^= 1;
+        EXPECT_TRUE(r.place_layer_chunk(other, prefix_of(f)).empty());
+        // A range past the layer's end: not placed.
+        FrameHeader longer = f.header;
+        longer.payload_bytes += 5000;
+        EXPECT_TRUE(r.place_layer_chunk(longer, prefix_of(f)).empty());
+        const auto memory = r.place_layer_chunk(f.header, prefix_of(f));
+        const auto data = f.payload.subspan(kLayerChunkPrefixBytes);
+        ASSERT_EQ(memory.size(), data.size());
+        std::copy(data.begin(), data.end(), memory.begin());
+        ASSERT_EQ(r.commit_placed_layer_chunk(f.header, prefix_of(f)), Verdict::kAccepted);
+        // The same frame again is a duplicate, not placed twice.
+        EXPECT_TRUE(r.place_layer_chunk(f.header, prefix_of(f)).empty());
+        EXPECT_EQ(r.on_frame(f), Verdict::kIgnored);
+    }
+    ASSERT_EQ(r.state(), TransferReceiver::State::kComplete) << r.status().to_string();
+    EXPECT_EQ(r.counters().placed, 3u + 3u * 4u);  // 3000 + 7 l bytes in 1000-byte chunks
+    EXPECT_EQ(r.num_layers_ready(), 4u);
+    EXPECT_TRUE(holds(*r.take_destination(), seq));
+}
+
 TEST_F(TransferStateTest, SenderOrderIsHelloBeginStateLayersEnd) {
     const auto seq = TestSequence::make(2, 100, true, 2);
     std::vector<MessageType> types;

@@ -15,10 +15,12 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "transfer/frame.h"
@@ -68,6 +70,16 @@ std::unique_ptr<Transport> make_tcp_transport();
 // Writes one encoded frame (head, then body).
 Status write_frame(Connection& conn, const EncodedFrame& frame, Timeout timeout);
 
+// Where a LayerChunk's data may be read to: given the frame's header and its payload's
+// prefix (kLayerChunkPrefixBytes), memory for exactly the rest of its payload, or empty.
+using PlaceFn =
+    std::function<std::span<uint8_t>(const FrameHeader& header, std::span<const uint8_t> prefix)>;
+
+struct ReadFrame {
+    FrameView frame;      // a placed frame's payload is its prefix only
+    bool placed = false;  // its data is in the memory PlaceFn gave, the digest checked
+};
+
 // Reads frames from a connection.
 class FrameReader {
 public:
@@ -77,13 +89,23 @@ public:
     // stream" when the peer closed cleanly between frames; the decoder's error (digest,
     // malformed header, truncated) or the connection's otherwise.
     Result<FrameView> read(Timeout timeout);
+    // As read(), with a zero-copy path for KV: a LayerChunk frame that `place` finds
+    // memory for has its data read from the connection straight into that memory (reads
+    // then stop at each frame's end, so no data is buffered ahead of the decision); the
+    // frame's digest is checked over the placed bytes, and a mismatch is the decoder's
+    // digest error. On an error the placed memory may hold partial or corrupt data.
+    Result<ReadFrame> read_placing(Timeout timeout, const PlaceFn& place);
     // True when bytes of a next frame are buffered or readable now (read() may still
     // wait for the rest of that frame). Never blocks.
     bool has_input();
 
 private:
+    Result<ReadFrame> read_placed(const PartialFrame& peeked, std::span<uint8_t> memory,
+                                  Timeout timeout);
+
     Connection* conn_;
     FrameDecoder decoder_;
+    std::vector<uint8_t> placed_prefix_;
 };
 
 // FrameReader reads into the decoder's buffer whenever it has at least this much room.
