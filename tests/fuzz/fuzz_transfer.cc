@@ -6,9 +6,11 @@
 //         (random digests would stop everything at the decoder): raw payloads of any type,
 //         or a synthesized Begin / LayerChunk / State / End, with the sequence number and
 //         incarnation chosen by the input, so the state machine's checks (sequence gaps,
-//         duplicates, stale and newer incarnations, ranges, End) are what is fuzzed.
+//         duplicates, stale and newer incarnations, ranges, End) are what is fuzzed;
+//         half the LayerChunks go through the zero-copy path (place, then commit).
 // Checks: no crash or sanitizer report; a receiver holds a destination only while
 // receiving or complete; every destination is gone once the receiver is.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -152,7 +154,22 @@ void record_mode(std::span<const uint8_t> in, PeerTable* peers) {
         d.feed(frame.flatten());
         auto f = d.next();
         DSI_CHECK(f.is_ok() && f->has_value(), "an encoded frame did not decode");
-        apply(r, **f);
+        const FrameView& v = **f;
+        // Half the LayerChunks try the zero-copy path first (session.cc's order).
+        if (v.header.type == MessageType::kLayerChunk && kind % 2 &&
+            v.payload.size() >= kLayerChunkPrefixBytes) {
+            const auto head = v.payload.first(kLayerChunkPrefixBytes);
+            const auto memory = r.place_layer_chunk(v.header, head);
+            if (!memory.empty()) {
+                const auto rest = v.payload.subspan(kLayerChunkPrefixBytes);
+                DSI_CHECK(memory.size() == rest.size(), "placed memory of the wrong size");
+                std::copy(rest.begin(), rest.end(), memory.begin());
+                (void)r.commit_placed_layer_chunk(v.header, head);
+                check_receiver(r);
+                continue;
+            }
+        }
+        apply(r, v);
     }
 }
 
