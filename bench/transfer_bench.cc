@@ -9,12 +9,16 @@
 // Equal work: both sides write into the same preallocated destination buffers (touched
 // once before the first pass), both clocks run from the sender's first byte (connect
 // included) to the receiver holding every byte (the transfer's also include the Ack).
-// Fairness: one warm-up pass of each side, then REPS rounds alternating which side goes
+// A third side, dsi_transfer into a write-only destination, measures the copy path (a
+// paged destination's) beside the zero-copy one. CPU seconds (user + sys of the process,
+// both ends) per GB are printed too: less sensitive than wall time to the machine's load.
+// Fairness: one warm-up pass of each side, then REPS rounds rotating which side goes
 // first; figures are medians with (min-max); the ratio is of medians.
 // Usage: transfer_bench [LAYERS=30] [LAYER_KB=8192] [REPS=5] [CHUNK_KB=1024]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -56,22 +60,28 @@ std::string run_command(const char* cmd) {
 // Writes into buffers the bench owns (so no pass pays for fresh pages).
 class FixedDestination : public Destination {
 public:
-    FixedDestination(std::vector<std::vector<uint8_t>>* layers, std::vector<uint8_t>* state)
-        : layers_(layers), state_(state) {}
+    FixedDestination(std::vector<std::vector<uint8_t>>* layers, std::vector<uint8_t>* state,
+                     bool expose_memory)
+        : layers_(layers), state_(state), expose_memory_(expose_memory) {}
     void write_layer(uint32_t layer, uint64_t offset, std::span<const uint8_t> bytes) override {
         std::memcpy((*layers_)[layer].data() + offset, bytes.data(), bytes.size());
     }
     void write_state(size_t, uint64_t offset, std::span<const uint8_t> bytes) override {
         std::memcpy(state_->data() + offset, bytes.data(), bytes.size());
     }
-    // Contiguous layers: chunks are read from the socket straight into place.
+    // Contiguous layers: chunks are read from the socket straight into place (unless the
+    // pass measures the copy path, as for a paged or write-only destination).
     std::span<uint8_t> layer_memory(uint32_t layer, uint64_t offset, uint64_t n) override {
+        if (!expose_memory_) {
+            return {};
+        }
         return {(*layers_)[layer].data() + offset, n};
     }
 
 private:
     std::vector<std::vector<uint8_t>>* layers_;
     std::vector<uint8_t>* state_;
+    bool expose_memory_;
 };
 
 struct Data {
@@ -84,7 +94,8 @@ struct Data {
 };
 
 // One pass through dsi_transfer; returns seconds.
-double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t pass) {
+double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t pass,
+                     bool zero_copy) {
     auto tcp = make_tcp_transport();
     auto listener = tcp->listen("127.0.0.1", 0);
     DSI_CHECK(listener.is_ok(), listener.status().to_string());
@@ -96,9 +107,10 @@ double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t p
         DSI_CHECK(conn.is_ok(), conn.status().to_string());
         auto got = receive_sequence(
             **conn, ro, peers,
-            [&d](const TransferId&, const BeginMessage&) -> Result<std::unique_ptr<Destination>> {
+            [&d, zero_copy](const TransferId&,
+                            const BeginMessage&) -> Result<std::unique_ptr<Destination>> {
                 return std::unique_ptr<Destination>(
-                    std::make_unique<FixedDestination>(&d.dst_layers, &d.dst_state));
+                    std::make_unique<FixedDestination>(&d.dst_layers, &d.dst_state, zero_copy));
             });
         receive_status = got.status();
     });
@@ -232,33 +244,57 @@ int main(int argc, char** argv) {
 
     PeerTable peers;
     uint64_t pass = 1;
-    // Warm-up (both sides), and the bit-exact check of the transfer.
-    transfer_pass(d, chunk_bytes, peers, pass++);
-    DSI_CHECK(same_bytes(d), "the transfer's bytes differ");
-    raw_pass(d, chunk_bytes);
-    DSI_CHECK(same_bytes(d), "the raw stream's bytes differ");
+    // Three sides: dsi_transfer into exposed memory (zero-copy), dsi_transfer into a
+    // write-only destination (each chunk copied from the decoder's buffer), raw TCP.
+    enum Side { kZeroCopy, kCopy, kRaw, kNumSides };
+    const char* kSideNames[kNumSides] = {"dsi_transfer, zero-copy receive",
+                                         "dsi_transfer, write-only destination (copy)",
+                                         "raw loopback TCP stream"};
+    auto run_side = [&](int side) {
+        return side == kRaw ? raw_pass(d, chunk_bytes)
+                            : transfer_pass(d, chunk_bytes, peers, pass++, side == kZeroCopy);
+    };
+    // Warm-up (every side), and the bit-exact check of each.
+    for (int side = 0; side < kNumSides; ++side) {
+        std::fill(d.dst_state.begin(), d.dst_state.end(), 0);
+        for (auto& l : d.dst_layers) {
+            std::fill(l.begin(), l.end(), 0);
+        }
+        run_side(side);
+        DSI_CHECK(same_bytes(d), kSideNames[side], ": the bytes differ");
+    }
 
-    std::vector<double> xfer_gbs, raw_gbs;
+    auto cpu_seconds = [] {
+        rusage u{};
+        getrusage(RUSAGE_SELF, &u);
+        return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+               1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
+    };
+    std::vector<double> gbs[kNumSides], cpu[kNumSides];
     const double gb = static_cast<double>(d.total_bytes) / 1e9;
     for (int r = 0; r < reps; ++r) {
-        if (r % 2 == 0) {
-            xfer_gbs.push_back(gb / transfer_pass(d, chunk_bytes, peers, pass++));
-            raw_gbs.push_back(gb / raw_pass(d, chunk_bytes));
-        } else {
-            raw_gbs.push_back(gb / raw_pass(d, chunk_bytes));
-            xfer_gbs.push_back(gb / transfer_pass(d, chunk_bytes, peers, pass++));
+        // Rotate which side goes first.
+        for (int k = 0; k < kNumSides; ++k) {
+            const int side = (r + k) % kNumSides;
+            const double c0 = cpu_seconds();
+            const double s = run_side(side);
+            gbs[side].push_back(gb / s);
+            cpu[side].push_back((cpu_seconds() - c0) / gb);
         }
     }
     DSI_CHECK(same_bytes(d));
-    auto row = [](const char* name, const std::vector<double>& v) {
-        std::printf("| %s | %.2f (%.2f-%.2f) |\n", name, median(v),
-                    *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()));
-    };
-    std::printf("\n| path | GB/s median (min-max) |\n|---|---|\n");
-    row("dsi_transfer (framed, digests, Ack)", xfer_gbs);
-    row("raw loopback TCP stream", raw_gbs);
-    std::printf("\nratio transfer / raw (medians): %.3f (goal >= 0.8)\n",
-                median(xfer_gbs) / median(raw_gbs));
+    std::printf("\n| path | GB/s median (min-max) | CPU s per GB, both ends (median) |\n"
+                "|---|---|---|\n");
+    for (int side = 0; side < kNumSides; ++side) {
+        const auto& v = gbs[side];
+        std::printf("| %s | %.2f (%.2f-%.2f) | %.3f |\n", kSideNames[side], median(v),
+                    *std::min_element(v.begin(), v.end()), *std::max_element(v.begin(), v.end()),
+                    median(cpu[side]));
+    }
+    std::printf("\nratio zero-copy / raw (medians): %.3f (goal >= 0.8)\n",
+                median(gbs[kZeroCopy]) / median(gbs[kRaw]));
+    std::printf("ratio copy / raw (medians): %.3f\n", median(gbs[kCopy]) / median(gbs[kRaw]));
+    std::printf("CPU per GB, zero-copy / raw: %.3f\n", median(cpu[kZeroCopy]) / median(cpu[kRaw]));
     std::printf("# uptime after: %s", run_command("uptime").c_str());
     return 0;
 }
