@@ -335,6 +335,25 @@ uint64_t frame_digest(std::span<const uint8_t> header48, std::span<const uint8_t
     return XXH3_64bits_digest(&state);
 }
 
+struct FrameDigester::State {
+    XXH3_state_t xxh;
+};
+
+FrameDigester::FrameDigester() : state_(std::make_unique<State>()) {
+    XXH3_INITSTATE(&state_->xxh);
+    reset();
+}
+
+FrameDigester::~FrameDigester() = default;
+
+void FrameDigester::reset() { XXH3_64bits_reset(&state_->xxh); }
+
+void FrameDigester::update(std::span<const uint8_t> bytes) {
+    XXH3_64bits_update(&state_->xxh, bytes.data(), bytes.size());
+}
+
+uint64_t FrameDigester::digest() const { return XXH3_64bits_digest(&state_->xxh); }
+
 uint64_t chain_digest(uint64_t chain, uint64_t frame_digest) {
     uint8_t le[8];
     for (size_t i = 0; i < 8; ++i) {

@@ -182,6 +182,24 @@ EncodedFrame encode_frame(const FrameFields& fields, std::vector<uint8_t> payloa
 uint64_t frame_digest(std::span<const uint8_t> header48, std::span<const uint8_t> prefix,
                       std::span<const uint8_t> body);
 
+// frame_digest, fed in pieces (a receiver hashes each piece of a payload as it lands,
+// while it is still in cache).
+class FrameDigester {
+public:
+    FrameDigester();
+    ~FrameDigester();
+    FrameDigester(const FrameDigester&) = delete;
+    FrameDigester& operator=(const FrameDigester&) = delete;
+
+    void reset();
+    void update(std::span<const uint8_t> bytes);
+    uint64_t digest() const;
+
+private:
+    struct State;
+    std::unique_ptr<State> state_;
+};
+
 // The End digest, one frame at a time: start from 0, then
 // chain = XXH3-64(frame_digest as 8 little-endian bytes, seed = chain). Hashing 8 bytes
 // per frame instead of every data byte again halves the hashing of a transfer.

@@ -72,23 +72,28 @@ Result<ReadFrame> FrameReader::read_placing(Timeout timeout, const PlaceFn& plac
 Result<ReadFrame> FrameReader::read_placed(const PartialFrame& peeked, std::span<uint8_t> memory,
                                            Timeout timeout) {
     const FrameHeader header = peeked.header;
-    uint8_t head[kDigestedHeaderBytes];
-    std::copy(peeked.digested_header.begin(), peeked.digested_header.end(), head);
     placed_prefix_.assign(peeked.payload.begin(), peeked.payload.begin() + kLayerChunkPrefixBytes);
+    digester_.reset();
+    digester_.update(peeked.digested_header);
+    digester_.update(placed_prefix_);
     // Data bytes that came with the prefix (when the reads before ran past it).
     const auto early = peeked.payload.subspan(kLayerChunkPrefixBytes);
     std::copy(early.begin(), early.end(), memory.begin());
     size_t have = early.size();
     decoder_.skip_peeked(peeked);
+    digester_.update(memory.first(have));
     while (have < memory.size()) {
         DSI_ASSIGN_OR_RETURN(const size_t n, conn_->read_some(memory.subspan(have), timeout));
         if (n == 0) {
             return data_loss("truncated frame: the stream ended " + std::to_string(have) +
                              " bytes into a LayerChunk's data");
         }
+        // Hashed as it lands, while it is in cache (a second pass over the whole chunk
+        // afterwards read it back from memory).
+        digester_.update(memory.subspan(have, n));
         have += n;
     }
-    if (frame_digest(head, placed_prefix_, memory) != header.digest) {
+    if (digester_.digest() != header.digest) {
         return decoder_.digest_mismatch(header);
     }
     return ReadFrame{FrameView{header, placed_prefix_}, true};

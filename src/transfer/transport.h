@@ -105,6 +105,7 @@ private:
 
     Connection* conn_;
     FrameDecoder decoder_;
+    FrameDigester digester_;  // a placed frame's digest, piece by piece
     std::vector<uint8_t> placed_prefix_;
 };
 
