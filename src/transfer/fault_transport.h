@@ -35,11 +35,11 @@ struct FaultPlan {
 };
 
 struct FaultCounts {
-    uint64_t writes = 0;
-    uint64_t dropped = 0;
-    uint64_t delayed = 0;
-    uint64_t corrupted = 0;
-    uint64_t cuts = 0;
+    uint64_t num_writes = 0;
+    uint64_t num_dropped = 0;
+    uint64_t num_delayed = 0;
+    uint64_t num_corrupted = 0;
+    uint64_t num_cuts = 0;
 };
 
 class FaultInjectingTransport : public Transport {

@@ -130,10 +130,10 @@ TEST_F(TransferTcpTest, ThirtyLayersAndV4StateArriveBitExact) {
     EXPECT_EQ(got->transfer_id, kId);
     EXPECT_EQ(got->begin, seq.begin);
     EXPECT_TRUE(holds(*got->destination, seq));
-    EXPECT_EQ(got->counters.duplicates + got->counters.late + got->counters.stale, 0u);
+    EXPECT_EQ(got->counters.num_duplicates + got->counters.num_late + got->counters.num_stale, 0u);
     // 30 layers of ~300 KB in 64 KiB chunks: nearly all read straight into place (the
     // first read, for Hello, may have buffered a few whole frames).
-    EXPECT_GT(got->counters.placed, 30u * 4u);
+    EXPECT_GT(got->counters.num_placed, 30u * 4u);
     // Layers became ready one after another, as their last chunk arrived.
     ASSERT_FALSE(ready.empty());
     EXPECT_EQ(ready.back(), 30u);
@@ -170,7 +170,7 @@ TEST_F(TransferTcpTest, ADestinationWithoutMemoryTakesEveryChunkAsAWrite) {
     auto [sent, got] = run(seq);
     ASSERT_TRUE(sent.is_ok()) << sent.status().to_string();
     ASSERT_TRUE(got.is_ok()) << got.status().to_string();
-    EXPECT_EQ(got->counters.placed, 0u);
+    EXPECT_EQ(got->counters.num_placed, 0u);
     EXPECT_TRUE(holds(*got->destination, seq));
     got->destination.reset();
 }
@@ -183,7 +183,7 @@ TEST_F(TransferTcpTest, ACorruptedByteIsADigestFailureOnBothSides) {
     plan.spare_first_writes = 5;  // Hello, Begin and three state chunks go through
     FaultInjectingTransport faulty(tcp_.get(), plan);
     auto [sent, got] = run(seq, &faulty);
-    EXPECT_GE(faulty.counts().corrupted, 1u);
+    EXPECT_GE(faulty.counts().num_corrupted, 1u);
     expect_both_failed(sent, got, StatusCode::kDataLoss, "digest mismatch", StatusCode::kDataLoss);
     // The receiver's Failure reached the sender (its linger keeps the connection open).
     EXPECT_NE(sent.status().message().find("receiver failed"), std::string::npos);
@@ -195,7 +195,7 @@ TEST_F(TransferTcpTest, ACutConnectionFailsBothSidesAndReleasesTheBuffers) {
     plan.cut_after_bytes = 700'000;
     FaultInjectingTransport faulty(tcp_.get(), plan);
     auto [sent, got] = run(seq, &faulty);
-    EXPECT_EQ(faulty.counts().cuts, 1u);
+    EXPECT_EQ(faulty.counts().num_cuts, 1u);
     ASSERT_FALSE(sent.is_ok());
     EXPECT_EQ(sent.status().code(), StatusCode::kUnavailable) << sent.status().to_string();
     ASSERT_FALSE(got.is_ok());
@@ -209,7 +209,7 @@ TEST_F(TransferTcpTest, ADroppedFrameIsALossOnBothSides) {
     const auto seq = TestSequence::make(12, 100 << 10, false, 104);
     FaultInjectingTransport faulty(tcp_.get(), drop_one_in_ten());
     auto [sent, got] = run(seq, &faulty);
-    EXPECT_GE(faulty.counts().dropped, 1u);
+    EXPECT_GE(faulty.counts().num_dropped, 1u);
     expect_both_failed(sent, got, StatusCode::kDataLoss, "lost", StatusCode::kDataLoss);
 }
 
@@ -234,7 +234,7 @@ TEST_F(TransferTcpTest, DelayedWritesStillArriveBitExact) {
     plan.max_delay = 3ms;
     FaultInjectingTransport faulty(tcp_.get(), plan);
     auto [sent, got] = run(seq, &faulty);
-    EXPECT_GT(faulty.counts().delayed, 0u);
+    EXPECT_GT(faulty.counts().num_delayed, 0u);
     ASSERT_TRUE(sent.is_ok()) << sent.status().to_string();
     ASSERT_TRUE(got.is_ok()) << got.status().to_string();
     EXPECT_TRUE(holds(*got->destination, seq));

@@ -117,6 +117,7 @@ public:
         if (!socket_.is_open()) {
             return unavailable("read: connection closed");
         }
+        DSI_CHECK(!buf.empty(), "read_some into an empty buffer (0 would read as end of stream)");
         set_timeout(SO_RCVTIMEO, timeout, &receive_timeout_);
         for (;;) {
             const ssize_t n = ::recv(socket_.native_handle(), buf.data(), buf.size(), 0);

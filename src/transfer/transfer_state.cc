@@ -287,7 +287,7 @@ std::unique_ptr<Destination> TransferReceiver::take_destination() {
 TransferReceiver::Verdict TransferReceiver::on_frame(const FrameView& frame) {
     const FrameHeader& h = frame.header;
     if (ended()) {
-        ++counters_.late;
+        ++counters_.num_late;
         return Verdict::kIgnored;
     }
     if (h.transfer_id != id_) {
@@ -296,7 +296,7 @@ TransferReceiver::Verdict TransferReceiver::on_frame(const FrameView& frame) {
     }
     if (peer_) {
         if (h.incarnation < peer_->incarnation) {
-            ++counters_.stale;
+            ++counters_.num_stale;
             return Verdict::kIgnored;
         }
         if (h.incarnation > peer_->incarnation ||
@@ -309,7 +309,7 @@ TransferReceiver::Verdict TransferReceiver::on_frame(const FrameView& frame) {
         }
     }
     if (last_sequence_seen_ && h.sequence <= *last_sequence_seen_) {
-        ++counters_.duplicates;
+        ++counters_.num_duplicates;
         return Verdict::kIgnored;
     }
     const uint64_t expected = last_sequence_seen_ ? *last_sequence_seen_ + 1 : 0;
@@ -340,7 +340,7 @@ TransferReceiver::Verdict TransferReceiver::on_frame(const FrameView& frame) {
             return fail(invalid_argument("unexpected Ack from the sender"));
     }
     if (v != Verdict::kFailed) {
-        ++counters_.frames_accepted;
+        ++counters_.num_accepted;
     }
     return v;
 }
@@ -482,8 +482,8 @@ TransferReceiver::Verdict TransferReceiver::commit_placed_layer_chunk(
     auto chunk = decode_layer_chunk(prefix);
     DSI_CHECK(chunk.is_ok() && state_ == State::kReceiving, "commit of a frame not placed");
     last_sequence_seen_ = h.sequence;
-    ++counters_.frames_accepted;
-    ++counters_.placed;
+    ++counters_.num_accepted;
+    ++counters_.num_placed;
     add_layer_data(h, chunk->layer, h.payload_bytes - prefix.size());
     return Verdict::kAccepted;
 }

@@ -191,12 +191,12 @@ private:
 };
 
 struct ReceiverCounters {
-    uint64_t frames_accepted = 0;
-    uint64_t duplicates = 0;  // sequence already seen (ignored)
-    uint64_t late = 0;        // after the transfer ended (ignored)
-    uint64_t stale = 0;       // from an older incarnation of the sender (ignored)
+    uint64_t num_accepted = 0;
+    uint64_t num_duplicates = 0;  // sequence already seen (ignored)
+    uint64_t num_late = 0;        // after the transfer ended (ignored)
+    uint64_t num_stale = 0;       // from an older incarnation of the sender (ignored)
     uint64_t data_bytes = 0;
-    uint64_t placed = 0;      // LayerChunk frames whose data was read straight into place
+    uint64_t num_placed = 0;  // LayerChunk frames whose data was read straight into place
 };
 
 struct ReceiverLimits {

@@ -116,7 +116,7 @@ TEST_F(TransferStateTest, PlacedLayerChunksAreCheckedFirstAndAccountedLikeOthers
         EXPECT_EQ(r.on_frame(f), Verdict::kIgnored);
     }
     ASSERT_EQ(r.state(), TransferReceiver::State::kComplete) << r.status().to_string();
-    EXPECT_EQ(r.counters().placed, 3u + 3u * 4u);  // 3000 + 7 l bytes in 1000-byte chunks
+    EXPECT_EQ(r.counters().num_placed, 3u + 3u * 4u);  // 3000 + 7 l bytes in 1000-byte chunks
     EXPECT_EQ(r.num_layers_ready(), 4u);
     EXPECT_TRUE(holds(*r.take_destination(), seq));
 }
@@ -155,7 +155,7 @@ TEST_F(TransferStateTest, DuplicateFramesAreCountedAndIgnored) {
         EXPECT_EQ(r.on_frame(view(frames[i / 2])), Verdict::kIgnored);
     }
     ASSERT_EQ(r.on_frame(view(frames.back())), Verdict::kComplete) << r.status().to_string();
-    EXPECT_EQ(r.counters().duplicates, 2 * (frames.size() - 1));
+    EXPECT_EQ(r.counters().num_duplicates, 2 * (frames.size() - 1));
     EXPECT_TRUE(holds(*r.take_destination(), seq));
 }
 
@@ -170,7 +170,7 @@ TEST_F(TransferStateTest, LateFramesAfterEndOrAbortAreCountedAndIgnored) {
     EXPECT_EQ(done.on_frame(view(frames[3])), Verdict::kIgnored);
     EXPECT_EQ(done.on_frame(forged(MessageType::kAbort, encode_payload(AbortMessage{"x"}), 99)),
               Verdict::kIgnored);
-    EXPECT_EQ(done.counters().late, 2u);
+    EXPECT_EQ(done.counters().num_late, 2u);
     EXPECT_EQ(done.state(), TransferReceiver::State::kComplete);
     auto dest = done.take_destination();
     EXPECT_TRUE(holds(*dest, seq));
@@ -187,7 +187,7 @@ TEST_F(TransferStateTest, LateFramesAfterEndOrAbortAreCountedAndIgnored) {
     for (size_t i = 4; i < frames.size(); ++i) {
         EXPECT_EQ(aborted.on_frame(view(frames[i])), Verdict::kIgnored);
     }
-    EXPECT_EQ(aborted.counters().late, frames.size() - 4);
+    EXPECT_EQ(aborted.counters().num_late, frames.size() - 4);
 }
 
 TEST_F(TransferStateTest, StaleIncarnationsAreRefused) {
@@ -213,7 +213,7 @@ TEST_F(TransferStateTest, StaleIncarnationsAreRefused) {
         ASSERT_NE(r2.on_frame(view(frames[i])), Verdict::kFailed) << r2.status().to_string();
     }
     EXPECT_EQ(r2.state(), TransferReceiver::State::kComplete);
-    EXPECT_EQ(r2.counters().stale, old_frames.size() - 1);
+    EXPECT_EQ(r2.counters().num_stale, old_frames.size() - 1);
     auto dest = r2.take_destination();
     EXPECT_TRUE(holds(*dest, seq));
 }

@@ -36,7 +36,7 @@ public:
     // (kUnavailable: closed or reset by the peer; kDeadlineExceeded).
     virtual Status write(std::span<const std::span<const uint8_t>> pieces, Timeout timeout) = 0;
     // Reads 1 .. buf.size() bytes; 0 when the peer closed its side (end of stream).
-    // kDeadlineExceeded when nothing arrived in time.
+    // kDeadlineExceeded when nothing arrived in time. REQUIRES: !buf.empty().
     virtual Result<size_t> read_some(std::span<uint8_t> buf, Timeout timeout) = 0;
     // Bytes that can be read now without waiting.
     virtual size_t available() = 0;
