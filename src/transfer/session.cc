@@ -105,8 +105,14 @@ Result<SendReport> send_sequence(Connection& conn, const SendOptions& options,
 Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions& options,
                                           PeerTable& peers, const DestinationFactory& factory) {
     FrameReader reader(&conn, options.max_payload_bytes);
-    // The first frame names the transfer when the caller did not.
-    auto first = reader.read(options.io_timeout);
+    // The first frame names the transfer when the caller did not. Read like the others
+    // (never past a frame's end), so no KV is buffered before it can be placed.
+    const PlaceFn no_place = [](const FrameHeader&, std::span<const uint8_t>) {
+        return std::span<uint8_t>();
+    };
+    auto first_read = reader.read_placing(options.io_timeout, no_place);
+    auto first = first_read.is_ok() ? Result<FrameView>(first_read->frame)
+                                    : Result<FrameView>(first_read.status());
     if (!first.is_ok()) {
         conn.close();
         return first.status().with_context("waiting for the sender's Hello");
