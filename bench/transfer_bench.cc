@@ -2,19 +2,18 @@
 // plus a V4-style state section of 1 MiB) sent over loopback TCP through dsi_transfer
 // (send_sequence -> receive_sequence: framing, per-frame XXH3 digests, the end-to-end
 // digest, Hello/Begin/End/Ack; the destination exposes its memory, so LayerChunk data is
-// read from the socket straight into place, as the raw side's is) against a raw loopback TCP stream of the same bytes
-// measured in the same run: POSIX sockets, TCP_NODELAY, the sender writing each layer in
-// CHUNK_KB calls, the receiver reading straight into the destination buffers (no
-// framing, no digest: the transport's ceiling). Goal: transfer / raw >= 0.8.
-// Equal work: both sides write into the same preallocated destination buffers (touched
-// once before the first pass), both clocks run from the sender's first byte (connect
-// included) to the receiver holding every byte (the transfer's also include the Ack).
-// A third side, dsi_transfer into a write-only destination, measures the copy path (a
-// paged destination's) beside the zero-copy one. CPU seconds (user + sys of the process,
-// both ends) per GB are printed too: less sensitive than wall time to the machine's load.
-// Fairness: one warm-up pass of each side, then REPS rounds rotating which side goes
-// first; figures are medians with (min-max); the ratio is of medians.
-// Usage: transfer_bench [LAYERS=30] [LAYER_KB=8192] [REPS=5] [CHUNK_KB=1024]
+// read from the socket straight into place, as the raw side's is) against a raw loopback TCP stream
+// of the same bytes measured in the same run: POSIX sockets, TCP_NODELAY, the sender writing each
+// layer in CHUNK_KB calls, the receiver reading straight into the destination buffers (no framing,
+// no digest: the transport's ceiling). Goal: transfer / raw >= 0.8. Equal work: both sides write
+// into the same preallocated destination buffers (touched once before the first pass), both clocks
+// run from the sender's first byte (connect included) to the receiver holding every byte (the
+// transfer's also include the Ack). A third side, dsi_transfer into a write-only destination,
+// measures the copy path (a paged destination's) beside the zero-copy one. CPU seconds (user + sys
+// of the process, both ends) per GB are printed too: less sensitive than wall time to the machine's
+// load. Fairness: one warm-up pass of each side, then REPS rounds rotating which side goes first;
+// figures are medians with (min-max); the ratio is of medians. Usage: transfer_bench [LAYERS=30]
+// [LAYER_KB=8192] [REPS=5] [CHUNK_KB=1024]
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -232,12 +231,13 @@ int main(int argc, char** argv) {
         const auto end = lscpu.find('\n', at);
         return lscpu.substr(at, end - at);
     };
-    std::printf("# transfer_bench: %u layers x %llu KiB + %llu KiB state = %.1f MiB per pass, "
-                "chunk %llu KiB, %d reps\n",
-                num_layers, static_cast<unsigned long long>(layer_bytes >> 10),
-                static_cast<unsigned long long>(kStateBytes >> 10),
-                static_cast<double>(d.total_bytes) / (1 << 20),
-                static_cast<unsigned long long>(chunk_bytes >> 10), reps);
+    std::printf(
+        "# transfer_bench: %u layers x %llu KiB + %llu KiB state = %.1f MiB per pass, "
+        "chunk %llu KiB, %d reps\n",
+        num_layers, static_cast<unsigned long long>(layer_bytes >> 10),
+        static_cast<unsigned long long>(kStateBytes >> 10),
+        static_cast<double>(d.total_bytes) / (1 << 20),
+        static_cast<unsigned long long>(chunk_bytes >> 10), reps);
     std::printf("# %s\n# %s\n# %s\n# uptime: %s", line_of("Model name").c_str(),
                 line_of("CPU(s):").c_str(), line_of("Flags").c_str(),
                 run_command("uptime").c_str());
@@ -283,8 +283,9 @@ int main(int argc, char** argv) {
         }
     }
     DSI_CHECK(same_bytes(d));
-    std::printf("\n| path | GB/s median (min-max) | CPU s per GB, both ends (median) |\n"
-                "|---|---|---|\n");
+    std::printf(
+        "\n| path | GB/s median (min-max) | CPU s per GB, both ends (median) |\n"
+        "|---|---|---|\n");
     for (int side = 0; side < kNumSides; ++side) {
         const auto& v = gbs[side];
         std::printf("| %s | %.2f (%.2f-%.2f) | %.3f |\n", kSideNames[side], median(v),

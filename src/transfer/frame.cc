@@ -99,26 +99,40 @@ Status read_exact(std::span<const uint8_t> payload, MessageType type, F&& read_f
 
 std::string_view message_type_name(MessageType type) {
     switch (type) {
-        case MessageType::kHello: return "Hello";
-        case MessageType::kBegin: return "Begin";
-        case MessageType::kLayerChunk: return "LayerChunk";
-        case MessageType::kState: return "State";
-        case MessageType::kEnd: return "End";
-        case MessageType::kAck: return "Ack";
-        case MessageType::kAbort: return "Abort";
-        case MessageType::kFailure: return "Failure";
+        case MessageType::kHello:
+            return "Hello";
+        case MessageType::kBegin:
+            return "Begin";
+        case MessageType::kLayerChunk:
+            return "LayerChunk";
+        case MessageType::kState:
+            return "State";
+        case MessageType::kEnd:
+            return "End";
+        case MessageType::kAck:
+            return "Ack";
+        case MessageType::kAbort:
+            return "Abort";
+        case MessageType::kFailure:
+            return "Failure";
     }
     return "unknown";
 }
 
 std::string_view frame_error_name(FrameError e) {
     switch (e) {
-        case FrameError::kBadMagic: return "bad magic";
-        case FrameError::kUnknownVersion: return "unknown version";
-        case FrameError::kUnknownType: return "unknown message type";
-        case FrameError::kPayloadTooLong: return "payload over the limit";
-        case FrameError::kDigestMismatch: return "digest mismatch";
-        case FrameError::kTruncated: return "truncated frame";
+        case FrameError::kBadMagic:
+            return "bad magic";
+        case FrameError::kUnknownVersion:
+            return "unknown version";
+        case FrameError::kUnknownType:
+            return "unknown message type";
+        case FrameError::kPayloadTooLong:
+            return "payload over the limit";
+        case FrameError::kDigestMismatch:
+            return "digest mismatch";
+        case FrameError::kTruncated:
+            return "truncated frame";
     }
     return "unknown";
 }
@@ -192,8 +206,8 @@ Result<BeginMessage> decode_begin(std::span<const uint8_t> payload) {
     BeginMessage m;
     DSI_RETURN_IF_ERROR(read_exact(payload, MessageType::kBegin, [&](Reader& r) {
         uint32_t num_layers = 0;
-        if (!r.get_string(&m.model_id) || !r.get(&m.num_tokens) ||
-            !r.get(&m.block_size_tokens) || !r.get(&num_layers) || num_layers > kMaxLayers) {
+        if (!r.get_string(&m.model_id) || !r.get(&m.num_tokens) || !r.get(&m.block_size_tokens) ||
+            !r.get(&num_layers) || num_layers > kMaxLayers) {
             return false;
         }
         m.layer_bytes.resize(num_layers);
@@ -493,7 +507,8 @@ Result<std::optional<PartialFrame>> FrameDecoder::peek() {
     h.payload_bytes = load_le<uint64_t>(p + 40);
     h.digest = load_le<uint64_t>(p + 48);
     if (h.payload_bytes > max_payload_bytes_) {
-        return fail(FrameError::kPayloadTooLong, std::to_string(h.payload_bytes) + " bytes, limit " +
+        return fail(FrameError::kPayloadTooLong, std::to_string(h.payload_bytes) +
+                                                     " bytes, limit " +
                                                      std::to_string(max_payload_bytes_));
     }
     f.digested_header = {p, kDigestedHeaderBytes};
@@ -531,8 +546,8 @@ Status FrameDecoder::finish() {
         return error_status_;
     }
     if (end_ != begin_) {
-        return fail(FrameError::kTruncated, "the stream ended " + std::to_string(end_ - begin_) +
-                                                " bytes into a frame");
+        return fail(FrameError::kTruncated,
+                    "the stream ended " + std::to_string(end_ - begin_) + " bytes into a frame");
     }
     return Status::ok();
 }

@@ -111,7 +111,7 @@ struct StateChunkView {
 };
 
 struct EndMessage {
-    uint64_t total_bytes = 0;   // data bytes of every LayerChunk and State frame
+    uint64_t total_bytes = 0;  // data bytes of every LayerChunk and State frame
     // chain_digest over those frames' digests in frame order (each frame's digest covers
     // its header and payload, so this covers every data byte and where it went).
     uint64_t total_digest = 0;

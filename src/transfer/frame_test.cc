@@ -64,8 +64,8 @@ TEST(FrameCodec, EveryMessageRoundTripsByteByByte) {
     EXPECT_EQ(begin.total_bytes(), 600u + 4096 + 12);
 
     const std::vector<uint8_t> data = {1, 2, 3, 4, 5, 6, 7};
-    const auto chunk = encode_frame(fields(MessageType::kLayerChunk),
-                                    encode_layer_chunk_prefix(9, 4096), data);
+    const auto chunk =
+        encode_frame(fields(MessageType::kLayerChunk), encode_layer_chunk_prefix(9, 4096), data);
     EXPECT_EQ(chunk.body.data(), data.data()) << "the data is not copied";
     decode_one(chunk.flatten(), &payload, 5);
     auto lc = decode_layer_chunk(payload);
@@ -74,8 +74,8 @@ TEST(FrameCodec, EveryMessageRoundTripsByteByByte) {
     EXPECT_EQ(lc->offset_bytes, 4096u);
     EXPECT_EQ(std::vector<uint8_t>(lc->data.begin(), lc->data.end()), data);
 
-    const auto state = encode_frame(fields(MessageType::kState),
-                                    encode_state_chunk_prefix("swa_ring", 64), data);
+    const auto state =
+        encode_frame(fields(MessageType::kState), encode_state_chunk_prefix("swa_ring", 64), data);
     decode_one(state.flatten(), &payload, 3);
     auto sc = decode_state_chunk(payload);
     ASSERT_TRUE(sc.is_ok());

@@ -43,7 +43,8 @@ Result<SendReport> sender_result(TransferSender& sender, uint64_t frames_sent) {
 }
 
 bool sender_ended(const TransferSender& s) {
-    return s.state() == TransferSender::State::kDone || s.state() == TransferSender::State::kFailed ||
+    return s.state() == TransferSender::State::kDone ||
+           s.state() == TransferSender::State::kFailed ||
            s.state() == TransferSender::State::kAborted;
 }
 
@@ -120,8 +121,8 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
     const TransferId id = options.transfer_id.value_or(first->header.transfer_id);
     FrameStamper stamper(id, options.self.incarnation);
     TransferReceiver receiver(id, &peers, factory, options.limits);
-    Status wrote = write_frame(conn, stamper.stamp(MessageType::kHello, encode_payload(options.self)),
-                               options.io_timeout);
+    Status wrote = write_frame(
+        conn, stamper.stamp(MessageType::kHello, encode_payload(options.self)), options.io_timeout);
     if (!wrote.is_ok()) {
         receiver.on_error(wrote);
         conn.close();
@@ -143,18 +144,19 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
             linger_and_close(conn, options.linger);
             return receiver.status();
         }
-        const auto verdict =
-            frame.placed ? receiver.commit_placed_layer_chunk(frame.frame.header, frame.frame.payload)
-                         : receiver.on_frame(frame.frame);
+        const auto verdict = frame.placed ? receiver.commit_placed_layer_chunk(frame.frame.header,
+                                                                               frame.frame.payload)
+                                          : receiver.on_frame(frame.frame);
         if (options.on_layers_ready && receiver.num_layers_ready() != layers_ready) {
             layers_ready = receiver.num_layers_ready();
             options.on_layers_ready(layers_ready);
         }
         if (verdict == TransferReceiver::Verdict::kComplete) {
-            Status s = write_frame(
-                conn,
-                stamper.stamp(MessageType::kAck, encode_payload(AckMessage{receiver.ack_sequence()})),
-                options.io_timeout);
+            Status s =
+                write_frame(conn,
+                            stamper.stamp(MessageType::kAck,
+                                          encode_payload(AckMessage{receiver.ack_sequence()})),
+                            options.io_timeout);
             conn.close();
             if (!s.is_ok()) {
                 // The data is whole and verified; the sender will report the missing Ack.

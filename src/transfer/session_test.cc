@@ -28,15 +28,15 @@ class ReceiverThread {
 public:
     ReceiverThread(Listener* listener, ReceiveOptions options, PeerTable* peers,
                    DestinationFactory factory = counting_factory()) {
-        thread_ = std::thread([this, listener, options = std::move(options), peers,
-                               factory = std::move(factory)] {
-            auto conn = listener->accept(10s);
-            if (!conn.is_ok()) {
-                result_.emplace(conn.status());
-                return;
-            }
-            result_.emplace(receive_sequence(**conn, options, *peers, factory));
-        });
+        thread_ = std::thread(
+            [this, listener, options = std::move(options), peers, factory = std::move(factory)] {
+                auto conn = listener->accept(10s);
+                if (!conn.is_ok()) {
+                    result_.emplace(conn.status());
+                    return;
+                }
+                result_.emplace(receive_sequence(**conn, options, *peers, factory));
+            });
     }
     ~ReceiverThread() {
         if (thread_.joinable()) {
@@ -78,7 +78,8 @@ protected:
         ReceiverThread receiver(listener_.get(), receive_, &peers_, factory_);
         auto source = seq.source();
         Result<SendReport> sent = unavailable("not connected");
-        auto conn = (transport ? transport : tcp_.get())->connect("127.0.0.1", listener_->port(), 5s);
+        auto conn =
+            (transport ? transport : tcp_.get())->connect("127.0.0.1", listener_->port(), 5s);
         if (conn.is_ok()) {
             sent = send_sequence(**conn, send_, seq.begin, source);
         } else {
@@ -164,7 +165,8 @@ public:
 
 TEST_F(TransferTcpTest, ADestinationWithoutMemoryTakesEveryChunkAsAWrite) {
     const auto seq = TestSequence::make(5, 200 << 10, true, 110);
-    factory_ = [](const TransferId&, const BeginMessage& b) -> Result<std::unique_ptr<Destination>> {
+    factory_ = [](const TransferId&,
+                  const BeginMessage& b) -> Result<std::unique_ptr<Destination>> {
         return std::unique_ptr<Destination>(std::make_unique<WriteOnlyDestination>(b));
     };
     auto [sent, got] = run(seq);
@@ -289,7 +291,8 @@ TEST_F(TransferTcpTest, BytesThatAreNotFramesAreRefused) {
     auto conn = tcp_->connect("127.0.0.1", listener_->port(), 5s);
     ASSERT_TRUE(conn.is_ok()) << conn.status().to_string();
     const std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
-    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(http.data()), http.size());
+    const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(http.data()),
+                                         http.size());
     ASSERT_TRUE((*conn)->write(std::span(&bytes, 1), 5s).is_ok());
     auto got = receiver.join();
     EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);

@@ -2,8 +2,8 @@
 // Connect and accept run an io_context on the caller's thread until the operation
 // completes or its timeout passes (then it is cancelled and its handler drained); reads
 // and writes are blocking calls with socket timeouts (see TcpConnection). So the
-// interface is blocking with deadlines and no thread is spawned. Asio calls use the error_code overloads (no exception leaves this file;
-// STYLE 2, as server/http_server.cc).
+// interface is blocking with deadlines and no thread is spawned. Asio calls use the
+// error_code overloads (no exception leaves this file; STYLE 2, as server/http_server.cc).
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <sys/uio.h>

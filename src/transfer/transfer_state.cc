@@ -29,9 +29,8 @@ void write_into(std::vector<uint8_t>* dst, uint64_t offset, std::span<const uint
 std::optional<Status> check_piece(const std::string& what, uint64_t offset, uint64_t n,
                                   uint64_t size, uint64_t received) {
     if (offset > size || n > size - offset) {
-        return out_of_range(what + " bytes [" + std::to_string(offset) + ", +" +
-                            std::to_string(n) + ") outside its " + std::to_string(size) +
-                            " bytes");
+        return out_of_range(what + " bytes [" + std::to_string(offset) + ", +" + std::to_string(n) +
+                            ") outside its " + std::to_string(size) + " bytes");
     }
     if (offset != received || n == 0) {
         return invalid_argument(what + " chunk at offset " + std::to_string(offset) +
@@ -86,8 +85,8 @@ Status PeerTable::observe(const std::string& peer_id, uint64_t incarnation) {
     uint64_t& known = incarnations_[peer_id];
     if (incarnation < known) {
         return failed_precondition("stale incarnation " + std::to_string(incarnation) +
-                                   " of peer '" + peer_id + "' (current " +
-                                   std::to_string(known) + ")");
+                                   " of peer '" + peer_id + "' (current " + std::to_string(known) +
+                                   ")");
     }
     known = incarnation;
     return Status::ok();
@@ -170,8 +169,7 @@ std::optional<EncodedFrame> TransferSender::next_frame() {
     }
     state_ = State::kAwaitAck;
     end_sequence_ = stamper_.next_sequence();
-    return stamper_.stamp(MessageType::kEnd,
-                          encode_payload(EndMessage{data_bytes_, end_digest_}));
+    return stamper_.stamp(MessageType::kEnd, encode_payload(EndMessage{data_bytes_, end_digest_}));
 }
 
 EncodedFrame TransferSender::abort(std::string reason) {
@@ -239,7 +237,8 @@ Status TransferSender::on_frame(const FrameView& frame) {
             break;
         }
         default:
-            fail(invalid_argument("unexpected " + std::string(message_type_name(frame.header.type)) +
+            fail(invalid_argument("unexpected " +
+                                  std::string(message_type_name(frame.header.type)) +
                                   " from the receiver"));
     }
     return status_;
@@ -249,10 +248,7 @@ Status TransferSender::on_frame(const FrameView& frame) {
 
 TransferReceiver::TransferReceiver(TransferId id, PeerTable* peers, DestinationFactory factory,
                                    ReceiverLimits limits)
-    : id_(id),
-      peers_(peers),
-      factory_(std::move(factory)),
-      limits_(std::move(limits)) {
+    : id_(id), peers_(peers), factory_(std::move(factory)), limits_(std::move(limits)) {
     DSI_CHECK(peers_ != nullptr);
 }
 
@@ -301,11 +297,11 @@ TransferReceiver::Verdict TransferReceiver::on_frame(const FrameView& frame) {
         }
         if (h.incarnation > peer_->incarnation ||
             peers_->current(peer_->peer_id) > peer_->incarnation) {
-            return fail(failed_precondition("peer '" + peer_->peer_id + "' restarted (incarnation " +
-                                            std::to_string(peer_->incarnation) + " -> " +
-                                            std::to_string(std::max(
-                                                h.incarnation, peers_->current(peer_->peer_id))) +
-                                            ") during the transfer"));
+            return fail(failed_precondition(
+                "peer '" + peer_->peer_id + "' restarted (incarnation " +
+                std::to_string(peer_->incarnation) + " -> " +
+                std::to_string(std::max(h.incarnation, peers_->current(peer_->peer_id))) +
+                ") during the transfer"));
         }
     }
     if (last_sequence_seen_ && h.sequence <= *last_sequence_seen_) {
@@ -320,11 +316,21 @@ TransferReceiver::Verdict TransferReceiver::on_frame(const FrameView& frame) {
     last_sequence_seen_ = h.sequence;
     Verdict v = Verdict::kFailed;
     switch (h.type) {
-        case MessageType::kHello: v = on_hello(frame); break;
-        case MessageType::kBegin: v = on_begin(frame); break;
-        case MessageType::kLayerChunk: v = on_layer_chunk(frame); break;
-        case MessageType::kState: v = on_state_chunk(frame); break;
-        case MessageType::kEnd: v = on_end(frame); break;
+        case MessageType::kHello:
+            v = on_hello(frame);
+            break;
+        case MessageType::kBegin:
+            v = on_begin(frame);
+            break;
+        case MessageType::kLayerChunk:
+            v = on_layer_chunk(frame);
+            break;
+        case MessageType::kState:
+            v = on_state_chunk(frame);
+            break;
+        case MessageType::kEnd:
+            v = on_end(frame);
+            break;
         case MessageType::kAbort: {
             auto a = decode_abort(frame.payload);
             state_ = State::kAborted;
@@ -367,8 +373,8 @@ TransferReceiver::Verdict TransferReceiver::on_hello(const FrameView& frame) {
 
 TransferReceiver::Verdict TransferReceiver::on_begin(const FrameView& frame) {
     if (state_ != State::kAwaitBegin) {
-        return fail(invalid_argument(state_ == State::kAwaitHello ? "Begin before Hello"
-                                                                  : "second Begin"));
+        return fail(
+            invalid_argument(state_ == State::kAwaitHello ? "Begin before Hello" : "second Begin"));
     }
     auto begin = decode_begin(frame.payload);
     if (!begin.is_ok()) {
@@ -411,7 +417,8 @@ TransferReceiver::Verdict TransferReceiver::on_begin(const FrameView& frame) {
     begin_ = std::move(begin).value();
     state_ = State::kReceiving;
     // Zero-byte layers are ready at once.
-    while (num_layers_ready_ < begin_->num_layers() && begin_->layer_bytes[num_layers_ready_] == 0) {
+    while (num_layers_ready_ < begin_->num_layers() &&
+           begin_->layer_bytes[num_layers_ready_] == 0) {
         ++num_layers_ready_;
     }
     return Verdict::kAccepted;
@@ -435,9 +442,9 @@ TransferReceiver::Verdict TransferReceiver::on_layer_chunk(const FrameView& fram
         return fail(out_of_range("layer " + std::to_string(layer) + " of " +
                                  std::to_string(begin_->num_layers())));
     }
-    if (auto bad = check_piece("layer " + std::to_string(layer), chunk->offset_bytes,
-                               chunk->data.size(), begin_->layer_bytes[layer],
-                               layer_received_[layer])) {
+    if (auto bad =
+            check_piece("layer " + std::to_string(layer), chunk->offset_bytes, chunk->data.size(),
+                        begin_->layer_bytes[layer], layer_received_[layer])) {
         return fail(std::move(*bad));
     }
     const uint64_t n = chunk->data.size();
@@ -456,16 +463,15 @@ void TransferReceiver::add_layer_data(const FrameHeader& header, uint32_t layer,
 }
 
 std::span<uint8_t> TransferReceiver::place_layer_chunk(const FrameHeader& h,
-                                                      std::span<const uint8_t> prefix) {
+                                                       std::span<const uint8_t> prefix) {
     const uint64_t expected = last_sequence_seen_ ? *last_sequence_seen_ + 1 : 0;
-    if (state_ != State::kReceiving || h.type != MessageType::kLayerChunk ||
-        h.transfer_id != id_ || h.incarnation != peer_->incarnation ||
-        h.sequence != expected || peers_->current(peer_->peer_id) != peer_->incarnation) {
+    if (state_ != State::kReceiving || h.type != MessageType::kLayerChunk || h.transfer_id != id_ ||
+        h.incarnation != peer_->incarnation || h.sequence != expected ||
+        peers_->current(peer_->peer_id) != peer_->incarnation) {
         return {};
     }
     auto chunk = decode_layer_chunk(prefix);
-    if (!chunk.is_ok() || chunk->layer >= begin_->num_layers() ||
-        h.payload_bytes < prefix.size()) {
+    if (!chunk.is_ok() || chunk->layer >= begin_->num_layers() || h.payload_bytes < prefix.size()) {
         return {};
     }
     const uint64_t n = h.payload_bytes - prefix.size();

@@ -3,9 +3,9 @@
 //
 // TransferSender turns a sequence into frames: Hello, Begin (the sequence description),
 // the State sections (a V4 sequence's SWA ring, compressor accumulators, ...), then each
-// layer in order, cut into LayerChunk frames of at most `chunk_bytes`, then End with the byte
-// count and the chain of the data frames' digests (frame.h). Layer order lets decode start on layer 0 while later
-// layers are still on the wire (TransferReceiver::num_layers_ready).
+// layer in order, cut into LayerChunk frames of at most `chunk_bytes`, then End with the
+// byte count and the chain of the data frames' digests (frame.h). Layer order lets decode
+// start on layer 0 while later layers are still on the wire (num_layers_ready).
 //
 // TransferReceiver reassembles into caller-provided memory (a Destination made by the
 // caller's factory when Begin arrives, e.g. blocks decode reserved) and checks, in this
@@ -21,6 +21,8 @@
 //      the layer's size), section names, End's byte count and digest.
 // A failed or aborted transfer drops its Destination at once (the caller's buffers are
 // released by its destructor); a complete one hands it over (take_destination).
+// LayerChunk data may also be read straight into the destination's memory: the same
+// checks come first (place_layer_chunk), the accounting after (commit_placed_layer_chunk).
 //
 // Incarnation rule: PeerTable keeps the highest incarnation seen per peer id; a Hello
 // with a lower one is stale and the transfer fails (a restarted peer is never confused
@@ -207,13 +209,20 @@ struct ReceiverLimits {
 
 class TransferReceiver {
 public:
-    enum class State : uint8_t { kAwaitHello, kAwaitBegin, kReceiving, kComplete, kAborted, kFailed };
+    enum class State : uint8_t {
+        kAwaitHello,
+        kAwaitBegin,
+        kReceiving,
+        kComplete,
+        kAborted,
+        kFailed
+    };
     enum class Verdict : uint8_t {
-        kAccepted,   // applied; keep reading
-        kComplete,   // End verified: reply Ack (ack_sequence())
-        kIgnored,    // duplicate, late or stale (see counters)
-        kAborted,    // the sender aborted (status() says why)
-        kFailed,     // the transfer failed: reply Failure (status())
+        kAccepted,  // applied; keep reading
+        kComplete,  // End verified: reply Ack (ack_sequence())
+        kIgnored,   // duplicate, late or stale (see counters)
+        kAborted,   // the sender aborted (status() says why)
+        kFailed,    // the transfer failed: reply Failure (status())
     };
 
     // `peers` must outlive the receiver.

@@ -25,8 +25,8 @@ protected:
 
     // Every frame a sender produces for `seq`, as wire bytes.
     static std::vector<std::vector<uint8_t>> frames_of(const TestSequence& seq,
-                                                      uint64_t chunk_bytes,
-                                                      HelloMessage self = kPrefill) {
+                                                       uint64_t chunk_bytes,
+                                                       HelloMessage self = kPrefill) {
         auto source = seq.source();
         TransferSender sender(kId, std::move(self), seq.begin, &source, chunk_bytes);
         std::vector<std::vector<uint8_t>> out;
@@ -248,9 +248,8 @@ TEST_F(TransferStateTest, APeerThatRestartsMidTransferFailsItAndReleasesTheBuffe
 }
 
 // Receives frames[0 .. n) then `bad`; the transfer must fail with `code` and release.
-void expect_fails(PeerTable* peers,
-                  const std::vector<std::vector<uint8_t>>& frames, size_t n, FrameView bad,
-                  StatusCode code, const std::string& words,
+void expect_fails(PeerTable* peers, const std::vector<std::vector<uint8_t>>& frames, size_t n,
+                  FrameView bad, StatusCode code, const std::string& words,
                   std::function<FrameView(const std::vector<uint8_t>&)> view) {
     TransferReceiver r(kId, peers, counting_factory());
     for (size_t i = 0; i < n; ++i) {
@@ -271,29 +270,28 @@ TEST_F(TransferStateTest, ProtocolViolationsFailTheTransfer) {
     // A frame lost in between (sequence gap).
     expect_fails(&peers_, frames, 3, view(frames[4]), StatusCode::kDataLoss, "lost", v);
     // Layer index past Begin's count.
-    expect_fails(&peers_, frames, 2,
-                 forged(M::kLayerChunk, encode_layer_chunk_prefix(3, 0), 2),
+    expect_fails(&peers_, frames, 2, forged(M::kLayerChunk, encode_layer_chunk_prefix(3, 0), 2),
                  StatusCode::kOutOfRange, "layer 3 of 3", v);
     // Bytes beyond the layer's size.
     {
         auto p = encode_layer_chunk_prefix(0, 990);
         p.resize(p.size() + 20);
-        expect_fails(&peers_, frames, 2, forged(M::kLayerChunk, p, 2),
-                     StatusCode::kOutOfRange, "outside", v);
+        expect_fails(&peers_, frames, 2, forged(M::kLayerChunk, p, 2), StatusCode::kOutOfRange,
+                     "outside", v);
     }
     // A chunk that skips ahead within a layer.
     {
         auto p = encode_layer_chunk_prefix(0, 100);
         p.resize(p.size() + 20);
-        expect_fails(&peers_, frames, 2, forged(M::kLayerChunk, p, 2),
-                     StatusCode::kInvalidArgument, "expected 0", v);
+        expect_fails(&peers_, frames, 2, forged(M::kLayerChunk, p, 2), StatusCode::kInvalidArgument,
+                     "expected 0", v);
     }
     // A state section Begin did not announce.
     {
         auto p = encode_state_chunk_prefix("indexer_cache", 0);
         p.resize(p.size() + 8);
-        expect_fails(&peers_, frames, 2, forged(M::kState, p, 2),
-                     StatusCode::kInvalidArgument, "not in Begin", v);
+        expect_fails(&peers_, frames, 2, forged(M::kState, p, 2), StatusCode::kInvalidArgument,
+                     "not in Begin", v);
     }
     // End before every byte arrived (sizes not matching Begin).
     expect_fails(&peers_, frames, 5, forged(M::kEnd, encode_payload(EndMessage{0, 0}), 5),
@@ -302,10 +300,11 @@ TEST_F(TransferStateTest, ProtocolViolationsFailTheTransfer) {
     {
         const auto last = view(frames.back());
         const auto end = *decode_end(last.payload);
-        expect_fails(&peers_, frames, frames.size() - 1,
-                     forged(M::kEnd, encode_payload(EndMessage{end.total_bytes, end.total_digest ^ 1}),
-                            frames.size() - 1),
-                     StatusCode::kDataLoss, "end-to-end digest", v);
+        expect_fails(
+            &peers_, frames, frames.size() - 1,
+            forged(M::kEnd, encode_payload(EndMessage{end.total_bytes, end.total_digest ^ 1}),
+                   frames.size() - 1),
+            StatusCode::kDataLoss, "end-to-end digest", v);
     }
     // Another transfer's frame on this one.
     expect_fails(&peers_, frames, 2,
@@ -313,9 +312,8 @@ TEST_F(TransferStateTest, ProtocolViolationsFailTheTransfer) {
                  StatusCode::kInvalidArgument, "frame of transfer", v);
     // Begin before Hello, a second Begin, an Ack from the sender, a bad payload.
     expect_fails(&peers_, frames, 0, view(frames[1]), StatusCode::kDataLoss, "expected 0", v);
-    expect_fails(&peers_, frames, 2,
-                 forged(M::kBegin, encode_payload(seq.begin), 2), StatusCode::kInvalidArgument,
-                 "second Begin", v);
+    expect_fails(&peers_, frames, 2, forged(M::kBegin, encode_payload(seq.begin), 2),
+                 StatusCode::kInvalidArgument, "second Begin", v);
     expect_fails(&peers_, frames, 2, forged(M::kAck, encode_payload(AckMessage{1}), 2),
                  StatusCode::kInvalidArgument, "Ack", v);
     expect_fails(&peers_, frames, 2, forged(M::kLayerChunk, {1, 2, 3}, 2),
@@ -344,10 +342,11 @@ TEST_F(TransferStateTest, BeginIsCheckedBeforeAnyBufferIsMade) {
                  "over the limit", v);
 
     // The caller's factory refuses (e.g. no blocks reserved for this transfer id).
-    TransferReceiver r(kId, &peers_,
-                       [](const TransferId& id, const BeginMessage&) -> Result<std::unique_ptr<Destination>> {
-                           return not_found("no reservation for " + id.to_string());
-                       });
+    TransferReceiver r(
+        kId, &peers_,
+        [](const TransferId& id, const BeginMessage&) -> Result<std::unique_ptr<Destination>> {
+            return not_found("no reservation for " + id.to_string());
+        });
     ASSERT_EQ(r.on_frame(view(frames[0])), Verdict::kAccepted);
     EXPECT_EQ(r.on_frame(view(frames[1])), Verdict::kFailed);
     EXPECT_EQ(r.status().code(), StatusCode::kNotFound);
@@ -398,7 +397,8 @@ TEST_F(TransferStateTest, SenderEndsOnAckOrFailure) {
         }
         EXPECT_EQ(s.state(), TransferSender::State::kAwaitAck);
         EXPECT_TRUE(s.on_frame(reply(MessageType::kHello, encode_payload(decode), 0)).is_ok());
-        EXPECT_TRUE(s.on_frame(reply(MessageType::kAck, encode_payload(AckMessage{n - 1}), 1)).is_ok());
+        EXPECT_TRUE(
+            s.on_frame(reply(MessageType::kAck, encode_payload(AckMessage{n - 1}), 1)).is_ok());
         EXPECT_EQ(s.state(), TransferSender::State::kDone);
         EXPECT_EQ(*s.peer(), decode);
         EXPECT_EQ(s.data_bytes_sent(), seq.begin.total_bytes());
@@ -408,8 +408,9 @@ TEST_F(TransferStateTest, SenderEndsOnAckOrFailure) {
     {
         TransferSender s(kId, kPrefill, seq.begin, &source, 400);
         ASSERT_TRUE(s.next_frame().has_value());
-        const Status st = s.on_frame(reply(
-            MessageType::kFailure, encode_payload(FailureMessage{StatusCode::kDataLoss, "digest"}), 0));
+        const Status st =
+            s.on_frame(reply(MessageType::kFailure,
+                             encode_payload(FailureMessage{StatusCode::kDataLoss, "digest"}), 0));
         EXPECT_EQ(st.code(), StatusCode::kDataLoss);
         EXPECT_EQ(s.state(), TransferSender::State::kFailed);
         EXPECT_FALSE(s.next_frame().has_value());

@@ -27,8 +27,8 @@ public:
     }
     Result<size_t> read_some(std::span<uint8_t> buf, Timeout) override {
         DSI_CHECK(!buf.empty());
-        const size_t n = std::min({buf.size(), bytes_.size() - pos_,
-                                   static_cast<size_t>(1 + rng_.next() % max_read_)});
+        const size_t n = std::min(
+            {buf.size(), bytes_.size() - pos_, static_cast<size_t>(1 + rng_.next() % max_read_)});
         std::copy_n(bytes_.begin() + pos_, n, buf.begin());
         pos_ += n;
         return n;
@@ -119,8 +119,8 @@ Outcome read_all(Connection* conn, std::vector<std::vector<uint8_t>>* layers,
 TEST(FrameReaderTest, PlacedAndBufferedFramesArriveWholeWhateverTheReadSizes) {
     const auto seq = TestSequence::make(5, 40'000, /*v4=*/true, 21);
     const auto wire = wire_of(seq, 16'384);
-    for (const size_t max_read : {size_t{1}, size_t{7}, size_t{100}, size_t{5000},
-                                  size_t{70'000}, size_t{1} << 20}) {
+    for (const size_t max_read :
+         {size_t{1}, size_t{7}, size_t{100}, size_t{5000}, size_t{70'000}, size_t{1} << 20}) {
         ScriptedConnection conn(wire, max_read, max_read);
         auto layers = zeroed_layers(seq);
         const Outcome out = read_all(&conn, &layers);
