@@ -17,6 +17,7 @@ sources=(
   src/kvstore/async_store.cc src/kvstore/fetch_service.cc src/kvstore/file_store.cc
   src/kvstore/gc_worker.cc src/kvstore/redis_store.cc
   src/server/engine_service.cc src/server/metrics.cc
+  src/transfer/transfer_state.cc
 )
 status=0
 for f in "${sources[@]}"; do
