@@ -9,6 +9,7 @@ cd "${1:-$(dirname "$0")/..}"
 LAYERS=(
   "base"
   "net"
+  "transfer"
   "workload"
   "tensor"
   "kernels"
