@@ -137,12 +137,6 @@ Result<std::vector<server::ApiKey>> read_api_keys(Env* env, const ServeFlags& f)
 
 int run_serve(const ServeFlags& f) {
     Env* env = Env::default_env();
-    if (!f.role.empty() && f.role != "both") {
-        // Prefill/decode disaggregation needs the KV transfer (issue 18, transfer/).
-        return fail(unimplemented("--role " + f.role +
-                                  ": only 'both' is implemented (disaggregated prefill / "
-                                  "decode engines need the KV transfer, not yet wired)"));
-    }
     if (!f.membership.empty() && f.role.empty()) {
         return fail(invalid_argument("--membership needs --role (an engine of a cluster)"));
     }
@@ -188,7 +182,7 @@ int run_serve(const ServeFlags& f) {
     if (!srv.is_ok()) return fail(srv.status());
     if (registry) {
         const membership::Member self =
-            self_record(f, membership::Role::kBoth, (*srv)->port());
+            self_record(f, membership::parse_role(f.role).value(), (*srv)->port());
         if (Status s = registry->join(self); !s.is_ok()) return fail(s);
         std::printf("dsinfer serve: joined %s as %s (role %s)\n", registry->describe().c_str(),
                     self.id.c_str(), f.role.c_str());
@@ -329,8 +323,8 @@ void register_serve_commands(CLI::App& app) {
         ->check(CLI::PositiveNumber);
     add_http_flags(cmd, f.get());
     add_setting(*cmd, "--role", f->role,
-                "engine of a cluster: both (prefill and decode; serves the engine RPC to a "
-                "router); prefill / decode are not implemented yet")
+                "engine of a cluster (serves the engine RPC to routers): both | prefill (first "
+                "tokens; the router hands the rest to a decode engine) | decode")
         ->check(CLI::IsMember({"", "both", "prefill", "decode"}));
     cmd->callback([f] { throw CLI::RuntimeError(run_serve(*f)); });
 

@@ -39,6 +39,10 @@ struct RemoteService::Call {
     bool aborted = false;
     bool finished = false;
     bool broken = false;  // the current stream sent something unreadable
+    // Disaggregated: the current attempt runs on a prefill engine and hands over to a
+    // decode engine after its first token.
+    bool on_prefill = false;
+    bool handing_over = false;  // the prefill stream is being closed for the hand-over
     int http_status = 0;
     std::string line_buffer;
     std::string error_body;
@@ -95,7 +99,7 @@ bool is_final_http_error(int http) {
 }
 
 bool routable(const membership::Member& m) {
-    return m.role == membership::Role::kDecode || m.role == membership::Role::kBoth;
+    return m.role != membership::Role::kRouter;
 }
 
 }  // namespace
@@ -199,7 +203,14 @@ void RemoteService::apply(const membership::MemberChange& change) {
     }
 }
 
-std::string RemoteService::choose_engine_locked(const Call& call) {
+bool RemoteService::has_role_locked(bool prefill) const {
+    for (const auto& [id, e] : engines_) {
+        if ((e.member.role == membership::Role::kPrefill) == prefill) return true;
+    }
+    return false;
+}
+
+std::string RemoteService::choose_engine_locked(const Call& call, bool prefill) {
     const int64_t now = steady_clock_ns();
     const auto& r = call.generation.request;
     const int64_t context = static_cast<int64_t>(r.prompt.size()) + call.delivered_tokens;
@@ -209,6 +220,7 @@ std::string RemoteService::choose_engine_locked(const Call& call) {
         std::vector<cluster::DecodeRankState> ranks;
         std::vector<const std::string*> ids;
         for (const auto& [id, e] : engines_) {
+            if ((e.member.role == membership::Role::kPrefill) != prefill) continue;
             if (call.tried.count(id) != 0) continue;
             if (!include_avoided && e.avoid_until_ns > now) continue;
             cluster::DecodeRankState s;
@@ -236,8 +248,16 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
             return false;
         }
     }
-    const std::string id = choose_engine_locked(*call);
+    // Disaggregated: a generation without output yet goes to a prefill engine when
+    // there are both kinds; the rest (or all of it without prefill engines) to a
+    // decode / both engine. Without decode engines a prefill engine runs it all.
+    const bool want_prefill = call->delivered_tokens == 0 && has_role_locked(true) &&
+                              has_role_locked(false);
+    std::string id = choose_engine_locked(*call, want_prefill);
+    if (id.empty() && !want_prefill) id = choose_engine_locked(*call, /*prefill=*/true);
     if (id.empty()) return false;
+    call->on_prefill = want_prefill;
+    call->handing_over = false;
     Engine& e = engines_.at(id);
     call->engine_id = id;
     call->client = e.client;
@@ -275,7 +295,8 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     h.on_body = [this, call, attempt](std::string_view bytes) {
         on_body(call, attempt, bytes);
         MutexLock l(&mu_);
-        return call->attempt == attempt && !call->finished && !call->aborted && !call->broken;
+        return call->attempt == attempt && !call->finished && !call->aborted && !call->broken &&
+               !call->handing_over;
     };
     h.on_done = [this, call, attempt](Status s) { on_done(call, attempt, std::move(s)); };
     call->http_id = e.client->start(std::move(req), std::move(h));
@@ -320,7 +341,10 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
     std::vector<Update> out;
     {
         MutexLock l(&mu_);
-        if (call->attempt != attempt || call->finished || call->aborted || call->broken) return;
+        if (call->attempt != attempt || call->finished || call->aborted || call->broken ||
+            call->handing_over) {
+            return;
+        }
         if (call->http_status != 200) {
             if (call->error_body.size() < 65536) call->error_body.append(bytes);
             return;
@@ -363,6 +387,13 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
                 if (!fwd.tokens.empty()) out.push_back(std::move(fwd));
                 break;
             }
+            if (call->on_prefill && !fwd.finished && call->delivered_tokens > 0) {
+                // The first token came from prefill: close this stream (the prefill
+                // engine aborts the generation) and continue on a decode engine.
+                call->handing_over = true;
+                out.push_back(std::move(fwd));
+                break;
+            }
             if (fwd.finished) {
                 call->finished = true;
                 release_engine_locked(*call);
@@ -372,7 +403,7 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
             }
             if (!fwd.tokens.empty()) out.push_back(std::move(fwd));
         }
-        if (!call->broken) call->line_buffer.erase(0, start);
+        if (!call->broken && !call->handing_over) call->line_buffer.erase(0, start);
         if (call->line_buffer.size() > (16u << 20)) {  // no line is this long
             call->broken = true;
             call->last_error = "engine " + call->engine_id + " sent an over-long line";
@@ -388,7 +419,19 @@ void RemoteService::on_done(const std::shared_ptr<Call>& call, uint64_t attempt,
         if (call->attempt != attempt || call->finished || call->aborted) return;
         const std::string engine = call->engine_id;
         release_engine_locked(*call);
-        if (is_final_http_error(call->http_status)) {
+        if (call->handing_over) {
+            // Prefill -> decode: a continuation, not a failover. The prefill engine may
+            // be tried again as a decode engine only if nothing else is left.
+            call->tried.erase(engine);
+            --call->num_attempts;
+            if (dispatch_locked(call)) {
+                ++stats_.num_handovers;
+                return;
+            }
+            calls_.erase(call->ticket);
+            ++stats_.num_failed;
+            final_update = final_error(unavailable("no decode engine to continue on"));
+        } else if (is_final_http_error(call->http_status)) {
             // The engine refused the request itself: the client gets its answer.
             calls_.erase(call->ticket);
             final_update = final_error(status_from_reply(call->http_status, call->error_body));

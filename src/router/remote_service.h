@@ -23,6 +23,16 @@
 // engines. A 4xx answer (a request the engine refuses) is passed to the client as it
 // is, without failover.
 //
+// Disaggregated prefill / decode (engines of role prefill and decode): a generation
+// starts on a prefill engine (the same DecodeLb choice among them); its first token
+// goes to the client, the prefill stream is closed (the prefill engine aborts the
+// generation) and the generation continues on a decode engine as a continuation
+// (resume_output = that token). The decode engine takes the prompt's KV from the
+// shared KV store the prefill engine wrote behind (--kv-store on both) as prefix hits
+// and computes what it misses; the KV transfer (transfer/) streaming it layer by layer
+// is not wired yet. Without decode engines a prefill engine runs the whole generation;
+// without prefill engines decode / both engines do.
+//
 // Thread model: every method is thread-safe. Each engine has its own HTTP client
 // (one I/O thread); sinks are called from those threads (or the caller's, for
 // refusals and aborts), one update at a time per generation.
@@ -53,6 +63,7 @@ struct RemoteServiceOptions {
 struct RouterStats {
     int64_t num_routed = 0;      // generations started on an engine (first attempts)
     int64_t num_failovers = 0;   // re-sent to another engine after a broken stream
+    int64_t num_handovers = 0;   // prefill engine -> decode engine after the first token
     int64_t num_failed = 0;      // ended with an error after every attempt
     int64_t num_engines = 0;     // engines it may route to now
     int64_t num_in_flight = 0;
@@ -89,8 +100,9 @@ private:
         int64_t last_bytes_ns = 0;   // the last stream bytes from it
     };
 
-    // Picks an engine not in `tried` (DecodeLb), or "" when none can take it.
-    std::string choose_engine_locked(const Call& call) DSI_REQUIRES(mu_);
+    // Picks a prefill (or a decode / both) engine not in `tried` (DecodeLb), or "".
+    std::string choose_engine_locked(const Call& call, bool prefill) DSI_REQUIRES(mu_);
+    bool has_role_locked(bool prefill) const DSI_REQUIRES(mu_);
     // Sends `call` to its next engine; false when there is none (the caller ends it).
     bool dispatch_locked(const std::shared_ptr<Call>& call) DSI_REQUIRES(mu_);
     void on_body(const std::shared_ptr<Call>& call, uint64_t attempt, std::string_view bytes);

@@ -93,10 +93,11 @@ struct Engine {
     std::unique_ptr<ServerThread> http;
 };
 
-membership::Member member(std::string id, int port) {
+membership::Member member(std::string id, int port,
+                         membership::Role role = membership::Role::kBoth) {
     membership::Member m;
     m.id = std::move(id);
-    m.role = membership::Role::kBoth;
+    m.role = role;
     m.address = "127.0.0.1:" + std::to_string(port);
     m.incarnation = 1;
     return m;
@@ -387,6 +388,37 @@ TEST(Router, AnEngineDrainingPastItsGraceHandsItsGenerationsOver) {
     EXPECT_EQ(last.reason, engine::FinishReason::kLength);
     EXPECT_EQ(tokens, expected);
     EXPECT_EQ(remote.router_stats().num_failovers, 1);
+}
+
+TEST(Router, DisaggregatedPrefillHandsOverToDecodeAfterTheFirstToken) {
+    Engine p, d;
+    RemoteService only_d;
+    only_d.set_engines({member("d", d.http->port())});
+    const auto [expected, expected_last] = run(only_d, 1, long_generation(), nullptr);
+
+    RemoteService remote;
+    remote.set_engines({member("p", p.http->port(), membership::Role::kPrefill),
+                        member("d", d.http->port(), membership::Role::kDecode)});
+    const auto [tokens, last] = run(remote, 2, long_generation(), nullptr);
+    EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+    EXPECT_EQ(last.reason, engine::FinishReason::kLength);
+    EXPECT_EQ(tokens, expected);
+    const RouterStats s = remote.router_stats();
+    EXPECT_EQ(s.num_handovers, 1);
+    EXPECT_EQ(s.num_failovers, 0);
+    // The prefill engine gave the generation up after its first token.
+    for (int i = 0; i < 500 && p.service->stats_snapshot().num_running > 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(p.service->stats_snapshot().num_running, 0);
+    EXPECT_LT(p.service->stats_snapshot().engine.output_tokens, 10);
+
+    // Without a decode engine the prefill engine runs it all.
+    RemoteService prefill_only;
+    prefill_only.set_engines({member("p", p.http->port(), membership::Role::kPrefill)});
+    const auto [alone, alone_last] = run(prefill_only, 3, long_generation(), nullptr);
+    EXPECT_EQ(alone, expected);
+    EXPECT_EQ(prefill_only.router_stats().num_handovers, 0);
 }
 
 }  // namespace

@@ -14,7 +14,10 @@
 #      stream: it leaves the directory at once, aborts at the end of its grace, the
 #      stream continues on a third engine unchanged; the drained engine exits 0;
 #   5. `dsinfer cluster up --engines 2` (its own etcd) answers a chat completion through
-#      its router, and Ctrl-C (SIGINT) stops every process it started.
+#      its router, and Ctrl-C (SIGINT) stops every process it started;
+#   6. disaggregated: a prefill engine and a decode engine sharing a file:// KV store;
+#      the stream is the reference one and the prefill engine sampled only the first
+#      token(s); the decode engine's store hits are printed.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -173,4 +176,31 @@ kill -INT "$up_pid"
 wait "$up_pid" || fail "cluster up exited with status $?"
 for c in $children; do kill -0 "$c" 2>/dev/null && fail "cluster up left process $c running"; done
 echo "drill 5: cluster up answered through its router; Ctrl-C stopped its 4 processes"
+
+# 6. Prefill and decode engines.
+pd="etcd://127.0.0.1:$ecp/pd/"
+pd_args=(serve --threads 1 --membership "$pd" --lease-ttl-s 2 --kv-store "file://$work/store")
+start p1 "${pd_args[@]}" --role prefill --node-id p1
+p1_port=$last_port
+start d1 "${pd_args[@]}" --role decode --node-id d1
+d1_port=$last_port
+start pdrouter router --membership "$pd" --lease-ttl-s 2
+pd_port=$last_port
+long_prompt="$(python3 -c 'print(" ".join(["The cat sat on the mat and looked at the moon."] * 40))')"
+pd_body="$(python3 -c 'import json,sys; print(json.dumps({"model":"dsinfer-default","messages":[{"role":"user","content":sys.argv[1]}],"max_tokens":40,"temperature":0.8,"seed":7,"ignore_eos":True,"stream":True,"stream_options":{"include_usage":True}}))' "$long_prompt")"
+start ref serve --threads 1  # a plain engine for the reference stream
+ref_port=$last_port
+pd_ref="$(python3 "$client" "http://127.0.0.1:$ref_port/v1/chat/completions" "$pd_body" | content)"
+pd_out="$(python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$pd_body")"
+[[ "$(content <<< "$pd_out")" == "$pd_ref" ]] || fail "drill 6: the disaggregated stream differs"
+metric() {  # metric PORT NAME
+  curl -sf "http://127.0.0.1:$1/metrics" | sed -n "s/^$2 \([0-9.e+]*\)$/\1/p" | cut -d. -f1
+}
+p1_out="$(metric "$p1_port" dsinfer_engine_output_tokens_total)"
+d1_hits="$(metric "$d1_port" dsinfer_store_hit_tokens_total)"
+[[ "$p1_out" -le 3 ]] || fail "drill 6: the prefill engine sampled $p1_out tokens (want the first only)"
+# The decode engine's store hits are reported, not asserted: they depend on whether the
+# prefill engine's write-behind landed before the hand-over (the direct KV transfer,
+# transfer/, is not wired into the engines yet).
+echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token(s), decode took $d1_hits prompt tokens from the store"
 echo "PASS"

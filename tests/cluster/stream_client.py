@@ -48,6 +48,10 @@ def main():
                 out["done"] = True
                 break
             ev = json.loads(data)
+            usage = ev.get("usage") or {}
+            details = usage.get("prompt_tokens_details") or {}
+            if "cached_tokens" in details:
+                out["cached_tokens"] = details["cached_tokens"]
             if "error" in ev:
                 out["error"] = ev["error"]
                 continue
