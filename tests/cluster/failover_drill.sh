@@ -7,7 +7,7 @@
 #   1. the router answers a streamed request exactly as an engine does;
 #   2. kill -9 the engine serving a stream mid-way: the stream continues on the other
 #      engine without a seam (same content, ends with [DONE]); the router's
-#      directory drops the dead engine when its lease runs out;
+#      directory drops the dead engine when its lease (3 s) runs out;
 #   3. etcd stopped (SIGSTOP) while requests flow: they still complete (the router
 #      routes on the engines it knows); etcd back: the survivor is still listed;
 #   4. drain (SIGTERM) the engine serving a stream, with a grace shorter than the
@@ -21,64 +21,17 @@
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
-src="$(cd "$(dirname "$0")/../.." && pwd)"
 build="$(cd "$1" && pwd)"
-bin="$build/apps/dsinfer/dsinfer"
-work="$(mktemp -d "${TMPDIR:-/tmp}/dsi_cluster_XXXXXX")"
-pids=()
-cleanup() {
-  for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$work"
-}
-trap cleanup EXIT
-fail() {
-  echo "FAIL: $*" >&2
-  for f in "$work"/*.out "$work"/*.err; do [[ -s "$f" ]] && { echo "== $f" >&2; tail -20 "$f" >&2; }; done
-  exit 1
-}
-unset XDG_CACHE_HOME $(env | sed -n 's/^\(DSINFER_[A-Z_]*\)=.*/\1/p')
-export HOME="$work/home"
-mkdir -p "$HOME"
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-
-# etcd on loopback (Debian's etcd-server; scripts/setup.sh installs it).
-ecp=$(free_port); epp=$(free_port)
-etcd --data-dir "$work/etcd" --listen-client-urls "http://127.0.0.1:$ecp" \
-  --advertise-client-urls "http://127.0.0.1:$ecp" --listen-peer-urls "http://127.0.0.1:$epp" \
-  --initial-advertise-peer-urls "http://127.0.0.1:$epp" \
-  --initial-cluster "default=http://127.0.0.1:$epp" --log-level error \
-  > "$work/etcd.out" 2> "$work/etcd.err" &
-etcd_pid=$!
-pids+=("$etcd_pid")
-for _ in $(seq 100); do
-  curl -sf -X POST "http://127.0.0.1:$ecp/v3/kv/range" -d '{"key":"AA=="}' > /dev/null && break
-  sleep 0.1
-done
+source "$(dirname "$0")/lib.sh"
 membership="etcd://127.0.0.1:$ecp/drill/"
 
-start() {  # start NAME ARGS... -> sets last_pid, last_port
-  local name="$1"
-  shift
-  "$bin" "$@" --port 0 > "$work/$name.out" 2> "$work/$name.err" &
-  last_pid=$!
-  pids+=("$last_pid")
-  last_port=""
-  for _ in $(seq 900); do
-    last_port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.out" 2>/dev/null || true)"
-    [[ -n "$last_port" ]] && return 0
-    kill -0 "$last_pid" 2>/dev/null || break
-    sleep 0.2
-  done
-  fail "$name did not start"
-}
-engine_args=(serve --threads 1 --role both --membership "$membership" --lease-ttl-s 2
+engine_args=(serve --threads 1 --role both --membership "$membership" --lease-ttl-s 3
   --drain-grace-ms 300)
 start e1 "${engine_args[@]}" --node-id e1
 e1_pid=$last_pid e1_port=$last_port
 start e2 "${engine_args[@]}" --node-id e2
 e2_pid=$last_pid e2_port=$last_port
-start router router --membership "$membership" --lease-ttl-s 2
+start router router --membership "$membership" --lease-ttl-s 3
 router_port=$last_port
 grep -q "2 engine(s)" "$work/router.out" || fail "router does not list both engines"
 
@@ -110,8 +63,8 @@ print(f"drill 2: killed pid {out['killed_pid']} after 20 chunks; next token "
 PY
 killed="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["killed_pid"])' <<< "$out")"
 if [[ "$killed" == "$e1_pid" ]]; then alive_port=$e2_port; dead=e1; else alive_port=$e1_port; dead=e2; fi
-# Its lease (2 s) runs out: the directory drops it.
-for _ in $(seq 100); do
+# Its lease (3 s) runs out: the directory drops it.
+for _ in $(seq 200); do
   listed="$(curl -sf -X POST "http://127.0.0.1:$ecp/v3/kv/range" \
     -d "{\"key\":\"$(printf /drill/%s "$dead" | base64)\"}")"
   grep -q '"kvs"' <<< "$listed" || break
@@ -179,12 +132,12 @@ echo "drill 5: cluster up answered through its router; Ctrl-C stopped its 4 proc
 
 # 6. Prefill and decode engines.
 pd="etcd://127.0.0.1:$ecp/pd/"
-pd_args=(serve --threads 1 --membership "$pd" --lease-ttl-s 2 --kv-store "file://$work/store")
+pd_args=(serve --threads 1 --membership "$pd" --lease-ttl-s 3 --kv-store "file://$work/store")
 start p1 "${pd_args[@]}" --role prefill --node-id p1
 p1_port=$last_port
 start d1 "${pd_args[@]}" --role decode --node-id d1
 d1_port=$last_port
-start pdrouter router --membership "$pd" --lease-ttl-s 2
+start pdrouter router --membership "$pd" --lease-ttl-s 3
 pd_port=$last_port
 long_prompt="$(python3 -c 'print(" ".join(["The cat sat on the mat and looked at the moon."] * 40))')"
 pd_body="$(python3 -c 'import json,sys; print(json.dumps({"model":"dsinfer-default","messages":[{"role":"user","content":sys.argv[1]}],"max_tokens":40,"temperature":0.8,"seed":7,"ignore_eos":True,"stream":True,"stream_options":{"include_usage":True}}))' "$long_prompt")"

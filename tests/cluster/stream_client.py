@@ -36,8 +36,10 @@ def main():
         sig = getattr(signal, "SIG" + sys.argv[sys.argv.index("--signal") + 1])
     req = urllib.request.Request(url, data=body.encode(),
                                  headers={"Content-Type": "application/json"})
-    out = {"content": "", "chunks": 0, "killed_pid": None, "resume_s": None, "done": False}
+    out = {"content": "", "chunks": 0, "killed_pid": None, "resume_s": None, "done": False,
+           "gaps": []}
     killed_at = None
+    last_chunk = None
     with urllib.request.urlopen(req, timeout=300) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -57,6 +59,10 @@ def main():
                 continue
             delta = ev["choices"][0]["delta"] if ev.get("choices") else {}
             if delta.get("content"):
+                now = time.monotonic()
+                if last_chunk is not None and killed_at is None:
+                    out["gaps"].append(now - last_chunk)  # between chunks, before any kill
+                last_chunk = now
                 out["content"] += delta["content"]
                 out["chunks"] += 1
                 if killed_at is not None and out["resume_s"] is None:
