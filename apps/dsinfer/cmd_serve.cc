@@ -11,6 +11,8 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "kv/block_key.h"
+#include "kvstore/block_store.h"
 #include "membership/registry.h"
 #include "protocol/encoder.h"
 #include "replica_flags.h"
@@ -236,6 +238,19 @@ int run_router(const ServeFlags& f) {
 
     router::RemoteServiceOptions ro;
     ro.engine_api_key = f.engine_api_key;
+    if (kvstore::BlockStore* store = rep.kv_store()) {
+        // S-KV-4: the hit length before routing, from the store's metadata (the chain of
+        // the prompt's full blocks, keyed as the engines key them; 50 ms at most).
+        ro.prefix_hit = [store, id = rep.cache_identity()](const engine::GenerateRequest& r) {
+            const std::vector<kv::BlockKey> block_keys =
+                kv::chain_keys(r.prompt, kv::make_salt(id, r.cache_salt));
+            std::vector<kvstore::StoreKey> chain;
+            for (const auto& k : block_keys) chain.push_back({k.lo, k.hi});
+            Result<int64_t> n =
+                store->match_prefix(chain, Env::default_env()->now_ns() + 50'000'000);
+            return n.is_ok() ? *n * kv::kBlockTokens : int64_t{-1};
+        };
+    }
     router::RemoteService remote(ro);
     Result<std::vector<membership::Member>> engines =
         (*registry)->watch([&remote](const membership::MemberChange& c) { remote.apply(c); });

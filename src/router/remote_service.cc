@@ -43,6 +43,7 @@ struct RemoteService::Call {
     // decode engine after its first token.
     bool on_prefill = false;
     bool handing_over = false;  // the prefill stream is being closed for the hand-over
+    int64_t prefix_hit_tokens = -1;  // S-KV-4, before routing; -1: unknown
     int http_status = 0;
     std::string line_buffer;
     std::string error_body;
@@ -251,8 +252,16 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     // Disaggregated: a generation without output yet goes to a prefill engine when
     // there are both kinds; the rest (or all of it without prefill engines) to a
     // decode / both engine. Without decode engines a prefill engine runs it all.
-    const bool want_prefill = call->delivered_tokens == 0 && has_role_locked(true) &&
-                              has_role_locked(false);
+    const int64_t miss = static_cast<int64_t>(call->generation.request.prompt.size()) -
+                         std::max<int64_t>(call->prefix_hit_tokens, 0);
+    const bool disaggregated = has_role_locked(true) && has_role_locked(false);
+    const bool want_prefill = call->delivered_tokens == 0 && disaggregated &&
+                              (call->prefix_hit_tokens < 0 ||
+                               miss > options_.direct_decode_max_miss_tokens);
+    if (call->delivered_tokens == 0 && disaggregated && !want_prefill &&
+        call->num_attempts == 0) {
+        ++stats_.num_direct_decode;
+    }
     std::string id = choose_engine_locked(*call, want_prefill);
     if (id.empty() && !want_prefill) id = choose_engine_locked(*call, /*prefill=*/true);
     if (id.empty()) return false;
@@ -320,8 +329,15 @@ void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
     call->generation = std::move(generation);
     call->generation.request.mask.reset();  // the engine compiles its own
     call->sink = std::move(sink);
+    if (options_.prefix_hit) {
+        call->prefix_hit_tokens = options_.prefix_hit(call->generation.request);
+    }
     {
         MutexLock l(&mu_);
+        if (call->prefix_hit_tokens >= 0) {
+            ++stats_.num_prefix_checks;
+            stats_.prefix_hit_tokens += call->prefix_hit_tokens;
+        }
         calls_[ticket] = call;
         if (dispatch_locked(call)) {
             ++stats_.num_routed;
@@ -494,6 +510,21 @@ server::ServiceStats RemoteService::stats_snapshot() const {
     MutexLock l(&mu_);
     server::ServiceStats s;
     s.num_running = static_cast<int64_t>(calls_.size());
+    s.extra_counters = {
+        {"router_routed_total", "generations started on an engine", stats_.num_routed},
+        {"router_failovers_total", "generations re-sent after a broken stream",
+         stats_.num_failovers},
+        {"router_handovers_total", "prefill -> decode hand-overs", stats_.num_handovers},
+        {"router_failed_total", "generations no engine could finish", stats_.num_failed},
+        {"router_prefix_checks_total", "requests matched against the KV store before routing",
+         stats_.num_prefix_checks},
+        {"router_prefix_hit_tokens_total", "their prefix hits in tokens",
+         stats_.prefix_hit_tokens},
+        {"router_direct_decode_total", "disaggregated requests that skipped prefill (a hit)",
+         stats_.num_direct_decode},
+        {"router_engines", "engines it may route to now",
+         static_cast<int64_t>(engines_.size())},
+    };
     return s;
 }
 

@@ -39,6 +39,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
@@ -55,6 +56,14 @@ namespace dsi::router {
 
 struct RemoteServiceOptions {
     std::string engine_api_key;  // sent to engines as a Bearer token ("" = none)
+    // S-KV-4: the request's prefix-cache hit in the shared KV store, in tokens, known
+    // before routing (metadata only: the hash chain matched against the store). Null:
+    // unknown. Called on the caller's thread of start(), before any lock.
+    std::function<int64_t(const engine::GenerateRequest&)> prefix_hit;
+    // Disaggregated: a request whose miss (prompt - hit) is at most this many tokens
+    // skips the prefill engines and goes straight to a decode engine (its prefill is
+    // no bigger than a decode step's speculation; S-LB prices prefill by what it misses).
+    int64_t direct_decode_max_miss_tokens = 128;
     int max_attempts = 3;        // engines tried per generation
     int64_t broken_engine_backoff_ms = 5000;
     cluster::DecodeLbSettings lb;
@@ -64,6 +73,9 @@ struct RouterStats {
     int64_t num_routed = 0;      // generations started on an engine (first attempts)
     int64_t num_failovers = 0;   // re-sent to another engine after a broken stream
     int64_t num_handovers = 0;   // prefill engine -> decode engine after the first token
+    int64_t num_prefix_checks = 0;   // requests matched against the store before routing
+    int64_t prefix_hit_tokens = 0;   // their hits, summed
+    int64_t num_direct_decode = 0;   // disaggregated requests that skipped prefill (hit)
     int64_t num_failed = 0;      // ended with an error after every attempt
     int64_t num_engines = 0;     // engines it may route to now
     int64_t num_in_flight = 0;

@@ -413,6 +413,22 @@ TEST(Router, DisaggregatedPrefillHandsOverToDecodeAfterTheFirstToken) {
     EXPECT_EQ(p.service->stats_snapshot().num_running, 0);
     EXPECT_LT(p.service->stats_snapshot().engine.output_tokens, 10);
 
+    // S-KV-4: a request whose prompt the store holds (the check says so before routing)
+    // skips prefill and goes straight to the decode engine.
+    RemoteServiceOptions with_hits;
+    with_hits.prefix_hit = [](const engine::GenerateRequest& r) {
+        return static_cast<int64_t>(r.prompt.size());
+    };
+    RemoteService checked(with_hits);
+    checked.set_engines({member("p", p.http->port(), membership::Role::kPrefill),
+                         member("d", d.http->port(), membership::Role::kDecode)});
+    const auto [direct, direct_last] = run(checked, 4, long_generation(), nullptr);
+    EXPECT_EQ(direct, expected);
+    EXPECT_EQ(checked.router_stats().num_handovers, 0);
+    EXPECT_EQ(checked.router_stats().num_direct_decode, 1);
+    EXPECT_EQ(checked.router_stats().num_prefix_checks, 1);
+    EXPECT_EQ(checked.router_stats().prefix_hit_tokens, 4);
+
     // Without a decode engine the prefill engine runs it all.
     RemoteService prefill_only;
     prefill_only.set_engines({member("p", p.http->port(), membership::Role::kPrefill)});

@@ -16,6 +16,8 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "base/status.h"
 #include "engine/engine.h"
@@ -42,6 +44,14 @@ struct ServiceStats {
     int64_t queue_depth = 0;  // commands waiting for the engine thread
     int64_t num_running = 0;  // generations admitted and not finished
     int64_t num_step_errors = 0;
+    // Counters a service adds to /metrics beyond the engine's: (name, help, value), the
+    // name without the dsinfer_ prefix (the router's routing and failover counts).
+    struct Counter {
+        std::string name;
+        std::string help;
+        int64_t value = 0;
+    };
+    std::vector<Counter> extra_counters;
 };
 
 // A generation as the HTTP layer hands it over: the engine request (grammar compiled

@@ -103,6 +103,9 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
             static_cast<double>(output_tokens_));
     counter(&out, "dsinfer_client_disconnects_total", "requests aborted by a client disconnect",
             static_cast<double>(disconnects_));
+    for (const ServiceStats::Counter& c : s.extra_counters) {
+        counter(&out, "dsinfer_" + c.name, c.help, static_cast<double>(c.value));
+    }
     header(&out, "dsinfer_connection_timeouts_total", "counter",
            "connection deadlines fired, by kind (idle, header, body, write)");
     for (const char* kind : {"idle", "header", "body", "write"}) {

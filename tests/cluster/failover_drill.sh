@@ -17,7 +17,8 @@
 #      its router, and Ctrl-C (SIGINT) stops every process it started;
 #   6. disaggregated: a prefill engine and a decode engine sharing a file:// KV store;
 #      the stream is the reference one and the prefill engine sampled only the first
-#      token(s); the decode engine's store hits are printed.
+#      token(s); the decode engine's store hits are printed; the same prompt again is
+#      found in the store by the router's prefix check and skips prefill.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -137,7 +138,7 @@ start p1 "${pd_args[@]}" --role prefill --node-id p1
 p1_port=$last_port
 start d1 "${pd_args[@]}" --role decode --node-id d1
 d1_port=$last_port
-start pdrouter router --membership "$pd" --lease-ttl-s 3
+start pdrouter router --membership "$pd" --lease-ttl-s 3 --kv-store "file://$work/store"
 pd_port=$last_port
 long_prompt="$(python3 -c 'print(" ".join(["The cat sat on the mat and looked at the moon."] * 40))')"
 pd_body="$(python3 -c 'import json,sys; print(json.dumps({"model":"dsinfer-default","messages":[{"role":"user","content":sys.argv[1]}],"max_tokens":40,"temperature":0.8,"seed":7,"ignore_eos":True,"stream":True,"stream_options":{"include_usage":True}}))' "$long_prompt")"
@@ -155,5 +156,11 @@ d1_hits="$(metric "$d1_port" dsinfer_store_hit_tokens_total)"
 # The decode engine's store hits are reported, not asserted: they depend on whether the
 # prefill engine's write-behind landed before the hand-over (the direct KV transfer,
 # transfer/, is not wired into the engines yet).
-echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token(s), decode took $d1_hits prompt tokens from the store"
+# The same prompt again: the router's prefix check (S-KV-4) finds it in the store and
+# sends it straight to the decode engine.
+pd_out="$(python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$pd_body")"
+[[ "$(content <<< "$pd_out")" == "$pd_ref" ]] || fail "drill 6: the second stream differs"
+direct="$(metric "$pd_port" dsinfer_router_direct_decode_total)"
+[[ "$direct" -ge 1 ]] || fail "drill 6: the router's prefix check did not skip prefill on a stored prompt"
+echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token(s), decode took $d1_hits prompt tokens from the store; the repeat skipped prefill (prefix check)"
 echo "PASS"
