@@ -11,6 +11,7 @@ LAYERS=(
   "net"
   "workload"
   "tensor"
+  "comm"
   "kernels"
   "tokenizer"
   "model modelpack"
