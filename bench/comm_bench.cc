@@ -53,21 +53,28 @@ struct Shared {
     double comm_gbps[kRanks][kMaxReps];
     double comm_us_per_iter[kRanks][kMaxReps];
     int64_t iterations[kRanks][kMaxReps];
+    double phase_us[kRanks][3];  // mean layout / dispatch / combine per call
     int64_t comm_iters;  // agreed by rank 0 after the warm-up
     int64_t copy_iters;
 };
 
 volatile float g_sink = 0;
 
+MoeShape shape_of(const Config& c) {
+    MoeShape shape;
+    shape.num_ranks = kRanks;
+    shape.hidden = c.hidden;
+    shape.top_k = c.top_k;
+    shape.max_tokens_per_rank = c.tokens;
+    shape.slots_per_rank = c.experts_per_rank;
+    return shape;
+}
+
 int run_rank(const Config& c, int rank, Shared* out) {
     ShmOptions options;
     options.name = "dsi_comm_bench_" + std::to_string(::getppid());
     options.rank = rank;
-    options.shape.num_ranks = kRanks;
-    options.shape.hidden = c.hidden;
-    options.shape.top_k = c.top_k;
-    options.shape.max_tokens_per_rank = c.tokens;
-    options.shape.slots_per_rank = c.experts_per_rank;
+    options.shape = shape_of(c);
     auto comm = ShmMoeCommunicator::create(options);
     if (!comm.is_ok()) {
         std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().to_string().c_str());
@@ -100,18 +107,28 @@ int run_rank(const Config& c, int rank, Shared* out) {
         dst2(copy_bytes, 4);
     const double bytes_per_iter = 2.0 * static_cast<double>(copy_bytes);
 
+    int64_t phase_ns[3] = {0, 0, 0};  // layout, dispatch, combine (each incl. its barrier)
     auto one_comm = [&](int64_t i) -> bool {
+        const int64_t t0 = steady_clock_ns();
         auto layout = (*comm)->layout(placement, routings[static_cast<size_t>(i % 8)], c.tokens,
                                       ReplicaChoice::kFirst);
         if (!layout.is_ok()) {
             return false;
         }
+        const int64_t t1 = steady_clock_ns();
         auto view = (*comm)->dispatch(*layout, x);
         if (!view.is_ok()) {
             return false;
         }
-        return (*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, combined)
-            .is_ok();
+        const int64_t t2 = steady_clock_ns();
+        const bool ok =
+            (*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, combined)
+                .is_ok();
+        const int64_t t3 = steady_clock_ns();
+        phase_ns[0] += t1 - t0;
+        phase_ns[1] += t2 - t1;
+        phase_ns[2] += t3 - t2;
+        return ok;
     };
     auto one_memcpy = [&](int64_t) -> bool {
         std::memcpy(dst.data(), src.data(), copy_bytes);
@@ -152,6 +169,7 @@ int run_rank(const Config& c, int rank, Shared* out) {
     }
     const int64_t agreed_comm_iters = out->comm_iters;
     const int64_t copy_iters = out->copy_iters;
+    std::fill(phase_ns, phase_ns + 3, 0);
     for (int r = 0; r < c.reps; ++r) {
         const double copy_s = timed(one_memcpy, copy_iters);
         const double comm_s = timed(one_comm, agreed_comm_iters);
@@ -163,6 +181,10 @@ int run_rank(const Config& c, int rank, Shared* out) {
             bytes_per_iter * static_cast<double>(agreed_comm_iters) / comm_s / 1e9;
         out->comm_us_per_iter[rank][r] = comm_s * 1e6 / static_cast<double>(agreed_comm_iters);
         out->iterations[rank][r] = agreed_comm_iters;
+    }
+    for (int p = 0; p < 3; ++p) {
+        out->phase_us[rank][p] =
+            static_cast<double>(phase_ns[p]) / 1e3 / static_cast<double>(agreed_comm_iters * c.reps);
     }
     return 0;
 }
@@ -193,12 +215,7 @@ int main(int argc, char** argv) {
         return 1;
     }
     std::memset(shared, 0, sizeof(Shared));
-    MoeShape shape;
-    shape.num_ranks = kRanks;
-    shape.hidden = c.hidden;
-    shape.top_k = c.top_k;
-    shape.max_tokens_per_rank = c.tokens;
-    shape.slots_per_rank = c.experts_per_rank;
+    const MoeShape shape = shape_of(c);
     std::printf("comm_bench: 2 ranks, %d tokens/rank, hidden %d, top_k %d, %d experts/rank, "
                 "%d reps, segment %.1f MiB\n",
                 c.tokens, c.hidden, c.top_k, c.experts_per_rank, c.reps,
@@ -234,6 +251,10 @@ int main(int argc, char** argv) {
                     rank, sc.median, sc.min, sc.max, sm.median, sm.min, sm.max, su.median, su.min,
                     su.max, static_cast<long long>(shared->iterations[rank][0]),
                     sm.median / sc.median);
+        std::printf("rank %d: per call (mean, incl. barriers): layout %.1f us, dispatch %.1f us, "
+                    "combine %.1f us\n",
+                    rank, shared->phase_us[rank][0], shared->phase_us[rank][1],
+                    shared->phase_us[rank][2]);
     }
     return 0;
 }

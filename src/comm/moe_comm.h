@@ -152,6 +152,21 @@ Status route_tokens(const MoeShape& shape, const PlacementTable& placement, int 
                     std::span<const int32_t> topk_ids, int num_tokens, ReplicaChoice choice,
                     MoeLayout& layout);
 
+// acc[h] += w * y[h] for h < n: element by element (no reduction, so vectorising it does
+// not change the result). Blocks of 8 so that -O2's basic-block vectoriser packs them (a
+// plain loop stays scalar at -O2).
+inline void add_scaled_row(float* __restrict acc, const float* __restrict y, float w, int n) {
+    int h = 0;
+    for (; h + 8 <= n; h += 8) {
+        for (int j = 0; j < 8; ++j) {
+            acc[h + j] += w * y[h + j];
+        }
+    }
+    for (; h < n; ++h) {
+        acc[h] += w * y[h];
+    }
+}
+
 // Pure part of combine(): out[t] = sum_k gate[t][k] * y(t, k) in fixed k order from
 // +0.0f, where y(t, k) = row_of(t, k) (a pointer to `hidden` floats). Every transport
 // calls this, so the summation is one piece of code.
@@ -164,11 +179,7 @@ void combine_in_order(int num_tokens, int top_k, int hidden, std::span<const flo
             acc[h] = 0.0f;
         }
         for (int k = 0; k < top_k; ++k) {
-            const float w = gate[static_cast<size_t>(t) * top_k + k];
-            const float* y = row_of(t, k);
-            for (int h = 0; h < hidden; ++h) {
-                acc[h] += w * y[h];
-            }
+            add_scaled_row(acc, row_of(t, k), gate[static_cast<size_t>(t) * top_k + k], hidden);
         }
     }
 }
