@@ -33,9 +33,12 @@
 // capacity, a placement that misses an expert) fails the step on *every* rank (the
 // offending rank says why, the others say which rank failed), so no rank waits for a
 // peer that gave up. A peer that dies or leaves makes every wait return UNAVAILABLE; a
-// wait past its deadline returns DEADLINE_EXCEEDED. After either, the communicator is
-// broken (every later call returns the same error): the group must be rebuilt (the
-// engine restarts with the healthy ranks, S-DEPLOY).
+// wait past its deadline returns DEADLINE_EXCEEDED. A misuse only this rank can see (a
+// span of the wrong size in dispatch/combine, steps out of order) returns
+// INVALID_ARGUMENT / FAILED_PRECONDITION and makes this rank leave, so its peers get
+// UNAVAILABLE at once instead of waiting for their deadline. After any of these the
+// communicator is broken (every later call returns the same error): the group must be
+// rebuilt (the engine restarts with the healthy ranks, S-DEPLOY).
 //
 // Thread model: a MoeCommunicator belongs to one thread (its rank's step loop). Calls
 // on different ranks run concurrently; that is the point.
@@ -202,8 +205,9 @@ public:
     virtual Result<MoeLayout> layout(const PlacementTable& placement,
                                      std::span<const int32_t> topk_ids, int num_tokens,
                                      ReplicaChoice choice) = 0;
-    // Collective. `hidden_rows`: [layout.num_tokens * hidden]. FAILED_PRECONDITION when
-    // `layout` is not the latest one of this communicator or was dispatched already.
+    // Collective. `hidden_rows`: [layout.num_tokens * hidden] (else INVALID_ARGUMENT).
+    // FAILED_PRECONDITION when `layout` is not the latest one of this communicator or was
+    // dispatched already. Both break the group (header comment).
     virtual Result<DispatchView> dispatch(const MoeLayout& layout,
                                           std::span<const float> hidden_rows) = 0;
     // Where the caller may write the expert outputs of the current call

@@ -34,7 +34,7 @@ constexpr uint64_t kMagic = 0x4d4d4f434d495344ULL;  // "DSIMCOMM" little-endian
 constexpr uint32_t kVersion = 1;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kStateAttached = 1, kStateLeft = 2;
-constexpr int kSpinIterations = 20000;    // before sleeping on the futex
+constexpr int kSpinIterations = 2000;    // before sleeping on the futex
 constexpr int64_t kSleepSliceNs = 5'000'000;  // liveness and deadline checks between slices
 
 struct Header {
@@ -386,10 +386,22 @@ Result<std::unique_ptr<ShmMoeCommunicator>> ShmMoeCommunicator::create(
 ShmMoeCommunicator::ShmMoeCommunicator(const ShmOptions& options, std::unique_ptr<Segment> segment)
     : rank_(options.rank), shape_(options.shape), options_(options), seg_(std::move(segment)) {}
 
-ShmMoeCommunicator::~ShmMoeCommunicator() {
+ShmMoeCommunicator::~ShmMoeCommunicator() { mark_left(); }
+
+void ShmMoeCommunicator::mark_left() {
     at(seg_->control(rank_).state).store(kStateLeft, std::memory_order_release);
     at(seg_->header().wake).fetch_add(1, std::memory_order_release);
     futex_wake_all(&seg_->header().wake);
+}
+
+Status ShmMoeCommunicator::leave_group(Status status) {
+    // The peers are inside this call's collective steps: leaving makes their waits end
+    // with UNAVAILABLE now instead of at their deadline.
+    if (broken_.is_ok()) {
+        broken_ = status;
+        mark_left();
+    }
+    return status;
 }
 
 Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step) {
@@ -448,12 +460,12 @@ Status ShmMoeCommunicator::barrier() {
 }
 
 Status ShmMoeCommunicator::check_call(const MoeLayout& layout, Phase expected,
-                                      const char* step) const {
+                                      const char* step) {
     DSI_RETURN_IF_ERROR(broken_);
     if (layout.call != call_ || phase_ != expected) {
-        return failed_precondition(std::string("shm group: ") + step +
+        return leave_group(failed_precondition(std::string("shm group: ") + step +
                                    " out of order (layout -> dispatch -> combine, one call at a "
-                                   "time, with the latest layout)");
+                                   "time, with the latest layout)"));
     }
     return Status::ok();
 }
@@ -463,7 +475,8 @@ Result<MoeLayout> ShmMoeCommunicator::layout(const PlacementTable& placement,
                                              ReplicaChoice choice) {
     DSI_RETURN_IF_ERROR(broken_);
     if (phase_ != Phase::kIdle) {
-        return failed_precondition("shm group: layout before the previous call's combine");
+        return leave_group(
+            failed_precondition("shm group: layout before the previous call's combine"));
     }
     const uint64_t call = ++call_;
     const int n = shape_.num_ranks;
@@ -534,9 +547,9 @@ Result<DispatchView> ShmMoeCommunicator::dispatch(const MoeLayout& layout,
     DSI_RETURN_IF_ERROR(check_call(layout, Phase::kLaidOut, "dispatch"));
     const size_t hidden = static_cast<size_t>(shape_.hidden);
     if (hidden_rows.size() != static_cast<size_t>(layout.num_tokens) * hidden) {
-        return invalid_argument("dispatch: " + std::to_string(hidden_rows.size()) +
-                                " floats for " + std::to_string(layout.num_tokens) +
-                                " tokens x hidden " + std::to_string(hidden));
+        return leave_group(invalid_argument("dispatch: " + std::to_string(hidden_rows.size()) +
+                                            " floats for " + std::to_string(layout.num_tokens) +
+                                            " tokens x hidden " + std::to_string(hidden)));
     }
     const uint64_t call = layout.call;
     for (int t = 0; t < layout.num_tokens; ++t) {
@@ -574,9 +587,10 @@ Status ShmMoeCommunicator::combine(const MoeLayout& layout, std::span<const floa
     const size_t n = static_cast<size_t>(layout.num_tokens);
     if (expert_outputs.size() != static_cast<size_t>(layout.num_recv()) * hidden ||
         gate.size() != n * static_cast<size_t>(layout.top_k) || out.size() != n * hidden) {
-        return invalid_argument("combine: expert outputs " + std::to_string(expert_outputs.size()) +
-                                ", gate " + std::to_string(gate.size()) + ", out " +
-                                std::to_string(out.size()) + " floats do not match the layout");
+        return leave_group(invalid_argument(
+            "combine: expert outputs " + std::to_string(expert_outputs.size()) + ", gate " +
+            std::to_string(gate.size()) + ", out " + std::to_string(out.size()) +
+            " floats do not match the layout"));
     }
     const uint64_t call = layout.call;
     float* mine = seg_->outs(rank_, call);

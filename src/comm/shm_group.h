@@ -81,7 +81,11 @@ private:
     enum class Phase { kIdle, kLaidOut, kDispatched };
     ShmMoeCommunicator(const ShmOptions& options, std::unique_ptr<Segment> segment);
     Status wait_all(uint64_t target, const char* step);
-    Status check_call(const MoeLayout& layout, Phase expected, const char* step) const;
+    Status check_call(const MoeLayout& layout, Phase expected, const char* step);
+    void mark_left();
+    // Breaks the group on a misuse the peers cannot see (a wrong size or order in this
+    // rank's call): this rank leaves, so they fail now, not at their deadline.
+    Status leave_group(Status status);
 
     int rank_;
     MoeShape shape_;

@@ -387,7 +387,7 @@ TEST_F(ShmGroupTest, MalformedInputFailsEveryRankThenRecovers) {
         const PlacementTable placement = make_placement(PlacementKind::kIdentity, ranks);
         ShmOptions options = rank_options(name_, r, ranks, placement);
         options.shape.max_recv_rows = kGlobalTokens / ranks * kTopK;  // no rank takes everything
-        options.op_timeout_ms = 5'000;
+        options.op_timeout_ms = 20'000;  // errors must come from the protocol, not this
         auto comm = ShmMoeCommunicator::create(options);
         if (!comm.is_ok()) {
             return 90;
@@ -419,9 +419,27 @@ TEST_F(ShmGroupTest, MalformedInputFailsEveryRankThenRecovers) {
         }
         std::vector<float> x(static_cast<size_t>(tokens) * kHidden, 1.0f);
         auto view = (*comm)->dispatch(*layout, x);
-        // dispatch twice with one layout: out of order.
-        results[r * 4 + 3] = code_of((*comm)->dispatch(*layout, x).status());
-        return view.is_ok() ? 0 : 92;
+        if (!view.is_ok()) {
+            return 92;
+        }
+        std::vector<float> gate(static_cast<size_t>(tokens) * kTopK, 1.0f);
+        if (!(*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, x).is_ok()) {
+            return 93;
+        }
+        // 5: rank 1 dispatches rows of the wrong size: it leaves, rank 0 fails at once.
+        layout = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kFirst);
+        if (!layout.is_ok()) {
+            return 94;
+        }
+        const int64_t t0 = steady_clock_ns();
+        std::vector<float> short_rows(r == 1 ? 3 : x.size());
+        results[r * 4 + 3] = code_of((*comm)->dispatch(*layout, short_rows).status());
+        if (steady_clock_ns() - t0 > 2'000'000'000) {
+            return 95;
+        }
+        // Broken for good: the same error again, no wait.
+        auto again = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kFirst);
+        return code_of(again.status()) == results[r * 4 + 3] ? 0 : 96;
     });
     EXPECT_EQ(codes, (std::vector<int>{0, 0}));
     const int invalid = static_cast<int>(StatusCode::kInvalidArgument);
@@ -433,8 +451,8 @@ TEST_F(ShmGroupTest, MalformedInputFailsEveryRankThenRecovers) {
     EXPECT_EQ(results[5], precondition);
     EXPECT_EQ(results[2], exhausted);
     EXPECT_EQ(results[6], exhausted);
-    EXPECT_EQ(results[3], precondition);
-    EXPECT_EQ(results[7], precondition);
+    EXPECT_EQ(results[3], static_cast<int>(StatusCode::kUnavailable));
+    EXPECT_EQ(results[7], invalid);
 }
 
 // Ranks as threads of one process (allowed: each opens the segment itself).
@@ -495,6 +513,26 @@ TEST_F(ShmGroupTest, FormedGroupUnlinksAndALeavingRankIsSeen) {
     EXPECT_TRUE(sb.is_ok());
     cb = Status(StatusCode::kCancelled, "gone");  // rank 1 leaves
     EXPECT_EQ((*ca)->barrier().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(ShmGroupTest, StepsOutOfOrderBreakTheGroupFast) {
+    ShmOptions a;
+    a.name = name_;
+    a.shape = test_shape(2, kExperts / 2);
+    ShmOptions b = a;
+    b.rank = 1;
+    Result<std::unique_ptr<ShmMoeCommunicator>> ca = Status(StatusCode::kInternal, "unset");
+    std::thread t([&] { ca = ShmMoeCommunicator::create(a); });
+    auto cb = ShmMoeCommunicator::create(b);
+    t.join();
+    ASSERT_TRUE(ca.is_ok() && cb.is_ok());
+    // Rank 0 combines without a layout; rank 1 waits in a barrier and is told at once.
+    std::vector<float> none;
+    EXPECT_EQ((*ca)->combine(MoeLayout{}, none, none, none).code(),
+              StatusCode::kFailedPrecondition);
+    const int64_t t0 = steady_clock_ns();
+    EXPECT_EQ((*cb)->barrier().code(), StatusCode::kUnavailable);
+    EXPECT_LT(steady_clock_ns() - t0, 2'000'000'000);
 }
 
 }  // namespace
