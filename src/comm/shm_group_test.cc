@@ -491,18 +491,25 @@ TEST_F(ShmGroupTest, AttachErrors) {
     EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kInvalidArgument);
 }
 
-// A group that formed has dropped its name; a rank that leaves makes the others'
-// next wait UNAVAILABLE.
-TEST_F(ShmGroupTest, FormedGroupUnlinksAndALeavingRankIsSeen) {
+// A group of two ranks that are threads of this process.
+using CommResult = Result<std::unique_ptr<ShmMoeCommunicator>>;
+std::pair<CommResult, CommResult> thread_pair(const std::string& name) {
     ShmOptions a;
-    a.name = name_;
+    a.name = name;
     a.shape = test_shape(2, kExperts / 2);
     ShmOptions b = a;
     b.rank = 1;
-    Result<std::unique_ptr<ShmMoeCommunicator>> ca = Status(StatusCode::kInternal, "unset");
+    CommResult ca = Status(StatusCode::kInternal, "unset");
     std::thread t([&] { ca = ShmMoeCommunicator::create(a); });
-    auto cb = ShmMoeCommunicator::create(b);
+    CommResult cb = ShmMoeCommunicator::create(b);
     t.join();
+    return {std::move(ca), std::move(cb)};
+}
+
+// A group that formed has dropped its name; a rank that leaves makes the others'
+// next wait UNAVAILABLE.
+TEST_F(ShmGroupTest, FormedGroupUnlinksAndALeavingRankIsSeen) {
+    auto [ca, cb] = thread_pair(name_);
     ASSERT_TRUE(ca.is_ok()) << ca.status().to_string();
     ASSERT_TRUE(cb.is_ok()) << cb.status().to_string();
     EXPECT_EQ(ShmMoeCommunicator::unlink(name_).code(), StatusCode::kNotFound);
@@ -516,15 +523,7 @@ TEST_F(ShmGroupTest, FormedGroupUnlinksAndALeavingRankIsSeen) {
 }
 
 TEST_F(ShmGroupTest, StepsOutOfOrderBreakTheGroupFast) {
-    ShmOptions a;
-    a.name = name_;
-    a.shape = test_shape(2, kExperts / 2);
-    ShmOptions b = a;
-    b.rank = 1;
-    Result<std::unique_ptr<ShmMoeCommunicator>> ca = Status(StatusCode::kInternal, "unset");
-    std::thread t([&] { ca = ShmMoeCommunicator::create(a); });
-    auto cb = ShmMoeCommunicator::create(b);
-    t.join();
+    auto [ca, cb] = thread_pair(name_);
     ASSERT_TRUE(ca.is_ok() && cb.is_ok());
     // Rank 0 combines without a layout; rank 1 waits in a barrier and is told at once.
     std::vector<float> none;
