@@ -30,6 +30,25 @@ Status ExpertLoadCounter::add(int layer, std::span<const int32_t> topk_ids) {
     return Status::ok();
 }
 
+Status ExpertLoadCounter::add_slot_rows(int layer, const PlacementTable& placement,
+                                        std::span<const int64_t> slot_rows) {
+    if (layer < 0 || layer >= num_layers_ || placement.num_experts() != num_experts_ ||
+        slot_rows.size() != placement.slot_expert().size()) {
+        return invalid_argument("expert load: layer " + std::to_string(layer) + ", " +
+                                std::to_string(slot_rows.size()) + " slot counts for " +
+                                std::to_string(placement.slot_expert().size()) + " slots of " +
+                                std::to_string(placement.num_experts()) + " experts");
+    }
+    double* row = loads_.data() + static_cast<size_t>(layer) * num_experts_;
+    for (size_t p = 0; p < slot_rows.size(); ++p) {
+        const int e = placement.slot_expert()[p];
+        if (e >= 0) {
+            row[e] += static_cast<double>(slot_rows[p]);
+        }
+    }
+    return Status::ok();
+}
+
 Status ExpertLoadCounter::merge(std::span<const double> loads) {
     if (loads.size() != loads_.size()) {
         return invalid_argument("expert load: merging " + std::to_string(loads.size()) +

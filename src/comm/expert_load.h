@@ -2,7 +2,8 @@
 // the pure part). The policy itself (windows, smoothing, min-max placement) is
 // cluster::EplbController / cluster::place_experts; this file only
 //  - counts, per MoE layer and logical expert, the (token, k) rows routed in one step —
-//    the per-step input of EplbController::record_step, which keeps the window — and
+//    the per-step input of EplbController::record_step, which keeps the window — from a
+//    rank's own top-k ids or, globally, from the layout's per-slot row counts, and
 //  - turns one layer of the policy's placement (ExpertPlacement::phy_to_log) into the
 //    PlacementTable that layout() takes.
 // comm/ sits below cluster/ (ARCHITECTURE.md), so both take plain arrays, not the
@@ -26,6 +27,12 @@ public:
     // Adds one layer's routing of this step (top-k ids of this rank's tokens).
     // INVALID_ARGUMENT on a layer or expert id out of range (nothing is counted then).
     Status add(int layer, std::span<const int32_t> topk_ids);
+    // Adds one layer's global load of a step from a layout: MoeLayout::slot_rows (rows per
+    // physical slot, all ranks) summed over each expert's replicas. Every rank gets the
+    // same loads this way, with no exchange beyond layout's own. INVALID_ARGUMENT on a
+    // layer out of range or slot_rows not matching the placement.
+    Status add_slot_rows(int layer, const PlacementTable& placement,
+                         std::span<const int64_t> slot_rows);
     // Adds another counter's loads (another rank's, once they are gathered), so the sum
     // over ranks is the step's global load. INVALID_ARGUMENT on a size mismatch.
     Status merge(std::span<const double> loads);

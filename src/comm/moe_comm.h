@@ -136,6 +136,10 @@ struct MoeLayout {
     std::vector<int32_t> send_counts;  // [num_ranks] rows this rank sends to each rank
     // This rank's receive side: rows of local slot s are [slot_offsets[s], slot_offsets[s + 1]).
     std::vector<int64_t> slot_offsets;  // [slots_per_rank + 1]
+    // Rows every physical slot of the group receives in this call ([num_ranks *
+    // slots_per_rank], the same on every rank): the step's global expert load, for EPLB
+    // (ExpertLoadCounter::add_slot_rows) without another exchange.
+    std::vector<int64_t> slot_rows;
     int64_t num_recv() const { return slot_offsets.empty() ? 0 : slot_offsets.back(); }
 };
 

@@ -127,6 +127,13 @@ TEST(ExpertLoadTest, CountsFeedTheEplbControllerAndItsPlacementFeedsLayout) {
               StatusCode::kInvalidArgument);
     counter.reset();
     EXPECT_EQ(counter.step_loads()[0], 0.0);
+    // Per-slot rows of a layout (expert 0 twice: slots 0 and 3) -> per-expert loads.
+    auto table = PlacementTable::create(experts, 2, 5, {0, 1, 2, 3, 4, 5, 6, 7, 0, -1});
+    ASSERT_TRUE(table.is_ok());
+    ASSERT_TRUE(counter.add_slot_rows(1, *table, {{2, 1, 0, 0, 0, 0, 0, 4, 3, 0}}).is_ok());
+    EXPECT_EQ(counter.step_loads()[experts + 0], 5.0);
+    EXPECT_EQ(counter.step_loads()[experts + 7], 4.0);
+    EXPECT_EQ(counter.add_slot_rows(1, *table, {{2, 1}}).code(), StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -512,6 +512,7 @@ Result<MoeLayout> ShmMoeCommunicator::layout(const PlacementTable& placement,
     // rank computes every destination's table the same way, so a capacity error is seen
     // by all ranks alike.
     std::vector<int64_t> next(static_cast<size_t>(n) * slots);
+    L.slot_rows.assign(static_cast<size_t>(n) * slots, 0);
     for (int dst = 0; dst < n; ++dst) {
         const int32_t* c = seg_->counts(dst, call);
         int64_t offset = 0;
@@ -519,12 +520,14 @@ Result<MoeLayout> ShmMoeCommunicator::layout(const PlacementTable& placement,
             if (dst == rank_) {
                 L.slot_offsets.push_back(offset);
             }
+            const int64_t slot_begin = offset;
             for (int src = 0; src < n; ++src) {
                 if (src == rank_) {
                     next[static_cast<size_t>(dst) * slots + s] = offset;
                 }
                 offset += c[static_cast<size_t>(src) * row_len + 1 + s];
             }
+            L.slot_rows[static_cast<size_t>(dst) * slots + s] = offset - slot_begin;
         }
         if (dst == rank_) {
             L.slot_offsets.push_back(offset);

@@ -205,7 +205,8 @@ PlacementTable make_placement(PlacementKind kind, int ranks) {
 
 // One rank of an EP run: kCalls MoE calls; writes its tokens' outputs to `out`
 // ([kCalls][kGlobalTokens][kHidden]). Exit codes: 0 ok, 2 create, 3 layout, 4 dispatch,
-// 5 a received row differs from its origin's input, 6 combine.
+// 5 a received row differs from its origin's input, 6 combine, 7 the layout's global
+// expert load differs from the inputs'.
 int run_rank(const std::string& name, int rank, int ranks, PlacementKind kind,
              ReplicaChoice choice, float* out) {
     const PlacementTable placement = make_placement(kind, ranks);
@@ -223,6 +224,14 @@ int run_rank(const std::string& name, int rank, int ranks, PlacementKind kind,
         auto layout = (*comm)->layout(placement, ids, tokens, choice);
         if (!layout.is_ok()) {
             return 3;
+        }
+        // The layout's per-slot rows give every rank the global expert load of the call.
+        ExpertLoadCounter group_load(1, kExperts), want(1, kExperts);
+        if (!group_load.add_slot_rows(0, placement, layout->slot_rows).is_ok() ||
+            !want.add(0, in.ids).is_ok() ||
+            !std::equal(group_load.step_loads().begin(), group_load.step_loads().end(),
+                        want.step_loads().begin())) {
+            return 7;
         }
         auto view = (*comm)->dispatch(
             *layout, std::span<const float>(in.hidden.data() + static_cast<size_t>(first) * kHidden,
