@@ -52,9 +52,10 @@ struct Header {
 static_assert(sizeof(Header) <= kPage);
 
 struct alignas(64) Control {
-    uint32_t pid;    // 0 = not attached
-    uint32_t state;  // kStateAttached / kStateLeft
-    uint64_t seq;    // barriers this rank has passed its half of
+    uint32_t pid;          // 0 = not attached
+    uint32_t state;        // kStateAttached / kStateLeft
+    uint64_t seq;          // barriers this rank has passed its half of
+    uint64_t start_ticks;  // the process's start time (/proc stat field 22), 0 if unknown
 };
 static_assert(sizeof(Control) == 64);
 
@@ -97,20 +98,44 @@ bool valid_name(const std::string& name) {
     });
 }
 
-// A process that exists and is not a zombie (a SIGKILLed rank stays a zombie until its
-// parent reaps it, and kill(pid, 0) still succeeds on a zombie).
-bool process_alive(uint32_t pid) {
+// /proc/PID/stat after the command name: the state letter (field 3) and the start time in
+// clock ticks (field 22). state 0 when unreadable.
+struct ProcStat {
+    char state = 0;
+    uint64_t start_ticks = 0;
+};
+
+ProcStat read_proc_stat(const std::string& pid) {
+    std::ifstream f("/proc/" + pid + "/stat");
+    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    const size_t close = text.rfind(')');  // the name may hold spaces and parentheses
+    ProcStat st;
+    if (close == std::string::npos || close + 2 >= text.size()) {
+        return st;
+    }
+    st.state = text[close + 2];
+    const char* p = text.c_str() + close + 2;
+    for (int field = 3; field < 22 && p != nullptr; ++field) {
+        p = std::strchr(p, ' ');
+        p = p != nullptr ? p + 1 : nullptr;
+    }
+    st.start_ticks = p != nullptr ? std::strtoull(p, nullptr, 10) : 0;
+    return st;
+}
+
+// A process that exists, is not a zombie (a SIGKILLed rank stays a zombie until its parent
+// reaps it, and kill(pid, 0) still succeeds on a zombie) and, when `start_ticks` is known,
+// started when the rank did (so a reused pid is not taken for the rank).
+bool process_alive(uint32_t pid, uint64_t start_ticks) {
     if (pid == 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno != EPERM)) {
         return false;
     }
-    std::ifstream f("/proc/" + std::to_string(pid) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
-    const size_t close = text.rfind(')');
-    if (close == std::string::npos || close + 2 >= text.size()) {
+    const ProcStat st = read_proc_stat(std::to_string(pid));
+    if (st.state == 0) {
         return true;  // no /proc: trust kill()
     }
-    const char state = text[close + 2];
-    return state != 'Z' && state != 'X';
+    return st.state != 'Z' && st.state != 'X' &&
+           (start_ticks == 0 || st.start_ticks == start_ticks);
 }
 
 void futex_wait(uint32_t* word, uint32_t expected, int64_t timeout_ns) {
@@ -353,6 +378,7 @@ Result<std::unique_ptr<ShmMoeCommunicator>> ShmMoeCommunicator::create(
                       "shm group: rank " + std::to_string(options.rank) +
                           " is attached already (pid " + std::to_string(expected) + ")");
     }
+    at(mine.start_ticks).store(read_proc_stat("self").start_ticks, std::memory_order_relaxed);
     at(mine.state).store(kStateAttached, std::memory_order_release);
     // Join: every rank attached, or the deadline.
     for (;;) {
@@ -431,7 +457,8 @@ Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step) {
         Control& peer = seg_->control(waiting_for);
         const bool left = at(peer.state).load(std::memory_order_acquire) == kStateLeft;
         const uint32_t pid = at(peer.pid).load(std::memory_order_acquire);
-        const bool gone = left || !process_alive(pid);
+        const bool gone =
+            left || !process_alive(pid, at(peer.start_ticks).load(std::memory_order_relaxed));
         // A peer may publish and then exit between the scan above and this check: look at
         // its number again before calling it gone.
         if (gone && at(peer.seq).load(std::memory_order_acquire) >= target) {
