@@ -3,6 +3,7 @@
 // every replica rule; a rank killed mid-dispatch; malformed input; attach errors.
 #include "comm/shm_group.h"
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -498,6 +499,31 @@ TEST_F(ShmGroupTest, AttachErrors) {
     b.name = name_;
     b.rank = 2;
     EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A segment someone else wrote under the group's name: another format, or ours at another
+// version (docs/comm.md: magic "DSIMCOMM" at byte 0, version at byte 8).
+TEST_F(ShmGroupTest, ForeignOrOtherVersionSegmentIsRefused) {
+    for (uint32_t version : {0u, 99u}) {
+        const int fd = ::shm_open(("/" + name_).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(::ftruncate(fd, 8192), 0);
+        const uint64_t magic = version == 0 ? 0x1234567890abcdefULL : 0x4d4d4f434d495344ULL;
+        ASSERT_EQ(::pwrite(fd, &magic, sizeof(magic), 0), static_cast<ssize_t>(sizeof(magic)));
+        ASSERT_EQ(::pwrite(fd, &version, sizeof(version), 8), static_cast<ssize_t>(sizeof(version)));
+        ::close(fd);
+        ShmOptions b;
+        b.name = name_;
+        b.rank = 1;
+        b.shape = test_shape(2, kExperts / 2);
+        b.attach_timeout_ms = 2'000;
+        auto c = ShmMoeCommunicator::create(b);
+        EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+        EXPECT_NE(c.status().message().find(version == 0 ? "not an EP group" : "version 1 here, 99"),
+                  std::string::npos)
+            << c.status().message();
+        ASSERT_TRUE(ShmMoeCommunicator::unlink(name_).is_ok());
+    }
 }
 
 // A group of two ranks that are threads of this process.
