@@ -4,7 +4,7 @@
 //
 //  - Segment "/<name>": a 4 KiB header (magic, version, the MoeShape every rank must
 //    agree on, a futex word), one 64-byte control block per rank (pid, state, sequence
-//    number), then per rank and per parity (calls alternate between two buffer sets) a
+//    number, process start time), then per rank and per parity (calls alternate between two buffer sets) a
 //    count table [num_ranks][1 + slots_per_rank] int32 written by the senders, the
 //    receive rows [recv_capacity][hidden] f32 and their origins, and the expert output
 //    rows [recv_capacity][hidden] f32. Senders write rows straight to the receiver's
@@ -14,7 +14,7 @@
 //    wakes the futex word, and waits (acquire) until every rank's number has reached its
 //    own. Waits spin briefly, then sleep on the futex in slices of at most 5 ms; between
 //    slices they check the deadline and whether the peers they wait for are alive (pid
-//    gone or zombie, or the peer's control block says it left) -> UNAVAILABLE.
+//    gone, a zombie or reused, or the peer's control block says it left) -> UNAVAILABLE.
 //  - Rank 0 creates the segment (O_EXCL) and initialises it; the other ranks open it,
 //    retrying until the attach deadline, check magic, version and shape
 //    (FAILED_PRECONDITION "segment layout differs: hidden 64 here, 32 in the segment"),
@@ -42,7 +42,7 @@ struct ShmOptions {
     std::string name;  // segment name without the leading '/': [A-Za-z0-9_.-], <= 200 chars
     int rank = 0;
     MoeShape shape;
-    int64_t attach_timeout_ms = 10'000;  // rank 0 waits this long for the others to attach
+    int64_t attach_timeout_ms = 10'000;  // for the segment to appear and all ranks to attach
     int64_t op_timeout_ms = 10'000;      // every collective step's deadline
     // Test hook: called on this rank after dispatch() wrote its rows and before it
     // publishes them (the fault tests kill the rank here). Empty in production.
