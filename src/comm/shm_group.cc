@@ -17,7 +17,6 @@
 #include <climits>
 #include <cstring>
 #include <ctime>
-#include <fstream>
 #include <string>
 #include <thread>
 
@@ -106,8 +105,16 @@ struct ProcStat {
 };
 
 ProcStat read_proc_stat(const std::string& pid) {
-    std::ifstream f("/proc/" + pid + "/stat");
-    std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    // read(2), not a stream: the process may exit mid-read (ESRCH), and libstdc++'s
+    // filebuf throws on that.
+    std::string text;
+    const int fd = ::open(("/proc/" + pid + "/stat").c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd >= 0) {
+        char buf[1024];
+        const ssize_t n = ::read(fd, buf, sizeof(buf));
+        ::close(fd);
+        text.assign(buf, n > 0 ? static_cast<size_t>(n) : 0);
+    }
     const size_t close = text.rfind(')');  // the name may hold spaces and parentheses
     ProcStat st;
     if (close == std::string::npos || close + 2 >= text.size()) {
