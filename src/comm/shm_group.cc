@@ -284,6 +284,19 @@ Result<std::byte*> create_segment(const std::string& path, const MoeShape& shape
         ::shm_unlink(path.c_str());
         return s;
     }
+    // Reserve the pages now: a sparse segment larger than what /dev/shm can hold would
+    // SIGBUS on first touch in the middle of a step instead of failing here. (It also
+    // takes the page faults out of the first steps.)
+    if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err != 0) {
+        Status s = err == ENOSPC || err == ENOMEM
+                       ? resource_exhausted("shm group: cannot reserve " + std::to_string(total) +
+                                            " bytes of shared memory (" + std::strerror(err) +
+                                            "); lower max_recv_rows or max tokens")
+                       : internal_error(std::string("posix_fallocate: ") + std::strerror(err));
+        ::close(fd);
+        ::shm_unlink(path.c_str());
+        return s;
+    }
     void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     ::close(fd);
     if (p == MAP_FAILED) {

@@ -54,8 +54,9 @@ public:
     // Rank 0 creates the segment, the others attach; returns once all num_ranks ranks have
     // attached. INVALID_ARGUMENT (bad name/rank/shape), ALREADY_EXISTS (the name is taken,
     // or the rank is attached already), FAILED_PRECONDITION (a segment with another
-    // layout or version), DEADLINE_EXCEEDED (the group did not form in time),
-    // INTERNAL (a system call failed).
+    // layout or version), RESOURCE_EXHAUSTED (rank 0: /dev/shm cannot hold the segment;
+    // its pages are reserved up front), DEADLINE_EXCEEDED (the group did not form in
+    // time), INTERNAL (a system call failed).
     static Result<std::unique_ptr<ShmMoeCommunicator>> create(const ShmOptions& options);
     // Removes the name (NOT_FOUND if there is none). For fixtures cleaning up after a
     // failed run; a formed group unlinks itself.

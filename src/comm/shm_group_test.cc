@@ -508,6 +508,18 @@ TEST_F(ShmGroupTest, AttachErrors) {
     EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kInvalidArgument);
 }
 
+// A segment larger than /dev/shm can hold fails at creation, not with SIGBUS mid-step.
+TEST_F(ShmGroupTest, SegmentTooLargeForSharedMemoryIsRefused) {
+    ShmOptions a;
+    a.name = name_;
+    a.shape = test_shape(1, kExperts);
+    a.shape.hidden = 1 << 16;
+    a.shape.max_recv_rows = int64_t{1} << 22;  // 4 rows regions x 1 TiB
+    auto c = ShmMoeCommunicator::create(a);
+    EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted) << c.status().to_string();
+    EXPECT_EQ(ShmMoeCommunicator::unlink(name_).code(), StatusCode::kNotFound);
+}
+
 // A segment someone else wrote under the group's name: another format, or ours at another
 // version (docs/comm.md: magic "DSIMCOMM" at byte 0, version at byte 8).
 TEST_F(ShmGroupTest, ForeignOrOtherVersionSegmentIsRefused) {
