@@ -12,6 +12,7 @@ LAYERS=(
   "transfer"
   "workload"
   "tensor"
+  "comm"
   "kernels"
   "tokenizer"
   "model modelpack"

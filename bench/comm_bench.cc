@@ -1,0 +1,260 @@
+// EP dispatch + combine throughput across 2 processes (issue 19 figure: goal >= 0.7 of
+// a memcpy of the same bytes), through comm::ShmMoeCommunicator.
+//
+// Two ranks (forked processes) of one shared-memory group. Each rank has TOKENS tokens of
+// HIDDEN f32, routed uniformly at random to TOP_K distinct experts of 2 x EXPERTS_PER_RANK
+// (about half the rows stay on the rank, half go to the peer; both go through the
+// segment). One iteration = layout + dispatch + combine (the expert step is left out: the
+// outputs are whatever the buffer holds). Bytes per iteration per rank: the dispatched
+// rows TOKENS x TOP_K x HIDDEN x 4 plus the same again for the combined expert outputs.
+// Baseline in the same run: each rank memcpy's the same number of bytes (two copies of
+// TOKENS x TOP_K x HIDDEN x 4 between private buffers of that size) at the same time as
+// the other rank. Both sides are warmed up, then the repetitions alternate memcpy, comm,
+// memcpy, ... (REPS each); each figure is the median over repetitions (min-max) of
+// rank 0's bytes/s; the ratio is the ratio of medians.
+// Usage: comm_bench [TOKENS=128] [HIDDEN=2048] [TOP_K=8] [EXPERTS_PER_RANK=8] [REPS=5]
+//                   [SECONDS_PER_REP=0.5]
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/clock.h"
+#include "comm/shm_group.h"
+
+using namespace dsi;
+using namespace dsi::comm;
+
+namespace {
+
+struct Config {
+    int tokens = 128;
+    int hidden = 2048;
+    int top_k = 8;
+    int experts_per_rank = 8;
+    int reps = 5;
+    double seconds_per_rep = 0.5;
+};
+
+constexpr int kRanks = 2;
+constexpr int kMaxReps = 64;
+
+// Per-rank results, in memory shared with the parent.
+struct Shared {
+    double memcpy_gbps[kRanks][kMaxReps];
+    double comm_gbps[kRanks][kMaxReps];
+    double comm_us_per_iter[kRanks][kMaxReps];
+    int64_t iterations[kRanks][kMaxReps];
+    double phase_us[kRanks][3];  // mean layout / dispatch / combine per call
+    int64_t comm_iters;  // agreed by rank 0 after the warm-up
+    int64_t copy_iters;
+};
+
+volatile float g_sink = 0;
+
+MoeShape shape_of(const Config& c) {
+    MoeShape shape;
+    shape.num_ranks = kRanks;
+    shape.hidden = c.hidden;
+    shape.top_k = c.top_k;
+    shape.max_tokens_per_rank = c.tokens;
+    shape.slots_per_rank = c.experts_per_rank;
+    return shape;
+}
+
+int run_rank(const Config& c, int rank, Shared* out) {
+    ShmOptions options;
+    options.name = "dsi_comm_bench_" + std::to_string(::getppid());
+    options.rank = rank;
+    options.shape = shape_of(c);
+    auto comm = ShmMoeCommunicator::create(options);
+    if (!comm.is_ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().to_string().c_str());
+        return 1;
+    }
+    const int experts = kRanks * c.experts_per_rank;
+    const PlacementTable placement =
+        PlacementTable::identity(experts, kRanks, c.experts_per_rank).value();
+    std::mt19937 rng(7 + rank);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    const size_t hidden = static_cast<size_t>(c.hidden);
+    std::vector<float> x(static_cast<size_t>(c.tokens) * hidden);
+    for (float& v : x) {
+        v = u(rng);
+    }
+    // Eight routings used in turn (a new layout every iteration, as layers do).
+    std::vector<std::vector<int32_t>> routings(8);
+    std::vector<int> perm(static_cast<size_t>(experts));
+    for (auto& ids : routings) {
+        for (int t = 0; t < c.tokens; ++t) {
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng);
+            ids.insert(ids.end(), perm.begin(), perm.begin() + c.top_k);
+        }
+    }
+    std::vector<float> gate(static_cast<size_t>(c.tokens) * c.top_k, 0.125f);
+    std::vector<float> combined(x.size());
+    const size_t copy_bytes = static_cast<size_t>(c.tokens) * c.top_k * hidden * sizeof(float);
+    std::vector<char> src(copy_bytes, 1), dst(copy_bytes, 2), src2(copy_bytes, 3),
+        dst2(copy_bytes, 4);
+    const double bytes_per_iter = 2.0 * static_cast<double>(copy_bytes);
+
+    int64_t phase_ns[3] = {0, 0, 0};  // layout, dispatch, combine (each incl. its barrier)
+    auto one_comm = [&](int64_t i) -> bool {
+        const int64_t t0 = steady_clock_ns();
+        auto layout = (*comm)->layout(placement, routings[static_cast<size_t>(i % 8)], c.tokens,
+                                      ReplicaChoice::kFirst);
+        if (!layout.is_ok()) {
+            return false;
+        }
+        const int64_t t1 = steady_clock_ns();
+        auto view = (*comm)->dispatch(*layout, x);
+        if (!view.is_ok()) {
+            return false;
+        }
+        const int64_t t2 = steady_clock_ns();
+        const bool ok =
+            (*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, combined)
+                .is_ok();
+        const int64_t t3 = steady_clock_ns();
+        phase_ns[0] += t1 - t0;
+        phase_ns[1] += t2 - t1;
+        phase_ns[2] += t3 - t2;
+        return ok;
+    };
+    auto one_memcpy = [&](int64_t) -> bool {
+        std::memcpy(dst.data(), src.data(), copy_bytes);
+        std::memcpy(dst2.data(), src2.data(), copy_bytes);
+        g_sink = g_sink + static_cast<float>(dst[copy_bytes / 2] + dst2[copy_bytes / 3]);
+        return true;
+    };
+    // Rank 0 decides the iteration count of each repetition (from the warm-up speed) so
+    // both ranks run the same number of collective iterations.
+    auto timed = [&](auto&& one, int64_t iters) -> double {
+        if (!(*comm)->barrier().is_ok()) {
+            return -1;
+        }
+        const int64_t t0 = steady_clock_ns();
+        for (int64_t i = 0; i < iters; ++i) {
+            if (!one(i)) {
+                return -1;
+            }
+        }
+        return static_cast<double>(steady_clock_ns() - t0) * 1e-9;
+    };
+    // Warm-up of both sides; sizes the repetitions the same way on both ranks.
+    const double warm_comm = timed(one_comm, 20);
+    const double warm_copy = timed(one_memcpy, 20);
+    if (warm_comm < 0 || warm_copy < 0) {
+        return 2;
+    }
+    // Collective steps need the same iteration count on both ranks: rank 0's, from its
+    // warm-up, through the shared page.
+    if (rank == 0) {
+        out->comm_iters = std::max<int64_t>(
+            10, static_cast<int64_t>(c.seconds_per_rep / (warm_comm / 20)));
+        out->copy_iters = std::max<int64_t>(
+            10, static_cast<int64_t>(c.seconds_per_rep / (warm_copy / 20)));
+    }
+    if (!(*comm)->barrier().is_ok()) {
+        return 2;
+    }
+    const int64_t agreed_comm_iters = out->comm_iters;
+    const int64_t copy_iters = out->copy_iters;
+    std::fill(phase_ns, phase_ns + 3, 0);
+    for (int r = 0; r < c.reps; ++r) {
+        const double copy_s = timed(one_memcpy, copy_iters);
+        const double comm_s = timed(one_comm, agreed_comm_iters);
+        if (copy_s < 0 || comm_s < 0) {
+            return 3;
+        }
+        out->memcpy_gbps[rank][r] = bytes_per_iter * static_cast<double>(copy_iters) / copy_s / 1e9;
+        out->comm_gbps[rank][r] =
+            bytes_per_iter * static_cast<double>(agreed_comm_iters) / comm_s / 1e9;
+        out->comm_us_per_iter[rank][r] = comm_s * 1e6 / static_cast<double>(agreed_comm_iters);
+        out->iterations[rank][r] = agreed_comm_iters;
+    }
+    for (int p = 0; p < 3; ++p) {
+        out->phase_us[rank][p] =
+            static_cast<double>(phase_ns[p]) / 1e3 / static_cast<double>(agreed_comm_iters * c.reps);
+    }
+    return 0;
+}
+
+struct Stat {
+    double median, min, max;
+};
+
+Stat stat(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return {v[v.size() / 2], v.front(), v.back()};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    Config c;
+    if (argc > 1) c.tokens = std::atoi(argv[1]);
+    if (argc > 2) c.hidden = std::atoi(argv[2]);
+    if (argc > 3) c.top_k = std::atoi(argv[3]);
+    if (argc > 4) c.experts_per_rank = std::atoi(argv[4]);
+    if (argc > 5) c.reps = std::clamp(std::atoi(argv[5]), 3, kMaxReps);
+    if (argc > 6) c.seconds_per_rep = std::atof(argv[6]);
+    auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
+                                               MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+    if (shared == MAP_FAILED) {
+        std::perror("mmap");
+        return 1;
+    }
+    std::memset(shared, 0, sizeof(Shared));
+    const MoeShape shape = shape_of(c);
+    std::printf("comm_bench: 2 ranks, %d tokens/rank, hidden %d, top_k %d, %d experts/rank, "
+                "%d reps, segment %.1f MiB\n",
+                c.tokens, c.hidden, c.top_k, c.experts_per_rank, c.reps,
+                static_cast<double>(ShmMoeCommunicator::segment_bytes(shape)) / (1 << 20));
+    std::fflush(stdout);
+    std::vector<pid_t> pids;
+    for (int r = 0; r < kRanks; ++r) {
+        pid_t pid = ::fork();
+        if (pid == 0) {
+            ::_exit(run_rank(c, r, shared));
+        }
+        pids.push_back(pid);
+    }
+    int failed = 0;
+    for (pid_t pid : pids) {
+        int status = 0;
+        ::waitpid(pid, &status, 0);
+        failed += !(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    }
+    (void)ShmMoeCommunicator::unlink("dsi_comm_bench_" + std::to_string(::getpid()));
+    if (failed > 0) {
+        std::fprintf(stderr, "comm_bench: %d rank(s) failed\n", failed);
+        return 1;
+    }
+    for (int rank = 0; rank < kRanks; ++rank) {
+        std::vector<double> copy(shared->memcpy_gbps[rank], shared->memcpy_gbps[rank] + c.reps);
+        std::vector<double> comm(shared->comm_gbps[rank], shared->comm_gbps[rank] + c.reps);
+        std::vector<double> us(shared->comm_us_per_iter[rank],
+                               shared->comm_us_per_iter[rank] + c.reps);
+        const Stat sc = stat(copy), sm = stat(comm), su = stat(us);
+        std::printf("rank %d: memcpy %.2f GB/s (%.2f-%.2f) | dispatch+combine %.2f GB/s "
+                    "(%.2f-%.2f), %.1f us/call (%.1f-%.1f), %lld calls/rep | ratio %.2f\n",
+                    rank, sc.median, sc.min, sc.max, sm.median, sm.min, sm.max, su.median, su.min,
+                    su.max, static_cast<long long>(shared->iterations[rank][0]),
+                    sm.median / sc.median);
+        std::printf("rank %d: per call (mean, incl. barriers): layout %.1f us, dispatch %.1f us, "
+                    "combine %.1f us\n",
+                    rank, shared->phase_us[rank][0], shared->phase_us[rank][1],
+                    shared->phase_us[rank][2]);
+    }
+    return 0;
+}

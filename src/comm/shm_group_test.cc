@@ -1,0 +1,592 @@
+// The shared-memory EP group with ranks as forked processes: bitwise equality with a
+// single-process reference for EP = 1, 2, 4, with and without redundant replicas and for
+// every replica rule; a rank killed mid-dispatch; malformed input; attach errors.
+#include "comm/shm_group.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "base/clock.h"
+#include "cluster/eplb.h"
+#include "comm/expert_load.h"
+
+namespace dsi::comm {
+namespace {
+
+constexpr int kHidden = 32;
+constexpr int kExperts = 16;
+constexpr int kTopK = 4;
+constexpr int kGlobalTokens = 48;  // split over the ranks: EP 1, 2 and 4 divide it
+constexpr int kCalls = 3;          // MoE calls per run (alternating buffer sets)
+
+// Memory shared with forked children (MAP_SHARED | MAP_ANONYMOUS).
+template <typename T>
+class SharedArray {
+public:
+    explicit SharedArray(size_t n) : n_(n) {
+        p_ = static_cast<T*>(::mmap(nullptr, bytes(), PROT_READ | PROT_WRITE,
+                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0));
+        DSI_CHECK(p_ != MAP_FAILED, "mmap");
+        std::fill(p_, p_ + n_, T{});
+    }
+    ~SharedArray() { ::munmap(p_, bytes()); }
+    T& operator[](size_t i) { return p_[i]; }
+    T* data() { return p_; }
+
+private:
+    size_t bytes() const { return std::max<size_t>(n_ * sizeof(T), 1); }
+    size_t n_;
+    T* p_;
+};
+
+// Runs fn(rank) in n forked processes; returns each exit code (128 + signal when killed,
+// -1 when it had to be killed at the timeout, so a hang fails instead of blocking).
+std::vector<int> run_ranks(int n, const std::function<int(int)>& fn, int64_t timeout_ms = 25'000) {
+    std::vector<pid_t> pids;
+    for (int r = 0; r < n; ++r) {
+        pid_t pid = ::fork();
+        DSI_CHECK(pid >= 0, "fork");
+        if (pid == 0) {
+            // Never return into GoogleTest in the child, whatever fn does.
+            int code = 99;
+            try {
+                code = fn(r);
+            } catch (...) {
+                code = 98;
+            }
+            ::_exit(code);
+        }
+        pids.push_back(pid);
+    }
+    std::vector<int> codes(static_cast<size_t>(n), -2);
+    const int64_t deadline = steady_clock_ns() + timeout_ms * 1'000'000;
+    int left = n;
+    while (left > 0) {
+        for (int r = 0; r < n; ++r) {
+            int status = 0;
+            if (codes[r] == -2 && ::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
+                codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+                --left;
+            }
+        }
+        if (left > 0 && steady_clock_ns() > deadline) {
+            for (int r = 0; r < n; ++r) {
+                if (codes[r] == -2) {
+                    ::kill(pids[r], SIGKILL);
+                    ::waitpid(pids[r], nullptr, 0);
+                    codes[r] = -1;
+                }
+            }
+            break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return codes;
+}
+
+// Deterministic inputs for call c: hidden rows, distinct top-k ids and gate weights.
+struct CallInput {
+    std::vector<float> hidden;   // [kGlobalTokens * kHidden]
+    std::vector<int32_t> ids;    // [kGlobalTokens * kTopK]
+    std::vector<float> gate;     // [kGlobalTokens * kTopK]
+};
+
+CallInput make_input(int call) {
+    std::mt19937 rng(1234 + call);
+    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+    CallInput in;
+    for (int i = 0; i < kGlobalTokens * kHidden; ++i) {
+        in.hidden.push_back(u(rng));
+    }
+    // Skewed routing: experts 0 and 1 are hot (what redundant replicas are for).
+    std::vector<int> perm(kExperts);
+    for (int t = 0; t < kGlobalTokens; ++t) {
+        std::iota(perm.begin(), perm.end(), 0);
+        std::shuffle(perm.begin(), perm.end(), rng);
+        if (t % 2 == 0) {
+            std::swap(*std::find(perm.begin(), perm.end(), 0), perm[0]);
+        }
+        for (int k = 0; k < kTopK; ++k) {
+            in.ids.push_back(perm[static_cast<size_t>(k)]);
+            in.gate.push_back(u(rng));
+        }
+    }
+    return in;
+}
+
+// Expert e: y = W_e x, W_e[i][j] from a fixed formula, summed over j in order.
+void expert_forward(int e, const float* x, float* y) {
+    for (int i = 0; i < kHidden; ++i) {
+        float acc = 0.0f;
+        for (int j = 0; j < kHidden; ++j) {
+            const float w = static_cast<float>(((e * 131 + i * 31 + j * 7) % 97) - 48) / 64.0f;
+            acc += w * x[j];
+        }
+        y[i] = acc;
+    }
+}
+
+// The single-process reference: out[t] = sum_k gate * expert(x) in k order from 0.
+std::vector<float> reference(const CallInput& in) {
+    std::vector<float> out(static_cast<size_t>(kGlobalTokens) * kHidden);
+    std::vector<float> y(kHidden);
+    for (int t = 0; t < kGlobalTokens; ++t) {
+        float* acc = out.data() + static_cast<size_t>(t) * kHidden;
+        for (int k = 0; k < kTopK; ++k) {
+            expert_forward(in.ids[static_cast<size_t>(t) * kTopK + k],
+                           in.hidden.data() + static_cast<size_t>(t) * kHidden, y.data());
+            const float w = in.gate[static_cast<size_t>(t) * kTopK + k];
+            for (int h = 0; h < kHidden; ++h) {
+                acc[h] += w * y[h];
+            }
+        }
+    }
+    return out;
+}
+
+std::string unique_name() {
+    static std::atomic<int> counter{0};
+    return "dsi_comm_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+}
+
+MoeShape test_shape(int ranks, int slots) {
+    MoeShape s;
+    s.num_ranks = ranks;
+    s.hidden = kHidden;
+    s.top_k = kTopK;
+    s.max_tokens_per_rank = kGlobalTokens / ranks;
+    s.slots_per_rank = slots;
+    return s;
+}
+
+class ShmGroupTest : public ::testing::Test {
+protected:
+    std::string name_ = unique_name();
+    // A failed run may leave the name behind (a group that never formed).
+    void TearDown() override { (void)ShmMoeCommunicator::unlink(name_); }
+};
+
+// Options of rank `rank` of a group of `ranks` over `placement`.
+ShmOptions rank_options(const std::string& name, int rank, int ranks,
+                        const PlacementTable& placement) {
+    ShmOptions options;
+    options.name = name;
+    options.rank = rank;
+    options.shape = test_shape(ranks, placement.slots_per_rank());
+    return options;
+}
+
+enum class PlacementKind { kIdentity, kRedundant, kEplb };
+
+PlacementTable make_placement(PlacementKind kind, int ranks) {
+    if (kind == PlacementKind::kIdentity) {
+        return PlacementTable::identity(kExperts, ranks, kExperts / ranks).value();
+    }
+    if (kind == PlacementKind::kRedundant) {  // 2 spare slots per rank
+        return PlacementTable::identity(kExperts, ranks, kExperts / ranks + 2).value();
+    }
+    // The EPLB policy's placement for the inputs' loads (2 redundant per rank).
+    ExpertLoadCounter counter(1, kExperts);
+    for (int c = 0; c < kCalls; ++c) {
+        DSI_CHECK(counter.add(0, make_input(c).ids).is_ok());
+    }
+    const int physical = cluster::num_physical_experts(kExperts, ranks, 2);
+    auto p = cluster::place_experts(counter.step_loads(), 1, kExperts,
+                                    cluster::EplbLayout{1, 1, ranks, physical});
+    return layer_placement(p.value().phy_to_log, physical, 0, kExperts, ranks).value();
+}
+
+// One rank of an EP run: kCalls MoE calls; writes its tokens' outputs to `out`
+// ([kCalls][kGlobalTokens][kHidden]). Exit codes: 0 ok, 2 create, 3 layout, 4 dispatch,
+// 5 a received row differs from its origin's input, 6 combine, 7 the layout's global
+// expert load differs from the inputs'.
+int run_rank(const std::string& name, int rank, int ranks, PlacementKind kind,
+             ReplicaChoice choice, float* out) {
+    const PlacementTable placement = make_placement(kind, ranks);
+    ShmOptions options = rank_options(name, rank, ranks, placement);
+    auto comm = ShmMoeCommunicator::create(options);
+    if (!comm.is_ok()) {
+        return 2;
+    }
+    const int tokens = kGlobalTokens / ranks;
+    const int first = rank * tokens;
+    for (int c = 0; c < kCalls; ++c) {
+        const CallInput in = make_input(c);
+        std::span<const int32_t> ids(in.ids.data() + static_cast<size_t>(first) * kTopK,
+                                     static_cast<size_t>(tokens) * kTopK);
+        auto layout = (*comm)->layout(placement, ids, tokens, choice);
+        if (!layout.is_ok()) {
+            return 3;
+        }
+        // The layout's per-slot rows give every rank the global expert load of the call.
+        ExpertLoadCounter group_load(1, kExperts), want(1, kExperts);
+        if (!group_load.add_slot_rows(0, placement, layout->slot_rows).is_ok() ||
+            !want.add(0, in.ids).is_ok() ||
+            !std::equal(group_load.step_loads().begin(), group_load.step_loads().end(),
+                        want.step_loads().begin())) {
+            return 7;
+        }
+        auto view = (*comm)->dispatch(
+            *layout, std::span<const float>(in.hidden.data() + static_cast<size_t>(first) * kHidden,
+                                            static_cast<size_t>(tokens) * kHidden));
+        if (!view.is_ok()) {
+            return 4;
+        }
+        std::span<float> y = (*comm)->expert_output_buffer(*layout);
+        for (int s = 0; s < placement.slots_per_rank(); ++s) {
+            const int e = placement.slot_expert()[static_cast<size_t>(rank) * placement.slots_per_rank() + s];
+            for (int64_t row = view->slot_offsets[s]; row < view->slot_offsets[s + 1]; ++row) {
+                const RowOrigin o = view->origins[row];
+                const size_t global = static_cast<size_t>(o.rank) * tokens + o.token;
+                const float* x = view->rows.data() + row * kHidden;
+                if (std::memcmp(x, in.hidden.data() + global * kHidden, kHidden * sizeof(float)) != 0 ||
+                    in.ids[global * kTopK + o.k] != e) {
+                    return 5;
+                }
+                expert_forward(e, x, y.data() + row * kHidden);
+            }
+        }
+        std::span<float> mine(out + (static_cast<size_t>(c) * kGlobalTokens + first) * kHidden,
+                              static_cast<size_t>(tokens) * kHidden);
+        std::span<const float> gate(in.gate.data() + static_cast<size_t>(first) * kTopK,
+                                    static_cast<size_t>(tokens) * kTopK);
+        if (Status s = (*comm)->combine(*layout, y, gate, mine); !s.is_ok()) {
+            std::fprintf(stderr, "rank %d combine: %s\n", rank, s.to_string().c_str());
+            return 6;
+        }
+    }
+    return 0;
+}
+
+TEST_F(ShmGroupTest, BitwiseEqualToSingleProcessForEverySizePlacementAndReplicaRule) {
+    std::vector<std::vector<float>> want;
+    for (int c = 0; c < kCalls; ++c) {
+        want.push_back(reference(make_input(c)));
+    }
+    const size_t floats = static_cast<size_t>(kCalls) * kGlobalTokens * kHidden;
+    int run = 0;
+    for (int ranks : {1, 2, 4}) {
+        for (PlacementKind kind :
+             {PlacementKind::kIdentity, PlacementKind::kRedundant, PlacementKind::kEplb}) {
+            for (ReplicaChoice choice :
+                 {ReplicaChoice::kFirst, ReplicaChoice::kSpread, ReplicaChoice::kLocalFirst}) {
+                if (kind == PlacementKind::kIdentity && choice != ReplicaChoice::kFirst) {
+                    continue;  // one replica each: the rule changes nothing
+                }
+                SCOPED_TRACE("ep " + std::to_string(ranks) + ", placement " +
+                             std::to_string(static_cast<int>(kind)) + ", rule " +
+                             std::to_string(static_cast<int>(choice)));
+                SharedArray<float> out(floats);
+                const std::string name = name_ + "_" + std::to_string(run++);
+                auto codes = run_ranks(ranks, [&](int r) {
+                    return run_rank(name, r, ranks, kind, choice, out.data());
+                });
+                (void)ShmMoeCommunicator::unlink(name);
+                EXPECT_EQ(codes, std::vector<int>(static_cast<size_t>(ranks), 0));
+                for (int c = 0; c < kCalls; ++c) {
+                    EXPECT_EQ(std::memcmp(out.data() + static_cast<size_t>(c) * kGlobalTokens * kHidden,
+                                          want[c].data(), want[c].size() * sizeof(float)),
+                              0)
+                        << "call " << c;
+                }
+            }
+        }
+    }
+}
+
+// Exit codes of the fault tests: status code of the failing call, +100 if it came later
+// than the test's bound.
+int code_of(const Status& s) { return static_cast<int>(s.code()); }
+
+TEST_F(ShmGroupTest, RankKilledMidDispatchFailsTheOthersFast) {
+    const int ranks = 4;
+    SharedArray<int64_t> elapsed_ms(ranks);
+    auto codes = run_ranks(ranks, [&](int r) {
+        const PlacementTable placement = make_placement(PlacementKind::kRedundant, ranks);
+        ShmOptions options = rank_options(name_, r, ranks, placement);
+        options.op_timeout_ms = 20'000;  // the death must be seen long before this
+        if (r == 2) {
+            // Rows written, not yet published: the peers wait for this rank's dispatch.
+            options.before_dispatch_publish = [](uint64_t call) {
+                if (call == 2) {
+                    ::raise(SIGKILL);
+                }
+            };
+        }
+        auto comm = ShmMoeCommunicator::create(options);
+        if (!comm.is_ok()) {
+            return 90;
+        }
+        const int tokens = kGlobalTokens / ranks;
+        const CallInput in = make_input(0);
+        std::span<const int32_t> ids(in.ids.data() + static_cast<size_t>(r) * tokens * kTopK,
+                                     static_cast<size_t>(tokens) * kTopK);
+        std::span<const float> x(in.hidden.data() + static_cast<size_t>(r) * tokens * kHidden,
+                                 static_cast<size_t>(tokens) * kHidden);
+        std::vector<float> out(static_cast<size_t>(tokens) * kHidden);
+        std::span<const float> gate(in.gate.data() + static_cast<size_t>(r) * tokens * kTopK,
+                                    static_cast<size_t>(tokens) * kTopK);
+        for (int c = 0; c < 2; ++c) {
+            auto layout = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kSpread);
+            if (!layout.is_ok()) {
+                return 91;
+            }
+            const int64_t t0 = steady_clock_ns();
+            auto view = (*comm)->dispatch(*layout, x);
+            if (!view.is_ok()) {
+                elapsed_ms[r] = (steady_clock_ns() - t0) / 1'000'000;
+                // Later calls keep failing the same way, without waiting.
+                auto again = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kSpread);
+                return again.status().code() == view.status().code() ? code_of(view.status()) : 92;
+            }
+            if (!(*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, out).is_ok()) {
+                return 93;
+            }
+        }
+        return 0;
+    });
+    for (int r = 0; r < ranks; ++r) {
+        if (r == 2) {
+            EXPECT_EQ(codes[r], 128 + SIGKILL);
+        } else {
+            EXPECT_EQ(codes[r], static_cast<int>(StatusCode::kUnavailable)) << "rank " << r;
+            EXPECT_LT(elapsed_ms[r], 2'000) << "rank " << r;
+        }
+    }
+}
+
+TEST_F(ShmGroupTest, SilentPeerHitsTheDeadline) {
+    SharedArray<int64_t> elapsed_ms(2);
+    auto codes = run_ranks(2, [&](int r) {
+        const PlacementTable placement = make_placement(PlacementKind::kIdentity, 2);
+        ShmOptions options = rank_options(name_, r, 2, placement);
+        options.op_timeout_ms = 300;
+        auto comm = ShmMoeCommunicator::create(options);
+        if (!comm.is_ok()) {
+            return 90;
+        }
+        if (r == 1) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // alive, silent
+            return 0;
+        }
+        const int64_t t0 = steady_clock_ns();
+        Status s = (*comm)->barrier();
+        elapsed_ms[r] = (steady_clock_ns() - t0) / 1'000'000;
+        return code_of(s);
+    });
+    EXPECT_EQ(codes[0], static_cast<int>(StatusCode::kDeadlineExceeded));
+    EXPECT_EQ(codes[1], 0);
+    EXPECT_GE(elapsed_ms[0], 250);
+    EXPECT_LT(elapsed_ms[0], 1'200);
+}
+
+// Bad input on one rank fails the call on every rank (no rank waits for it), and the group
+// stays usable for the next call.
+TEST_F(ShmGroupTest, MalformedInputFailsEveryRankThenRecovers) {
+    const int ranks = 2;
+    SharedArray<int> results(ranks * 4);
+    auto codes = run_ranks(ranks, [&](int r) {
+        const PlacementTable placement = make_placement(PlacementKind::kIdentity, ranks);
+        ShmOptions options = rank_options(name_, r, ranks, placement);
+        options.shape.max_recv_rows = kGlobalTokens / ranks * kTopK;  // no rank takes everything
+        options.op_timeout_ms = 20'000;  // errors must come from the protocol, not this
+        auto comm = ShmMoeCommunicator::create(options);
+        if (!comm.is_ok()) {
+            return 90;
+        }
+        const int tokens = kGlobalTokens / ranks;
+        std::vector<int32_t> ids(static_cast<size_t>(tokens) * kTopK);
+        for (size_t i = 0; i < ids.size(); ++i) {
+            ids[i] = static_cast<int32_t>(i % kExperts);
+        }
+        // 1: rank 1 routes to expert 99.
+        std::vector<int32_t> bad = ids;
+        if (r == 1) {
+            bad[5] = 99;
+        }
+        results[r * 4 + 0] = code_of((*comm)->layout(placement, bad, tokens, ReplicaChoice::kFirst).status());
+        // 2: rank 0 sends more tokens than the capacity.
+        std::vector<int32_t> many(static_cast<size_t>(tokens + 1) * kTopK, 0);
+        results[r * 4 + 1] = r == 0 ? code_of((*comm)->layout(placement, many, tokens + 1,
+                                                                ReplicaChoice::kFirst).status())
+                                    : code_of((*comm)->layout(placement, ids, tokens,
+                                                              ReplicaChoice::kFirst).status());
+        // 3: every row to expert 0 (rank 0): more than rank 0 may receive.
+        std::vector<int32_t> hot(ids.size(), 0);
+        results[r * 4 + 2] = code_of((*comm)->layout(placement, hot, tokens, ReplicaChoice::kFirst).status());
+        // 4: a good call afterwards.
+        auto layout = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kFirst);
+        if (!layout.is_ok()) {
+            return 91;
+        }
+        std::vector<float> x(static_cast<size_t>(tokens) * kHidden, 1.0f);
+        auto view = (*comm)->dispatch(*layout, x);
+        if (!view.is_ok()) {
+            return 92;
+        }
+        std::vector<float> gate(static_cast<size_t>(tokens) * kTopK, 1.0f);
+        if (!(*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, x).is_ok()) {
+            return 93;
+        }
+        // 5: rank 1 dispatches rows of the wrong size: it leaves, rank 0 fails at once.
+        layout = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kFirst);
+        if (!layout.is_ok()) {
+            return 94;
+        }
+        const int64_t t0 = steady_clock_ns();
+        std::vector<float> short_rows(r == 1 ? 3 : x.size());
+        results[r * 4 + 3] = code_of((*comm)->dispatch(*layout, short_rows).status());
+        if (steady_clock_ns() - t0 > 2'000'000'000) {
+            return 95;
+        }
+        // Broken for good: the same error again, no wait.
+        auto again = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kFirst);
+        return code_of(again.status()) == results[r * 4 + 3] ? 0 : 96;
+    });
+    EXPECT_EQ(codes, (std::vector<int>{0, 0}));
+    const int invalid = static_cast<int>(StatusCode::kInvalidArgument);
+    const int precondition = static_cast<int>(StatusCode::kFailedPrecondition);
+    const int exhausted = static_cast<int>(StatusCode::kResourceExhausted);
+    EXPECT_EQ(results[0], precondition);  // rank 0 is told rank 1 failed
+    EXPECT_EQ(results[4], invalid);
+    EXPECT_EQ(results[1], exhausted);
+    EXPECT_EQ(results[5], precondition);
+    EXPECT_EQ(results[2], exhausted);
+    EXPECT_EQ(results[6], exhausted);
+    EXPECT_EQ(results[3], static_cast<int>(StatusCode::kUnavailable));
+    EXPECT_EQ(results[7], invalid);
+}
+
+// Ranks as threads of one process (allowed: each opens the segment itself).
+TEST_F(ShmGroupTest, AttachErrors) {
+    ShmOptions a;
+    a.name = name_;
+    a.rank = 0;
+    a.shape = test_shape(2, kExperts / 2);
+    a.attach_timeout_ms = 600;
+    Status rank0;
+    std::thread t([&] { rank0 = ShmMoeCommunicator::create(a).status(); });
+    // A rank with another layout: refused, no hang.
+    ShmOptions b = a;
+    b.rank = 1;
+    b.shape.hidden = 64;
+    auto other = ShmMoeCommunicator::create(b);
+    EXPECT_EQ(other.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(other.status().message().find("hidden 64 here, 32 in the segment"), std::string::npos)
+        << other.status().message();
+    // The name is taken while rank 0 waits for its group.
+    auto twice = ShmMoeCommunicator::create(a);
+    EXPECT_EQ(twice.status().code(), StatusCode::kAlreadyExists);
+    t.join();
+    EXPECT_EQ(rank0.code(), StatusCode::kDeadlineExceeded);
+    EXPECT_NE(rank0.message().find("ranks 1 did not attach"), std::string::npos) << rank0.message();
+    // Rank 0 unlinked the segment of the group that never formed.
+    EXPECT_EQ(ShmMoeCommunicator::unlink(name_).code(), StatusCode::kNotFound);
+    // No segment at all: the attaching rank gives up at its deadline.
+    b.shape.hidden = kHidden;
+    b.attach_timeout_ms = 100;
+    EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kDeadlineExceeded);
+    b.name = "bad/name";
+    EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kInvalidArgument);
+    b.name = name_;
+    b.rank = 2;
+    EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kInvalidArgument);
+}
+
+// A segment larger than /dev/shm can hold fails at creation, not with SIGBUS mid-step.
+TEST_F(ShmGroupTest, SegmentTooLargeForSharedMemoryIsRefused) {
+    ShmOptions a;
+    a.name = name_;
+    a.shape = test_shape(1, kExperts);
+    a.shape.hidden = 1 << 16;
+    a.shape.max_recv_rows = int64_t{1} << 22;  // 4 rows regions x 1 TiB
+    auto c = ShmMoeCommunicator::create(a);
+    EXPECT_EQ(c.status().code(), StatusCode::kResourceExhausted) << c.status().to_string();
+    EXPECT_EQ(ShmMoeCommunicator::unlink(name_).code(), StatusCode::kNotFound);
+}
+
+// A segment someone else wrote under the group's name: another format, or ours at another
+// version (docs/comm.md: magic "DSIMCOMM" at byte 0, version at byte 8).
+TEST_F(ShmGroupTest, ForeignOrOtherVersionSegmentIsRefused) {
+    for (uint32_t version : {0u, 99u}) {
+        const int fd = ::shm_open(("/" + name_).c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+        ASSERT_GE(fd, 0);
+        ASSERT_EQ(::ftruncate(fd, 8192), 0);
+        const uint64_t magic = version == 0 ? 0x1234567890abcdefULL : 0x4d4d4f434d495344ULL;
+        ASSERT_EQ(::pwrite(fd, &magic, sizeof(magic), 0), static_cast<ssize_t>(sizeof(magic)));
+        ASSERT_EQ(::pwrite(fd, &version, sizeof(version), 8), static_cast<ssize_t>(sizeof(version)));
+        ::close(fd);
+        ShmOptions b;
+        b.name = name_;
+        b.rank = 1;
+        b.shape = test_shape(2, kExperts / 2);
+        b.attach_timeout_ms = 2'000;
+        auto c = ShmMoeCommunicator::create(b);
+        EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
+        EXPECT_NE(c.status().message().find(version == 0 ? "not an EP group" : "version 1 here, 99"),
+                  std::string::npos)
+            << c.status().message();
+        ASSERT_TRUE(ShmMoeCommunicator::unlink(name_).is_ok());
+    }
+}
+
+// A group of two ranks that are threads of this process.
+using CommResult = Result<std::unique_ptr<ShmMoeCommunicator>>;
+std::pair<CommResult, CommResult> thread_pair(const std::string& name) {
+    ShmOptions a;
+    a.name = name;
+    a.shape = test_shape(2, kExperts / 2);
+    ShmOptions b = a;
+    b.rank = 1;
+    CommResult ca = Status(StatusCode::kInternal, "unset");
+    std::thread t([&] { ca = ShmMoeCommunicator::create(a); });
+    CommResult cb = ShmMoeCommunicator::create(b);
+    t.join();
+    return {std::move(ca), std::move(cb)};
+}
+
+// A group that formed has dropped its name; a rank that leaves makes the others'
+// next wait UNAVAILABLE.
+TEST_F(ShmGroupTest, FormedGroupUnlinksAndALeavingRankIsSeen) {
+    auto [ca, cb] = thread_pair(name_);
+    ASSERT_TRUE(ca.is_ok()) << ca.status().to_string();
+    ASSERT_TRUE(cb.is_ok()) << cb.status().to_string();
+    EXPECT_EQ(ShmMoeCommunicator::unlink(name_).code(), StatusCode::kNotFound);
+    Status sb;
+    std::thread tb([&] { sb = (*cb)->barrier(); });
+    EXPECT_TRUE((*ca)->barrier().is_ok());
+    tb.join();
+    EXPECT_TRUE(sb.is_ok());
+    cb = Status(StatusCode::kCancelled, "gone");  // rank 1 leaves
+    EXPECT_EQ((*ca)->barrier().code(), StatusCode::kUnavailable);
+}
+
+TEST_F(ShmGroupTest, StepsOutOfOrderBreakTheGroupFast) {
+    auto [ca, cb] = thread_pair(name_);
+    ASSERT_TRUE(ca.is_ok() && cb.is_ok());
+    // Rank 0 combines without a layout; rank 1 waits in a barrier and is told at once.
+    std::vector<float> none;
+    EXPECT_EQ((*ca)->combine(MoeLayout{}, none, none, none).code(),
+              StatusCode::kFailedPrecondition);
+    const int64_t t0 = steady_clock_ns();
+    EXPECT_EQ((*cb)->barrier().code(), StatusCode::kUnavailable);
+    EXPECT_LT(steady_clock_ns() - t0, 2'000'000'000);
+}
+
+}  // namespace
+}  // namespace dsi::comm
