@@ -18,6 +18,7 @@ sources=(
   src/kvstore/gc_worker.cc src/kvstore/redis_store.cc
   src/server/engine_service.cc src/server/metrics.cc
   src/transfer/transfer_state.cc
+  src/membership/etcd_registry.cc src/membership/file_registry.cc src/router/remote_service.cc
 )
 status=0
 for f in "${sources[@]}"; do
