@@ -254,8 +254,7 @@ int run_router(const ServeFlags& f) {
     router::RemoteService remote(ro);
     Result<std::vector<membership::Member>> engines =
         (*registry)->watch([&remote](const membership::MemberChange& c) { remote.apply(c); });
-    if (!engines.is_ok()) return fail(engines.status(), "router");
-    remote.set_engines(*engines);
+    if (!engines.is_ok()) return fail(engines.status(), "router");  // (they came as joins)
     server::Metrics metrics;
     Result<std::unique_ptr<server::HttpServer>> srv =
         server::HttpServer::create(&ctx, &remote, &metrics, server_options(f, std::move(keys).value()));

@@ -126,7 +126,9 @@ public:
         }
         DSI_ASSIGN_OR_RETURN(Listing listing, list_with_revision());
         MutexLock cb(&callback_mu_);
-        table_.reset(listing.members);
+        // The current members reach `fn` first (as joins), before any stream event: a
+        // watcher can build its view from `fn` alone, with no gap between the two.
+        for (const MemberChange& c : table_.reset(listing.members)) fn(c);
         MutexLock l(&mu_);
         watch_fn_ = std::move(fn);
         start_watch_locked(listing.revision + 1);

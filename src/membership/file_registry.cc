@@ -104,7 +104,7 @@ public:
         DSI_ASSIGN_OR_RETURN(std::vector<Member> members, list());
         MutexLock l(&mu_);
         if (fn_) return failed_precondition("membership: one watch per registry");
-        table_.reset(members);
+        for (const MemberChange& c : table_.reset(members)) fn(c);  // joins first
         fn_ = std::move(fn);
         poller_ = std::thread([this] { poll(); });
         return members;

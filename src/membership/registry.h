@@ -69,8 +69,9 @@ public:
     // The current members, in id order. Records that fail to parse are skipped and
     // counted (RegistryHealth::num_bad_records), never returned.
     virtual Result<std::vector<Member>> list() = 0;
-    // Returns the current members and then reports every change after them to `fn`
-    // until the registry is destroyed. At most one watch per registry
+    // Reports the current members to `fn` as joins (before watch() returns), then every
+    // change after them until the registry is destroyed, so a watcher can keep its view
+    // from `fn` alone. Returns the current members. At most one watch per registry
     // (FAILED_PRECONDITION for a second).
     virtual Result<std::vector<Member>> watch(WatchFn fn) = 0;
     virtual RegistryHealth health() const = 0;

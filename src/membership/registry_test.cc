@@ -114,6 +114,7 @@ TEST(Registry, FileBackendJoinWatchLeave) {
     auto snapshot = (*watcher)->watch(rec.fn());
     ASSERT_TRUE(snapshot.is_ok());
     EXPECT_EQ(ids(*snapshot), std::vector<std::string>{"prefill-0"});
+    EXPECT_TRUE(rec.saw(ChangeKind::kJoined, "prefill-0"));  // the snapshot came as a join
     EXPECT_EQ((*watcher)->watch(rec.fn()).status().code(), StatusCode::kFailedPrecondition);
 
     ASSERT_TRUE((*b)->join(make("decode-0", Role::kDecode)).is_ok());
@@ -228,6 +229,7 @@ TEST(Registry, EtcdWatchSeesAKilledProcessLeave) {
     auto snapshot = (*watcher)->watch(rec.fn());
     ASSERT_TRUE(snapshot.is_ok()) << snapshot.status().message();
     EXPECT_EQ(ids(*snapshot), std::vector<std::string>{"decode-7"});
+    EXPECT_TRUE(rec.saw(ChangeKind::kJoined, "decode-7"));  // the snapshot came as a join
     auto live = open_registry(etcd.uri(), fast_options());
     ASSERT_TRUE(live.is_ok());
     ASSERT_TRUE((*live)->join(make("decode-8", Role::kDecode)).is_ok());

@@ -125,6 +125,14 @@ RemoteService::~RemoteService() {
 
 void RemoteService::add_engine_locked(const membership::Member& m) {
     if (!routable(m) || m.address.empty()) return;
+    if (auto it = engines_.find(m.id); it != engines_.end()) {
+        if (it->second.member.incarnation == m.incarnation &&
+            it->second.member.address == m.address) {
+            it->second.member = m;  // known already (a snapshot and a join overlap)
+            return;
+        }
+        remove_engine_locked(m.id, /*cut_streams=*/true);  // another process now
+    }
     const size_t colon = m.address.rfind(':');
     Engine e;
     e.member = m;
