@@ -270,10 +270,13 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
         call->num_attempts == 0) {
         ++stats_.num_direct_decode;
     }
+    // The other kind when none of the wanted one can take it: a decode engine runs the
+    // whole generation, or a prefill engine does (no hand-over either way).
     std::string id = choose_engine_locked(*call, want_prefill);
-    if (id.empty() && !want_prefill) id = choose_engine_locked(*call, /*prefill=*/true);
+    const bool on_prefill = want_prefill && !id.empty();
+    if (id.empty()) id = choose_engine_locked(*call, !want_prefill);
     if (id.empty()) return false;
-    call->on_prefill = want_prefill;
+    call->on_prefill = on_prefill;
     call->handing_over = false;
     Engine& e = engines_.at(id);
     call->engine_id = id;
