@@ -27,7 +27,9 @@ struct RemoteService::Call {
 
     // The rest under RemoteService::mu_.
     std::string engine_id;  // "" between attempts
-    std::shared_ptr<net::HttpClient> client;
+    // Weak: the client's I/O thread owns the handlers that own this Call; a strong
+    // reference here would let the last one go on that thread, which cannot join itself.
+    std::weak_ptr<net::HttpClient> client;
     uint64_t http_id = 0;
     uint64_t attempt = 0;  // callbacks of an earlier attempt are ignored
     int num_attempts = 0;
@@ -499,7 +501,7 @@ void RemoteService::abort(Ticket ticket) {
         calls_.erase(it);
         call->aborted = true;
         // Closing the stream aborts the generation on the engine.
-        if (call->client) call->client->cancel(call->http_id);
+        if (auto client = call->client.lock()) client->cancel(call->http_id);
         release_engine_locked(*call);
     }
     Update u;
