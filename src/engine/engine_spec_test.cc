@@ -456,9 +456,14 @@ TEST(EngineSpecTest, GateSpeculatesOnlyWhereItIsFaster) {
     EngineStats o;
     expect_same(run(sure, reqs, true, &o), want, "oracle, gated");
     EXPECT_EQ(o.spec_accepted_tokens, o.spec_draft_tokens);
-    // Six tokens a verifying step: far fewer steps than the ~120 without speculation.
-    EXPECT_GT(o.spec_steps * 2, o.steps) << o.steps;
-    EXPECT_LT(o.steps, 60);
+    // Six tokens a verifying step: fewer steps than the ~120 without speculation. How
+    // many fewer depends on the measured rates, which a loaded machine (CI runs tests
+    // side by side) can blur: on a quiet machine most steps speculate (< 60 steps), but
+    // the assertion holds the wiring only -- the probes alone (4 speculating steps of 6
+    // tokens) save ~20 steps. The policy's choice is tested on an injected clock
+    // (varlen_test, SpecGateTest).
+    EXPECT_GT(o.spec_steps, 0);
+    EXPECT_LT(o.steps, 115) << o.spec_steps;
 }
 
 // The rejection rule with fixed-length speculation (S-ENG-7): the same seed gives the
