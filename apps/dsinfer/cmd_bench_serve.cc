@@ -19,9 +19,9 @@
 #include "base/env.h"
 #include "base/settings.h"
 #include "loadgen/dataset.h"
-#include "net/http_client.h"
 #include "loadgen/load_runner.h"
 #include "loadgen/report.h"
+#include "net/http_client.h"
 
 namespace dsi {
 namespace {
