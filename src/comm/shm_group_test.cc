@@ -315,7 +315,6 @@ int code_of(const Status& s) { return static_cast<int>(s.code()); }
 
 TEST_F(ShmGroupTest, RankKilledMidDispatchFailsTheOthersFast) {
     const int ranks = 4;
-    SharedArray<int64_t> elapsed_ms(ranks);
     auto codes = run_ranks(ranks, [&](int r) {
         const PlacementTable placement = make_placement(PlacementKind::kRedundant, ranks);
         ShmOptions options = rank_options(name_, r, ranks, placement);
@@ -346,10 +345,8 @@ TEST_F(ShmGroupTest, RankKilledMidDispatchFailsTheOthersFast) {
             if (!layout.is_ok()) {
                 return 91;
             }
-            const int64_t t0 = steady_clock_ns();
             auto view = (*comm)->dispatch(*layout, x);
             if (!view.is_ok()) {
-                elapsed_ms[r] = (steady_clock_ns() - t0) / 1'000'000;
                 // Later calls keep failing the same way, without waiting.
                 auto again = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kSpread);
                 return again.status().code() == view.status().code() ? code_of(view.status()) : 92;
@@ -364,8 +361,9 @@ TEST_F(ShmGroupTest, RankKilledMidDispatchFailsTheOthersFast) {
         if (r == 2) {
             EXPECT_EQ(codes[r], 128 + SIGKILL);
         } else {
+            // UNAVAILABLE, not DEADLINE_EXCEEDED (20 s): the death was detected, not waited
+            // out. (No bound on the time: speed is not asserted in tests.)
             EXPECT_EQ(codes[r], static_cast<int>(StatusCode::kUnavailable)) << "rank " << r;
-            EXPECT_LT(elapsed_ms[r], 2'000) << "rank " << r;
         }
     }
 }
@@ -381,7 +379,7 @@ TEST_F(ShmGroupTest, SilentPeerHitsTheDeadline) {
             return 90;
         }
         if (r == 1) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // alive, silent
+            std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // alive, silent
             return 0;
         }
         const int64_t t0 = steady_clock_ns();
@@ -389,10 +387,11 @@ TEST_F(ShmGroupTest, SilentPeerHitsTheDeadline) {
         elapsed_ms[r] = (steady_clock_ns() - t0) / 1'000'000;
         return code_of(s);
     });
+    // DEADLINE_EXCEEDED (not UNAVAILABLE, which waiting until the silent peer exits at
+    // 3 s would give), and not before its 300 ms deadline.
     EXPECT_EQ(codes[0], static_cast<int>(StatusCode::kDeadlineExceeded));
     EXPECT_EQ(codes[1], 0);
     EXPECT_GE(elapsed_ms[0], 250);
-    EXPECT_LT(elapsed_ms[0], 1'200);
 }
 
 // Bad input on one rank fails the call on every rank (no rank waits for it), and the group
@@ -583,9 +582,8 @@ TEST_F(ShmGroupTest, StepsOutOfOrderBreakTheGroupFast) {
     std::vector<float> none;
     EXPECT_EQ((*ca)->combine(MoeLayout{}, none, none, none).code(),
               StatusCode::kFailedPrecondition);
-    const int64_t t0 = steady_clock_ns();
+    // UNAVAILABLE, not the 10 s DEADLINE_EXCEEDED: told, not timed out.
     EXPECT_EQ((*cb)->barrier().code(), StatusCode::kUnavailable);
-    EXPECT_LT(steady_clock_ns() - t0, 2'000'000'000);
 }
 
 }  // namespace
