@@ -152,6 +152,26 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
             options.on_layers_ready(layers_ready);
         }
         if (verdict == TransferReceiver::Verdict::kComplete) {
+            ReceivedSequence r;
+            r.transfer_id = id;
+            r.destination = receiver.take_destination();
+            r.begin = *receiver.begin();
+            r.sender = *receiver.peer();
+            r.counters = receiver.counters();
+            if (options.commit) {
+                Status committed = options.commit(id, r.begin, r.sender, *r.destination);
+                if (!committed.is_ok()) {
+                    r.destination.reset();
+                    (void)write_frame(
+                        conn,
+                        stamper.stamp(MessageType::kFailure,
+                                      encode_payload(FailureMessage{committed.code(),
+                                                                    committed.message()})),
+                        options.io_timeout);
+                    linger_and_close(conn, options.linger);
+                    return committed.with_context("committing the transfer");
+                }
+            }
             Status s =
                 write_frame(conn,
                             stamper.stamp(MessageType::kAck,
@@ -162,12 +182,6 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
                 // The data is whole and verified; the sender will report the missing Ack.
                 (void)s;
             }
-            ReceivedSequence r;
-            r.transfer_id = id;
-            r.destination = receiver.take_destination();
-            r.begin = *receiver.begin();
-            r.sender = *receiver.peer();
-            r.counters = receiver.counters();
             return r;
         }
         if (verdict == TransferReceiver::Verdict::kAborted) {

@@ -60,6 +60,14 @@ struct ReceiveOptions {
     std::function<void(uint32_t num_layers_ready)> on_layers_ready;
     // Called before each frame is applied; true: the transfer is aborted here.
     std::function<bool()> should_abort;
+    // Called once the End is verified and before the Ack is sent, with the whole
+    // destination: the Ack then means "committed" (e.g. the blocks are in the decode
+    // engine's store tier), so a sender that has its Ack can hand the sequence on. A
+    // non-OK status is sent to the sender as Failure and returned; the destination is
+    // dropped.
+    std::function<Status(const TransferId& id, const BeginMessage& begin,
+                         const HelloMessage& sender, Destination& destination)>
+        commit;
 };
 
 struct ReceivedSequence {
@@ -71,6 +79,7 @@ struct ReceivedSequence {
 };
 
 // On failure the destination made by `factory` is already destroyed when this returns.
+// With ReceiveOptions::commit, the Ack is sent only after it returned OK.
 Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions& options,
                                           PeerTable& peers, const DestinationFactory& factory);
 

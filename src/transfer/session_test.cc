@@ -286,6 +286,40 @@ TEST_F(TransferTcpTest, AbortFromEitherSideEndsBothAndReleasesTheBuffers) {
     }
 }
 
+// ReceiveOptions::commit runs before the Ack: its OK is the sender's OK, its error
+// is the sender's error, and a refused destination is released.
+TEST_F(TransferTcpTest, TheAckComesOnlyAfterTheCommitAndARefusedCommitFailsBothSides) {
+    const auto seq = TestSequence::make(5, 40 << 10, /*v4=*/true, 110);
+    int commits = 0;
+    receive_.commit = [&commits, &seq](const TransferId& id, const BeginMessage& begin,
+                                       const HelloMessage& sender, Destination& d) {
+        ++commits;
+        EXPECT_EQ(id, kId);
+        EXPECT_EQ(begin, seq.begin);
+        EXPECT_EQ(sender, kPrefill);
+        EXPECT_TRUE(holds(d, seq));  // whole and verified before the Ack
+        return Status();
+    };
+    {
+        auto [sent, got] = run(seq);
+        ASSERT_TRUE(sent.is_ok()) << sent.status().to_string();
+        ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+        EXPECT_EQ(commits, 1);
+        got->destination.reset();
+    }
+    receive_.commit = [&commits](const TransferId&, const BeginMessage&, const HelloMessage&,
+                                 Destination&) {
+        ++commits;
+        return resource_exhausted("the inbox is full");
+    };
+    auto [sent, got] = run(seq);
+    expect_both_failed(sent, got, StatusCode::kResourceExhausted, "the inbox is full",
+                       StatusCode::kResourceExhausted);
+    EXPECT_NE(sent.status().message().find("the inbox is full"), std::string::npos);
+    EXPECT_EQ(commits, 2);
+    EXPECT_EQ(live_destinations().load(), 0);
+}
+
 TEST_F(TransferTcpTest, BytesThatAreNotFramesAreRefused) {
     ReceiverThread receiver(listener_.get(), receive_, &peers_);
     auto conn = tcp_->connect("127.0.0.1", listener_->port(), 5s);
