@@ -51,6 +51,7 @@ struct Sequence {
     bool running = false;
     bool init_sent = false;
     bool gated = false;  // completion > 0 waiting for completion 0's prefill
+    bool export_kv = false;  // GenerateRequest::export_kv (completion 0 of n = 1)
     std::vector<int32_t> drafts;  // speculation: proposed after the last step
     int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_verify_steps = 0;
     std::unique_ptr<IncrementalDecoder> decoder;
@@ -502,6 +503,14 @@ struct Engine::Impl {
         }
         ev.finished = reason != FinishReason::kNone;
         ev.reason = reason;
+        if (s.export_kv && (reason == FinishReason::kLength || reason == FinishReason::kStop)) {
+            // Its blocks are published (the step result came first) and still held.
+            ev.kv_export = cache->export_blocks(s.id, s.tokens);
+            if (ev.kv_export) {
+                ++stats.kv_exports;
+                stats.kv_export_bytes += static_cast<int64_t>(ev.kv_export->bytes());
+            }
+        }
         emit(s, ev);
         if (ev.finished) finish(s, reason, false);
         return ev.finished;
@@ -698,6 +707,7 @@ Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback ca
         s.tokens = shared->prompt;
         s.num_prompt = static_cast<int64_t>(s.tokens.size());
         s.gated = i > 0 && m.options.prefix_cache;
+        s.export_kv = request.export_kv && shared->sampling.n == 1;
         if (m.options.tokenizer) {
             s.decoder = std::make_unique<IncrementalDecoder>(*m.options.tokenizer);
             if (!shared->sampling.stop.empty())

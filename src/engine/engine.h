@@ -71,6 +71,7 @@
 #include "base/status.h"
 #include "engine/scheduler.h"
 #include "kv/block_pool.h"
+#include "kv/kv_export.h"
 #include "model/causal_lm.h"
 #include "sampling/sampler.h"
 #include "spec/drafter.h"
@@ -167,6 +168,10 @@ struct GenerateRequest {
     // produced next; their text is not sent again. REQUIRES: sampling.n == 1 and fewer
     // tokens than max_tokens.
     std::vector<int32_t> resume_output;
+    // Issue 18 prefill -> decode hand-over: the finishing event (kLength or kStop) of
+    // completion 0 carries a copy of its published full blocks (TokenEvent::kv_export),
+    // for the server to send to the decode engine. Ignored with n > 1.
+    bool export_kv = false;
 };
 
 struct TokenEvent {
@@ -187,6 +192,9 @@ struct TokenEvent {
     int64_t spec_draft_tokens = 0;
     int64_t spec_accepted_tokens = 0;
     int64_t spec_verify_steps = 0;
+    // GenerateRequest::export_kv: the finished sequence's full blocks (null when it has
+    // none or the model's layout cannot be exported: kv::TieredCache::export_blocks).
+    std::shared_ptr<const kv::KvExport> kv_export;
 };
 using StreamCallback = std::function<void(const TokenEvent&)>;
 
@@ -233,6 +241,8 @@ struct EngineStats {
     int64_t store_puts_dropped = 0;    // refused by the store (full, down): counted there
     int64_t store_bytes_offered = 0;
     int64_t fetch_count = 0, fetch_sum_ns = 0, fetch_max_ns = 0;  // submit -> ready
+    int64_t kv_exports = 0;       // finished sequences whose blocks were exported (export_kv)
+    int64_t kv_export_bytes = 0;
     int64_t swap_in_count = 0, swap_in_sum_ns = 0;  // per step with swap-ins: copy time
     int64_t swap_in_wait_ns = 0;   // attention time spent waiting on swap-in layers
     int64_t swap_in_overlapped = 0;  // swap-ins whose forward started before the last layer

@@ -336,6 +336,105 @@ TEST(EngineStoreTest, HitAtEachTierThroughTheShmPool) {
     EXPECT_GE(c->stats().pool.hit_blocks, 5) << "device pool tier";
 }
 
+// Issue 18 hand-over: a prefill engine's export of its finished sequence (export_kv),
+// stored block by block where a decode engine looks (here: its shm tier), lets the
+// decode engine continue the generation (resume_output = the first token) computing
+// only the partial block and that token, with the cold run's tokens and logits.
+TEST(EngineStoreTest, ExportedBlocksLetAnotherEngineContinueWithColdOutputs) {
+    const std::vector<int32_t> prompt = prompt_of(kPromptLen, 21);
+    const Output cold = run_fresh(options(), prompt, 6);
+
+    std::unique_ptr<Engine> a = Engine::create(&shared_model(), options(),
+                                               Env::default_env()).value();
+    std::shared_ptr<const kv::KvExport> exported;
+    std::vector<int32_t> first;
+    GenerateRequest r;
+    r.prompt = prompt;
+    r.sampling.max_tokens = 1;
+    r.sampling.ignore_eos = true;
+    r.export_kv = true;
+    ASSERT_TRUE(a->add_request(r, [&](const TokenEvent& ev) {
+                     if (ev.token >= 0) first.push_back(ev.token);
+                     if (ev.finished) {
+                         EXPECT_EQ(ev.reason, FinishReason::kLength);
+                         exported = ev.kv_export;
+                     }
+                 }).is_ok());
+    ASSERT_TRUE(a->run().is_ok());
+    ASSERT_EQ(first, std::vector<int32_t>{cold.tokens[0]});
+    ASSERT_NE(exported, nullptr);
+    EXPECT_EQ(a->stats().kv_exports, 1);
+    ASSERT_EQ(exported->num_blocks(), 5u);  // the full prompt blocks, not the partial one
+    const std::vector<kv::BlockKey> chain =
+        kv::chain_keys(prompt, kv::make_salt(options().model_id, ""));
+    for (size_t b = 0; b < 5; ++b) {
+        EXPECT_EQ(exported->keys[b], (kvstore::StoreKey{chain[b].lo, chain[b].hi}));
+    }
+    EXPECT_EQ(exported->bytes(), exported->num_blocks() * exported->num_layers() *
+                                     exported->layer_block_bytes);
+
+    const std::string name = "dsi_engine_export_" + std::to_string(::getpid());
+    (void)kvstore::ShmBlockStore::unlink(name);
+    kvstore::ShmStoreOptions so;
+    so.name = name;
+    so.num_slots = 16;
+    so.slot_bytes = 1 << 20;
+    so.unlink_on_close = true;
+    std::unique_ptr<kvstore::ShmBlockStore> inbox = kvstore::ShmBlockStore::open(so).value();
+    for (size_t b = 0; b < exported->num_blocks(); ++b) {
+        std::vector<std::span<const uint8_t>> layers;
+        for (uint32_t l = 0; l < exported->num_layers(); ++l) layers.push_back(exported->layer(l, b));
+        ASSERT_TRUE(inbox->put(exported->info(b), layers).is_ok());
+    }
+
+    EngineOptions ob = options();
+    ob.kv_store = inbox.get();
+    std::unique_ptr<Engine> b = Engine::create(&shared_model(), ob, Env::default_env()).value();
+    Output rest;
+    GenerateRequest c;
+    c.prompt = prompt;
+    c.sampling.max_tokens = 6;
+    c.sampling.ignore_eos = true;
+    c.resume_output = first;
+    ASSERT_TRUE(b->add_request(c, [&](const TokenEvent& ev) {
+                     if (ev.token < 0) return;
+                     rest.tokens.push_back(ev.token);
+                     rest.logits.emplace_back(ev.logits.begin(), ev.logits.end());
+                 }).is_ok());
+    ASSERT_TRUE(b->run().is_ok());
+    Output expected;
+    expected.tokens.assign(cold.tokens.begin() + 1, cold.tokens.end());
+    expected.logits.assign(cold.logits.begin() + 1, cold.logits.end());
+    expect_same(rest, expected);
+    EXPECT_EQ(b->stats().store_hit_blocks, 5);
+    EXPECT_EQ(b->stats().computed_prefill_tokens, 40 + 1);  // the partial block + the token
+
+    // No export: a prompt without a full block, n > 1, an aborted request.
+    for (int variant = 0; variant < 3; ++variant) {
+        GenerateRequest q;
+        q.prompt = variant == 0 ? prompt_of(100, 22) : prompt;
+        q.sampling.max_tokens = variant == 2 ? 50 : 1;
+        q.sampling.ignore_eos = true;
+        q.sampling.n = variant == 1 ? 2 : 1;
+        q.export_kv = true;
+        int finished = 0;
+        auto id = a->add_request(q, [&](const TokenEvent& ev) {
+            if (!ev.finished) return;
+            ++finished;
+            EXPECT_EQ(ev.kv_export, nullptr) << variant;
+        });
+        ASSERT_TRUE(id.is_ok());
+        if (variant == 2) {
+            ASSERT_TRUE(a->step().is_ok());
+            ASSERT_TRUE(a->abort(*id).is_ok());
+        }
+        ASSERT_TRUE(a->run().is_ok());
+        EXPECT_EQ(finished, variant == 1 ? 2 : 1) << variant;
+    }
+    EXPECT_EQ(a->stats().kv_exports, 1);
+    ASSERT_TRUE(a->check_invariants().is_ok());
+}
+
 TEST(EngineStoreTest, FullWriteQueueDropsAndCounts) {
     TempDir dir;
     const std::vector<int32_t> prompt = prompt_of(kPromptLen, 5);

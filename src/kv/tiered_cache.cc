@@ -157,6 +157,38 @@ void TieredCache::offer_block(const Seq& s, std::span<const int32_t> tokens, int
     }
 }
 
+std::shared_ptr<const KvExport> TieredCache::export_blocks(SeqId id,
+                                                          std::span<const int32_t> tokens) const {
+    const Seq& s = at(id);
+    if (!options_.prefix_cache || slots_ != nullptr || options_.groups.size() != 1 ||
+        s.num_published == 0) {
+        return nullptr;
+    }
+    auto e = std::make_shared<KvExport>();
+    e->model_id = options_.model_id;
+    e->dtype = options_.store_dtype;
+    e->traffic_class = s.traffic;
+    e->block_tokens = static_cast<uint32_t>(kBlockTokens);
+    e->layer_block_bytes = static_cast<uint64_t>(layer_bytes());
+    const auto n = static_cast<size_t>(s.num_published);
+    for (size_t b = 0; b < n; ++b) {
+        e->keys.push_back(kvstore::StoreKey{s.keys[b].lo, s.keys[b].hi});
+        e->token_hashes.push_back(kvstore::token_ids_hash(
+            tokens.subspan(b * static_cast<size_t>(kBlockTokens), kBlockTokens)));
+    }
+    const int64_t floats = layer_bytes() / static_cast<int64_t>(sizeof(float));
+    e->layers.resize(static_cast<size_t>(store_layers()));
+    for (size_t l = 0; l < e->layers.size(); ++l) {
+        std::vector<uint8_t>& dst = e->layers[l];
+        dst.resize(n * e->layer_block_bytes);
+        for (size_t b = 0; b < n; ++b) {
+            const float* src = pool_->data(0, s.blocks[b]) + static_cast<int64_t>(l) * floats;
+            std::memcpy(dst.data() + b * e->layer_block_bytes, src, e->layer_block_bytes);
+        }
+    }
+    return e;
+}
+
 // Keys of the first n full blocks of tokens.
 void TieredCache::ensure_keys(Seq& s, std::span<const int32_t> tokens, int64_t n) {
     while (static_cast<int64_t>(s.keys.size()) < n) {

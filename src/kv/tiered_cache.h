@@ -49,6 +49,7 @@
 #include "kv/block_key.h"
 #include "kv/block_pool.h"
 #include "kv/host_swap.h"
+#include "kv/kv_export.h"
 #include "kv/paged_kv_cache.h"
 #include "kv/state_slots.h"
 #include "kvstore/async_store.h"
@@ -193,6 +194,11 @@ public:
     // offers the new ones to the store's write-behind (S-KV-7). REQUIRES: their rows
     // are computed (the step that computed them has completed).
     void publish(SeqId id, std::span<const int32_t> tokens, int64_t num_full_blocks);
+    // Issue 18 hand-over: a copy of the sequence's published full blocks (the prefix of
+    // `tokens` the prefix index holds for it), as the store would hold them. Null when
+    // there is none, or the layout is not one store block per pool block (per-sequence
+    // state, several cache groups: V4), or prefix caching is off.
+    std::shared_ptr<const KvExport> export_blocks(SeqId id, std::span<const int32_t> tokens) const;
     // Back to waiting: rows [0, rows) go to host slots when they fit and the sequence
     // has no state slot (true), else are dropped (recompute). Its blocks and state slot
     // are released either way.

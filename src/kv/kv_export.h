@@ -1,0 +1,52 @@
+// KvExport: a sequence's published full blocks copied out of the engine's pool for a
+// prefill -> decode hand-over (issue 18, docs/cluster.md "KV hand-over"). It holds
+// what the KV store would hold for each block (kvstore/block_format.h: key, model,
+// dtype, token hash, one byte range per layer), laid out layer-major so one layer of
+// every block is one contiguous range on the wire (transfer/: one Begin layer per
+// model layer, a State section with the block list).
+// Thread model: an immutable value once made (shared between threads as const).
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kvstore/block_format.h"
+
+namespace dsi::kv {
+
+struct KvExport {
+    std::string model_id;  // the cache identity (EngineOptions::model_id)
+    uint32_t dtype = 0;    // the store's dtype code
+    kvstore::TrafficClass traffic_class = kvstore::TrafficClass::kChatbot;
+    uint32_t block_tokens = 0;
+    uint64_t layer_block_bytes = 0;         // one layer of one block
+    std::vector<kvstore::StoreKey> keys;    // hash-chain keys, block order
+    std::vector<uint64_t> token_hashes;     // kvstore::token_ids_hash per block
+    // layers[l]: layer l of block 0, 1, ... (keys.size() * layer_block_bytes bytes).
+    std::vector<std::vector<uint8_t>> layers;
+
+    size_t num_blocks() const { return keys.size(); }
+    uint32_t num_layers() const { return static_cast<uint32_t>(layers.size()); }
+    uint64_t bytes() const { return num_blocks() * num_layers() * layer_block_bytes; }
+    // The store's header fields of block b.
+    kvstore::BlockInfo info(size_t b) const {
+        kvstore::BlockInfo i;
+        i.key = keys[b];
+        i.model = kvstore::model_identity(model_id);
+        i.num_layers = num_layers();
+        i.dtype = dtype;
+        i.num_tokens = block_tokens;
+        i.token_hash = token_hashes[b];
+        i.traffic_class = traffic_class;
+        return i;
+    }
+    // Layer l of block b.
+    std::span<const uint8_t> layer(size_t l, size_t b) const {
+        return std::span<const uint8_t>(layers[l]).subspan(b * layer_block_bytes,
+                                                           layer_block_bytes);
+    }
+};
+
+}  // namespace dsi::kv
