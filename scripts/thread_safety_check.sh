@@ -19,6 +19,7 @@ sources=(
   src/server/engine_service.cc src/server/metrics.cc
   src/transfer/transfer_state.cc
   src/membership/etcd_registry.cc src/membership/file_registry.cc src/router/remote_service.cc
+  src/serving/kv_handoff.cc
 )
 status=0
 for f in "${sources[@]}"; do
