@@ -19,7 +19,7 @@ sources=(
   src/server/engine_service.cc src/server/metrics.cc
   src/transfer/transfer_state.cc
   src/membership/etcd_registry.cc src/membership/file_registry.cc src/router/remote_service.cc
-  src/serving/kv_handoff.cc
+  src/serving/kv_handoff.cc src/server/handoff_service.cc
 )
 status=0
 for f in "${sources[@]}"; do

@@ -118,6 +118,17 @@ Result<engine::FinishReason> parse_reason(std::string_view s) {
     return invalid_argument("reason: unknown finish reason '" + std::string(s) + "'");
 }
 
+// 32 hex digits (TransferId::to_string).
+Result<transfer::TransferId> parse_transfer_id(const std::string& s) {
+    if (s.size() != 32 || s.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+        return invalid_argument("handoff.id: must be 32 hex digits");
+    }
+    transfer::TransferId id;
+    id.hi = std::strtoull(s.substr(0, 16).c_str(), nullptr, 16);
+    id.lo = std::strtoull(s.substr(16).c_str(), nullptr, 16);
+    return id;
+}
+
 Result<StatusCode> parse_code(std::string_view s) {
     for (int c = 0; c <= static_cast<int>(StatusCode::kDataLoss); ++c) {
         if (s == status_code_name(static_cast<StatusCode>(c))) return static_cast<StatusCode>(c);
@@ -153,6 +164,9 @@ std::string encode_generation(const Generation& g, int64_t timeout_ms) {
               {"agent_traffic", r.agent_traffic},
               {"timeout_ms", timeout_ms}};
     if (!r.resume_output.empty()) j["resume"] = r.resume_output;
+    if (g.handoff) {
+        j["handoff"] = {{"address", g.handoff->address}, {"id", g.handoff->id.to_string()}};
+    }
     if (g.structured) {
         j["grammar"] = {{"kind", grammar::grammar_kind_name(g.structured->spec.kind)},
                         {"text", g.structured->spec.text},
@@ -200,6 +214,19 @@ Result<Generation> decode_generation(const ApiContext& ctx, std::string_view bod
     if (timeout_ms > 0) {
         Env* env = ctx.env != nullptr ? ctx.env : Env::default_env();
         r.deadline_ns = env->now_ns() + timeout_ms * 1000000;
+    }
+    if (auto hit = j.find("handoff"); hit != j.end() && !hit->is_null()) {
+        if (!hit->is_object()) return invalid_argument("handoff: must be an object");
+        Reader hr(*hit, "handoff.");
+        serving::HandoffTarget t;
+        std::string id;
+        DSI_RETURN_IF_ERROR(hr.get("address", &t.address, /*required=*/true));
+        DSI_RETURN_IF_ERROR(hr.get("id", &id, /*required=*/true));
+        if (t.address.empty() || t.address.size() > 300) {
+            return invalid_argument("handoff.address: must be host:port");
+        }
+        DSI_ASSIGN_OR_RETURN(t.id, parse_transfer_id(id));
+        g.handoff = std::move(t);
     }
     auto sit = j.find("sampling");
     if (sit == j.end() || !sit->is_object()) return invalid_argument("sampling: missing");
@@ -269,6 +296,13 @@ std::string encode_update(const Update& u) {
     if (!u.error.is_ok()) {
         j["error"] = {{"code", status_code_name(u.error.code())}, {"message", u.error.message()}};
     }
+    if (u.handoff) {
+        j["handoff"] = {{"ok", u.handoff->ok},
+                        {"blocks", u.handoff->blocks},
+                        {"bytes", u.handoff->bytes},
+                        {"us", u.handoff->micros},
+                        {"error", u.handoff->error}};
+    }
     // Token text is whole UTF-8 characters from the engine's detokenizer; replace
     // anything else rather than throw.
     return j.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
@@ -308,6 +342,18 @@ Result<Update> decode_update(std::string_view line) {
             DSI_RETURN_IF_ERROR(read_pairs(*it, "update.tokens.top", &out.top_logprobs));
         }
         u.tokens.push_back(std::move(out));
+    }
+    if (auto hit = j.find("handoff"); hit != j.end() && !hit->is_null()) {
+        if (!hit->is_object()) return invalid_argument("update.handoff: must be an object");
+        Reader hr(*hit, "update.handoff.");
+        HandoffResult h;
+        DSI_RETURN_IF_ERROR(hr.get("ok", &h.ok, /*required=*/true));
+        DSI_RETURN_IF_ERROR(hr.get("blocks", &h.blocks));
+        DSI_RETURN_IF_ERROR(hr.get("bytes", &h.bytes));
+        DSI_RETURN_IF_ERROR(hr.get("us", &h.micros));
+        DSI_RETURN_IF_ERROR(hr.get("error", &h.error));
+        if (!u.finished) return invalid_argument("update.handoff: only on the final update");
+        u.handoff = std::move(h);
     }
     if (auto eit = j.find("error"); eit != j.end()) {
         if (!eit->is_object()) return invalid_argument("update.error: must be an object");

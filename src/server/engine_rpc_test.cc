@@ -74,10 +74,35 @@ TEST(EngineRpc, GenerationRoundTrip) {
     EXPECT_EQ(a.n, b.n);
     EXPECT_EQ(a.seed, b.seed);
     EXPECT_FALSE(back->structured);
+    EXPECT_FALSE(back->handoff);
     // No timeout: no deadline.
     back = decode_generation(ctx, encode_generation(g, 0));
     ASSERT_TRUE(back.is_ok());
     EXPECT_EQ(back->request.deadline_ns, 0);
+}
+
+TEST(EngineRpc, TheHandOffTargetAndResultTravel) {
+    Generation g = sample_generation();
+    g.handoff = serving::HandoffTarget{"decode-1.local:9100", {0x0123456789abcdefULL, 0xfedcba98ULL}};
+    auto back = decode_generation(context(), encode_generation(g, 0));
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    ASSERT_TRUE(back->handoff);
+    EXPECT_EQ(back->handoff->address, "decode-1.local:9100");
+    EXPECT_EQ(back->handoff->id, g.handoff->id);
+
+    Update last;
+    last.finished = true;
+    last.reason = engine::FinishReason::kLength;
+    last.handoff = HandoffResult{false, 3, 4096, 1234, "UNAVAILABLE: refused"};
+    auto u = decode_update(encode_update(last));
+    ASSERT_TRUE(u.is_ok()) << u.status().to_string();
+    ASSERT_TRUE(u->handoff);
+    EXPECT_FALSE(u->handoff->ok);
+    EXPECT_EQ(u->handoff->blocks, 3);
+    EXPECT_EQ(u->handoff->bytes, 4096);
+    EXPECT_EQ(u->handoff->micros, 1234);
+    EXPECT_EQ(u->handoff->error, "UNAVAILABLE: refused");
+    EXPECT_FALSE(decode_update(encode_update(Update{})).value().handoff);
 }
 
 TEST(EngineRpc, GrammarTravelsAsSourceAndNeedsACompiler) {
@@ -122,6 +147,15 @@ TEST(EngineRpc, MalformedGenerationsNameTheField) {
         {R"({"prompt":[1],"timeout_ms":-5,)" + ok_sampling + "}", "timeout_ms"},
         {R"({"prompt":[1],"grammar":{"kind":"yaml"},)" + ok_sampling + "}", "grammar.kind"},
         {R"({"prompt":[1],"grammar":"x",)" + ok_sampling + "}", "grammar"},
+        {R"({"prompt":[1],"handoff":"x",)" + ok_sampling + "}", "handoff"},
+        {R"({"prompt":[1],"handoff":{"id":"00000000000000000000000000000001"},)" + ok_sampling +
+             "}",
+         "handoff.address"},
+        {R"({"prompt":[1],"handoff":{"address":"h:1","id":"xyz"},)" + ok_sampling + "}",
+         "handoff.id"},
+        {R"({"prompt":[1],"handoff":{"address":"","id":"00000000000000000000000000000001"},)" +
+             ok_sampling + "}",
+         "handoff.address"},
     };
     for (const auto& [body, field] : cases) {
         auto g = decode_generation(ctx, body);
@@ -183,6 +217,9 @@ TEST(EngineRpc, MalformedUpdatesAreRejected) {
              R"({"finished":false,"reason":"none","tokens":[],"spec":[1,2]})",
              R"({"finished":true,"reason":"error","tokens":[],"error":{"code":"OK"}})",
              R"({"finished":true,"reason":"error","tokens":[],"error":{"code":"WAT"}})",
+             R"({"finished":false,"reason":"none","tokens":[],"handoff":{"ok":true}})",
+             R"({"finished":true,"reason":"length","tokens":[],"handoff":{"blocks":1}})",
+             R"({"finished":true,"reason":"length","tokens":[],"handoff":[]})",
          }) {
         EXPECT_FALSE(decode_update(line).is_ok()) << line;
     }

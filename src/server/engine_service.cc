@@ -102,6 +102,7 @@ void EngineService::apply(Command& c) {
                 u.finished = ev.finished;
                 u.reason = ev.reason;
                 u.cached_prompt_tokens = ev.cached_prompt_tokens;
+                u.kv_export = ev.kv_export;
                 u.speculative = {ev.spec_draft_tokens, ev.spec_accepted_tokens,
                                  ev.spec_verify_steps};
                 if (ev.finished) {

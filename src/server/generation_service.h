@@ -23,6 +23,7 @@
 #include "engine/engine.h"
 #include "protocol/renderer.h"
 #include "protocol/structured_output.h"
+#include "serving/kv_handoff.h"
 
 namespace dsi::server {
 
@@ -32,9 +33,25 @@ using TokenOut = protocol::OutputToken;
 
 // One engine event of a generation (protocol::Renderer reads it) for the ticket's
 // sink; `error` non-OK: the engine refused the request (finished is true).
+// The prefill engine's hand-over of a generation's KV to a decode engine (issue 18).
+struct HandoffResult {
+    bool ok = false;         // the decode engine stored every block (or there was none)
+    int64_t blocks = 0;      // blocks sent
+    int64_t bytes = 0;       // KV bytes sent
+    int64_t micros = 0;      // from the export to the decode engine's Ack
+    std::string error;       // why not, when !ok
+};
+
 struct Update : protocol::OutputUpdate {
     Ticket ticket = 0;
     Status error;
+    // The engine's copy of a finished prefill's blocks (GenerateRequest::export_kv), for
+    // HandoffService; never on the wire.
+    std::shared_ptr<const kv::KvExport> kv_export;
+    // Set on the final update of a generation started with Generation::handoff when
+    // the prefill part is done and the rest belongs to the decode engine (the router
+    // continues it there); finished is true, reason kLength.
+    std::optional<HandoffResult> handoff;
 };
 using Sink = std::function<void(Update)>;
 
@@ -60,6 +77,9 @@ struct ServiceStats {
 struct Generation {
     engine::GenerateRequest request;
     std::optional<protocol::StructuredRequest> structured;
+    // Disaggregated prefill (issue 18): run only to the first token, then send the
+    // prompt's KV to this decode engine and end with Update::handoff (HandoffService).
+    std::optional<serving::HandoffTarget> handoff;
 };
 
 class GenerationService {
