@@ -19,9 +19,11 @@
 #include "router/remote_service.h"
 #include "server/api.h"
 #include "server/engine_service.h"
+#include "server/handoff_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/structured_output.h"
+#include "serving/kv_handoff.h"
 #include "serving/replica.h"
 
 namespace dsi {
@@ -46,6 +48,10 @@ struct ServeFlags {
     std::string advertise;       // host:port others reach it at; "" = host:port
     int64_t lease_ttl_s = membership::RegistryOptions{}.lease_ttl_s;
     std::string engine_api_key;  // router: the key engines require
+    // KV hand-over (decode / both engines): the inbox's TCP port (0: any free one;
+    // -1: no inbox) and the bytes of its shm tier.
+    int kv_transfer_port = 0;
+    int64_t kv_inbox_mb = 256;
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
@@ -151,6 +157,8 @@ int run_serve(const ServeFlags& f) {
     if (!keys.is_ok()) return fail(keys.status());
     Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
     if (!options.is_ok()) return fail(options.status());
+    const bool receives_kv = (f.role == "decode" || f.role == "both") && f.kv_transfer_port >= 0;
+    if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
     if (!replica.is_ok()) return fail(replica.status());
@@ -167,7 +175,36 @@ int run_serve(const ServeFlags& f) {
     server::Metrics metrics;
     // The service borrows the replica's engine; it stops (joining the engine thread)
     // before the replica goes.
-    auto service = std::make_unique<server::EngineService>(rep.engine());
+    auto engine_service = std::make_unique<server::EngineService>(rep.engine());
+    server::GenerationService* service = engine_service.get();
+    // Issue 18 KV hand-over: a cluster engine sends a prefill's KV where the router
+    // says (HandoffService); a decode / both engine receives it (KvInbox, started
+    // once the node id is known).
+    const uint64_t incarnation = static_cast<uint64_t>(env->wall_ns());
+    std::unique_ptr<serving::KvInbox> inbox;
+    std::unique_ptr<server::HandoffService> handoff;
+    if (!f.role.empty()) {
+        server::HandoffServiceOptions ho;
+        // The peer id its inbox keeps incarnations under: unique per process.
+        ho.self = {f.node_id.empty() ? "serve-" + std::to_string(incarnation) : f.node_id,
+                   transfer::PeerRole::kPrefill, incarnation};
+        ho.extra_counters = [&inbox] {
+            std::vector<server::ServiceStats::Counter> c;
+            if (inbox == nullptr) return c;
+            const serving::KvInboxStats s = inbox->stats();
+            c.push_back({"kv_inbox_received_total", "KV hand-overs stored", s.num_received});
+            c.push_back({"kv_inbox_failed_total", "KV hand-overs refused or broken", s.num_failed});
+            c.push_back({"kv_inbox_rejected_total", "hand-over connections refused (busy)",
+                         s.num_rejected});
+            c.push_back({"kv_inbox_blocks_total", "KV blocks stored by hand-overs",
+                         s.blocks_stored});
+            c.push_back({"kv_inbox_bytes_total", "KV bytes stored by hand-overs",
+                         s.bytes_received});
+            return c;
+        };
+        handoff = std::make_unique<server::HandoffService>(service, std::move(ho));
+        service = handoff.get();
+    }
     server::ServerOptions so = server_options(f, std::move(keys).value());
     so.engine_rpc = !f.role.empty();
     std::unique_ptr<membership::Registry> registry;
@@ -180,11 +217,28 @@ int run_serve(const ServeFlags& f) {
         so.on_drain_start = [reg = registry.get()] { (void)reg->leave(); };
     }
     Result<std::unique_ptr<server::HttpServer>> srv =
-        server::HttpServer::create(&ctx, service.get(), &metrics, so);
+        server::HttpServer::create(&ctx, service, &metrics, so);
     if (!srv.is_ok()) return fail(srv.status());
     if (registry) {
-        const membership::Member self =
+        membership::Member self =
             self_record(f, membership::parse_role(f.role).value(), (*srv)->port());
+        if (receives_kv && rep.kv_inbox() != nullptr) {
+            serving::KvInboxOptions io;
+            io.host = f.host;
+            io.port = static_cast<uint16_t>(f.kv_transfer_port);
+            io.self = {self.id, transfer::PeerRole::kDecode, incarnation};
+            io.model_id = rep.cache_identity();
+            io.dtype = rep.kv_block_shape()->dtype;
+            io.num_layers = rep.kv_block_shape()->num_layers;
+            io.layer_block_bytes = rep.kv_block_shape()->layer_block_bytes;
+            Result<std::unique_ptr<serving::KvInbox>> in =
+                serving::KvInbox::start(std::move(io), rep.kv_inbox());
+            if (!in.is_ok()) return fail(in.status().with_context("--kv-transfer-port"));
+            inbox = std::move(in).value();
+            const std::string& a = self.address;
+            self.transfer_address = a.substr(0, a.rfind(':') + 1) + std::to_string(inbox->port());
+            std::printf("dsinfer serve: KV hand-over inbox on %s\n", self.transfer_address.c_str());
+        }
         if (Status s = registry->join(self); !s.is_ok()) return fail(s);
         std::printf("dsinfer serve: joined %s as %s (role %s)\n", registry->describe().c_str(),
                     self.id.c_str(), f.role.c_str());
@@ -201,8 +255,10 @@ int run_serve(const ServeFlags& f) {
     Status s = (*srv)->run();
     // Routers stop sending here before the engine goes (the drain is over by now).
     if (registry) (void)registry->leave();
-    service->stop();
-    service.reset();  // joins the engine thread before the replica goes
+    handoff.reset();  // ends the sends in progress
+    inbox.reset();
+    engine_service->stop();
+    engine_service.reset();  // joins the engine thread before the replica goes
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";
     return 0;
@@ -340,6 +396,13 @@ void register_serve_commands(CLI::App& app) {
                 "engine of a cluster (serves the engine RPC to routers): both | prefill (first "
                 "tokens; the router hands the rest to a decode engine) | decode")
         ->check(CLI::IsMember({"", "both", "prefill", "decode"}));
+    add_setting(*cmd, "--kv-transfer-port", f->kv_transfer_port,
+                "decode / both engines: TCP port of the KV hand-over inbox (0: any free port, "
+                "advertised in membership; -1: none, prefills are computed again)")
+        ->check(CLI::Range(-1, 65535));
+    add_setting(*cmd, "--kv-inbox-mb", f->kv_inbox_mb,
+                "decode / both engines: MiB of the in-process shm tier handed-over KV lands in")
+        ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
     cmd->callback([f] { throw CLI::RuntimeError(run_serve(*f)); });
 
     auto rf = std::make_shared<ServeFlags>();

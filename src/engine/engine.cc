@@ -563,6 +563,20 @@ Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOpt
 
 }  // namespace
 
+std::optional<StoreBlockShape> store_block_shape(const CausalLm& model) {
+    const KvLayout layout = model.kv_layout();
+    if (!layout.prefix_reusable || layout.state_floats > 0 || layout.groups.size() != 1) {
+        return std::nullopt;
+    }
+    const KvGroupLayout& g = layout.groups[0];
+    const int64_t entries = kv::kBlockTokens / g.tokens_per_entry;
+    StoreBlockShape s;
+    s.num_layers = static_cast<uint32_t>(g.num_layers);
+    s.layer_block_bytes = static_cast<uint64_t>(entries * g.floats_per_entry) * sizeof(float);
+    s.dtype = kStoreDtypeF32 + static_cast<uint32_t>(model.kv_dtype());
+    return s;
+}
+
 Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions options,
                                                Env* env) {
     DSI_CHECK(model != nullptr && env != nullptr);

@@ -63,6 +63,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -249,6 +250,17 @@ struct EngineStats {
     // Fetch host buffers (kvstore::FetchBufferStats): created, held now, handed out.
     int64_t fetch_buffers_allocated = 0, fetch_buffers_in_use = 0, fetch_buffer_leases = 0;
 };
+
+// One KV block as the store tier and the prefill -> decode hand-over carry it: group 0
+// of the model's KV layout, every layer's rows of 128 tokens. nullopt when the model's
+// prefixes are not reusable or its layout has per-sequence state or several groups
+// (V4): such a model has no store tier and no hand-over.
+struct StoreBlockShape {
+    uint32_t num_layers = 0;
+    uint64_t layer_block_bytes = 0;
+    uint32_t dtype = 0;  // the store's dtype code
+};
+std::optional<StoreBlockShape> store_block_shape(const CausalLm& model);
 
 class Engine {
 public:

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "base/clock.h"
@@ -45,6 +46,10 @@ struct RemoteService::Call {
     // decode engine after its first token.
     bool on_prefill = false;
     bool handing_over = false;  // the prefill stream is being closed for the hand-over
+    // KV hand-over: the decode engine the prefill engine sends the prompt's KV to (its
+    // inbox); the continuation goes there. Empty: none (the decode engine computes the
+    // prompt again, or takes it from the shared store).
+    std::string handoff_engine;
     int64_t prefix_hit_tokens = -1;  // S-KV-4, before routing; -1: unknown
     int http_status = 0;
     std::string line_buffer;
@@ -65,6 +70,17 @@ namespace {
 uint64_t next_attempt() {
     static std::atomic<uint64_t> n{1};
     return n.fetch_add(1);
+}
+
+// Unique per router process and hand-over: a random process part, then a counter.
+transfer::TransferId next_transfer_id() {
+    static const uint64_t process = [] {
+        std::random_device rd;
+        return (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+               static_cast<uint64_t>(steady_clock_ns());
+    }();
+    static std::atomic<uint64_t> n{1};
+    return transfer::TransferId{process, n.fetch_add(1)};
 }
 
 Update final_error(Status s) {
@@ -273,13 +289,35 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
         ++stats_.num_direct_decode;
     }
     // The other kind when none of the wanted one can take it: a decode engine runs the
-    // whole generation, or a prefill engine does (no hand-over either way).
-    std::string id = choose_engine_locked(*call, want_prefill);
+    // whole generation, or a prefill engine does (no hand-over either way). A
+    // continuation after a KV hand-over goes to the engine that received the KV.
+    std::string id;
+    if (!want_prefill && !call->handoff_engine.empty()) {
+        auto it = engines_.find(call->handoff_engine);
+        if (it != engines_.end() && call->tried.count(it->first) == 0 &&
+            it->second.avoid_until_ns <= steady_clock_ns()) {
+            id = it->first;
+        }
+    }
+    call->handoff_engine.clear();
+    if (id.empty()) id = choose_engine_locked(*call, want_prefill);
     const bool on_prefill = want_prefill && !id.empty();
     if (id.empty()) id = choose_engine_locked(*call, !want_prefill);
     if (id.empty()) return false;
     call->on_prefill = on_prefill;
     call->handing_over = false;
+    call->generation.handoff.reset();
+    if (on_prefill && call->generation.request.sampling.max_tokens > 1 &&
+        call->generation.request.sampling.n == 1) {
+        // Where the continuation will run, chosen now: the prefill engine sends the
+        // prompt's KV to its inbox while the client reads the first token.
+        const std::string decode = choose_engine_locked(*call, /*prefill=*/false);
+        if (!decode.empty() && !engines_.at(decode).member.transfer_address.empty()) {
+            call->handoff_engine = decode;
+            call->generation.handoff = serving::HandoffTarget{
+                engines_.at(decode).member.transfer_address, next_transfer_id()};
+        }
+    }
     Engine& e = engines_.at(id);
     call->engine_id = id;
     call->client = e.client;
@@ -416,7 +454,29 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
                 if (!fwd.tokens.empty()) out.push_back(std::move(fwd));
                 break;
             }
-            if (call->on_prefill && !fwd.finished && call->delivered_tokens > 0) {
+            if (call->on_prefill && fwd.finished && fwd.handoff) {
+                // The prefill engine sent the prompt's KV (or failed to: the decode
+                // engine then computes it) and ended its part: continue on the decode
+                // engine.
+                if (fwd.handoff->ok) {
+                    ++stats_.num_kv_handoffs;
+                    stats_.kv_handoff_blocks += fwd.handoff->blocks;
+                    stats_.kv_handoff_bytes += fwd.handoff->bytes;
+                } else {
+                    ++stats_.num_kv_handoffs_failed;
+                    call->handoff_engine.clear();
+                }
+                call->handing_over = true;
+                if (!fwd.tokens.empty()) {
+                    fwd.finished = false;
+                    fwd.reason = engine::FinishReason::kNone;
+                    fwd.handoff.reset();
+                    out.push_back(std::move(fwd));
+                }
+                break;
+            }
+            if (call->on_prefill && !fwd.finished && call->delivered_tokens > 0 &&
+                !call->generation.handoff) {
                 // The first token came from prefill: close this stream (the prefill
                 // engine aborts the generation) and continue on a decode engine.
                 call->handing_over = true;
@@ -533,6 +593,11 @@ server::ServiceStats RemoteService::stats_snapshot() const {
          stats_.num_prefix_checks},
         {"router_prefix_hit_tokens_total", "their prefix hits in tokens",
          stats_.prefix_hit_tokens},
+        {"router_kv_handoffs_total", "prefill -> decode KV hand-overs the decode engine stored",
+         stats_.num_kv_handoffs},
+        {"router_kv_handoffs_failed_total", "KV hand-overs that failed (the prompt is recomputed)",
+         stats_.num_kv_handoffs_failed},
+        {"router_kv_handoff_bytes_total", "KV bytes handed over", stats_.kv_handoff_bytes},
         {"router_direct_decode_total", "disaggregated requests that skipped prefill (a hit)",
          stats_.num_direct_decode},
         {"router_engines", "engines it may route to now",

@@ -24,14 +24,19 @@
 // is, without failover.
 //
 // Disaggregated prefill / decode (engines of role prefill and decode): a generation
-// starts on a prefill engine (the same DecodeLb choice among them); its first token
-// goes to the client, the prefill stream is closed (the prefill engine aborts the
-// generation) and the generation continues on a decode engine as a continuation
-// (resume_output = that token). The decode engine takes the prompt's KV from the
-// shared KV store the prefill engine wrote behind (--kv-store on both) as prefix hits
-// and computes what it misses; the KV transfer (transfer/) streaming it layer by layer
-// is not wired yet. Without decode engines a prefill engine runs the whole generation;
-// without prefill engines decode / both engines do.
+// starts on a prefill engine (the same DecodeLb choice among them) and continues on a
+// decode engine as a continuation (resume_output = the first token). The decode
+// engine is chosen when the prefill starts: when it advertises a transfer address
+// (its KvInbox), the generation carries Generation::handoff, the prefill engine sends
+// the prompt's full blocks there while the client reads the first token
+// (server/handoff_service.h), and its final update (Update::handoff) starts the
+// continuation on that decode engine, which finds the blocks in its store tier and
+// computes only the partial last block. A failed hand-over costs only the KV: the
+// continuation goes on and the decode engine computes the rest. Without a transfer
+// address the prefill stream is closed after the first token (the prefill engine
+// aborts the generation) and the decode engine takes what the shared KV store holds
+// (--kv-store on both). Without decode engines a prefill engine runs the whole
+// generation; without prefill engines decode / both engines do.
 //
 // Thread model: every method is thread-safe. Each engine has its own HTTP client
 // (one I/O thread); sinks are called from those threads (or the caller's, for
@@ -73,6 +78,10 @@ struct RouterStats {
     int64_t num_routed = 0;      // generations started on an engine (first attempts)
     int64_t num_failovers = 0;   // re-sent to another engine after a broken stream
     int64_t num_handovers = 0;   // prefill engine -> decode engine after the first token
+    int64_t num_kv_handoffs = 0;         // of which with the prompt's KV stored on the decode engine
+    int64_t num_kv_handoffs_failed = 0;  // a KV hand-over was tried and failed (recomputed)
+    int64_t kv_handoff_blocks = 0;
+    int64_t kv_handoff_bytes = 0;
     int64_t num_prefix_checks = 0;   // requests matched against the store before routing
     int64_t prefix_hit_tokens = 0;   // their hits, summed
     int64_t num_direct_decode = 0;   // disaggregated requests that skipped prefill (hit)

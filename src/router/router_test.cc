@@ -21,7 +21,9 @@
 #include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "net/http_client.h"
+#include "kvstore/shm_store.h"
 #include "server/engine_service.h"
+#include "server/handoff_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/test_support.h"
@@ -65,10 +67,14 @@ private:
     std::thread thread_;
 };
 
+// What an engine does with KV hand-overs (as `serve --role` sets them up).
+enum class Kv { kNone, kSends, kReceives };
+
 // An engine process in miniature: the tiny model (same weights in every engine),
-// its EngineService and an HttpServer that serves the engine RPC.
+// its EngineService and an HttpServer that serves the engine RPC; with Kv::kSends a
+// HandoffService in front, with Kv::kReceives an shm store tier and a KvInbox into it.
 struct Engine {
-    explicit Engine(int64_t drain_grace_ms = 2000) {
+    explicit Engine(int64_t drain_grace_ms = 2000, Kv kv = Kv::kNone) {
         ModelConfig c = synthetic_preset("tiny").value();
         auto m = DeepseekModel::load(synthetic_memory_model(c, 7), {1});
         EXPECT_TRUE(m.is_ok()) << m.status().to_string();
@@ -76,19 +82,53 @@ struct Engine {
         engine::EngineOptions eo;
         eo.num_kv_blocks = 64;
         eo.tokenizer = &tokenizer();
+        const std::optional<engine::StoreBlockShape> shape = engine::store_block_shape(*model);
+        EXPECT_TRUE(shape.has_value());
+        if (kv == Kv::kReceives && shape) {
+            static std::atomic<int> n{0};
+            kvstore::ShmStoreOptions so;
+            so.name = "dsi_router_test_" + std::to_string(::getpid()) + "_" + std::to_string(++n);
+            so.num_slots = 16;
+            so.slot_bytes = 4 << 20;
+            so.unlink_on_close = true;
+            inbox_store = kvstore::ShmBlockStore::open(so).value();
+            eo.kv_store = inbox_store.get();
+            serving::KvInboxOptions io;
+            io.host = "127.0.0.1";
+            io.self = {"decode", transfer::PeerRole::kDecode, 1};
+            io.model_id = eo.model_id;
+            io.dtype = shape->dtype;
+            io.num_layers = shape->num_layers;
+            io.layer_block_bytes = shape->layer_block_bytes;
+            inbox = serving::KvInbox::start(io, inbox_store.get()).value();
+        }
         auto eng = engine::Engine::create(model.get(), eo, Env::default_env());
         EXPECT_TRUE(eng.is_ok()) << eng.status().to_string();
         service = std::make_unique<server::EngineService>(std::move(eng).value());
+        server::GenerationService* front = service.get();
+        if (kv == Kv::kSends) {
+            server::HandoffServiceOptions ho;
+            ho.self = {"prefill", transfer::PeerRole::kPrefill, 1};
+            handoff = std::make_unique<server::HandoffService>(service.get(), ho);
+            front = handoff.get();
+        }
         ctx = context();
-        http = std::make_unique<ServerThread>(&ctx, service.get(), /*engine_rpc=*/true,
-                                              drain_grace_ms);
+        http = std::make_unique<ServerThread>(&ctx, front, /*engine_rpc=*/true, drain_grace_ms);
     }
     ~Engine() {
         http.reset();
+        handoff.reset();
+        inbox.reset();
         service->stop();
     }
+    std::string transfer_address() const {
+        return "127.0.0.1:" + std::to_string(inbox->port());
+    }
     std::unique_ptr<DeepseekModel> model;
+    std::unique_ptr<kvstore::ShmBlockStore> inbox_store;
+    std::unique_ptr<serving::KvInbox> inbox;
     std::unique_ptr<server::EngineService> service;
+    std::unique_ptr<server::HandoffService> handoff;
     server::ApiContext ctx;
     std::unique_ptr<ServerThread> http;
 };
@@ -435,6 +475,57 @@ TEST(Router, DisaggregatedPrefillHandsOverToDecodeAfterTheFirstToken) {
     const auto [alone, alone_last] = run(prefill_only, 3, long_generation(), nullptr);
     EXPECT_EQ(alone, expected);
     EXPECT_EQ(prefill_only.router_stats().num_handovers, 0);
+}
+
+// The KV hand-over: the prefill engine sends the prompt's full blocks to the decode
+// engine's inbox (its shm store tier) before the router continues there, so the decode
+// engine computes only the partial last block and the first token; the client's tokens
+// are one engine's. A decode engine whose inbox is gone costs the hand-over, not the
+// generation (the prompt is computed again).
+TEST(Router, TheKvHandOffLetsTheDecodeEngineSkipThePromptsFullBlocks) {
+    Engine ref, p(2000, Kv::kSends), d(2000, Kv::kReceives);
+    server::Generation g = long_generation();
+    g.request.prompt.clear();
+    for (int i = 0; i < 2 * 128 + 44; ++i) g.request.prompt.push_back(100 + (i * 37) % 5000);
+    RemoteService only_ref;
+    only_ref.set_engines({member("ref", ref.http->port())});
+    const auto [expected, expected_last] = run(only_ref, 1, g, nullptr);
+    ASSERT_EQ(expected.size(), 100u);
+
+    membership::Member dm = member("d", d.http->port(), membership::Role::kDecode);
+    dm.transfer_address = d.transfer_address();
+    RemoteService remote;
+    remote.set_engines({member("p", p.http->port(), membership::Role::kPrefill), dm});
+    const auto [tokens, last] = run(remote, 2, g, nullptr);
+    EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+    EXPECT_EQ(last.reason, engine::FinishReason::kLength);
+    EXPECT_EQ(tokens, expected);
+    const RouterStats s = remote.router_stats();
+    EXPECT_EQ(s.num_handovers, 1);
+    EXPECT_EQ(s.num_kv_handoffs, 1);
+    EXPECT_EQ(s.kv_handoff_blocks, 2);
+    EXPECT_EQ(s.num_failovers, 0);
+    EXPECT_EQ(p.handoff->handoff_stats().num_sent, 1);
+    EXPECT_EQ(d.inbox->stats().blocks_stored, 2);
+    const engine::EngineStats de = d.service->stats_snapshot().engine;
+    EXPECT_EQ(de.store_hit_blocks, 2);
+    EXPECT_EQ(de.computed_prefill_tokens, 44 + 1);  // the partial block + the first token
+    EXPECT_EQ(p.service->stats_snapshot().engine.output_tokens, 1);
+
+    // The decode engine's inbox is gone: the hand-over fails, the generation does not.
+    Engine d2;
+    membership::Member gone = member("d2", d2.http->port(), membership::Role::kDecode);
+    const uint16_t closed_port = d.inbox->port();
+    d.inbox.reset();
+    gone.transfer_address = "127.0.0.1:" + std::to_string(closed_port);
+    RemoteService broken;
+    broken.set_engines({member("p", p.http->port(), membership::Role::kPrefill), gone});
+    const auto [again, again_last] = run(broken, 3, g, nullptr);
+    EXPECT_TRUE(again_last.error.is_ok()) << again_last.error.to_string();
+    EXPECT_EQ(again, expected);
+    EXPECT_EQ(broken.router_stats().num_kv_handoffs_failed, 1);
+    EXPECT_EQ(broken.router_stats().num_handovers, 1);
+    EXPECT_EQ(d2.service->stats_snapshot().engine.computed_prefill_tokens, 300 + 1);
 }
 
 }  // namespace

@@ -1,8 +1,11 @@
 #include "serving/replica.h"
 
+#include <unistd.h>
+
 #include "base/logging.h"
 #include "engine/calibrate.h"
 #include "kvstore/block_store.h"
+#include "kvstore/shm_store.h"
 #include "model/draft_vocab.h"
 #include "model/weights.h"
 #include "serving/data_dir.h"
@@ -75,6 +78,30 @@ Status Replica::reset_engine(engine::EngineOptions options) {
     engine_options_ = std::move(options);
     return Status();
 }
+
+namespace {
+
+// The hand-over tier: an shm segment of this process (unlinked when it closes) in
+// front of the store, sized in whole encoded blocks of the model's shape.
+Result<std::unique_ptr<kvstore::ShmBlockStore>> open_kv_inbox(const engine::StoreBlockShape& shape,
+                                                             int64_t bytes, Env* env) {
+    const int64_t block = static_cast<int64_t>(kvstore::header_bytes(shape.num_layers) +
+                                               shape.num_layers * shape.layer_block_bytes);
+    const int64_t slot = (block + 4095) / 4096 * 4096;
+    if (bytes < slot) {
+        return invalid_argument("kv inbox of " + std::to_string(bytes) +
+                                " bytes holds no block of " + std::to_string(block) + " bytes");
+    }
+    kvstore::ShmStoreOptions o;
+    o.name = "dsinfer-inbox-" + std::to_string(::getpid()) + "-" +
+             std::to_string(env->wall_ns() % 1000000007);
+    o.num_slots = bytes / slot;
+    o.slot_bytes = slot;
+    o.unlink_on_close = true;
+    return kvstore::ShmBlockStore::open(o);
+}
+
+}  // namespace
 
 Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) {
     std::unique_ptr<Replica> r(new Replica());
@@ -154,6 +181,22 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
         }
     }
     DSI_RETURN_IF_ERROR(resolve_speculation_files(env, path, r->model_.get(), options, eo));
+    r->block_shape_ = engine::store_block_shape(*r->model_);
+    if (options.kv_inbox_bytes > 0 && options.create_engine) {
+        if (!r->block_shape_) {
+            DSI_LOG(kInfo) << "no KV hand-over inbox: this model's cache has no store tier";
+        } else {
+            DSI_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::ShmBlockStore> inbox,
+                                 open_kv_inbox(*r->block_shape_, options.kv_inbox_bytes, env));
+            r->inbox_ = inbox.get();
+            if (r->store_) {
+                r->store_ = std::make_unique<kvstore::TieredBlockStore>(std::move(inbox),
+                                                                        std::move(r->store_));
+            } else {
+                r->store_ = std::move(inbox);
+            }
+        }
+    }
     r->engine_options_ = eo;
     r->engine_options_.model_id = r->cache_identity_;
     r->engine_options_.tokenizer = r->tokenizer_.get();

@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "base/env.h"
@@ -70,6 +71,11 @@ struct ReplicaOptions {
     // URI fails open_replica; a store that cannot be reached is logged and left out
     // (serving goes on without it, as every later store failure is a miss).
     std::string kv_store_uri;
+    // Issue 18, decode engines of a disaggregated cluster: bytes of an in-process shm
+    // tier (kvstore::ShmBlockStore, LRU) in front of the store, where a KvInbox puts the
+    // blocks prefill engines hand over (0: none). Ignored for models without a store
+    // tier (V4: engine::store_block_shape is nullopt) and without an engine.
+    int64_t kv_inbox_bytes = 0;
     // V4.1 (CED) decoder bounded replay (S-SWA, kv/yoco_prefill.h): checked at start
     // (to_replica_options); read by no model yet.
     kv::YocoPrefillSettings yoco_prefill;
@@ -95,6 +101,10 @@ public:
     engine::Engine* engine() const { return engine_.get(); }
     // Null: no store (none asked for, or unreachable at start).
     kvstore::BlockStore* kv_store() const { return store_.get(); }
+    // The hand-over tier (ReplicaOptions::kv_inbox_bytes), part of kv_store(); null
+    // when none. Its blocks' shape: kv_block_shape().
+    kvstore::BlockStore* kv_inbox() const { return inbox_; }
+    const std::optional<engine::StoreBlockShape>& kv_block_shape() const { return block_shape_; }
     // The options the engine was created with (after resolution).
     const engine::EngineOptions& engine_options() const { return engine_options_; }
 
@@ -119,6 +129,8 @@ private:
     std::unique_ptr<Tokenizer> tokenizer_;
     std::unique_ptr<CausalLm> model_;
     std::unique_ptr<kvstore::BlockStore> store_;
+    kvstore::BlockStore* inbox_ = nullptr;  // inside store_
+    std::optional<engine::StoreBlockShape> block_shape_;
     std::unique_ptr<engine::Engine> engine_;
 };
 
