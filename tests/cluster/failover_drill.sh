@@ -15,10 +15,12 @@
 #      stream continues on a third engine unchanged; the drained engine exits 0;
 #   5. `dsinfer cluster up --engines 2` (its own etcd) answers a chat completion through
 #      its router, and Ctrl-C (SIGINT) stops every process it started;
-#   6. disaggregated: a prefill engine and a decode engine sharing a file:// KV store;
-#      the stream is the reference one and the prefill engine sampled only the first
-#      token(s); the decode engine's store hits are printed; the same prompt again is
-#      found in the store by the router's prefix check and skips prefill.
+#   6. disaggregated: a prefill engine and a decode engine (also sharing a file:// KV
+#      store); the stream is the reference one; the prefill engine sampled only the
+#      first token and handed the prompt's full blocks to the decode engine's inbox
+#      (transfer/ over TCP), where the decode engine took them as prefix hits; the same
+#      prompt again is found in the shared store by the router's prefix check and
+#      skips prefill.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -152,15 +154,20 @@ metric() {  # metric PORT NAME
 }
 p1_out="$(metric "$p1_port" dsinfer_engine_output_tokens_total)"
 d1_hits="$(metric "$d1_port" dsinfer_store_hit_tokens_total)"
-[[ "$p1_out" -le 3 ]] || fail "drill 6: the prefill engine sampled $p1_out tokens (want the first only)"
-# The decode engine's store hits are reported, not asserted: they depend on whether the
-# prefill engine's write-behind landed before the hand-over (the direct KV transfer,
-# transfer/, is not wired into the engines yet).
+handoffs="$(metric "$pd_port" dsinfer_router_kv_handoffs_total)"
+sent="$(metric "$p1_port" dsinfer_kv_handoff_blocks_sent_total)"
+stored="$(metric "$d1_port" dsinfer_kv_inbox_blocks_total)"
+[[ "$p1_out" -eq 1 ]] || fail "drill 6: the prefill engine sampled $p1_out tokens (want the first only)"
+[[ "$handoffs" -eq 1 ]] || fail "drill 6: the router saw $handoffs KV hand-overs (want 1)"
+[[ "$sent" -ge 3 && "$stored" -eq "$sent" ]] \
+  || fail "drill 6: the prefill engine sent $sent blocks, the decode inbox stored $stored"
+[[ "$d1_hits" -eq $((sent * 128)) ]] \
+  || fail "drill 6: the decode engine took $d1_hits prompt tokens from its tiers (want $((sent * 128)))"
 # The same prompt again: the router's prefix check (S-KV-4) finds it in the store and
 # sends it straight to the decode engine.
 pd_out="$(python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$pd_body")"
 [[ "$(content <<< "$pd_out")" == "$pd_ref" ]] || fail "drill 6: the second stream differs"
 direct="$(metric "$pd_port" dsinfer_router_direct_decode_total)"
 [[ "$direct" -ge 1 ]] || fail "drill 6: the router's prefix check did not skip prefill on a stored prompt"
-echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token(s), decode took $d1_hits prompt tokens from the store; the repeat skipped prefill (prefix check)"
+echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token, handed $sent blocks to the decode inbox, decode took $d1_hits prompt tokens from them; the repeat skipped prefill (prefix check)"
 echo "PASS"
