@@ -1,6 +1,7 @@
 // `dsinfer cluster up`: a whole cluster on this machine with one command (issue 18):
 // a directory (etcd when the etcd binary is there, else a membership file), N engines
-// (`serve --role both`) and the router, each a process of this binary. Prints the
+// (`serve --role both`, or --prefill N --decode M disaggregated ones) and the router,
+// each a process of this binary. Prints the
 // router's address; Ctrl-C (or SIGTERM) drains and stops everything, etcd last. The
 // same topology across hosts is in docs/cluster.md (start the same commands there).
 #include <signal.h>
@@ -27,6 +28,12 @@ namespace {
 
 struct ClusterFlags {
     int engines = 2;
+    // Disaggregated (both > 0): prefill and decode engines instead of `engines` of role
+    // both; the decode engines take the prompts' KV from the prefill engines (KV hand-over).
+    int prefill = 0;
+    int decode = 0;
+    std::string store;  // --kv-store of every engine and the router ('' = none)
+    std::string etcd;   // host:port of an existing etcd ('' = --membership or start one)
     int port = 8080;
     std::string host = "127.0.0.1";
     std::string membership;  // "" = start etcd (or use a file when there is no etcd)
@@ -130,7 +137,12 @@ int run_cluster_up(const ClusterFlags& f) {
         return 1;
     };
 
-    std::string membership = f.membership;
+    if ((f.prefill > 0) != (f.decode > 0)) {
+        return fail("--prefill and --decode go together (a disaggregated cluster needs both)");
+    }
+    if (!f.etcd.empty() && !f.membership.empty()) return fail("--etcd or --membership, not both");
+    std::string membership =
+        f.etcd.empty() ? f.membership : "etcd://" + f.etcd + "/dsinfer/members/";
     if (membership.empty() && have_program("etcd")) {
         const int client = net::free_loopback_port();
         const int peer = net::free_loopback_port();
@@ -155,13 +167,23 @@ int run_cluster_up(const ClusterFlags& f) {
     } else if (membership.empty()) {
         membership = "file://" + run + "/members.json";
     }
+    // The engines: (name, role), in start order.
+    std::vector<std::pair<std::string, std::string>> engines;
+    if (f.prefill > 0) {
+        for (int i = 0; i < f.prefill; ++i) engines.emplace_back("prefill-" + std::to_string(i), "prefill");
+        for (int i = 0; i < f.decode; ++i) engines.emplace_back("decode-" + std::to_string(i), "decode");
+    } else {
+        for (int i = 0; i < f.engines; ++i) engines.emplace_back("engine-" + std::to_string(i), "both");
+    }
+    const int num_engines = static_cast<int>(engines.size());
     const int threads = f.threads > 0 ? f.threads
-                                      : std::max(1, Env::default_env()->num_cpus() / f.engines);
+                                      : std::max(1, Env::default_env()->num_cpus() / num_engines);
     std::vector<std::string> model_args;
     if (!f.model.empty()) model_args = {"--model", f.model};
-    for (int i = 0; i < f.engines && !g_stop; ++i) {
-        Child e{"engine-" + std::to_string(i), -1, run + "/engine-" + std::to_string(i) + ".log"};
-        std::vector<std::string> argv = {self, "serve", "--role", "both", "--membership",
+    if (!f.store.empty()) model_args.insert(model_args.end(), {"--kv-store", f.store});
+    for (size_t i = 0; i < engines.size() && !g_stop; ++i) {
+        Child e{engines[i].first, -1, run + "/" + engines[i].first + ".log"};
+        std::vector<std::string> argv = {self, "serve", "--role", engines[i].second, "--membership",
                                          membership, "--node-id", e.name, "--port", "0",
                                          "--threads", std::to_string(threads), "--lease-ttl-s",
                                          std::to_string(f.lease_ttl_s)};
@@ -182,7 +204,7 @@ int run_cluster_up(const ClusterFlags& f) {
         children.push_back(router);
         const int port = wait_listening(router, 600);
         if (port < 0) return fail("the router did not start");
-        std::printf("dsinfer cluster up: %d engine(s), directory %s, logs in %s\n", f.engines,
+        std::printf("dsinfer cluster up: %d engine(s), directory %s, logs in %s\n", num_engines,
                     membership.c_str(), run.c_str());
         std::printf("dsinfer cluster up: listening on http://%s:%d (Ctrl-C stops everything)\n",
                     f.host.c_str(), port);
@@ -219,6 +241,15 @@ void register_cluster_commands(CLI::App& app) {
         "up", "etcd (or a membership file) + N engines + the router; Ctrl-C stops them");
     add_setting(*up, "--engines", f->engines, "engine processes (serve --role both)")
         ->check(CLI::Range(1, 64));
+    add_setting(*up, "--prefill", f->prefill,
+                "prefill engines of a disaggregated cluster (with --decode; replaces --engines)")
+        ->check(CLI::Range(0, 64));
+    add_setting(*up, "--decode", f->decode,
+                "decode engines of a disaggregated cluster (they receive the prompts' KV)")
+        ->check(CLI::Range(0, 64));
+    add_setting(*up, "--store", f->store,
+                "KV block store of every engine and the router (--kv-store URI; '' = none)");
+    add_setting(*up, "--etcd", f->etcd, "host:port of an existing etcd ('' = start one here)");
     add_setting(*up, "--host", f->host, "the router's listen address");
     add_setting(*up, "--port", f->port, "the router's port (0: any free port, printed)");
     add_setting(*up, "--membership", f->membership,

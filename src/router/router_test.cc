@@ -24,6 +24,7 @@
 #include "kvstore/shm_store.h"
 #include "server/engine_service.h"
 #include "server/handoff_service.h"
+#include "transfer/fault_transport.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/test_support.h"
@@ -74,7 +75,8 @@ enum class Kv { kNone, kSends, kReceives };
 // its EngineService and an HttpServer that serves the engine RPC; with Kv::kSends a
 // HandoffService in front, with Kv::kReceives an shm store tier and a KvInbox into it.
 struct Engine {
-    explicit Engine(int64_t drain_grace_ms = 2000, Kv kv = Kv::kNone) {
+    explicit Engine(int64_t drain_grace_ms = 2000, Kv kv = Kv::kNone,
+                    std::optional<transfer::FaultPlan> send_faults = std::nullopt) {
         ModelConfig c = synthetic_preset("tiny").value();
         auto m = DeepseekModel::load(synthetic_memory_model(c, 7), {1});
         EXPECT_TRUE(m.is_ok()) << m.status().to_string();
@@ -109,7 +111,15 @@ struct Engine {
         if (kv == Kv::kSends) {
             server::HandoffServiceOptions ho;
             ho.self = {"prefill", transfer::PeerRole::kPrefill, 1};
-            handoff = std::make_unique<server::HandoffService>(service.get(), ho);
+            std::unique_ptr<transfer::Transport> transport;
+            if (send_faults) {
+                static const std::unique_ptr<transfer::Transport> tcp =
+                    transfer::make_tcp_transport();
+                transport =
+                    std::make_unique<transfer::FaultInjectingTransport>(tcp.get(), *send_faults);
+            }
+            handoff = std::make_unique<server::HandoffService>(service.get(), ho,
+                                                               std::move(transport));
             front = handoff.get();
         }
         ctx = context();
@@ -526,6 +536,38 @@ TEST(Router, TheKvHandOffLetsTheDecodeEngineSkipThePromptsFullBlocks) {
     EXPECT_EQ(broken.router_stats().num_kv_handoffs_failed, 1);
     EXPECT_EQ(broken.router_stats().num_handovers, 1);
     EXPECT_EQ(d2.service->stats_snapshot().engine.computed_prefill_tokens, 300 + 1);
+}
+
+// A hand-over damaged on the wire (one byte of the first data frame flipped) fails the
+// inbox's digest check: nothing is stored, the router continues on the decode engine
+// anyway, and the stream is still one engine's.
+TEST(Router, ACorruptedHandOffIsRefusedAndTheStreamIsUnchanged) {
+    transfer::FaultPlan corrupt;
+    corrupt.corrupt_rate = 1.0;
+    corrupt.spare_first_writes = 2;  // Hello and Begin pass; the first State frame does not
+    Engine ref, p(2000, Kv::kSends, corrupt), d(2000, Kv::kReceives);
+    server::Generation g = long_generation();
+    g.request.prompt.clear();
+    for (int i = 0; i < 2 * 128 + 10; ++i) g.request.prompt.push_back(200 + (i * 53) % 4000);
+    RemoteService only_ref;
+    only_ref.set_engines({member("ref", ref.http->port())});
+    const auto [expected, expected_last] = run(only_ref, 1, g, nullptr);
+
+    membership::Member dm = member("d", d.http->port(), membership::Role::kDecode);
+    dm.transfer_address = d.transfer_address();
+    RemoteService remote;
+    remote.set_engines({member("p", p.http->port(), membership::Role::kPrefill), dm});
+    const auto [tokens, last] = run(remote, 2, g, nullptr);
+    EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+    EXPECT_EQ(tokens, expected);
+    EXPECT_EQ(remote.router_stats().num_kv_handoffs_failed, 1);
+    EXPECT_EQ(remote.router_stats().num_kv_handoffs, 0);
+    for (int i = 0; i < 500 && d.inbox->stats().num_failed == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(d.inbox->stats().num_failed, 1);
+    EXPECT_EQ(d.inbox->stats().blocks_stored, 0);
+    EXPECT_EQ(d.service->stats_snapshot().engine.computed_prefill_tokens, 2 * 128 + 10 + 1);
 }
 
 }  // namespace

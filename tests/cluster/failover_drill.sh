@@ -13,8 +13,9 @@
 #   4. drain (SIGTERM) the engine serving a stream, with a grace shorter than the
 #      stream: it leaves the directory at once, aborts at the end of its grace, the
 #      stream continues on a third engine unchanged; the drained engine exits 0;
-#   5. `dsinfer cluster up --engines 2` (its own etcd) answers a chat completion through
-#      its router, and Ctrl-C (SIGINT) stops every process it started;
+#   5. `dsinfer cluster up --prefill 1 --decode 1` (its own etcd) answers a chat
+#      completion through its router, hands a long prompt's KV over, and Ctrl-C (SIGINT)
+#      stops every process it started;
 #   6. disaggregated: a prefill engine and a decode engine (also sharing a file:// KV
 #      store); the stream is the reference one; the prefill engine sampled only the
 #      first token and handed the prompt's full blocks to the decode engine's inbox
@@ -110,8 +111,8 @@ grep -q "aborted the generation; failing over" "$work/router.err" ||
 echo "drill 4: the drained engine handed the stream over at the end of its grace and exited 0"
 kill -TERM "${pids[@]:1}" 2>/dev/null || true
 
-# 5. One command for the whole cluster.
-"$bin" cluster up --engines 2 --port 0 --threads 1 --run-dir "$work/up" > "$work/up.out" 2>&1 &
+# 5. One command for the whole cluster (disaggregated: a prefill and a decode engine).
+"$bin" cluster up --prefill 1 --decode 1 --port 0 --threads 1 --run-dir "$work/up" > "$work/up.out" 2>&1 &
 up_pid=$!
 pids+=("$up_pid")
 up_port=""
@@ -126,12 +127,19 @@ answer="$(curl -sf "http://127.0.0.1:$up_port/v1/chat/completions" -H 'Content-T
   -d '{"model":"dsinfer-default","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')" ||
   fail "cluster up: no answer"
 grep -q '"finish_reason"' <<< "$answer" || fail "cluster up: bad answer $answer"
+# A prompt of whole blocks goes prefill -> decode with its KV handed over.
+up_prompt="$(python3 -c 'print(" ".join(["The cat sat on the mat."] * 60))')"
+curl -sf "http://127.0.0.1:$up_port/v1/completions" -H 'Content-Type: application/json' \
+  -d "{\"model\":\"dsinfer-default\",\"prompt\":\"$up_prompt\",\"max_tokens\":8}" > /dev/null ||
+  fail "cluster up: no completion"
+up_handoffs="$(curl -sf "http://127.0.0.1:$up_port/metrics" | sed -n 's/^dsinfer_router_kv_handoffs_total \([0-9]*\).*/\1/p')"
+[[ "${up_handoffs:-0}" -ge 1 ]] || fail "cluster up: no KV hand-over ($up_handoffs)"
 children="$(pgrep -P "$up_pid" | tr '\n' ' ')"
 [[ $(wc -w <<< "$children") -eq 4 ]] || fail "cluster up: expected etcd + 2 engines + router, got: $children"
 kill -INT "$up_pid"
 wait "$up_pid" || fail "cluster up exited with status $?"
 for c in $children; do kill -0 "$c" 2>/dev/null && fail "cluster up left process $c running"; done
-echo "drill 5: cluster up answered through its router; Ctrl-C stopped its 4 processes"
+echo "drill 5: cluster up --prefill 1 --decode 1 answered through its router (KV hand-overs: $up_handoffs); Ctrl-C stopped its 4 processes"
 
 # 6. Prefill and decode engines.
 pd="etcd://127.0.0.1:$ecp/pd/"
