@@ -255,10 +255,12 @@ int run_serve(const ServeFlags& f) {
     Status s = (*srv)->run();
     // Routers stop sending here before the engine goes (the drain is over by now).
     if (registry) (void)registry->leave();
-    handoff.reset();  // ends the sends in progress
-    inbox.reset();
+    // The engine thread first (its last updates run through the hand-over service),
+    // then the sends in progress, then the inbox; the server object outlives them all.
     engine_service->stop();
-    engine_service.reset();  // joins the engine thread before the replica goes
+    handoff.reset();
+    inbox.reset();
+    engine_service.reset();  // the engine goes before the replica
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";
     return 0;

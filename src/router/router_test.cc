@@ -125,11 +125,15 @@ struct Engine {
         ctx = context();
         http = std::make_unique<ServerThread>(&ctx, front, /*engine_rpc=*/true, drain_grace_ms);
     }
+    // As `serve` ends: the server drains and stops (it stays allocated), the engine
+    // thread ends (its last sinks run into the hand-over service and the sessions),
+    // then the hand-over threads, then the server goes.
     ~Engine() {
-        http.reset();
+        http->stop();
+        service->stop();
         handoff.reset();
         inbox.reset();
-        service->stop();
+        http.reset();
     }
     std::string transfer_address() const {
         return "127.0.0.1:" + std::to_string(inbox->port());

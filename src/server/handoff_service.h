@@ -56,7 +56,8 @@ struct HandoffStats {
 
 class HandoffService final : public GenerationService {
 public:
-    // REQUIRES: `inner` outlives this service. `transport` null: TCP.
+    // REQUIRES: `inner` outlives this service and has stopped calling its sinks before
+    // this service goes (EngineService::stop first). `transport` null: TCP.
     HandoffService(GenerationService* inner, HandoffServiceOptions options,
                    std::unique_ptr<transfer::Transport> transport = nullptr);
     ~HandoffService() override;  // aborts the sends in progress and joins the threads

@@ -92,8 +92,8 @@ protected:
         store_ = kvstore::ShmBlockStore::open(so).value();
     }
     void TearDown() override {
+        engine_service_->stop();  // its last updates run through service_
         service_.reset();
-        engine_service_->stop();
     }
 
     // The decode side: an inbox for the tiny model's blocks.

@@ -21,7 +21,10 @@
 #      first token and handed the prompt's full blocks to the decode engine's inbox
 #      (transfer/ over TCP), where the decode engine took them as prefix hits; the same
 #      prompt again is found in the shared store by the router's prefix check and
-#      skips prefill.
+#      skips prefill;
+#   7. with a second prefill and decode engine: kill -9 the decode engine serving a
+#      stream, then the prefill engine running a request; both complete unchanged and
+#      the survivors hold no KV block once idle.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -178,4 +181,72 @@ pd_out="$(python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$pd
 direct="$(metric "$pd_port" dsinfer_router_direct_decode_total)"
 [[ "$direct" -ge 1 ]] || fail "drill 6: the router's prefix check did not skip prefill on a stored prompt"
 echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token, handed $sent blocks to the decode inbox, decode took $d1_hits prompt tokens from them; the repeat skipped prefill (prefix check)"
+# 7. Faults in the disaggregated cluster (a second prefill and decode engine join):
+#    kill -9 the decode engine serving a stream, then the prefill engine running a
+#    request's prefill; each stream equals the reference and the survivors hold no KV
+#    block once idle.
+start p2 "${pd_args[@]}" --role prefill --node-id p2
+p2_port=$last_port p2_pid=$last_pid
+start d2 "${pd_args[@]}" --role decode --node-id d2
+d2_port=$last_port d2_pid=$last_pid
+d1_pid="$(pgrep -f -- "--node-id d1" | head -1)"
+p1_pid="$(pgrep -f -- "--node-id p1" | head -1)"
+for _ in $(seq 50); do
+  [[ "$(metric "$pd_port" dsinfer_router_engines)" == 4 ]] && break  # p1 p2 d1 d2 routable
+  sleep 0.1
+done
+f_prompt="$(python3 -c 'print(" ".join(["A dog ran along the river bank at dawn."] * 45))')"
+f_body="$(python3 -c 'import json,sys; print(json.dumps({"model":"dsinfer-default","messages":[{"role":"user","content":sys.argv[1]}],"max_tokens":60,"temperature":0.8,"seed":9,"ignore_eos":True,"stream":True}))' "$f_prompt")"
+f_ref="$(python3 "$client" "http://127.0.0.1:$ref_port/v1/chat/completions" "$f_body" | content)"
+no_leaks() {  # no_leaks PORT... : every engine holds no KV block once idle
+  for port in "$@"; do
+    local used=""
+    for _ in $(seq 50); do
+      used="$(metric "$port" dsinfer_kv_blocks_used)"
+      [[ "$used" == 0 ]] && break
+      sleep 0.1
+    done
+    [[ "$used" == 0 ]] || fail "drill 7: engine on port $port holds $used KV blocks when idle"
+  done
+}
+out="$(python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$f_body" \
+  --kill-after 15 --engines "$d1_port:$d1_pid,$d2_port:$d2_pid")"
+python3 - "$out" "$f_ref" <<'PY' || fail "drill 7 (decode killed)"
+import json, sys
+out, ref = json.loads(sys.argv[1]), sys.argv[2]
+assert out["killed_pid"], "no decode engine was running the stream at chunk 15"
+assert out["done"] and "error" not in out, out
+assert out["content"] == ref, "content differs from the reference"
+PY
+killed="$(python3 -c 'import json,sys; print(json.load(sys.stdin)["killed_pid"])' <<< "$out")"
+survivor_d=$d2_port; [[ "$killed" == "$d2_pid" ]] && survivor_d=$d1_port
+no_leaks "$p1_port" "$p2_port" "$survivor_d"
+echo "drill 7: decode engine $killed killed after 15 chunks; the stream continued unchanged; no KV block left on the survivors"
+# The prefill engine running a request's prefill, killed: the request is prefilled again
+# on the other prefill engine. A new, longer prompt (the store holds the last one, which
+# the router's prefix check would send straight to a decode engine).
+f_prompt="$(python3 -c 'print(" ".join(["A bird sang in the old oak tree by the gate."] * 150))')"
+f_body="$(python3 -c 'import json,sys; print(json.dumps({"model":"dsinfer-default","messages":[{"role":"user","content":sys.argv[1]}],"max_tokens":30,"temperature":0.8,"seed":10,"ignore_eos":True,"stream":True}))' "$f_prompt")"
+f_ref="$(python3 "$client" "http://127.0.0.1:$ref_port/v1/chat/completions" "$f_body" | content)"
+python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$f_body" > "$work/f2.json" &
+f2=$!
+victim=""
+for _ in $(seq 500); do
+  for pp in "$p1_port:$p1_pid" "$p2_port:$p2_pid"; do
+    if [[ "$(metric "${pp%%:*}" dsinfer_requests_running)" == 1 ]]; then victim="$pp"; break 2; fi
+  done
+  sleep 0.01
+done
+[[ -n "$victim" ]] || fail "drill 7: no prefill engine was seen running the request"
+kill -9 "${victim##*:}"
+wait "$f2" || fail "drill 7: the client failed after the prefill engine died"
+python3 - "$(cat "$work/f2.json")" "$f_ref" <<'PY' || fail "drill 7 (prefill killed)"
+import json, sys
+out, ref = json.loads(sys.argv[1]), sys.argv[2]
+assert out["done"] and "error" not in out, out
+assert out["content"] == ref, "content differs from the reference"
+PY
+survivor_p=$p1_port; [[ "${victim%%:*}" == "$p1_port" ]] && survivor_p=$p2_port
+no_leaks "$survivor_p" "$survivor_d"
+echo "drill 7: prefill engine ${victim##*:} killed mid-request; the request completed unchanged; no KV block left on the survivors"
 echo "PASS"
