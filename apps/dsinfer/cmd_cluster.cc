@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -20,7 +21,9 @@
 
 #include "base/env.h"
 #include "base/settings.h"
+#include "cluster/autoscaler.h"
 #include "membership/registry.h"
+#include "net/http_client.h"
 #include "net/ports.h"
 
 namespace dsi {
@@ -34,6 +37,22 @@ struct ClusterFlags {
     int decode = 0;
     std::string store;  // --kv-store of every engine and the router ('' = none)
     std::string etcd;   // host:port of an existing etcd ('' = --membership or start one)
+    // --autoscale (disaggregated only): cluster::Autoscaler decides, this process starts
+    // and drains engine processes within [min, max] per role.
+    bool autoscale = false;
+    cluster::AutoscalerSettings scale = [] {
+        cluster::AutoscalerSettings s;
+        s.prefill_missed_tokens_per_s_per_instance = 2000;  // a CPU engine, not a GPU rank
+        s.decode_requests_per_instance = 8;
+        s.max_prefill = 4;
+        s.max_decode = 4;
+        s.max_step_instances = 1;
+        s.spare_pool_target = 0;  // one machine: no spare pool
+        return s;
+    }();
+    double scale_out_interval_s = 10;
+    double scale_in_interval_s = 60;
+    int64_t autoscale_period_ms = 1000;
     int port = 8080;
     std::string host = "127.0.0.1";
     std::string membership;  // "" = start etcd (or use a file when there is no etcd)
@@ -50,6 +69,9 @@ struct Child {
     std::string name;
     pid_t pid = -1;
     std::string log;
+    std::string role;       // engines: prefill | decode | both
+    int port = -1;          // engines: their API port once listening
+    bool leaving = false;   // drained by the autoscaler (SIGTERM sent)
 };
 
 // Starts `argv` with stdout+stderr to `log`. -1 on failure.
@@ -115,6 +137,102 @@ void stop_all(std::vector<Child>& children) {
     }
 }
 
+// One engine's /metrics as name -> value (lines without labels); empty when it does not
+// answer within a second.
+std::map<std::string, double> scrape_metrics(int port) {
+    std::map<std::string, double> m;
+    net::HttpClient client({"127.0.0.1", std::to_string(port), ""});
+    net::HttpRequest req;
+    req.method = "GET";
+    req.path = "/metrics";
+    req.timeout_ms = 1000;
+    Result<net::HttpResponse> r = net::fetch(client, req);
+    if (!r.is_ok() || r->status != 200) return m;
+    std::stringstream ss(r->body);
+    for (std::string line; std::getline(ss, line);) {
+        if (line.empty() || line[0] == '#' || line.find('{') != std::string::npos) continue;
+        const size_t sp = line.find(' ');
+        if (sp == std::string::npos) continue;
+        m[line.substr(0, sp)] = std::strtod(line.c_str() + sp + 1, nullptr);
+    }
+    return m;
+}
+
+// The local provisioner of `cluster up --autoscale` (S-DEPLOY): each period it reads
+// the engines' /metrics, turns them into the Autoscaler's input (the rate of prompt
+// tokens the prefill engines computed, the requests running on decode engines, each
+// role's utilisation of its capacity) and applies the decision: new engines are started,
+// surplus ones drained (SIGTERM: they leave the directory, finish their streams and
+// exit). The policy is cluster::Autoscaler, unchanged (pure, clock passed in).
+class LocalAutoscaler {
+public:
+    explicit LocalAutoscaler(const cluster::AutoscalerSettings& s) : policy_(s), settings_(s) {}
+
+    struct Plan {
+        int start_prefill = 0, start_decode = 0, drain_prefill = 0, drain_decode = 0;
+    };
+
+    Plan tick(const std::vector<Child>& children, int64_t now_ns) {
+        cluster::AutoscalerInput in;
+        double computed = 0;
+        for (const Child& c : children) {
+            if (c.pid <= 0 || c.port < 0 || c.leaving || c.role.empty()) continue;
+            const std::map<std::string, double> m = scrape_metrics(c.port);
+            if (c.role == "prefill") {
+                ++in.online_prefill;
+                const double t = value(m, "dsinfer_engine_prompt_tokens_total") -
+                                 value(m, "dsinfer_prefix_hit_tokens_total");
+                double& last = last_computed_[c.name];
+                if (t > last) computed += t - last;
+                last = t;
+            } else if (c.role == "decode") {
+                ++in.online_decode;
+                in.running_decode_requests +=
+                    static_cast<int64_t>(value(m, "dsinfer_requests_running"));
+            }
+        }
+        const double dt = last_ns_ > 0 ? static_cast<double>(now_ns - last_ns_) * 1e-9 : 0;
+        last_ns_ = now_ns;
+        in.missed_tokens_per_s = dt > 0 ? computed / dt : 0;
+        if (in.online_prefill > 0) {
+            in.prefill_quota_utilisation =
+                std::min(1.0, in.missed_tokens_per_s /
+                                  (in.online_prefill *
+                                   settings_.prefill_missed_tokens_per_s_per_instance));
+        }
+        if (in.online_decode > 0) {
+            in.decode_quota_utilisation =
+                std::min(1.0, static_cast<double>(in.running_decode_requests) /
+                                  (in.online_decode * settings_.decode_requests_per_instance));
+        }
+        const cluster::ScaleDecision d = policy_.decide(in, now_ns);
+        Plan p;
+        p.start_prefill = std::max(0, d.prefill.delta);
+        p.drain_prefill = std::max(0, -d.prefill.delta);
+        p.start_decode = std::max(0, d.decode.delta);
+        p.drain_decode = std::max(0, -d.decode.delta);
+        if (d.prefill.delta != 0 || d.decode.delta != 0) {
+            std::printf("dsinfer cluster up: autoscaler: %.0f computed prompt tokens/s, %lld "
+                        "running decode requests -> prefill %d -> %d, decode %d -> %d\n",
+                        in.missed_tokens_per_s,
+                        static_cast<long long>(in.running_decode_requests), in.online_prefill,
+                        d.prefill.target, in.online_decode, d.decode.target);
+            std::fflush(stdout);
+        }
+        return p;
+    }
+
+private:
+    static double value(const std::map<std::string, double>& m, const char* name) {
+        auto it = m.find(name);
+        return it == m.end() ? 0.0 : it->second;
+    }
+    cluster::Autoscaler policy_;
+    const cluster::AutoscalerSettings settings_;
+    std::map<std::string, double> last_computed_;  // per engine
+    int64_t last_ns_ = 0;
+};
+
 int run_cluster_up(const ClusterFlags& f) {
     const std::string self = std::filesystem::read_symlink("/proc/self/exe").string();
     std::string run = f.run_dir;
@@ -139,6 +257,17 @@ int run_cluster_up(const ClusterFlags& f) {
 
     if ((f.prefill > 0) != (f.decode > 0)) {
         return fail("--prefill and --decode go together (a disaggregated cluster needs both)");
+    }
+    cluster::AutoscalerSettings scale = f.scale;
+    scale.scale_out_interval_ns = static_cast<int64_t>(f.scale_out_interval_s * 1e9);
+    scale.scale_in_interval_ns = static_cast<int64_t>(f.scale_in_interval_s * 1e9);
+    if (f.autoscale) {
+        if (f.prefill == 0) return fail("--autoscale needs --prefill and --decode");
+        if (Status v = scale.validate(); !v.is_ok()) return fail(v.to_string());
+        if (f.prefill < f.scale.min_prefill || f.prefill > f.scale.max_prefill ||
+            f.decode < f.scale.min_decode || f.decode > f.scale.max_decode) {
+            return fail("--prefill / --decode must lie within the autoscaler's bounds");
+        }
     }
     if (!f.etcd.empty() && !f.membership.empty()) return fail("--etcd or --membership, not both");
     std::string membership =
@@ -181,19 +310,28 @@ int run_cluster_up(const ClusterFlags& f) {
     std::vector<std::string> model_args;
     if (!f.model.empty()) model_args = {"--model", f.model};
     if (!f.store.empty()) model_args.insert(model_args.end(), {"--kv-store", f.store});
-    for (size_t i = 0; i < engines.size() && !g_stop; ++i) {
-        Child e{engines[i].first, -1, run + "/" + engines[i].first + ".log"};
-        std::vector<std::string> argv = {self, "serve", "--role", engines[i].second, "--membership",
+    // Starts one engine; false when it did not come up.
+    auto start_engine = [&](const std::string& name, const std::string& role) {
+        Child e{name, -1, run + "/" + name + ".log", role};
+        std::vector<std::string> argv = {self, "serve", "--role", role, "--membership",
                                          membership, "--node-id", e.name, "--port", "0",
                                          "--threads", std::to_string(threads), "--lease-ttl-s",
                                          std::to_string(f.lease_ttl_s)};
         argv.insert(argv.end(), model_args.begin(), model_args.end());
         e.pid = spawn(argv, e.log);
+        e.port = wait_listening(e, 600);
         children.push_back(e);
-        const int port = wait_listening(e, 600);
-        if (port < 0) return fail(e.name + " did not start");
-        std::printf("dsinfer cluster up: %s on 127.0.0.1:%d\n", e.name.c_str(), port);
+        if (e.port < 0) return false;
+        std::printf("dsinfer cluster up: %s on 127.0.0.1:%d\n", e.name.c_str(), e.port);
+        std::fflush(stdout);
+        return true;
+    };
+    for (size_t i = 0; i < engines.size() && !g_stop; ++i) {
+        if (!start_engine(engines[i].first, engines[i].second)) {
+            return fail(engines[i].first + " did not start");
+        }
     }
+    int next_engine[2] = {f.prefill, f.decode};  // names of engines the autoscaler adds
     Child router{"router", -1, run + "/router.log"};
     std::vector<std::string> argv = {self, "router", "--membership", membership, "--host", f.host,
                                      "--port", std::to_string(f.port), "--lease-ttl-s",
@@ -210,14 +348,43 @@ int run_cluster_up(const ClusterFlags& f) {
                     f.host.c_str(), port);
         std::fflush(stdout);
     }
+    std::unique_ptr<LocalAutoscaler> scaler;
+    if (f.autoscale) scaler = std::make_unique<LocalAutoscaler>(scale);
+    int64_t next_tick_ns = 0;
     while (!g_stop) {
         for (auto& c : children) {
             int status = 0;
             if (c.pid > 0 && ::waitpid(c.pid, &status, WNOHANG) == c.pid) {
-                std::fprintf(stderr, "dsinfer cluster up: %s exited (status %d); see %s\n",
-                             c.name.c_str(), status, c.log.c_str());
+                std::fprintf(stderr, "dsinfer cluster up: %s exited (status %d)%s; see %s\n",
+                             c.name.c_str(), status, c.leaving ? " after its drain" : "",
+                             c.log.c_str());
                 c.pid = -1;
                 if (c.name == "router" || c.name == "etcd") g_stop = 1;
+            }
+        }
+        const int64_t now = Env::default_env()->now_ns();
+        if (scaler && now >= next_tick_ns && !g_stop) {
+            next_tick_ns = now + f.autoscale_period_ms * 1'000'000;
+            const LocalAutoscaler::Plan p = scaler->tick(children, now);
+            for (int role = 0; role < 2; ++role) {
+                const std::string r = role == 0 ? "prefill" : "decode";
+                for (int i = 0; i < (role == 0 ? p.start_prefill : p.start_decode); ++i) {
+                    const std::string name = r + "-" + std::to_string(next_engine[role]++);
+                    if (!start_engine(name, r)) {
+                        std::fprintf(stderr, "dsinfer cluster up: %s did not start\n",
+                                     name.c_str());
+                    }
+                }
+                // Drain the newest engines of the role first.
+                int drain = role == 0 ? p.drain_prefill : p.drain_decode;
+                for (auto it = children.rbegin(); it != children.rend() && drain > 0; ++it) {
+                    if (it->role != r || it->pid <= 0 || it->leaving) continue;
+                    ::kill(it->pid, SIGTERM);
+                    it->leaving = true;
+                    --drain;
+                    std::printf("dsinfer cluster up: draining %s\n", it->name.c_str());
+                    std::fflush(stdout);
+                }
             }
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(200));
@@ -250,6 +417,26 @@ void register_cluster_commands(CLI::App& app) {
     add_setting(*up, "--store", f->store,
                 "KV block store of every engine and the router (--kv-store URI; '' = none)");
     add_setting(*up, "--etcd", f->etcd, "host:port of an existing etcd ('' = start one here)");
+    add_switch(*up, "--autoscale", f->autoscale,
+             "start and drain prefill / decode engines as cluster::Autoscaler decides "
+             "(with --prefill / --decode, within the bounds below)");
+    add_setting(*up, "--min-prefill", f->scale.min_prefill, "autoscaler: fewest prefill engines");
+    add_setting(*up, "--max-prefill", f->scale.max_prefill, "autoscaler: most prefill engines");
+    add_setting(*up, "--min-decode", f->scale.min_decode, "autoscaler: fewest decode engines");
+    add_setting(*up, "--max-decode", f->scale.max_decode, "autoscaler: most decode engines");
+    add_setting(*up, "--prefill-tokens-per-s", f->scale.prefill_missed_tokens_per_s_per_instance,
+                "autoscaler: prompt tokens per second one prefill engine computes");
+    add_setting(*up, "--decode-requests", f->scale.decode_requests_per_instance,
+                "autoscaler: running requests one decode engine serves");
+    add_setting(*up, "--scale-out-interval-s", f->scale_out_interval_s,
+                "autoscaler: at most one scale-out per role this often")
+        ->check(CLI::PositiveNumber);
+    add_setting(*up, "--scale-in-interval-s", f->scale_in_interval_s,
+                "autoscaler: at most one scale-in (a drain) per role this often")
+        ->check(CLI::PositiveNumber);
+    add_setting(*up, "--autoscale-period-ms", f->autoscale_period_ms,
+                "autoscaler: how often the engines' metrics are read")
+        ->check(CLI::Range(int64_t{100}, int64_t{60000}));
     add_setting(*up, "--host", f->host, "the router's listen address");
     add_setting(*up, "--port", f->port, "the router's port (0: any free port, printed)");
     add_setting(*up, "--membership", f->membership,

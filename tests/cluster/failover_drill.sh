@@ -24,7 +24,9 @@
 #      skips prefill;
 #   7. with a second prefill and decode engine: kill -9 the decode engine serving a
 #      stream, then the prefill engine running a request; both complete unchanged and
-#      the survivors hold no KV block once idle.
+#      the survivors hold no KV block once idle;
+#   8. `cluster up --autoscale`: a second decode engine is started under load and
+#      drained when the load is gone.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -249,4 +251,33 @@ PY
 survivor_p=$p1_port; [[ "${victim%%:*}" == "$p1_port" ]] && survivor_p=$p2_port
 no_leaks "$survivor_p" "$survivor_d"
 echo "drill 7: prefill engine ${victim##*:} killed mid-request; the request completed unchanged; no KV block left on the survivors"
+# 8. `cluster up --autoscale`: the autoscaler policy starts a second decode engine while
+#    three streams keep the first one busy, and drains it once the load is gone.
+"$bin" cluster up --prefill 1 --decode 1 --autoscale --max-prefill 1 --max-decode 2 \
+  --decode-requests 1 --scale-out-interval-s 1 --scale-in-interval-s 3 --autoscale-period-ms 300 \
+  --port 0 --threads 1 --run-dir "$work/as" > "$work/as.out" 2>&1 &
+as_pid=$!
+pids+=("$as_pid")
+as_port=""
+for _ in $(seq 900); do
+  as_port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/as.out" 2>/dev/null || true)"
+  [[ -n "$as_port" ]] && break
+  kill -0 "$as_pid" 2>/dev/null || break
+  sleep 0.2
+done
+[[ -n "$as_port" ]] || fail "cluster up --autoscale did not start"
+as_body='{"model":"dsinfer-default","prompt":"Once upon a time","max_tokens":400,"temperature":0.8,"seed":3,"ignore_eos":true}'
+for k in 1 2 3; do
+  curl -sf "http://127.0.0.1:$as_port/v1/completions" -H 'Content-Type: application/json' -d "$as_body" > "$work/as$k.json" &
+  as_clients+=($!)
+done
+for _ in $(seq 300); do grep -q "decode-1 on" "$work/as.out" && break; sleep 0.1; done
+grep -q "decode-1 on" "$work/as.out" || fail "drill 8: the autoscaler did not start a second decode engine"
+for c in "${as_clients[@]}"; do wait "$c" || fail "drill 8: a request failed"; done
+for _ in $(seq 300); do grep -q "decode-1 exited (status 0) after its drain" "$work/as.out" && break; sleep 0.1; done
+grep -q "decode-1 exited (status 0) after its drain" "$work/as.out" ||
+  fail "drill 8: the second decode engine was not drained once idle"
+kill -INT "$as_pid"
+wait "$as_pid" || fail "cluster up --autoscale exited with status $?"
+echo "drill 8: the autoscaler started decode-1 under load and drained it when idle ($(grep -c 'autoscaler:' "$work/as.out") decisions)"
 echo "PASS"
