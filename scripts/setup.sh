@@ -13,6 +13,7 @@ DEB_PACKAGES=(
   libopenblas-dev libdnnl-dev
   liburing-dev libhiredis-dev libisal-dev redis-server
   etcd-server  # membership_test, the cluster drills (issue 18)
+  iproute2     # netns_drill_test: ip netns, veth, bridge
   nodejs npm
   python3-matplotlib  # tools/plots/plot.py: every figure, ctest plots_test
   clang libclang-rt-14-dev

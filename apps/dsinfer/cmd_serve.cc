@@ -51,6 +51,7 @@ struct ServeFlags {
     // KV hand-over (decode / both engines): the inbox's TCP port (0: any free one;
     // -1: no inbox) and the bytes of its shm tier.
     int kv_transfer_port = 0;
+    std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
 };
 
@@ -236,7 +237,10 @@ int run_serve(const ServeFlags& f) {
             if (!in.is_ok()) return fail(in.status().with_context("--kv-transfer-port"));
             inbox = std::move(in).value();
             const std::string& a = self.address;
-            self.transfer_address = a.substr(0, a.rfind(':') + 1) + std::to_string(inbox->port());
+            self.transfer_address =
+                !f.kv_transfer_advertise.empty()
+                    ? f.kv_transfer_advertise
+                    : a.substr(0, a.rfind(':') + 1) + std::to_string(inbox->port());
             std::printf("dsinfer serve: KV hand-over inbox on %s\n", self.transfer_address.c_str());
         }
         if (Status s = registry->join(self); !s.is_ok()) return fail(s);
@@ -402,6 +406,9 @@ void register_serve_commands(CLI::App& app) {
                 "decode / both engines: TCP port of the KV hand-over inbox (0: any free port, "
                 "advertised in membership; -1: none, prefills are computed again)")
         ->check(CLI::Range(-1, 65535));
+    add_setting(*cmd, "--kv-transfer-advertise", f->kv_transfer_advertise,
+                "decode / both engines: host:port prefill engines reach the inbox at (behind "
+                "NAT or a proxy; '' = the advertise host and the inbox's port)");
     add_setting(*cmd, "--kv-inbox-mb", f->kv_inbox_mb,
                 "decode / both engines: MiB of the in-process shm tier handed-over KV lands in")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Streams one Chat Completions request and prints its content as JSON (stdlib only).
 
-  stream_client.py URL BODY_JSON [--kill-after N --engines PORT:PID,... [--signal TERM]]
+  stream_client.py URL BODY_JSON [--kill-after N --engines [HOST:]PORT:PID,... [--signal TERM]]
 
 With --kill-after, after N content chunks it asks every engine's /metrics which one
 runs the generation and sends that process SIGKILL (or --signal TERM: a drain) -- a
@@ -16,8 +16,8 @@ import time
 import urllib.request
 
 
-def running(port):
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+def running(host, port):
+    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=10) as r:
         for line in r.read().decode().splitlines():
             if line.startswith("dsinfer_requests_running "):
                 return float(line.split()[1])
@@ -30,7 +30,10 @@ def main():
     if "--kill-after" in sys.argv:
         kill_after = int(sys.argv[sys.argv.index("--kill-after") + 1])
         spec = sys.argv[sys.argv.index("--engines") + 1]
-        engines = [tuple(int(x) for x in e.split(":")) for e in spec.split(",")]
+        for e in spec.split(","):
+            parts = e.split(":")
+            host = parts[0] if len(parts) == 3 else "127.0.0.1"
+            engines.append((host, int(parts[-2]), int(parts[-1])))
     sig = signal.SIGKILL
     if "--signal" in sys.argv:
         sig = getattr(signal, "SIG" + sys.argv[sys.argv.index("--signal") + 1])
@@ -68,8 +71,8 @@ def main():
                 if killed_at is not None and out["resume_s"] is None:
                     out["resume_s"] = time.monotonic() - killed_at
             if kill_after is not None and out["chunks"] == kill_after and killed_at is None:
-                for port, pid in engines:
-                    if running(port) > 0:
+                for host, port, pid in engines:
+                    if running(host, port) > 0:
                         os.kill(pid, sig)
                         out["killed_pid"] = pid
                         killed_at = time.monotonic()
