@@ -482,7 +482,12 @@ struct Engine::Impl {
                     reason = FinishReason::kLength;
                 }
             }
-            if (reason != FinishReason::kNone && reason != FinishReason::kStop && s.decoder) {
+            // A length finish flushes the text held back (a partial character, a
+            // possible stop-string prefix) -- unless the generation goes on on another
+            // engine (export_kv), whose continuation holds that text and releases it.
+            const bool continues_elsewhere = s.export_kv && reason == FinishReason::kLength;
+            if (reason != FinishReason::kNone && reason != FinishReason::kStop && s.decoder &&
+                !continues_elsewhere) {
                 std::string rest = s.decoder->flush();
                 if (s.stop) rest = s.stop->push(rest).text + s.stop->flush();
                 ev.text += rest;

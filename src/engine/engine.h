@@ -171,7 +171,9 @@ struct GenerateRequest {
     std::vector<int32_t> resume_output;
     // Issue 18 prefill -> decode hand-over: the finishing event (kLength or kStop) of
     // completion 0 carries a copy of its published full blocks (TokenEvent::kv_export),
-    // for the server to send to the decode engine. Ignored with n > 1.
+    // for the server to send to the decode engine. Ignored with n > 1. A length finish
+    // then does not flush the text held back (a partial UTF-8 character, a possible
+    // stop-string prefix): the continuation on the other engine holds and releases it.
     bool export_kv = false;
 };
 

@@ -389,17 +389,24 @@ TEST(Router, AbortEndsTheRemoteGeneration) {
 }
 
 // Runs `g` through `remote` and returns every token it streamed and the final update.
+// The text the client got of the last run() (token texts concatenated).
+std::string g_last_text;
+
 std::pair<std::vector<int32_t>, server::Update> run(RemoteService& remote, server::Ticket t,
                                                     server::Generation g,
                                                     const std::function<void()>& after_first) {
     std::vector<int32_t> tokens;
+    std::string text;
     std::mutex mu;
     std::promise<server::Update> done;
     std::promise<void> first;
     bool first_set = false;
     remote.start(t, std::move(g), [&](server::Update u) {
         std::lock_guard<std::mutex> l(mu);
-        for (const auto& tok : u.tokens) tokens.push_back(tok.token);
+        for (const auto& tok : u.tokens) {
+            tokens.push_back(tok.token);
+            text += tok.text;
+        }
         if (!tokens.empty() && !first_set) {
             first_set = true;
             first.set_value();
@@ -410,6 +417,7 @@ std::pair<std::vector<int32_t>, server::Update> run(RemoteService& remote, serve
     if (after_first) after_first();
     server::Update last = done.get_future().get();
     std::lock_guard<std::mutex> l(mu);
+    g_last_text = text;
     return {tokens, last};
 }
 
@@ -501,10 +509,23 @@ TEST(Router, TheKvHandOffLetsTheDecodeEngineSkipThePromptsFullBlocks) {
     server::Generation g = long_generation();
     g.request.prompt.clear();
     for (int i = 0; i < 2 * 128 + 44; ++i) g.request.prompt.push_back(100 + (i * 37) % 5000);
+    // A stop string that begins with the first token's text and never completes: an
+    // engine holds that text back until the next token rules the stop out. The client's
+    // text must not depend on where the generation was split.
+    {
+        server::Generation probe = g;
+        probe.request.sampling.max_tokens = 1;
+        RemoteService only_ref;
+        only_ref.set_engines({member("ref", ref.http->port())});
+        (void)run(only_ref, 9, probe, nullptr);
+        ASSERT_FALSE(g_last_text.empty());
+        g.request.sampling.stop = {g_last_text + "\x01never"};
+    }
     RemoteService only_ref;
     only_ref.set_engines({member("ref", ref.http->port())});
     const auto [expected, expected_last] = run(only_ref, 1, g, nullptr);
     ASSERT_EQ(expected.size(), 100u);
+    const std::string expected_text = g_last_text;
 
     membership::Member dm = member("d", d.http->port(), membership::Role::kDecode);
     dm.transfer_address = d.transfer_address();
@@ -514,6 +535,7 @@ TEST(Router, TheKvHandOffLetsTheDecodeEngineSkipThePromptsFullBlocks) {
     EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
     EXPECT_EQ(last.reason, engine::FinishReason::kLength);
     EXPECT_EQ(tokens, expected);
+    EXPECT_EQ(g_last_text, expected_text);
     const RouterStats s = remote.router_stats();
     EXPECT_EQ(s.num_handovers, 1);
     EXPECT_EQ(s.num_kv_handoffs, 1);
