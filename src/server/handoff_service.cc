@@ -156,6 +156,7 @@ void HandoffService::sender_loop() {
                 ++stats_.num_sent;
                 stats_.blocks_sent += result.blocks;
                 stats_.bytes_sent += result.bytes;
+                stats_.sent_micros += (now_ns() - job.start_ns) / 1000;
             } else {
                 ++stats_.num_failed;
             }
@@ -200,6 +201,9 @@ ServiceStats HandoffService::stats_snapshot() const {
         {"kv_handoff_blocks_sent_total", "KV blocks sent to decode engines", h.blocks_sent});
     s.extra_counters.push_back(
         {"kv_handoff_bytes_sent_total", "KV bytes sent to decode engines", h.bytes_sent});
+    s.extra_counters.push_back({"kv_handoff_sent_microseconds_total",
+                                "export -> decode engine's Ack of the stored hand-overs, summed",
+                                h.sent_micros});
     if (options_.extra_counters) {
         for (ServiceStats::Counter& c : options_.extra_counters()) {
             s.extra_counters.push_back(std::move(c));

@@ -52,6 +52,7 @@ struct HandoffStats {
     int64_t num_aborted = 0;    // aborted while waiting or sending
     int64_t blocks_sent = 0;
     int64_t bytes_sent = 0;
+    int64_t sent_micros = 0;  // export -> Ack of the acknowledged hand-overs, summed
 };
 
 class HandoffService final : public GenerationService {
