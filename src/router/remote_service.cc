@@ -51,6 +51,9 @@ struct RemoteService::Call {
     // prompt again, or takes it from the shared store).
     std::string handoff_engine;
     int64_t prefix_hit_tokens = -1;  // S-KV-4, before routing; -1: unknown
+    // The first engine's prefix-cache hit (usage.cached_tokens): what a later engine
+    // takes from a hand-over or its own cache was computed for this request, not cached.
+    int64_t cached_prompt_tokens = -1;
     int http_status = 0;
     std::string line_buffer;
     std::string error_body;
@@ -432,6 +435,10 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
             }
             // Drop the tokens the client already has (a re-sent generation).
             Update fwd = std::move(u).value();
+            if (call->cached_prompt_tokens < 0 && (!fwd.tokens.empty() || fwd.finished)) {
+                call->cached_prompt_tokens = fwd.cached_prompt_tokens;
+            }
+            fwd.cached_prompt_tokens = std::max<int64_t>(call->cached_prompt_tokens, 0);
             std::vector<server::TokenOut> keep;
             for (auto& t : fwd.tokens) {
                 if (call->seen_tokens++ < call->delivered_tokens) continue;

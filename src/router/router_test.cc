@@ -536,6 +536,9 @@ TEST(Router, TheKvHandOffLetsTheDecodeEngineSkipThePromptsFullBlocks) {
     EXPECT_EQ(last.reason, engine::FinishReason::kLength);
     EXPECT_EQ(tokens, expected);
     EXPECT_EQ(g_last_text, expected_text);
+    // usage.cached_tokens is the prefill engine's (cold: 0), not the decode engine's
+    // hits on the handed-over blocks.
+    EXPECT_EQ(last.cached_prompt_tokens, 0);
     const RouterStats s = remote.router_stats();
     EXPECT_EQ(s.num_handovers, 1);
     EXPECT_EQ(s.num_kv_handoffs, 1);
