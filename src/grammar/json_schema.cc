@@ -316,7 +316,9 @@ private:
     // Each member `side` declares that `other` does not declare must also hold `x`
     // (other's additionalProperties): rewrites side's `properties` in place.
     static void close_over(json* side, const json& other, const json& x) {
-        if (x == true || !side->contains("properties") || !(*side)["properties"].is_object()) return;
+        if (x == true || !side->contains("properties") || !(*side)["properties"].is_object()) {
+            return;
+        }
         const bool other_has = other.contains("properties") && other["properties"].is_object();
         for (auto p = (*side)["properties"].begin(); p != (*side)["properties"].end(); ++p) {
             if (other_has && other["properties"].contains(p.key())) continue;
@@ -341,8 +343,10 @@ private:
         if (b_in.is_boolean()) return b_in.get<bool>();
         if (!b_in.is_object()) return false;
         json b = b_in;
-        const bool any_patterns = a->contains("patternProperties") || b.contains("patternProperties");
-        if (!any_patterns && (a->contains("additionalProperties") || b.contains("additionalProperties"))) {
+        const bool any_patterns =
+            a->contains("patternProperties") || b.contains("patternProperties");
+        if (!any_patterns &&
+            (a->contains("additionalProperties") || b.contains("additionalProperties"))) {
             // Each side's additionalProperties X applies to the members its own
             // `properties` do not declare: a member only the other side declares must
             // hold X too, an undeclared member both X's. Exact (issue 21: GitHub's allOf
@@ -536,7 +540,9 @@ private:
                     json b = base;
                     for (const auto& part : parts) {
                         if (!merge_into(&b, part)) {
-                            return unsupported(bat, std::string(comb) + " branch that conflicts with its base schema");
+                            return unsupported(
+                                bat,
+                                std::string(comb) + " branch that conflicts with its base schema");
                         }
                     }
                     schemas.push_back(std::move(b));
@@ -552,8 +558,9 @@ private:
             std::vector<ExprPtr> alts;
             for (size_t i = 0; i < schemas.size(); ++i) {
                 const std::string bat = at + "/" + std::to_string(i);
-                const json& b = extra[i].empty() ? schemas[i]
-                                                 : json{{"allOf", json::array({schemas[i], extra[i]})}};
+                const json& b = extra[i].empty()
+                                    ? schemas[i]
+                                    : json{{"allOf", json::array({schemas[i], extra[i]})}};
                 DSI_ASSIGN_OR_RETURN(ExprPtr e, compile(b, bat, depth + 1));
                 alts.push_back(e);
             }
@@ -764,7 +771,8 @@ private:
                 for (const auto& t : types[i]) {
                     if (!types[j].count(t) || disjoint(effective[i], effective[j], t)) continue;
                     const bool scalar_number = t == "integer" || t == "number";
-                    if (!scalar_number && accepts_every(effective[i], t) && accepts_every(effective[j], t)) {
+                    if (!scalar_number && accepts_every(effective[i], t) &&
+                        accepts_every(effective[j], t)) {
                         dropped.insert(t);
                         continue;
                     }
@@ -774,8 +782,9 @@ private:
                         kj = key_to_forbid(effective[j], effective[i]);
                     }
                     if (!ki || !kj) {
-                        return unsupported(at, "oneOf whose branches " + std::to_string(i) + " and " +
-                                                   std::to_string(j) + " may both match a " + t);
+                        return unsupported(at, "oneOf whose branches " + std::to_string(i) +
+                                                   " and " + std::to_string(j) +
+                                                   " may both match a " + t);
                     }
                     (*extra)[i]["properties"][*ki] = false;
                     (*extra)[j]["properties"][*kj] = false;
@@ -798,21 +807,36 @@ private:
     // The JSON type whose values keyword k reads ("" for every type).
     static std::string type_read_by(const std::string& k) {
         static const std::map<std::string, std::string> kOnly = {
-            {"minLength", "string"},         {"maxLength", "string"},
-            {"pattern", "string"},           {"format", "string"},
-            {"items", "array"},              {"prefixItems", "array"},
-            {"additionalItems", "array"},    {"minItems", "array"},
-            {"maxItems", "array"},           {"uniqueItems", "array"},
-            {"contains", "array"},           {"minContains", "array"},
-            {"maxContains", "array"},        {"unevaluatedItems", "array"},
-            {"properties", "object"},        {"required", "object"},
-            {"additionalProperties", "object"}, {"patternProperties", "object"},
-            {"minProperties", "object"},     {"maxProperties", "object"},
-            {"dependentRequired", "object"}, {"dependentSchemas", "object"},
-            {"dependencies", "object"},      {"propertyNames", "object"},
-            {"unevaluatedProperties", "object"}, {"minimum", "number"},
-            {"maximum", "number"},           {"exclusiveMinimum", "number"},
-            {"exclusiveMaximum", "number"},  {"multipleOf", "number"}};
+            {"minLength", "string"},
+            {"maxLength", "string"},
+            {"pattern", "string"},
+            {"format", "string"},
+            {"items", "array"},
+            {"prefixItems", "array"},
+            {"additionalItems", "array"},
+            {"minItems", "array"},
+            {"maxItems", "array"},
+            {"uniqueItems", "array"},
+            {"contains", "array"},
+            {"minContains", "array"},
+            {"maxContains", "array"},
+            {"unevaluatedItems", "array"},
+            {"properties", "object"},
+            {"required", "object"},
+            {"additionalProperties", "object"},
+            {"patternProperties", "object"},
+            {"minProperties", "object"},
+            {"maxProperties", "object"},
+            {"dependentRequired", "object"},
+            {"dependentSchemas", "object"},
+            {"dependencies", "object"},
+            {"propertyNames", "object"},
+            {"unevaluatedProperties", "object"},
+            {"minimum", "number"},
+            {"maximum", "number"},
+            {"exclusiveMinimum", "number"},
+            {"exclusiveMaximum", "number"},
+            {"multipleOf", "number"}};
         auto it = kOnly.find(k);
         return it == kOnly.end() ? "" : it->second;
     }

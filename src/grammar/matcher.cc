@@ -33,11 +33,11 @@ void append_accepted(const PositionTokens& t, std::vector<int32_t>* out) {
     out->insert(out->end(), t.accepted_ids.begin(), t.accepted_ids.end());
     for (size_t w = 0; w < t.accepted_bits.size(); ++w) {
         for (uint64_t bits = t.accepted_bits[w]; bits != 0; bits &= bits - 1) {
-            out->push_back(static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(bits))));
+            out->push_back(
+                static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(bits))));
         }
     }
 }
-
 
 // Expansion deeper than this means a grammar the left-recursion check missed.
 constexpr int kMaxExpandDepth = 100000;
@@ -762,8 +762,8 @@ uint32_t GrammarMatcher::memo_step(uint32_t sid, uint8_t b) {
 }
 
 template <class Live, class Dead, class Enter>
-void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_live,
-                          Dead on_dead, Enter on_enter, int first_byte) {
+void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_live, Dead on_dead,
+                          Enter on_enter, int first_byte) {
     const auto& trie = compiled_->vocab().trie();
     ensure_levels();
     size_t base_mark = nodes_.size();
@@ -842,15 +842,15 @@ void GrammarMatcher::walk_trie(std::span<const uint32_t> stacks, TokenBitmask* m
 uint32_t GrammarMatcher::table_start(uint32_t pos, size_t levels) {
     const std::vector<uint32_t>& chain = compiled_->continuation(pos);
     const size_t used = std::min(levels, chain.size() - 1);
-    uint32_t parent =
-        used == chain.size() - 1 && chain.back() == CompiledGrammar::kChainAccept ? kNone : kContext;
+    uint32_t parent = used == chain.size() - 1 && chain.back() == CompiledGrammar::kChainAccept
+                          ? kNone
+                          : kContext;
     for (size_t k = used; k-- > 0;) parent = node(chain[k], parent);
     return node(pos, parent);
 }
 
-std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t pos,
-                                                                     size_t levels,
-                                                                     int first_byte) {
+std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t pos, size_t levels,
+                                                                      int first_byte) {
     const Vocabulary& vocab = compiled_->vocab();
     const auto& trie = vocab.trie();
     const auto& trie_tokens = vocab.trie_tokens();
@@ -936,8 +936,8 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
     return table;
 }
 
-std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(uint32_t pos, size_t levels,
-                                                                      const PositionTokens& fewer) {
+std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(
+    uint32_t pos, size_t levels, const PositionTokens& fewer) {
     // Tokens `fewer` accepts or rejects stay so: their paths never leave the rule. Each
     // uncertain one is stepped from the deeper stack through the memo session's states
     // (build_position_tokens()'s walk, so its verdicts): alive after its last byte =
@@ -946,7 +946,8 @@ std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(uint32_t 
     // uncertain_lcp).
     const Vocabulary& vocab = compiled_->vocab();
     const auto& trie_tokens = vocab.trie_tokens();
-    if (!memo_active_ || memo_states_.size() > kMaxMemoStates || subtree_bytes_ > kMaxSubtreeBytes) {
+    if (!memo_active_ || memo_states_.size() > kMaxMemoStates ||
+        subtree_bytes_ > kMaxSubtreeBytes) {
         if (memo_active_) memo_end();
         memo_begin();
     }
@@ -960,7 +961,9 @@ std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(uint32_t 
     std::string_view prev_uncertain;
     auto add_uncertain = [&](uint32_t k, std::string_view b) {
         size_t lcp = 0;
-        while (lcp < prev_uncertain.size() && lcp < b.size() && prev_uncertain[lcp] == b[lcp]) ++lcp;
+        while (lcp < prev_uncertain.size() && lcp < b.size() && prev_uncertain[lcp] == b[lcp]) {
+            ++lcp;
+        }
         table->uncertain.push_back(k);
         table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
         prev_uncertain = b;
@@ -1001,8 +1004,9 @@ std::shared_ptr<const PositionTokens> GrammarMatcher::cached_or_built(uint32_t p
     // shared by every such position (issue 21: the slowest mask steps).
     std::shared_ptr<const PositionTokens> fewer = levels > 0 ? by_first_byte(pos) : nullptr;
     if (fewer != nullptr && fewer->uncertain.size() <= kMaxRefineTokens) {
-        table = compiled_->continuation(pos).size() <= 1 ? fewer
-                                                          : compiled_->refine_table(pos, levels, *fewer);
+        table = compiled_->continuation(pos).size() <= 1
+                    ? fewer
+                    : compiled_->refine_table(pos, levels, *fewer);
     } else {
         table = compiled_->build_table(pos, levels);
     }
@@ -1029,7 +1033,8 @@ std::shared_ptr<const PositionTokens> GrammarMatcher::by_first_byte(uint32_t pos
         std::shared_ptr<const PositionTokens> part = cache.find(byte_key);
         if (part == nullptr) part = cache.insert(byte_key, compiled_->build_table(pos, 0, b));
         append_accepted(*part, &accepted);
-        table->uncertain.insert(table->uncertain.end(), part->uncertain.begin(), part->uncertain.end());
+        table->uncertain.insert(table->uncertain.end(), part->uncertain.begin(),
+                                part->uncertain.end());
         table->uncertain_lcp.insert(table->uncertain_lcp.end(), part->uncertain_lcp.begin(),
                                     part->uncertain_lcp.end());
     }

@@ -7,16 +7,15 @@
 #include <bit>
 #include <fstream>
 #include <iterator>
-#include <random>
-
 #include <nlohmann/json.hpp>
+#include <random>
 
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
 #include "grammar/test_tokenizer.h"
-#include "tokenizer/tokenizer.h"
 #include "support/build_paths.h"
+#include "tokenizer/tokenizer.h"
 
 namespace dsi::grammar {
 namespace {
@@ -304,7 +303,8 @@ TEST(Matcher, UndeclaredKeysOfLargeObjectsEqualPlainWalk) {
         // The path under test: a wide class whose table cannot be shared as is.
         bool unshared_wide = false;
         for (uint32_t pos : cg->class_positions()) {
-            const ByteSet& c = cg->grammar().classes()[Grammar::payload(cg->grammar().elements()[pos])];
+            const ByteSet& c =
+                cg->grammar().classes()[Grammar::payload(cg->grammar().elements()[pos])];
             int n = 0;
             for (uint64_t w : c.words) n += std::popcount(w);
             unshared_wide = unshared_wide || (n >= 8 && cg->position_key(pos, 1).empty());

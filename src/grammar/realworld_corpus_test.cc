@@ -8,13 +8,14 @@
 // the floor (the count achieved when it was last raised). Valid instances rejected
 // (false rejects, with where each fails) and compile errors by kind are written to
 // build/grammar_realworld.md.
+#include "grammar/realworld_corpus.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
 
 #include "grammar/json_schema.h"
-#include "grammar/realworld_corpus.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
 
