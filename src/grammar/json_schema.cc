@@ -776,6 +776,13 @@ private:
                         dropped.insert(t);
                         continue;
                     }
+                    if (only_values(effective[i]) && only_values(effective[j])) {
+                        // Two finite value sets: a value in both matches two branches,
+                        // so it leaves both (exact).
+                        drop_shared_values(effective[i], effective[j], &(*extra)[i]);
+                        drop_shared_values(effective[j], effective[i], &(*extra)[j]);
+                        continue;
+                    }
                     std::optional<std::string> ki, kj;
                     if (t == "object") {
                         ki = key_to_forbid(effective[i], effective[j]);
@@ -802,6 +809,38 @@ private:
             if (drops) (*extra)[i]["type"] = keep;
         }
         return Status::ok();
+    }
+
+    // `s` (an effective schema) is a finite set of values: enum / const, beside `type`
+    // at most.
+    static bool only_values(const json& s) {
+        if (!s.is_object() ||
+            !(s.contains("const") || (s.contains("enum") && s["enum"].is_array()))) {
+            return false;
+        }
+        for (auto it = s.begin(); it != s.end(); ++it) {
+            const std::string& k = it.key();
+            if (is_constraint(k) && k != "enum" && k != "const" && k != "type") return false;
+        }
+        return true;
+    }
+
+    // Narrows *extra's enum to the values of `s` that `other` does not list.
+    static void drop_shared_values(const json& s, const json& other, json* extra) {
+        auto values = [](const json& x) {
+            json v = x.contains("const") ? json::array({x["const"]}) : x["enum"];
+            return v;
+        };
+        const json theirs = values(other);
+        json keep = json::array();
+        for (const auto& v : values(s)) {
+            const bool shared = std::find(theirs.begin(), theirs.end(), v) != theirs.end();
+            const bool kept = !extra->contains("enum") ||
+                              std::find((*extra)["enum"].begin(), (*extra)["enum"].end(), v) !=
+                                  (*extra)["enum"].end();
+            if (!shared && kept) keep.push_back(v);
+        }
+        (*extra)["enum"] = keep;
     }
 
     // The JSON type whose values keyword k reads ("" for every type).

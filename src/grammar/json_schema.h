@@ -15,8 +15,9 @@
 // (exact for integers; for numbers when the bounds are integers), multipleOf (an
 // integer up to 1000, no bounds beside it), anyOf, oneOf (exact when no value can match
 // two branches: different types, disjoint enums, a discriminator property; a type two
-// branches accept whole leaves them all; objects otherwise told apart by a property
-// each branch forbids and the other requires: a sound subset), allOf and $ref beside
+// branches accept whole leaves them all, and so does a value two enums list; objects
+// otherwise told apart by a property each branch forbids and the other requires: a
+// sound subset), allOf and $ref beside
 // other keywords (when the parts' keywords merge: additionalProperties on either side,
 // enum intersections, tighter bounds; recursion included), not of simple schemas,
 // $ref / $defs / definitions (local JSON pointers, recursion included), boolean
