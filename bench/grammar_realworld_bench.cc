@@ -6,13 +6,15 @@
 // vocabulary, timing each full-vocabulary fill_mask() (first use of a position builds
 // its table inside that step, as in serving). Reports compile rate, false accepts /
 // rejects (labels: ajv), mask p50/p99/p99.9/max and compile p50/p99/max.
-//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu]
+//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu] [--errors]
 // --only: the schemas whose id contains SUBSTRING; --cpu: also each fill's thread CPU
-// time (a system call per step, which slows the fills after it: off by default).
+// time (a system call per step, which slows the fills after it: off by default);
+// --errors: only compile, and print each schema that does not compile with its error.
 #include <algorithm>
 #include <cstdio>
 #include <string>
 
+#include "grammar/json_schema.h"
 #include "grammar/realworld_corpus.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
@@ -29,6 +31,7 @@ static double pct(std::vector<double> v, double p) {
 int main(int argc, char** argv) {
     bool shared = true;
     bool cpu = false;
+    bool errors = false;
     std::string only;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -36,6 +39,8 @@ int main(int argc, char** argv) {
             shared = false;
         } else if (a == "--cpu") {
             cpu = true;
+        } else if (a == "--errors") {
+            errors = true;
         } else if (a == "--only" && i + 1 < argc) {
             only = argv[++i];
         }
@@ -45,6 +50,16 @@ int main(int argc, char** argv) {
     auto corpus = realworld::load_corpus(DSINFER_SOURCE_DIR);
     if (!only.empty()) {
         std::erase_if(corpus, [&](const auto& s) { return s.id.find(only) == std::string::npos; });
+    }
+    if (errors) {
+        int num_compiled = 0;
+        for (const auto& s : corpus) {
+            auto g = compile_json_schema(s.schema);
+            num_compiled += g.is_ok();
+            if (!g.is_ok()) std::printf("%s: %s\n", s.id.c_str(), g.status().to_string().c_str());
+        }
+        std::printf("%d of %zu compiled\n", num_compiled, corpus.size());
+        return 0;
     }
     const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options, {}, cpu);
     const auto& m = run.mask_us;

@@ -313,42 +313,64 @@ private:
     }
 
     // ---- merging (allOf, $ref siblings, anyOf/oneOf with a base schema) -------------
+    // Each member `side` declares that `other` does not declare must also hold `x`
+    // (other's additionalProperties): rewrites side's `properties` in place.
+    static void close_over(json* side, const json& other, const json& x) {
+        if (x == true || !side->contains("properties") || !(*side)["properties"].is_object()) {
+            return;
+        }
+        const bool other_has = other.contains("properties") && other["properties"].is_object();
+        for (auto p = (*side)["properties"].begin(); p != (*side)["properties"].end(); ++p) {
+            if (other_has && other["properties"].contains(p.key())) continue;
+            p.value() = x == false ? json(false) : json{{"allOf", json::array({x, p.value()})}};
+        }
+    }
+
+    // Keywords whose conjunction is the tighter bound (numbers; draft 4's boolean
+    // exclusiveMinimum / exclusiveMaximum are not numbers and stay conflicts).
+    static bool is_lower_bound(const std::string& k) {
+        return k == "minimum" || k == "exclusiveMinimum" || k == "minLength" || k == "minItems" ||
+               k == "minProperties";
+    }
+    static bool is_upper_bound(const std::string& k) {
+        return k == "maximum" || k == "exclusiveMaximum" || k == "maxLength" || k == "maxItems" ||
+               k == "maxProperties";
+    }
+
     // Merges b's constraining keywords into a; false when they overlap in a way
     // that would need a real intersection.
     static bool merge_into(json* a, const json& b_in) {
         if (b_in.is_boolean()) return b_in.get<bool>();
         if (!b_in.is_object()) return false;
         json b = b_in;
-        // additionalProperties X of one side only (no patternProperties on either): X
-        // applies to the members its own schema does not declare, so each member only
-        // the other side declares must hold X too: exact (issue 21: GitHub's allOf of
-        // a closed object and more properties).
-        if (a->contains("additionalProperties") != b.contains("additionalProperties") &&
-            !a->contains("patternProperties") && !b.contains("patternProperties")) {
-            json* open = a->contains("additionalProperties") ? &b : a;  // the side without X
-            const json& x = a->contains("additionalProperties") ? (*a)["additionalProperties"]
-                                                                : b["additionalProperties"];
-            const json& closed = a->contains("additionalProperties") ? *a : b;
-            if (open->contains("properties") && (*open)["properties"].is_object()) {
-                for (auto p = (*open)["properties"].begin(); p != (*open)["properties"].end(); ++p) {
-                    const bool declared = closed.contains("properties") &&
-                                          closed["properties"].is_object() &&
-                                          closed["properties"].contains(p.key());
-                    if (declared || x == true) continue;
-                    p.value() = x == false ? json(false)
-                                           : json{{"allOf", json::array({x, p.value()})}};
-                }
+        const bool any_patterns =
+            a->contains("patternProperties") || b.contains("patternProperties");
+        if (!any_patterns &&
+            (a->contains("additionalProperties") || b.contains("additionalProperties"))) {
+            // Each side's additionalProperties X applies to the members its own
+            // `properties` do not declare: a member only the other side declares must
+            // hold X too, an undeclared member both X's. Exact (issue 21: GitHub's allOf
+            // of a closed object and more properties, or of two closed objects).
+            const json xa = a->value("additionalProperties", json(true));
+            const json xb = b.value("additionalProperties", json(true));
+            close_over(&b, *a, xa);
+            close_over(a, b, xb);
+            json both = json{{"allOf", json::array({xa, xb})}};
+            if (xa == true || xb == false) {
+                both = xb;
+            } else if (xb == true || xa == false || xa == xb) {
+                both = xa;
             }
+            (*a)["additionalProperties"] = both;
+            b["additionalProperties"] = both;
         }
-        // Otherwise additionalProperties reads only its own schema's properties, items
-        // only its own prefixItems: merging them across schemas would change their meaning.
+        // With patternProperties, additionalProperties reads only its own schema's
+        // properties and patterns, items only its own prefixItems: merging them across
+        // schemas would change their meaning.
         for (auto [dep, on] : {std::pair{"additionalProperties", "properties"},
                                std::pair{"additionalProperties", "patternProperties"},
                                std::pair{"items", "prefixItems"}}) {
-            const bool folded = std::string(dep) == "additionalProperties" &&
-                                std::string(on) == "properties" &&
-                                a->contains(dep) != b.contains(dep) &&
-                                !a->contains("patternProperties") && !b.contains("patternProperties");
+            const bool folded = std::string(dep) == "additionalProperties" && !any_patterns;
             if (folded) continue;
             if ((b.contains(dep) && a->contains(on)) || (a->contains(dep) && b.contains(on))) {
                 return false;
@@ -367,6 +389,37 @@ private:
                 for (const auto& r : it.value()) {
                     if (std::find(av.begin(), av.end(), r) == av.end()) av.push_back(r);
                 }
+                continue;
+            }
+            if (k == "enum" && av.is_array() && it.value().is_array()) {
+                // Both enums hold: the values in both (issue 21: GitHub's webhook
+                // payloads narrow a `state` enum to the event's value through allOf).
+                json kept = json::array();
+                for (const auto& v : av) {
+                    if (std::find(it.value().begin(), it.value().end(), v) != it.value().end()) {
+                        kept.push_back(v);
+                    }
+                }
+                av = kept;
+                continue;
+            }
+            if (k == "const") {
+                // Two different consts: nothing satisfies both (compile_enum keeps the
+                // const only when it is in the enum).
+                (*a)["enum"] = json::array();
+                continue;
+            }
+            if (is_lower_bound(k) && av.is_number() && it.value().is_number()) {
+                if (it.value() > av) av = it.value();
+                continue;
+            }
+            if (is_upper_bound(k) && av.is_number() && it.value().is_number()) {
+                if (it.value() < av) av = it.value();
+                continue;
+            }
+            if (k == "items" && !a->contains("prefixItems") && !b.contains("prefixItems")) {
+                // Every element must hold both.
+                av = json{{"allOf", json::array({av, it.value()})}};
                 continue;
             }
             if (k == "properties" && av.is_object() && it.value().is_object()) {
@@ -468,48 +521,48 @@ private:
             if (std::string(comb) == "anyOf" && base.contains("oneOf")) {
                 return unsupported(where, "anyOf together with oneOf");
             }
-            std::vector<ExprPtr> alts;
-            std::vector<std::set<std::string>> types;
-            std::vector<json> effective;  // each branch with its $ref / allOf folded in
-            for (size_t i = 0; i < branches.size(); ++i) {
-                json b = base;
-                const json* sub = &branches[i];
-                std::string bat = at + "/" + std::to_string(i);
-                bool base_trivial = true;
-                for (auto it = base.begin(); it != base.end(); ++it) {
-                    base_trivial = base_trivial && !is_constraint(it.key());
-                }
-                if (base_trivial) {
-                    DSI_ASSIGN_OR_RETURN(ExprPtr e, compile(*sub, bat, depth + 1));
-                    alts.push_back(e);
-                    effective.push_back(effective_schema(*sub, bat));
-                    types.push_back(admitted_types(effective.back()));
-                    continue;
-                }
-                if (sub->is_object() && sub->contains("$ref")) {
-                    DSI_ASSIGN_OR_RETURN(sub, resolve((*sub)["$ref"].get<std::string>()));
-                    if (sub == nullptr) return bad(bat, "$ref does not resolve");
-                }
-                if (!merge_into(&b, *sub)) {
-                    return unsupported(bat, std::string(comb) + " branch that conflicts with its base schema");
-                }
-                DSI_ASSIGN_OR_RETURN(ExprPtr e, compile(b, bat, depth + 1));
-                alts.push_back(e);
-                effective.push_back(effective_schema(b, bat));
-                types.push_back(admitted_types(effective.back()));
+            bool base_trivial = true;
+            for (auto it = base.begin(); it != base.end(); ++it) {
+                base_trivial = base_trivial && !is_constraint(it.key());
             }
-            if (std::string(comb) == "oneOf") {
-                // Exactly one: the union of the branches, when no value can match two.
-                for (size_t i = 0; i < types.size(); ++i) {
-                    for (size_t j = i + 1; j < types.size(); ++j) {
-                        for (const auto& t : types[i]) {
-                            if (types[j].count(t) && !disjoint(effective[i], effective[j], t)) {
-                                return unsupported(at, "oneOf whose branches " + std::to_string(i) + " and " +
-                                                           std::to_string(j) + " may both match a " + t);
-                            }
+            std::vector<json> schemas;  // each branch, with the base merged in
+            std::vector<std::set<std::string>> types;
+            std::vector<json> effective;  // ... and its $ref / allOf folded in
+            for (size_t i = 0; i < branches.size(); ++i) {
+                const std::string bat = at + "/" + std::to_string(i);
+                if (base_trivial) {
+                    schemas.push_back(branches[i]);
+                } else {
+                    // The branch's own keywords and every $ref / allOf part of it.
+                    std::vector<json> parts;
+                    std::vector<std::string> path;
+                    DSI_RETURN_IF_ERROR(flatten_all(branches[i], bat, &parts, &path, 0));
+                    json b = base;
+                    for (const auto& part : parts) {
+                        if (!merge_into(&b, part)) {
+                            return unsupported(
+                                bat,
+                                std::string(comb) + " branch that conflicts with its base schema");
                         }
                     }
+                    schemas.push_back(std::move(b));
                 }
+                effective.push_back(effective_schema(schemas.back(), bat));
+                types.push_back(admitted_types(effective.back()));
+            }
+            // oneOf: keywords that keep each branch off the values another one matches.
+            std::vector<json> extra(branches.size(), json::object());
+            if (std::string(comb) == "oneOf") {
+                DSI_RETURN_IF_ERROR(separate_branches(effective, types, at, &extra));
+            }
+            std::vector<ExprPtr> alts;
+            for (size_t i = 0; i < schemas.size(); ++i) {
+                const std::string bat = at + "/" + std::to_string(i);
+                const json& b = extra[i].empty()
+                                    ? schemas[i]
+                                    : json{{"allOf", json::array({schemas[i], extra[i]})}};
+                DSI_ASSIGN_OR_RETURN(ExprPtr e, compile(b, bat, depth + 1));
+                alts.push_back(e);
             }
             return e_alt(std::move(alts));
         }
@@ -698,6 +751,172 @@ private:
         DSI_ASSIGN_OR_RETURN(ExprPtr body, compile(s, where, depth + 1));
         builder_.define(id, body);
         return e_rule(id);
+    }
+
+    // oneOf is exactly one branch. The union of the branches is that when no value can
+    // match two (disjoint()); otherwise, per pair of branches i, j and type t they may
+    // both match:
+    // - both accept every value of type t (no keyword that reads t): every such value
+    //   matches two branches, so t leaves every branch (exact);
+    // - objects: i forbids a property that j requires and i does not (and j one that
+    //   i requires), so no value of i' matches j (sound, a subset: objects of i that
+    //   hold that property and still fail j are not generated);
+    // else UNIMPLEMENTED naming the branches. *extra[i] gets the keywords to add.
+    Status separate_branches(const std::vector<json>& effective,
+                             const std::vector<std::set<std::string>>& types, const std::string& at,
+                             std::vector<json>* extra) {
+        std::set<std::string> dropped;
+        for (size_t i = 0; i < types.size(); ++i) {
+            for (size_t j = i + 1; j < types.size(); ++j) {
+                for (const auto& t : types[i]) {
+                    if (!types[j].count(t) || disjoint(effective[i], effective[j], t)) continue;
+                    const bool scalar_number = t == "integer" || t == "number";
+                    if (!scalar_number && accepts_every(effective[i], t) &&
+                        accepts_every(effective[j], t)) {
+                        dropped.insert(t);
+                        continue;
+                    }
+                    if (only_values(effective[i]) && only_values(effective[j])) {
+                        // Two finite value sets: a value in both matches two branches,
+                        // so it leaves both (exact).
+                        drop_shared_values(effective[i], effective[j], &(*extra)[i]);
+                        drop_shared_values(effective[j], effective[i], &(*extra)[j]);
+                        continue;
+                    }
+                    std::optional<std::string> ki, kj;
+                    if (t == "object") {
+                        ki = key_to_forbid(effective[i], effective[j]);
+                        kj = key_to_forbid(effective[j], effective[i]);
+                    }
+                    if (!ki || !kj) {
+                        return unsupported(at, "oneOf whose branches " + std::to_string(i) +
+                                                   " and " + std::to_string(j) +
+                                                   " may both match a " + t);
+                    }
+                    (*extra)[i]["properties"][*ki] = false;
+                    (*extra)[j]["properties"][*kj] = false;
+                }
+            }
+        }
+        if (dropped.empty()) return Status::ok();
+        for (size_t i = 0; i < types.size(); ++i) {
+            json keep = json::array();
+            bool drops = false;
+            for (const auto& t : types[i]) {
+                drops = drops || dropped.count(t) > 0;
+                if (!dropped.count(t)) keep.push_back(t);
+            }
+            if (drops) (*extra)[i]["type"] = keep;
+        }
+        return Status::ok();
+    }
+
+    // `s` (an effective schema) is a finite set of values: enum / const, beside `type`
+    // at most.
+    static bool only_values(const json& s) {
+        if (!s.is_object() ||
+            !(s.contains("const") || (s.contains("enum") && s["enum"].is_array()))) {
+            return false;
+        }
+        for (auto it = s.begin(); it != s.end(); ++it) {
+            const std::string& k = it.key();
+            if (is_constraint(k) && k != "enum" && k != "const" && k != "type") return false;
+        }
+        return true;
+    }
+
+    // Narrows *extra's enum to the values of `s` that `other` does not list.
+    static void drop_shared_values(const json& s, const json& other, json* extra) {
+        auto values = [](const json& x) {
+            json v = x.contains("const") ? json::array({x["const"]}) : x["enum"];
+            return v;
+        };
+        const json theirs = values(other);
+        json keep = json::array();
+        for (const auto& v : values(s)) {
+            const bool shared = std::find(theirs.begin(), theirs.end(), v) != theirs.end();
+            const bool kept = !extra->contains("enum") ||
+                              std::find((*extra)["enum"].begin(), (*extra)["enum"].end(), v) !=
+                                  (*extra)["enum"].end();
+            if (!shared && kept) keep.push_back(v);
+        }
+        (*extra)["enum"] = keep;
+    }
+
+    // The JSON type whose values keyword k reads ("" for every type).
+    static std::string type_read_by(const std::string& k) {
+        static const std::map<std::string, std::string> kOnly = {
+            {"minLength", "string"},
+            {"maxLength", "string"},
+            {"pattern", "string"},
+            {"format", "string"},
+            {"items", "array"},
+            {"prefixItems", "array"},
+            {"additionalItems", "array"},
+            {"minItems", "array"},
+            {"maxItems", "array"},
+            {"uniqueItems", "array"},
+            {"contains", "array"},
+            {"minContains", "array"},
+            {"maxContains", "array"},
+            {"unevaluatedItems", "array"},
+            {"properties", "object"},
+            {"required", "object"},
+            {"additionalProperties", "object"},
+            {"patternProperties", "object"},
+            {"minProperties", "object"},
+            {"maxProperties", "object"},
+            {"dependentRequired", "object"},
+            {"dependentSchemas", "object"},
+            {"dependencies", "object"},
+            {"propertyNames", "object"},
+            {"unevaluatedProperties", "object"},
+            {"minimum", "number"},
+            {"maximum", "number"},
+            {"exclusiveMinimum", "number"},
+            {"exclusiveMaximum", "number"},
+            {"multipleOf", "number"}};
+        auto it = kOnly.find(k);
+        return it == kOnly.end() ? "" : it->second;
+    }
+
+    // `s` (an effective schema) admits every value of type t: it admits t and none of
+    // its keywords but `type` reads values of t.
+    bool accepts_every(const json& s, const std::string& t) {
+        if (s.is_boolean()) return s.get<bool>();
+        if (!s.is_object() || !admitted_types(s).count(t)) return false;
+        for (auto it = s.begin(); it != s.end(); ++it) {
+            if (!is_constraint(it.key()) || it.key() == "type") continue;
+            const std::string only = type_read_by(it.key());
+            if (only.empty() || only == t) return false;
+        }
+        return true;
+    }
+
+    // A property `other` requires and `s` does not (one `s` does not declare first):
+    // forbidding it in `s` keeps `s` off every value of `other`.
+    static std::optional<std::string> key_to_forbid(const json& s, const json& other) {
+        auto names = [](const json& x, const char* k) {
+            std::set<std::string> out;
+            if (!x.is_object() || !x.contains(k)) return out;
+            const json& v = x[k];
+            if (v.is_array()) {
+                for (const auto& n : v) {
+                    if (n.is_string()) out.insert(n.get<std::string>());
+                }
+            } else if (v.is_object()) {
+                for (auto it = v.begin(); it != v.end(); ++it) out.insert(it.key());
+            }
+            return out;
+        };
+        const std::set<std::string> own = names(s, "required"), declared = names(s, "properties");
+        std::optional<std::string> out;
+        for (const auto& k : names(other, "required")) {
+            if (own.count(k)) continue;
+            if (!declared.count(k)) return k;
+            if (!out) out = k;
+        }
+        return out;
     }
 
     // `s` with its $ref / allOf parts merged (as compile() would), or `s` itself

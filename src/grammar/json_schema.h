@@ -13,18 +13,21 @@
 // prefixItems, minItems, maxItems, minLength, maxLength, minProperties,
 // maxProperties, pattern, minimum / maximum / exclusiveMinimum / exclusiveMaximum
 // (exact for integers; for numbers when the bounds are integers), multipleOf (an
-// integer up to 1000, no bounds beside it), anyOf, oneOf (when no value can match two
-// branches: different types, disjoint enums, a discriminator property), allOf and
-// $ref beside other keywords (when the parts' keywords merge without conflict;
-// recursion included), not of simple schemas, $ref / $defs / definitions (local JSON
-// pointers, recursion included), boolean schemas, and the formats date, time,
+// integer up to 1000, no bounds beside it), anyOf, oneOf (exact when no value can match
+// two branches: different types, disjoint enums, a discriminator property; a type two
+// branches accept whole leaves them all, and so does a value two enums list; objects
+// otherwise told apart by a property each branch forbids and the other requires: a
+// sound subset), allOf and $ref beside
+// other keywords (when the parts' keywords merge: additionalProperties on either side,
+// enum intersections, tighter bounds; recursion included), not of simple schemas,
+// $ref / $defs / definitions (local JSON pointers, recursion included), boolean
+// schemas, and the formats date, time,
 // date-time, duration, email, hostname, uuid, uri, uri-template, ipv4, ipv6 as
-// assertions (other formats are annotations). Unknown keywords are ignored, as the specification says.
-// Counting bounds above Limits::max_repeat are RESOURCE_EXHAUSTED naming the keyword;
-// a schema nothing satisfies is INVALID_ARGUMENT ("accepts no input"). The other
-// JSON Schema keywords are UNIMPLEMENTED (the server maps it to a 400 for the
-// request) with the schema location in the message; invalid schemas are
-// INVALID_ARGUMENT.
+// assertions (other formats are annotations). Unknown keywords are ignored, as the specification
+// says. Counting bounds above Limits::max_repeat are RESOURCE_EXHAUSTED naming the keyword; a
+// schema nothing satisfies is INVALID_ARGUMENT ("accepts no input"). The other JSON Schema keywords
+// are UNIMPLEMENTED (the server maps it to a 400 for the request) with the schema location in the
+// message; invalid schemas are INVALID_ARGUMENT.
 //
 // Thread model: pure functions.
 #pragma once

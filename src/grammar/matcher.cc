@@ -15,6 +15,30 @@ inline uint64_t hash_pair(uint32_t a, uint32_t b) {
     x ^= x >> 33;
     return x;
 }
+// Stores `accepted` in `table` as a bitmask or a sorted id list, whichever is smaller.
+void set_accepted(std::vector<int32_t> accepted, size_t vocab_size, PositionTokens* table) {
+    // Dense when a bitmask is smaller than the id list.
+    const size_t words = (vocab_size + 63) / 64;
+    if (accepted.size() * 4 > words * 8) {
+        table->accepted_bits.assign(words, 0);
+        for (int32_t id : accepted) table->accepted_bits[id >> 6] |= uint64_t{1} << (id & 63);
+    } else {
+        std::sort(accepted.begin(), accepted.end());
+        table->accepted_ids = std::move(accepted);
+    }
+}
+
+// Appends the ids `t` accepts.
+void append_accepted(const PositionTokens& t, std::vector<int32_t>* out) {
+    out->insert(out->end(), t.accepted_ids.begin(), t.accepted_ids.end());
+    for (size_t w = 0; w < t.accepted_bits.size(); ++w) {
+        for (uint64_t bits = t.accepted_bits[w]; bits != 0; bits &= bits - 1) {
+            out->push_back(
+                static_cast<int32_t>(w * 64 + static_cast<size_t>(std::countr_zero(bits))));
+        }
+    }
+}
+
 // Expansion deeper than this means a grammar the left-recursion check missed.
 constexpr int kMaxExpandDepth = 100000;
 }  // namespace
@@ -78,7 +102,8 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
 
 CompiledGrammar::~CompiledGrammar() = default;
 
-std::unique_ptr<PositionTokens> CompiledGrammar::build_table(uint32_t pos, size_t levels) const {
+std::unique_ptr<PositionTokens> CompiledGrammar::build_table(uint32_t pos, size_t levels,
+                                                             int first_byte) const {
     std::lock_guard<std::mutex> lock(builder_mu_);
     if (builder_ == nullptr) {
         // Non-owning: the builder lives inside this grammar.
@@ -86,7 +111,17 @@ std::unique_ptr<PositionTokens> CompiledGrammar::build_table(uint32_t pos, size_
             std::shared_ptr<const CompiledGrammar>(std::shared_ptr<void>(), this));
     }
     if (!builder_->memo_active_) builder_->memo_begin();
-    return builder_->build_position_tokens(pos, levels);
+    return builder_->build_position_tokens(pos, levels, first_byte);
+}
+
+std::unique_ptr<PositionTokens> CompiledGrammar::refine_table(uint32_t pos, size_t levels,
+                                                              const PositionTokens& fewer) const {
+    std::lock_guard<std::mutex> lock(builder_mu_);
+    if (builder_ == nullptr) {
+        builder_ = std::make_unique<GrammarMatcher>(
+            std::shared_ptr<const CompiledGrammar>(std::shared_ptr<void>(), this));
+    }
+    return builder_->refine_position_tokens(pos, levels, fewer);
 }
 
 void CompiledGrammar::compute_chains(const std::vector<bool>& reached) {
@@ -270,10 +305,10 @@ PositionTableCache::Stats PositionTableCache::stats() const {
     return Stats{hits_, misses_, static_cast<int64_t>(map_.size()), static_cast<int64_t>(bytes_)};
 }
 
-std::string CompiledGrammar::position_key(uint32_t pos, size_t levels) const {
+std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first_byte,
+                                          size_t max_key_bytes) const {
     // Larger reachable grammars (whole objects) are rarely repeated; their walks are
     // cheap because literal keys prune the trie early.
-    constexpr size_t kMaxKeyBytes = 16384;
     const auto& elems = grammar_.elements();
     const auto& classes = grammar_.classes();
     std::string key;
@@ -336,8 +371,14 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels) const {
         put32(static_cast<uint32_t>(alts.size()));
         for (uint32_t a : alts) {
             emit_seq(a);
-            if (key.size() > kMaxKeyBytes) return "";
+            if (key.size() > max_key_bytes) return "";
         }
+    }
+    if (first_byte >= 0) {
+        // The position's own class, written first (after the fingerprint and 'C').
+        ByteSet only;
+        only.set(static_cast<uint8_t>(first_byte));
+        std::memcpy(key.data() + sizeof(fp) + 1, only.words, sizeof(only.words));
     }
     return key;
 }
@@ -721,8 +762,8 @@ uint32_t GrammarMatcher::memo_step(uint32_t sid, uint8_t b) {
 }
 
 template <class Live, class Dead, class Enter>
-void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_live,
-                          Dead on_dead, Enter on_enter) {
+void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_live, Dead on_dead,
+                          Enter on_enter, int first_byte) {
     const auto& trie = compiled_->vocab().trie();
     ensure_levels();
     size_t base_mark = nodes_.size();
@@ -739,6 +780,11 @@ void GrammarMatcher::walk(std::span<const uint32_t> stacks, bool memo, Live on_l
         if (id == kNone) continue;
         const ByteSet& c = (*classes_)[Grammar::payload((*elems_)[nodes_[id].pos])];
         for (int w = 0; w < 4; ++w) first.words[w] |= c.words[w];
+    }
+    if (first_byte >= 0) {
+        const bool takes = first.test(static_cast<uint8_t>(first_byte));
+        first = ByteSet();
+        if (takes) first.set(static_cast<uint8_t>(first_byte));
     }
     uint32_t n = static_cast<uint32_t>(trie.size() - 1);
     uint32_t i = 0;
@@ -793,8 +839,18 @@ void GrammarMatcher::walk_trie(std::span<const uint32_t> stacks, TokenBitmask* m
         [](uint32_t, bool) {}, [](uint32_t, uint32_t) { return false; });
 }
 
-std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t pos,
-                                                                     size_t levels) {
+uint32_t GrammarMatcher::table_start(uint32_t pos, size_t levels) {
+    const std::vector<uint32_t>& chain = compiled_->continuation(pos);
+    const size_t used = std::min(levels, chain.size() - 1);
+    uint32_t parent = used == chain.size() - 1 && chain.back() == CompiledGrammar::kChainAccept
+                          ? kNone
+                          : kContext;
+    for (size_t k = used; k-- > 0;) parent = node(chain[k], parent);
+    return node(pos, parent);
+}
+
+std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t pos, size_t levels,
+                                                                      int first_byte) {
     const Vocabulary& vocab = compiled_->vocab();
     const auto& trie = vocab.trie();
     const auto& trie_tokens = vocab.trie_tokens();
@@ -809,12 +865,7 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
         if (memo_active_) memo_end();
         memo_begin();
     }
-    const std::vector<uint32_t>& chain = compiled_->continuation(pos);
-    const size_t used = std::min(levels, chain.size() - 1);
-    uint32_t parent =
-        used == chain.size() - 1 && chain.back() == CompiledGrammar::kChainAccept ? kNone : kContext;
-    for (size_t k = used; k-- > 0;) parent = node(chain[k], parent);
-    uint32_t start = node(pos, parent);
+    uint32_t start = table_start(pos, levels);
     auto add_uncertain = [&](uint32_t k) {
         std::string_view b = vocab.token_bytes(trie_tokens[k]);
         size_t lcp = 0;
@@ -877,18 +928,65 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
             accepted.insert(accepted.end(), it->second.accepted.begin(), it->second.accepted.end());
             for (uint32_t k : it->second.uncertain) add_uncertain(k);
             return true;
-        });
+        },
+        first_byte);
     close_until(UINT32_MAX);
     if (own_session) memo_end();
-    // Dense when a bitmask is smaller than the id list.
-    size_t words = (static_cast<size_t>(vocab.size()) + 63) / 64;
-    if (accepted.size() * 4 > words * 8) {
-        table->accepted_bits.assign(words, 0);
-        for (int32_t id : accepted) table->accepted_bits[id >> 6] |= uint64_t{1} << (id & 63);
-    } else {
-        std::sort(accepted.begin(), accepted.end());
-        table->accepted_ids = std::move(accepted);
+    set_accepted(std::move(accepted), vocab.size(), table.get());
+    return table;
+}
+
+std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(
+    uint32_t pos, size_t levels, const PositionTokens& fewer) {
+    // Tokens `fewer` accepts or rejects stay so: their paths never leave the rule. Each
+    // uncertain one is stepped from the deeper stack through the memo session's states
+    // (build_position_tokens()'s walk, so its verdicts): alive after its last byte =
+    // accepted; dead after some path returned to the (still unknown) caller =
+    // uncertain; else rejected. Consecutive tokens share prefixes (trie order,
+    // uncertain_lcp).
+    const Vocabulary& vocab = compiled_->vocab();
+    const auto& trie_tokens = vocab.trie_tokens();
+    if (!memo_active_ || memo_states_.size() > kMaxMemoStates ||
+        subtree_bytes_ > kMaxSubtreeBytes) {
+        if (memo_active_) memo_end();
+        memo_begin();
     }
+    ensure_levels();
+    auto table = std::make_unique<PositionTokens>();
+    std::vector<int32_t> accepted;
+    append_accepted(fewer, &accepted);
+    const uint32_t start = table_start(pos, levels);
+    sid_[0] = memo_intern(std::vector<uint32_t>(1, start));
+    ctx_[0] = 0;
+    std::string_view prev_uncertain;
+    auto add_uncertain = [&](uint32_t k, std::string_view b) {
+        size_t lcp = 0;
+        while (lcp < prev_uncertain.size() && lcp < b.size() && prev_uncertain[lcp] == b[lcp]) {
+            ++lcp;
+        }
+        table->uncertain.push_back(k);
+        table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
+        prev_uncertain = b;
+    };
+    size_t valid = 0;  // sid_[0..valid] hold the previous token's prefix
+    for (size_t u = 0; u < fewer.uncertain.size(); ++u) {
+        const uint32_t k = fewer.uncertain[u];
+        const std::string_view bytes = vocab.token_bytes(trie_tokens[k]);
+        size_t d = std::min<size_t>(valid, fewer.uncertain_lcp[u]);
+        for (; d < bytes.size(); ++d) {
+            if (sid_[d] == 0) break;  // a shared prefix that died
+            const uint32_t r = memo_step(sid_[d], static_cast<uint8_t>(bytes[d]));
+            sid_[d + 1] = r & ~kCtxBit;
+            ctx_[d + 1] = ctx_[d] | static_cast<uint8_t>(r >> 31);
+        }
+        valid = d;
+        if (sid_[d] != 0) {
+            accepted.push_back(trie_tokens[k]);
+        } else if (ctx_[d] != 0) {
+            add_uncertain(k, bytes);
+        }
+    }
+    set_accepted(std::move(accepted), vocab.size(), table.get());
     return table;
 }
 
@@ -898,11 +996,50 @@ std::shared_ptr<const PositionTokens> GrammarMatcher::cached_or_built(uint32_t p
     PositionTableCache& cache = compiled_->table_cache();
     std::shared_ptr<const PositionTokens> table;
     if (!key.empty()) table = cache.find(key);
-    if (!table) {
+    if (table) return table;
+    // Walking the vocabulary for a wide class costs milliseconds (~7 ms for a key's
+    // first character in an object with additional properties: each object, with its
+    // own later members, has a table of its own, and large objects none shared).
+    // Instead, refine the table with an unknown caller, whose per-byte parts are
+    // shared by every such position (issue 21: the slowest mask steps).
+    std::shared_ptr<const PositionTokens> fewer = levels > 0 ? by_first_byte(pos) : nullptr;
+    if (fewer != nullptr && fewer->uncertain.size() <= kMaxRefineTokens) {
+        table = compiled_->continuation(pos).size() <= 1
+                    ? fewer
+                    : compiled_->refine_table(pos, levels, *fewer);
+    } else {
         table = compiled_->build_table(pos, levels);
-        if (!key.empty()) table = cache.insert(key, std::move(table));
     }
+    if (!key.empty()) table = cache.insert(key, std::move(table));
     return table;
+}
+
+std::shared_ptr<const PositionTokens> GrammarMatcher::by_first_byte(uint32_t pos) {
+    const ByteSet& cls = (*classes_)[Grammar::payload((*elems_)[pos])];
+    int num_bytes = 0;
+    for (uint64_t w : cls.words) num_bytes += std::popcount(w);
+    if (num_bytes < kMinSplitBytes) return nullptr;
+    const std::string key = compiled_->position_key(pos, 0, -1, kMaxSplitKeyBytes);
+    if (key.empty()) return nullptr;
+    PositionTableCache& cache = compiled_->table_cache();
+    if (auto whole = cache.find(key)) return whole;
+    // Tokens of different first bytes lie in disjoint trie subtrees: the tables add
+    // up, and an uncertain token's shared prefix never spans two of them.
+    auto table = std::make_unique<PositionTokens>();
+    std::vector<int32_t> accepted;
+    for (int b = 0; b < 256; ++b) {
+        if (!cls.test(static_cast<uint8_t>(b))) continue;
+        const std::string byte_key = compiled_->position_key(pos, 0, b, kMaxSplitKeyBytes);
+        std::shared_ptr<const PositionTokens> part = cache.find(byte_key);
+        if (part == nullptr) part = cache.insert(byte_key, compiled_->build_table(pos, 0, b));
+        append_accepted(*part, &accepted);
+        table->uncertain.insert(table->uncertain.end(), part->uncertain.begin(),
+                                part->uncertain.end());
+        table->uncertain_lcp.insert(table->uncertain_lcp.end(), part->uncertain_lcp.begin(),
+                                    part->uncertain_lcp.end());
+    }
+    set_accepted(std::move(accepted), compiled_->vocab().size(), table.get());
+    return cache.insert(key, std::move(table));
 }
 
 const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {

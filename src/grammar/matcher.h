@@ -176,7 +176,13 @@ public:
     // Structure key of position `pos` for the table cache ("" when the reachable
     // grammar is too large to be worth sharing) when its table is built from the first
     // `levels` positions of its static continuation (below), then an unknown caller.
-    std::string position_key(uint32_t pos, size_t levels) const;
+    // first_byte >= 0: the walk takes only that byte first (the key writes the
+    // position's own class as {first_byte}: equal to the key of a position whose class
+    // is that byte and whose grammar is the same, and so is its table). Keys longer
+    // than max_key_bytes are "".
+    std::string position_key(uint32_t pos, size_t levels, int first_byte = -1,
+                             size_t max_key_bytes = kMaxKeyBytes) const;
+    static constexpr size_t kMaxKeyBytes = 16384;
     // Static continuation of the rule holding class position `pos`: the positions a
     // stack continues at after that rule returns, innermost first, ending in
     // kChainAccept (the grammar's end) or kChainUnknown (a caller that differs between
@@ -192,7 +198,14 @@ public:
     // Builds the table of `pos` (see GrammarMatcher). Builds of one compiled grammar are
     // serialised and share one memo session (walk states and subtree results), so the
     // n-th table of a grammar mostly replays what earlier walks found.
-    std::unique_ptr<PositionTokens> build_table(uint32_t pos, size_t levels) const;
+    // first_byte >= 0: only the tokens that start with that byte.
+    std::unique_ptr<PositionTokens> build_table(uint32_t pos, size_t levels,
+                                                int first_byte = -1) const;
+    // The table of `pos` from `levels` positions of its continuation, given `fewer`, a
+    // table of the same position from fewer levels: only fewer's uncertain tokens are
+    // stepped (through the same builder as build_table).
+    std::unique_ptr<PositionTokens> refine_table(uint32_t pos, size_t levels,
+                                                 const PositionTokens& fewer) const;
     // Byte-class element positions (the possible stack tops).
     const std::vector<uint32_t>& class_positions() const { return class_positions_; }
     struct TableStats {
@@ -303,9 +316,10 @@ private:
     // session; the pool keeps every node until memo_end()).
     // on_enter(i, state) (memo walks): before a live node's subtree; true skips it
     // (the caller accounted for it). state: memo state id | kCtxBit.
+    // first_byte >= 0: only the subtree of that byte.
     template <class Live, class Dead, class Enter>
     void walk(std::span<const uint32_t> stacks, bool memo, Live on_live, Dead on_dead,
-              Enter on_enter);
+              Enter on_enter, int first_byte = -1);
     void memo_begin();
     void memo_end();
     uint32_t memo_intern(const std::vector<uint32_t>& stacks);
@@ -315,9 +329,19 @@ private:
     void walk_trie(std::span<const uint32_t> stacks, TokenBitmask* mask);
     // From the first `levels` positions of the position's static continuation, then
     // an unknown caller.
-    std::unique_ptr<PositionTokens> build_position_tokens(uint32_t pos, size_t levels);
+    // first_byte >= 0: only the tokens that start with that byte.
+    std::unique_ptr<PositionTokens> build_position_tokens(uint32_t pos, size_t levels,
+                                                          int first_byte = -1);
+    // The stack a table of `pos` from `levels` continuation positions is built from.
+    uint32_t table_start(uint32_t pos, size_t levels);
+    std::unique_ptr<PositionTokens> refine_position_tokens(uint32_t pos, size_t levels,
+                                                           const PositionTokens& fewer);
     // The table of `pos` from the shared cache, else built (and offered to the cache).
     std::shared_ptr<const PositionTokens> cached_or_built(uint32_t pos, size_t levels);
+    // The table of `pos` with an unknown caller right after its rule, put together from
+    // one table per byte of its class (each shared by structure, so across grammars
+    // whatever the rest of the class); nullptr for narrow classes and large grammars.
+    std::shared_ptr<const PositionTokens> by_first_byte(uint32_t pos);
     const PositionTokens* table_for(uint32_t pos);
     // Sets the uncertain tokens of `t` that stack `id` takes.
     void check_uncertain(uint32_t id, const PositionTokens& t, TokenBitmask* mask);
@@ -382,6 +406,12 @@ private:
     static constexpr size_t kMaxMemoStates = 20000;
     static constexpr size_t kMaxSubtreeBytes = size_t{64} << 20;
     static constexpr uint32_t kMinSubtreeTokens = 32;
+    // by_first_byte(): classes of at least this many bytes, grammars whose key (with an
+    // unknown caller) fits in this many bytes; cached_or_built() refines its table when
+    // at most this many tokens stay uncertain.
+    static constexpr int kMinSplitBytes = 8;
+    static constexpr size_t kMaxSplitKeyBytes = 4096;
+    static constexpr size_t kMaxRefineTokens = 2048;
     std::vector<uint32_t> scratch_a_, scratch_b_;
 };
 

@@ -115,6 +115,7 @@ CorpusRun run_corpus(const std::vector<Schema>& corpus, const Tokenizer& tok,
         auto g = compile_json_schema(s.schema, schema_options);
         if (!g.is_ok()) {
             ++run.compile_errors[error_kind(g.status())];
+            run.compile_failures.push_back(s.id + ": " + g.status().to_string());
             continue;
         }
         run.front_end_us.push_back(elapsed_us(t0));
@@ -165,6 +166,10 @@ std::string CorpusRun::markdown(size_t max_examples) const {
     md += "\nFalse rejects (first " + std::to_string(max_examples) + "):\n\n";
     for (size_t i = 0; i < false_rejected.size() && i < max_examples; ++i) {
         md += "- " + false_rejected[i] + "\n";
+    }
+    md += "\nCompile failures (first " + std::to_string(max_examples) + "):\n\n";
+    for (size_t i = 0; i < compile_failures.size() && i < max_examples; ++i) {
+        md += "- " + compile_failures[i] + "\n";
     }
     return md;
 }

@@ -62,6 +62,7 @@ struct CorpusRun {
     // "id @offset `before` | `from the refused byte`" (all).
     std::vector<std::string> false_rejected;
     std::map<std::string, int> compile_errors;  // kind (error_kind) -> schemas
+    std::vector<std::string> compile_failures;  // "id: full status" of each, corpus order
     // Per compiled schema: compile_json_schema + CompiledGrammar (tables are lazy),
     // and the front end (compile_json_schema, including GrammarBuilder) alone.
     std::vector<double> compile_us;
@@ -75,7 +76,8 @@ struct CorpusRun {
     // Parallel to mask_us: where each fill was (finding the slowest states).
     std::vector<MaskStep> mask_steps;
 
-    // Summary table, compile errors by kind, the first `max_examples` false rejects.
+    // Summary table, compile errors by kind, the first `max_examples` false rejects and
+    // the first `max_examples` compile failures.
     std::string markdown(size_t max_examples = 40) const;
 };
 
