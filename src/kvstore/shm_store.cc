@@ -174,6 +174,17 @@ Result<std::unique_ptr<ShmBlockStore>> ShmBlockStore::open(ShmStoreOptions optio
     s->slot_bytes_ = static_cast<int64_t>(slot_bytes);
     s->data_offset_ = data_offset;
     s->map_bytes_ = total;
+    if (options.anonymous) {
+        void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            return resource_exhausted(std::string("shm store: anonymous mmap: ") +
+                                      std::strerror(errno));
+        }
+        s->base_ = static_cast<uint8_t*>(p);
+        s->init_header();
+        s->created_ = true;
+        return s;
+    }
     for (int attempt = 0; attempt < 3; ++attempt) {
         int fd = ::shm_open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
         if (fd >= 0) {
@@ -195,21 +206,7 @@ Result<std::unique_ptr<ShmBlockStore>> ShmBlockStore::open(ShmStoreOptions optio
                 return internal_error(std::string("shm store: mmap: ") + std::strerror(errno));
             }
             s->base_ = static_cast<uint8_t*>(p);
-            Header* h = reinterpret_cast<Header*>(s->base_);
-            h->version = kShmVersion;
-            h->header_bytes = kHeaderBytes;
-            h->num_slots = static_cast<uint64_t>(options.num_slots);
-            h->slot_bytes = slot_bytes;
-            h->creator_pid = static_cast<uint32_t>(::getpid());
-            h->creator_start = process_start(::getpid());
-            h->data_offset = data_offset;
-            pthread_mutexattr_t attr;
-            ::pthread_mutexattr_init(&attr);
-            ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
-            ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
-            ::pthread_mutex_init(&h->mu, &attr);
-            ::pthread_mutexattr_destroy(&attr);
-            at(h->magic).store(kShmMagic, std::memory_order_release);
+            s->init_header();
             s->created_ = true;
             return s;
         }
@@ -288,11 +285,31 @@ Result<std::unique_ptr<ShmBlockStore>> ShmBlockStore::open(ShmStoreOptions optio
     return unavailable("shm store: segment " + options.name + " keeps changing under us");
 }
 
+// A new segment's header: geometry, creator, the robust process-shared mutex; the
+// magic last (attaching processes wait for it).
+void ShmBlockStore::init_header() {
+    Header* h = reinterpret_cast<Header*>(base_);
+    h->version = kShmVersion;
+    h->header_bytes = kHeaderBytes;
+    h->num_slots = static_cast<uint64_t>(num_slots_);
+    h->slot_bytes = static_cast<uint64_t>(slot_bytes_);
+    h->creator_pid = static_cast<uint32_t>(::getpid());
+    h->creator_start = process_start(::getpid());
+    h->data_offset = data_offset_;
+    pthread_mutexattr_t attr;
+    ::pthread_mutexattr_init(&attr);
+    ::pthread_mutexattr_setpshared(&attr, PTHREAD_PROCESS_SHARED);
+    ::pthread_mutexattr_setrobust(&attr, PTHREAD_MUTEX_ROBUST);
+    ::pthread_mutex_init(&h->mu, &attr);
+    ::pthread_mutexattr_destroy(&attr);
+    at(h->magic).store(kShmMagic, std::memory_order_release);
+}
+
 ShmBlockStore::~ShmBlockStore() {
     if (base_ != nullptr) {
         ::munmap(base_, map_bytes_);
     }
-    if (created_ && options_.unlink_on_close) {
+    if (created_ && options_.unlink_on_close && !options_.anonymous) {
         (void)unlink(options_.name);
     }
 }

@@ -46,6 +46,11 @@ struct ShmStoreOptions {
     int64_t num_slots = 0;
     int64_t slot_bytes = 0;  // rounded up to 4096
     bool unlink_on_close = false;
+    // An anonymous shared mapping instead of a named segment: private to this process
+    // (no other process can attach, nothing in /dev/shm, nothing left behind by a crash
+    // or SIGKILL; memory is taken as slots fill). For an in-process tier such as the
+    // KV hand-over inbox. `name` then only names the store in uri() and logs.
+    bool anonymous = false;
 };
 
 inline constexpr int64_t kShmMaxSlots = int64_t{1} << 20;
@@ -98,6 +103,7 @@ private:
     struct Slot;
     class Lock;
     ShmBlockStore() = default;
+    void init_header();
     Slot* slot(int64_t i) const;
     uint8_t* data(int64_t i) const;
     int64_t find_locked(const StoreKey& key) const;  // -1 if absent (READY only)

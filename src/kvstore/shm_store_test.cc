@@ -83,6 +83,33 @@ TEST(ShmStore, PutGetRemoveAndReadIntoCallerBuffers) {
     EXPECT_EQ(m.misses, 1);
 }
 
+// An anonymous store (the KV hand-over inbox): the same store, private to the process,
+// nothing in /dev/shm; two of one name are two stores.
+TEST(ShmStore, AnonymousStoresArePrivateAndLeaveNothingInDevShm) {
+    ShmName name;
+    ShmStoreOptions o;
+    o.name = name.str();
+    o.num_slots = 4;
+    o.slot_bytes = 64 << 10;
+    o.anonymous = true;
+    auto a = ShmBlockStore::open(o);
+    auto b = ShmBlockStore::open(o);
+    ASSERT_TRUE(a.is_ok()) << a.status().to_string();
+    ASSERT_TRUE(b.is_ok()) << b.status().to_string();
+    EXPECT_TRUE((*a)->created());
+    EXPECT_NE(::access(("/dev/shm/" + name.str()).c_str(), F_OK), 0);
+    auto blk = make_block(7, 2, 3000);
+    ASSERT_TRUE(put(**a, blk).is_ok());
+    auto g = (*a)->get(blk.info.key, &blk.info);
+    ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+    EXPECT_TRUE(same_layers(*g, blk));
+    EXPECT_EQ((*a)->match_prefix(std::span<const StoreKey>(&blk.info.key, 1)).value(), 1);
+    EXPECT_FALSE(*(*b)->contains(blk.info.key));
+    // Slot eviction by LRU works there as in a named segment.
+    for (uint64_t k = 10; k < 16; ++k) ASSERT_TRUE(put(**a, make_block(k, 2, 3000)).is_ok());
+    EXPECT_EQ((*a)->list_blocks()->size(), 4u);
+}
+
 TEST(ShmStore, LruEvictionAndMatchPrefix) {
     ShmName name;
     auto s = open_shm(name.str(), 3);

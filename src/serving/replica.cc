@@ -81,8 +81,9 @@ Status Replica::reset_engine(engine::EngineOptions options) {
 
 namespace {
 
-// The hand-over tier: an shm segment of this process (unlinked when it closes) in
-// front of the store, sized in whole encoded blocks of the model's shape.
+// The hand-over tier: an anonymous shared mapping of this process (the shm store's
+// layout, nothing in /dev/shm) in front of the store, sized in whole encoded blocks of
+// the model's shape.
 Result<std::unique_ptr<kvstore::ShmBlockStore>> open_kv_inbox(const engine::StoreBlockShape& shape,
                                                              int64_t bytes, Env* env) {
     const int64_t block = static_cast<int64_t>(kvstore::header_bytes(shape.num_layers) +
@@ -97,7 +98,7 @@ Result<std::unique_ptr<kvstore::ShmBlockStore>> open_kv_inbox(const engine::Stor
              std::to_string(env->wall_ns() % 1000000007);
     o.num_slots = bytes / slot;
     o.slot_bytes = slot;
-    o.unlink_on_close = true;
+    o.anonymous = true;  // in-process only: nothing in /dev/shm, nothing left by a crash
     return kvstore::ShmBlockStore::open(o);
 }
 
