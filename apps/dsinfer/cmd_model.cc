@@ -127,12 +127,7 @@ struct GenerateFlags {
     int max_tokens = 32;
     double temperature = 0.0;
     uint64_t seed = 0;
-    // Expert parallelism (issue 19): --ep N ranks; the rank flags are set by rank 0 for
-    // the ranks it starts (ep_launch.h).
-    int ep = 1;
-    int ep_rank = 0;
-    std::string ep_group;
-    int64_t ep_attach_timeout_ms = 60'000;
+    EpFlags ep;  // expert parallelism (issue 19, ep_launch.h)
 };
 
 struct Job {
@@ -177,32 +172,6 @@ Result<Job> parse_job(const std::string& line, const GenerateFlags& f, size_t li
     return job;
 }
 
-// --ep N: this process is rank f.ep_rank of N (rank 0 checks the flags against the
-// checkpoint before it starts the other ranks, so a bad --ep starts nothing).
-Status setup_expert_parallel(const GenerateFlags& f, Env* env, serving::ReplicaOptions& o) {
-    if (f.ep < 1) return invalid_argument("--ep must be >= 1, got " + std::to_string(f.ep));
-    if (f.ep_rank < 0 || f.ep_rank >= f.ep || (f.ep_rank > 0 && f.ep_group.empty())) {
-        return invalid_argument("--ep-rank / --ep-group are set by rank 0 for the ranks it starts");
-    }
-    if (o.engine.speculative.enabled()) {
-        return invalid_argument("--ep does not run with --speculative yet (the MTP layer's MoE "
-                                "is not expert parallel)");
-    }
-    ExpertParallelOptions& ep = o.expert_parallel;
-    ep.num_ranks = f.ep;
-    ep.rank = f.ep_rank;
-    ep.group = f.ep_rank == 0 ? new_ep_group_name() : f.ep_group;
-    ep.attach_timeout_ms = f.ep_attach_timeout_ms;
-    if (o.num_threads == 0) o.num_threads = std::max(1, env->num_cpus() / f.ep);  // cores shared
-    if (f.ep_rank > 0) return Status::ok();
-    serving::ReplicaOptions probe = o;
-    probe.load_tokenizer = false;
-    probe.load_model = false;
-    probe.create_engine = false;
-    DSI_ASSIGN_OR_RETURN(std::unique_ptr<serving::Replica> r, serving::open_replica(probe, env));
-    return validate_expert_parallel(ep, r->config());
-}
-
 int run_generate(const GenerateFlags& f) {
     Env* env = Env::default_env();
     if (f.prompt.empty() == f.input.empty())
@@ -230,24 +199,15 @@ int run_generate(const GenerateFlags& f) {
     }
     Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
     if (!options.is_ok()) return fail(options.status());
-    Result<std::vector<pid_t>> ranks = std::vector<pid_t>{};
-    if (f.ep != 1 || f.ep_rank != 0) {
-        Status s = setup_expert_parallel(f, env, *options);
-        if (s.is_ok() && f.ep_rank == 0) ranks = spawn_ep_ranks(f.ep, options->expert_parallel.group);
-        if (!s.is_ok() || !ranks.is_ok()) return fail(s.is_ok() ? ranks.status() : s);
-    }
-    // Rank 0 stops the ranks it started when it fails; they also die with it.
-    auto fail_ranks = [&](const Status& s) {
-        (void)reap_ep_ranks(*ranks, /*kill_first=*/true);
-        return fail(s);
-    };
+    // --ep N: rank 0 starts the other ranks here (and kills them when it fails).
+    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/false);
+    if (!ep.is_ok()) return fail(ep.status());
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
-    if (!replica.is_ok()) return fail_ranks(replica.status());
-    if (f.ep_rank > 0) {  // a started rank: its peers' MoE exchanges until rank 0 ends
-        Status s = engine::run_ep_rank(*(*replica)->engine(), *(*replica)->model(),
-                                       [] { return true; }, env);
-        return s.is_ok() ? 0 : fail(s.with_context("--ep rank " + std::to_string(f.ep_rank)));
+    if (!replica.is_ok()) return fail(replica.status());
+    if (ep->started_rank()) {
+        Status s = ep->run_started_rank(**replica, env);
+        return s.is_ok() ? 0 : fail(s);
     }
     const Tokenizer& tk = *(*replica)->tokenizer();
     engine::Engine* eng = (*replica)->engine();
@@ -278,13 +238,12 @@ int run_generate(const GenerateFlags& f) {
                     }
                 }
             });
-        if (!id.is_ok()) return fail_ranks(id.status().with_context("request " + job.id));
+        if (!id.is_ok()) return fail(id.status().with_context("request " + job.id));
     }
     const int64_t t0 = env->now_ns();
     // With --ep: every forward pass is a collective of the ranks (engine/ep_rank.h).
     Status s = engine::run_ep_rank(*eng, *(*replica)->model(), [] { return true; }, env);
-    if (!s.is_ok()) return fail_ranks(s);
-    s = reap_ep_ranks(*ranks, /*kill_first=*/false);
+    if (s.is_ok()) s = ep->finish(**replica);
     if (!s.is_ok()) return fail(s);
     const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
     if (stream) std::fputc('\n', stdout);
@@ -465,13 +424,7 @@ void register_model_commands(CLI::App& app) {
     add_setting(*gen, "--max-tokens", gen_flags->max_tokens, "tokens to generate");
     add_setting(*gen, "--temperature", gen_flags->temperature, "0 = greedy");
     add_setting(*gen, "--seed", gen_flags->seed, "sampling seed");
-    add_setting(*gen, "--ep", gen_flags->ep,
-                "expert parallelism: N rank processes on this host share the routed experts "
-                "(this one and N-1 it starts; N must divide the routed experts)");
-    add_setting(*gen, "--ep-attach-timeout-ms", gen_flags->ep_attach_timeout_ms,
-                "how long the --ep ranks may take to join the group");
-    gen->add_option("--ep-rank", gen_flags->ep_rank)->group("");  // set by rank 0 only
-    gen->add_option("--ep-group", gen_flags->ep_group)->group("");
+    add_ep_flags(*gen, &gen_flags->ep);
     gen->callback([gen_flags] { throw CLI::RuntimeError(run_generate(*gen_flags)); });
 }
 

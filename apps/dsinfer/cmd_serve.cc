@@ -11,6 +11,7 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "ep_launch.h"
 #include "kv/block_key.h"
 #include "kvstore/block_store.h"
 #include "membership/registry.h"
@@ -46,6 +47,7 @@ struct ServeFlags {
     std::string advertise;       // host:port others reach it at; "" = host:port
     int64_t lease_ttl_s = membership::RegistryOptions{}.lease_ttl_s;
     std::string engine_api_key;  // router: the key engines require
+    EpFlags ep;                  // serve: expert parallelism (issue 19, ep_launch.h)
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
@@ -151,10 +153,17 @@ int run_serve(const ServeFlags& f) {
     if (!keys.is_ok()) return fail(keys.status());
     Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
     if (!options.is_ok()) return fail(options.status());
+    // --ep N: rank 0 serves HTTP; the ranks it starts lend it their experts.
+    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/true);
+    if (!ep.is_ok()) return fail(ep.status());
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
     if (!replica.is_ok()) return fail(replica.status());
     serving::Replica& rep = **replica;
+    if (ep->started_rank()) {
+        Status s = ep->run_started_rank(rep, env);
+        return s.is_ok() ? 0 : fail(s);
+    }
     const std::string& model_id = rep.served_model_name();
     Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.config());
     if (!encoding.is_ok()) return fail(encoding.status());
@@ -203,6 +212,7 @@ int run_serve(const ServeFlags& f) {
     if (registry) (void)registry->leave();
     service->stop();
     service.reset();  // joins the engine thread before the replica goes
+    if (s.is_ok()) s = ep->finish(rep);  // --ep: end the group, reap the ranks
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";
     return 0;
@@ -340,6 +350,7 @@ void register_serve_commands(CLI::App& app) {
                 "engine of a cluster (serves the engine RPC to routers): both | prefill (first "
                 "tokens; the router hands the rest to a decode engine) | decode")
         ->check(CLI::IsMember({"", "both", "prefill", "decode"}));
+    add_ep_flags(*cmd, &f->ep);
     cmd->callback([f] { throw CLI::RuntimeError(run_serve(*f)); });
 
     auto rf = std::make_shared<ServeFlags>();

@@ -104,6 +104,7 @@ Result<int> ExpertParallelGroup::begin_forward(int64_t num_tokens) {
 }
 
 Result<int> ExpertParallelGroup::idle(bool leaving) {
+    if (stopped_) return kStopped;
     DSI_ASSIGN_OR_RETURN(std::vector<int64_t> values,
                          gather(leaving ? kLeaving : kIdle, options_.idle_timeout_ms));
     const int rounds = rounds_for(values);

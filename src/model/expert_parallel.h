@@ -85,7 +85,7 @@ public:
     Result<int> begin_forward(int64_t num_tokens);
     // Collective, for a rank without work. > 0: a peer brought tokens, run an empty forward
     // pass with that many rounds; 0: every rank is idle; kStopped: every rank is leaving
-    // (the group is over: no further calls).
+    // (the group is over: idle() keeps returning kStopped, begin_forward fails).
     static constexpr int kStopped = -1;
     Result<int> idle(bool leaving);
 

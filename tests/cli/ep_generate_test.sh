@@ -3,7 +3,7 @@
 # model instance and print exactly the text one process prints (greedy and sampled, a
 # batch of prompts); bad --ep values are refused before any rank starts; a rank that
 # cannot attach its group fails with an error instead of hanging; a rank killed mid-run
-# fails rank 0 with an error.
+# fails rank 0 with an error; `serve --ep 2` answers as `serve` does and stops cleanly.
 # usage: ep_generate_test.sh <dsinfer binary> <source dir>
 set -euo pipefail
 bin=$1
@@ -66,4 +66,45 @@ kill -9 "$rank1"
 if wait "$leader"; then fail "rank 0 succeeded without its peer"; fi
 grep -q "UNAVAILABLE.*rank 1 (pid $rank1) is gone" "$tmp/kill.err" ||
     { cat "$tmp/kill.err"; fail "rank 0's error"; }
+
+# serve --ep 2: rank 0 serves HTTP with rank 1's experts; the same completions as a server
+# without --ep (greedy and seeded), several concurrent; SIGTERM ends both ranks cleanly.
+serve_pid=""
+trap '[[ -n $serve_pid ]] && kill -9 $serve_pid 2>/dev/null; rm -rf "$tmp"' EXIT
+serve_completions() {  # serve_completions NAME ARGS...: prints the completions' texts
+    local name=$1
+    shift
+    "$bin" serve --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --port 0 "$@" \
+        >"$tmp/$name.out" 2>"$tmp/$name.err" &
+    serve_pid=$!
+    local port=""
+    for _ in $(seq 600); do
+        port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/$name.out")
+        [[ -n $port ]] && break
+        kill -0 "$serve_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    [[ -n $port ]] || { cat "$tmp/$name.err"; fail "$name did not start"; }
+    pgrep -P "$serve_pid" -f -- "--ep-rank" | wc -l >"$tmp/$name.ranks" || true  # started ranks
+    for i in 1 2 3; do
+        curl -sS --max-time 300 "http://127.0.0.1:$port/v1/completions" \
+            -H 'Content-Type: application/json' \
+            -d "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_tokens\":12,\"temperature\":$((i % 2)),\"seed\":$i}" \
+            >"$tmp/$name.$i.json" &
+    done
+    wait $(jobs -p | grep -vx "$serve_pid")
+    for i in 1 2 3; do  # (the body has no final newline: sed would not add one)
+        printf '%s\n' "$(LC_ALL=C sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/$name.$i.json")"
+    done
+    kill -TERM "$serve_pid"
+    wait "$serve_pid" || { cat "$tmp/$name.err"; fail "$name exit status after SIGTERM"; }
+    serve_pid=""
+}
+serve_completions serve1 >"$tmp/serve1.txt"
+serve_completions serve2 --ep 2 >"$tmp/serve2.txt"
+[[ $(grep -c . "$tmp/serve1.txt") -eq 3 ]] || { cat "$tmp"/serve1.*.json; fail "serve: no completions"; }
+[[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 1 ]] || fail "serve --ep 2 started no rank 1"
+cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
+    { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
 echo "generate --ep: same text as one process for EP 2 and 4; bad values refused; a killed rank is an error"
+echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank"
