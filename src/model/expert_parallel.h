@@ -60,7 +60,7 @@ struct ExpertParallelOptions {
 
 // INVALID_ARGUMENT when the options cannot place `config`'s routed experts: a rank out of
 // range, more ranks than routed experts ("--ep 16: more ranks than the 8 routed experts"),
-// a rank count that does not divide them, a model without routed experts.
+// a rank count that does not divide them, a model without routed experts, DeepSeek V4.
 Status validate_expert_parallel(const ExpertParallelOptions& options, const ModelConfig& config);
 
 class ExpertParallelGroup {

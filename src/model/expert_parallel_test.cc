@@ -230,6 +230,13 @@ TEST(ExpertParallelBadInput, RanksMustDivideTheRoutedExperts) {
     }
 }
 
+TEST(ExpertParallelBadInput, V4IsRefused) {
+    ExpertParallelOptions o = ep_options("g", 0, EpCase{"tiny-v4", 2});
+    Status s = validate_expert_parallel(o, synthetic_preset("tiny-v4").value());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("V2/V3 only"), std::string::npos) << s.message();
+}
+
 TEST(ExpertParallelBadInput, ARankThatCannotAttachFailsInsteadOfHanging) {
     const ModelConfig c = config_of("tiny");
     // Rank 1 of a group whose rank 0 never comes: DEADLINE_EXCEEDED at its attach deadline.
