@@ -1,6 +1,7 @@
 // `dsinfer make-model`, `dsinfer plan` and `dsinfer generate`.
 #include <unistd.h>
 
+#include <algorithm>
 #include <cinttypes>
 #include <cstdio>
 #include <memory>
@@ -13,6 +14,8 @@
 #include "base/progress.h"
 #include "base/settings.h"
 #include "engine/engine.h"
+#include "engine/ep_rank.h"
+#include "ep_launch.h"
 #include "kv/swa_rules.h"
 #include "model/checkpoint_writer.h"
 #include "model/memory_plan.h"
@@ -124,6 +127,7 @@ struct GenerateFlags {
     int max_tokens = 32;
     double temperature = 0.0;
     uint64_t seed = 0;
+    EpFlags ep;  // expert parallelism (issue 19, ep_launch.h)
 };
 
 struct Job {
@@ -195,9 +199,16 @@ int run_generate(const GenerateFlags& f) {
     }
     Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
     if (!options.is_ok()) return fail(options.status());
+    // --ep N: rank 0 starts the other ranks here (and kills them when it fails).
+    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/false);
+    if (!ep.is_ok()) return fail(ep.status());
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
     if (!replica.is_ok()) return fail(replica.status());
+    if (ep->started_rank()) {
+        Status s = ep->run_started_rank(**replica, env);
+        return s.is_ok() ? 0 : fail(s);
+    }
     const Tokenizer& tk = *(*replica)->tokenizer();
     engine::Engine* eng = (*replica)->engine();
     const bool stream = !f.prompt.empty();
@@ -230,7 +241,9 @@ int run_generate(const GenerateFlags& f) {
         if (!id.is_ok()) return fail(id.status().with_context("request " + job.id));
     }
     const int64_t t0 = env->now_ns();
-    Status s = eng->run();
+    // With --ep: every forward pass is a collective of the ranks (engine/ep_rank.h).
+    Status s = engine::run_ep_rank(*eng, *(*replica)->model(), [] { return true; }, env);
+    if (s.is_ok()) s = ep->finish(**replica);
     if (!s.is_ok()) return fail(s);
     const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
     if (stream) std::fputc('\n', stdout);
@@ -411,6 +424,7 @@ void register_model_commands(CLI::App& app) {
     add_setting(*gen, "--max-tokens", gen_flags->max_tokens, "tokens to generate");
     add_setting(*gen, "--temperature", gen_flags->temperature, "0 = greedy");
     add_setting(*gen, "--seed", gen_flags->seed, "sampling seed");
+    add_ep_flags(*gen, &gen_flags->ep);
     gen->callback([gen_flags] { throw CLI::RuntimeError(run_generate(*gen_flags)); });
 }
 

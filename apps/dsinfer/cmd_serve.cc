@@ -11,6 +11,7 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "ep_launch.h"
 #include "kv/block_key.h"
 #include "kvstore/block_store.h"
 #include "membership/registry.h"
@@ -53,6 +54,7 @@ struct ServeFlags {
     int kv_transfer_port = 0;
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
+    EpFlags ep;                  // serve: expert parallelism (issue 19, ep_launch.h)
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
@@ -160,10 +162,17 @@ int run_serve(const ServeFlags& f) {
     if (!options.is_ok()) return fail(options.status());
     const bool receives_kv = (f.role == "decode" || f.role == "both") && f.kv_transfer_port >= 0;
     if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
+    // --ep N: rank 0 serves HTTP; the ranks it starts lend it their experts.
+    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/true);
+    if (!ep.is_ok()) return fail(ep.status());
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
     if (!replica.is_ok()) return fail(replica.status());
     serving::Replica& rep = **replica;
+    if (ep->started_rank()) {
+        Status s = ep->run_started_rank(rep, env);
+        return s.is_ok() ? 0 : fail(s);
+    }
     const std::string& model_id = rep.served_model_name();
     Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.config());
     if (!encoding.is_ok()) return fail(encoding.status());
@@ -265,6 +274,7 @@ int run_serve(const ServeFlags& f) {
     handoff.reset();
     inbox.reset();
     engine_service.reset();  // the engine goes before the replica
+    if (s.is_ok()) s = ep->finish(rep);  // --ep: end the group, reap the ranks
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";
     return 0;
@@ -412,6 +422,7 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--kv-inbox-mb", f->kv_inbox_mb,
                 "decode / both engines: MiB of the in-process shm tier handed-over KV lands in")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    add_ep_flags(*cmd, &f->ep);
     cmd->callback([f] { throw CLI::RuntimeError(run_serve(*f)); });
 
     auto rf = std::make_shared<ServeFlags>();

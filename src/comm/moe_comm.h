@@ -224,6 +224,13 @@ public:
                            std::span<const float> gate, std::span<float> out) = 0;
     // Collective: returns when every rank has called it (or an error as above).
     virtual Status barrier() = 0;
+    // Collective: every rank's `value`, indexed by rank (the same vector on every rank).
+    // The engine's lockstep agreement (docs/comm.md "Expert parallelism in the engine":
+    // how many tokens each rank brings to a forward pass, or that it is idle or leaving).
+    // `timeout_ms` > 0 replaces the group's per-step deadline for this call (an idle rank
+    // waits for its peers' next step longer than a step may take); dead peers are
+    // detected as in every wait (UNAVAILABLE).
+    virtual Result<std::vector<int64_t>> all_gather(int64_t value, int64_t timeout_ms = 0) = 0;
 };
 
 }  // namespace dsi::comm

@@ -30,7 +30,7 @@ namespace dsi::comm {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d4d4f434d495344ULL;  // "DSIMCOMM" little-endian
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: all_gather values in the control block
 constexpr size_t kPage = 4096;
 constexpr uint32_t kStateAttached = 1, kStateLeft = 2;
 constexpr int kSpinIterations = 2000;    // before sleeping on the futex
@@ -55,6 +55,7 @@ struct alignas(64) Control {
     uint32_t state;        // kStateAttached / kStateLeft
     uint64_t seq;          // barriers this rank has passed its half of
     uint64_t start_ticks;  // the process's start time (/proc stat field 22), 0 if unknown
+    int64_t gather[2];     // all_gather values, by the parity of the gather
 };
 static_assert(sizeof(Control) == 64);
 
@@ -450,14 +451,17 @@ Status ShmMoeCommunicator::leave_group(Status status) {
     return status;
 }
 
-Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step) {
+Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step, int64_t timeout_ms) {
     // Publish this rank's half of the barrier.
     at(seg_->control(rank_).seq).store(target, std::memory_order_release);
     uint32_t& wake = seg_->header().wake;
     at(wake).fetch_add(1, std::memory_order_release);
     futex_wake_all(&wake);
 
-    const int64_t deadline = steady_clock_ns() + options_.op_timeout_ms * 1'000'000;
+    if (timeout_ms <= 0) {
+        timeout_ms = options_.op_timeout_ms;
+    }
+    const int64_t deadline = steady_clock_ns() + timeout_ms * 1'000'000;
     for (int spins = 0;; ++spins) {
         const uint32_t seen = at(wake).load(std::memory_order_acquire);
         int waiting_for = -1;
@@ -495,7 +499,7 @@ Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step) {
         const int64_t now = steady_clock_ns();
         if (now > deadline) {
             return broken_ = deadline_exceeded(who + " did not arrive within " +
-                                               std::to_string(options_.op_timeout_ms) + " ms");
+                                               std::to_string(timeout_ms) + " ms");
         }
         futex_wait(&wake, seen, std::min(kSleepSliceNs, deadline - now));
     }
@@ -504,6 +508,24 @@ Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step) {
 Status ShmMoeCommunicator::barrier() {
     DSI_RETURN_IF_ERROR(broken_);
     return wait_all(++seq_, "barrier");
+}
+
+Result<std::vector<int64_t>> ShmMoeCommunicator::all_gather(int64_t value, int64_t timeout_ms) {
+    DSI_RETURN_IF_ERROR(broken_);
+    if (phase_ != Phase::kIdle) {
+        return leave_group(failed_precondition("shm group: all_gather inside an MoE call"));
+    }
+    // Two value slots alternate by gather, as the buffer sets do by call: a rank can write
+    // gather g + 2's value only after every rank passed gather g + 1's barrier, i.e. read g.
+    const size_t parity = ++gathers_ % 2;
+    at(seg_->control(rank_).gather[parity]).store(value, std::memory_order_relaxed);
+    DSI_RETURN_IF_ERROR(wait_all(++seq_, "all_gather", timeout_ms));
+    std::vector<int64_t> values(static_cast<size_t>(shape_.num_ranks));
+    for (int r = 0; r < shape_.num_ranks; ++r) {
+        values[static_cast<size_t>(r)] =
+            at(seg_->control(r).gather[parity]).load(std::memory_order_relaxed);
+    }
+    return values;
 }
 
 Status ShmMoeCommunicator::check_call(const MoeLayout& layout, Phase expected,

@@ -4,7 +4,7 @@
 //
 //  - Segment "/<name>": a 4 KiB header (magic, version, the MoeShape every rank must
 //    agree on, a futex word), one 64-byte control block per rank (pid, state, sequence
-//    number, process start time), then per rank and per parity (calls alternate between two buffer sets) a
+//    number, process start time, two all_gather values), then per rank and per parity (calls alternate between two buffer sets) a
 //    count table [num_ranks][1 + slots_per_rank] int32 written by the senders, the
 //    receive rows [recv_capacity][hidden] f32 and their origins, and the expert output
 //    rows [recv_capacity][hidden] f32. Senders write rows straight to the receiver's
@@ -76,12 +76,14 @@ public:
     Status combine(const MoeLayout& layout, std::span<const float> expert_outputs,
                    std::span<const float> gate, std::span<float> out) override;
     Status barrier() override;
+    Result<std::vector<int64_t>> all_gather(int64_t value, int64_t timeout_ms = 0) override;
 
 private:
     struct Segment;
     enum class Phase { kIdle, kLaidOut, kDispatched };
     ShmMoeCommunicator(const ShmOptions& options, std::unique_ptr<Segment> segment);
-    Status wait_all(uint64_t target, const char* step);
+    // timeout_ms 0: options_.op_timeout_ms.
+    Status wait_all(uint64_t target, const char* step, int64_t timeout_ms = 0);
     Status check_call(const MoeLayout& layout, Phase expected, const char* step);
     void mark_left();
     // Breaks the group on a misuse the peers cannot see (a wrong size or order in this
@@ -94,6 +96,7 @@ private:
     std::unique_ptr<Segment> seg_;
     uint64_t seq_ = 0;   // barriers passed
     uint64_t call_ = 0;  // layout() calls; parity = call_ % 2
+    uint64_t gathers_ = 0;  // all_gather() calls; parity = gathers_ % 2
     Phase phase_ = Phase::kIdle;
     Status broken_;      // sticky: a peer died or a deadline passed
 };

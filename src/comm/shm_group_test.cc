@@ -24,6 +24,7 @@
 #include "base/clock.h"
 #include "cluster/eplb.h"
 #include "comm/expert_load.h"
+#include "comm/test_ranks.h"
 
 namespace dsi::comm {
 namespace {
@@ -33,71 +34,6 @@ constexpr int kExperts = 16;
 constexpr int kTopK = 4;
 constexpr int kGlobalTokens = 48;  // split over the ranks: EP 1, 2 and 4 divide it
 constexpr int kCalls = 3;          // MoE calls per run (alternating buffer sets)
-
-// Memory shared with forked children (MAP_SHARED | MAP_ANONYMOUS).
-template <typename T>
-class SharedArray {
-public:
-    explicit SharedArray(size_t n) : n_(n) {
-        p_ = static_cast<T*>(::mmap(nullptr, bytes(), PROT_READ | PROT_WRITE,
-                                    MAP_SHARED | MAP_ANONYMOUS, -1, 0));
-        DSI_CHECK(p_ != MAP_FAILED, "mmap");
-        std::fill(p_, p_ + n_, T{});
-    }
-    ~SharedArray() { ::munmap(p_, bytes()); }
-    T& operator[](size_t i) { return p_[i]; }
-    T* data() { return p_; }
-
-private:
-    size_t bytes() const { return std::max<size_t>(n_ * sizeof(T), 1); }
-    size_t n_;
-    T* p_;
-};
-
-// Runs fn(rank) in n forked processes; returns each exit code (128 + signal when killed,
-// -1 when it had to be killed at the timeout, so a hang fails instead of blocking).
-std::vector<int> run_ranks(int n, const std::function<int(int)>& fn, int64_t timeout_ms = 25'000) {
-    std::vector<pid_t> pids;
-    for (int r = 0; r < n; ++r) {
-        pid_t pid = ::fork();
-        DSI_CHECK(pid >= 0, "fork");
-        if (pid == 0) {
-            // Never return into GoogleTest in the child, whatever fn does.
-            int code = 99;
-            try {
-                code = fn(r);
-            } catch (...) {
-                code = 98;
-            }
-            ::_exit(code);
-        }
-        pids.push_back(pid);
-    }
-    std::vector<int> codes(static_cast<size_t>(n), -2);
-    const int64_t deadline = steady_clock_ns() + timeout_ms * 1'000'000;
-    int left = n;
-    while (left > 0) {
-        for (int r = 0; r < n; ++r) {
-            int status = 0;
-            if (codes[r] == -2 && ::waitpid(pids[r], &status, WNOHANG) == pids[r]) {
-                codes[r] = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-                --left;
-            }
-        }
-        if (left > 0 && steady_clock_ns() > deadline) {
-            for (int r = 0; r < n; ++r) {
-                if (codes[r] == -2) {
-                    ::kill(pids[r], SIGKILL);
-                    ::waitpid(pids[r], nullptr, 0);
-                    codes[r] = -1;
-                }
-            }
-            break;
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    return codes;
-}
 
 // Deterministic inputs for call c: hidden rows, distinct top-k ids and gate weights.
 struct CallInput {
@@ -368,12 +304,14 @@ TEST_F(ShmGroupTest, RankKilledMidDispatchFailsTheOthersFast) {
     }
 }
 
-TEST_F(ShmGroupTest, SilentPeerHitsTheDeadline) {
-    SharedArray<int64_t> elapsed_ms(2);
-    auto codes = run_ranks(2, [&](int r) {
+// Rank 0 of a pair runs `wait` while rank 1 stays alive and silent for 3 s; the ranks'
+// exit codes (rank 0: its status code).
+std::vector<int> with_silent_peer(const std::string& name, int64_t op_timeout_ms,
+                                  const std::function<Status(ShmMoeCommunicator&)>& wait) {
+    return run_ranks(2, [&](int r) {
         const PlacementTable placement = make_placement(PlacementKind::kIdentity, 2);
-        ShmOptions options = rank_options(name_, r, 2, placement);
-        options.op_timeout_ms = 300;
+        ShmOptions options = rank_options(name, r, 2, placement);
+        options.op_timeout_ms = op_timeout_ms;
         auto comm = ShmMoeCommunicator::create(options);
         if (!comm.is_ok()) {
             return 90;
@@ -382,10 +320,17 @@ TEST_F(ShmGroupTest, SilentPeerHitsTheDeadline) {
             std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // alive, silent
             return 0;
         }
+        return code_of(wait(**comm));
+    });
+}
+
+TEST_F(ShmGroupTest, SilentPeerHitsTheDeadline) {
+    SharedArray<int64_t> elapsed_ms(1);
+    auto codes = with_silent_peer(name_, 300, [&](ShmMoeCommunicator& comm) {
         const int64_t t0 = steady_clock_ns();
-        Status s = (*comm)->barrier();
-        elapsed_ms[r] = (steady_clock_ns() - t0) / 1'000'000;
-        return code_of(s);
+        Status s = comm.barrier();
+        elapsed_ms[0] = (steady_clock_ns() - t0) / 1'000'000;
+        return s;
     });
     // DEADLINE_EXCEEDED (not UNAVAILABLE, which waiting until the silent peer exits at
     // 3 s would give), and not before its 300 ms deadline.
@@ -537,7 +482,7 @@ TEST_F(ShmGroupTest, ForeignOrOtherVersionSegmentIsRefused) {
         b.attach_timeout_ms = 2'000;
         auto c = ShmMoeCommunicator::create(b);
         EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
-        EXPECT_NE(c.status().message().find(version == 0 ? "not an EP group" : "version 1 here, 99"),
+        EXPECT_NE(c.status().message().find(version == 0 ? "not an EP group" : "version 2 here, 99"),
                   std::string::npos)
             << c.status().message();
         ASSERT_TRUE(ShmMoeCommunicator::unlink(name_).is_ok());
@@ -584,6 +529,64 @@ TEST_F(ShmGroupTest, StepsOutOfOrderBreakTheGroupFast) {
               StatusCode::kFailedPrecondition);
     // UNAVAILABLE, not the 10 s DEADLINE_EXCEEDED: told, not timed out.
     EXPECT_EQ((*cb)->barrier().code(), StatusCode::kUnavailable);
+}
+
+// all_gather: every rank sees every rank's value, across many gathers interleaved with MoE
+// calls (the value slots alternate like the buffer sets); its own timeout replaces the
+// step deadline; a rank that leaves makes the next gather UNAVAILABLE.
+TEST_F(ShmGroupTest, AllGatherSeesEveryRanksValueAndAPeerLeaving) {
+    const int ranks = 3;
+    auto codes = run_ranks(ranks, [&](int r) {
+        // 3 ranks x 6 slots: experts 0..15, then replicas of 0 and 1 (16 % 3 != 0).
+        std::vector<int> slots;
+        for (int p = 0; p < ranks * 6; ++p) {
+            slots.push_back(p % kExperts);
+        }
+        const PlacementTable group = PlacementTable::create(kExperts, ranks, 6, slots).value();
+        ShmOptions options = rank_options(name_, r, ranks, group);
+        options.op_timeout_ms = 20'000;
+        auto comm = ShmMoeCommunicator::create(options);
+        if (!comm.is_ok()) {
+            return 90;
+        }
+        for (int g = 0; g < 7; ++g) {
+            auto values = (*comm)->all_gather(r * 100 + g);
+            if (!values.is_ok()) {
+                return 91;
+            }
+            for (int q = 0; q < ranks; ++q) {
+                if ((*values)[static_cast<size_t>(q)] != q * 100 + g) {
+                    return 92;
+                }
+            }
+            if (g % 3 == 1) {  // an MoE call with no tokens between gathers
+                auto layout = (*comm)->layout(group, {}, 0, ReplicaChoice::kFirst);
+                if (!layout.is_ok() || !(*comm)->dispatch(*layout, {}).is_ok() ||
+                    !(*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), {}, {})
+                         .is_ok()) {
+                    return 93;
+                }
+            }
+        }
+        if (r == 2) {
+            return 0;  // leaves (the communicator is destroyed at exit)
+        }
+        // Rank 2 is gone: told at once (not after the 60 s timeout given here).
+        return code_of((*comm)->all_gather(0, 60'000).status());
+    });
+    EXPECT_EQ(codes[0], static_cast<int>(StatusCode::kUnavailable));
+    EXPECT_EQ(codes[1], static_cast<int>(StatusCode::kUnavailable));
+    EXPECT_EQ(codes[2], 0);
+}
+
+TEST_F(ShmGroupTest, AllGatherTimeoutReplacesTheStepDeadline) {
+    auto codes = with_silent_peer(name_, 20'000, [](ShmMoeCommunicator& comm) {
+        return comm.all_gather(1, 300).status();
+    });
+    // DEADLINE_EXCEEDED from the gather's own 300 ms, long before the peer exits at 3 s
+    // (UNAVAILABLE) or the 20 s step deadline.
+    EXPECT_EQ(codes[0], static_cast<int>(StatusCode::kDeadlineExceeded));
+    EXPECT_EQ(codes[1], 0);
 }
 
 }  // namespace

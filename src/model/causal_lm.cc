@@ -19,6 +19,10 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> s
             return invalid_argument(source->description() + ": DeepSeek V4 keeps its KV in f32 or " +
                                     "e4m3; kv dtype '" + options.kv_dtype + "' is not supported");
         }
+        if (options.expert_parallel.enabled()) {
+            return unimplemented(source->description() +
+                                 ": expert parallelism (--ep) runs DeepSeek V2/V3 only yet");
+        }
         o.num_threads = options.num_threads;
         o.weight_format = options.weight_format;
         DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekV4Model> m,
@@ -30,6 +34,7 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> s
     o.weight_format = options.weight_format;
     o.reference_kernels = options.reference_kernels;
     o.kv_dtype = options.kv_dtype;
+    o.expert_parallel = options.expert_parallel;
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m, DeepseekModel::load(std::move(source), o));
     return std::unique_ptr<CausalLm>(std::move(m));
 }

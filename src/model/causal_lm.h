@@ -26,6 +26,7 @@
 #include "kernels/attention.h"
 #include "kernels/kv_cache.h"
 #include "model/config.h"
+#include "model/expert_parallel.h"
 #include "model/weights.h"
 
 namespace dsi {
@@ -68,6 +69,16 @@ public:
     // that does not continue its sequence (models with a state slot), two steps
     // sharing a cache.
     virtual Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) = 0;
+
+    // Expert parallelism (model/expert_parallel.h): with a group, every forward_batch is a
+    // collective of all ranks, and a rank without work must call this instead, as often
+    // as its peers may step (engine/ep_rank.h loops it). `leaving`: this rank has nothing
+    // more to do; the group stops when every rank says so. Without a group: kNotGrouped.
+    enum class GroupStep { kNotGrouped, kAllIdle, kJoinedPeers, kStopped };
+    virtual Result<GroupStep> group_idle_step(bool leaving) {
+        (void)leaving;
+        return GroupStep::kNotGrouped;
+    }
 };
 
 // Options of load_causal_lm (the union of what the families take).
@@ -79,6 +90,8 @@ struct ModelOptions {
     bool reference_kernels = false;
     // KV cache dtype: "f32", "bf16", "e4m3" for V2/V3; "f32", "e4m3" for V4.
     std::string kv_dtype = "f32";
+    // Expert parallelism across processes (V2/V3 only; model/expert_parallel.h).
+    ExpertParallelOptions expert_parallel;
 };
 
 // DeepseekModel for V2/V3 checkpoints, DeepseekV4Model for V4. INVALID_ARGUMENT names

@@ -58,7 +58,7 @@ struct Layer {
     Mlp dense;
     Linear gate;
     std::vector<float> gate_bias;  // noaux_tc only
-    std::vector<Mlp> experts;
+    std::vector<Mlp> experts;  // by expert id; with expert parallelism by local slot
     bool has_shared = false;
     Mlp shared;
 };
@@ -105,6 +105,9 @@ struct DeepseekModel::Impl {
     std::vector<double> inv_freq;
     double rope_factor = 1.0;
     float softmax_scale = 1.0f;
+    // Expert parallelism: the group, and the MoE rounds of the forward pass under way.
+    std::unique_ptr<ExpertParallelGroup> ep;
+    int ep_rounds = 0;
 
     Status load_layer(int64_t i, Layer& layer);
     Status load_mlp(const std::string& prefix, int64_t inter, WeightClass cls, Mlp& mlp);
@@ -129,10 +132,13 @@ struct DeepseekModel::Impl {
                           float* attn);
     void mlp(const Mlp& m, const float* h, int64_t num_tokens, float* out);
     void moe(const Layer& layer, const float* h, int64_t num_tokens, float* out);
+    // moe() with the routed experts spread over the group (model/expert_parallel.h);
+    // num_tokens may be 0 (a rank joining its peers' step).
+    Status moe_ep(const Layer& layer, const float* h, int64_t num_tokens, float* out);
     // `logits`: the router's E raw scores for one token.
     void route(const float* logits, const Layer& layer, std::vector<int32_t>& ids,
                std::vector<float>& weights);
-    void block(const Layer& layer, float* x, const TokenSlots& slots);
+    Status block(const Layer& layer, float* x, const TokenSlots& slots);
 };
 
 Status DeepseekModel::Impl::pack(WeightClass cls, Linear& lin) {
@@ -216,11 +222,17 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
         DSI_ASSIGN_OR_RETURN(L.gate_bias, source->vector(p + "mlp.gate.e_score_correction_bias",
                                                          c.n_routed_experts));
     }
-    L.experts.resize(static_cast<size_t>(c.n_routed_experts));
-    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-        DSI_RETURN_IF_ERROR(load_mlp(p + "mlp.experts." + std::to_string(e) + ".",
+    // With expert parallelism only this rank's slots (the other experts' bytes are never
+    // read, so a mapped checkpoint does not even page them in).
+    std::vector<int> held(static_cast<size_t>(c.n_routed_experts));
+    std::iota(held.begin(), held.end(), 0);
+    if (ep != nullptr) held.assign(ep->local_experts().begin(), ep->local_experts().end());
+    L.experts.resize(held.size());
+    for (size_t slot = 0; slot < held.size(); ++slot) {
+        if (held[slot] < 0) continue;  // an empty slot receives no rows
+        DSI_RETURN_IF_ERROR(load_mlp(p + "mlp.experts." + std::to_string(held[slot]) + ".",
                                      c.moe_intermediate_size, WeightClass::kExperts,
-                                     L.experts[e]));
+                                     L.experts[slot]));
     }
     if (c.n_shared_experts > 0) {
         L.has_shared = true;
@@ -628,21 +640,58 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
     }
 }
 
-void DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& slots) {
+Status DeepseekModel::Impl::moe_ep(const Layer& L, const float* h, int64_t T, float* out) {
+    const ModelConfig& c = cfg;
+    const int64_t H = c.hidden_size;
+    const int64_t E = c.n_routed_experts;
+    const int64_t k = c.num_experts_per_tok;
+    std::vector<int32_t> ids(static_cast<size_t>(T * k));
+    std::vector<float> gate(static_cast<size_t>(T * k));
+    if (T > 0) {
+        std::vector<float> gate_logits(static_cast<size_t>(T * E));
+        matmul(L.gate, h, T, gate_logits.data());
+        std::vector<int32_t> tid;
+        std::vector<float> tw;
+        for (int64_t t = 0; t < T; ++t) {
+            route(gate_logits.data() + t * E, L, tid, tw);
+            std::copy(tid.begin(), tid.end(), ids.begin() + t * k);
+            std::copy(tw.begin(), tw.end(), gate.begin() + t * k);
+        }
+    }
+    // The combine sums each token's experts in k order (ids ascending) from +0.0f, as
+    // moe() does: the same bits wherever the experts ran (S-ENG-2, docs/comm.md).
+    DSI_RETURN_IF_ERROR(ep->run_moe(
+        std::span<const float>(h, static_cast<size_t>(T * H)), T, ids, gate, ep_rounds,
+        [&](int slot, const float* x, int64_t rows, float* y) { mlp(L.experts[slot], x, rows, y); },
+        std::span<float>(out, static_cast<size_t>(T * H))));
+    if (L.has_shared && T > 0) {
+        std::vector<float> s(static_cast<size_t>(T * H));
+        mlp(L.shared, h, T, s.data());
+        for (int64_t i = 0; i < T * H; ++i) out[i] += s[i];
+    }
+    return Status::ok();
+}
+
+Status DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& slots) {
     const int64_t T = slots.size();
     const int64_t H = cfg.hidden_size;
     std::vector<float> h(static_cast<size_t>(T * H));
     std::vector<float> y(static_cast<size_t>(T * H));
-    rms_norm(x, L.input_norm, T, H, h.data());
-    attention(L, h.data(), slots, y.data());
-    for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
-    rms_norm(x, L.post_norm, T, H, h.data());
-    if (L.moe) {
+    if (T > 0) {
+        rms_norm(x, L.input_norm, T, H, h.data());
+        attention(L, h.data(), slots, y.data());
+        for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+        rms_norm(x, L.post_norm, T, H, h.data());
+    }
+    if (L.moe && ep != nullptr) {
+        DSI_RETURN_IF_ERROR(moe_ep(L, h.data(), T, y.data()));
+    } else if (L.moe) {
         moe(L, h.data(), T, y.data());
-    } else {
+    } else if (T > 0) {
         mlp(L.dense, h.data(), T, y.data());
     }
     for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+    return Status::ok();
 }
 
 DeepseekModel::DeepseekModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -676,6 +725,11 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
                              "(model/deepseek_v4.h; load_causal_lm picks it)");
     }
     DSI_RETURN_IF_ERROR(impl->cfg.validate());
+    if (options.expert_parallel.enabled()) {
+        // Joined before the weights load: a rank whose load fails leaves the group at
+        // once, so its peers fail fast instead of at their attach deadline.
+        DSI_ASSIGN_OR_RETURN(impl->ep, ExpertParallelGroup::create(options.expert_parallel, impl->cfg));
+    }
     impl->source = std::move(source);
     impl->pool = std::make_unique<ThreadPool>(options.num_threads);
     impl->reference_kernels = options.reference_kernels;
@@ -705,7 +759,9 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
             impl->load_linear("lm_head.weight", c.vocab_size, H, WeightClass::kHead, impl->lm_head));
     }
     const std::string mtp_prefix = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
-    if (c.num_nextn_predict_layers > 0 && src.has(mtp_prefix + "eh_proj.weight")) {
+    // Expert parallelism leaves the MTP layer out: its MoE would be a collective of its own.
+    if (c.num_nextn_predict_layers > 0 && src.has(mtp_prefix + "eh_proj.weight") &&
+        impl->ep == nullptr) {
         Mtp m;
         DSI_ASSIGN_OR_RETURN(m.embed, src.matrix(mtp_prefix + "embed_tokens.weight", c.vocab_size, H));
         DSI_RETURN_IF_ERROR(impl->load_linear(mtp_prefix + "eh_proj.weight", H, 2 * H,
@@ -734,8 +790,10 @@ Status DeepseekModel::forward(std::span<const int32_t> tokens, int64_t start_pos
     return Status::ok();
 }
 
-Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) {
-    Impl& m = *impl_;
+namespace {
+
+Status forward_batch_impl(DeepseekModel::Impl& m, std::span<const SequenceStep> steps,
+                          BatchOutput& out) {
     const ModelConfig& c = m.cfg;
     const int64_t H = c.hidden_size;
     if (steps.empty()) return invalid_argument("forward: empty batch");
@@ -774,9 +832,12 @@ Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOu
         }
     }
     const int64_t N = slots.size();
+    if (m.ep != nullptr) {
+        DSI_ASSIGN_OR_RETURN(m.ep_rounds, m.ep->begin_forward(N));
+    }
     std::vector<float> x(static_cast<size_t>(N * H));
     m.embed_rows(m.embed, tokens, x.data());
-    for (const Layer& layer : m.layers) m.block(layer, x.data(), slots);
+    for (const Layer& layer : m.layers) DSI_RETURN_IF_ERROR(m.block(layer, x.data(), slots));
     out.hidden.resize(static_cast<size_t>(N * H));
     m.rms_norm(x.data(), m.final_norm, N, H, out.hidden.data());
     const int64_t rows = static_cast<int64_t>(logit_tokens.size());
@@ -787,6 +848,39 @@ Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOu
     out.logits.resize(static_cast<size_t>(rows * c.vocab_size));
     m.matmul(m.lm_head, hin.data(), rows, out.logits.data());
     return Status::ok();
+}
+
+}  // namespace
+
+Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) {
+    Status s = forward_batch_impl(*impl_, steps, out);
+    // With expert parallelism any failure (bad input here, or a peer's) ends this rank's
+    // membership: its peers must not wait for a collective it will not join.
+    if (!s.is_ok() && impl_->ep != nullptr) impl_->ep->abandon();
+    return s;
+}
+
+Result<CausalLm::GroupStep> DeepseekModel::group_idle_step(bool leaving) {
+    Impl& m = *impl_;
+    if (m.ep == nullptr) return GroupStep::kNotGrouped;
+    Result<int> rounds = m.ep->idle(leaving);
+    if (!rounds.is_ok()) {
+        m.ep->abandon();
+        return rounds.status();
+    }
+    if (*rounds == ExpertParallelGroup::kStopped) return GroupStep::kStopped;
+    if (*rounds == 0) return GroupStep::kAllIdle;
+    // A peer's step: this rank brings no tokens and joins every MoE exchange.
+    m.ep_rounds = *rounds;
+    const TokenSlots none;
+    for (const Layer& layer : m.layers) {
+        Status s = m.block(layer, nullptr, none);
+        if (!s.is_ok()) {
+            m.ep->abandon();
+            return s;
+        }
+    }
+    return GroupStep::kJoinedPeers;
 }
 
 Status DeepseekModel::mtp_forward(std::span<const int32_t> next_tokens,
@@ -853,6 +947,9 @@ Result<std::unique_ptr<const MtpDraftHead>> DeepseekModel::make_mtp_draft_head(
 Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatchOutput& out,
                                         const MtpDraftHead* head) {
     Impl& m = *impl_;
+    if (m.ep != nullptr) {
+        return failed_precondition("mtp_forward: not with expert parallelism (yet)");
+    }
     if (!m.mtp) return failed_precondition("mtp_forward: the checkpoint has no MTP layer");
     const ModelConfig& c = m.cfg;
     const int64_t H = c.hidden_size;
@@ -903,7 +1000,7 @@ Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatch
     }
     out.hidden.resize(static_cast<size_t>(N * H));
     m.matmul(mtp.eh_proj, cat.data(), N, out.hidden.data());
-    m.block(mtp.block, out.hidden.data(), slots);
+    DSI_RETURN_IF_ERROR(m.block(mtp.block, out.hidden.data(), slots));
     const int64_t R = static_cast<int64_t>(logit_tokens.size());
     std::vector<float> xn(static_cast<size_t>(R * H));
     for (int64_t r = 0; r < R; ++r) {

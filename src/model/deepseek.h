@@ -34,6 +34,7 @@
 #include "kernels/kv_cache.h"
 #include "model/causal_lm.h"
 #include "model/config.h"
+#include "model/expert_parallel.h"
 #include "model/weights.h"
 
 namespace dsi {
@@ -98,6 +99,11 @@ public:
         // bytes), "e4m3" (FP8 with one f32 scale per 16 values, 0.31x the bytes;
         // needs kv_lora_rank and qk_rope_head_dim multiples of 16).
         std::string kv_dtype = "f32";
+        // With num_ranks > 1: this model is one rank of an expert-parallel group
+        // (model/expert_parallel.h). It loads only its own routed experts (and no MTP
+        // layer: mtp_forward is FAILED_PRECONDITION), and every forward_batch is a
+        // collective of the group (group_idle_step when this rank has no work).
+        ExpertParallelOptions expert_parallel;
     };
 
     // Reads and checks every tensor the config needs (presence, shape); the
@@ -130,6 +136,7 @@ public:
     // bitwise the same as running it alone (batch invariance). REQUIRES: entries use
     // distinct caches.
     Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) override;
+    Result<GroupStep> group_idle_step(bool leaving) override;
 
     // MTP (num_nextn_predict_layers = 1): for each i, combines the main model's
     // final hidden state of token i (`hidden` [T, hidden]) with the embedding of

@@ -162,6 +162,7 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
     mo.num_threads = options.num_threads > 0 ? options.num_threads : env->num_cpus();
     mo.weight_format = options.weight_format;
     mo.kv_dtype = options.kv_dtype;
+    mo.expert_parallel = options.expert_parallel;
     DSI_ASSIGN_OR_RETURN(r->model_, load_causal_lm(std::move(source).value(), mo));
 
     engine::EngineOptions eo = std::move(options.engine);

@@ -52,6 +52,9 @@ struct ReplicaOptions {
     int num_threads = 0;  // 0: every core
     std::string weight_format = "auto";
     std::string kv_dtype = "f32";
+    // This process as one rank of an expert-parallel group (model/expert_parallel.h);
+    // num_ranks 1: off.
+    ExpertParallelOptions expert_parallel;
 
     // Engine. open_replica fills engine.model_id (the cache identity), engine.tokenizer,
     // engine.cost_model_path (when empty: the calibrate fit beside the checkpoint, used

