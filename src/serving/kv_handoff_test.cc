@@ -102,14 +102,17 @@ protected:
         }
     }
 
-    // The inbox counts a failure once its thread is done with the connection (after
-    // the sender already has the Failure): wait for it, at most 10 s.
-    int64_t failed_after_wait(int64_t n) {
-        for (int i = 0; i < 1000 && inbox_->stats().num_failed < n; ++i) {
+    // The inbox counts a transfer once its thread is done with the connection (after
+    // the sender already has the Ack or the Failure): wait for it, at most 10 s.
+    KvInboxStats stats_after_wait(int64_t received, int64_t failed) {
+        for (int i = 0; i < 1000; ++i) {
+            const KvInboxStats s = inbox_->stats();
+            if (s.num_received >= received && s.num_failed >= failed) break;
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
-        return inbox_->stats().num_failed;
+        return inbox_->stats();
     }
+    int64_t failed_after_wait(int64_t n) { return stats_after_wait(0, n).num_failed; }
 
     std::unique_ptr<transfer::Transport> tcp_ = transfer::make_tcp_transport();
     std::unique_ptr<kvstore::ShmBlockStore> store_;
@@ -127,7 +130,7 @@ TEST_F(KvHandoffTest, BlocksArriveInTheStoreBeforeTheSendersOk) {
     const kv::KvExport f = make_export(2, 2);
     ASSERT_TRUE(send(f, 2).is_ok());
     expect_stored(f);
-    const KvInboxStats st = inbox_->stats();
+    const KvInboxStats st = stats_after_wait(2, 0);
     EXPECT_EQ(st.num_received, 2);
     EXPECT_EQ(st.num_failed, 0);
     EXPECT_EQ(st.blocks_stored, 7);
