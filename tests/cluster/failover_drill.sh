@@ -117,17 +117,22 @@ echo "drill 4: the drained engine handed the stream over at the end of its grace
 kill -TERM "${pids[@]:1}" 2>/dev/null || true
 
 # 5. One command for the whole cluster (disaggregated: a prefill and a decode engine).
-"$bin" cluster up --prefill 1 --decode 1 --port 0 --threads 1 --run-dir "$work/up" > "$work/up.out" 2>&1 &
-up_pid=$!
-pids+=("$up_pid")
-up_port=""
-for _ in $(seq 900); do
-  up_port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/up.out" 2>/dev/null || true)"
-  [[ -n "$up_port" ]] && break
-  kill -0 "$up_pid" 2>/dev/null || break
-  sleep 0.2
-done
-[[ -n "$up_port" ]] || fail "cluster up did not start"
+cluster_up() {  # cluster_up NAME ARGS... : starts `cluster up`, sets up_pid and up_port
+  local name="$1"
+  shift
+  "$bin" cluster up "$@" --port 0 --threads 1 --run-dir "$work/$name" > "$work/$name.out" 2>&1 &
+  up_pid=$!
+  pids+=("$up_pid")
+  up_port=""
+  for _ in $(seq 900); do
+    up_port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/$name.out" 2>/dev/null || true)"
+    [[ -n "$up_port" ]] && return 0
+    kill -0 "$up_pid" 2>/dev/null || break
+    sleep 0.2
+  done
+  fail "cluster up ($name) did not start"
+}
+cluster_up up --prefill 1 --decode 1
 answer="$(curl -sf "http://127.0.0.1:$up_port/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model":"dsinfer-default","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')" ||
   fail "cluster up: no answer"
@@ -253,19 +258,9 @@ no_leaks "$survivor_p" "$survivor_d"
 echo "drill 7: prefill engine ${victim##*:} killed mid-request; the request completed unchanged; no KV block left on the survivors"
 # 8. `cluster up --autoscale`: the autoscaler policy starts a second decode engine while
 #    three streams keep the first one busy, and drains it once the load is gone.
-"$bin" cluster up --prefill 1 --decode 1 --autoscale --max-prefill 1 --max-decode 2 \
-  --decode-requests 1 --scale-out-interval-s 1 --scale-in-interval-s 3 --autoscale-period-ms 300 \
-  --port 0 --threads 1 --run-dir "$work/as" > "$work/as.out" 2>&1 &
-as_pid=$!
-pids+=("$as_pid")
-as_port=""
-for _ in $(seq 900); do
-  as_port="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/as.out" 2>/dev/null || true)"
-  [[ -n "$as_port" ]] && break
-  kill -0 "$as_pid" 2>/dev/null || break
-  sleep 0.2
-done
-[[ -n "$as_port" ]] || fail "cluster up --autoscale did not start"
+cluster_up as --prefill 1 --decode 1 --autoscale --max-prefill 1 --max-decode 2 \
+  --decode-requests 1 --scale-out-interval-s 1 --scale-in-interval-s 3 --autoscale-period-ms 300
+as_pid=$up_pid as_port=$up_port
 as_body='{"model":"dsinfer-default","prompt":"Once upon a time","max_tokens":400,"temperature":0.8,"seed":3,"ignore_eos":true}'
 for k in 1 2 3; do
   curl -sf "http://127.0.0.1:$as_port/v1/completions" -H 'Content-Type: application/json' -d "$as_body" > "$work/as$k.json" &
