@@ -244,6 +244,7 @@ public:
             return invalid_argument(file_.path() + ": tensor '" + ref.gguf_name +
                                     "' has unsupported dtype " + std::string(dtype_name(v.dtype)));
         }
+        if (ref.col_half >= 0) return column_half(ref, v, rows, cols);
         WeightMatrix m;
         m.dtype = v.dtype;
         m.rows = rows;
@@ -316,6 +317,28 @@ private:
             }
         }
         return owned_matrix(DType::kF32, rows, cols, std::move(bytes));
+    }
+
+    // Half `ref.col_half` of a [rows, 2 * cols] tensor (V4's nextn.eh_proj = [e_proj |
+    // h_proj]), copied out row by row in its stored format: a half of a block-quantised
+    // row is whole blocks when cols is a multiple of the block.
+    Result<WeightMatrix> column_half(const GgufTensorRef& ref, const TensorView& v, int64_t rows,
+                                     int64_t cols) {
+        DSI_RETURN_IF_ERROR(check_shape(file_.path(), ref.gguf_name, v, {rows, 2 * cols}));
+        const int64_t block = dtype_block_elems(v.dtype);
+        if (cols % block != 0) {
+            return invalid_argument(file_.path() + ": tensor '" + ref.gguf_name + "' in " +
+                                    std::string(dtype_name(v.dtype)) + " cannot be split at column " +
+                                    std::to_string(cols) + " (blocks of " + std::to_string(block) + ")");
+        }
+        const int64_t full = dtype_row_bytes(v.dtype, 2 * cols);
+        const int64_t half = dtype_row_bytes(v.dtype, cols);
+        auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * half));
+        for (int64_t r = 0; r < rows; ++r) {
+            std::memcpy(bytes->data() + r * half, v.data.data() + r * full + ref.col_half * half,
+                        static_cast<size_t>(half));
+        }
+        return owned_matrix(v.dtype, rows, cols, std::move(bytes));
     }
 
     Result<GgufTensorRef> resolve(const std::string& name) const {

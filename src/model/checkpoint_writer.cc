@@ -1,5 +1,7 @@
 #include "model/checkpoint_writer.h"
 
+#include <algorithm>
+#include <array>
 #include <cstring>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -277,8 +279,9 @@ Result<DType> gguf_expert_dtype(const ModelConfig& c, DType matrix_dtype,
     return exps_dtype;
 }
 
-// llama.cpp deepseek4 (docs/models.md): the main layers (no MTP), matrices in
-// matrix_dtype, routed experts merged in the expert dtype, tid2eid I32, the rest F32.
+// llama.cpp deepseek4 (docs/models.md): every block (the MTP layer last, its e_proj and
+// h_proj concatenated into nextn.eh_proj; its hc_head has no GGUF counterpart), matrices
+// in matrix_dtype, routed experts merged in the expert dtype, tid2eid I32, the rest F32.
 Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed,
                      const TokenizerFiles& tokenizer, DType matrix_dtype,
                      const std::string& path, std::optional<DType> expert_dtype) {
@@ -287,10 +290,29 @@ Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed,
     for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
     DSI_RETURN_IF_ERROR(add_tokenizer_metadata(c, tokenizer, w));
     MergedExperts merged;
+    std::map<std::string, std::array<std::vector<float>, 2>> halves;  // eh_proj parts
     for (const V4TensorSpec& spec : deepseek_v4_tensor_specs(c)) {
         std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(c, spec.name);
-        if (!ref) continue;  // MTP
+        if (!ref) continue;  // the MTP layer's hc_head
         V4SyntheticTensor t = synthetic_v4_tensor(c, spec, seed);
+        if (ref->col_half >= 0) {
+            auto& parts = halves[ref->gguf_name];
+            parts[static_cast<size_t>(ref->col_half)] = std::move(t.values);
+            if (parts[0].empty() || parts[1].empty()) continue;
+            const int64_t rows = spec.shape[0], cols = spec.shape[1];
+            std::vector<float> joined(static_cast<size_t>(rows * 2 * cols));
+            for (int64_t r = 0; r < rows; ++r) {
+                for (size_t h = 0; h < 2; ++h) {
+                    std::copy_n(parts[h].begin() + r * cols, cols,
+                                joined.begin() + (2 * r + static_cast<int64_t>(h)) * cols);
+                }
+            }
+            const DType dtype = dtype_block_elems(matrix_dtype) > 1 && cols % 32 != 0 ? DType::kF32
+                                                                                      : matrix_dtype;
+            w.add_tensor(ref->gguf_name, dtype, {rows, 2 * cols}, to_bytes(dtype, joined));
+            halves.erase(ref->gguf_name);
+            continue;
+        }
         if (ref->expert >= 0) {
             merged.add(ref->gguf_name, c.n_routed_experts, spec.shape, t.values);
             continue;

@@ -854,7 +854,13 @@ Result<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::load(
         DSI_ASSIGN_OR_RETURN(m.enorm, src.vector(p + "enorm.weight", H));
         DSI_ASSIGN_OR_RETURN(m.hnorm, src.vector(p + "hnorm.weight", H));
         DSI_ASSIGN_OR_RETURN(m.norm, src.vector(p + "norm.weight", H));
-        DSI_RETURN_IF_ERROR(impl->load_hc(p + "hc_head", c.hc_mult, 1, m.head));
+        // A GGUF (llama.cpp's deepseek4 layout) has no MTP hc_head: the trunk's is used, as
+        // llama.cpp does.
+        if (src.has(p + "hc_head_fn")) {
+            DSI_RETURN_IF_ERROR(impl->load_hc(p + "hc_head", c.hc_mult, 1, m.head));
+        } else {
+            m.head = impl->hc_head;
+        }
         DSI_RETURN_IF_ERROR(impl->load_layer(p, c.num_hidden_layers, m.block));
         impl->mtp = std::move(m);
     }

@@ -23,6 +23,8 @@
 #include "base/env.h"
 #include "model/causal_lm.h"
 #include "model/checkpoint_writer.h"
+#include "model/gguf.h"
+#include "model/gguf_names.h"
 #include "model/memory_plan.h"
 #include "model/synthetic.h"
 #include "model/weights.h"
@@ -948,7 +950,10 @@ TEST_F(V4CheckpointTest, BadFilesGiveClearErrors) {
 
 // GGUF deepseek4 written from the same values: F32 matrices give the in-memory model's
 // logits bit for bit; MXFP4 experts equal the in-memory model with its experts
-// repacked as MXFP4 (the FP4 values are exact in llama.cpp's MXFP4 rounding).
+// repacked as MXFP4 (the FP4 values are exact in llama.cpp's MXFP4 rounding). The MTP
+// layer travels too (block num_hidden_layers, e_proj | h_proj as nextn.eh_proj): its
+// drafts equal the in-memory model's whose MTP hc_head is the trunk's, the one thing
+// llama.cpp's layout has no slot for.
 TEST(V4GgufTest, RoundTripIsExact) {
     const ModelConfig c = tiny_v4();
     const std::string dir = std::filesystem::temp_directory_path() /
@@ -965,17 +970,70 @@ TEST(V4GgufTest, RoundTripIsExact) {
         EXPECT_TRUE(m->forward(ids, 0, *st, true, out).is_ok());
         return out.logits;
     };
+    auto drafts = [&](std::unique_ptr<DeepseekV4Model> m) {
+        auto st = m->new_state(160);
+        V4Output out;
+        EXPECT_TRUE(m->forward(ids, 0, *st, true, out).is_ok());
+        std::vector<int32_t> next(ids.begin() + 1, ids.end());
+        next.push_back(5);
+        std::vector<float> draft;
+        EXPECT_TRUE(m->mtp_forward(next, out.streams, 0, *st, draft).is_ok());
+        return draft;
+    };
     auto open_gguf = [&](const std::string& file) {
         auto src = open_checkpoint(Env::default_env(), dir + "/" + file);
         EXPECT_TRUE(src.is_ok()) << src.status().to_string();
         EXPECT_TRUE(src->get()->config().is_v4());
-        EXPECT_EQ(src->get()->config().num_nextn_predict_layers, 0);
+        EXPECT_EQ(src->get()->config().num_nextn_predict_layers, 1);
+        EXPECT_TRUE(src->get()->has("mtp.0.e_proj.weight"));
+        EXPECT_FALSE(src->get()->has("mtp.0.hc_head_fn"));
         auto m = DeepseekV4Model::load(std::move(src).value(), {});
+        EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+        return std::move(m).value();
+    };
+    // The in-memory model with the trunk's hc_head in the MTP layer.
+    auto trunk_head = [&](const std::string& fmt) {
+        auto full = synthetic_v4_memory_model(c, 1);
+        auto src = std::make_unique<MemoryWeightSource>(c);
+        for (const auto& [name, t] : full->tensors()) {
+            const std::string trunk = name.starts_with("mtp.0.hc_head_") ? name.substr(6) : name;
+            const auto& from = full->tensors().at(trunk);
+            src->add(name, from.shape, from.data);
+        }
+        DeepseekV4Model::Options o;
+        o.weight_format = fmt;
+        auto m = DeepseekV4Model::load(std::move(src), o);
         EXPECT_TRUE(m.is_ok()) << m.status().to_string();
         return std::move(m).value();
     };
     EXPECT_EQ(logits(open_gguf("f32.gguf")), logits(load_memory(c)));
     EXPECT_EQ(logits(open_gguf("mx.gguf")), logits(load_memory(c, 1, "experts=mxfp4")));
+    const std::vector<float> gguf_drafts = drafts(open_gguf("f32.gguf"));
+    EXPECT_EQ(gguf_drafts, drafts(trunk_head("auto")));
+    EXPECT_NE(gguf_drafts, drafts(load_memory(c)));  // the MTP hc_head does matter
+    EXPECT_EQ(drafts(open_gguf("mx.gguf")), drafts(trunk_head("experts=mxfp4")));
+
+    // A file that declares an MTP block without its tensors has none (llama.cpp's rule).
+    {
+        auto f = GgufFile::open(Env::default_env(), dir + "/f32.gguf");
+        ASSERT_TRUE(f.is_ok());
+        GgufWriter w;
+        for (const auto& [k, v] : gguf_metadata_for_config(c, "no mtp tensors")) w.add_kv(k, v);
+        for (const GgufTensorInfo& t : f->tensors()) {
+            if (t.name.starts_with("blk." + std::to_string(c.num_hidden_layers) + ".")) continue;
+            auto view = f->view(t.name);
+            ASSERT_TRUE(view.is_ok());
+            w.add_tensor(t.name, view->dtype, t.shape,
+                         std::vector<uint8_t>(view->data.begin(), view->data.end()));
+        }
+        ASSERT_TRUE(w.write(Env::default_env(), dir + "/nomtp.gguf").is_ok());
+        auto src = open_checkpoint(Env::default_env(), dir + "/nomtp.gguf");
+        ASSERT_TRUE(src.is_ok()) << src.status().to_string();
+        EXPECT_EQ(src->get()->config().num_nextn_predict_layers, 0);
+        auto m = DeepseekV4Model::load(std::move(src).value(), {});
+        ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+        EXPECT_EQ(logits(std::move(m).value()), logits(load_memory(c)));
+    }
     std::filesystem::remove_all(dir);
 }
 

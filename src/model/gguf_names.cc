@@ -28,7 +28,11 @@ std::optional<std::pair<int64_t, std::string>> split_numbered(const std::string&
 }
 
 // DeepSeek V4 (official HF names, no "model." prefix) -> llama.cpp deepseek4 names
-// (docs/models.md "GGUF deepseek4"). MTP tensors have no GGUF counterpart here.
+// (docs/models.md "GGUF deepseek4"). The MTP layer `mtp.0.` is block num_hidden_layers:
+// its layer tensors under the usual names, e_proj and h_proj as the two column halves of
+// nextn.eh_proj, enorm / hnorm / norm as nextn.{enorm,hnorm,shared_head_norm}. The MTP
+// layer's own hc_head has no GGUF counterpart (llama.cpp's deepseek4 applies the trunk's
+// hc_head to the MTP output; the loader does the same when a file lacks it).
 std::optional<GgufTensorRef> v4_gguf_tensor(const ModelConfig& c, const std::string& name) {
     struct Row {
         const char* hf;
@@ -43,7 +47,23 @@ std::optional<GgufTensorRef> v4_gguf_tensor(const ModelConfig& c, const std::str
         if (name == r.hf) return GgufTensorRef{r.gguf};
     }
     auto layer = split_numbered(name, "layers.");
-    if (!layer || layer->first >= c.num_hidden_layers) return std::nullopt;
+    if (layer && layer->first >= c.num_hidden_layers) return std::nullopt;
+    if (!layer) {
+        auto mtp = split_numbered(name, "mtp.");
+        if (!mtp || mtp->first >= c.num_nextn_predict_layers) return std::nullopt;
+        mtp->first += c.num_hidden_layers;
+        const std::string blk = "blk." + std::to_string(mtp->first) + ".";
+        if (mtp->second == "e_proj.weight") return GgufTensorRef{blk + "nextn.eh_proj.weight", -1, 0};
+        if (mtp->second == "h_proj.weight") return GgufTensorRef{blk + "nextn.eh_proj.weight", -1, 1};
+        static const Row kMtp[] = {{"enorm.weight", "nextn.enorm.weight"},
+                                   {"hnorm.weight", "nextn.hnorm.weight"},
+                                   {"norm.weight", "nextn.shared_head_norm.weight"}};
+        for (const Row& r : kMtp) {
+            if (mtp->second == r.hf) return GgufTensorRef{blk + r.gguf};
+        }
+        if (mtp->second.starts_with("hc_head_")) return std::nullopt;
+        layer = mtp;
+    }
     const auto& [i, rest] = *layer;
     const std::string blk = "blk." + std::to_string(i) + ".";
     static const Row kRows[] = {
@@ -161,8 +181,17 @@ Result<ModelConfig> v4_config_from_gguf(const GgufFile& f) {
     }
     if (f.find_kv(key4("context_length"))) DSI_RETURN_IF_ERROR(i64("context_length", c.max_position_embeddings));
     c.num_hidden_layers = blocks - c.num_nextn_predict_layers;
-    // llama.cpp keeps every entry (layers + MTP); ours needs exactly that many.
-    if (static_cast<int64_t>(c.compress_ratios.size()) > blocks) c.compress_ratios.resize(static_cast<size_t>(blocks));
+    // A file that declares MTP blocks without their tensors has none (llama.cpp reads it
+    // the same way: it probes the first MTP block's nextn.eh_proj).
+    if (c.num_nextn_predict_layers > 0 &&
+        f.find_tensor("blk." + std::to_string(c.num_hidden_layers) + ".nextn.eh_proj.weight") == nullptr) {
+        c.num_nextn_predict_layers = 0;
+    }
+    // llama.cpp keeps an entry per block (layers + MTP) or more; ours needs exactly that many.
+    const int64_t entries = c.num_hidden_layers + c.num_nextn_predict_layers;
+    if (entries >= 0 && static_cast<int64_t>(c.compress_ratios.size()) > entries) {
+        c.compress_ratios.resize(static_cast<size_t>(entries));
+    }
     if (f.find_kv(key4("rope.scaling.type"))) {
         DSI_ASSIGN_OR_RETURN(std::string type, f.get_string(key4("rope.scaling.type")));
         if (type == "yarn") {
@@ -202,7 +231,7 @@ std::vector<std::pair<std::string, GgufValue>> v4_gguf_metadata(const ModelConfi
     std::vector<std::pair<std::string, GgufValue>> kv;
     auto u32 = [&](const char* k, int64_t v) { kv.emplace_back(key4(k), static_cast<uint32_t>(v)); };
     auto f32 = [&](const char* k, double v) { kv.emplace_back(key4(k), static_cast<float>(v)); };
-    const int64_t L = c.num_hidden_layers;  // MTP layers are not written
+    const int64_t L = c.num_hidden_layers + c.num_nextn_predict_layers;  // blocks, MTP last
     kv.emplace_back("general.architecture", std::string(kArchV4));
     kv.emplace_back("general.name", name);
     u32("block_count", L);
@@ -241,7 +270,7 @@ std::vector<std::pair<std::string, GgufValue>> v4_gguf_metadata(const ModelConfi
     kv.emplace_back(key4("swiglu_clamp_shexp"),
                     GgufArray(std::vector<float>(static_cast<size_t>(L), static_cast<float>(c.swiglu_limit))));
     u32("leading_dense_block_count", 0);
-    u32("nextn_predict_layers", 0);
+    u32("nextn_predict_layers", c.num_nextn_predict_layers);
     u32("rope.dimension_count", c.qk_rope_head_dim);
     f32("rope.freq_base", c.rope_theta);
     if (c.rope_scaling.yarn) {

@@ -18,6 +18,9 @@ namespace dsi {
 struct GgufTensorRef {
     std::string gguf_name;
     int64_t expert = -1;  // >= 0: a slice of a merged [experts, rows, cols] tensor
+    // >= 0: column half `col_half` of a [rows, 2 * cols] tensor that concatenates two
+    // matrices along their inputs (V4's MTP nextn.eh_proj = [e_proj | h_proj]).
+    int col_half = -1;
 };
 
 // The GGUF tensor holding HF tensor `hf_name` (nullopt: no GGUF counterpart).
