@@ -11,6 +11,7 @@
 #include "base/env.h"
 #include "base/logging.h"
 #include "base/settings.h"
+#include "engine/calibrate.h"
 #include "ep_launch.h"
 #include "kv/block_key.h"
 #include "kvstore/block_store.h"
@@ -310,6 +311,11 @@ int run_router(const ServeFlags& f) {
 
     router::RemoteServiceOptions ro;
     ro.engine_api_key = f.engine_api_key;
+    // S-LB prices a prefill by the engines' cost model; the router has no measured fit, so
+    // the conservative CPU model of the checkpoint's sizes (what an engine without one uses).
+    const engine::PrefillCostModel cost =
+        engine::conservative_cpu_cost_model(engine::prefill_shape(rep.config()));
+    ro.prefill_cost_ns = [cost](int64_t miss, int64_t hit) { return cost.cost_ns(miss, hit); };
     if (kvstore::BlockStore* store = rep.kv_store()) {
         // S-KV-4: the hit length before routing, from the store's metadata (the chain of
         // the prompt's full blocks, keyed as the engines key them; 50 ms at most).

@@ -1,6 +1,8 @@
 #include "router/remote_service.h"
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <random>
@@ -54,6 +56,12 @@ struct RemoteService::Call {
     // The first engine's prefix-cache hit (usage.cached_tokens): what a later engine
     // takes from a hand-over or its own cache was computed for this request, not cached.
     int64_t cached_prompt_tokens = -1;
+    // S-LB prefill queue: the work id while the call waits for a pull (0: not waiting),
+    // the engine that pulled it (dispatch sends it there), and the prefill cost it holds
+    // on its prefill engine until that stream ends.
+    uint64_t prefill_work = 0;
+    std::string pulled_by;
+    double prefill_cost_ns = 0;
     int http_status = 0;
     std::string line_buffer;
     std::string error_body;
@@ -127,9 +135,18 @@ bool routable(const membership::Member& m) {
 }  // namespace
 
 RemoteService::RemoteService(RemoteServiceOptions options)
-    : options_(std::move(options)), lb_(options_.lb) {}
+    : options_(std::move(options)), lb_(options_.lb) {
+    DSI_CHECK(options_.prefill_lb.validate().is_ok(), options_.prefill_lb.validate().to_string());
+    pump_thread_ = std::thread([this] { pump_loop(); });
+}
 
 RemoteService::~RemoteService() {
+    {
+        MutexLock l(&mu_);
+        stopping_ = true;
+    }
+    pump_cv_.notify_all();
+    pump_thread_.join();
     abort_all();
     // The clients end (and join their threads) while every member is alive: their last
     // callbacks run into this object.
@@ -182,29 +199,43 @@ void RemoteService::remove_engine_locked(const std::string& id, bool cut_streams
 }
 
 void RemoteService::set_engines(const std::vector<membership::Member>& members) {
-    MutexLock l(&mu_);
-    std::set<std::string> keep;
-    for (const auto& m : members) {
-        if (!routable(m)) continue;
-        keep.insert(m.id);
-        auto it = engines_.find(m.id);
-        if (it != engines_.end() && it->second.member.incarnation == m.incarnation &&
-            it->second.member.address == m.address) {
-            it->second.member = m;
-            continue;
+    Failures failed;
+    {
+        MutexLock l(&mu_);
+        std::set<std::string> keep;
+        for (const auto& m : members) {
+            if (!routable(m)) continue;
+            keep.insert(m.id);
+            auto it = engines_.find(m.id);
+            if (it != engines_.end() && it->second.member.incarnation == m.incarnation &&
+                it->second.member.address == m.address) {
+                it->second.member = m;
+                continue;
+            }
+            remove_engine_locked(m.id, /*cut_streams=*/true);
+            add_engine_locked(m);
         }
-        remove_engine_locked(m.id, /*cut_streams=*/true);
-        add_engine_locked(m);
+        std::vector<std::string> gone;
+        for (const auto& [id, e] : engines_) {
+            if (keep.count(id) == 0) gone.push_back(id);
+        }
+        for (const auto& id : gone) remove_engine_locked(id, /*cut_streams=*/false);
+        pump_prefill_locked(failed);
     }
-    std::vector<std::string> gone;
-    for (const auto& [id, e] : engines_) {
-        if (keep.count(id) == 0) gone.push_back(id);
-    }
-    for (const auto& id : gone) remove_engine_locked(id, /*cut_streams=*/false);
+    deliver_failures(failed);
 }
 
 void RemoteService::apply(const membership::MemberChange& change) {
-    MutexLock l(&mu_);
+    Failures failed;
+    {
+        MutexLock l(&mu_);
+        apply_locked(change);
+        pump_prefill_locked(failed);
+    }
+    deliver_failures(failed);
+}
+
+void RemoteService::apply_locked(const membership::MemberChange& change) {
     const membership::Member& m = change.member;
     switch (change.kind) {
         case membership::ChangeKind::kJoined:
@@ -295,7 +326,16 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     // whole generation, or a prefill engine does (no hand-over either way). A
     // continuation after a KV hand-over goes to the engine that received the KV.
     std::string id;
-    if (!want_prefill && !call->handoff_engine.empty()) {
+    if (!call->pulled_by.empty()) {
+        // A prefill engine pulled it (pump_prefill_locked).
+        if (engines_.count(call->pulled_by) != 0) id = call->pulled_by;
+        call->pulled_by.clear();
+    } else if (want_prefill && call->num_attempts == 0) {
+        // S-LB: the generation waits until a prefill engine pulls it.
+        enqueue_prefill_locked(call);
+        return true;
+    }
+    if (id.empty() && !want_prefill && !call->handoff_engine.empty()) {
         auto it = engines_.find(call->handoff_engine);
         if (it != engines_.end() && call->tried.count(it->first) == 0 &&
             it->second.avoid_until_ns <= steady_clock_ns()) {
@@ -322,6 +362,10 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
         }
     }
     Engine& e = engines_.at(id);
+    if (on_prefill) {
+        call->prefill_cost_ns = prefill_cost_locked(*call);
+        e.prefill_held_ns += call->prefill_cost_ns;
+    }
     call->engine_id = id;
     call->client = e.client;
     call->tried.insert(id);
@@ -372,9 +416,133 @@ void RemoteService::release_engine_locked(Call& call) {
     if (it != engines_.end()) {
         --it->second.num_requests;
         it->second.kv_tokens -= call.kv_charged;
+        it->second.prefill_held_ns = std::max(0.0, it->second.prefill_held_ns - call.prefill_cost_ns);
     }
     call.engine_id.clear();
     call.kv_charged = 0;
+    call.prefill_cost_ns = 0;
+}
+
+double RemoteService::prefill_cost_locked(const Call& call) const {
+    const int64_t prompt = static_cast<int64_t>(call.generation.request.prompt.size());
+    const int64_t hit = std::clamp<int64_t>(call.prefix_hit_tokens, 0, prompt);
+    if (options_.prefill_cost_ns) return options_.prefill_cost_ns(prompt - hit, hit);
+    return 150'000.0 * static_cast<double>(prompt - hit);
+}
+
+void RemoteService::enqueue_prefill_locked(const std::shared_ptr<Call>& call) {
+    cluster::PrefillWork w;
+    w.id = next_prefill_work_++;
+    w.total_tokens = static_cast<int64_t>(call->generation.request.prompt.size());
+    w.cost_ns = prefill_cost_locked(*call);
+    w.arrival_ns = steady_clock_ns();
+    call->prefill_work = w.id;
+    prefill_waiting_[w.id] = {w, call};
+    if (prefill_lb_) prefill_lb_->submit(w);  // else the next sync submits it
+    ++stats_.num_prefill_queued;
+}
+
+void RemoteService::sync_prefill_engines_locked(Failures& failed) {
+    std::vector<std::string> ids;
+    for (const auto& [id, e] : engines_) {
+        if (e.member.role == membership::Role::kPrefill) ids.push_back(id);
+    }
+    if (ids == prefill_ids_ && (prefill_lb_.has_value() || ids.empty())) return;
+    prefill_ids_ = std::move(ids);
+    prefill_available_.assign(prefill_ids_.size(), true);
+    lb_reassignments_seen_ = 0;
+    if (prefill_ids_.empty()) {
+        // No prefill engine left: the waiting generations go to decode engines now.
+        prefill_lb_.reset();
+        auto waiting = std::move(prefill_waiting_);
+        prefill_waiting_.clear();
+        for (auto& [wid, entry] : waiting) {
+            const std::shared_ptr<Call>& call = entry.second;
+            call->prefill_work = 0;
+            if (call->aborted || call->finished) continue;
+            if (dispatch_locked(call)) {
+                ++stats_.num_routed;
+                continue;
+            }
+            calls_.erase(call->ticket);
+            ++stats_.num_failed;
+            failed.emplace_back(call, unavailable("no engine is available for this request"));
+        }
+        return;
+    }
+    prefill_lb_.emplace(options_.prefill_lb, static_cast<int>(prefill_ids_.size()), steady_clock_ns());
+    for (const auto& [wid, entry] : prefill_waiting_) prefill_lb_->submit(entry.first);
+}
+
+void RemoteService::pump_prefill_locked(Failures& failed) {
+    sync_prefill_engines_locked(failed);
+    const int64_t now = steady_clock_ns();
+    for (auto it = prefill_waiting_.begin(); it != prefill_waiting_.end();) {
+        const std::shared_ptr<Call> call = it->second.second;
+        const int64_t deadline = call->generation.request.deadline_ns;
+        if (call->aborted || call->finished) {
+            it = prefill_waiting_.erase(it);
+        } else if (deadline > 0 && deadline <= now) {
+            call->prefill_work = 0;
+            calls_.erase(call->ticket);
+            ++stats_.num_failed;
+            failed.emplace_back(call, deadline_exceeded("the request's deadline passed while it "
+                                                        "waited for a prefill engine"));
+            it = prefill_waiting_.erase(it);
+        } else {
+            ++it;
+        }
+    }
+    if (!prefill_lb_) return;
+    prefill_lb_->tick(now);
+    stats_.num_prefill_reassignments += prefill_lb_->num_reassignments() - lb_reassignments_seen_;
+    lb_reassignments_seen_ = prefill_lb_->num_reassignments();
+    for (size_t i = 0; i < prefill_ids_.size(); ++i) {
+        Engine& e = engines_.at(prefill_ids_[i]);
+        const bool available = e.avoid_until_ns <= now;
+        if (available != prefill_available_[i]) {
+            prefill_lb_->set_engine_available(static_cast<int>(i), available);
+            prefill_available_[i] = available;
+        }
+        if (!available) continue;
+        for (const cluster::PrefillWork& w : prefill_lb_->pull(static_cast<int>(i), e.prefill_held_ns)) {
+            auto it = prefill_waiting_.find(w.id);
+            if (it == prefill_waiting_.end()) continue;  // aborted while it waited
+            const std::shared_ptr<Call> call = it->second.second;
+            prefill_waiting_.erase(it);
+            call->prefill_work = 0;
+            call->pulled_by = prefill_ids_[i];
+            if (dispatch_locked(call)) {
+                ++stats_.num_routed;
+                continue;
+            }
+            calls_.erase(call->ticket);
+            ++stats_.num_failed;
+            failed.emplace_back(call, unavailable(call->last_error.empty()
+                                                      ? "no engine is available for this request"
+                                                      : call->last_error));
+        }
+    }
+}
+
+void RemoteService::deliver_failures(Failures& failed) {
+    for (auto& [call, why] : failed) call->deliver(final_error(std::move(why)));
+    failed.clear();
+}
+
+void RemoteService::pump_loop() {
+    for (;;) {
+        Failures failed;
+        {
+            MutexLock l(&mu_);
+            if (!stopping_) {
+                pump_cv_.wait_for(&mu_, std::chrono::milliseconds(options_.pump_interval_ms));
+            }
+            if (stopping_) return;
+            pump_prefill_locked(failed);
+        }
+        deliver_failures(failed);
+    }
 }
 
 void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
@@ -386,6 +554,8 @@ void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
     if (options_.prefix_hit) {
         call->prefix_hit_tokens = options_.prefix_hit(call->generation.request);
     }
+    Failures failed;
+    bool sent = false;
     {
         MutexLock l(&mu_);
         if (call->prefix_hit_tokens >= 0) {
@@ -393,13 +563,17 @@ void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
             stats_.prefix_hit_tokens += call->prefix_hit_tokens;
         }
         calls_[ticket] = call;
-        if (dispatch_locked(call)) {
-            ++stats_.num_routed;
-            return;
+        sent = dispatch_locked(call);
+        if (sent) {
+            if (call->prefill_work == 0) ++stats_.num_routed;  // else when it is pulled
+            pump_prefill_locked(failed);
+        } else {
+            calls_.erase(ticket);
+            ++stats_.num_failed;
         }
-        calls_.erase(ticket);
-        ++stats_.num_failed;
     }
+    deliver_failures(failed);
+    if (sent) return;
     call->deliver(final_error(unavailable(
         call->last_error.empty() ? "no engine is available for this request"
                                  : "no engine is available for this request: " +
@@ -510,6 +684,7 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
 
 void RemoteService::on_done(const std::shared_ptr<Call>& call, uint64_t attempt, Status status) {
     std::optional<Update> final_update;
+    Failures failed;
     {
         MutexLock l(&mu_);
         if (call->attempt != attempt || call->finished || call->aborted) return;
@@ -522,11 +697,11 @@ void RemoteService::on_done(const std::shared_ptr<Call>& call, uint64_t attempt,
             --call->num_attempts;
             if (dispatch_locked(call)) {
                 ++stats_.num_handovers;
-                return;
+            } else {
+                calls_.erase(call->ticket);
+                ++stats_.num_failed;
+                final_update = final_error(unavailable("no decode engine to continue on"));
             }
-            calls_.erase(call->ticket);
-            ++stats_.num_failed;
-            final_update = final_error(unavailable("no decode engine to continue on"));
         } else if (is_final_http_error(call->http_status)) {
             // The engine refused the request itself: the client gets its answer.
             calls_.erase(call->ticket);
@@ -547,19 +722,22 @@ void RemoteService::on_done(const std::shared_ptr<Call>& call, uint64_t attempt,
             }
             if (dispatch_locked(call)) {
                 ++stats_.num_failovers;
-                return;
+            } else {
+                calls_.erase(call->ticket);
+                ++stats_.num_failed;
+                final_update = final_error(
+                    unavailable("no engine could finish the generation: " + call->last_error));
             }
-            calls_.erase(call->ticket);
-            ++stats_.num_failed;
-            final_update = final_error(
-                unavailable("no engine could finish the generation: " + call->last_error));
         }
+        pump_prefill_locked(failed);  // the engine's prefill quota is free again
     }
-    call->deliver(std::move(*final_update));
+    deliver_failures(failed);
+    if (final_update) call->deliver(std::move(*final_update));
 }
 
 void RemoteService::abort(Ticket ticket) {
     std::shared_ptr<Call> call;
+    Failures failed;
     {
         MutexLock l(&mu_);
         auto it = calls_.find(ticket);
@@ -567,10 +745,16 @@ void RemoteService::abort(Ticket ticket) {
         call = it->second;
         calls_.erase(it);
         call->aborted = true;
+        if (call->prefill_work != 0) {  // it was waiting for a prefill engine
+            prefill_waiting_.erase(call->prefill_work);
+            call->prefill_work = 0;
+        }
         // Closing the stream aborts the generation on the engine.
         if (auto client = call->client.lock()) client->cancel(call->http_id);
         release_engine_locked(*call);
+        pump_prefill_locked(failed);
     }
+    deliver_failures(failed);
     Update u;
     u.finished = true;
     u.reason = engine::FinishReason::kAbort;
@@ -607,6 +791,12 @@ server::ServiceStats RemoteService::stats_snapshot() const {
         {"router_kv_handoff_bytes_total", "KV bytes handed over", stats_.kv_handoff_bytes},
         {"router_direct_decode_total", "disaggregated requests that skipped prefill (a hit)",
          stats_.num_direct_decode},
+        {"router_prefill_queued_total", "generations that waited in the router for a prefill pull",
+         stats_.num_prefill_queued},
+        {"router_prefill_reassignments_total", "prefill LB rounds that moved engines between buckets",
+         stats_.num_prefill_reassignments},
+        {"router_prefill_waiting", "generations waiting for a prefill engine now",
+         static_cast<int64_t>(prefill_waiting_.size())},
         {"router_engines", "engines it may route to now",
          static_cast<int64_t>(engines_.size())},
     };
@@ -618,6 +808,7 @@ RouterStats RemoteService::router_stats() const {
     RouterStats s = stats_;
     s.num_engines = static_cast<int64_t>(engines_.size());
     s.num_in_flight = static_cast<int64_t>(calls_.size());
+    s.prefill_waiting = static_cast<int64_t>(prefill_waiting_.size());
     return s;
 }
 

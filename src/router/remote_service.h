@@ -23,8 +23,22 @@
 // engines. A 4xx answer (a request the engine refuses) is passed to the client as it
 // is, without failover.
 //
+// Prefill load balancing (S-LB, cluster::PrefillLb unchanged): with prefill and decode
+// engines, a new generation that needs a prefill waits in the router, in one of
+// PrefillLb's buckets by prompt length (< 16K, 16-64K, 64-256K, >= 256K tokens), and
+// prefill engines pull from their bucket, FIFO, while the prefill cost they hold stays
+// under the bucket's quota cap; an empty engine always takes the head, and an idle one
+// takes from the busiest bucket. Engines are re-apportioned over buckets by demand
+// every round (1 s). The cost is the engines' prefill cost model of the prompt's miss
+// (after the S-KV-4 prefix check); no prefix affinity. Held cost is released when the
+// engine's stream for that generation ends (after its first token). A pump runs on
+// every submit, attempt end, abort and membership change, and every 100 ms (rounds,
+// engines back from back-off, deadlines of waiting generations). Failover attempts of
+// a prefill go straight to a prefill engine by DecodeLb (they must avoid the engine
+// that broke, which a pull cannot).
+//
 // Disaggregated prefill / decode (engines of role prefill and decode): a generation
-// starts on a prefill engine (the same DecodeLb choice among them) and continues on a
+// starts on a prefill engine (pulled, as above) and continues on a
 // decode engine as a continuation (resume_output = the first token). The decode
 // engine is chosen when the prefill starts: when it advertises a transfer address
 // (its KvInbox), the generation carries Generation::handoff, the prefill engine sends
@@ -47,12 +61,16 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/mutex.h"
 #include "cluster/decode_lb.h"
+#include "cluster/prefill_lb.h"
 #include "membership/member.h"
 #include "net/http_client.h"
 #include "server/generation_service.h"
@@ -72,6 +90,12 @@ struct RemoteServiceOptions {
     int max_attempts = 3;        // engines tried per generation
     int64_t broken_engine_backoff_ms = 5000;
     cluster::DecodeLbSettings lb;
+    // S-LB prefill: the buckets, quota caps and round.
+    cluster::PrefillLbSettings prefill_lb;
+    // The prefill cost, in ns of the engines' cost model, of computing `miss_tokens`
+    // after a cached prefix of `hit_tokens`. Null: 150 us per missed token.
+    std::function<double(int64_t miss_tokens, int64_t hit_tokens)> prefill_cost_ns;
+    int64_t pump_interval_ms = 100;
 };
 
 struct RouterStats {
@@ -85,6 +109,9 @@ struct RouterStats {
     int64_t num_prefix_checks = 0;   // requests matched against the store before routing
     int64_t prefix_hit_tokens = 0;   // their hits, summed
     int64_t num_direct_decode = 0;   // disaggregated requests that skipped prefill (hit)
+    int64_t num_prefill_queued = 0;  // generations that waited in the router for a prefill pull
+    int64_t prefill_waiting = 0;     // waiting now
+    int64_t num_prefill_reassignments = 0;  // PrefillLb rounds that moved engines
     int64_t num_failed = 0;      // ended with an error after every attempt
     int64_t num_engines = 0;     // engines it may route to now
     int64_t num_in_flight = 0;
@@ -119,7 +146,10 @@ private:
         int64_t kv_tokens = 0;
         int64_t avoid_until_ns = 0;  // after a broken stream
         int64_t last_bytes_ns = 0;   // the last stream bytes from it
+        double prefill_held_ns = 0;  // prefill cost of its generations still on it
     };
+    // Calls that must be told they failed, after mu_ is released.
+    using Failures = std::vector<std::pair<std::shared_ptr<Call>, Status>>;
 
     // Picks a prefill (or a decode / both) engine not in `tried` (DecodeLb), or "".
     std::string choose_engine_locked(const Call& call, bool prefill) DSI_REQUIRES(mu_);
@@ -136,10 +166,33 @@ private:
     // engine finishes its generations; a dead or frozen one has gone quiet).
     void remove_engine_locked(const std::string& id, bool cut_streams) DSI_REQUIRES(mu_);
     void add_engine_locked(const membership::Member& m) DSI_REQUIRES(mu_);
+    void apply_locked(const membership::MemberChange& change) DSI_REQUIRES(mu_);
+    // S-LB prefill queue. enqueue: the call waits for a pull. pump: rebuilds the LB when
+    // the prefill engines changed, runs its round, fails waiting calls past their
+    // deadline, and lets every available prefill engine pull (each pulled call is sent).
+    void enqueue_prefill_locked(const std::shared_ptr<Call>& call) DSI_REQUIRES(mu_);
+    double prefill_cost_locked(const Call& call) const DSI_REQUIRES(mu_);
+    void pump_prefill_locked(Failures& failed) DSI_REQUIRES(mu_);
+    void sync_prefill_engines_locked(Failures& failed) DSI_REQUIRES(mu_);
+    void deliver_failures(Failures& failed);
+    void pump_loop();
 
     const RemoteServiceOptions options_;
     const cluster::DecodeLb lb_;
     mutable Mutex mu_;
+    // PrefillLb over the prefill engines, index i = prefill_ids_[i] (sorted ids); rebuilt
+    // with the waiting work submitted again, in arrival order, when that set changes.
+    std::optional<cluster::PrefillLb> prefill_lb_ DSI_GUARDED_BY(mu_);
+    std::vector<std::string> prefill_ids_ DSI_GUARDED_BY(mu_);
+    std::vector<bool> prefill_available_ DSI_GUARDED_BY(mu_);
+    // Waiting work by id (ids grow with arrival, so the map is in arrival order).
+    std::map<uint64_t, std::pair<cluster::PrefillWork, std::shared_ptr<Call>>> prefill_waiting_
+        DSI_GUARDED_BY(mu_);
+    uint64_t next_prefill_work_ DSI_GUARDED_BY(mu_) = 1;
+    int64_t lb_reassignments_seen_ DSI_GUARDED_BY(mu_) = 0;
+    bool stopping_ DSI_GUARDED_BY(mu_) = false;
+    CondVar pump_cv_;
+    std::thread pump_thread_;
     std::map<std::string, Engine> engines_ DSI_GUARDED_BY(mu_);
     // Clients of engines that left, kept until the service ends: their calls' callbacks
     // may still run.

@@ -13,11 +13,13 @@
 
 #include <atomic>
 #include <functional>
+#include <map>
 #include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "base/clock.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "net/http_client.h"
@@ -497,6 +499,110 @@ TEST(Router, DisaggregatedPrefillHandsOverToDecodeAfterTheFirstToken) {
     const auto [alone, alone_last] = run(prefill_only, 3, long_generation(), nullptr);
     EXPECT_EQ(alone, expected);
     EXPECT_EQ(prefill_only.router_stats().num_handovers, 0);
+}
+
+// A "prefill engine" that never answers: a listening socket nobody accepts on (the
+// kernel completes the connection, the request sits unread).
+class SilentEngine {
+public:
+    SilentEngine() {
+        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+        EXPECT_EQ(::listen(fd_, 16), 0);
+        socklen_t len = sizeof(a);
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
+        port_ = ntohs(a.sin_port);
+    }
+    ~SilentEngine() { ::close(fd_); }
+    int port() const { return port_; }
+
+private:
+    int fd_ = -1;
+    int port_ = 0;
+};
+
+// S-LB prefill: new generations wait in the router and prefill engines pull them while
+// the prefill cost they hold is under their bucket's cap (here 1 ns: one at a time; an
+// empty engine always takes the head). A silent prefill engine holds its first pull for
+// ever, so the rest wait, deterministically: an abort ends a waiting one without any
+// engine seeing it, a deadline fails one, and when a real prefill engine joins (the LB
+// is rebuilt with the waiting work) it pulls the waiting one; when the silent one leaves,
+// its quiet stream is cut and fails over to the real one. Every client gets exactly the
+// tokens a single decode engine gives.
+TEST(Router, PrefillEnginesPullWaitingGenerationsWithinTheirQuota) {
+    Engine p, d;
+    RemoteService only_d;
+    only_d.set_engines({member("d", d.http->port())});
+    auto generation = [](uint64_t seed) {
+        server::Generation g = long_generation();
+        g.request.sampling.max_tokens = 12;
+        g.request.sampling.seed = seed;
+        return g;
+    };
+    std::map<server::Ticket, std::vector<int32_t>> expected;
+    for (server::Ticket t : {1, 2}) expected[t] = run(only_d, 100 + t, generation(t), nullptr).first;
+
+    SilentEngine silent;
+    RemoteServiceOptions o;
+    o.prefill_lb.bucket_quota_ns = {1, 1, 1, 1};
+    o.prefill_cost_ns = [](int64_t miss, int64_t) { return static_cast<double>(miss); };
+    o.pump_interval_ms = 10;
+    RemoteService remote(o);
+    remote.set_engines({member("s", silent.port(), membership::Role::kPrefill),
+                        member("d", d.http->port(), membership::Role::kDecode)});
+    struct Client {
+        std::mutex mu;
+        std::vector<int32_t> tokens;
+        std::promise<server::Update> done;
+    };
+    std::map<server::Ticket, Client> clients;
+    for (server::Ticket t : {1, 2, 3, 4}) {
+        server::Generation g = generation(t);
+        if (t == 4) g.request.deadline_ns = steady_clock_ns() + 300'000'000;
+        Client& c = clients[t];
+        remote.start(t, std::move(g), [&c](server::Update u) {
+            std::lock_guard<std::mutex> l(c.mu);
+            for (const auto& tok : u.tokens) c.tokens.push_back(tok.token);
+            if (u.finished) c.done.set_value(std::move(u));
+        });
+    }
+    RouterStats s = remote.router_stats();
+    EXPECT_EQ(s.num_prefill_queued, 4);
+    EXPECT_EQ(s.num_routed, 1);  // the silent engine pulled the first, holds it
+    EXPECT_EQ(s.prefill_waiting, 3);
+
+    remote.abort(3);
+    server::Update aborted = clients[3].done.get_future().get();
+    EXPECT_EQ(aborted.reason, engine::FinishReason::kAbort);
+    EXPECT_EQ(remote.router_stats().prefill_waiting, 2);
+
+    server::Update late = clients[4].done.get_future().get();
+    EXPECT_EQ(late.error.code(), StatusCode::kDeadlineExceeded) << late.error.to_string();
+    EXPECT_EQ(remote.router_stats().prefill_waiting, 1);
+    EXPECT_EQ(remote.router_stats().num_routed, 1);
+
+    remote.apply({membership::ChangeKind::kJoined, member("p", p.http->port(), membership::Role::kPrefill)});
+    remote.apply({membership::ChangeKind::kLeft, member("s", silent.port(), membership::Role::kPrefill)});
+    for (server::Ticket t : {1, 2}) {
+        server::Update last = clients[t].done.get_future().get();
+        EXPECT_TRUE(last.error.is_ok()) << t << ": " << last.error.to_string();
+        EXPECT_EQ(last.reason, engine::FinishReason::kLength);
+        std::lock_guard<std::mutex> l(clients[t].mu);
+        EXPECT_EQ(clients[t].tokens, expected[t]) << t;
+    }
+    s = remote.router_stats();
+    EXPECT_EQ(s.prefill_waiting, 0);
+    EXPECT_EQ(s.num_routed, 2);     // ticket 2, pulled by p
+    EXPECT_EQ(s.num_failovers, 1);  // ticket 1, from the silent engine to p
+    EXPECT_EQ(s.num_handovers, 2);
+    EXPECT_EQ(s.num_failed, 1);     // the deadline
+    // Both prefills ran on p: a first token each (it may sample one more before the
+    // router's close reaches it), never the whole generation.
+    EXPECT_GE(p.service->stats_snapshot().engine.output_tokens, 2);
+    EXPECT_LT(p.service->stats_snapshot().engine.output_tokens, 12);
 }
 
 // The KV hand-over: the prefill engine sends the prompt's full blocks to the decode
