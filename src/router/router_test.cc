@@ -159,21 +159,27 @@ membership::Member member(std::string id, int port,
     return m;
 }
 
+// A socket listening on a free loopback port (its number in *port).
+int listen_on_loopback(int* port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(::listen(fd, 16), 0);
+    socklen_t len = sizeof(a);
+    ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+    *port = ntohs(a.sin_port);
+    return fd;
+}
+
 // A TCP proxy to `target_port` that cuts every connection (both ways) once
 // `cut_after_bytes` of the answer went through: an engine that dies mid-stream.
 class CutProxy {
 public:
     CutProxy(int target_port, size_t cut_after_bytes)
         : target_port_(target_port), cut_after_(cut_after_bytes) {
-        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-        EXPECT_EQ(::listen(fd_, 16), 0);
-        socklen_t len = sizeof(a);
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-        port_ = ntohs(a.sin_port);
+        fd_ = listen_on_loopback(&port_);
         thread_ = std::thread([this] { loop(); });
     }
     ~CutProxy() {
@@ -505,17 +511,7 @@ TEST(Router, DisaggregatedPrefillHandsOverToDecodeAfterTheFirstToken) {
 // kernel completes the connection, the request sits unread).
 class SilentEngine {
 public:
-    SilentEngine() {
-        fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-        sockaddr_in a{};
-        a.sin_family = AF_INET;
-        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-        EXPECT_EQ(::bind(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-        EXPECT_EQ(::listen(fd_, 16), 0);
-        socklen_t len = sizeof(a);
-        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&a), &len);
-        port_ = ntohs(a.sin_port);
-    }
+    SilentEngine() { fd_ = listen_on_loopback(&port_); }
     ~SilentEngine() { ::close(fd_); }
     int port() const { return port_; }
 
