@@ -4,7 +4,8 @@
 # veth pairs on a bridge of private addresses (nothing outside the machine), under a
 # bounded load from `dsinfer bench serve`. Faults while the load runs:
 #   - the router <-> prefill engine p2 traffic goes through a proxy that holds every
-#     piece 50 ms (the kernel here has no sch_netem, so no packet loss either);
+#     piece 50 ms and loses 1 % of segments as TCP shows a loss (a 200 ms stall at that
+#     point of the stream; the kernel here has no sch_netem to drop real packets);
 #   - the first KV transfer to decode engine d1 has one byte flipped by a proxy on its
 #     inbox address (--kv-transfer-advertise): the inbox refuses it (frame digest), the
 #     hand-over fails, the generation does not;
@@ -100,10 +101,11 @@ common=(--threads 1 --membership "$membership" --lease-ttl-s 3 --kv-store "$stor
 start ref serve --threads 1
 start p1 serve "${common[@]}" --role prefill --node-id p1
 p1_pid=$last_pid
-# p2 is reached through a 50 ms delay proxy on its port 8001.
+# p2 is reached through a 50 ms delay + 1 % loss proxy on its port 8001.
 start p2 serve "${common[@]}" --role prefill --node-id p2 --advertise-address "$(addr p2):8001"
 p2_pid=$last_pid
-in_ns p2 python3 "$proxy" "$(addr p2):8001" "$(addr p2):8000" --delay-ms 50 > "$work/p2proxy.out" 2>&1 &
+in_ns p2 python3 "$proxy" "$(addr p2):8001" "$(addr p2):8000" --delay-ms 50 --loss-pct 1 \
+  > "$work/p2proxy.out" 2>&1 &
 pids+=("$!")
 # d1's inbox (port 7101) is reached through a proxy on 7102 that damages the first transfer.
 in_ns d1 python3 "$proxy" "$(addr d1):7102" "$(addr d1):7101" --corrupt-at 4000 > "$work/d1proxy.out" 2>&1 &
@@ -199,6 +201,7 @@ echo "netns drill: the last decode engine drained mid-stream; the stream complet
 wait "$load_pid" || fail "the load had failed requests: $(tail -5 "$work/load.out")"
 grep -E "^[0-9]" "$work/load.out" | head -3
 grep -q corrupted "$work/d1proxy.out" || fail "the proxy damaged no KV transfer"
+p2_lost="$(awk '/^lost/ {n += $2} END {print n + 0}' "$work/p2proxy.out")"
 failed="$(metric router dsinfer_router_kv_handoffs_failed_total)"
 handoffs="$(metric router dsinfer_router_kv_handoffs_total)"
 [[ "$failed" -ge 1 ]] || fail "the damaged transfer was not a failed hand-over"
@@ -207,5 +210,5 @@ for n in "$survivor_p"; do
   for _ in $(seq 50); do used="$(metric "$n" dsinfer_kv_blocks_used)"; [[ "$used" == 0 ]] && break; sleep 0.1; done
   [[ "$used" == 0 ]] || fail "$n holds $used KV blocks when idle"
 done
-echo "netns drill: load complete with no failed request; KV hand-overs $handoffs, failed $failed (the damaged one); the surviving prefill engine holds no KV block"
+echo "netns drill: load complete with no failed request; KV hand-overs $handoffs, failed $failed (the damaged one); segments lost on the way to p2: $p2_lost; the surviving prefill engine holds no KV block"
 echo "PASS"
