@@ -50,6 +50,9 @@ struct ServeFlags {
     std::string advertise;       // host:port others reach it at; "" = host:port
     int64_t lease_ttl_s = membership::RegistryOptions{}.lease_ttl_s;
     std::string engine_api_key;  // router: the key engines require
+    // router: S-LB prefill quota cap of the shortest-prompt bucket, ms of the cost model
+    // (the longer buckets get 2x, 4x, 5x, the landed ratios).
+    double prefill_quota_ms = 250;
     // KV hand-over (decode / both engines): the inbox's TCP port (0: any free one;
     // -1: no inbox) and the bytes of its shm tier.
     int kv_transfer_port = 0;
@@ -316,6 +319,8 @@ int run_router(const ServeFlags& f) {
     const engine::PrefillCostModel cost =
         engine::conservative_cpu_cost_model(engine::prefill_shape(rep.config()));
     ro.prefill_cost_ns = [cost](int64_t miss, int64_t hit) { return cost.cost_ns(miss, hit); };
+    const double quota_ns = f.prefill_quota_ms * 1e6;
+    ro.prefill_lb.bucket_quota_ns = {quota_ns, 2 * quota_ns, 4 * quota_ns, 5 * quota_ns};
     if (kvstore::BlockStore* store = rep.kv_store()) {
         // S-KV-4: the hit length before routing, from the store's metadata (the chain of
         // the prompt's full blocks, keyed as the engines key them; 50 ms at most).
@@ -439,6 +444,11 @@ void register_serve_commands(CLI::App& app) {
     add_http_flags(rcmd, rf.get());
     add_setting(*rcmd, "--engine-api-key", rf->engine_api_key,
                 "the API key the engines require ('' = none)");
+    add_setting(*rcmd, "--prefill-quota-ms", rf->prefill_quota_ms,
+                "S-LB: prefill cost (ms of the cost model) a prefill engine may hold in the "
+                "shortest-prompt bucket (x2, x4, x5 for the longer ones); an empty engine "
+                "always takes one")
+        ->check(CLI::Range(1.0, 1e7));
     rcmd->callback([rf] { throw CLI::RuntimeError(run_router(*rf)); });
 }
 

@@ -201,6 +201,7 @@ echo "netns drill: the last decode engine drained mid-stream; the stream complet
 wait "$load_pid" || fail "the load had failed requests: $(tail -5 "$work/load.out")"
 grep -E "^[0-9]" "$work/load.out" | head -3
 grep -q corrupted "$work/d1proxy.out" || fail "the proxy damaged no KV transfer"
+grep -q "^connection" "$work/p2proxy.out" || fail "no request went through the delay / loss proxy to p2"
 p2_lost="$(awk '/^lost/ {n += $2} END {print n + 0}' "$work/p2proxy.out")"
 failed="$(metric router dsinfer_router_kv_handoffs_failed_total)"
 handoffs="$(metric router dsinfer_router_kv_handoffs_total)"
