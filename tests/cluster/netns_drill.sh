@@ -31,6 +31,11 @@ declare -A ip=([etcd]=10 [redis]=11 [router]=20 [p1]=31 [p2]=32 [d1]=41 [d2]=42 
 pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  # Everything still inside a namespace: a $! of `in_ns ... &` can be the subshell rather
+  # than the process it started, and a process outlives its namespace's deletion.
+  for n in "${names[@]}"; do
+    ip netns pids "dsi$run_id-$n" 2>/dev/null | xargs -r kill -9 2>/dev/null || true
+  done
   wait 2>/dev/null || true
   for n in "${names[@]}"; do ip netns del "dsi$run_id-$n" 2>/dev/null || true; done
   ip link del "$bridge" 2>/dev/null || true
@@ -60,7 +65,8 @@ for n in "${names[@]}"; do
   ip netns exec "$ns" ip link set lo up
 done
 addr() { echo "$net.${ip[$1]}"; }
-in_ns() { local n="$1"; shift; ip netns exec "dsi$run_id-$n" "$@"; }
+# Always run in the background (`in_ns ... &`): exec makes $! the process itself.
+in_ns() { local n="$1"; shift; exec ip netns exec "dsi$run_id-$n" "$@"; }
 
 # Starts `dsinfer ARGS` in namespace NAME on port 8000; waits until it listens.
 start() {
@@ -211,5 +217,5 @@ for n in "$survivor_p"; do
   for _ in $(seq 50); do used="$(metric "$n" dsinfer_kv_blocks_used)"; [[ "$used" == 0 ]] && break; sleep 0.1; done
   [[ "$used" == 0 ]] || fail "$n holds $used KV blocks when idle"
 done
-echo "netns drill: load complete with no failed request; KV hand-overs $handoffs, failed $failed (the damaged one); segments lost on the way to p2: $p2_lost; the surviving prefill engine holds no KV block"
+echo "netns drill: load complete with no failed request; KV hand-overs $handoffs, failed $failed (the damaged one among them); segments lost on the way to p2: $p2_lost; the surviving prefill engine holds no KV block"
 echo "PASS"
