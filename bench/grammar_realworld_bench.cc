@@ -6,10 +6,14 @@
 // vocabulary, timing each full-vocabulary fill_mask() (first use of a position builds
 // its table inside that step, as in serving). Reports compile rate, false accepts /
 // rejects (labels: ajv), mask p50/p99/p99.9/max and compile p50/p99/max.
-//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu] [--errors]
+//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu] [--errors] [--any-order]
+//                         [--any-order-cap N]
 // --only: the schemas whose id contains SUBSTRING; --cpu: also each fill's thread CPU
 // time (a system call per step, which slows the fills after it: off by default);
-// --errors: only compile, and print each schema that does not compile with its error.
+// --errors: only compile, and print each schema that does not compile with its error;
+// --any-order: JsonSchemaOptions::any_property_order (validation of what someone wrote;
+// the server's default, generation, is declaration order); --any-order-cap N: the same
+// with max_any_order_properties N.
 #include <algorithm>
 #include <cstdio>
 #include <string>
@@ -32,6 +36,7 @@ int main(int argc, char** argv) {
     bool shared = true;
     bool cpu = false;
     bool errors = false;
+    JsonSchemaOptions schema_options;
     std::string only;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -41,6 +46,11 @@ int main(int argc, char** argv) {
             cpu = true;
         } else if (a == "--errors") {
             errors = true;
+        } else if (a == "--any-order") {
+            schema_options.any_property_order = true;
+        } else if (a == "--any-order-cap" && i + 1 < argc) {
+            schema_options.any_property_order = true;
+            schema_options.max_any_order_properties = std::stoul(argv[++i]);
         } else if (a == "--only" && i + 1 < argc) {
             only = argv[++i];
         }
@@ -54,21 +64,22 @@ int main(int argc, char** argv) {
     if (errors) {
         int num_compiled = 0;
         for (const auto& s : corpus) {
-            auto g = compile_json_schema(s.schema);
+            auto g = compile_json_schema(s.schema, schema_options);
             num_compiled += g.is_ok();
             if (!g.is_ok()) std::printf("%s: %s\n", s.id.c_str(), g.status().to_string().c_str());
         }
         std::printf("%d of %zu compiled\n", num_compiled, corpus.size());
         return 0;
     }
-    const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options, {}, cpu);
+    const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options, schema_options, cpu);
     const auto& m = run.mask_us;
     int64_t slow_1ms = std::count_if(m.begin(), m.end(), [](double us) { return us >= 1000; });
     int64_t slow_100ms =
         std::count_if(m.begin(), m.end(), [](double us) { return us >= 100000; });
-    std::printf("real-world corpus: %d schemas, %d compiled (%.1f%%), %s table cache\n",
+    std::printf("real-world corpus: %d schemas, %d compiled (%.1f%%), %s table cache%s\n",
                 run.num_schemas, run.num_compiled, 100.0 * run.num_compiled / run.num_schemas,
-                shared ? "shared" : "private");
+                shared ? "shared" : "private",
+                schema_options.any_property_order ? ", any property order" : "");
     std::printf("instances of compiled schemas: %d valid accepted, %d false rejects, %d invalid "
                 "rejected, %d false accepts, %zu token-replay failures\n",
                 run.valid_accepted, run.false_rejects, run.invalid_rejected, run.false_accepts,

@@ -13,6 +13,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
+#include "grammar/test_json.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
 #include "tokenizer/tokenizer.h"
@@ -158,6 +159,27 @@ int random_walk_masks_equal(const std::shared_ptr<const CompiledGrammar>& cg, st
     return step;
 }
 
+// `text` token by token (the tokenizer's encoding): the masks from the tables equal
+// the plain walk before each token, each token is in its mask, and the text is
+// accepted at the end. Returns the tokens fed.
+int instance_masks_equal(const std::shared_ptr<const CompiledGrammar>& cg, const Tokenizer& tok,
+                         const std::string& text, const std::string& label) {
+    const Vocabulary& v = cg->vocab();
+    GrammarMatcher m(cg);
+    TokenBitmask a(v.size()), b(v.size());
+    int steps = 0;
+    for (int32_t id : tok.encode(text)) {
+        m.fill_mask_uncached(&a);
+        m.plain_walk_mask(&b);
+        EXPECT_EQ(a, b) << label << " before token " << id << " of " << text;
+        EXPECT_TRUE(a.test(id)) << label << " " << text;
+        if (a != b || !m.advance(id)) return steps;
+        ++steps;
+    }
+    EXPECT_TRUE(m.is_accepted()) << label << " " << text;
+    return steps;
+}
+
 TEST(Matcher, PositionTablesEqualPlainWalkWithAndWithoutAdditionalProperties) {
     auto v = real_vocab();
     const Tokenizer& tok = test_util::real_tokenizer();
@@ -170,24 +192,45 @@ TEST(Matcher, PositionTablesEqualPlainWalkWithAndWithoutAdditionalProperties) {
             ASSERT_TRUE(g.is_ok()) << schema.dump() << ": " << g.status().to_string();
             auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v);
             ++schemas;
-            // The instance, token by token.
-            GrammarMatcher m(cg);
-            TokenBitmask a(v->size()), b(v->size());
-            for (int32_t id : tok.encode(inst)) {
-                m.fill_mask_uncached(&a);
-                m.plain_walk_mask(&b);
-                ASSERT_EQ(a, b) << schema.dump() << " before token " << id << " of " << inst;
-                ASSERT_TRUE(a.test(id)) << schema.dump() << " " << inst;
-                ASSERT_TRUE(m.advance(id));
-                ++steps;
-            }
-            ASSERT_TRUE(m.is_accepted()) << schema.dump() << " " << inst;
+            steps += instance_masks_equal(cg, tok, inst, schema.dump());
             std::mt19937_64 rng(static_cast<uint64_t>(round));
             steps += random_walk_masks_equal(cg, &rng, 6, schema.dump());
         }
     }
     EXPECT_EQ(schemas, 16);
     EXPECT_GT(steps, 150);
+}
+
+// JsonSchemaOptions::any_property_order (issue 21): the same random schemas, the
+// instance with every object's members reversed (undeclared keys first) fed token by
+// token and random walks: the masks from the tables (members as rules with many
+// callers, one rule per subset of written properties) equal the plain trie walk.
+TEST(Matcher, PositionTablesEqualPlainWalkAnyPropertyOrder) {
+    auto v = real_vocab();
+    const Tokenizer& tok = test_util::real_tokenizer();
+    RandomSchemas gen(23);
+    JsonSchemaOptions any_order;
+    any_order.any_property_order = true;
+    int schemas = 0, steps = 0, reordered = 0;
+    for (int round = 0; round < 6; ++round) {
+        for (bool additional : {false, true}) {
+            auto [schema, inst] = gen.object(0, additional);
+            auto g = compile_json_schema(schema, any_order);
+            ASSERT_TRUE(g.is_ok()) << schema.dump() << ": " << g.status().to_string();
+            MatcherOptions opts;
+            opts.table_cache = std::make_shared<PositionTableCache>();
+            auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+            ++schemas;
+            const std::string rev = test_util::reversed_keys(ojson::parse(inst)).dump();
+            reordered += rev != inst;
+            steps += instance_masks_equal(cg, tok, rev, schema.dump());
+            std::mt19937_64 rng(static_cast<uint64_t>(round) + 100);
+            steps += random_walk_masks_equal(cg, &rng, 8, schema.dump());
+        }
+    }
+    EXPECT_EQ(schemas, 12);
+    EXPECT_GT(reordered, 6);
+    EXPECT_GT(steps, 120);
 }
 
 // issue 21's reproducer: an object with one declared property and additional
