@@ -65,7 +65,7 @@ struct JsonSchemaOptions {
     // order (sound: a subset of the valid orders); the cap is at most 16. Off for
     // generation, where declaration order always validates.
     bool any_property_order = false;
-    size_t max_any_order_properties = 8;
+    size_t max_any_order_properties = 11;
     size_t max_enum_values = 10000;
     size_t max_schema_bytes = size_t{1} << 20;
 };
