@@ -4,8 +4,8 @@
 // while the request waits outside the engine, so the step loop never blocks on a
 // compile.
 //
-//   - Cache: an LRU of compiled grammars keyed by (kind, canonical text, vocabulary
-//     fingerprint). Canonical text: JSON Schema is parsed and re-serialised compactly
+//   - Cache: an LRU of compiled grammars keyed by (kind, the spec's JSON options,
+//     canonical text, vocabulary fingerprint). Canonical text: JSON Schema is parsed and re-serialised compactly
 //     (member order kept: it is the output order); regex / EBNF text as given. The
 //     full key is compared, so a hash collision can never return a wrong grammar.
 //     A hit completes the handle inside submit(). Errors are not cached.
@@ -55,9 +55,14 @@ const char* grammar_kind_name(GrammarKind kind);
 struct GrammarSpec {
     GrammarKind kind = GrammarKind::kJsonSchema;
     std::string text;  // schema JSON / regex (full match) / GBNF; ignored for json_object
+    // Per request, JSON Schema and json_object only (JsonSchemaOptions): set on top of
+    // the service's options; part of the cache key.
+    bool flexible_whitespace = false;
+    bool any_property_order = false;
 };
 
-// Compiles `spec` on the calling thread (the service's default compile function).
+// Compiles `spec` on the calling thread (the service's default compile function);
+// the spec's flexible_whitespace / any_property_order turn those options on.
 Result<Grammar> compile_grammar(const GrammarSpec& spec, const JsonSchemaOptions& options = {});
 
 struct CompileServiceOptions {
