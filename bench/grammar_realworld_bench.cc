@@ -6,20 +6,24 @@
 // vocabulary, timing each full-vocabulary fill_mask() (first use of a position builds
 // its table inside that step, as in serving). Reports compile rate, false accepts /
 // rejects (labels: ajv), mask p50/p99/p99.9/max and compile p50/p99/max.
-//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu] [--errors] [--any-order]
-//                         [--any-order-cap N]
-// --only: the schemas whose id contains SUBSTRING; --cpu: also each fill's thread CPU
-// time (a system call per step, which slows the fills after it: off by default);
-// --errors: only compile, and print each schema that does not compile with its error;
-// --any-order: JsonSchemaOptions::any_property_order (validation of what someone wrote;
-// the server's default, generation, is declaration order); --any-order-cap N: the same
-// with max_any_order_properties N.
+//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu] [--cold] [--errors]
+//                           [--any-order] [--any-order-cap N]
+// Before the run the shared table cache is warmed as `dsinfer serve` does at start
+// (grammar/table_warmup.h); --cold: not. --only: the schemas whose id contains
+// SUBSTRING; --cpu: also each fill's thread CPU time (a system call per step, which
+// slows the fills after it: off by default); --errors: only compile, and print each
+// schema that does not compile with its error; --any-order: JsonSchemaOptions::
+// any_property_order (validation of what someone wrote; the server's default,
+// generation, is declaration order); --any-order-cap N: the same with
+// max_any_order_properties N.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "grammar/json_schema.h"
 #include "grammar/realworld_corpus.h"
+#include "grammar/table_warmup.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
 
@@ -36,6 +40,7 @@ int main(int argc, char** argv) {
     bool shared = true;
     bool cpu = false;
     bool errors = false;
+    bool warm = true;
     JsonSchemaOptions schema_options;
     std::string only;
     for (int i = 1; i < argc; ++i) {
@@ -46,6 +51,8 @@ int main(int argc, char** argv) {
             cpu = true;
         } else if (a == "--errors") {
             errors = true;
+        } else if (a == "--cold") {
+            warm = false;
         } else if (a == "--any-order") {
             schema_options.any_property_order = true;
         } else if (a == "--any-order-cap" && i + 1 < argc) {
@@ -71,7 +78,18 @@ int main(int argc, char** argv) {
         std::printf("%d of %zu compiled\n", num_compiled, corpus.size());
         return 0;
     }
-    const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options, schema_options, cpu);
+    if (warm && options.table_cache) {
+        auto vocab = Vocabulary::from_tokenizer(test_util::real_tokenizer());
+        const auto start = std::chrono::steady_clock::now();
+        const WarmupStats ws = warm_table_cache(vocab, options);
+        const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
+        std::printf("table cache warm-up (as dsinfer serve at start): %d grammars, %lld masks, "
+                    "%lld tables, %.1f ms\n",
+                    ws.num_grammars, static_cast<long long>(ws.num_masks),
+                    static_cast<long long>(ws.tables_added), took.count());
+    }
+    const auto run =
+        realworld::run_corpus(corpus, test_util::real_tokenizer(), options, schema_options, cpu);
     const auto& m = run.mask_us;
     int64_t slow_1ms = std::count_if(m.begin(), m.end(), [](double us) { return us >= 1000; });
     int64_t slow_100ms =
@@ -123,6 +141,12 @@ int main(int argc, char** argv) {
     const size_t num_slow = std::min<size_t>(10, slow.size());
     std::partial_sort(slow.begin(), slow.begin() + static_cast<ptrdiff_t>(num_slow), slow.end(),
                       [&](size_t a, size_t b) { return m[a] > m[b]; });
+    if (options.table_cache) {
+        const PositionTableCache::Stats cs = options.table_cache->stats();
+        std::printf("shared table cache: %lld entries, %.1f MB, %lld hits, %lld misses\n",
+                    static_cast<long long>(cs.entries), cs.bytes / 1e6,
+                    static_cast<long long>(cs.hits), static_cast<long long>(cs.misses));
+    }
     std::printf("slowest masks:\n");
     for (size_t i = 0; i < num_slow; ++i) {
         const realworld::MaskStep& w = run.mask_steps[slow[i]];

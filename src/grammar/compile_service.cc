@@ -247,6 +247,10 @@ CompileService::~CompileService() {
     for (std::thread& t : core_->workers) t.join();
 }
 
+WarmupStats CompileService::warm_table_cache(const std::shared_ptr<const Vocabulary>& vocab) {
+    return grammar::warm_table_cache(vocab, core_->options.matcher);
+}
+
 Result<std::unique_ptr<CompileHandle>> CompileService::submit(
     const GrammarSpec& spec, std::shared_ptr<const Vocabulary> vocab, int64_t deadline_ns,
     CompileCallback callback) {

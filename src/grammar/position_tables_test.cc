@@ -13,6 +13,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
+#include "grammar/table_warmup.h"
 #include "grammar/test_json.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
@@ -374,6 +375,37 @@ TEST(Matcher, UndeclaredKeysOfLargeObjectsEqualPlainWalk) {
         }
     }
     EXPECT_GT(checked, 60);
+}
+
+// The table-cache warm-up (issue 21, table_warmup.h): it fills the shared cache, and
+// a schema it has never seen -- other declared names, additional properties, a
+// format, a bounded string -- then builds fewer tables than on a cold cache, with masks
+// equal to the plain walk at every step.
+TEST(Matcher, WarmedTableCacheServesNewSchemas) {
+    auto v = real_vocab();
+    const Tokenizer& tok = test_util::real_tokenizer();
+    const std::string schema =
+        R"({"type":"object","properties":{"title":{"type":"string","maxLength":300},)"
+        R"("when":{"type":"string","format":"date-time"},"n":{"type":"number"}}})";
+    const std::string inst = R"({"title":"a b","when":"2020-01-01T00:00:00Z","n":2.5,"x_y":[true]})";
+    int64_t misses[2] = {0, 0};
+    for (bool warm : {false, true}) {
+        MatcherOptions opts;
+        opts.table_cache = std::make_shared<PositionTableCache>();
+        if (warm) {
+            const WarmupStats ws = warm_table_cache(v, opts);
+            EXPECT_GT(ws.num_grammars, 3);
+            EXPECT_GT(ws.tables_added, 100);
+            EXPECT_EQ(opts.table_cache->stats().entries, ws.tables_added);
+        }
+        const int64_t before = opts.table_cache->stats().misses;
+        auto g = compile_json_schema(std::string_view(schema));
+        ASSERT_TRUE(g.is_ok());
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+        EXPECT_GT(instance_masks_equal(cg, tok, inst, warm ? "warm" : "cold"), 10);
+        misses[warm] = opts.table_cache->stats().misses - before;
+    }
+    EXPECT_LT(misses[1] * 2, misses[0]) << "cold " << misses[0] << ", warm " << misses[1];
 }
 
 // A table memory bound of zero: every position falls back to the plain walk.
