@@ -271,12 +271,18 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
         const char* schema;
         std::string instance;
         bool constant_after_half;  // no new table in the second half of the steps
+        bool few_tables = true;    // at most 4 tables built per token
     };
     std::string words;
     while (words.size() < 300) words += "lorem ipsum dolor sit amet, ";
     const std::vector<Case> cases = {
         {R"({"type":"string","maxLength":1024})", "\"" + words + "\"", true},
         {R"({"type":"string","format":"email"})", R"("XCsgyU4VpkR@zfsFftJyWkh.vcnc-Example.org")", false},
+        // The last links of a bound in a context (deployment-status's description,
+        // the corpus's slowest steps): each link's table is its own (one per character,
+        // ~5-10 ms each); their masks still equal the plain walk.
+        {R"({"type":"object","properties":{"d":{"type":"string","maxLength":140},"e":{"type":"integer"}}})",
+         R"({"d":")" + words.substr(0, 134) + R"(","e":12})", false, false},
     };
     for (const auto& c : cases) {
         auto g = compile_json_schema(std::string_view(c.schema));
@@ -306,7 +312,7 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
             // Each step's new positions found their tables in the cache.
             EXPECT_LE(end.entries, at_half.entries + 2) << c.schema;
             EXPECT_GE(end.hits - at_half.hits, static_cast<int64_t>(ids.size() / 2)) << c.schema;
-        } else {
+        } else if (c.few_tables) {
             EXPECT_LE(cg->table_stats().built, 4 * static_cast<int64_t>(ids.size())) << c.schema;
         }
     }
