@@ -157,6 +157,6 @@ int main(int argc, char** argv) {
         std::printf("  %s @%u `%s`\n", corpus[w.schema].id.c_str(), w.offset,
                     text.substr(from, w.offset - from).c_str());
     }
-    std::printf("\n%s", run.markdown(0).c_str());
+    std::printf("\n%s", run.markdown(10).c_str());  // the first 10 false rejects / failures
     return run.false_accepts == 0 ? 0 : 1;
 }

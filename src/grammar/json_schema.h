@@ -3,8 +3,9 @@
 // whitespace unless JsonSchemaOptions::flexible_whitespace) that validate against the
 // schema. Object properties come in the
 // schema's declaration order (a generation choice: any order is valid JSON Schema,
-// declaration order always validates), optional ones may be left out, additional properties
-// (when allowed) follow and never reuse a declared name.
+// declaration order always validates; JsonSchemaOptions::any_property_order takes any
+// order), optional ones may be left out, additional properties (when allowed) follow and
+// never reuse a declared name.
 //
 // Supported: type (all, and lists), enum, const (beside other keywords: the values
 // the rest accepts), properties, required, additionalProperties, patternProperties
