@@ -82,11 +82,13 @@ int main(int argc, char** argv) {
         auto vocab = Vocabulary::from_tokenizer(test_util::real_tokenizer());
         const auto start = std::chrono::steady_clock::now();
         const WarmupStats ws = warm_table_cache(vocab, options);
-        const std::chrono::duration<double, std::milli> took = std::chrono::steady_clock::now() - start;
-        std::printf("table cache warm-up (as dsinfer serve at start): %d grammars, %lld masks, "
-                    "%lld tables, %.1f ms\n",
-                    ws.num_grammars, static_cast<long long>(ws.num_masks),
-                    static_cast<long long>(ws.tables_added), took.count());
+        const std::chrono::duration<double, std::milli> took =
+            std::chrono::steady_clock::now() - start;
+        std::printf(
+            "table cache warm-up (as dsinfer serve at start): %d grammars, %lld masks, "
+            "%lld tables, %.1f ms\n",
+            ws.num_grammars, static_cast<long long>(ws.num_masks),
+            static_cast<long long>(ws.tables_added), took.count());
     }
     const auto run =
         realworld::run_corpus(corpus, test_util::real_tokenizer(), options, schema_options, cpu);

@@ -173,7 +173,9 @@ std::string CompileServer::handle_request(const std::string& body) {
     }
     for (const char* k : {"flexible_whitespace", "any_property_order"}) {
         if (req.contains(k) && !req[k].is_boolean()) {
-            return reply_frame(invalid_argument(std::string("compile request: '") + k + "' must be a boolean"), "");
+            return reply_frame(
+                invalid_argument(std::string("compile request: '") + k + "' must be a boolean"),
+                "");
         }
     }
     Result<GrammarKind> kind = internal::parse_grammar_kind(req["kind"].get<std::string>());

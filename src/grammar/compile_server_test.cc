@@ -226,9 +226,11 @@ TEST(CompileServer, GarbageAndBadRequestsGetErrors) {
     EXPECT_EQ(k.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(k.message().find("unknown grammar kind"), std::string::npos);
     EXPECT_TRUE(raw(framed(R"({"kind":"gbnf","text":"root ::= \"a\"","vocab_fingerprint":")" + fp + "\"}")).is_ok());
-    Status b = raw(framed(R"({"kind":"json_object","flexible_whitespace":"yes","vocab_fingerprint":")" + fp + "\"}"));
+    Status b = raw(framed(
+        R"({"kind":"json_object","flexible_whitespace":"yes","vocab_fingerprint":")" + fp + "\"}"));
     EXPECT_EQ(b.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(b.message().find("'flexible_whitespace' must be a boolean"), std::string::npos) << b.to_string();
+    EXPECT_NE(b.message().find("'flexible_whitespace' must be a boolean"), std::string::npos)
+        << b.to_string();
 }
 
 }  // namespace

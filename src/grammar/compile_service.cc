@@ -267,7 +267,8 @@ Result<std::unique_ptr<CompileHandle>> CompileService::submit(
     }
     std::string key;
     key.push_back(static_cast<char>(spec.kind));
-    key.push_back(static_cast<char>(int{canon.flexible_whitespace} | int{canon.any_property_order} << 1));
+    key.push_back(
+        static_cast<char>(int{canon.flexible_whitespace} | int{canon.any_property_order} << 1));
     const uint64_t fp = vocab->fingerprint();
     key.append(reinterpret_cast<const char*>(&fp), sizeof(fp));
     key += canon.text;

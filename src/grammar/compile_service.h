@@ -5,10 +5,10 @@
 // compile.
 //
 //   - Cache: an LRU of compiled grammars keyed by (kind, the spec's JSON options,
-//     canonical text, vocabulary fingerprint). Canonical text: JSON Schema is parsed and re-serialised compactly
-//     (member order kept: it is the output order); regex / EBNF text as given. The
-//     full key is compared, so a hash collision can never return a wrong grammar.
-//     A hit completes the handle inside submit(). Errors are not cached.
+//     canonical text, vocabulary fingerprint). Canonical text: JSON Schema is parsed and
+//     re-serialised compactly (member order kept: it is the output order); regex / EBNF text as
+//     given. The full key is compared, so a hash collision can never return a wrong grammar. A hit
+//     completes the handle inside submit(). Errors are not cached.
 //   - De-duplication: a submit whose key is queued or compiling joins that compile
 //     (one compile, every waiter gets the same CompiledGrammar).
 //   - Cancellation: dropping (or cancel()ing) a handle withdraws its waiter; a queued
@@ -23,9 +23,9 @@
 // Thread model: every method of CompileService and CompileHandle is thread-safe.
 // Callbacks run on a worker thread (or inside submit() on a cache hit, or inside a
 // poll / wait that notices an expired deadline) with no lock held; they must not block
-// for long. A callback already handed out may still run if cancel() races with it. The destructor cancels queued jobs (their
-// waiters get CANCELLED), waits for running compiles and joins the workers.
-// REQUIRES: the Env outlives the service; a handle may outlive the service.
+// for long. A callback already handed out may still run if cancel() races with it. The destructor
+// cancels queued jobs (their waiters get CANCELLED), waits for running compiles and joins the
+// workers. REQUIRES: the Env outlives the service; a handle may outlive the service.
 #pragma once
 
 #include <condition_variable>

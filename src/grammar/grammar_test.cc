@@ -186,7 +186,8 @@ TEST(JsonSchema, AnyPropertyOrderMatchesOracle) {
                     bool dup = false, has_z = false;
                     for (size_t k = 0; k < seq.size(); ++k) {
                         if (k > 0) text += flexible ? " , " : ",";
-                        text += "\"" + keys[seq[k]] + "\"" + (flexible ? ": " : ":") + values[seq[k]];
+                        text +=
+                            "\"" + keys[seq[k]] + "\"" + (flexible ? ": " : ":") + values[seq[k]];
                         dup = dup || (seq[k] != 3 && !seen.insert(seq[k]).second);
                         has_z = has_z || seq[k] == 3;
                     }
@@ -207,7 +208,8 @@ TEST(JsonSchema, AnyPropertyOrderMatchesOracle) {
     // One declared property: undeclared members may come before it too.
     JsonSchemaOptions opts;
     opts.any_property_order = true;
-    auto one = compile_json_schema(std::string_view(R"({"properties":{"a":{"type":"integer"}}})"), opts);
+    auto one =
+        compile_json_schema(std::string_view(R"({"properties":{"a":{"type":"integer"}}})"), opts);
     ASSERT_TRUE(one.is_ok());
     auto one_cg = std::make_shared<CompiledGrammar>(std::move(one).value(), byte_vocab());
     EXPECT_TRUE(full_match(one_cg, R"({"z":[],"a":1,"y":2})"));
@@ -231,25 +233,28 @@ TEST(GrammarCases, JsonSchemaAnyPropertyOrder) {
         auto g = compile_json_schema(c["schema"], any_order);
         ASSERT_TRUE(g.is_ok()) << label << " -> " << g.status().to_string();
         auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
-        const bool counted = label.find("Properties\"") != std::string::npos;  // min/max: fixed order
+        const bool counted =
+            label.find("Properties\"") != std::string::npos;  // min/max: fixed order
         for (const char* verdict : {"accept", "reject"}) {
             const bool accept = std::string(verdict) == "accept";
             for (const auto& text : c[verdict]) {
                 const std::string compact = text.get<std::string>();
                 auto v = ojson::parse(compact, nullptr, /*allow_exceptions=*/false);
-                EXPECT_EQ(full_match(cg, compact), accept) << label << " " << verdict << " " << compact;
+                EXPECT_EQ(full_match(cg, compact), accept)
+                    << label << " " << verdict << " " << compact;
                 if (v.is_discarded() || v.dump() != compact) continue;
                 const std::string rev = test_util::reversed_keys(v).dump();
                 if (rev == compact) continue;
                 ++reversed_differs;
                 if (accept && counted) continue;
-                EXPECT_EQ(full_match(cg, rev), accept) << label << " " << verdict << " reversed " << rev;
+                EXPECT_EQ(full_match(cg, rev), accept)
+                    << label << " " << verdict << " reversed " << rev;
             }
         }
     }
     EXPECT_GT(reversed_differs, 20);
-    auto fixed = compile_json_schema(
-        std::string_view(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}})"));
+    auto fixed = compile_json_schema(std::string_view(
+        R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}})"));
     ASSERT_TRUE(fixed.is_ok());
     auto fixed_cg = std::make_shared<CompiledGrammar>(std::move(fixed).value(), byte_vocab());
     EXPECT_TRUE(full_match(fixed_cg, R"({"a":1,"b":2})"));
@@ -265,7 +270,8 @@ TEST(JsonSchema, AnyPropertyOrderCap) {
         const std::string k = "k" + std::to_string(i);
         props[k] = {{"type", "integer"}};
         in_order += std::string(i ? "," : "") + "\"" + k + "\":" + std::to_string(i);
-        reversed += std::string(i ? "," : "") + "\"k" + std::to_string(4 - i) + "\":" + std::to_string(4 - i);
+        reversed += std::string(i ? "," : "") + "\"k" + std::to_string(4 - i) +
+                    "\":" + std::to_string(4 - i);
     }
     in_order += "}";
     reversed += "}";

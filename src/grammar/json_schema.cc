@@ -1725,7 +1725,8 @@ private:
         }
         // (One property with undeclared members: they may come before it.)
         if (options_.any_property_order && (props.size() > 1 || (props.size() == 1 && add_kv)) &&
-            props.size() <= std::min<size_t>(options_.max_any_order_properties, kMaxAnyOrderProperties)) {
+            props.size() <=
+                std::min<size_t>(options_.max_any_order_properties, kMaxAnyOrderProperties)) {
             return any_order_members(where, props, required, add_kv);
         }
         // Members in declaration order, then the additional ones, as two rules per

@@ -277,7 +277,8 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
     while (words.size() < 300) words += "lorem ipsum dolor sit amet, ";
     const std::vector<Case> cases = {
         {R"({"type":"string","maxLength":1024})", "\"" + words + "\"", true},
-        {R"({"type":"string","format":"email"})", R"("XCsgyU4VpkR@zfsFftJyWkh.vcnc-Example.org")", false},
+        {R"({"type":"string","format":"email"})", R"("XCsgyU4VpkR@zfsFftJyWkh.vcnc-Example.org")",
+         false},
         // The last links of a bound in a context (deployment-status's description,
         // the corpus's slowest steps): each link's table is its own (one per character,
         // ~5-10 ms each); their masks still equal the plain walk.
@@ -393,7 +394,8 @@ TEST(Matcher, WarmedTableCacheServesNewSchemas) {
     const std::string schema =
         R"({"type":"object","properties":{"title":{"type":"string","maxLength":300},)"
         R"("when":{"type":"string","format":"date-time"},"n":{"type":"number"}}})";
-    const std::string inst = R"({"title":"a b","when":"2020-01-01T00:00:00Z","n":2.5,"x_y":[true]})";
+    const std::string inst =
+        R"({"title":"a b","when":"2020-01-01T00:00:00Z","n":2.5,"x_y":[true]})";
     int64_t misses[2] = {0, 0};
     for (bool warm : {false, true}) {
         MatcherOptions opts;

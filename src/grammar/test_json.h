@@ -2,11 +2,10 @@
 // Thread model: pure functions.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 namespace dsi::grammar::test_util {
 

@@ -88,7 +88,8 @@ TEST(StructuredRequest, JsonOptionsPerApi) {
         EXPECT_EQ((*r)->field, c.field) << c.body;
     }
     // Anthropic without output_config.format: no grammar.
-    auto none = read_structured_request(ApiProtocol::kMessages, J::parse(R"({"output_config":{"effort":"low"}})"));
+    auto none = read_structured_request(ApiProtocol::kMessages,
+                                        J::parse(R"({"output_config":{"effort":"low"}})"));
     ASSERT_TRUE(none.is_ok());
     EXPECT_FALSE(none->has_value());
     const std::pair<ApiProtocol, const char*> bad[] = {
