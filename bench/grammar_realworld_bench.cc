@@ -6,16 +6,24 @@
 // vocabulary, timing each full-vocabulary fill_mask() (first use of a position builds
 // its table inside that step, as in serving). Reports compile rate, false accepts /
 // rejects (labels: ajv), mask p50/p99/p99.9/max and compile p50/p99/max.
-//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu] [--errors]
-// --only: the schemas whose id contains SUBSTRING; --cpu: also each fill's thread CPU
-// time (a system call per step, which slows the fills after it: off by default);
-// --errors: only compile, and print each schema that does not compile with its error.
+//   grammar_realworld_bench [private] [--only SUBSTRING] [--cpu] [--cold] [--errors]
+//                           [--any-order] [--any-order-cap N]
+// Before the run the shared table cache is warmed as `dsinfer serve` does at start
+// (grammar/table_warmup.h); --cold: not. --only: the schemas whose id contains
+// SUBSTRING; --cpu: also each fill's thread CPU time (a system call per step, which
+// slows the fills after it: off by default); --errors: only compile, and print each
+// schema that does not compile with its error; --any-order: JsonSchemaOptions::
+// any_property_order (validation of what someone wrote; the server's default,
+// generation, is declaration order); --any-order-cap N: the same with
+// max_any_order_properties N.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <string>
 
 #include "grammar/json_schema.h"
 #include "grammar/realworld_corpus.h"
+#include "grammar/table_warmup.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
 
@@ -32,6 +40,8 @@ int main(int argc, char** argv) {
     bool shared = true;
     bool cpu = false;
     bool errors = false;
+    bool warm = true;
+    JsonSchemaOptions schema_options;
     std::string only;
     for (int i = 1; i < argc; ++i) {
         const std::string a = argv[i];
@@ -41,6 +51,13 @@ int main(int argc, char** argv) {
             cpu = true;
         } else if (a == "--errors") {
             errors = true;
+        } else if (a == "--cold") {
+            warm = false;
+        } else if (a == "--any-order") {
+            schema_options.any_property_order = true;
+        } else if (a == "--any-order-cap" && i + 1 < argc) {
+            schema_options.any_property_order = true;
+            schema_options.max_any_order_properties = std::stoul(argv[++i]);
         } else if (a == "--only" && i + 1 < argc) {
             only = argv[++i];
         }
@@ -54,21 +71,35 @@ int main(int argc, char** argv) {
     if (errors) {
         int num_compiled = 0;
         for (const auto& s : corpus) {
-            auto g = compile_json_schema(s.schema);
+            auto g = compile_json_schema(s.schema, schema_options);
             num_compiled += g.is_ok();
             if (!g.is_ok()) std::printf("%s: %s\n", s.id.c_str(), g.status().to_string().c_str());
         }
         std::printf("%d of %zu compiled\n", num_compiled, corpus.size());
         return 0;
     }
-    const auto run = realworld::run_corpus(corpus, test_util::real_tokenizer(), options, {}, cpu);
+    if (warm && options.table_cache) {
+        auto vocab = Vocabulary::from_tokenizer(test_util::real_tokenizer());
+        const auto start = std::chrono::steady_clock::now();
+        const WarmupStats ws = warm_table_cache(vocab, options);
+        const std::chrono::duration<double, std::milli> took =
+            std::chrono::steady_clock::now() - start;
+        std::printf(
+            "table cache warm-up (as dsinfer serve at start): %d grammars, %lld masks, "
+            "%lld tables, %.1f ms\n",
+            ws.num_grammars, static_cast<long long>(ws.num_masks),
+            static_cast<long long>(ws.tables_added), took.count());
+    }
+    const auto run =
+        realworld::run_corpus(corpus, test_util::real_tokenizer(), options, schema_options, cpu);
     const auto& m = run.mask_us;
     int64_t slow_1ms = std::count_if(m.begin(), m.end(), [](double us) { return us >= 1000; });
     int64_t slow_100ms =
         std::count_if(m.begin(), m.end(), [](double us) { return us >= 100000; });
-    std::printf("real-world corpus: %d schemas, %d compiled (%.1f%%), %s table cache\n",
+    std::printf("real-world corpus: %d schemas, %d compiled (%.1f%%), %s table cache%s\n",
                 run.num_schemas, run.num_compiled, 100.0 * run.num_compiled / run.num_schemas,
-                shared ? "shared" : "private");
+                shared ? "shared" : "private",
+                schema_options.any_property_order ? ", any property order" : "");
     std::printf("instances of compiled schemas: %d valid accepted, %d false rejects, %d invalid "
                 "rejected, %d false accepts, %zu token-replay failures\n",
                 run.valid_accepted, run.false_rejects, run.invalid_rejected, run.false_accepts,
@@ -112,6 +143,12 @@ int main(int argc, char** argv) {
     const size_t num_slow = std::min<size_t>(10, slow.size());
     std::partial_sort(slow.begin(), slow.begin() + static_cast<ptrdiff_t>(num_slow), slow.end(),
                       [&](size_t a, size_t b) { return m[a] > m[b]; });
+    if (options.table_cache) {
+        const PositionTableCache::Stats cs = options.table_cache->stats();
+        std::printf("shared table cache: %lld entries, %.1f MB, %lld hits, %lld misses\n",
+                    static_cast<long long>(cs.entries), cs.bytes / 1e6,
+                    static_cast<long long>(cs.hits), static_cast<long long>(cs.misses));
+    }
     std::printf("slowest masks:\n");
     for (size_t i = 0; i < num_slow; ++i) {
         const realworld::MaskStep& w = run.mask_steps[slow[i]];
@@ -122,6 +159,6 @@ int main(int argc, char** argv) {
         std::printf("  %s @%u `%s`\n", corpus[w.schema].id.c_str(), w.offset,
                     text.substr(from, w.offset - from).c_str());
     }
-    std::printf("\n%s", run.markdown(0).c_str());
+    std::printf("\n%s", run.markdown(10).c_str());  // the first 10 false rejects / failures
     return run.false_accepts == 0 ? 0 : 1;
 }

@@ -185,6 +185,13 @@ int run_serve(const ServeFlags& f) {
     // One grammar compile service per server, over the served tokenizer's vocabulary.
     server::StructuredOutput structured(*rep.tokenizer());
     ctx.structured_output = &structured;
+    {
+        // Issue 21: the common grammar tables now, not in the first requests' steps.
+        const int64_t start_ns = env->now_ns();
+        const grammar::WarmupStats ws = structured.warm_table_cache();
+        DSI_LOG(kInfo) << "grammar table cache warmed: " << ws.tables_added << " tables in "
+                       << (env->now_ns() - start_ns) / 1000000 << " ms";
+    }
     ctx.env = env;  // the engine's clock: request deadlines (timeout_ms)
     server::Metrics metrics;
     // The service borrows the replica's engine; it stops (joining the engine thread)

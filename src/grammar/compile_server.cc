@@ -171,6 +171,13 @@ std::string CompileServer::handle_request(const std::string& body) {
     if (req.contains("text") && !req["text"].is_string()) {
         return reply_frame(invalid_argument("compile request: 'text' must be a string"), "");
     }
+    for (const char* k : {"flexible_whitespace", "any_property_order"}) {
+        if (req.contains(k) && !req[k].is_boolean()) {
+            return reply_frame(
+                invalid_argument(std::string("compile request: '") + k + "' must be a boolean"),
+                "");
+        }
+    }
     Result<GrammarKind> kind = internal::parse_grammar_kind(req["kind"].get<std::string>());
     if (!kind.is_ok()) return reply_frame(kind.status(), "");
     std::string want = internal::fingerprint_hex(vocab_->fingerprint());
@@ -181,6 +188,8 @@ std::string CompileServer::handle_request(const std::string& body) {
                            "");
     }
     GrammarSpec spec{*kind, req.value("text", std::string())};
+    spec.flexible_whitespace = req.value("flexible_whitespace", false);
+    spec.any_property_order = req.value("any_property_order", false);
     int64_t timeout_ns = options_.compile_timeout_ms * 1000000;
     auto handle = service_->submit(spec, vocab_, env_->now_ns() + timeout_ns);
     if (!handle.is_ok()) return reply_frame(handle.status(), "");

@@ -75,6 +75,15 @@ TEST(CompileServer, RoundTripEqualsLocalCompile) {
     }
     GrammarMatcher m(*remote->submit(kSpecs[0], vocab).value()->wait_for(kWaitNs));
     EXPECT_TRUE(m.advance_bytes("{\"a\":3}") && m.is_accepted());
+    // The spec's JSON options travel (issue 21).
+    GrammarSpec flexible = kSpecs[0];
+    flexible.flexible_whitespace = flexible.any_property_order = true;
+    auto local = compile_grammar(flexible);
+    ASSERT_TRUE(local.is_ok());
+    auto bytes = remote->compile_serialized(flexible);
+    ASSERT_TRUE(bytes.is_ok()) << bytes.status().to_string();
+    EXPECT_EQ(*bytes, local->serialize());
+    EXPECT_NE(*bytes, compile_grammar(kSpecs[0])->serialize());
 }
 
 TEST(CompileServer, ErrorsKeepCodeAndMessage) {
@@ -217,6 +226,11 @@ TEST(CompileServer, GarbageAndBadRequestsGetErrors) {
     EXPECT_EQ(k.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(k.message().find("unknown grammar kind"), std::string::npos);
     EXPECT_TRUE(raw(framed(R"({"kind":"gbnf","text":"root ::= \"a\"","vocab_fingerprint":")" + fp + "\"}")).is_ok());
+    Status b = raw(framed(
+        R"({"kind":"json_object","flexible_whitespace":"yes","vocab_fingerprint":")" + fp + "\"}"));
+    EXPECT_EQ(b.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(b.message().find("'flexible_whitespace' must be a boolean"), std::string::npos)
+        << b.to_string();
 }
 
 }  // namespace

@@ -22,10 +22,15 @@ const char* grammar_kind_name(GrammarKind kind) {
 }
 
 Result<Grammar> compile_grammar(const GrammarSpec& spec, const JsonSchemaOptions& options) {
+    JsonSchemaOptions json = options;
+    json.flexible_whitespace = json.flexible_whitespace || spec.flexible_whitespace;
+    json.any_property_order = json.any_property_order || spec.any_property_order;
     switch (spec.kind) {
         case GrammarKind::kJsonSchema:
-            return compile_json_schema(std::string_view(spec.text), options);
-        case GrammarKind::kJsonObject: return json_object_grammar(true);
+            return compile_json_schema(std::string_view(spec.text), json);
+        case GrammarKind::kJsonObject:
+            if (!json.flexible_whitespace) return json_object_grammar(true);
+            return compile_json_schema(nlohmann::ordered_json{{"type", "object"}}, json);
         case GrammarKind::kRegex: {
             auto e = compile_regex(spec.text, RegexMatch::kFull, CharEncoding::kUtf8,
                                    options.limits);
@@ -242,19 +247,28 @@ CompileService::~CompileService() {
     for (std::thread& t : core_->workers) t.join();
 }
 
+WarmupStats CompileService::warm_table_cache(const std::shared_ptr<const Vocabulary>& vocab) {
+    return grammar::warm_table_cache(vocab, core_->options.matcher);
+}
+
 Result<std::unique_ptr<CompileHandle>> CompileService::submit(
     const GrammarSpec& spec, std::shared_ptr<const Vocabulary> vocab, int64_t deadline_ns,
     CompileCallback callback) {
-    GrammarSpec canon{spec.kind, spec.text};
+    GrammarSpec canon = spec;
     if (spec.kind == GrammarKind::kJsonSchema) {
         auto j = nlohmann::ordered_json::parse(spec.text, nullptr, /*allow_exceptions=*/false);
         if (j.is_discarded()) return invalid_argument("json_schema: not valid JSON");
         canon.text = j.dump();
     } else if (spec.kind == GrammarKind::kJsonObject) {
         canon.text.clear();
+        canon.any_property_order = false;  // no declared properties
+    } else {
+        canon.flexible_whitespace = canon.any_property_order = false;  // JSON only
     }
     std::string key;
     key.push_back(static_cast<char>(spec.kind));
+    key.push_back(
+        static_cast<char>(int{canon.flexible_whitespace} | int{canon.any_property_order} << 1));
     const uint64_t fp = vocab->fingerprint();
     key.append(reinterpret_cast<const char*>(&fp), sizeof(fp));
     key += canon.text;

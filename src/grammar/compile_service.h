@@ -4,11 +4,11 @@
 // while the request waits outside the engine, so the step loop never blocks on a
 // compile.
 //
-//   - Cache: an LRU of compiled grammars keyed by (kind, canonical text, vocabulary
-//     fingerprint). Canonical text: JSON Schema is parsed and re-serialised compactly
-//     (member order kept: it is the output order); regex / EBNF text as given. The
-//     full key is compared, so a hash collision can never return a wrong grammar.
-//     A hit completes the handle inside submit(). Errors are not cached.
+//   - Cache: an LRU of compiled grammars keyed by (kind, the spec's JSON options,
+//     canonical text, vocabulary fingerprint). Canonical text: JSON Schema is parsed and
+//     re-serialised compactly (member order kept: it is the output order); regex / EBNF text as
+//     given. The full key is compared, so a hash collision can never return a wrong grammar. A hit
+//     completes the handle inside submit(). Errors are not cached.
 //   - De-duplication: a submit whose key is queued or compiling joins that compile
 //     (one compile, every waiter gets the same CompiledGrammar).
 //   - Cancellation: dropping (or cancel()ing) a handle withdraws its waiter; a queued
@@ -23,9 +23,9 @@
 // Thread model: every method of CompileService and CompileHandle is thread-safe.
 // Callbacks run on a worker thread (or inside submit() on a cache hit, or inside a
 // poll / wait that notices an expired deadline) with no lock held; they must not block
-// for long. A callback already handed out may still run if cancel() races with it. The destructor cancels queued jobs (their
-// waiters get CANCELLED), waits for running compiles and joins the workers.
-// REQUIRES: the Env outlives the service; a handle may outlive the service.
+// for long. A callback already handed out may still run if cancel() races with it. The destructor
+// cancels queued jobs (their waiters get CANCELLED), waits for running compiles and joins the
+// workers. REQUIRES: the Env outlives the service; a handle may outlive the service.
 #pragma once
 
 #include <condition_variable>
@@ -45,6 +45,7 @@
 #include "grammar/grammar.h"
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
+#include "grammar/table_warmup.h"
 #include "grammar/vocabulary.h"
 
 namespace dsi::grammar {
@@ -55,9 +56,14 @@ const char* grammar_kind_name(GrammarKind kind);
 struct GrammarSpec {
     GrammarKind kind = GrammarKind::kJsonSchema;
     std::string text;  // schema JSON / regex (full match) / GBNF; ignored for json_object
+    // Per request, JSON Schema and json_object only (JsonSchemaOptions): set on top of
+    // the service's options; part of the cache key.
+    bool flexible_whitespace = false;
+    bool any_property_order = false;
 };
 
-// Compiles `spec` on the calling thread (the service's default compile function).
+// Compiles `spec` on the calling thread (the service's default compile function);
+// the spec's flexible_whitespace / any_property_order turn those options on.
 Result<Grammar> compile_grammar(const GrammarSpec& spec, const JsonSchemaOptions& options = {});
 
 struct CompileServiceOptions {
@@ -119,6 +125,11 @@ public:
     ~CompileService();
     CompileService(const CompileService&) = delete;
     CompileService& operator=(const CompileService&) = delete;
+
+    // Builds the shared position tables most schemas meet (table_warmup.h) into this
+    // service's table cache, on the calling thread (~0.25 s at the V3 vocabulary); the
+    // server calls it once at start. Safe while requests compile.
+    WarmupStats warm_table_cache(const std::shared_ptr<const Vocabulary>& vocab);
 
     // Starts (or joins, or finds cached) the compile of `spec` for `vocab`.
     // `deadline_ns` is on the Env clock (0: none). `callback` (optional) gets the

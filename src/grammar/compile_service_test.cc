@@ -153,6 +153,53 @@ TEST(CompileService, CacheKeyedByCanonicalTextAndVocabularyWithLru) {
     EXPECT_EQ(svc.stats().compiled, compiled + 1);
 }
 
+// The spec's JSON options (issue 21): applied to JSON Schema and json_object, part of
+// the cache key (the same schema with and without them is two grammars), ignored for
+// regex / EBNF (one cache entry either way).
+TEST(CompileService, SpecJsonOptionsAppliedAndKeyed) {
+    CompileService svc;
+    auto v = byte_vocab();
+    auto get = [&](const GrammarSpec& s) {
+        auto h = svc.submit(s, v);
+        DSI_CHECK(h.is_ok(), h.status().to_string());
+        CompileResult r = (*h)->wait_for(kWait);
+        DSI_CHECK(r.is_ok(), r.status().to_string());
+        return *r;
+    };
+    const std::string schema =
+        R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},"required":["a"]})";
+    GrammarSpec plain{GrammarKind::kJsonSchema, schema};
+    GrammarSpec flexible = plain, any_order = plain, both = plain;
+    flexible.flexible_whitespace = true;
+    any_order.any_property_order = true;
+    both.flexible_whitespace = both.any_property_order = true;
+    struct Case {
+        const GrammarSpec* spec;
+        bool spaced, reordered, both;
+    };
+    for (const Case& c : {Case{&plain, false, false, false}, Case{&flexible, true, false, false},
+                          Case{&any_order, false, true, false}, Case{&both, true, true, true}}) {
+        auto g = get(*c.spec);
+        EXPECT_TRUE(full_match(g, R"({"a":1,"b":2})"));
+        EXPECT_EQ(full_match(g, R"({ "a": 1, "b": 2 })"), c.spaced);
+        EXPECT_EQ(full_match(g, R"({"b":2,"a":1})"), c.reordered);
+        EXPECT_EQ(full_match(g, R"({"b": 2, "a": 1})"), c.both);
+        EXPECT_FALSE(full_match(g, R"({"b":2})"));
+    }
+    EXPECT_EQ(svc.stats().compiled, 4);
+    EXPECT_EQ(get(any_order).get(), get(any_order).get());  // cached under its own key
+    GrammarSpec object{GrammarKind::kJsonObject, ""};
+    GrammarSpec object_flexible = object;
+    object_flexible.flexible_whitespace = true;
+    EXPECT_FALSE(full_match(get(object), R"({"k": 1})"));
+    EXPECT_TRUE(full_match(get(object_flexible), R"({"k": 1})"));
+    EXPECT_EQ(svc.stats().compiled, 6);
+    GrammarSpec re = regex("a+"), re_flags = regex("a+");
+    re_flags.flexible_whitespace = re_flags.any_property_order = true;
+    EXPECT_EQ(get(re).get(), get(re_flags).get());
+    EXPECT_EQ(svc.stats().compiled, 7);
+}
+
 TEST(CompileService, ConcurrentIdenticalCompilesRunOnce) {
     Gate gate;
     CompileService svc(gated(&gate, 2));

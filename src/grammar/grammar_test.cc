@@ -5,6 +5,7 @@
 
 #include <fstream>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -13,6 +14,7 @@
 #include "grammar/json_schema.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
+#include "grammar/test_json.h"
 #include "grammar/test_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "support/build_paths.h"
@@ -148,6 +150,144 @@ TEST(JsonSchema, FlexibleWhitespaceIsAnOptionAndOnlyBetweenTokens) {
     // Generation (the default) stays compact.
     EXPECT_FALSE(full_match(strict_cg, R"({"a": 1})"));
     EXPECT_TRUE(full_match(strict_cg, R"({"a":1})"));
+}
+
+// Issue 21: JsonSchemaOptions::any_property_order against a brute-force oracle. Every
+// sequence of up to four members drawn from the declared keys a (required), b, c and
+// the undeclared z: accepted exactly when no declared key repeats, a is present and z
+// is allowed (additional properties on); values checked per key.
+TEST(JsonSchema, AnyPropertyOrderMatchesOracle) {
+    const std::vector<std::string> keys = {"a", "b", "c", "z"};
+    const std::vector<std::string> values = {"1", "\"s\"", "true", "null"};  // a, b, c, z
+    for (bool additional : {false, true}) {
+        for (bool flexible : {false, true}) {
+            ojson schema = {{"type", "object"},
+                            {"properties",
+                             {{"a", {{"type", "integer"}}},
+                              {"b", {{"type", "string"}}},
+                              {"c", {{"type", "boolean"}}}}},
+                            {"required", {"a"}}};
+            if (!additional) schema["additionalProperties"] = false;
+            JsonSchemaOptions opts;
+            opts.any_property_order = true;
+            opts.flexible_whitespace = flexible;
+            auto g = compile_json_schema(schema, opts);
+            ASSERT_TRUE(g.is_ok()) << g.status().to_string();
+            auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+            int accepted = 0, checked = 0;
+            // Sequences as base-5 numbers (digit 4 = end), lengths 0..4.
+            for (int code = 0; code < 4 * 4 * 4 * 4; ++code) {
+                for (int len = 0; len <= 4; ++len) {
+                    std::vector<int> seq;
+                    for (int k = 0, c = code; k < len; ++k, c /= 4) seq.push_back(c % 4);
+                    if (len < 4 && code >= (1 << (2 * len))) continue;  // each sequence once
+                    std::string text = flexible ? "{ " : "{";
+                    std::set<int> seen;
+                    bool dup = false, has_z = false;
+                    for (size_t k = 0; k < seq.size(); ++k) {
+                        if (k > 0) text += flexible ? " , " : ",";
+                        text +=
+                            "\"" + keys[seq[k]] + "\"" + (flexible ? ": " : ":") + values[seq[k]];
+                        dup = dup || (seq[k] != 3 && !seen.insert(seq[k]).second);
+                        has_z = has_z || seq[k] == 3;
+                    }
+                    text += flexible ? " }" : "}";
+                    const bool expect = !dup && seen.count(0) > 0 && (additional || !has_z);
+                    EXPECT_EQ(full_match(cg, text), expect) << schema.dump() << " " << text;
+                    accepted += expect;
+                    ++checked;
+                }
+            }
+            EXPECT_EQ(checked, 1 + 4 + 16 + 64 + 256);
+            EXPECT_GT(accepted, 10);
+            // A wrong value for a key is rejected in any position.
+            EXPECT_FALSE(full_match(cg, R"({"b":"s","a":"1"})"));
+            EXPECT_FALSE(full_match(cg, R"({"c":1,"a":1})"));
+        }
+    }
+    // One declared property: undeclared members may come before it too.
+    JsonSchemaOptions opts;
+    opts.any_property_order = true;
+    auto one =
+        compile_json_schema(std::string_view(R"({"properties":{"a":{"type":"integer"}}})"), opts);
+    ASSERT_TRUE(one.is_ok());
+    auto one_cg = std::make_shared<CompiledGrammar>(std::move(one).value(), byte_vocab());
+    EXPECT_TRUE(full_match(one_cg, R"({"z":[],"a":1,"y":2})"));
+    EXPECT_FALSE(full_match(one_cg, R"({"z":[],"a":1,"a":2})"));
+    EXPECT_FALSE(full_match(one_cg, R"({"z":[],"a":"1"})"));
+}
+
+// Every case of json_schema.json with any_property_order: the verdicts of the cases
+// hold, and so for the instances with every object's members reversed (JSON Schema
+// does not read member order, so a reversed valid instance is valid and a reversed
+// invalid one invalid; no case rejects an instance for its order alone).
+// The default (declaration order) rejects a reversed object of two declared members.
+TEST(GrammarCases, JsonSchemaAnyPropertyOrder) {
+    JsonSchemaOptions any_order;
+    any_order.any_property_order = true;
+    int reversed_differs = 0;
+    const ojson cases = read_cases("json_schema.json");
+    for (const auto& c : cases["cases"]) {
+        if (c.contains("error")) continue;
+        const std::string label = c["schema"].dump();
+        auto g = compile_json_schema(c["schema"], any_order);
+        ASSERT_TRUE(g.is_ok()) << label << " -> " << g.status().to_string();
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+        const bool counted =
+            label.find("Properties\"") != std::string::npos;  // min/max: fixed order
+        for (const char* verdict : {"accept", "reject"}) {
+            const bool accept = std::string(verdict) == "accept";
+            for (const auto& text : c[verdict]) {
+                const std::string compact = text.get<std::string>();
+                auto v = ojson::parse(compact, nullptr, /*allow_exceptions=*/false);
+                EXPECT_EQ(full_match(cg, compact), accept)
+                    << label << " " << verdict << " " << compact;
+                if (v.is_discarded() || v.dump() != compact) continue;
+                const std::string rev = test_util::reversed_keys(v).dump();
+                if (rev == compact) continue;
+                ++reversed_differs;
+                if (accept && counted) continue;
+                EXPECT_EQ(full_match(cg, rev), accept)
+                    << label << " " << verdict << " reversed " << rev;
+            }
+        }
+    }
+    EXPECT_GT(reversed_differs, 20);
+    auto fixed = compile_json_schema(std::string_view(
+        R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}})"));
+    ASSERT_TRUE(fixed.is_ok());
+    auto fixed_cg = std::make_shared<CompiledGrammar>(std::move(fixed).value(), byte_vocab());
+    EXPECT_TRUE(full_match(fixed_cg, R"({"a":1,"b":2})"));
+    EXPECT_FALSE(full_match(fixed_cg, R"({"b":2,"a":1})"));
+}
+
+// Past max_any_order_properties an object keeps declaration order (sound), and the
+// cap is what decides it.
+TEST(JsonSchema, AnyPropertyOrderCap) {
+    ojson props = ojson::object();
+    std::string in_order = "{", reversed = "{";
+    for (int i = 0; i < 5; ++i) {
+        const std::string k = "k" + std::to_string(i);
+        props[k] = {{"type", "integer"}};
+        in_order += std::string(i ? "," : "") + "\"" + k + "\":" + std::to_string(i);
+        reversed += std::string(i ? "," : "") + "\"k" + std::to_string(4 - i) +
+                    "\":" + std::to_string(4 - i);
+    }
+    in_order += "}";
+    reversed += "}";
+    ASSERT_EQ(reversed.substr(0, 7), "{\"k4\":4");
+    const ojson schema = {{"type", "object"}, {"properties", props}, {"required", {"k0", "k4"}}};
+    for (size_t cap : {4, 5}) {
+        JsonSchemaOptions opts;
+        opts.any_property_order = true;
+        opts.max_any_order_properties = cap;
+        auto g = compile_json_schema(schema, opts);
+        ASSERT_TRUE(g.is_ok());
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), byte_vocab());
+        EXPECT_TRUE(full_match(cg, in_order)) << cap;
+        EXPECT_EQ(full_match(cg, reversed), cap == 5) << cap << " " << reversed;
+        EXPECT_FALSE(full_match(cg, R"({"k1":1,"k0":0})")) << cap;  // k4 required
+    }
 }
 
 TEST(Grammar, SerializeRoundTrip) {

@@ -8,6 +8,7 @@
 #include <set>
 #include <unordered_map>
 
+#include "base/check.h"
 #include "grammar/matcher.h"
 #include "grammar/regex.h"
 #include "grammar/unicode_set.h"
@@ -1722,6 +1723,12 @@ private:
         if (s.contains("minProperties") || s.contains("maxProperties")) {
             return counted_members(s, where, props, required, add_kv);
         }
+        // (One property with undeclared members: they may come before it.)
+        if (options_.any_property_order && (props.size() > 1 || (props.size() == 1 && add_kv)) &&
+            props.size() <=
+                std::min<size_t>(options_.max_any_order_properties, kMaxAnyOrderProperties)) {
+            return any_order_members(where, props, required, add_kv);
+        }
         // Members in declaration order, then the additional ones, as two rules per
         // property: K(i) = at least one member from property i on (its own, or, when
         // optional, K(i+1)), M(i) = "," K(i), or nothing when no member from i on is
@@ -1750,6 +1757,64 @@ private:
         }
         ExprPtr first = empty_ok[0] ? e_alt({e_rule(k_rule[0]), e_empty()}) : e_rule(k_rule[0]);
         return e_seq({open_char('{'), first, close_char('}')});
+    }
+
+    // JsonSchemaOptions::any_property_order: R(S) = the members after those of the
+    // declared properties in S (a bit set) were written: "," and the member of a
+    // property not in S, then R(S + it); "," and an undeclared member, then R(S);
+    // or nothing once S holds every required property. The first member has no comma
+    // (F(S), used for S = {} only). Each member "key":value (and "," + it) is one
+    // rule with many callers, so its position tables are shared by all subsets
+    // (matcher.h: unknown caller); R(S) has only rule references, never a stack top.
+    // 2^n rules for n properties, hence the cap.
+    Result<ExprPtr> any_order_members(const std::string& where,
+                                      const std::vector<std::pair<std::string, ExprPtr>>& props,
+                                      const std::vector<bool>& required, const ExprPtr& add_kv) {
+        const size_t n = props.size();
+        DSI_CHECK(n <= kMaxAnyOrderProperties);
+        auto key_literal = [](const std::string& k) {
+            return json(k).dump(-1, ' ', false, json::error_handler_t::replace);
+        };
+        uint32_t required_bits = 0;
+        std::vector<uint32_t> member(n), more(n);
+        for (size_t i = 0; i < n; ++i) {
+            if (required[i]) required_bits |= uint32_t{1} << i;
+            member[i] = builder_.declare("member:#" + where + "/" + escape_pointer(props[i].first));
+            builder_.define(member[i], e_seq({e_literal(key_literal(props[i].first)), sep_char(':'),
+                                              props[i].second}));
+            more[i] = builder_.declare("more_member:#" + where);
+            builder_.define(more[i], e_seq({sep_char(','), e_rule(member[i])}));
+        }
+        uint32_t add = kNoRule, more_add = kNoRule;
+        if (add_kv) {
+            add = builder_.declare("undeclared_member:#" + where);
+            builder_.define(add, add_kv);
+            more_add = builder_.declare("more_undeclared_member:#" + where);
+            builder_.define(more_add, e_seq({sep_char(','), e_rule(add)}));
+        }
+        const uint32_t num_sets = uint32_t{1} << n;
+        std::vector<uint32_t> rest(num_sets);
+        for (uint32_t set = 0; set < num_sets; ++set) {
+            rest[set] = builder_.declare("members_after:#" + where);
+        }
+        for (uint32_t set = 0; set < num_sets; ++set) {
+            std::vector<ExprPtr> alts;
+            for (size_t i = 0; i < n; ++i) {
+                uint32_t bit = uint32_t{1} << i;
+                if (set & bit) continue;
+                alts.push_back(e_seq({e_rule(more[i]), e_rule(rest[set | bit])}));
+            }
+            if (more_add != kNoRule) alts.push_back(e_seq({e_rule(more_add), e_rule(rest[set])}));
+            if ((set & required_bits) == required_bits) alts.push_back(e_empty());
+            builder_.define(rest[set], alts.empty() ? e_fail() : e_alt(std::move(alts)));
+        }
+        std::vector<ExprPtr> first;
+        for (size_t i = 0; i < n; ++i) {
+            first.push_back(e_seq({e_rule(member[i]), e_rule(rest[uint32_t{1} << i])}));
+        }
+        if (add != kNoRule) first.push_back(e_seq({e_rule(add), e_rule(rest[0])}));
+        if (required_bits == 0) first.push_back(e_empty());
+        return e_seq({open_char('{'), e_alt(std::move(first)), close_char('}')});
     }
 
     // Object members with minProperties / maxProperties: T(i, k) = the members from
@@ -1811,6 +1876,7 @@ private:
     }
 
     static constexpr uint32_t kNoRule = UINT32_MAX;
+    static constexpr size_t kMaxAnyOrderProperties = 16;  // 2^16 rules
     const json& root_;
     const JsonSchemaOptions& options_;
     GrammarBuilder builder_;

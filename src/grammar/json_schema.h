@@ -3,8 +3,9 @@
 // whitespace unless JsonSchemaOptions::flexible_whitespace) that validate against the
 // schema. Object properties come in the
 // schema's declaration order (a generation choice: any order is valid JSON Schema,
-// declaration order always validates), optional ones may be left out, additional properties
-// (when allowed) follow and never reuse a declared name.
+// declaration order always validates; JsonSchemaOptions::any_property_order takes any
+// order), optional ones may be left out, additional properties (when allowed) follow and
+// never reuse a declared name.
 //
 // Supported: type (all, and lists), enum, const (beside other keywords: the values
 // the rest accepts), properties, required, additionalProperties, patternProperties
@@ -56,6 +57,16 @@ struct JsonSchemaOptions {
     // Off for generation, which stays compact. Enum / const values that are objects
     // or arrays are still matched in their compact spelling only.
     bool flexible_whitespace = false;
+    // Validation of text a user or another program wrote: an object's declared
+    // properties may come in any order (each at most once; the required ones all
+    // before '}'), undeclared ones (additional / pattern properties) between them.
+    // Exact, as one rule per subset of the properties written so far, for objects of
+    // up to max_any_order_properties declared (and required) properties; larger
+    // objects, and objects with minProperties / maxProperties, keep declaration
+    // order (sound: a subset of the valid orders); the cap is at most 16. Off for
+    // generation, where declaration order always validates.
+    bool any_property_order = false;
+    size_t max_any_order_properties = 11;
     size_t max_enum_values = 10000;
     size_t max_schema_bytes = size_t{1} << 20;
 };

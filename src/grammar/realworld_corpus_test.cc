@@ -14,8 +14,12 @@
 
 #include <algorithm>
 #include <fstream>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "grammar/json_schema.h"
+#include "grammar/test_json.h"
 #include "grammar/test_tokenizer.h"
 #include "support/build_paths.h"
 
@@ -80,6 +84,56 @@ TEST(RealWorldSchemas, FlexibleWhitespaceZeroFalseAccepts) {
     EXPECT_EQ(false_accepts, 0);
     EXPECT_GT(num_invalid, 500);
     EXPECT_GE(valid_accepted, num_valid * 9 / 10);
+}
+
+// JsonSchemaOptions::any_property_order on every schema: each instance as labelled and
+// with every object's members reversed (JSON Schema does not read member order, so the
+// label holds for both). Zero false accepts; with the option fewer valid instances
+// are rejected than without it (declaration order), counted on the same instances.
+TEST(RealWorldSchemas, AnyPropertyOrderZeroFalseAccepts) {
+    const auto corpus = realworld::load_corpus(DSINFER_SOURCE_DIR);
+    auto vocab = Vocabulary::from_tokenizer(test_util::real_tokenizer());
+    JsonSchemaOptions any_order;
+    any_order.any_property_order = true;
+    int num_valid = 0, num_invalid = 0, false_accepts = 0, any_rejects = 0, fixed_rejects = 0;
+    for (const auto& s : corpus) {
+        auto g = compile_json_schema(s.schema, any_order);
+        auto fixed = compile_json_schema(s.schema);
+        ASSERT_EQ(g.is_ok(), fixed.is_ok()) << s.id;  // the option changes no verdict on a schema
+        if (!g.is_ok()) continue;
+        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), vocab);
+        auto fixed_cg = std::make_shared<CompiledGrammar>(std::move(fixed).value(), vocab);
+        for (const auto& inst : s.instances) {
+            auto v = nlohmann::ordered_json::parse(inst.text);
+            std::vector<std::string> texts = {inst.text};
+            if (v.dump() == inst.text && test_util::reversed_keys(v).dump() != inst.text) {
+                texts.push_back(test_util::reversed_keys(v).dump());
+            }
+            for (const auto& text : texts) {
+                GrammarMatcher m(cg), f(fixed_cg);
+                const bool accepted = m.advance_bytes(text) && m.is_accepted();
+                const bool fixed_accepted = f.advance_bytes(text) && f.is_accepted();
+                if (inst.valid) {
+                    ++num_valid;
+                    any_rejects += !accepted;
+                    fixed_rejects += !fixed_accepted;
+                    EXPECT_TRUE(accepted || !fixed_accepted) << s.id << ": " << text;
+                } else {
+                    ++num_invalid;
+                    if (accepted) {
+                        ++false_accepts;
+                        ADD_FAILURE() << "FALSE ACCEPT " << s.id << ": " << text;
+                    }
+                }
+            }
+        }
+    }
+    std::cout << "any property order: " << any_rejects << " of " << num_valid
+              << " valid rejected (declaration order: " << fixed_rejects << "), " << false_accepts
+              << " of " << num_invalid << " invalid accepted\n";
+    EXPECT_EQ(false_accepts, 0);
+    EXPECT_GT(num_invalid, 3000);
+    EXPECT_LT(any_rejects, fixed_rejects);
 }
 
 }  // namespace

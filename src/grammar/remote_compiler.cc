@@ -97,6 +97,8 @@ Result<std::string> RemoteCompiler::compile_serialized(const GrammarSpec& spec) 
     nlohmann::json req = {{"kind", grammar_kind_name(spec.kind)},
                           {"text", spec.text},
                           {"vocab_fingerprint", internal::fingerprint_hex(fingerprint_)}};
+    if (spec.flexible_whitespace) req["flexible_whitespace"] = true;
+    if (spec.any_property_order) req["any_property_order"] = true;
     std::string body = req.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
     std::string where = "compile server " + options_.address;
     DSI_ASSIGN_OR_RETURN(int fd, connect_with_timeout(host_, port_, options_.connect_timeout_ms));

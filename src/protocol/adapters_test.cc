@@ -7,6 +7,7 @@
 
 #include "protocol/encoder.h"
 #include "protocol/internal/test_util.h"
+#include "protocol/structured_output.h"
 #include "support/build_paths.h"
 
 namespace dsi::protocol {
@@ -51,6 +52,62 @@ TEST(Adapters, RequestCases) {
         // Every accepted request encodes with the V3.2 encoder.
         auto p = encode_conversation(ChatEncoding::kDeepSeekV32, *r, SpecialTokens{});
         EXPECT_TRUE(p.is_ok()) << name << ": " << p.status().to_string();
+    }
+}
+
+// dsinfer's JSON options (issue 21) as read_structured_request() reads them: next to
+// `schema` in each API's field (json_object: in the format object), into the spec;
+// anything but a boolean or null is an error naming the field.
+TEST(StructuredRequest, JsonOptionsPerApi) {
+    struct Case {
+        ApiProtocol api;
+        const char* body;
+        bool flexible, any_order;
+        const char* field;  // the request's grammar field
+    };
+    const Case cases[] = {
+        {ApiProtocol::kChatCompletions,
+         R"({"response_format":{"type":"json_schema","json_schema":{"name":"p","flexible_whitespace":true,"schema":{}}}})",
+         true, false, "response_format.json_schema.schema"},
+        {ApiProtocol::kChatCompletions,
+         R"({"response_format":{"type":"json_object","any_property_order":true,"flexible_whitespace":null}})",
+         false, true, "response_format"},
+        {ApiProtocol::kResponses,
+         R"({"text":{"format":{"type":"json_schema","name":"p","any_property_order":true,"flexible_whitespace":true,"schema":{}}}})",
+         true, true, "text.format.schema"},
+        {ApiProtocol::kMessages,
+         R"({"output_config":{"effort":"low","format":{"type":"json_schema","any_property_order":false,"schema":{"type":"object"}}}})",
+         false, false, "output_config.format.schema"},
+    };
+    for (const Case& c : cases) {
+        auto r = read_structured_request(c.api, J::parse(c.body));
+        ASSERT_TRUE(r.is_ok()) << c.body << ": " << r.status().to_string();
+        ASSERT_TRUE(r->has_value()) << c.body;
+        EXPECT_EQ((*r)->spec.flexible_whitespace, c.flexible) << c.body;
+        EXPECT_EQ((*r)->spec.any_property_order, c.any_order) << c.body;
+        EXPECT_EQ((*r)->field, c.field) << c.body;
+    }
+    // Anthropic without output_config.format: no grammar.
+    auto none = read_structured_request(ApiProtocol::kMessages,
+                                        J::parse(R"({"output_config":{"effort":"low"}})"));
+    ASSERT_TRUE(none.is_ok());
+    EXPECT_FALSE(none->has_value());
+    const std::pair<ApiProtocol, const char*> bad[] = {
+        {ApiProtocol::kChatCompletions,
+         R"({"response_format":{"type":"json_schema","json_schema":{"name":"p","any_property_order":"true","schema":{}}}})"},
+        {ApiProtocol::kResponses,
+         R"({"text":{"format":{"type":"json_object","flexible_whitespace":0}}})"},
+        {ApiProtocol::kMessages,
+         R"({"output_config":{"format":{"type":"json_schema","flexible_whitespace":"no","schema":{}}}})"},
+    };
+    const char* named[] = {"response_format.json_schema.any_property_order: expected a boolean",
+                           "text.format.flexible_whitespace: expected a boolean",
+                           "output_config.format.flexible_whitespace: expected a boolean"};
+    for (size_t i = 0; i < std::size(bad); ++i) {
+        auto r = read_structured_request(bad[i].first, J::parse(bad[i].second));
+        ASSERT_FALSE(r.is_ok()) << bad[i].second;
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_EQ(r.status().message(), named[i]);
     }
 }
 

@@ -130,22 +130,43 @@ Result<grammar::Grammar> compile_request_grammar(const grammar::GrammarSpec& spe
 
 namespace {
 
+// dsinfer's JSON options (issue 21), booleans beside `schema` (json_object: in the
+// format object): `flexible_whitespace` (JSON's insignificant whitespace accepted
+// anywhere JSON allows it) and `any_property_order` (an object's properties in any
+// order); both off by default, so output stays compact and in the schema's order.
+// `where`: the holder's field path, for errors.
+Status read_json_options(const OJ& holder, const std::string& where, grammar::GrammarSpec* spec) {
+    for (auto [key, flag] : {std::pair{"flexible_whitespace", &spec->flexible_whitespace},
+                             std::pair{"any_property_order", &spec->any_property_order}}) {
+        auto it = holder.find(key);
+        if (it == holder.end() || it->is_null()) continue;
+        if (!it->is_boolean()) return invalid_argument(where + "." + key + ": expected a boolean");
+        *flag = it->get<bool>();
+    }
+    return Status::ok();
+}
+
 // {"type": "json_schema", ...schema...} | {"type": "json_object"} | {"type": "text"};
 // `schema_holder` is the object holding `schema` (Chat: json_schema, Responses: the
-// format itself).
+// format itself). `json_schema_only`: Anthropic's output_config.format, whose only
+// type is json_schema.
 Result<std::optional<StructuredRequest>> read_format(const OJ& f, const std::string& field,
-                                                     bool chat) {
+                                                     bool chat, bool json_schema_only = false) {
     if (!f.is_object()) return invalid_argument(field + ": expected an object");
     auto type = f.find("type");
     if (type == f.end() || !type->is_string()) {
         return invalid_argument(field + ".type: required string");
     }
     const std::string t = type->get<std::string>();
+    if (json_schema_only && t != "json_schema") {
+        return invalid_argument(field + ".type: unknown type '" + t + "' (expected 'json_schema')");
+    }
     if (t == "text") return std::optional<StructuredRequest>();
     StructuredRequest r;
     r.field = field;
     if (t == "json_object") {
         r.spec.kind = grammar::GrammarKind::kJsonObject;
+        DSI_RETURN_IF_ERROR(read_json_options(f, field, &r.spec));
         return std::optional<StructuredRequest>(std::move(r));
     }
     if (t != "json_schema") return invalid_argument(field + ".type: unknown type '" + t + "'");
@@ -166,6 +187,7 @@ Result<std::optional<StructuredRequest>> read_format(const OJ& f, const std::str
         strict != holder->end() && !strict->is_null() && !strict->is_boolean()) {
         return invalid_argument(r.field + ".strict: expected a boolean");
     }
+    DSI_RETURN_IF_ERROR(read_json_options(*holder, r.field, &r.spec));
     r.field += ".schema";
     if (schema->is_object() && schema->contains(kToolCallsKey)) {
         return invalid_argument(r.field + ": '" + kToolCallsKey + "' is reserved");
@@ -191,7 +213,15 @@ Result<std::optional<StructuredRequest>> read_structured_request(ApiProtocol api
         return Status::ok();
     };
     if (api == ApiProtocol::kMessages) {
-        return out;  // Anthropic has no structured-output field; tool_choice only
+        // Anthropic's structured outputs: output_config.format {type: json_schema, schema}.
+        if (auto oc = j.find("output_config"); oc != j.end() && oc->is_object()) {
+            if (auto f = oc->find("format"); f != oc->end() && !f->is_null()) {
+                DSI_ASSIGN_OR_RETURN(auto r, read_format(*f, "output_config.format", /*chat=*/false,
+                                                         /*json_schema_only=*/true));
+                DSI_RETURN_IF_ERROR(take(std::move(r)));
+            }
+        }
+        return out;
     }
     if (api == ApiProtocol::kChatCompletions) {
         if (auto it = j.find("response_format"); it != j.end() && !it->is_null()) {

@@ -3,8 +3,9 @@
 // json_schema: {name, schema, strict}} | {type: json_object}), Responses `text.format`
 // ({type: json_schema, name, schema, strict} | {type: json_object}), the vLLM-style
 // `guided_regex` / `guided_grammar` (GBNF) on Chat Completions, Completions and
-// Responses, and tool_choice "required" / a named tool (a DSML tool-call grammar) --
-// and the compile function that turns such a spec into a grammar. Compiling and
+// Responses, Anthropic Messages `output_config.format` ({type: json_schema, schema}),
+// and tool_choice "required" / a named tool (a DSML tool-call grammar) -- and the
+// compile function that turns such a spec into a grammar. Compiling and
 // waiting for it is the server's (server/structured_output.h); parse_api_request()
 // (request.h) calls the readers once per request.
 //
@@ -31,6 +32,11 @@ struct StructuredRequest {
     std::string field;  // "response_format", "text.format", "guided_regex", "tool_choice"
 };
 
+// dsinfer's JSON options, booleans next to `schema` (Chat: response_format.json_schema;
+// Responses: text.format; Anthropic: output_config.format; json_object: the format
+// object): `flexible_whitespace` and `any_property_order` (grammar::JsonSchemaOptions;
+// off by default: compact output in the schema's property order), carried in the spec.
+//
 // The request's grammar field, or nullopt when it asks for none. `body`: the parsed
 // request (member order kept: a schema's property order is its output order).
 // INVALID_ARGUMENT for a malformed field or for more than one grammar at once.

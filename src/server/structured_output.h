@@ -38,6 +38,10 @@ public:
     Result<std::shared_ptr<TokenMaskProvider>> provider(const StructuredRequest& req);
 
     grammar::CompileServiceStats stats() const { return service_.stats(); }
+    // The compile service's table-cache warm-up (grammar/table_warmup.h), on the calling
+    // thread: `dsinfer serve` runs it at start so the first requests do not build the
+    // common tables inside decode steps.
+    grammar::WarmupStats warm_table_cache() { return service_.warm_table_cache(vocab_); }
 
 private:
     std::shared_ptr<const grammar::Vocabulary> vocab_;

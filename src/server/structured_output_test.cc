@@ -10,6 +10,7 @@
 
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -98,6 +99,75 @@ TEST(StructuredOutput, ReadsEachApisFields) {
     EXPECT_NE(c->request.mask, nullptr);
 }
 
+// Whether the request's grammar mask lets `text` through: the provider fed its tokens
+// masks everything when the grammar refused one of them.
+bool mask_accepts(const Prepared& p, const std::string& text) {
+    TokenMask allowed(tokenizer().vocab_size());
+    p.request.mask->fill(tokenizer().encode(text), allowed);
+    for (uint64_t w : allowed.words()) {
+        if (w != 0) return true;
+    }
+    return false;
+}
+
+// dsinfer's JSON options (issue 21) in each API's structured-output field:
+// flexible_whitespace and any_property_order next to `schema` (json_object: in the
+// format object), off by default.
+TEST(StructuredOutput, JsonOptionsInEachApi) {
+    ApiContext ctx = context();
+    const std::string schema =
+        R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}})";
+    const std::string spaced = R"({"a": 1, "b": 2})";
+    const std::string reordered = R"({"b":2,"a":1})";
+    struct Case {
+        Endpoint e;
+        std::function<std::string(const std::string& options)> body;
+    };
+    const std::vector<Case> cases = {
+        {Endpoint::kChatCompletions,
+         [&](const std::string& o) {
+             return chat_body(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"p",)" +
+                              o + R"("schema":)" + schema + "}}");
+         }},
+        {Endpoint::kResponses,
+         [&](const std::string& o) {
+             return R"({"model":"m","input":"Hi","text":{"format":{"type":"json_schema","name":"p",)" +
+                    o + R"("schema":)" + schema + "}}}";
+         }},
+        {Endpoint::kMessages,
+         [&](const std::string& o) {
+             return R"({"model":"m","max_tokens":50,"messages":[{"role":"user","content":"Hi"}],)"
+                    R"("output_config":{"format":{"type":"json_schema",)" +
+                    o + R"("schema":)" + schema + "}}}";
+         }},
+    };
+    for (const Case& c : cases) {
+        for (const char* o : {"", R"("flexible_whitespace":true,)", R"("any_property_order":true,)",
+                              R"("flexible_whitespace":false,"any_property_order":null,)"}) {
+            const std::string body = c.body(o);
+            auto p = prepare_request(ctx, c.e, body, 1);
+            ASSERT_TRUE(p.is_ok()) << body << " " << p.status().to_string();
+            ASSERT_NE(p->request.mask, nullptr) << body;
+            EXPECT_FALSE(p->thinking_prompt) << body;
+            EXPECT_TRUE(mask_accepts(*p, R"({"a":1,"b":2})")) << body;
+            EXPECT_EQ(mask_accepts(*p, spaced), std::string(o).find("whitespace\":true") != std::string::npos)
+                << body;
+            EXPECT_EQ(mask_accepts(*p, reordered), std::string(o).find("order\":true") != std::string::npos)
+                << body;
+        }
+    }
+    // json_object: the option in the format object.
+    auto j = prepare_request(
+        ctx, Endpoint::kChatCompletions,
+        chat_body(R"(,"response_format":{"type":"json_object","flexible_whitespace":true})"), 1);
+    ASSERT_TRUE(j.is_ok()) << j.status().to_string();
+    EXPECT_TRUE(mask_accepts(*j, R"({ "k" : [1, 2] })"));
+    auto j0 = prepare_request(ctx, Endpoint::kChatCompletions,
+                              chat_body(R"(,"response_format":{"type":"json_object"})"), 1);
+    ASSERT_TRUE(j0.is_ok());
+    EXPECT_FALSE(mask_accepts(*j0, R"({ "k" : [1, 2] })"));
+}
+
 TEST(StructuredOutput, BadGrammarsAre400InTheCallersShape) {
     ApiContext ctx = context();
     struct Case {
@@ -135,6 +205,31 @@ TEST(StructuredOutput, BadGrammarsAre400InTheCallersShape) {
          R"({"model":"m","input":"Hi","text":{"format":{"type":"json_schema","name":"p",)"
          R"("schema":{"type":"object","$dynamicRef":"#x"}}}})",
          "$dynamicRef"},
+        // dsinfer's JSON options (issue 21): booleans, named in the error.
+        {Endpoint::kChatCompletions,
+         chat_body(R"(,"response_format":{"type":"json_schema","json_schema":{"name":"x",)"
+                   R"("flexible_whitespace":"yes","schema":{"type":"object"}}})"),
+         "response_format.json_schema.flexible_whitespace: expected a boolean"},
+        {Endpoint::kChatCompletions,
+         chat_body(R"(,"response_format":{"type":"json_object","any_property_order":1})"),
+         "response_format.any_property_order: expected a boolean"},
+        {Endpoint::kResponses,
+         R"({"model":"m","input":"Hi","text":{"format":{"type":"json_schema","name":"p",)"
+         R"("any_property_order":[true],"schema":{"type":"object"}}}})",
+         "text.format.any_property_order: expected a boolean"},
+        {Endpoint::kMessages,
+         R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"Hi"}],)"
+         R"("output_config":{"format":{"type":"json_schema","flexible_whitespace":{},)"
+         R"("schema":{"type":"object"}}}})",
+         "output_config.format.flexible_whitespace: expected a boolean"},
+        {Endpoint::kMessages,
+         R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"Hi"}],)"
+         R"("output_config":{"format":{"type":"json_object"}}})",
+         "output_config.format.type: unknown type 'json_object'"},
+        {Endpoint::kMessages,
+         R"({"model":"m","max_tokens":5,"messages":[{"role":"user","content":"Hi"}],)"
+         R"("output_config":{"format":{"type":"json_schema","schema":{"type":"frog"}}}})",
+         "frog"},
     };
     for (const Case& c : cases) {
         auto p = prepare_request(ctx, c.e, c.body, 1);
