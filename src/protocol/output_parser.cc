@@ -438,7 +438,7 @@ struct OutputParser::Impl {
             if (finished) {
                 return;
             }
-            if (id == st.eos) {
+            if (id == st.eos && !opt.ignore_eos) {
                 finish(StopReason::kStop, true);
                 return;
             }

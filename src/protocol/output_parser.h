@@ -68,6 +68,9 @@ struct ParserOptions {
     bool thinking = false;
     // Tool call ids are tool_call_id_prefix + index ("call_<request>_0").
     std::string tool_call_id_prefix = "call_";
+    // The request's ignore_eos: the EOS id is a template token without text (as vLLM
+    // skips it as a special token), so the completion goes on to max_tokens or a stop.
+    bool ignore_eos = false;
 };
 
 class OutputParser {
@@ -77,7 +80,8 @@ public:
     ~OutputParser();
 
     // Consumes sampled ids; appends the settled events to *out. The EOS id ends the
-    // completion (finish stop / tool_calls); later ids are ignored.
+    // completion (finish stop / tool_calls; not with ParserOptions::ignore_eos); later
+    // ids are ignored.
     void push(std::span<const int32_t> ids, std::vector<Event>* out);
     // Ends the completion without EOS (e.g. max tokens: kLength): flushes what is
     // held back and emits finish. No-op after EOS.

@@ -256,6 +256,43 @@ TEST_F(ParserCases, ToolNameIsEmittedBeforeArguments) {
     }
 }
 
+// ignore_eos (the request field): EOS is a template token without text, the message
+// goes on and ends by length; without it the message ends at EOS with finish stop.
+TEST_F(ParserCases, IgnoreEosContinuesTheMessage) {
+    auto ids_of = [&](const std::string& text) {
+        std::vector<int32_t> ids;
+        for (char c : text) {
+            auto b = tok_->token_id(byte_token_spelling(static_cast<uint8_t>(c)));
+            EXPECT_TRUE(b.has_value());
+            ids.push_back(*b);
+        }
+        return ids;
+    };
+    std::vector<int32_t> ids = ids_of("The end.");
+    ids.push_back(st_.eos);
+    const std::vector<int32_t> more = ids_of(" Once more");
+    ids.insert(ids.end(), more.begin(), more.end());
+    auto content_and_finish = [&](bool ignore_eos) {
+        ParserOptions o;
+        o.ignore_eos = ignore_eos;
+        std::string content;
+        StopReason finish = StopReason::kToolCalls;  // overwritten by the finish event
+        int finishes = 0;
+        for (const Event& e : parse_completion(*tok_, st_, o, ids)) {
+            if (e.kind == EventKind::kContentDelta) content += e.text;
+            if (e.kind == EventKind::kFinish) {
+                finish = e.finish;
+                ++finishes;
+            }
+        }
+        EXPECT_EQ(finishes, 1);
+        return std::pair{content, finish};
+    };
+    EXPECT_EQ(content_and_finish(false), (std::pair{std::string("The end."), StopReason::kStop}));
+    EXPECT_EQ(content_and_finish(true),
+              (std::pair{std::string("The end. Once more"), StopReason::kLength}));
+}
+
 // Round trip of the V3.2 golden messages (the official test protocol: messages[4]
 // with tool calls, messages[-6] with reasoning and content).
 TEST_F(ParserCases, GoldenRoundTrip) {

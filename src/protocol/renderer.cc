@@ -66,6 +66,7 @@ Renderer::Renderer(const Tokenizer& tokenizer, const SpecialTokens& special,
         ParserOptions po;
         po.thinking = options_.thinking_prompt;
         po.tool_call_id_prefix = "call_" + options_.id + "_";
+        po.ignore_eos = options_.ignore_eos;
         parser_ = std::make_unique<OutputParser>(tokenizer_, special_, po);
         if (options_.stream) {
             writer_ = std::make_unique<StreamWriter>(options_.api, meta_);

@@ -64,6 +64,7 @@ struct RenderOptions {
     int64_t prompt_tokens = 0;
     std::vector<std::string> stop;
     bool speculative_usage = false;  // request field speculative_usage
+    bool ignore_eos = false;         // EOS does not end the message (ParserOptions)
 };
 
 class Renderer {

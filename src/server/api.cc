@@ -268,6 +268,7 @@ protocol::RenderOptions render_options(const Prepared& p, std::string id, int64_
     o.prompt_tokens = static_cast<int64_t>(p.request.prompt.size());
     o.stop = p.stop;
     o.speculative_usage = p.speculative_usage;
+    o.ignore_eos = p.request.sampling.ignore_eos;
     return o;
 }
 
