@@ -475,6 +475,7 @@ void RemoteService::sync_prefill_engines_locked(Failures& failed) {
 }
 
 void RemoteService::pump_prefill_locked(Failures& failed) {
+    if (stopping_) return;  // the destructor aborts what waits; nothing new is sent
     sync_prefill_engines_locked(failed);
     const int64_t now = steady_clock_ns();
     for (auto it = prefill_waiting_.begin(); it != prefill_waiting_.end();) {
