@@ -155,9 +155,9 @@ echo "drill 5: cluster up --prefill 1 --decode 1 answered through its router (KV
 pd="etcd://127.0.0.1:$ecp/pd/"
 pd_args=(serve --threads 1 --membership "$pd" --lease-ttl-s 3 --kv-store "file://$work/store")
 start p1 "${pd_args[@]}" --role prefill --node-id p1
-p1_port=$last_port
+p1_port=$last_port p1_pid=$last_pid
 start d1 "${pd_args[@]}" --role decode --node-id d1
-d1_port=$last_port
+d1_port=$last_port d1_pid=$last_pid
 start pdrouter router --membership "$pd" --lease-ttl-s 3 --kv-store "file://$work/store"
 pd_port=$last_port
 long_prompt="$(python3 -c 'print(" ".join(["The cat sat on the mat and looked at the moon."] * 40))')"
@@ -196,8 +196,6 @@ start p2 "${pd_args[@]}" --role prefill --node-id p2
 p2_port=$last_port p2_pid=$last_pid
 start d2 "${pd_args[@]}" --role decode --node-id d2
 d2_port=$last_port d2_pid=$last_pid
-d1_pid="$(pgrep -f -- "--node-id d1" | head -1)"
-p1_pid="$(pgrep -f -- "--node-id p1" | head -1)"
 for _ in $(seq 50); do
   [[ "$(metric "$pd_port" dsinfer_router_engines)" == 4 ]] && break  # p1 p2 d1 d2 routable
   sleep 0.1
@@ -245,7 +243,7 @@ for _ in $(seq 500); do
   sleep 0.01
 done
 [[ -n "$victim" ]] || fail "drill 7: no prefill engine was seen running the request"
-kill -9 "${victim##*:}"
+kill -9 "${victim##*:}" || fail "drill 7: prefill engine ${victim##*:} had exited before the kill"
 wait "$f2" || fail "drill 7: the client failed after the prefill engine died"
 python3 - "$(cat "$work/f2.json")" "$f_ref" <<'PY' || fail "drill 7 (prefill killed)"
 import json, sys
