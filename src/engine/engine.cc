@@ -284,6 +284,13 @@ struct Engine::Impl {
             it.seq_id = s.id;
             it.epoch = s.epoch;
             it.start_pos = s.num_computed;
+            // SWA state cache: a prefill chunk ends at the store position, the slot is
+            // copied after a step that ends there, a hit's state restored before its first.
+            kv::SwaStepPlan swa =
+                cache->plan_swa_step(s.id, s.num_computed, s.num_computed + sc.num_new_tokens);
+            it.swa_restore = std::move(swa.restore);
+            it.swa_capture_position = swa.capture_position;
+            int64_t num_new = sc.num_new_tokens;
             if (s.num_computed >= s.prefill_target) {
                 it.sample = true;  // decode (+ drafts to verify)
                 const auto n = static_cast<size_t>(sc.num_new_tokens - 1);
@@ -292,13 +299,14 @@ struct Engine::Impl {
                                  s.drafts.begin() + static_cast<std::ptrdiff_t>(n));
                 s.drafts.clear();
             } else {
+                num_new = swa.end - s.num_computed;
                 it.tokens.assign(s.tokens.begin() + s.num_computed,
-                                 s.tokens.begin() + s.num_computed + sc.num_new_tokens);
-                it.sample = s.num_computed + sc.num_new_tokens == s.prefill_target;
-                stats.computed_prefill_tokens += sc.num_new_tokens;
+                                 s.tokens.begin() + s.num_computed + num_new);
+                it.sample = s.num_computed + num_new == s.prefill_target;
+                stats.computed_prefill_tokens += num_new;
             }
             if (it.sample) ++s.num_sampled;
-            s.num_computed += sc.num_new_tokens;
+            s.num_computed += num_new;
             DSI_CHECK_LE(s.num_computed, cache->num_blocks(s.id) * kv::kBlockTokens);
             it.cache = cache->table(s.id);
             it.swap_in = cache->take_swap_in(s.id);
@@ -385,6 +393,7 @@ struct Engine::Impl {
             auto sit = seqs.find(ir.seq_id);
             if (sit == seqs.end() || sit->second.epoch != ir.epoch) continue;  // ended/preempted
             Sequence& s = sit->second;
+            const int64_t step_begin = s.num_confirmed;
             s.num_confirmed += ir.num_kept;
             if (ir.num_kept < ir.num_tokens) {
                 // Speculation: the rejected drafts' rows are rolled back, and blocks that
@@ -408,6 +417,10 @@ struct Engine::Impl {
                 std::min<int64_t>(s.num_confirmed, static_cast<int64_t>(s.tokens.size())) /
                 kv::kBlockTokens;
             cache->publish(s.id, s.tokens, full);
+            // S-KV-9: the step's slot copy, if it took one (state-slot layouts have no
+            // speculation, so the step's rows are [step_begin, num_confirmed)).
+            cache->on_swa_step(s.id, s.tokens, step_begin, s.num_confirmed,
+                               std::move(ir.swa_state));
             s.tokens.resize(known);  // handle_token appends them with their events
             if (!ir.sampled) continue;
             // One token was counted in flight; the accepted drafts come on top.
@@ -595,7 +608,18 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
     }
     DSI_RETURN_IF_ERROR(options.scheduler.validate());
     const KvLayout layout = model->kv_layout();
-    if (!layout.prefix_reusable) {
+    if (layout.state_snapshot_resumes && layout.state_floats > 0) {
+        // Prefixes through the SWA state cache (docs/swa_cache.md): in this process only;
+        // the store tier and swapping do not carry the state slot yet.
+        if (options.kv_store != nullptr || !options.kv_store_uri.empty() ||
+            options.swap_space_bytes > 0) {
+            DSI_LOG(kInfo) << "the KV store and preemption by swapping are off: "
+                           << layout.not_reusable_reason;
+        }
+        options.kv_store = nullptr;
+        options.kv_store_uri.clear();
+        options.swap_space_bytes = 0;
+    } else if (!layout.prefix_reusable) {
         // Never offer a hit the model cannot honour (docs/engine.md, "Models with state").
         if (options.prefix_cache || options.kv_store != nullptr || !options.kv_store_uri.empty() ||
             options.swap_space_bytes > 0) {
@@ -647,6 +671,8 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
         }
     }
     co.prefix_cache = options.prefix_cache;
+    co.swa_pool = options.swa_pool;
+    co.swa_pool_bytes = options.swa_pool_bytes;
     co.swap_space_bytes = options.swap_space_bytes;
     co.store = options.kv_store;
     co.store_uri = options.kv_store_uri;
@@ -829,6 +855,12 @@ EngineStats Engine::stats() const {
     s.fetch_buffers_allocated = c.fetch_buffers_allocated;
     s.fetch_buffers_in_use = c.fetch_buffers_in_use;
     s.fetch_buffer_leases = c.fetch_buffer_leases;
+    s.swa = c.swa;
+    s.swa_captures = c.swa_captures;
+    s.swa_states_stored = c.swa_states_stored;
+    s.swa_states_restored = c.swa_states_restored;
+    s.swa_states_rejected = c.swa_states_rejected;
+    s.swa_fallback_tokens = c.swa_fallback_tokens;
     return s;
 }
 

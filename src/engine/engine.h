@@ -52,7 +52,11 @@
 // running sequence, so max_running_seqs is capped by the slots that fit in half of
 // kv_cache_bytes. A layout whose prefixes are not reusable turns prefix caching, the KV
 // store and swapping off (logged once at create): a hit the model cannot honour is
-// never offered, and preemption recomputes.
+// never offered, and preemption recomputes. A state slot that resumes from a copy taken
+// at a block boundary (KvLayout::state_snapshot_resumes, V4) keeps prefix caching in
+// this process through the SWA state cache (kv/tiered_cache.h, docs/swa_cache.md: slot
+// copies at the S-KV-9 positions in a host pool, the S-KV-10 hit rule, exact replay);
+// the store and swapping stay off for it.
 //
 // Thread model: add_request / abort / step / run / stats are called from one thread
 // (the owner); callbacks run on that thread inside step(). TokenMaskProvider::fill
@@ -73,6 +77,7 @@
 #include "engine/scheduler.h"
 #include "kv/block_pool.h"
 #include "kv/kv_export.h"
+#include "kv/swa_pool.h"
 #include "model/causal_lm.h"
 #include "sampling/sampler.h"
 #include "spec/drafter.h"
@@ -148,6 +153,12 @@ struct EngineOptions {
     // Host buffers the fetcher reads blocks into (reused; a buffer is free again once
     // its block has been swapped in): at most this many bytes, at least one block.
     int64_t kv_store_fetch_buffer_bytes = int64_t{256} << 20;
+    // SWA state cache (docs/swa_cache.md; models whose state slot resumes from a copy
+    // taken at a block boundary: V4): the host pool of stored states, in bytes, or a pool
+    // the caller owns (wins; REQUIRES: outlives the engine). 0 and no pool: such a
+    // model gets no prefix hits. Ignored for models without a state slot.
+    int64_t swa_pool_bytes = int64_t{1} << 30;
+    kv::SwaStatePool* swa_pool = nullptr;
     bool kv_store_write = true;               // offer completed blocks to the store
     int64_t swap_in_layer_delay_us = 0;       // tests: slow the swap-in per layer
 };
@@ -251,6 +262,16 @@ struct EngineStats {
     int64_t swap_in_overlapped = 0;  // swap-ins whose forward started before the last layer
     // Fetch host buffers (kvstore::FetchBufferStats): created, held now, handed out.
     int64_t fetch_buffers_allocated = 0, fetch_buffers_in_use = 0, fetch_buffer_leases = 0;
+    // SWA state cache (kv::TieredCacheStats): the hit rule's counters per traffic class
+    // (block hits, SWA hits, replays and their tokens, pool bytes and evictions), slot
+    // copies taken, states stored / restored / refused (a miss), and tokens computed past
+    // S-KV-10's plan (the model replays exactly: kReplay starts at an older state).
+    kv::SwaCacheCounters swa;
+    int64_t swa_captures = 0;
+    int64_t swa_states_stored = 0;
+    int64_t swa_states_restored = 0;
+    int64_t swa_states_rejected = 0;
+    int64_t swa_fallback_tokens = 0;
 };
 
 // One KV block as the store tier and the prefill -> decode hand-over carry it: group 0

@@ -14,6 +14,8 @@
 #include "engine/calibrate.h"
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "kv/block_key.h"
+#include "kv/swa_pool.h"
 #include "model/deepseek_v4.h"
 #include "model/synthetic.h"
 
@@ -185,9 +187,9 @@ TEST(EngineV4Test, AbortFreesStateSlotsAndBlocks) {
     }
 }
 
-TEST(EngineV4Test, NoPrefixHitsAndSiblingsMatchTheReference) {
+TEST(EngineV4Test, NoPrefixHitsBelowTheCapAndSiblingsMatchTheReference) {
     EngineOptions o = base_options();
-    o.prefix_cache = true;  // asked for, but V4 prefixes are not reusable: turned off
+    o.prefix_cache = true;  // V4: through the SWA state cache; 260 < 262 allows no hit
     Harness h(o, Env::default_env(), &v4_model());
     const std::vector<int32_t> p = make_prompt(260, 9);
     const RequestId a = h.add(greedy(p, 5));
@@ -203,7 +205,7 @@ TEST(EngineV4Test, NoPrefixHitsAndSiblingsMatchTheReference) {
     const EngineStats s = h.engine->stats();
     EXPECT_EQ(s.cached_prompt_tokens, 0);
     EXPECT_EQ(s.pool.hit_blocks, 0);
-    EXPECT_EQ(s.pool.published, 0);
+    EXPECT_EQ(s.swa.total().block_hits, 0);
 }
 
 TEST(EngineV4Test, StateSlotsBoundRunningSequences) {
@@ -248,6 +250,180 @@ TEST(EngineV4Test, CalibrationProfilesAStatefulModel) {
     EXPECT_GT(shape.dense_flops_per_token, 0);
     EXPECT_GT(shape.attention_flops_per_pair, 0);
     EXPECT_GT(shape.kv_bytes_per_token, 0);
+}
+
+// ---- Prefix caching through the SWA state cache (issue 16, docs/swa_cache.md) ----------
+
+// The key of the state at `position` of `tokens` under the engine's default salt.
+kv::SwaStateKey state_key(const std::vector<int32_t>& tokens, int64_t position) {
+    const kv::BlockKey salt = kv::make_salt("model", "");
+    const std::vector<kv::BlockKey> keys = kv::chain_keys(
+        std::span<const int32_t>(tokens).first(static_cast<size_t>(position)), salt);
+    return kv::swa_state_key(keys, position);
+}
+
+// One request alone; returns its output and how many prompt tokens it took from the cache.
+std::pair<Completion, int64_t> run_one(Harness& h, const std::vector<int32_t>& prompt,
+                                       int64_t max_tokens) {
+    const int64_t before = h.engine->stats().cached_prompt_tokens;
+    const RequestId id = h.add(greedy(prompt, max_tokens));
+    h.run_checked();
+    return {h.out[id][0], h.engine->stats().cached_prompt_tokens - before};
+}
+
+std::vector<int32_t> head(const std::vector<int32_t>& v, int64_t n) {
+    return {v.begin(), v.begin() + n};
+}
+
+// Requests that share a prefix with earlier ones start from the stored state at S-KV-10's
+// hit and give the cold output bitwise, at lengths around the cap (262) and the units;
+// chunked prefill (the chunk cut at the store position) and async or inline steps.
+TEST(EngineV4Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
+    const std::vector<int32_t> base = make_prompt(720, 77);
+    struct Case {
+        int64_t len, hit;
+    };
+    // Warm-up stores states at 128, 256, 384, 512 and 640 (prefill of len - 1 rounded
+    // down); L1 = min(block hit, largest unit <= L - 134).
+    const Case cases[] = {{127, 0},   {128, 0},   {129, 0},   {261, 0},   {262, 128},
+                          {263, 128}, {300, 128}, {520, 384}, {647, 512}, {700, 512}};
+    for (bool async : {true, false}) {
+        for (int64_t chunk : {int64_t{48}, int64_t{4096}}) {
+            kv::SwaStatePool pool(int64_t{1} << 30);
+            EngineOptions o = base_options();
+            o.async = async;
+            o.scheduler.max_batched_tokens = chunk;
+            o.swa_pool = &pool;
+            Harness h(o, Env::default_env(), &v4_model());
+            for (int64_t n : {129, 257, 385, 513, 641}) run_one(h, head(base, n), 1);
+            for (int64_t p : {128, 256, 384, 512, 640}) {
+                ASSERT_TRUE(pool.contains(state_key(base, p))) << "state at " << p;
+            }
+            ASSERT_EQ(pool.stats().num_entries, 5);
+            const EngineStats warm = h.engine->stats();
+            EXPECT_EQ(warm.swa_states_stored, 5);
+            EXPECT_EQ(warm.swa_captures, 5);
+            for (const Case& c : cases) {
+                const std::vector<int32_t> p = head(base, c.len);
+                const std::string what = "L = " + std::to_string(c.len) +
+                                         (async ? " async" : " inline") + " chunk " +
+                                         std::to_string(chunk);
+                auto [got, cached] = run_one(h, p, 4);
+                expect_same(got, reference(p, 4), what);
+                EXPECT_EQ(cached, c.hit) << what;
+            }
+            // Every hit found its state at L1: the six cases with a hit, and the warm-ups
+            // of 385, 513 and 641 tokens (at 128, 256 and 384).
+            const EngineStats s = h.engine->stats();
+            const kv::SwaCacheClassCounters t = s.swa.total();
+            EXPECT_EQ(t.swa_exact_hits, 6 + 3);
+            EXPECT_EQ(t.replays, 0);
+            EXPECT_EQ(t.hit_tokens, (128 * 3 + 384 + 512 * 2) + (128 + 256 + 384));
+            EXPECT_EQ(t.requests, 5 + static_cast<int64_t>(std::size(cases)));
+            EXPECT_EQ(s.swa_states_restored, 6 + 3);
+            EXPECT_EQ(s.swa_states_rejected, 0);
+            EXPECT_EQ(t.pool_bytes, pool.stats().bytes);
+            EXPECT_GT(t.pool_bytes, 0);
+            EXPECT_EQ(s.state_slots_in_use, 0);
+        }
+    }
+}
+
+// Without the state at L1 the hit starts at L1 - 128 (S-KV-10 catch-up, re-run exactly);
+// without that one either, V4 replays exactly from the newest older state (else 0). A
+// damaged state is refused at admission: a miss, never a wrong continuation.
+TEST(EngineV4Test, MissingOrDamagedStatesFallBackAndKeepTheColdOutput) {
+    const std::vector<int32_t> base = make_prompt(600, 78);
+    kv::SwaStatePool pool(int64_t{1} << 30);
+    EngineOptions o = base_options();
+    o.scheduler.max_batched_tokens = 100;
+    o.swa_pool = &pool;
+    Harness h(o, Env::default_env(), &v4_model());
+    for (int64_t n : {129, 257, 385}) run_one(h, head(base, n), 1);
+    const kv::SwaCacheClassCounters warm = h.engine->stats().swa.total();
+    const std::vector<int32_t> p = head(base, 520);  // L1 = 384
+    const Completion want = reference(p, 5);
+    struct Step {
+        int64_t evict;  // state evicted before the request (0: none)
+        int64_t hit;    // where the request starts
+        const char* what;
+    };
+    // Each request stores its own prefill state at 512 (useless below L - 134) and
+    // leaves the others as they were.
+    const Step steps[] = {{384, 256, "catch-up from L1 - 128"},
+                          {256, 128, "exact replay from an older state"},
+                          {128, 0, "no state left: a miss"}};
+    int64_t fallback = 0;
+    for (const Step& st : steps) {
+        ASSERT_TRUE(pool.erase(state_key(base, st.evict))) << st.what;
+        const EngineStats before = h.engine->stats();
+        auto [got, cached] = run_one(h, p, 5);
+        expect_same(got, want, st.what);
+        EXPECT_EQ(cached, st.hit) << st.what;
+        const EngineStats after = h.engine->stats();
+        const kv::SwaCacheClassCounters d = after.swa.total();
+        const kv::SwaCacheClassCounters b = before.swa.total();
+        EXPECT_EQ(d.block_hits - b.block_hits, 1) << st.what;
+        EXPECT_EQ(d.block_hit_tokens - b.block_hit_tokens, 384) << st.what;
+        fallback += st.hit < 256 ? 256 - st.hit : 0;
+        EXPECT_EQ(after.swa_fallback_tokens, fallback) << st.what;
+    }
+    const kv::SwaCacheClassCounters t = h.engine->stats().swa.total();
+    EXPECT_EQ(t.swa_hits - warm.swa_hits, 1);  // the catch-up
+    EXPECT_EQ(t.catch_up_tokens - warm.catch_up_tokens, 128);
+    EXPECT_EQ(t.replays - warm.replays, 2);
+    EXPECT_EQ(t.replay_tokens - warm.replay_tokens, 256);
+
+    // A damaged state (one byte of its slot copy flipped) is a miss and leaves the pool.
+    for (int64_t n : {129, 257, 385}) run_one(h, head(base, n), 1);
+    const kv::SwaStateKey key = state_key(base, 384);
+    Result<std::shared_ptr<const kv::SwaState>> st = pool.get(key);
+    ASSERT_TRUE(st.is_ok());
+    std::vector<uint8_t> bytes = (*st)->bytes;
+    bytes[bytes.size() / 2] ^= 0x40;
+    ASSERT_TRUE(pool.put(key, kvstore::TrafficClass::kChatbot, std::move(bytes)).is_ok());
+    const int64_t rejected = h.engine->stats().swa_states_rejected;
+    auto [got, cached] = run_one(h, p, 5);
+    expect_same(got, want, "damaged state");
+    EXPECT_EQ(cached, 0);
+    EXPECT_EQ(h.engine->stats().swa_states_rejected, rejected + 1);
+    EXPECT_FALSE(pool.contains(key));
+}
+
+// Decode takes a copy at each 128-token boundary it crosses; the latest is stored at
+// request end and serves the next turn (prompt + output + more).
+TEST(EngineV4Test, DecodeCopiesServeTheNextTurn) {
+    kv::SwaStatePool pool(int64_t{1} << 30);
+    EngineOptions o = base_options();
+    o.swa_pool = &pool;
+    Harness h(o, Env::default_env(), &v4_model());
+    const std::vector<int32_t> first = make_prompt(120, 79);  // < 129: no prefill state
+    auto [out, cached0] = run_one(h, first, 150);              // decode crosses 128 and 256
+    EXPECT_EQ(cached0, 0);
+    std::vector<int32_t> next = first;
+    next.insert(next.end(), out.tokens.begin(), out.tokens.end());  // 270 tokens
+    ASSERT_EQ(h.engine->stats().swa_captures, 2);
+    EXPECT_TRUE(pool.contains(state_key(next, 256)));   // the latest copy, stored at the end
+    EXPECT_FALSE(pool.contains(state_key(next, 128)));  // superseded, never stored
+    const std::vector<int32_t> more = make_prompt(150, 80);
+    next.insert(next.end(), more.begin(), more.end());  // 420: L1 = min(384, 256)
+    auto [got, cached] = run_one(h, next, 6);
+    expect_same(got, reference(next, 6), "next turn");
+    EXPECT_EQ(cached, 256);
+    EXPECT_EQ(h.engine->stats().swa.total().swa_exact_hits, 1);
+}
+
+// A pool too small for one state refuses it: nothing is stored, nothing hits.
+TEST(EngineV4Test, AnSwaPoolThatHoldsNoStateGivesNoHits) {
+    EngineOptions o = base_options();
+    o.swa_pool_bytes = 1024;
+    Harness h(o, Env::default_env(), &v4_model());
+    const std::vector<int32_t> base = make_prompt(400, 81);
+    run_one(h, head(base, 257), 1);
+    auto [got, cached] = run_one(h, base, 3);
+    expect_same(got, reference(base, 3), "small pool");
+    EXPECT_EQ(cached, 0);
+    EXPECT_EQ(h.engine->stats().swa_states_stored, 0);
 }
 
 }  // namespace

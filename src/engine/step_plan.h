@@ -45,6 +45,10 @@ struct StepItem {
     kv::SwapInBatch swap_in;
     // Rows swapped out to host memory, copied back into its new blocks before the step.
     std::vector<kv::HostCopy> restore;
+    // SWA state cache (kv/tiered_cache.h plan_swa_step): a stored state copied into the
+    // state slot before the step, and a copy of the slot to take right after it.
+    std::shared_ptr<const kv::SwaState> swa_restore;
+    int64_t swa_capture_position = 0;
 };
 
 struct StepPlan {
@@ -74,6 +78,8 @@ struct ItemResult {
     int32_t num_accepted = 0;          // of which accepted
     std::vector<int32_t> next_drafts;  // proposals for the next step (speculation)
     int32_t drafts_cut = 0;            // varlen: proposals not sent to verification
+    // StepItem::swa_capture_position: the state slot after the step, as bytes.
+    std::vector<uint8_t> swa_state;
 };
 
 struct StepResult {

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 
 #include "base/check.h"
 #include "base/clock.h"
@@ -19,6 +20,7 @@ Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
       swap_in_layer_delay_us_(swap_in_layer_delay_us),
       vocab_(model->config().vocab_size),
       eos_(static_cast<int32_t>(model->config().eos_token_id)),
+      state_bytes_(model->kv_layout().state_floats * static_cast<int64_t>(sizeof(float))),
       drafter_(std::move(drafter)),
       spec_k_(spec_k),
       varlen_cost_(std::move(varlen_cost)),
@@ -91,8 +93,16 @@ StepResult Worker::execute(StepPlan& plan) {
     // Preemption by swapping: save the victims' rows before anything in this step
     // can overwrite their blocks, then restore the resumed sequences' rows.
     for (const kv::HostCopy& c : plan.save) kv::copy_block_to_host(*pool_, c);
-    for (const StepItem& it : plan.items) {
+    for (StepItem& it : plan.items) {
         for (const kv::HostCopy& c : it.restore) kv::copy_block_from_host(*pool_, c);
+        if (it.swa_restore != nullptr) {
+            // A stored SWA state (its slot bytes, then the seal) resumes the sequence.
+            DSI_CHECK(it.cache.state() != nullptr &&
+                      it.swa_restore->bytes.size() >= static_cast<size_t>(state_bytes_));
+            std::memcpy(it.cache.state(), it.swa_restore->bytes.data(),
+                        static_cast<size_t>(state_bytes_));
+            it.swa_restore.reset();
+        }
     }
     steps_.clear();
     inputs_.resize(plan.items.size());
@@ -158,6 +168,13 @@ StepResult Worker::execute(StepPlan& plan) {
     if (r.status.is_ok()) {
         for (size_t i = 0; i < plan.items.size(); ++i) {
             r.items.push_back(sample_item(plan.items[i], i));
+            StepItem& it = plan.items[i];
+            if (it.swa_capture_position > 0) {
+                // S-KV-9: the slot right after the step that ends at the store position
+                // (before any later step writes it): exact, lateness 0.
+                const auto* src = reinterpret_cast<const uint8_t*>(it.cache.state());
+                r.items.back().swa_state.assign(src, src + state_bytes_);
+            }
         }
         if (drafter_ != nullptr) r.status = draft(plan, r);
         r.speculative = plan.draft || std::any_of(plan.items.begin(), plan.items.end(),

@@ -108,6 +108,7 @@ private:
     int64_t swap_in_layer_delay_us_;
     int64_t vocab_;
     int32_t eos_;
+    int64_t state_bytes_;  // the model's per-sequence state slot (0: none)
     std::shared_ptr<spec::Drafter> drafter_;
     int spec_k_;
     std::shared_ptr<const spec::VerifyCostCurve> varlen_cost_;

@@ -48,6 +48,12 @@ struct KvLayout {
     // `not_reusable_reason` then says why, for the engine's log.
     bool prefix_reusable = true;
     std::string not_reusable_reason;
+    // Whether a copy of the state slot taken right after a step that ends at a block
+    // boundary B, with the paged groups of positions [0, B), resumes the sequence from B
+    // bitwise (V4: the lengths, window rings and compressor accumulators are all in the
+    // slot and nothing in it depends on where the slot lives). The engine then caches
+    // prefixes with such copies (the SWA state cache, docs/swa_cache.md).
+    bool state_snapshot_resumes = false;
 };
 
 class KvCache {

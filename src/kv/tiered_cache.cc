@@ -1,5 +1,7 @@
 #include "kv/tiered_cache.h"
 
+#include <xxhash.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -8,6 +10,28 @@
 
 namespace dsi::kv {
 namespace {
+
+// A stored SWA state is the slot copy followed by an 8-byte seal (XXH3-64 of the copy
+// and its position), checked before a restore: a damaged state is a miss, never a
+// wrong continuation.
+constexpr size_t kSwaSealBytes = 8;
+
+uint64_t swa_seal_of(std::span<const uint8_t> slot, int64_t position) {
+    return XXH3_64bits_withSeed(slot.data(), slot.size(), static_cast<uint64_t>(position));
+}
+
+void swa_seal(std::vector<uint8_t>& bytes, int64_t position) {
+    const uint64_t h = swa_seal_of(bytes, position);
+    const auto* p = reinterpret_cast<const uint8_t*>(&h);
+    bytes.insert(bytes.end(), p, p + kSwaSealBytes);
+}
+
+bool swa_sealed_ok(const SwaState& st, size_t slot_bytes) {
+    if (st.bytes.size() != slot_bytes + kSwaSealBytes) return false;
+    uint64_t h = 0;
+    std::memcpy(&h, st.bytes.data() + slot_bytes, kSwaSealBytes);
+    return h == swa_seal_of(std::span<const uint8_t>(st.bytes).first(slot_bytes), st.key.position);
+}
 
 int64_t block_floats_of(const std::vector<CacheGroupSpec>& groups) {
     int64_t n = 0;  // every cache group's slice of one block
@@ -60,6 +84,14 @@ TieredCache::TieredCache(TieredCacheOptions options, std::unique_ptr<BlockPool> 
       swap_(options_.swap_space_bytes, block_floats_of(options_.groups)) {
     if (options_.state_floats > 0) {
         slots_ = std::make_unique<StateSlotPool>(options_.num_state_slots, options_.state_floats);
+        if (options_.prefix_cache) {
+            if (options_.swa_pool != nullptr) {
+                swa_ = options_.swa_pool;
+            } else if (options_.swa_pool_bytes > 0) {
+                owned_swa_ = std::make_unique<SwaStatePool>(options_.swa_pool_bytes);
+                swa_ = owned_swa_.get();
+            }
+        }
     }
     open_store();
 }
@@ -200,7 +232,8 @@ void TieredCache::ensure_keys(Seq& s, std::span<const int32_t> tokens, int64_t n
 
 // S-KV-9: a hit keeps at least one token back (its logits start the output).
 int64_t TieredCache::max_hit_blocks(size_t num_tokens) const {
-    if (!options_.prefix_cache) return 0;
+    // A state-slot layout resumes only from a stored state (SWA cache).
+    if (!options_.prefix_cache || (slots_ != nullptr && swa_ == nullptr)) return 0;
     return (static_cast<int64_t>(num_tokens) - 1) / kBlockTokens;
 }
 
@@ -309,6 +342,7 @@ void TieredCache::add(SeqId id, const BlockKey& salt, kvstore::TrafficClass traf
 
 void TieredCache::remove(SeqId id) {
     Seq& s = at(id);
+    swa_store_held(s);  // S-KV-9: at request end the latest complete copy is stored
     pool_->release_all(s.blocks);
     s.blocks.clear();
     release_staged(s);
@@ -332,6 +366,11 @@ std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
                                                          std::span<const int32_t> tokens) {
     Seq& s = at(id);
     AdmissionPeek p;
+    if (swa_ != nullptr) {  // no hit unless the SWA hit rule below finds one
+        s.swa_plan = SwaHitPlan{};
+        s.swa_plan.input_tokens = static_cast<int64_t>(tokens.size());
+        s.swa_start = 0;
+    }
     if (!s.swap_slots.empty()) {
         // Swapped out: its rows come back from host memory, no prefix lookup.
         p.num_cached_tokens = s.swapped_rows;
@@ -348,12 +387,57 @@ std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
         p.num_cached_tokens = static_cast<int64_t>(s.staged.size()) * kBlockTokens;
     } else if (max_hit > 0) {
         ensure_keys(s, tokens, max_hit);
-        const PrefixPeek hit =
+        PrefixPeek hit =
             pool_->peek(std::span<const BlockKey>(s.keys).first(static_cast<size_t>(max_hit)));
+        if (swa_ != nullptr) {
+            // S-KV-10: the blocks give L1, the stored states decide where to start.
+            Result<SwaHitPlan> plan = plan_swa_hit(
+                static_cast<int64_t>(tokens.size()), hit.num_hit_blocks * kBlockTokens,
+                [&](int64_t pos) { return swa_has_state(s, pos); });
+            DSI_CHECK(plan.is_ok(), plan.status().to_string());
+            s.swa_plan = *plan;
+            s.swa_start = swa_fallback_start(s, *plan);
+            if (s.swa_start < hit.num_hit_blocks * kBlockTokens) {
+                hit = pool_->peek(std::span<const BlockKey>(s.keys).first(
+                    static_cast<size_t>(s.swa_start / kBlockTokens)));
+            }
+        }
         p.num_cached_tokens = hit.num_hit_blocks * kBlockTokens;
         p.num_cached_unreferenced_blocks = hit.num_unreferenced;
     }
     return p;
+}
+
+bool TieredCache::swa_has_state(const Seq& s, int64_t position) const {
+    return position > 0 && position / kBlockTokens <= static_cast<int64_t>(s.keys.size()) &&
+           swa_->contains(swa_state_key(s.keys, position));
+}
+
+// S-KV-10 with exact replay: kExact starts at L1, kCatchUp at L1 - 128 (the plan's
+// compute_begin); kReplay would rebuild the window approximately, which this model
+// does not do: start at the newest stored state below L1 - 128, else at 0.
+int64_t TieredCache::swa_fallback_start(const Seq& s, const SwaHitPlan& plan) const {
+    if (plan.kind != SwaHitKind::kReplay) return plan.compute_begin;
+    for (int64_t pos = plan.hit_tokens - kBlockTokens; pos > 0; pos -= kBlockTokens) {
+        if (swa_has_state(s, pos)) return pos;
+    }
+    return 0;
+}
+
+// The state the hit starts from, pinned for the first step; false (a miss) when it is
+// gone or fails its seal (then it leaves the pool).
+bool TieredCache::swa_take_restore(Seq& s, int64_t hit_tokens) {
+    const SwaStateKey key = swa_state_key(s.keys, hit_tokens);
+    Result<std::shared_ptr<const SwaState>> st = swa_->get(key);
+    const size_t slot_bytes = static_cast<size_t>(options_.state_floats) * sizeof(float);
+    if (st.is_ok() && swa_sealed_ok(**st, slot_bytes)) {
+        s.swa_restore = std::move(st).value();
+        ++stats_.swa_states_restored;
+        return true;
+    }
+    if (st.is_ok()) (void)swa_->erase(key);
+    ++stats_.swa_states_rejected;
+    return false;
 }
 
 int64_t TieredCache::admit(SeqId id, int64_t num_cached_tokens) {
@@ -370,7 +454,26 @@ int64_t TieredCache::admit(SeqId id, int64_t num_cached_tokens) {
         s.num_store_blocks = s.swapped_rows / kBlockTokens;  // written before
         return s.swapped_rows;
     }
-    const int64_t hit = num_cached_tokens / kBlockTokens;
+    int64_t hit = num_cached_tokens / kBlockTokens;
+    if (swa_ != nullptr) {
+        s.swa_restore.reset();
+        if (hit > 0 && !swa_take_restore(s, hit * kBlockTokens)) hit = 0;  // a miss
+        if (hit * kBlockTokens == s.swa_start) {
+            stats_.swa.record(s.swa_plan, s.traffic);
+            stats_.swa_fallback_tokens += s.swa_plan.compute_begin - s.swa_start;
+        } else {  // the state was refused: nothing of the plan is used
+            SwaHitPlan none;
+            none.input_tokens = s.swa_plan.input_tokens;
+            stats_.swa.record(none, s.traffic);
+        }
+        s.swa_tracker = SwaStoreTracker();
+        s.swa_prompt = s.swa_plan.input_tokens;
+        DSI_CHECK(s.swa_tracker.begin_prefill(hit * kBlockTokens, s.swa_prompt).is_ok());
+        const Result<int64_t> p = prefill_store_position(s.swa_prompt);
+        s.swa_prefill_pos = p.is_ok() && *p > hit * kBlockTokens ? *p : 0;
+        s.swa_held_pos = 0;
+        s.swa_held.clear();
+    }
     if (!s.staged.empty()) {
         // S-KV-6: the fetched blocks go to the worker with this step's item
         // (take_swap_in); they are published after the step that copied them.
@@ -483,6 +586,7 @@ void TieredCache::publish(SeqId id, std::span<const int32_t> tokens, int64_t num
 
 bool TieredCache::preempt(SeqId id, int64_t rows) {
     Seq& s = at(id);
+    swa_store_held(s);  // the sequence may resume from it
     bool swapped = false;
     // State (window ring, partial windows) is not in the blocks: recompute.
     if (rows > 0 && slots_ == nullptr) {
@@ -509,6 +613,69 @@ bool TieredCache::preempt(SeqId id, int64_t rows) {
     return swapped;
 }
 
+SwaStepPlan TieredCache::plan_swa_step(SeqId id, int64_t begin, int64_t end) {
+    SwaStepPlan p;
+    p.end = end;
+    if (swa_ == nullptr) return p;
+    Seq& s = at(id);
+    p.restore = std::move(s.swa_restore);
+    s.swa_restore.reset();
+    // S-KV-9: the prefill's state at P is copied right after a step that ends at P.
+    const int64_t pp = s.swa_prefill_pos;
+    if (pp > 0 && begin < pp && pp <= end) {
+        p.end = pp;
+        p.capture_position = pp;
+    } else if (end > s.swa_prompt && end % kBlockTokens == 0 && begin < end) {
+        // S-KV-9: a copy each time decode crosses a boundary; taken right at it.
+        p.capture_position = end;
+    }
+    return p;
+}
+
+void TieredCache::on_swa_step(SeqId id, std::span<const int32_t> tokens, int64_t begin,
+                              int64_t end, std::vector<uint8_t> captured) {
+    if (swa_ == nullptr) return;
+    Seq& s = at(id);
+    SwaStoreTracker& t = s.swa_tracker;
+    const bool prefill = begin < s.swa_prompt;
+    int64_t landed = 0;
+    if (prefill) {
+        Result<std::optional<SwaCopyRegion>> r = t.on_prefill_chunk(begin, end);
+        DSI_CHECK(r.is_ok(), r.status().to_string());
+        if (r->has_value()) landed = (*r)->store_position;
+    } else {
+        Result<int64_t> b = t.on_tokens(end);
+        DSI_CHECK(b.is_ok(), b.status().to_string());
+        if (*b > 0 && *b == end && !captured.empty()) {
+            DSI_CHECK(t.on_copy_landed(*b, end).is_ok());  // taken at the boundary: lateness 0
+            landed = *b;
+        }
+    }
+    if (landed > 0 && !captured.empty()) {
+        DSI_CHECK_EQ(captured.size(), static_cast<size_t>(options_.state_floats) * sizeof(float));
+        ++stats_.swa_captures;
+        ensure_keys(s, tokens, landed / kBlockTokens);
+        swa_seal(captured, landed);
+        s.swa_held_pos = landed;
+        s.swa_held_key = swa_state_key(s.keys, landed);
+        s.swa_held = std::move(captured);
+    }
+    // S-KV-9: the prefill copy is stored once the prefill's last chunk has run.
+    if (prefill && end == s.swa_prompt && t.latest_complete() == s.swa_held_pos) swa_store_held(s);
+}
+
+void TieredCache::swa_store_held(Seq& s) {
+    if (swa_ == nullptr || s.swa_held.empty()) return;
+    // Only a complete copy (a prefill one becomes complete at the prefill's end).
+    if (s.swa_tracker.latest_complete() == s.swa_held_pos) {
+        if (swa_->put(s.swa_held_key, s.traffic, std::move(s.swa_held)).is_ok()) {
+            ++stats_.swa_states_stored;
+        }
+    }
+    s.swa_held.clear();
+    s.swa_held_pos = 0;
+}
+
 std::vector<HostCopy> TieredCache::take_saves() {
     std::vector<HostCopy> saves = std::move(pending_saves_);
     pending_saves_.clear();
@@ -528,6 +695,7 @@ void TieredCache::wait_for_fetch(int64_t max_wait_ms) {
 TieredCacheStats TieredCache::stats() const {
     TieredCacheStats s = stats_;
     s.pool = pool_->stats();
+    if (swa_ != nullptr) s.swa.set_pool(swa_->stats());
     s.swap_slots_held = swap_.num_held();
     if (slots_ != nullptr) s.state_slots_in_use = slots_->num_slots() - slots_->num_free();
     if (write_behind_ != nullptr) {

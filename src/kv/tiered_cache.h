@@ -11,6 +11,9 @@
 // (StateSlotPool): taken at admission, released at preemption and removal, handed to
 // the model through the block table's PagedKvCache::state(). Such state cannot be
 // restored from blocks, so a sequence holding a slot is always preempted by recompute.
+// When a copy of the slot taken after exactly B tokens (B a block boundary) resumes the
+// sequence from B (kernels/kv_cache.h KvLayout::state_snapshot_resumes: V4), prefixes
+// are cached with such copies: the SWA state cache (docs/swa_cache.md, S-KV-8..10).
 // The engine sees a sequence id and a few counts; it never touches blocks, pins,
 // tickets or slots. Sizes come in plain (cache groups, block count), not from a model.
 //
@@ -27,6 +30,18 @@
 //   - Preemption swaps when the host slots allow, all or nothing; else the rows are
 //     dropped (recompute). Slots released are reusable from the next plan on
 //     (end_plan()), so a save never overwrites a slot a pending restore still reads.
+//   - SWA state (state-slot layouts with an SWA pool; S-KV-9/10): a hit needs a stored
+//     slot copy at its length. peek_admission applies plan_swa_hit (hit <= L - 134, the
+//     state at L1 or L1 - 128); the model replays exactly, so where S-KV-10 would
+//     replay approximately (no state in [L1 - 128, L1]) the hit falls back to the
+//     newest stored state below, else 0 (a miss). The hit's blocks are [0, hit) only:
+//     a re-run unit is computed into new blocks, never over shared ones. admit() takes
+//     the state from the pool and checks its seal; a damaged or missing one is a miss.
+//     Copies are taken by whoever runs the forward pass right after the step that ends
+//     at the store position (plan_swa_step asks for them; a prefill chunk is cut there),
+//     so they are exact (lateness 0). The prefill copy is stored when the prefill's last
+//     chunk has run; decode copies at each 128-token boundary, the latest stored at
+//     remove() or preempt(). States never go to the store.
 //   - Block data hazards are ordered by the caller's steps (engine.h): a block released
 //     while a step may use it is handed out again only by a later plan.
 // Device-side copies (copy_block_to_host, copy_block_from_host, copy_fetched_layer) run
@@ -52,6 +67,8 @@
 #include "kv/kv_export.h"
 #include "kv/paged_kv_cache.h"
 #include "kv/state_slots.h"
+#include "kv/swa_pool.h"
+#include "kv/swa_rules.h"
 #include "kvstore/async_store.h"
 #include "kvstore/block_store.h"
 
@@ -87,6 +104,17 @@ void copy_block_from_host(BlockPool& pool, const HostCopy& c);
 // layer sizes were checked on admission (they are).
 void copy_fetched_layer(BlockPool& pool, const SwapIn& s, int64_t layer);
 
+// The SWA side of one planned step of a sequence (plan_swa_step).
+struct SwaStepPlan {
+    int64_t end = 0;  // where the step must end (a prefill chunk cut at the store position)
+    // > 0: copy the state slot after the step (its length is then capture_position) and
+    // hand the bytes to on_swa_step.
+    int64_t capture_position = 0;
+    // Set on the sequence's first step after admission: copy its bytes (the slot, then
+    // the seal) into the state slot before the step.
+    std::shared_ptr<const SwaState> restore;
+};
+
 struct TieredCacheOptions {
     // Device tier. Group 0 is what the store holds (one block = its layers).
     std::vector<CacheGroupSpec> groups;
@@ -97,6 +125,11 @@ struct TieredCacheOptions {
     // max_running_seqs), since admission takes one.
     int64_t state_floats = 0;
     int64_t num_state_slots = 0;
+    // SWA state cache (with state slots and prefix_cache; docs/swa_cache.md): a pool the
+    // caller owns (wins; REQUIRES: outlives the cache), else one of swa_pool_bytes (0 and
+    // no pool: off, and a state-slot layout gets no prefix hits).
+    SwaStatePool* swa_pool = nullptr;
+    int64_t swa_pool_bytes = 0;
     // Host tier: bytes of swap slots (0: preemption always recomputes).
     int64_t swap_space_bytes = 0;
     // Store tier: a store the caller owns (wins; REQUIRES: outlives the cache), else a
@@ -130,6 +163,17 @@ struct TieredCacheStats {
     int64_t fetch_count = 0, fetch_sum_ns = 0, fetch_max_ns = 0;
     int64_t fetch_buffers_allocated = 0, fetch_buffers_in_use = 0, fetch_buffer_leases = 0;
     BlockPoolStats pool;
+    // SWA state cache: the hit rule's counters per traffic class (with the pool's bytes
+    // and evictions), and this cache's own: slot copies taken, states put in the pool,
+    // states restored at admission, states refused at admission (seal, size or gone:
+    // a miss), and tokens computed past S-KV-10's plan because the model replays
+    // exactly (its kReplay falls back to an older state).
+    SwaCacheCounters swa;
+    int64_t swa_captures = 0;
+    int64_t swa_states_stored = 0;
+    int64_t swa_states_restored = 0;
+    int64_t swa_states_rejected = 0;
+    int64_t swa_fallback_tokens = 0;
 };
 
 // What admission would find for a waiting sequence now.
@@ -204,6 +248,17 @@ public:
     // are released either way.
     bool preempt(SeqId id, int64_t rows);
 
+    // --- SWA state (no-ops without an SWA pool) ---
+    bool swa_enabled() const { return swa_ != nullptr; }
+    // The step [begin, end) of a running sequence: cut at the prefill store position,
+    // whether to copy the slot after it, the state to restore before it (once).
+    SwaStepPlan plan_swa_step(SeqId id, int64_t begin, int64_t end);
+    // The step [begin, end) has run (results in order); `captured`: the slot copy it
+    // asked for (state_floats words as bytes), else empty. `tokens`: the sequence's
+    // known tokens (the state's chain key). Stores what S-KV-9 says is complete.
+    void on_swa_step(SeqId id, std::span<const int32_t> tokens, int64_t begin, int64_t end,
+                     std::vector<uint8_t> captured);
+
     // --- plans ---
     // Saves queued by preempt() since the last call: the next step runs them first.
     std::vector<HostCopy> take_saves();
@@ -250,6 +305,18 @@ private:
         std::vector<int32_t> swap_slots;
         int64_t swapped_rows = 0;
         SlotId state_slot = -1;  // admitted, with a state-slot layout
+        // SWA state (swa_ set): the last peek's plan and where it starts; per epoch the
+        // tracker, the prefill store position, the state to restore at the first step,
+        // and the latest complete copy not yet in the pool.
+        SwaHitPlan swa_plan;
+        int64_t swa_start = 0;
+        SwaStoreTracker swa_tracker;
+        int64_t swa_prompt = 0;
+        int64_t swa_prefill_pos = 0;
+        std::shared_ptr<const SwaState> swa_restore;
+        int64_t swa_held_pos = 0;
+        std::vector<uint8_t> swa_held;  // sealed
+        SwaStateKey swa_held_key;
     };
 
     TieredCache(TieredCacheOptions options, std::unique_ptr<BlockPool> pool);
@@ -267,11 +334,19 @@ private:
     void drop_fetch(Seq& s);
     void release_staged(Seq& s);
     void release_state(Seq& s);
+    // SWA: the newest usable start <= the plan (exact replay), the restore at admission,
+    // and storing the held copy.
+    int64_t swa_fallback_start(const Seq& s, const SwaHitPlan& plan) const;
+    bool swa_take_restore(Seq& s, int64_t hit_tokens);
+    void swa_store_held(Seq& s);
+    bool swa_has_state(const Seq& s, int64_t position) const;
 
     TieredCacheOptions options_;
     std::unique_ptr<BlockPool> pool_;
     HostSwapSpace swap_;
     std::unique_ptr<StateSlotPool> slots_;  // null: the model keeps no per-sequence state
+    std::unique_ptr<SwaStatePool> owned_swa_;
+    SwaStatePool* swa_ = nullptr;  // null: no SWA state cache
     std::vector<HostCopy> pending_saves_;
     std::map<SeqId, Seq> seqs_;  // by id (= arrival order)
     int64_t num_fetching_ = 0;

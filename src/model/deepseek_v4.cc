@@ -921,7 +921,12 @@ void DeepseekV4Model::Impl::plan_cache() {
     layout.prefix_reusable = false;
     layout.not_reusable_reason =
         "DeepSeek V4 keeps a sliding-window ring and compressor partial windows per sequence "
-        "that paged blocks cannot restore; V4 prefix caching is issue 16";
+        "that paged blocks cannot restore (prefixes are cached in this process with copies "
+        "of that state: docs/swa_cache.md)";
+    // The slot holds the lengths, every window ring (position p at p % window) and the
+    // compressors' accumulators (at a block boundary: the ratio-4 overlap rows of the
+    // group before it), all position-addressed: a copy taken after B tokens resumes at B.
+    layout.state_snapshot_resumes = true;
 }
 
 void DeepseekV4Model::Impl::reset_state(float* slot) const {

@@ -35,7 +35,9 @@
 // bytes (e4m3, head_dim 512); a key row index_head_dim floats or 68 bytes. A step at start_pos 0 resets the slot (the
 // accumulators' scores to -inf); the window ring and entries are only read where
 // written. Prefixes are not reusable from the paged groups alone (the slot depends on
-// the whole history; issue 16 adds V4 prefix caching).
+// the whole history), but a copy of the slot taken after B tokens resumes the sequence
+// at B with the paged groups of [0, B) (KvLayout::state_snapshot_resumes): the engine's
+// SWA state cache (docs/swa_cache.md).
 //
 // Thread model: a loaded model is immutable; forward calls use the model's thread
 // pool, so callers serialise them. A V4State belongs to one sequence.

@@ -1,7 +1,11 @@
 #include "server/metrics.h"
 
 #include <cstdio>
+#include <string>
 #include <tuple>
+
+#include "kv/swa_pool.h"
+#include "kvstore/store_key.h"
 
 namespace dsi::server {
 namespace {
@@ -184,6 +188,48 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
             static_cast<double>(s.engine.store_miss_blocks));
     counter(&out, "dsinfer_store_blocks_written_total", "blocks written behind to the KV store",
             static_cast<double>(s.engine.store_blocks_written));
+    // SWA state cache (issue 16, docs/swa_cache.md): the hit rule per traffic class.
+    using C = kv::SwaCacheClassCounters;
+    const std::tuple<const char*, const char*, const char*, int64_t C::*> swa[] = {
+        {"dsinfer_swa_requests_total", "counter", "admissions the SWA hit rule planned",
+         &C::requests},
+        {"dsinfer_swa_block_hits_total", "counter", "admissions with block KV reused (L1 > 0)",
+         &C::block_hits},
+        {"dsinfer_swa_block_hit_tokens_total", "counter", "block-KV hit tokens (L1)",
+         &C::block_hit_tokens},
+        {"dsinfer_swa_hit_tokens_total", "counter", "S-KV-10 hit tokens", &C::hit_tokens},
+        {"dsinfer_swa_hits_total", "counter", "hits with an SWA state in [L1 - 128, L1]",
+         &C::swa_hits},
+        {"dsinfer_swa_exact_hits_total", "counter", "hits with an SWA state at L1",
+         &C::swa_exact_hits},
+        {"dsinfer_swa_catch_up_tokens_total", "counter",
+         "tokens re-run exactly from the state at L1 - 128", &C::catch_up_tokens},
+        {"dsinfer_swa_replays_total", "counter", "hits without an SWA state (replay)",
+         &C::replays},
+        {"dsinfer_swa_replay_tokens_total", "counter", "tokens of the replayed units",
+         &C::replay_tokens},
+        {"dsinfer_swa_pool_bytes", "gauge", "bytes of stored SWA states", &C::pool_bytes},
+        {"dsinfer_swa_pool_evictions_total", "counter", "SWA states evicted (LRU)",
+         &C::pool_evictions},
+    };
+    for (const auto& [name, type, help, field] : swa) {
+        header(&out, name, type, help);
+        for (int c = 0; c < kvstore::kNumTrafficClasses; ++c) {
+            const auto tc = static_cast<kvstore::TrafficClass>(c);
+            line(&out,
+                 std::string(name) + "{traffic_class=\"" +
+                     std::string(kvstore::traffic_class_name(tc)) + "\"}",
+                 static_cast<double>(s.engine.swa.by_class[static_cast<size_t>(c)].*field));
+        }
+    }
+    counter(&out, "dsinfer_swa_fallback_tokens_total",
+            "tokens computed past the SWA hit rule's plan (exact replay from an older state)",
+            static_cast<double>(s.engine.swa_fallback_tokens));
+    counter(&out, "dsinfer_swa_states_stored_total", "SWA states put in the pool",
+            static_cast<double>(s.engine.swa_states_stored));
+    counter(&out, "dsinfer_swa_states_rejected_total",
+            "SWA states refused at admission (damaged or gone: a miss)",
+            static_cast<double>(s.engine.swa_states_rejected));
     return out;
 }
 

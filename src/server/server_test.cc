@@ -790,5 +790,41 @@ TEST(MetricsTest, RendersSpeculationCounters) {
     }
 }
 
+// SWA state cache counters (issue 16): per traffic class, and the engine's own.
+TEST(MetricsTest, RendersSwaCacheCounters) {
+    ServiceStats st;
+    kv::SwaCacheClassCounters& chat = st.engine.swa.by_class[0];
+    chat.requests = 4;
+    chat.block_hit_tokens = 768;
+    chat.swa_exact_hits = 2;
+    chat.pool_bytes = 1000;
+    st.engine.swa.by_class[1].replay_tokens = 128;
+    st.engine.swa_fallback_tokens = 256;
+    st.engine.swa_states_rejected = 1;
+    const std::string text = Metrics().render(st, 0, true);
+    for (const char* want :
+         {"# TYPE dsinfer_swa_requests_total counter
+",
+          "dsinfer_swa_requests_total{traffic_class=\"chatbot\"} 4
+",
+          "dsinfer_swa_requests_total{traffic_class=\"agent\"} 0
+",
+          "dsinfer_swa_block_hit_tokens_total{traffic_class=\"chatbot\"} 768
+",
+          "dsinfer_swa_exact_hits_total{traffic_class=\"chatbot\"} 2
+",
+          "# TYPE dsinfer_swa_pool_bytes gauge
+",
+          "dsinfer_swa_pool_bytes{traffic_class=\"chatbot\"} 1000
+",
+          "dsinfer_swa_replay_tokens_total{traffic_class=\"agent\"} 128
+",
+          "dsinfer_swa_fallback_tokens_total 256
+", "dsinfer_swa_states_rejected_total 1
+"}) {
+        EXPECT_NE(text.find(want), std::string::npos) << want;
+    }
+}
+
 }  // namespace
 }  // namespace dsi::server
