@@ -609,15 +609,9 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
     DSI_RETURN_IF_ERROR(options.scheduler.validate());
     const KvLayout layout = model->kv_layout();
     if (layout.state_snapshot_resumes && layout.state_floats > 0) {
-        // Prefixes through the SWA state cache (docs/swa_cache.md): in this process only;
-        // the store tier and swapping do not carry the state slot yet.
-        if (options.kv_store != nullptr || !options.kv_store_uri.empty() ||
-            options.swap_space_bytes > 0) {
-            DSI_LOG(kInfo) << "the KV store and preemption by swapping are off: "
-                           << layout.not_reusable_reason;
-        }
-        options.kv_store = nullptr;
-        options.kv_store_uri.clear();
+        // Prefixes through the SWA state cache (docs/swa_cache.md): blocks (every cache
+        // group) go through the store tier, the state stays in this process's pool; a
+        // preempted sequence recomputes (swapping does not carry the state slot).
         options.swap_space_bytes = 0;
     } else if (!layout.prefix_reusable) {
         // Never offer a hit the model cannot honour (docs/engine.md, "Models with state").

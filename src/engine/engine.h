@@ -274,10 +274,11 @@ struct EngineStats {
     int64_t swa_fallback_tokens = 0;
 };
 
-// One KV block as the store tier and the prefill -> decode hand-over carry it: group 0
-// of the model's KV layout, every layer's rows of 128 tokens. nullopt when the model's
-// prefixes are not reusable or its layout has per-sequence state or several groups
-// (V4): such a model has no store tier and no hand-over.
+// One KV block as the prefill -> decode hand-over carries it: group 0 of the model's KV
+// layout, every layer's rows of 128 tokens. nullopt when the model's prefixes are not
+// reusable or its layout has per-sequence state or several groups (V4): such a model
+// has no hand-over (V4's blocks reach the store tier through kv::TieredCache, every
+// cache group's layers in one block, with the SWA state cache: docs/swa_cache.md).
 struct StoreBlockShape {
     uint32_t num_layers = 0;
     uint64_t layer_block_bytes = 0;

@@ -6,7 +6,11 @@
 // inline steps, preemption (always by recompute), aborts and n > 1.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <vector>
@@ -16,6 +20,7 @@
 #include "engine/engine_test_util.h"
 #include "kv/block_key.h"
 #include "kv/swa_pool.h"
+#include "kvstore/store_key.h"
 #include "model/deepseek_v4.h"
 #include "model/synthetic.h"
 
@@ -411,6 +416,75 @@ TEST(EngineV4Test, DecodeCopiesServeTheNextTurn) {
     expect_same(got, reference(next, 6), "next turn");
     EXPECT_EQ(cached, 256);
     EXPECT_EQ(h.engine->stats().swa.total().swa_exact_hits, 1);
+}
+
+// V4 blocks (every cache group's layers) through a file:// store: written behind, fetched
+// by a fresh engine whose SWA pool still holds the state (the state outlived the engine:
+// a pool the test owns); after a restart without the states nothing is fetched (the
+// rule falls back to 0); a damaged block ends the fetched chain and the hit falls back
+// to an older state. Every output is the cold one, bitwise.
+TEST(EngineV4Test, BlocksThroughAFileStoreHitWithAStoredState) {
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::temp_directory_path() /
+                         ("dsi_engine_v4_store_" + std::to_string(::getpid()) + "_" +
+                          std::to_string(std::random_device{}()));
+    fs::create_directories(dir);
+    const std::vector<int32_t> base = make_prompt(720, 90);
+    kv::SwaStatePool pool(int64_t{1} << 30);
+    EngineOptions o = base_options();
+    o.swa_pool = &pool;
+    o.kv_store_uri = "file://" + dir.string();
+    {
+        Harness a(o, Env::default_env(), &v4_model());  // states at 128 and 384, blocks 0-2
+        run_one(a, head(base, 129), 1);
+        run_one(a, head(base, 385), 1);
+        EXPECT_EQ(a.engine->stats().store_blocks_offered, 3);
+    }  // the write-behind drains here
+    {
+        Harness b(o, Env::default_env(), &v4_model());
+        const std::vector<int32_t> p = head(base, 520);  // L1 = 384: the state is there
+        auto [got, cached] = run_one(b, p, 3);
+        expect_same(got, reference(p, 3), "fresh engine, blocks from the store");
+        EXPECT_EQ(cached, 384);
+        const EngineStats s = b.engine->stats();
+        EXPECT_EQ(s.store_hit_blocks, 3);
+        EXPECT_EQ(s.swa_states_restored, 1);
+        EXPECT_EQ(s.store_blocks_offered, 1);  // block 3; fetched ones are not written back
+    }
+    {
+        kv::SwaStatePool fresh(int64_t{1} << 30);  // a restart: no state survives
+        EngineOptions oc = o;
+        oc.swa_pool = &fresh;
+        Harness c(oc, Env::default_env(), &v4_model());
+        const std::vector<int32_t> p = head(base, 520);
+        auto [got, cached] = run_one(c, p, 3);
+        expect_same(got, reference(p, 3), "restart");
+        EXPECT_EQ(cached, 0);
+        EXPECT_EQ(c.engine->stats().store_lookups, 0);  // no block is worth fetching
+    }
+    // Damage block 2: the fetched chain is blocks 0-1; L1 = 256 has no state, 128 has:
+    // start at 128 (catch-up), block 1 let go.
+    const std::vector<kv::BlockKey> keys =
+        kv::chain_keys(std::span<const int32_t>(base).first(384), kv::make_salt("model", ""));
+    const std::string hex = kvstore::to_hex(kvstore::StoreKey{keys[2].lo, keys[2].hi});
+    const fs::path file = dir / "blocks" / hex.substr(0, 2) / (hex + ".blk");
+    ASSERT_TRUE(fs::exists(file));
+    {
+        std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+        f.seekp(static_cast<std::streamoff>(fs::file_size(file) - 100));
+        f.put('\x5a');
+    }
+    {
+        Harness d(o, Env::default_env(), &v4_model());
+        const std::vector<int32_t> p = head(base, 700);  // L1 = 512: state (from b) at 512
+        auto [got, cached] = run_one(d, p, 3);
+        expect_same(got, reference(p, 3), "damaged block");
+        EXPECT_EQ(cached, 128);
+        const EngineStats s = d.engine->stats();
+        EXPECT_GT(s.store_miss_blocks, 0);
+        EXPECT_EQ(s.swa.total().catch_up_tokens, 128);
+    }
+    fs::remove_all(dir);
 }
 
 // A pool too small for one state refuses it: nothing is stored, nothing hits.

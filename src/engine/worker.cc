@@ -146,18 +146,25 @@ StepResult Worker::execute(StepPlan& plan) {
     }
     if (any_swap) {
         swap_start_ns = steady_clock_ns();
-        swapper = std::thread([&] {
+        if (pool_->groups().size() > 1) {
+            // Several cache groups (V4): the model reads them through entry(), which the
+            // gate does not guard; copy every layer before the forward pass.
             swap_in_layers(plan, gate);
             swap_end_ns.store(steady_clock_ns(), std::memory_order_release);
-        });
-        // Counted: this forward pass starts before the last layer has arrived.
-        if (gate.ready() < pool_->groups()[0].num_layers) {
-            for (const StepItem& it : plan.items) r.swap_in_overlapped += !it.swap_in.blocks.empty();
+        } else {
+            swapper = std::thread([&] {
+                swap_in_layers(plan, gate);
+                swap_end_ns.store(steady_clock_ns(), std::memory_order_release);
+            });
+            // Counted: this forward pass starts before the last layer has arrived.
+            if (gate.ready() < pool_->groups()[0].num_layers) {
+                for (const StepItem& it : plan.items) r.swap_in_overlapped += !it.swap_in.blocks.empty();
+            }
         }
     }
     r.status = model_->forward_batch(steps_, out_);
     if (any_swap) {
-        swapper.join();
+        if (swapper.joinable()) swapper.join();
         r.swap_in_ns = swap_end_ns.load(std::memory_order_acquire) - swap_start_ns;
         r.swap_in_wait_ns = gate.wait_ns();
         for (const StepItem& it : plan.items) {
@@ -379,7 +386,7 @@ void Worker::cut_forbidden_drafts(const WorkerSeq& ws, std::vector<int32_t>& dra
 }
 
 void Worker::swap_in_layers(StepPlan& plan, kv::LayerGate& gate) {
-    const int64_t num_layers = pool_->groups()[0].num_layers;  // what the store holds
+    const int64_t num_layers = kv::num_store_layers(*pool_);  // what the store holds
     for (int64_t l = 0; l < num_layers; ++l) {
         if (swap_in_layer_delay_us_ > 0)
             std::this_thread::sleep_for(std::chrono::microseconds(swap_in_layer_delay_us_));

@@ -59,12 +59,27 @@ void copy_block_from_host(BlockPool& pool, const HostCopy& c) {
     }
 }
 
+int64_t num_store_layers(const BlockPool& pool) {
+    int64_t n = 0;
+    for (const CacheGroupSpec& g : pool.groups()) n += g.num_layers;
+    return n;
+}
+
 void copy_fetched_layer(BlockPool& pool, const SwapIn& s, int64_t layer) {
-    const CacheGroupSpec& g = pool.groups()[0];
-    const int64_t layer_floats = g.entries_per_block() * g.floats_per_entry;
     std::span<const uint8_t> src = s.data->layer(static_cast<uint32_t>(layer));
-    // A block is [layer][entry][floats].
-    std::memcpy(pool.data(0, s.block) + layer * layer_floats, src.data(), src.size());
+    int64_t l = layer;
+    for (size_t g = 0; g < pool.groups().size(); ++g) {
+        const CacheGroupSpec& spec = pool.groups()[g];
+        if (l >= spec.num_layers) {
+            l -= spec.num_layers;
+            continue;
+        }
+        // A group's block is [layer][entry][floats].
+        const int64_t layer_floats = spec.entries_per_block() * spec.floats_per_entry;
+        std::memcpy(pool.data(g, s.block) + l * layer_floats, src.data(), src.size());
+        return;
+    }
+    DSI_CHECK(false, "store layer ", layer, " outside the block");
 }
 
 Result<std::unique_ptr<TieredCache>> TieredCache::create(TieredCacheOptions options) {
@@ -133,7 +148,7 @@ void TieredCache::open_store() {
     // each sized for one encoded block; the swap-in copies from them.
     kvstore::Fetcher::Options fo;
     fo.buffer_bytes = kvstore::header_bytes(static_cast<uint32_t>(store_layers())) +
-                      static_cast<size_t>(layer_bytes() * store_layers());
+                      static_cast<size_t>(block_payload_bytes());
     fo.max_buffers = std::max<int64_t>(
         1, options_.fetch_buffer_bytes / static_cast<int64_t>(fo.buffer_bytes));
     fetcher_ = std::make_unique<kvstore::Fetcher>(store_, fo);
@@ -151,9 +166,19 @@ const TieredCache::Seq& TieredCache::at(SeqId id) const {
     return it->second;
 }
 
-int64_t TieredCache::layer_bytes() const {
-    const CacheGroupSpec& g = options_.groups[0];
-    return g.entries_per_block() * g.floats_per_entry * static_cast<int64_t>(sizeof(float));
+int64_t TieredCache::layer_bytes(int64_t i) const {
+    for (const CacheGroupSpec& g : options_.groups) {
+        if (i < g.num_layers) {
+            return g.entries_per_block() * g.floats_per_entry * static_cast<int64_t>(sizeof(float));
+        }
+        i -= g.num_layers;
+    }
+    DSI_CHECK(false, "store layer outside the block");
+    return 0;
+}
+
+int64_t TieredCache::block_payload_bytes() const {
+    return block_floats_of(options_.groups) * static_cast<int64_t>(sizeof(float));
 }
 
 kvstore::BlockInfo TieredCache::store_info(const Seq& s, std::span<const int32_t> tokens,
@@ -174,16 +199,19 @@ kvstore::BlockInfo TieredCache::store_info(const Seq& s, std::span<const int32_t
 // bounded copy here (WriteBehind::offer copies and never blocks; a full queue drops).
 void TieredCache::offer_block(const Seq& s, std::span<const int32_t> tokens, int64_t b) {
     if (write_behind_ == nullptr) return;
-    const float* base = pool_->data(0, s.blocks[b]);
-    const int64_t floats = layer_bytes() / static_cast<int64_t>(sizeof(float));
-    std::vector<std::span<const uint8_t>> layers;
-    for (int64_t l = 0; l < store_layers(); ++l) {
-        layers.emplace_back(reinterpret_cast<const uint8_t*>(base + l * floats),
-                            static_cast<size_t>(layer_bytes()));
+    std::vector<std::span<const uint8_t>> layers;  // every group's layers (num_store_layers)
+    for (size_t g = 0; g < options_.groups.size(); ++g) {
+        const float* base = pool_->data(g, s.blocks[b]);
+        const CacheGroupSpec& spec = options_.groups[g];
+        const int64_t floats = spec.entries_per_block() * spec.floats_per_entry;
+        for (int64_t l = 0; l < spec.num_layers; ++l) {
+            layers.emplace_back(reinterpret_cast<const uint8_t*>(base + l * floats),
+                                static_cast<size_t>(floats) * sizeof(float));
+        }
     }
     if (write_behind_->offer(store_info(s, tokens, b), layers)) {
         ++stats_.store_blocks_offered;
-        stats_.store_bytes_offered += layer_bytes() * store_layers();
+        stats_.store_bytes_offered += block_payload_bytes();
     } else {
         ++stats_.store_blocks_dropped;
     }
@@ -201,14 +229,14 @@ std::shared_ptr<const KvExport> TieredCache::export_blocks(SeqId id,
     e->dtype = options_.store_dtype;
     e->traffic_class = s.traffic;
     e->block_tokens = static_cast<uint32_t>(kBlockTokens);
-    e->layer_block_bytes = static_cast<uint64_t>(layer_bytes());
+    e->layer_block_bytes = static_cast<uint64_t>(layer_bytes(0));
     const auto n = static_cast<size_t>(s.num_published);
     for (size_t b = 0; b < n; ++b) {
         e->keys.push_back(kvstore::StoreKey{s.keys[b].lo, s.keys[b].hi});
         e->token_hashes.push_back(kvstore::token_ids_hash(
             tokens.subspan(b * static_cast<size_t>(kBlockTokens), kBlockTokens)));
     }
-    const int64_t floats = layer_bytes() / static_cast<int64_t>(sizeof(float));
+    const int64_t floats = layer_bytes(0) / static_cast<int64_t>(sizeof(float));
     e->layers.resize(static_cast<size_t>(store_layers()));
     for (size_t l = 0; l < e->layers.size(); ++l) {
         std::vector<uint8_t>& dst = e->layers[l];
@@ -300,7 +328,7 @@ void TieredCache::resolve_fetch(Seq& s) {
         const kvstore::Block& b = **r;
         bool ok = b.num_layers() == static_cast<uint32_t>(store_layers());
         for (uint32_t l = 0; ok && l < b.num_layers(); ++l)
-            ok = static_cast<int64_t>(b.layer(l).size()) == layer_bytes();
+            ok = static_cast<int64_t>(b.layer(l).size()) == layer_bytes(l);
         if (!ok) break;
         got.push_back(std::move(r).value());
     }
@@ -378,9 +406,21 @@ std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
         return p;
     }
     const int64_t max_hit = max_hit_blocks(tokens.size());
+    const auto len = static_cast<int64_t>(tokens.size());
     if (max_hit > 0 && store_ != nullptr && !s.store_checked && s.staged.empty()) {
         ensure_keys(s, tokens, max_hit);
-        if (start_fetch(s, tokens, max_hit)) return std::nullopt;
+        // SWA: no block is fetched past where a stored state lets the sequence start.
+        const int64_t fetch_max =
+            swa_ != nullptr ? swa_plan_start(s, len, max_hit * kBlockTokens) / kBlockTokens
+                            : max_hit;
+        if (fetch_max > 0 && start_fetch(s, tokens, fetch_max)) return std::nullopt;
+    }
+    if (!s.staged.empty() && swa_ != nullptr) {
+        // The fetched chain may be shorter than asked, or a state gone: start where the
+        // rule says with the blocks held, and let go of those past it.
+        const int64_t start =
+            swa_plan_start(s, len, static_cast<int64_t>(s.staged.size()) * kBlockTokens);
+        trim_staged(s, start / kBlockTokens);
     }
     if (!s.staged.empty()) {
         // Prefix blocks already held (local pins + fetched): nothing to pin.
@@ -391,12 +431,7 @@ std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
             pool_->peek(std::span<const BlockKey>(s.keys).first(static_cast<size_t>(max_hit)));
         if (swa_ != nullptr) {
             // S-KV-10: the blocks give L1, the stored states decide where to start.
-            Result<SwaHitPlan> plan = plan_swa_hit(
-                static_cast<int64_t>(tokens.size()), hit.num_hit_blocks * kBlockTokens,
-                [&](int64_t pos) { return swa_has_state(s, pos); });
-            DSI_CHECK(plan.is_ok(), plan.status().to_string());
-            s.swa_plan = *plan;
-            s.swa_start = swa_fallback_start(s, *plan);
+            swa_plan_start(s, len, hit.num_hit_blocks * kBlockTokens);
             if (s.swa_start < hit.num_hit_blocks * kBlockTokens) {
                 hit = pool_->peek(std::span<const BlockKey>(s.keys).first(
                     static_cast<size_t>(s.swa_start / kBlockTokens)));
@@ -406,6 +441,29 @@ std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
         p.num_cached_unreferenced_blocks = hit.num_unreferenced;
     }
     return p;
+}
+
+int64_t TieredCache::swa_plan_start(Seq& s, int64_t input_tokens, int64_t block_hit_tokens) {
+    Result<SwaHitPlan> plan = plan_swa_hit(input_tokens, block_hit_tokens,
+                                           [&](int64_t pos) { return swa_has_state(s, pos); });
+    DSI_CHECK(plan.is_ok(), plan.status().to_string());
+    s.swa_plan = *plan;
+    s.swa_start = swa_fallback_start(s, *plan);
+    return s.swa_start;
+}
+
+void TieredCache::trim_staged(Seq& s, int64_t keep_blocks) {
+    const auto keep = static_cast<size_t>(keep_blocks);
+    if (s.staged.size() <= keep) return;
+    if (keep == 0) {
+        release_staged(s);
+        return;
+    }
+    pool_->release_all(std::span<const BlockId>(s.staged).subspan(keep));
+    s.staged.resize(keep);
+    const auto first = static_cast<size_t>(s.staged_first);
+    s.staged_data.resize(keep > first ? std::min(s.staged_data.size(), keep - first) : 0);
+    s.staged_first = std::min<int64_t>(s.staged_first, keep_blocks);
 }
 
 bool TieredCache::swa_has_state(const Seq& s, int64_t position) const {
@@ -457,7 +515,10 @@ int64_t TieredCache::admit(SeqId id, int64_t num_cached_tokens) {
     int64_t hit = num_cached_tokens / kBlockTokens;
     if (swa_ != nullptr) {
         s.swa_restore.reset();
-        if (hit > 0 && !swa_take_restore(s, hit * kBlockTokens)) hit = 0;  // a miss
+        if (hit > 0 && !swa_take_restore(s, hit * kBlockTokens)) {  // a miss
+            hit = 0;
+            release_staged(s);
+        }
         if (hit * kBlockTokens == s.swa_start) {
             stats_.swa.record(s.swa_plan, s.traffic);
             stats_.swa_fallback_tokens += s.swa_plan.compute_begin - s.swa_start;

@@ -100,7 +100,12 @@ struct HostCopy {
 // Every cache group's slice of the block, back to back, to/from the host slot.
 void copy_block_to_host(BlockPool& pool, const HostCopy& c);
 void copy_block_from_host(BlockPool& pool, const HostCopy& c);
-// Layer `layer` of a fetched block into group 0 of its pool block. REQUIRES: the block's
+// A block in the store: every cache group's layers, in group order (store layer i is
+// group 0's layer i, then group 1's layers, ...); one layer is that group's slice of the
+// block for that layer ([entry][floats]). V2/V3: the one `mla` group. V4: the `c4`
+// entries, the `c4_index` keys, the `c128` entries (docs/swa_cache.md).
+int64_t num_store_layers(const BlockPool& pool);
+// Store layer `layer` of a fetched block into its pool block. REQUIRES: the block's
 // layer sizes were checked on admission (they are).
 void copy_fetched_layer(BlockPool& pool, const SwapIn& s, int64_t layer);
 
@@ -116,7 +121,7 @@ struct SwaStepPlan {
 };
 
 struct TieredCacheOptions {
-    // Device tier. Group 0 is what the store holds (one block = its layers).
+    // Device tier. The store holds every group's layers of a block (num_store_layers).
     std::vector<CacheGroupSpec> groups;
     int64_t num_blocks = 0;
     bool prefix_cache = true;
@@ -323,8 +328,10 @@ private:
     void open_store();
     Seq& at(SeqId id);
     const Seq& at(SeqId id) const;
-    int64_t layer_bytes() const;
-    int64_t store_layers() const { return options_.groups[0].num_layers; }
+    // Bytes of store layer i (num_store_layers), and of all of them.
+    int64_t layer_bytes(int64_t i) const;
+    int64_t block_payload_bytes() const;
+    int64_t store_layers() const { return num_store_layers(*pool_); }
     kvstore::BlockInfo store_info(const Seq& s, std::span<const int32_t> tokens, int64_t b) const;
     void offer_block(const Seq& s, std::span<const int32_t> tokens, int64_t b);
     void ensure_keys(Seq& s, std::span<const int32_t> tokens, int64_t n);
@@ -337,6 +344,11 @@ private:
     // SWA: the newest usable start <= the plan (exact replay), the restore at admission,
     // and storing the held copy.
     int64_t swa_fallback_start(const Seq& s, const SwaHitPlan& plan) const;
+    // The hit rule for L = input_tokens over `block_hit_tokens` of blocks: sets the
+    // sequence's plan and start and returns the start.
+    int64_t swa_plan_start(Seq& s, int64_t input_tokens, int64_t block_hit_tokens);
+    // Keeps the first keep_blocks staged blocks, releases the rest.
+    void trim_staged(Seq& s, int64_t keep_blocks);
     bool swa_take_restore(Seq& s, int64_t hit_tokens);
     void swa_store_held(Seq& s);
     bool swa_has_state(const Seq& s, int64_t position) const;

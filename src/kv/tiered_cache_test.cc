@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
+#include <span>
 #include <vector>
 
 namespace dsi::kv {
@@ -89,6 +91,73 @@ TEST(TieredCacheStateTest, BadStateOptionsAreRejected) {
     o.state_floats = -1;
     o.num_state_slots = 1;
     EXPECT_FALSE(TieredCache::create(o).is_ok());
+}
+
+// The SWA state cache's bookkeeping (docs/swa_cache.md "Engine wiring"), as the engine
+// drives it: the prefill chunk cut at the store position, the copy stored when the
+// prefill ends, then a longer prompt on the same prefix starts from it with its bytes.
+TEST(TieredCacheStateTest, SwaStatesAreCapturedAtStorePositionsAndRestoredOnAHit) {
+    SwaStatePool pool(int64_t{1} << 20);
+    TieredCacheOptions o;
+    o.groups = v4_like_groups();
+    o.num_blocks = 16;
+    o.state_floats = 16;
+    o.num_state_slots = 2;
+    o.swa_pool = &pool;
+    auto cache = TieredCache::create(o).value();
+    ASSERT_TRUE(cache->swa_enabled());
+    const BlockKey salt = make_salt("m", "");
+    std::vector<int32_t> a(300);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i % 97);
+    cache->add(1, salt, kvstore::TrafficClass::kAgent);
+    ASSERT_EQ(cache->peek_admission(1, a)->num_cached_tokens, 0);
+    EXPECT_EQ(cache->admit(1, 0), 0);
+    ASSERT_TRUE(cache->grow(1, 3).is_ok());
+    // S-KV-9: P = floor(299 / 128) * 128 = 256; the chunk [0, 300) is cut there.
+    SwaStepPlan p1 = cache->plan_swa_step(1, 0, 300);
+    EXPECT_EQ(p1.end, 256);
+    EXPECT_EQ(p1.capture_position, 256);
+    EXPECT_EQ(p1.restore, nullptr);
+    const std::vector<uint8_t> slot(16 * sizeof(float), 0xab);
+    cache->publish(1, a, 2);
+    cache->on_swa_step(1, a, 0, 256, slot);
+    EXPECT_EQ(pool.stats().num_entries, 0);  // held until the prefill's last chunk
+    SwaStepPlan p2 = cache->plan_swa_step(1, 256, 300);
+    EXPECT_EQ(p2.end, 300);
+    EXPECT_EQ(p2.capture_position, 0);
+    cache->on_swa_step(1, a, 256, 300, {});
+    const SwaStateKey key = swa_state_key(chain_keys(std::span<const int32_t>(a).first(256), salt), 256);
+    ASSERT_TRUE(pool.contains(key));
+    EXPECT_EQ(pool.stats().bytes_by_class[static_cast<size_t>(kvstore::TrafficClass::kAgent)],
+              static_cast<int64_t>(slot.size() + 8));  // the copy and its seal
+    cache->remove(1);
+
+    // 450 tokens on the same prefix: L1 = min(2 published blocks, 450 - 134 -> 256) = 256,
+    // the state is there: start at 256 with its bytes.
+    std::vector<int32_t> b = a;
+    b.resize(450, 7);
+    cache->add(2, salt, kvstore::TrafficClass::kAgent);
+    ASSERT_EQ(cache->peek_admission(2, b)->num_cached_tokens, 256);
+    EXPECT_EQ(cache->admit(2, 256), 256);
+    SwaStepPlan p3 = cache->plan_swa_step(2, 256, 450);
+    ASSERT_NE(p3.restore, nullptr);
+    EXPECT_TRUE(std::equal(slot.begin(), slot.end(), p3.restore->bytes.begin()));
+    EXPECT_EQ(p3.end, 384);  // its own store position: floor(449 / 128) * 128
+    EXPECT_EQ(cache->plan_swa_step(2, 384, 450).restore, nullptr);  // once
+    const TieredCacheStats st = cache->stats();
+    EXPECT_EQ(st.swa_states_restored, 1);
+    EXPECT_EQ(st.swa.total().swa_exact_hits, 1);
+    EXPECT_EQ(st.swa.total().hit_tokens, 256);
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    cache->remove(2);
+
+    // Without a pool a state-slot layout gets no hits at all (blocks alone cannot resume).
+    o.swa_pool = nullptr;
+    auto plain = TieredCache::create(o).value();
+    EXPECT_FALSE(plain->swa_enabled());
+    plain->add(1, salt, kvstore::TrafficClass::kAgent);
+    EXPECT_EQ(plain->peek_admission(1, b)->num_cached_tokens, 0);
+    plain->remove(1);
 }
 
 }  // namespace
