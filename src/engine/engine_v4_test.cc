@@ -292,45 +292,45 @@ TEST(EngineV4Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
     // down); L1 = min(block hit, largest unit <= L - 134).
     const Case cases[] = {{127, 0},   {128, 0},   {129, 0},   {261, 0},   {262, 128},
                           {263, 128}, {300, 128}, {520, 384}, {647, 512}, {700, 512}};
-    for (bool async : {true, false}) {
-        for (int64_t chunk : {int64_t{48}, int64_t{4096}}) {
-            kv::SwaStatePool pool(int64_t{1} << 30);
-            EngineOptions o = base_options();
-            o.async = async;
-            o.scheduler.max_batched_tokens = chunk;
-            o.swa_pool = &pool;
-            Harness h(o, Env::default_env(), &v4_model());
-            for (int64_t n : {129, 257, 385, 513, 641}) run_one(h, head(base, n), 1);
-            for (int64_t p : {128, 256, 384, 512, 640}) {
-                ASSERT_TRUE(pool.contains(state_key(base, p))) << "state at " << p;
-            }
-            ASSERT_EQ(pool.stats().num_entries, 5);
-            const EngineStats warm = h.engine->stats();
-            EXPECT_EQ(warm.swa_states_stored, 5);
-            EXPECT_EQ(warm.swa_captures, 5);
-            for (const Case& c : cases) {
-                const std::vector<int32_t> p = head(base, c.len);
-                const std::string what = "L = " + std::to_string(c.len) +
-                                         (async ? " async" : " inline") + " chunk " +
-                                         std::to_string(chunk);
-                auto [got, cached] = run_one(h, p, 4);
-                expect_same(got, reference(p, 4), what);
-                EXPECT_EQ(cached, c.hit) << what;
-            }
-            // Every hit found its state at L1: the six cases with a hit, and the warm-ups
-            // of 385, 513 and 641 tokens (at 128, 256 and 384).
-            const EngineStats s = h.engine->stats();
-            const kv::SwaCacheClassCounters t = s.swa.total();
-            EXPECT_EQ(t.swa_exact_hits, 6 + 3);
-            EXPECT_EQ(t.replays, 0);
-            EXPECT_EQ(t.hit_tokens, (128 * 3 + 384 + 512 * 2) + (128 + 256 + 384));
-            EXPECT_EQ(t.requests, 5 + static_cast<int64_t>(std::size(cases)));
-            EXPECT_EQ(s.swa_states_restored, 6 + 3);
-            EXPECT_EQ(s.swa_states_rejected, 0);
-            EXPECT_EQ(t.pool_bytes, pool.stats().bytes);
-            EXPECT_GT(t.pool_bytes, 0);
-            EXPECT_EQ(s.state_slots_in_use, 0);
+    // Async with chunked prefill, and inline with whole prompts.
+    const std::pair<bool, int64_t> configs[] = {{true, 48}, {false, 4096}};
+    for (const auto& [async, chunk] : configs) {
+        kv::SwaStatePool pool(int64_t{1} << 30);
+        EngineOptions o = base_options();
+        o.async = async;
+        o.scheduler.max_batched_tokens = chunk;
+        o.swa_pool = &pool;
+        Harness h(o, Env::default_env(), &v4_model());
+        for (int64_t n : {129, 257, 385, 513, 641}) run_one(h, head(base, n), 1);
+        for (int64_t p : {128, 256, 384, 512, 640}) {
+            ASSERT_TRUE(pool.contains(state_key(base, p))) << "state at " << p;
         }
+        ASSERT_EQ(pool.stats().num_entries, 5);
+        const EngineStats warm = h.engine->stats();
+        EXPECT_EQ(warm.swa_states_stored, 5);
+        EXPECT_EQ(warm.swa_captures, 5);
+        for (const Case& c : cases) {
+            const std::vector<int32_t> p = head(base, c.len);
+            const std::string what = "L = " + std::to_string(c.len) +
+                                     (async ? " async" : " inline") + " chunk " +
+                                     std::to_string(chunk);
+            auto [got, cached] = run_one(h, p, 4);
+            expect_same(got, reference(p, 4), what);
+            EXPECT_EQ(cached, c.hit) << what;
+        }
+        // Every hit found its state at L1: the six cases with a hit, and the warm-ups
+        // of 385, 513 and 641 tokens (at 128, 256 and 384).
+        const EngineStats s = h.engine->stats();
+        const kv::SwaCacheClassCounters t = s.swa.total();
+        EXPECT_EQ(t.swa_exact_hits, 6 + 3);
+        EXPECT_EQ(t.replays, 0);
+        EXPECT_EQ(t.hit_tokens, (128 * 3 + 384 + 512 * 2) + (128 + 256 + 384));
+        EXPECT_EQ(t.requests, 5 + static_cast<int64_t>(std::size(cases)));
+        EXPECT_EQ(s.swa_states_restored, 6 + 3);
+        EXPECT_EQ(s.swa_states_rejected, 0);
+        EXPECT_EQ(t.pool_bytes, pool.stats().bytes);
+        EXPECT_GT(t.pool_bytes, 0);
+        EXPECT_EQ(s.state_slots_in_use, 0);
     }
 }
 

@@ -158,7 +158,9 @@ StepResult Worker::execute(StepPlan& plan) {
             });
             // Counted: this forward pass starts before the last layer has arrived.
             if (gate.ready() < pool_->groups()[0].num_layers) {
-                for (const StepItem& it : plan.items) r.swap_in_overlapped += !it.swap_in.blocks.empty();
+                for (const StepItem& it : plan.items) {
+                    r.swap_in_overlapped += !it.swap_in.blocks.empty();
+                }
             }
         }
     }

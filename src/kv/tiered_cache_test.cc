@@ -126,7 +126,8 @@ TEST(TieredCacheStateTest, SwaStatesAreCapturedAtStorePositionsAndRestoredOnAHit
     EXPECT_EQ(p2.end, 300);
     EXPECT_EQ(p2.capture_position, 0);
     cache->on_swa_step(1, a, 256, 300, {});
-    const SwaStateKey key = swa_state_key(chain_keys(std::span<const int32_t>(a).first(256), salt), 256);
+    const SwaStateKey key =
+        swa_state_key(chain_keys(std::span<const int32_t>(a).first(256), salt), 256);
     ASSERT_TRUE(pool.contains(key));
     EXPECT_EQ(pool.stats().bytes_by_class[static_cast<size_t>(kvstore::TrafficClass::kAgent)],
               static_cast<int64_t>(slot.size() + 8));  // the copy and its seal

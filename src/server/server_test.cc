@@ -803,25 +803,15 @@ TEST(MetricsTest, RendersSwaCacheCounters) {
     st.engine.swa_states_rejected = 1;
     const std::string text = Metrics().render(st, 0, true);
     for (const char* want :
-         {"# TYPE dsinfer_swa_requests_total counter
-",
-          "dsinfer_swa_requests_total{traffic_class=\"chatbot\"} 4
-",
-          "dsinfer_swa_requests_total{traffic_class=\"agent\"} 0
-",
-          "dsinfer_swa_block_hit_tokens_total{traffic_class=\"chatbot\"} 768
-",
-          "dsinfer_swa_exact_hits_total{traffic_class=\"chatbot\"} 2
-",
-          "# TYPE dsinfer_swa_pool_bytes gauge
-",
-          "dsinfer_swa_pool_bytes{traffic_class=\"chatbot\"} 1000
-",
-          "dsinfer_swa_replay_tokens_total{traffic_class=\"agent\"} 128
-",
-          "dsinfer_swa_fallback_tokens_total 256
-", "dsinfer_swa_states_rejected_total 1
-"}) {
+         {"# TYPE dsinfer_swa_requests_total counter\n",
+          "dsinfer_swa_requests_total{traffic_class=\"chatbot\"} 4\n",
+          "dsinfer_swa_requests_total{traffic_class=\"agent\"} 0\n",
+          "dsinfer_swa_block_hit_tokens_total{traffic_class=\"chatbot\"} 768\n",
+          "dsinfer_swa_exact_hits_total{traffic_class=\"chatbot\"} 2\n",
+          "# TYPE dsinfer_swa_pool_bytes gauge\n",
+          "dsinfer_swa_pool_bytes{traffic_class=\"chatbot\"} 1000\n",
+          "dsinfer_swa_replay_tokens_total{traffic_class=\"agent\"} 128\n",
+          "dsinfer_swa_fallback_tokens_total 256\n", "dsinfer_swa_states_rejected_total 1\n"}) {
         EXPECT_NE(text.find(want), std::string::npos) << want;
     }
 }
