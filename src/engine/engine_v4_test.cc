@@ -292,6 +292,8 @@ TEST(EngineV4Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
     // down); L1 = min(block hit, largest unit <= L - 134).
     const Case cases[] = {{127, 0},   {128, 0},   {129, 0},   {261, 0},   {262, 128},
                           {263, 128}, {300, 128}, {520, 384}, {647, 512}, {700, 512}};
+    std::vector<Completion> want;
+    for (const Case& c : cases) want.push_back(reference(head(base, c.len), 4));
     // Async with chunked prefill, and inline with whole prompts.
     const std::pair<bool, int64_t> configs[] = {{true, 48}, {false, 4096}};
     for (const auto& [async, chunk] : configs) {
@@ -309,13 +311,13 @@ TEST(EngineV4Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
         const EngineStats warm = h.engine->stats();
         EXPECT_EQ(warm.swa_states_stored, 5);
         EXPECT_EQ(warm.swa_captures, 5);
-        for (const Case& c : cases) {
-            const std::vector<int32_t> p = head(base, c.len);
+        for (size_t i = 0; i < std::size(cases); ++i) {
+            const Case& c = cases[i];
             const std::string what = "L = " + std::to_string(c.len) +
                                      (async ? " async" : " inline") + " chunk " +
                                      std::to_string(chunk);
-            auto [got, cached] = run_one(h, p, 4);
-            expect_same(got, reference(p, 4), what);
+            auto [got, cached] = run_one(h, head(base, c.len), 4);
+            expect_same(got, want[i], what);
             EXPECT_EQ(cached, c.hit) << what;
         }
         // Every hit found its state at L1: the six cases with a hit, and the warm-ups
