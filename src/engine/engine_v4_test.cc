@@ -20,6 +20,7 @@
 #include "engine/engine_test_util.h"
 #include "kv/block_key.h"
 #include "kv/swa_pool.h"
+#include "kvstore/redis_test_server.h"
 #include "kvstore/store_key.h"
 #include "model/deepseek_v4.h"
 #include "model/synthetic.h"
@@ -420,33 +421,28 @@ TEST(EngineV4Test, DecodeCopiesServeTheNextTurn) {
     EXPECT_EQ(h.engine->stats().swa.total().swa_exact_hits, 1);
 }
 
-// V4 blocks (every cache group's layers) through a file:// store: written behind, fetched
-// by a fresh engine whose SWA pool still holds the state (the state outlived the engine:
-// a pool the test owns); after a restart without the states nothing is fetched (the
-// rule falls back to 0); a damaged block ends the fetched chain and the hit falls back
-// to an older state. Every output is the cold one, bitwise.
-TEST(EngineV4Test, BlocksThroughAFileStoreHitWithAStoredState) {
-    namespace fs = std::filesystem;
-    const fs::path dir = fs::temp_directory_path() /
-                         ("dsi_engine_v4_store_" + std::to_string(::getpid()) + "_" +
-                          std::to_string(std::random_device{}()));
-    fs::create_directories(dir);
-    const std::vector<int32_t> base = make_prompt(720, 90);
-    kv::SwaStatePool pool(int64_t{1} << 30);
+// V4 blocks (every cache group's layers) through a store at `uri`: engine A warms it
+// (states at 128 and 384 in `pool`, blocks 0-2 written behind); B, a fresh engine whose
+// pool still holds the states (the pool outlived A: the test owns it), fetches blocks
+// 0-2 and starts at 384; C, a restart (a fresh pool: no state survives), fetches
+// nothing (the rule falls back to 0). Every output is the cold one, bitwise.
+void store_round_trip(const std::string& uri, const std::vector<int32_t>& base,
+                      kv::SwaStatePool& pool) {
     EngineOptions o = base_options();
     o.swa_pool = &pool;
-    o.kv_store_uri = "file://" + dir.string();
+    o.kv_store_uri = uri;
     {
-        Harness a(o, Env::default_env(), &v4_model());  // states at 128 and 384, blocks 0-2
+        Harness a(o, Env::default_env(), &v4_model());
         run_one(a, head(base, 129), 1);
         run_one(a, head(base, 385), 1);
         EXPECT_EQ(a.engine->stats().store_blocks_offered, 3);
     }  // the write-behind drains here
+    const std::vector<int32_t> p = head(base, 520);  // L1 = 384: the state is there
+    const Completion want = reference(p, 3);
     {
         Harness b(o, Env::default_env(), &v4_model());
-        const std::vector<int32_t> p = head(base, 520);  // L1 = 384: the state is there
         auto [got, cached] = run_one(b, p, 3);
-        expect_same(got, reference(p, 3), "fresh engine, blocks from the store");
+        expect_same(got, want, uri + ": fresh engine, blocks from the store");
         EXPECT_EQ(cached, 384);
         const EngineStats s = b.engine->stats();
         EXPECT_EQ(s.store_hit_blocks, 3);
@@ -454,16 +450,29 @@ TEST(EngineV4Test, BlocksThroughAFileStoreHitWithAStoredState) {
         EXPECT_EQ(s.store_blocks_offered, 1);  // block 3; fetched ones are not written back
     }
     {
-        kv::SwaStatePool fresh(int64_t{1} << 30);  // a restart: no state survives
+        kv::SwaStatePool fresh(int64_t{1} << 30);
         EngineOptions oc = o;
         oc.swa_pool = &fresh;
         Harness c(oc, Env::default_env(), &v4_model());
-        const std::vector<int32_t> p = head(base, 520);
         auto [got, cached] = run_one(c, p, 3);
-        expect_same(got, reference(p, 3), "restart");
+        expect_same(got, want, uri + ": restart");
         EXPECT_EQ(cached, 0);
         EXPECT_EQ(c.engine->stats().store_lookups, 0);  // no block is worth fetching
     }
+}
+
+// Through file://; then a damaged block ends the fetched chain and the hit falls back to
+// an older state.
+TEST(EngineV4Test, BlocksThroughAFileStoreHitWithAStoredState) {
+    namespace fs = std::filesystem;
+    const fs::path dir =
+        fs::temp_directory_path() / ("dsi_engine_v4_store_" + std::to_string(::getpid()) + "_" +
+                                     std::to_string(std::random_device{}()));
+    fs::create_directories(dir);
+    const std::vector<int32_t> base = make_prompt(720, 90);
+    kv::SwaStatePool pool(int64_t{1} << 30);
+    const std::string uri = "file://" + dir.string();
+    store_round_trip(uri, base, pool);
     // Damage block 2: the fetched chain is blocks 0-1; L1 = 256 has no state, 128 has:
     // start at 128 (catch-up), block 1 let go.
     const std::vector<kv::BlockKey> keys =
@@ -477,8 +486,11 @@ TEST(EngineV4Test, BlocksThroughAFileStoreHitWithAStoredState) {
         f.put('\x5a');
     }
     {
+        EngineOptions o = base_options();
+        o.swa_pool = &pool;
+        o.kv_store_uri = uri;
         Harness d(o, Env::default_env(), &v4_model());
-        const std::vector<int32_t> p = head(base, 700);  // L1 = 512: state (from b) at 512
+        const std::vector<int32_t> p = head(base, 700);  // L1 = 512: state (from B) at 512
         auto [got, cached] = run_one(d, p, 3);
         expect_same(got, reference(p, 3), "damaged block");
         EXPECT_EQ(cached, 128);
@@ -487,6 +499,15 @@ TEST(EngineV4Test, BlocksThroughAFileStoreHitWithAStoredState) {
         EXPECT_EQ(s.swa.total().catch_up_tokens, 128);
     }
     fs::remove_all(dir);
+}
+
+TEST(EngineV4Test, BlocksThroughARedisStoreHitWithAStoredState) {
+    if (!kvstore::testing::have_redis_server()) GTEST_SKIP() << "no redis-server";
+    kvstore::testing::RedisTestServer server;
+    ASSERT_TRUE(server.ready());
+    kv::SwaStatePool pool(int64_t{1} << 30);
+    store_round_trip("redis://127.0.0.1:" + std::to_string(server.port()) + "?timeout_ms=500",
+                     make_prompt(720, 91), pool);
 }
 
 // A pool too small for one state refuses it: nothing is stored, nothing hits.
