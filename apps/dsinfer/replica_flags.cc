@@ -56,6 +56,10 @@ void add_replica_flags(CLI::App& cmd, ReplicaFlags* f, ReplicaFlagSet set) {
     add_setting(cmd, "--swap-space-mb", f->swap_space_mb,
                 "host memory for KV blocks of preempted sequences (MiB; 0: recompute them)")
         ->check(CLI::NonNegativeNumber);
+    add_setting(cmd, "--swa-pool-mb", f->swa_pool_mb,
+                "host memory for stored SWA states of a V4 model's prefixes (MiB; 0: no V4 "
+                "prefix hits)")
+        ->check(CLI::NonNegativeNumber);
     add_setting(cmd, "--max-model-len", f->max_model_len, "context length (0 = the model's)")
         ->check(CLI::NonNegativeNumber);
     add_setting(cmd, "--cost-model", f->cost_model,
@@ -135,6 +139,7 @@ Result<serving::ReplicaOptions> to_replica_options(const ReplicaFlags& f) {
         e.kv_cache_bytes = f.kv_cache_bytes;
     }
     DSI_ASSIGN_OR_RETURN(e.swap_space_bytes, mib_to_bytes("--swap-space-mb", f.swap_space_mb));
+    DSI_ASSIGN_OR_RETURN(e.swa_pool_bytes, mib_to_bytes("--swa-pool-mb", f.swa_pool_mb));
     e.max_model_len = f.max_model_len;
     e.cost_model_path = f.cost_model;
     Result<spec::Method> method = spec::parse_method(f.speculative);

@@ -31,6 +31,7 @@ struct ReplicaFlags {
     int64_t kv_cache_mb = 2048;
     int64_t kv_cache_bytes = -1;  // deprecated spelling of --kv-cache-mb (serve); -1: unset
     int64_t swap_space_mb = 1024;
+    int64_t swa_pool_mb = 1024;  // V4's SWA state pool (docs/swa_cache.md)
     int64_t max_model_len = 0;
     std::string cost_model;  // "" = beside the checkpoint
     // Speculative decoding (spec/drafter.h, issue 24).
