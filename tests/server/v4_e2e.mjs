@@ -2,9 +2,9 @@
 // GGUF deepseek4), then `generate` on both (greedy text identical: the f32 GGUF holds the
 // HF copy's values exactly), `bench offline` on the HF copy, and `serve` with the official
 // openai client: the V4 chat encoding chosen from the checkpoint, a chat completion, a
-// stream, no prefix-cache hit offered for a repeated prompt (V4 prefix caching is issue
-// 16), a stream the client abandons (KV back to baseline), and the GGUF served too (same
-// greedy answer).
+// stream, prefix hits by the SWA hit rule (issue 16: none for a repeated prompt, one for
+// the next turn, counted on /metrics), a stream the client abandons (KV back to
+// baseline), and the GGUF served too (same greedy answer).
 // usage: node v4_e2e.mjs <dsinfer binary> <source dir>
 // The synthetic model writes random text: we assert shapes, counts and equalities, never
 // content.
@@ -69,7 +69,8 @@ test('bench offline runs a V4 checkpoint', async () => {
     '--async-off', 'false']);
   const j = JSON.parse(out.trim().split('\n').at(-1));
   for (const n of ['1', '3']) assert.ok(j.summary[n], `a row for ${n} sequences`);
-  // No prefix-hit TTFT figure: the engine offers V4 no hit to measure.
+  // No prefix-hit TTFT figure: bench offline skips models whose blocks alone cannot be
+  // reused (V4 hits need a stored SWA state past the cap L - 134; docs/swa_cache.md).
   assert.equal(j.summary.ttft_hit_over_miss, undefined);
   assert.match(JSON.stringify(j), /skipped: DeepSeek V4/);
 });
@@ -107,12 +108,21 @@ test('chat stream: role first, one finish, usage chunk', async () => {
   assert.ok(usage && usage.completion_tokens >= 1 && usage.completion_tokens <= 12);
 });
 
-test('no prefix-cache hit is offered for V4', async () => {
+test('V4 prefix hits follow the SWA hit rule (docs/swa_cache.md)', async () => {
+  // A repeated prompt gets no hit: its stored state sits at floor((L - 1) / 128) * 128,
+  // past the cap L - 134. The next turn (history + answer + a new message) starts from it.
   const long = [{ role: 'user', content: 'tell me a story '.repeat(120) }];
   const a = await openai.chat.completions.create({ model, messages: long, max_tokens: 2 });
   const b = await openai.chat.completions.create({ model, messages: long, max_tokens: 2 });
   assert.ok(a.usage.prompt_tokens > 256);
   assert.equal(b.usage.prompt_tokens_details?.cached_tokens ?? 0, 0);
+  const next = [...long, { role: 'assistant', content: a.choices[0].message.content ?? '' },
+    { role: 'user', content: 'and then what happened? '.repeat(40) }];
+  const c = await openai.chat.completions.create({ model, messages: next, max_tokens: 2 });
+  const cached = c.usage.prompt_tokens_details?.cached_tokens ?? 0;
+  assert.ok(cached > 0 && cached % 128 === 0, `next turn cached ${cached}`);
+  assert.ok(await metric(base, 'dsinfer_swa_exact_hits_total{traffic_class="chatbot"}') >= 1);
+  assert.ok(await metric(base, 'dsinfer_swa_pool_bytes{traffic_class="chatbot"}') > 0);
   await waitForBaseline(base, 'after the repeated prompt');
 });
 
