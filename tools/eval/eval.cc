@@ -212,8 +212,10 @@ Result<nlohmann::json> evaluate_model(DeepseekModel& model, const Tokenizer& tok
     if (o.grammar) {
         grammar::CompileServiceOptions co;
         co.num_workers = 1;
-        co.compile = [](const grammar::GrammarSpec& spec) {
-            return protocol::compile_request_grammar(spec, grammar::JsonSchemaOptions{});
+        grammar::JsonSchemaOptions jo;
+        jo.space_after_separators = !o.compact_json;
+        co.compile = [jo](const grammar::GrammarSpec& spec) {
+            return protocol::compile_request_grammar(spec, jo);
         };
         compiler = std::make_unique<grammar::CompileService>(std::move(co));
         vocab = grammar::Vocabulary::from_tokenizer(tokenizer);

@@ -48,6 +48,9 @@ struct EvalOptions {
     // (their response_format; tool_choice "required" for tool calls, thinking off)
     // and report them under with_grammar.{accuracy,counts}.
     bool grammar = false;
+    // With `grammar`: JSON without the optional space after ',' and ':'
+    // (grammar::JsonSchemaOptions::space_after_separators off), for comparison.
+    bool compact_json = false;
 };
 
 // Figures as JSON: cases, output_tokens, accuracy.{task|all}.{metric}
