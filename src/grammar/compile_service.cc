@@ -29,7 +29,6 @@ Result<Grammar> compile_grammar(const GrammarSpec& spec, const JsonSchemaOptions
         case GrammarKind::kJsonSchema:
             return compile_json_schema(std::string_view(spec.text), json);
         case GrammarKind::kJsonObject:
-            if (!json.flexible_whitespace) return json_object_grammar(true);
             return compile_json_schema(nlohmann::ordered_json{{"type", "object"}}, json);
         case GrammarKind::kRegex: {
             auto e = compile_regex(spec.text, RegexMatch::kFull, CharEncoding::kUtf8,

@@ -181,9 +181,11 @@ TEST(CompileService, SpecJsonOptionsAppliedAndKeyed) {
                           Case{&any_order, false, true, false}, Case{&both, true, true, true}}) {
         auto g = get(*c.spec);
         EXPECT_TRUE(full_match(g, R"({"a":1,"b":2})"));
+        EXPECT_TRUE(full_match(g, R"({"a": 1, "b": 2})"));  // one space after , and :
+        EXPECT_EQ(full_match(g, R"({"a":  1})"), c.spaced);
         EXPECT_EQ(full_match(g, R"({ "a": 1, "b": 2 })"), c.spaced);
         EXPECT_EQ(full_match(g, R"({"b":2,"a":1})"), c.reordered);
-        EXPECT_EQ(full_match(g, R"({"b": 2, "a": 1})"), c.both);
+        EXPECT_EQ(full_match(g, R"({ "b": 2, "a": 1})"), c.both);
         EXPECT_FALSE(full_match(g, R"({"b":2})"));
     }
     EXPECT_EQ(svc.stats().compiled, 4);
@@ -191,8 +193,9 @@ TEST(CompileService, SpecJsonOptionsAppliedAndKeyed) {
     GrammarSpec object{GrammarKind::kJsonObject, ""};
     GrammarSpec object_flexible = object;
     object_flexible.flexible_whitespace = true;
-    EXPECT_FALSE(full_match(get(object), R"({"k": 1})"));
-    EXPECT_TRUE(full_match(get(object_flexible), R"({"k": 1})"));
+    EXPECT_TRUE(full_match(get(object), R"({"k": 1})"));
+    EXPECT_FALSE(full_match(get(object), R"({"k" : 1})"));
+    EXPECT_TRUE(full_match(get(object_flexible), R"({"k" : 1})"));
     EXPECT_EQ(svc.stats().compiled, 6);
     GrammarSpec re = regex("a+"), re_flags = regex("a+");
     re_flags.flexible_whitespace = re_flags.any_property_order = true;

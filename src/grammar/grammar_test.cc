@@ -147,9 +147,25 @@ TEST(JsonSchema, FlexibleWhitespaceIsAnOptionAndOnlyBetweenTokens) {
                             R"({"a" 1})", R"({"b": [true,, false]})", "{\f}", R"({"a": "1"})"}) {
         EXPECT_FALSE(full_match(flex_cg, bad)) << bad;
     }
-    // Generation (the default) stays compact.
-    EXPECT_FALSE(full_match(strict_cg, R"({"a": 1})"));
-    EXPECT_TRUE(full_match(strict_cg, R"({"a":1})"));
+    // Generation (the default) stays on one line: one optional space after ',' and ':'
+    // only (the spellings models are trained on, bounded).
+    for (const char* ok : {R"({"a":1})", R"({"a": 1})", R"({"a": 1, "b": [true, false]})",
+                           R"({"a":1, "b":[true,false]})"}) {
+        EXPECT_TRUE(full_match(strict_cg, ok)) << ok;
+    }
+    for (const char* bad : {R"({"a":  1})", R"({"a" :1})", R"({ "a":1})", R"({"a":1 })",
+                            R"({"b": [ true]})", "{\"a\":\n1}", "{\"a\":\t1}", R"( {"a":1})"}) {
+        EXPECT_FALSE(full_match(strict_cg, bad)) << bad;
+    }
+    // space_after_separators off: compact only.
+    JsonSchemaOptions compact;
+    compact.space_after_separators = false;
+    auto compact_g = compile_json_schema(schema, compact);
+    ASSERT_TRUE(compact_g.is_ok());
+    auto compact_cg = std::make_shared<CompiledGrammar>(std::move(compact_g).value(), byte_vocab());
+    EXPECT_FALSE(full_match(compact_cg, R"({"a": 1})"));
+    EXPECT_FALSE(full_match(compact_cg, R"({"a":1, "b":[true]})"));
+    EXPECT_TRUE(full_match(compact_cg, R"({"a":1,"b":[true]})"));
 }
 
 // Issue 21: JsonSchemaOptions::any_property_order against a brute-force oracle. Every

@@ -159,7 +159,8 @@ private:
     }
 
     // ---- structural characters --------------------------------------------------------
-    // Compact JSON by default; with JsonSchemaOptions::flexible_whitespace, JSON's
+    // One line, with an optional space after ',' and ':' by default (compact without
+    // JsonSchemaOptions::space_after_separators); with flexible_whitespace, JSON's
     // insignificant whitespace after '{' '[', around ',' ':', before '}' ']' (and
     // around the root value): every place RFC 8259 allows it, so a value is never
     // preceded or followed by whitespace of its own (only "{ }" / "[ ]" is ambiguous).
@@ -172,8 +173,9 @@ private:
         return options_.flexible_whitespace ? e_seq({e_byte(c), whitespace()}) : e_byte(c);
     }
     ExprPtr sep_char(char c) const {
-        return options_.flexible_whitespace ? e_seq({whitespace(), e_byte(c), whitespace()})
-                                            : e_byte(c);
+        if (options_.flexible_whitespace) return e_seq({whitespace(), e_byte(c), whitespace()});
+        if (options_.space_after_separators) return e_seq({e_byte(c), e_opt(e_byte(' '))});
+        return e_byte(c);
     }
     ExprPtr close_char(char c) const {
         return options_.flexible_whitespace ? e_seq({whitespace(), e_byte(c)}) : e_byte(c);

@@ -54,9 +54,17 @@ struct JsonSchemaOptions {
     bool integer_spellings = false;
     // Validation of text a user or a model wrote: JSON's insignificant whitespace
     // (space, tab, LF, CR) wherever RFC 8259 allows it (`{"a": 1, "b": [1, 2]}`).
-    // Off for generation, which stays compact. Enum / const values that are objects
-    // or arrays are still matched in their compact spelling only.
+    // Off for generation, which stays on one line (below). Enum / const values that
+    // are objects or arrays are still matched in their compact spelling only.
     bool flexible_whitespace = false;
+    // Generation: one optional space after each ',' and ':' and nowhere else, so both
+    // `{"a":1,"b":[1,2]}` and `{"a": 1, "b": [1, 2]}` (Python's json.dumps, the
+    // spelling most training data has) are allowed and the model keeps the one it
+    // was trained on -- a model forced off its spelling writes worse values (issue
+    // 17: the default model's JSON answers went from 44 of 44 valid to 11 under a
+    // compact-only grammar, `eval_model --grammar --compact-json`). Bounded: at most
+    // one space per separator, so whitespace cannot run to max_tokens. false: compact.
+    bool space_after_separators = true;
     // Validation of text a user or another program wrote: an object's declared
     // properties may come in any order (each at most once; the required ones all
     // before '}'), undeclared ones (additional / pattern properties) between them.

@@ -117,7 +117,7 @@ TEST(StructuredOutput, JsonOptionsInEachApi) {
     ApiContext ctx = context();
     const std::string schema =
         R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}}})";
-    const std::string spaced = R"({"a": 1, "b": 2})";
+    const std::string spaced = R"({ "a": 1, "b": 2 })";  // one space after , and : is always allowed
     const std::string reordered = R"({"b":2,"a":1})";
     struct Case {
         Endpoint e;

@@ -28,6 +28,7 @@
 #include "model/checkpoint_writer.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
+#include "modelpack/modelpack.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 #include "support/build_paths.h"
@@ -254,6 +255,52 @@ void check_q8_0(const std::string& preset, const std::string& name, bool mxfp4_e
 
 class LlamaCppCrossCheck : public ::testing::TestWithParam<const char*> {};
 
+// Both sides' next-token logits after each prompt and their kGreedyTokens greedy
+// continuations: llama.cpp on `gguf`, dsinfer on `ours_path` (the HF directory or the same
+// GGUF); logits within `tolerance` (see kLogitTolerance), greedy identical.
+void check_f32(const std::string& name, const std::string& dir, const std::string& gguf,
+               const std::string& ours_path, double tolerance,
+               const std::vector<std::vector<int32_t>>& prompts) {
+    Env* env = Env::default_env();
+    json in = {{"sequences", prompts}, {"greedy_tokens", kGreedyTokens}};
+    ASSERT_TRUE(env->write_file(dir + "/in.json", in.dump()).is_ok());
+    const std::string cmd = "node " + kSource + "/tests/llamacpp/ref_logits.mjs --model " + gguf +
+                            " --tokens-file " + dir + "/in.json --out " + dir + "/out.json --threads 2 --greedy-top 0 2>" +
+                            dir + "/node.log";
+    ASSERT_EQ(std::system(cmd.c_str()), 0) << "llama.cpp reference failed; see " << dir << "/node.log";
+    json ref = json::parse(env->read_file(dir + "/out.json").value());
+    ASSERT_EQ(ref["results"].size(), prompts.size());
+
+    auto source = open_checkpoint(env, ours_path);
+    ASSERT_TRUE(source.is_ok()) << source.status().to_string();
+    auto model = DeepseekModel::load(std::move(source).value(), {2});
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+
+    for (size_t i = 0; i < prompts.size(); ++i) {
+        OurResult ours = run_ours(**model, prompts[i]);
+        const json& theirs = ref["results"][i];
+        const json& tl = theirs["logits"];
+        ASSERT_EQ(tl.size(), ours.logits.size());
+        const float our_max = *std::max_element(ours.logits.begin(), ours.logits.end());
+        double max_diff = 0;
+        int compared = 0;
+        for (size_t v = 0; v < tl.size(); ++v) {
+            if (tl[v].is_null()) continue;
+            const double t = tl[v].get<double>();
+            if (t < -kRelevantRange) continue;
+            max_diff = std::max(max_diff, std::fabs((ours.logits[v] - our_max) - t));
+            ++compared;
+        }
+        std::vector<int32_t> their_greedy = theirs["greedy"].get<std::vector<int32_t>>();
+        std::printf("[%s] prompt %zu (%zu tokens): max |logit diff| %.2e over %d logits; greedy %s\n",
+                    name.c_str(), i, prompts[i].size(), max_diff, compared,
+                    ours.greedy == their_greedy ? "identical" : "DIFFERENT");
+        EXPECT_GT(compared, 100);
+        EXPECT_LE(max_diff, tolerance) << "prompt " << i;
+        EXPECT_EQ(ours.greedy, their_greedy) << "prompt " << i;
+    }
+}
+
 TEST_P(LlamaCppCrossCheck, LogitsAndGreedyAgree) {
     std::string preset = GetParam();
     if (preset.find("+q8_0") != std::string::npos) {
@@ -285,45 +332,33 @@ TEST_P(LlamaCppCrossCheck, LogitsAndGreedyAgree) {
 
     auto tok = Tokenizer::load(env, dir);
     ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
+    check_f32(preset, dir, gguf, mxfp4 ? gguf : dir, tolerance, make_prompts(**tok));
+    fs::remove_all(dir);
+}
+
+// The trained default model (issue 17): the committed pack expanded as `serve` does,
+// but to an f32 GGUF, which both sides load (the pack's int8-per-32 values are not all
+// bf16 values, so the HF copy would round them). Beside make_prompts' text, chat turns
+// in the V3.2 format the model was trained on. Same tolerance as the presets
+// (measured: 4.8e-6 to 2.5e-5; greedy identical on all 7 prompts).
+TEST(LlamaCppCrossCheckDefault, TrainedDefaultModelAgrees) {
+    Env* env = Env::default_env();
+    const std::string dir =
+        fs::temp_directory_path() / ("dsi_xcheck_default_" + std::to_string(::getpid()));
+    auto pack = ModelPack::open(env, kSource + "/data/default_model/dsinfer-default.safetensors");
+    ASSERT_TRUE(pack.is_ok()) << pack.status().to_string();
+    TokenizerFiles files = read_tokenizer_files(env, tokenizer_dir()).value();
+    const std::string gguf = dir + "/model-f32.gguf";
+    ASSERT_TRUE(expand_model_pack(env, **pack, files, dir, gguf, DType::kF32).is_ok());
+    auto tok = Tokenizer::load(env, dir);
+    ASSERT_TRUE(tok.is_ok()) << tok.status().to_string();
     std::vector<std::vector<int32_t>> prompts = make_prompts(**tok);
-
-    json in = {{"sequences", prompts}, {"greedy_tokens", kGreedyTokens}};
-    ASSERT_TRUE(env->write_file(dir + "/in.json", in.dump()).is_ok());
-    const std::string cmd = "node " + kSource + "/tests/llamacpp/ref_logits.mjs --model " + gguf +
-                            " --tokens-file " + dir + "/in.json --out " + dir + "/out.json --threads 2 --greedy-top 0 2>" +
-                            dir + "/node.log";
-    ASSERT_EQ(std::system(cmd.c_str()), 0) << "llama.cpp reference failed; see " << dir << "/node.log";
-    json ref = json::parse(env->read_file(dir + "/out.json").value());
-    ASSERT_EQ(ref["results"].size(), prompts.size());
-
-    auto source = open_checkpoint(env, mxfp4 ? gguf : dir);
-    ASSERT_TRUE(source.is_ok()) << source.status().to_string();
-    auto model = DeepseekModel::load(std::move(source).value(), {2});
-    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
-
-    for (size_t i = 0; i < prompts.size(); ++i) {
-        OurResult ours = run_ours(**model, prompts[i]);
-        const json& theirs = ref["results"][i];
-        const json& tl = theirs["logits"];
-        ASSERT_EQ(tl.size(), ours.logits.size());
-        const float our_max = *std::max_element(ours.logits.begin(), ours.logits.end());
-        double max_diff = 0;
-        int compared = 0;
-        for (size_t v = 0; v < tl.size(); ++v) {
-            if (tl[v].is_null()) continue;
-            const double t = tl[v].get<double>();
-            if (t < -kRelevantRange) continue;
-            max_diff = std::max(max_diff, std::fabs((ours.logits[v] - our_max) - t));
-            ++compared;
-        }
-        std::vector<int32_t> their_greedy = theirs["greedy"].get<std::vector<int32_t>>();
-        std::printf("[%s] prompt %zu (%zu tokens): max |logit diff| %.2e over %d logits; greedy %s\n",
-                    preset.c_str(), i, prompts[i].size(), max_diff, compared,
-                    ours.greedy == their_greedy ? "identical" : "DIFFERENT");
-        EXPECT_GT(compared, 100);
-        EXPECT_LE(max_diff, tolerance) << "prompt " << i;
-        EXPECT_EQ(ours.greedy, their_greedy) << "prompt " << i;
+    for (const char* turn : {"<｜begin▁of▁sentence｜>You are a helpful assistant.<｜User｜>Tell me a "
+                             "short story about a cat.<｜Assistant｜></think>",
+                             "<｜begin▁of▁sentence｜><｜User｜>What is 12 plus 30?<｜Assistant｜><think>"}) {
+        prompts.push_back((*tok)->encode(turn));
     }
+    check_f32("default", dir, gguf, gguf, kLogitTolerance, prompts);
     fs::remove_all(dir);
 }
 

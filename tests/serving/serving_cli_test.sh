@@ -2,7 +2,8 @@
 # `dsinfer` as a user runs it (issue 14), real processes on loopback:
 #   1. `cmake --install` into a fresh prefix; the installed `dsinfer serve`, started from /
 #      with an empty cache directory, creates the embedded default model from its
-#      installed data and answers a chat completion;
+#      installed data and answers a chat completion; as a new user tries it: a question
+#      gets an English answer, a tools list a parsed tool call, response_format JSON;
 #   2. `serve --kv-store file://DIR`: a 1,500-token prompt, the server restarted, the same
 #      prompt reports >= 1,024 cached prompt tokens in usage;
 #   3. the same store blocks hit across commands: `generate` hits the blocks `serve`
@@ -71,6 +72,39 @@ compgen -G "$HOME/.cache/dsinfer/models/dsinfer-default-*/model.safetensors" > /
 r="$(post /v1/chat/completions \
   '{"model":"dsinfer-default","messages":[{"role":"user","content":"Hi"}],"max_tokens":4}')"
 [[ "$r" == *'"object":"chat.completion"'* ]] || fail "no chat completion: $r"
+# As a new user tries the trained default (issue 17), greedy: a question gets an English
+# answer, a tools list a parsed tool call, response_format valid JSON.
+r="$(post /v1/chat/completions '{"model":"dsinfer-default","messages":[{"role":"user",
+  "content":"Tell me a short story about a cat."}],"max_tokens":80,"temperature":0}')"
+python3 - "$r" <<'PY' || fail "no English answer: $r"
+import json, re, sys
+text = json.loads(sys.argv[1])["choices"][0]["message"]["content"]
+assert text.isascii() and len(re.findall(r"[A-Za-z]+", text)) >= 5, text
+PY
+r="$(post /v1/chat/completions '{"model":"dsinfer-default","messages":[{"role":"user",
+  "content":"What is the weather in Paris?"}],"tools":[{"type":"function","function":{
+  "name":"get_weather","description":"Get the current weather in a city.","parameters":{
+  "type":"object","properties":{"city":{"type":"string"}},"required":["city"]}}}],
+  "max_tokens":160,"temperature":0}')"
+python3 - "$r" <<'PY' || fail "no parsed tool call: $r"
+import json, sys
+choice = json.loads(sys.argv[1])["choices"][0]
+assert choice["finish_reason"] == "tool_calls", choice
+call = choice["message"]["tool_calls"][0]["function"]
+assert call["name"] == "get_weather" and isinstance(json.loads(call["arguments"])["city"], str), call
+PY
+r="$(post /v1/chat/completions '{"model":"dsinfer-default","messages":[{"role":"user",
+  "content":"Extract the person from this text as JSON: Anna is 31 years old and lives in Paris."}],
+  "response_format":{"type":"json_schema","json_schema":{"name":"person","schema":{"type":"object",
+  "properties":{"name":{"type":"string"},"age":{"type":"integer"},"city":{"type":"string"}},
+  "required":["name","age","city"]}}},"max_tokens":160,"temperature":0}')"
+python3 - "$r" <<'PY' || fail "no valid JSON answer: $r"
+import json, sys
+choice = json.loads(sys.argv[1])["choices"][0]
+v = json.loads(choice["message"]["content"])
+assert choice["finish_reason"] == "stop", choice
+assert isinstance(v["name"], str) and isinstance(v["age"], int) and isinstance(v["city"], str), v
+PY
 stop_server
 
 # 2. A store, a 1,500-token prompt, a restart.

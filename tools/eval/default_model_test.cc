@@ -139,6 +139,8 @@ TEST_F(DefaultModel, FiguresStayAtOrAboveTheRecordedOnes) {
     o.limit = recorded["limit"].get<int>();
     o.loss_limit = recorded["loss_limit"].get<int>();
     o.max_tokens = recorded["max_tokens"].get<int>();
+    o.structured_max_tokens = recorded.value("structured_max_tokens", 0);
+    o.grammar = recorded.contains("with_grammar");
     auto res = tools::evaluate_model(*model_, *tokenizer_, o);
     ASSERT_TRUE(res.is_ok()) << res.status().to_string();
     json brief = *res;
@@ -149,6 +151,16 @@ TEST_F(DefaultModel, FiguresStayAtOrAboveTheRecordedOnes) {
             ASSERT_TRUE((*res)["accuracy"].contains(task)) << task;
             EXPECT_GE((*res)["accuracy"][task][metric].get<double>(), value.get<double>())
                 << task << "." << metric;
+        }
+    }
+    if (o.grammar) {
+        for (const auto& [task, metrics] : recorded["with_grammar"]["accuracy"].items()) {
+            for (const auto& [metric, value] : metrics.items()) {
+                ASSERT_TRUE((*res)["with_grammar"]["accuracy"].contains(task)) << task;
+                EXPECT_GE((*res)["with_grammar"]["accuracy"][task][metric].get<double>(),
+                          value.get<double>())
+                    << "with grammar: " << task << "." << metric;
+            }
         }
     }
     EXPECT_GE((*res)["reasoning_closed"].get<double>(), recorded["reasoning_closed"].get<double>());

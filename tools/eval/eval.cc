@@ -11,12 +11,18 @@
 #include <vector>
 
 #include "base/env.h"
+#include "grammar/compile_service.h"
+#include "grammar/mask_provider.h"
+#include "grammar/vocabulary.h"
 #include "model/deepseek.h"
 #include "model/weights.h"
 #include "protocol/adapters.h"
 #include "protocol/encoder.h"
 #include "protocol/output_parser.h"
 #include "protocol/prompt.h"
+#include "protocol/request.h"
+#include "protocol/structured_output.h"
+#include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace dsi::tools {
@@ -39,9 +45,26 @@ int32_t argmax(const float* v, int64_t n) {
     return best;
 }
 
-// Greedy completion of `prompt` with first-draft MTP statistics.
+// Greedy choice among the tokens `mask` allows for `output` (all without a mask);
+// -1 when the mask allows none.
+int32_t choose(const float* logits, int64_t n, TokenMaskProvider* mask,
+               const std::vector<int32_t>& output, TokenMask* scratch) {
+    if (mask == nullptr) return argmax(logits, n);
+    scratch->reset(n, true);
+    mask->fill(output, *scratch);
+    int32_t best = -1;
+    for (int64_t i = 0; i < n; ++i) {
+        if (scratch->allowed(static_cast<int32_t>(i)) && (best < 0 || logits[i] > logits[best])) {
+            best = static_cast<int32_t>(i);
+        }
+    }
+    return best;
+}
+
+// Greedy completion of `prompt` with first-draft MTP statistics; with `mask`, each
+// token is the best one the structured-output mask allows (as the server's sampler).
 Result<Generation> generate(DeepseekModel& m, const std::vector<int32_t>& prompt, int max_tokens,
-                            int32_t eos) {
+                            int32_t eos, TokenMaskProvider* mask = nullptr) {
     const int64_t V = m.config().vocab_size;
     const int64_t H = m.config().hidden_size;
     const bool has_mtp = m.config().num_nextn_predict_layers > 0;
@@ -56,11 +79,12 @@ Result<Generation> generate(DeepseekModel& m, const std::vector<int32_t>& prompt
         DSI_RETURN_IF_ERROR(m.mtp_forward(next, hid, 0, *cache, draft_logits));
     }
     Generation g;
+    TokenMask scratch;
     std::vector<float> hidden(out.hidden.end() - H, out.hidden.end());
-    int32_t next = argmax(out.logits.data() + (P - 1) * V, V);
+    int32_t next = choose(out.logits.data() + (P - 1) * V, V, mask, g.ids, &scratch);
     int32_t pending_draft = -1;
     int64_t pos = P;
-    while (true) {
+    while (next >= 0) {
         if (pending_draft >= 0) {
             ++g.drafts;
             g.accepted += pending_draft == next;
@@ -74,7 +98,7 @@ Result<Generation> generate(DeepseekModel& m, const std::vector<int32_t>& prompt
         }
         DSI_RETURN_IF_ERROR(m.forward(std::span<const int32_t>(&next, 1), pos, *cache, false, out));
         hidden.assign(out.hidden.begin(), out.hidden.end());
-        next = argmax(out.logits.data(), V);
+        next = choose(out.logits.data(), V, mask, g.ids, &scratch);
         ++pos;
     }
     return g;
@@ -177,39 +201,66 @@ Result<double> heldout_loss(DeepseekModel& m, const std::string& prefix, int lim
 Result<nlohmann::json> evaluate_model(DeepseekModel& model, const Tokenizer& tokenizer,
                                       const EvalOptions& o) {
     const protocol::SpecialTokens sp = protocol::SpecialTokens::from_tokenizer(tokenizer);
-    std::map<std::string, std::map<std::string, std::pair<int64_t, int64_t>>> fam;  // hits, n
+    using Families = std::map<std::string, std::map<std::string, std::pair<int64_t, int64_t>>>;
+    Families fam, gfam;  // task -> metric -> (hits, n); gfam: under the grammar
     std::pair<int64_t, int64_t> closed{0, 0};
     int64_t drafts = 0, accepted = 0, out_tokens = 0, cases = 0;
     json samples = json::array();
+    json grammar_samples = json::array();
+    std::unique_ptr<grammar::CompileService> compiler;
+    std::shared_ptr<const grammar::Vocabulary> vocab;
+    if (o.grammar) {
+        grammar::CompileServiceOptions co;
+        co.num_workers = 1;
+        grammar::JsonSchemaOptions jo;
+        jo.space_after_separators = !o.compact_json;
+        co.compile = [jo](const grammar::GrammarSpec& spec) {
+            return protocol::compile_request_grammar(spec, jo);
+        };
+        compiler = std::make_unique<grammar::CompileService>(std::move(co));
+        vocab = grammar::Vocabulary::from_tokenizer(tokenizer);
+    }
+    auto tally = [](Families& f, const std::string& task, const std::map<std::string, int>& hits) {
+        for (const auto& [metric, hit] : hits) {
+            for (const std::string& t : {task, std::string("all")}) {
+                f[t][metric].first += hit;
+                f[t][metric].second += 1;
+            }
+        }
+    };
+    // The conversation cut after its last user message, encoded as `serve` would.
+    auto encode = [&](protocol::Conversation conv) -> Result<std::vector<int32_t>> {
+        size_t last_user = 0;
+        for (size_t i = 0; i < conv.messages.size(); ++i) {
+            if (conv.messages[i].role == Role::kUser) last_user = i;
+        }
+        conv.messages.resize(last_user + 1);
+        DSI_ASSIGN_OR_RETURN(protocol::Prompt prompt,
+                             protocol::encode_conversation(protocol::ChatEncoding::kDeepSeekV32,
+                                                           conv, sp));
+        return prompt.encode(tokenizer);
+    };
     std::ifstream in(o.cases);
     if (!in) return not_found("cannot read " + o.cases);
     std::string line;
     while (std::getline(in, line) && (o.limit <= 0 || cases < o.limit)) {
         json j = json::parse(line, nullptr, false);
         if (j.is_discarded() || !j.contains("request")) continue;
+        const std::string kind = j["check"].value("kind", "");
+        const bool structured = kind == "json" || kind == "tool_call";
+        if (o.structured_only && !structured) continue;
+        const int max_tokens = structured ? std::max(o.max_tokens, o.structured_max_tokens)
+                                          : o.max_tokens;
         auto conv = protocol::parse_chat_completions_request(j["request"].dump());
         if (!conv.is_ok()) return conv.status().with_context(o.cases);
-        size_t last_user = 0;
-        for (size_t i = 0; i < conv->messages.size(); ++i) {
-            if (conv->messages[i].role == Role::kUser) last_user = i;
-        }
-        conv->messages.resize(last_user + 1);
-        DSI_ASSIGN_OR_RETURN(protocol::Prompt prompt,
-                             protocol::encode_conversation(protocol::ChatEncoding::kDeepSeekV32,
-                                                           *conv, sp));
-        std::vector<int32_t> ids = prompt.encode(tokenizer);
-        DSI_ASSIGN_OR_RETURN(Generation gen, generate(model, ids, o.max_tokens, sp.eos));
+        DSI_ASSIGN_OR_RETURN(std::vector<int32_t> ids, encode(*conv));
+        DSI_ASSIGN_OR_RETURN(Generation gen, generate(model, ids, max_tokens, sp.eos));
         protocol::ParserOptions po;
         po.thinking = conv->thinking;
         protocol::Completion c =
             protocol::fold_events(protocol::parse_completion(tokenizer, sp, po, gen.ids));
         const std::string task = j.value("task", "?");
-        for (const auto& [metric, hit] : score(j["check"], c)) {
-            for (const std::string& t : {task, std::string("all")}) {
-                fam[t][metric].first += hit;
-                fam[t][metric].second += 1;
-            }
-        }
+        tally(fam, task, score(j["check"], c));
         if (conv->thinking) {
             closed.second += 1;
             closed.first += std::find(gen.ids.begin(), gen.ids.end(), sp.think_end) != gen.ids.end();
@@ -224,16 +275,53 @@ Result<nlohmann::json> evaluate_model(DeepseekModel& model, const Tokenizer& tok
                                {"tool_calls", c.tool_calls.empty() ? "" : c.tool_calls[0].name + " " +
                                                                       c.tool_calls[0].arguments}});
         }
+        if (o.grammar && structured) {
+            // The grammar the server applies: the request's response_format, or a tool
+            // call forced by tool_choice "required" (thinking off, as the server does).
+            // Member order kept: a schema's property order is its output order.
+            protocol::OrderedJson body = protocol::OrderedJson::parse(line)["request"];
+            if (kind == "tool_call") body["tool_choice"] = "required";
+            DSI_ASSIGN_OR_RETURN(protocol::Request req,
+                                 protocol::parse_api_request(protocol::ApiProtocol::kChatCompletions,
+                                                             body.dump()));
+            if (!req.grammar) return invalid_argument(o.cases + ": a " + kind + " case without a grammar");
+            auto handle = compiler->submit(req.grammar->spec, vocab);
+            if (!handle.is_ok()) return handle.status().with_context(req.grammar->field);
+            grammar::CompileResult compiled = (*handle)->wait_for(int64_t{60} * 1000000000);
+            if (!compiled.is_ok()) return compiled.status().with_context(req.grammar->field);
+            grammar::GrammarMaskProvider mask(std::move(compiled).value());
+            DSI_ASSIGN_OR_RETURN(std::vector<int32_t> gids, encode(req.conversation));
+            DSI_ASSIGN_OR_RETURN(Generation g, generate(model, gids, max_tokens, sp.eos, &mask));
+            protocol::ParserOptions gpo;
+            gpo.thinking = req.conversation.thinking;
+            protocol::Completion gc =
+                protocol::fold_events(protocol::parse_completion(tokenizer, sp, gpo, g.ids));
+            tally(gfam, task, score(j["check"], gc));
+            if (grammar_samples.size() < 40) {
+                grammar_samples.push_back(
+                    {{"task", task},
+                     {"content", gc.content},
+                     {"tool_calls", gc.tool_calls.empty() ? "" : gc.tool_calls[0].name + " " +
+                                                                 gc.tool_calls[0].arguments}});
+            }
+        }
         ++cases;
     }
     json res;
     res["cases"] = cases;
     res["output_tokens"] = out_tokens;
-    for (const auto& [task, metrics] : fam) {
-        for (const auto& [metric, hn] : metrics) {
-            res["accuracy"][task][metric] = static_cast<double>(hn.first) / hn.second;
-            res["counts"][task][metric] = {hn.first, hn.second};
+    auto report = [](const Families& f, json& into) {
+        for (const auto& [task, metrics] : f) {
+            for (const auto& [metric, hn] : metrics) {
+                into["accuracy"][task][metric] = static_cast<double>(hn.first) / hn.second;
+                into["counts"][task][metric] = {hn.first, hn.second};
+            }
         }
+    };
+    report(fam, res);
+    if (o.grammar) {
+        report(gfam, res["with_grammar"]);
+        res["with_grammar"]["samples"] = grammar_samples;
     }
     res["reasoning_closed"] = closed.second ? static_cast<double>(closed.first) / closed.second : 0.0;
     res["mtp_first_draft_acceptance"] = drafts ? static_cast<double>(accepted) / drafts : 0.0;

@@ -37,11 +37,24 @@ struct EvalOptions {
     std::string cases;     // gen_corpus.py JSONL
     std::string loss_set;  // render_chat prefix; "" = no loss
     int max_tokens = 96;
+    // json and tool_call cases: at least this many tokens. A V3.2 DSML tool call is
+    // 50-90 tokens (each tag is about six), plus the reasoning before it; 48 cut
+    // most of them, which scored a cut call as malformed.
+    int structured_max_tokens = 160;
     int limit = 0;       // first N cases (0: all)
     int loss_limit = 0;  // first N loss examples (0: all)
+    bool structured_only = false;  // json and tool_call cases only (limit counts those)
+    // Also run the json and tool_call cases under the grammar the server would apply
+    // (their response_format; tool_choice "required" for tool calls, thinking off)
+    // and report them under with_grammar.{accuracy,counts}.
+    bool grammar = false;
+    // With `grammar`: JSON without the optional space after ',' and ':'
+    // (grammar::JsonSchemaOptions::space_after_separators off), for comparison.
+    bool compact_json = false;
 };
 
-// Figures as JSON: cases, output_tokens, accuracy.{task|all}.{metric},
+// Figures as JSON: cases, output_tokens, accuracy.{task|all}.{metric}
+// (with_grammar.accuracy.{task|all}.{metric} with `grammar`),
 // counts.{task}.{metric} = [hits, n], reasoning_closed, mtp_first_draft_acceptance,
 // mtp_drafts, heldout_loss_nats, heldout_loss_tokens, samples (first 40 outputs).
 Result<nlohmann::json> evaluate_model(DeepseekModel& model, const Tokenizer& tokenizer,

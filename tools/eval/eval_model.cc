@@ -66,7 +66,14 @@ int main(int argc, char** argv) {
     app.add_option("--tokenizer-dir", f.tokenizer_dir, "default: the model directory");
     app.add_option("--max-tokens", f.eval.max_tokens, "tokens per completion");
     app.add_option("--threads", f.threads, "compute threads");
+    app.add_option("--structured-max-tokens", f.eval.structured_max_tokens,
+                   "tokens per json / tool_call completion (at least --max-tokens)");
     app.add_option("--limit", f.eval.limit, "first N cases (0: all)");
+    app.add_flag("--structured-only", f.eval.structured_only, "json and tool_call cases only");
+    app.add_flag("--grammar", f.eval.grammar,
+                 "also run json / tool_call cases under the server's grammar (with_grammar)");
+    app.add_flag("--compact-json", f.eval.compact_json,
+                 "with --grammar: JSON without the optional space after , and :");
     app.add_option("--loss-limit", f.eval.loss_limit, "first N loss examples (0: all)");
     CLI11_PARSE(app, argc, argv);
     return dsi::run(f);

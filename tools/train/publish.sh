@@ -37,12 +37,14 @@ CACHE=$(mktemp -d)
 "$BUILD/tools/expand_pack" --pack "$PACK" --tokenizer-dir "$TOK" --cache-dir "$CACHE" > "$CACHE/dir"
 "$BUILD/tools/eval_model" --model "$(cat "$CACHE/dir")" --cases "$TD/cases.jsonl" \
   --loss-set "$TD/heldout" --limit "$LIMIT" --loss-limit 20 --max-tokens "$MAXTOK" \
-  --out "$RUN/eval.json"
+  --structured-max-tokens 160 --grammar --out "$RUN/eval.json"
 $PY - "$RUN/eval.json" "$TD/figures.json" "$LIMIT" "$MAXTOK" <<'EOF'
 import json, sys
 r = json.load(open(sys.argv[1]))
 fig = {"limit": int(sys.argv[3]), "loss_limit": 20, "max_tokens": int(sys.argv[4]),
+       "structured_max_tokens": 160,
        "accuracy": r["accuracy"],
+       "with_grammar": {"accuracy": r["with_grammar"]["accuracy"]},
        "reasoning_closed": r["reasoning_closed"],
        "mtp_first_draft_acceptance": r["mtp_first_draft_acceptance"],
        "heldout_loss_nats": r["heldout_loss_nats"]}
