@@ -769,6 +769,10 @@ private:
         const json then_s = s.value("then", json(true));
         const json else_s = s.value("else", json(true));
         const std::string at = where + "/if";
+        // Without a then / else that constrains, `if` decides nothing.
+        if (is_trivial_schema(then_s) && is_trivial_schema(else_s)) {
+            return compile(rest, where, depth + 1);
+        }
         json cond = effective_schema(s["if"], at);
         if (cond.is_boolean()) {
             return compile_cases({{rest, cond.get<bool>() ? then_s : else_s}}, where, "if", depth);
