@@ -311,15 +311,69 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
     // cheap because literal keys prune the trie early.
     const auto& elems = grammar_.elements();
     const auto& classes = grammar_.classes();
+    // Scratch per thread (position_key runs on any matcher's thread): rules and
+    // classes numbered locally in order of first use, valid while their stamp is this
+    // call's. Before, an unordered_map per call, every class written whole (33 bytes
+    // each) and 4-byte numbers (keys of ~11 KB at the object members of webhook
+    // schemas) made the keys the largest part of a step that meets new positions
+    // (issue 21: the mask p99).
+    struct Scratch {
+        std::vector<uint32_t> rule_stamp, rule_local, class_stamp, class_local, rules;
+        uint32_t stamp = 0;
+    };
+    thread_local Scratch sc;
+    if (++sc.stamp == 0) {  // wrapped: forget every old stamp
+        std::fill(sc.rule_stamp.begin(), sc.rule_stamp.end(), 0);
+        std::fill(sc.class_stamp.begin(), sc.class_stamp.end(), 0);
+        sc.stamp = 1;
+    }
+    if (sc.rule_stamp.size() < grammar_.num_rules()) {
+        sc.rule_stamp.resize(grammar_.num_rules(), 0);
+        sc.rule_local.resize(grammar_.num_rules(), 0);
+    }
+    if (sc.class_stamp.size() < classes.size()) {
+        sc.class_stamp.resize(classes.size(), 0);
+        sc.class_local.resize(classes.size(), 0);
+    }
     std::string key;
+    key.reserve(512);
+    // The size the key would have with every class written whole: the caps below
+    // (max_key_bytes) keep their meaning, so what is shared does not change.
+    size_t full_bytes = 0;
     uint64_t fp = vocab_->fingerprint();
     key.append(reinterpret_cast<const char*>(&fp), sizeof(fp));
-    std::unordered_map<uint32_t, uint32_t> local;
-    std::vector<uint32_t> rules;
-    auto put32 = [&](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    std::vector<uint32_t>& rules = sc.rules;
+    rules.clear();
+    uint32_t num_local_classes = 0;
+    bool first_class = true;
+    // Numbers as LEB128 varints (prefix-free, so the key stays injective): local rule
+    // and class numbers, alternative counts are small.
+    auto put32 = [&](uint32_t v) {
+        while (v >= 0x80) {
+            key.push_back(static_cast<char>(0x80 | (v & 0x7f)));
+            v >>= 7;
+        }
+        key.push_back(static_cast<char>(v));
+    };
+    // A class is written whole at its first use ('C' + 32 bytes) and then as its
+    // local number ('c' + 4 bytes): injective, since the numbers follow the order of
+    // the whole writes. The position's own class is never numbered, since a
+    // first_byte key overwrites it below.
     auto put_class = [&](uint32_t e) {
+        const uint32_t c = Grammar::payload(e);
+        full_bytes += 33;
+        if (!first_class && sc.class_stamp[c] == sc.stamp) {
+            key.push_back('c');
+            put32(sc.class_local[c]);
+            return;
+        }
         key.push_back('C');
-        key.append(reinterpret_cast<const char*>(classes[Grammar::payload(e)].words), 32);
+        key.append(reinterpret_cast<const char*>(classes[c].words), 32);
+        if (!first_class) {
+            sc.class_stamp[c] = sc.stamp;
+            sc.class_local[c] = num_local_classes++;
+        }
+        first_class = false;
     };
     // A repetition link with more items left than a token has bytes: written as the
     // unbounded loop over its items (link_items_), so equal for every such count.
@@ -327,9 +381,11 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
     auto emit_loop = [&](uint32_t r) {
         key.push_back('L');
         put32(static_cast<uint32_t>(grammar_.alternatives(r).size()));
+        full_bytes += 6;
         for (uint32_t start : grammar_.alternatives(r)) {
             for (uint32_t q = start; Grammar::tag(elems[q]) == Grammar::kTagClass; ++q) put_class(elems[q]);
             key.push_back('E');
+            ++full_bytes;
         }
         key.push_back('E');
     };
@@ -339,6 +395,7 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
             uint32_t tag = Grammar::tag(e);
             if (tag == Grammar::kTagEnd) {
                 key.push_back('E');
+                ++full_bytes;
                 return;
             }
             if (tag == Grammar::kTagClass) {
@@ -350,10 +407,14 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
                 emit_loop(r);
                 continue;
             }
-            auto [it, fresh] = local.emplace(r, static_cast<uint32_t>(rules.size()));
-            if (fresh) rules.push_back(r);
+            if (sc.rule_stamp[r] != sc.stamp) {
+                sc.rule_stamp[r] = sc.stamp;
+                sc.rule_local[r] = static_cast<uint32_t>(rules.size());
+                rules.push_back(r);
+            }
             key.push_back('R');
-            put32(it->second);
+            put32(sc.rule_local[r]);
+            full_bytes += 5;
         }
     };
     emit_seq(pos);
@@ -361,17 +422,20 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
     const size_t used = std::min(levels, chain.size() - 1);
     for (size_t k = 0; k < used; ++k) {
         key.push_back('K');
+        ++full_bytes;
         emit_seq(chain[k]);
     }
     key.push_back('T');
     put32(used == chain.size() - 1 ? chain.back() : kChainUnknown);
+    full_bytes += 5;
     for (size_t qi = 0; qi < rules.size(); ++qi) {
         const auto& alts = grammar_.alternatives(rules[qi]);
         key.push_back('A');
         put32(static_cast<uint32_t>(alts.size()));
+        full_bytes += 5;
         for (uint32_t a : alts) {
             emit_seq(a);
-            if (key.size() > max_key_bytes) return "";
+            if (sizeof(fp) + full_bytes > max_key_bytes) return "";
         }
     }
     if (first_byte >= 0) {
