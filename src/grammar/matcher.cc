@@ -94,6 +94,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
     for (uint32_t i = 0; i < class_positions_.size(); ++i) slot_of_pos_[class_positions_[i]] = i;
     compute_chains(reached);
     compute_links();
+    compute_key_floors();
     table_cache_ = options_.table_cache ? options_.table_cache
                                         : std::make_shared<PositionTableCache>();
     tables_ = std::make_unique<std::atomic<const PositionTokens*>[]>(class_positions_.size() + 1);
@@ -277,6 +278,85 @@ void CompiledGrammar::compute_links() {
     }
 }
 
+void CompiledGrammar::compute_key_floors() {
+    const auto& elems = grammar_.elements();
+    const uint32_t n = static_cast<uint32_t>(grammar_.num_rules());
+    const uint32_t max_items = static_cast<uint32_t>(vocab_->max_token_bytes()) + 1;
+    // position_key() follows a reference unless the rule is written as a loop.
+    auto followed = [&](uint32_t r) { return link_items_[r] <= max_items; };
+    // Bytes of a rule's own block in a key: 'A' + count, per alternative its classes
+    // (33), followed references (5; a loop's is not counted) and 'E'.
+    std::vector<uint64_t> own(n, 5);
+    std::vector<std::vector<uint32_t>> succ(n);
+    for (uint32_t r = 0; r < n; ++r) {
+        for (uint32_t start : grammar_.alternatives(r)) {
+            for (uint32_t q = start; elems[q] != Grammar::kEnd; ++q) {
+                if (Grammar::tag(elems[q]) == Grammar::kTagClass) {
+                    own[r] += 33;
+                } else if (followed(Grammar::payload(elems[q]))) {
+                    own[r] += 5;
+                    succ[r].push_back(Grammar::payload(elems[q]));
+                }
+            }
+            own[r] += 1;
+        }
+    }
+    // Strongly connected components (Tarjan, iterative: reference chains are as long
+    // as repetition bounds), completed sinks first. A component's rules are all in the
+    // key of anything reaching it, and so is one heaviest component below it: the
+    // floor is their sum (each rule's block is written once).
+    constexpr uint32_t kUnset = UINT32_MAX;
+    std::vector<uint32_t> index(n, kUnset), low(n, 0), comp(n, kUnset), stack;
+    std::vector<uint8_t> on_stack(n, 0);
+    std::vector<std::pair<uint32_t, uint32_t>> calls;  // (rule, next successor)
+    std::vector<uint64_t> comp_floor;
+    uint32_t counter = 0;
+    auto enter = [&](uint32_t r) {
+        index[r] = low[r] = counter++;
+        stack.push_back(r);
+        on_stack[r] = 1;
+        calls.push_back({r, 0});
+    };
+    for (uint32_t r0 = 0; r0 < n; ++r0) {
+        if (index[r0] != kUnset) continue;
+        enter(r0);
+        while (!calls.empty()) {
+            const uint32_t v = calls.back().first;
+            if (calls.back().second < succ[v].size()) {
+                const uint32_t w = succ[v][calls.back().second++];
+                if (index[w] == kUnset) {
+                    enter(w);
+                } else if (on_stack[w]) {
+                    low[v] = std::min(low[v], index[w]);
+                }
+                continue;
+            }
+            calls.pop_back();
+            if (!calls.empty()) low[calls.back().first] = std::min(low[calls.back().first], low[v]);
+            if (low[v] != index[v]) continue;
+            const uint32_t c = static_cast<uint32_t>(comp_floor.size());
+            uint64_t sum = 0;
+            size_t first = stack.size();
+            do {
+                --first;
+                comp[stack[first]] = c;
+                on_stack[stack[first]] = 0;
+                sum += own[stack[first]];
+            } while (stack[first] != v);
+            uint64_t below = 0;
+            for (size_t i = first; i < stack.size(); ++i) {
+                for (uint32_t w : succ[stack[i]]) {
+                    if (comp[w] != c) below = std::max(below, comp_floor[comp[w]]);
+                }
+            }
+            stack.resize(first);
+            comp_floor.push_back(sum + below);
+        }
+    }
+    key_floor_bytes_.assign(n, 0);
+    for (uint32_t r = 0; r < n; ++r) key_floor_bytes_[r] = comp_floor[comp[r]];
+}
+
 std::shared_ptr<const PositionTokens> PositionTableCache::find(const std::string& key) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
@@ -335,6 +415,22 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
         sc.class_stamp.resize(classes.size(), 0);
         sc.class_local.resize(classes.size(), 0);
     }
+    // Known to pass the cap before writing anything: the rules the position's own
+    // sequence (and the continuation it is keyed with) refers to are all written.
+    const uint32_t max_items = static_cast<uint32_t>(vocab_->max_token_bytes()) + 1;
+    const std::vector<uint32_t>& chain = continuation(pos);
+    const size_t used = std::min(levels, chain.size() - 1);
+    uint64_t floor_bytes = 0;
+    auto floor_of = [&](uint32_t q) {
+        for (; elems[q] != Grammar::kEnd; ++q) {
+            if (Grammar::tag(elems[q]) != Grammar::kTagRule) continue;
+            const uint32_t r = Grammar::payload(elems[q]);
+            if (link_items_[r] <= max_items) floor_bytes = std::max(floor_bytes, key_floor_bytes_[r]);
+        }
+    };
+    floor_of(pos);
+    for (size_t k = 0; k < used; ++k) floor_of(chain[k]);
+    if (sizeof(uint64_t) + floor_bytes > max_key_bytes) return "";
     std::string key;
     key.reserve(512);
     // The size the key would have with every class written whole: the caps below
@@ -377,7 +473,6 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
     };
     // A repetition link with more items left than a token has bytes: written as the
     // unbounded loop over its items (link_items_), so equal for every such count.
-    const uint32_t max_items = static_cast<uint32_t>(vocab_->max_token_bytes()) + 1;
     auto emit_loop = [&](uint32_t r) {
         key.push_back('L');
         put32(static_cast<uint32_t>(grammar_.alternatives(r).size()));
@@ -418,8 +513,6 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
         }
     };
     emit_seq(pos);
-    const std::vector<uint32_t>& chain = continuation(pos);
-    const size_t used = std::min(levels, chain.size() - 1);
     for (size_t k = 0; k < used; ++k) {
         key.push_back('K');
         ++full_bytes;
@@ -438,6 +531,7 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
             if (sizeof(fp) + full_bytes > max_key_bytes) return "";
         }
     }
+    DSI_DCHECK(sizeof(fp) + full_bytes >= floor_bytes, "position_key: floor above the key");
     if (first_byte >= 0) {
         // The position's own class, written first (after the fingerprint and 'C').
         ByteSet only;
