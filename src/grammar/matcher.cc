@@ -1200,8 +1200,78 @@ std::shared_ptr<const PositionTokens> GrammarMatcher::by_first_byte(uint32_t pos
     return cache.insert(key, std::move(table));
 }
 
+std::unique_ptr<PositionTokens> GrammarMatcher::run_tokens(uint32_t pos) {
+    const std::vector<uint32_t>& elems = *elems_;
+    size_t run = 0;
+    while (Grammar::tag(elems[pos + run]) == Grammar::kTagClass) ++run;
+    if (run < 2) return nullptr;
+    // A token that ends where the rule ends is left uncertain (as a walk would
+    // decide it through the caller).
+    const bool ends_rule = elems[pos + run] == Grammar::kEnd;
+    const Vocabulary& vocab = compiled_->vocab();
+    const auto& trie = vocab.trie();
+    const auto& trie_tokens = vocab.trie_tokens();
+    auto table = std::make_unique<PositionTokens>();
+    std::vector<int32_t> accepted;
+    std::string_view prev;
+    auto add_uncertain = [&](uint32_t k) {
+        std::string_view b = vocab.token_bytes(trie_tokens[k]);
+        size_t lcp = 0;
+        while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+        table->uncertain.push_back(k);
+        table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
+        prev = b;
+    };
+    size_t visited = 0;
+    // Trie nodes in pre-order: the children of a range are found by skipping subtrees.
+    struct Frame {
+        uint32_t next, end;
+        size_t depth;
+    };
+    std::vector<Frame> frames = {{0, static_cast<uint32_t>(trie.size() - 1), 0}};
+    while (!frames.empty()) {
+        Frame& f = frames.back();
+        if (f.next >= f.end) {
+            frames.pop_back();
+            continue;
+        }
+        const uint32_t j = f.next;
+        const size_t d = f.depth;
+        f.next = trie[j].subtree_end;
+        if (++visited > kMaxRunNodes) return nullptr;
+        const ByteSet& cls = (*classes_)[Grammar::payload(elems[pos + d])];
+        if (!cls.test(trie[j].byte)) continue;  // leaves the run: rejected
+        const bool last = d + 1 == run;
+        for (uint32_t k = trie[j].token_begin; k < trie[j + 1].token_begin; ++k) {
+            if (last && ends_rule) {
+                add_uncertain(k);
+            } else {
+                accepted.push_back(trie_tokens[k]);
+            }
+        }
+        if (!last) {
+            frames.push_back({j + 1, trie[j].subtree_end, d + 1});  // f is stale now
+            continue;
+        }
+        const uint32_t deeper_begin = trie[j + 1].token_begin;
+        const uint32_t deeper_end = trie[trie[j].subtree_end].token_begin;
+        if (table->uncertain.size() + (deeper_end - deeper_begin) > kMaxRunUncertain) return nullptr;
+        for (uint32_t k = deeper_begin; k < deeper_end; ++k) add_uncertain(k);
+    }
+    if (table->uncertain.size() > kMaxRunUncertain) return nullptr;
+    set_accepted(std::move(accepted), vocab.size(), table.get());
+    return table;
+}
+
 const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {
     if (const PositionTokens* t = compiled_->position_tokens(pos)) return t;
+    // A run of classes (a key literal and its ':'; the rest of a literal) needs no
+    // key and no walk: the trie along the run decides its tokens (issue 21: such
+    // positions, one per optional member of an object at each member boundary and
+    // one per character inside a key, were most of the new tables of the p99 steps).
+    if (std::unique_ptr<PositionTokens> run = run_tokens(pos)) {
+        return compiled_->store_position_tokens(pos, std::move(run));
+    }
     // First from one level of the position's static continuation (then an unknown
     // caller): such tables are small to key, so they are shared by every grammar with
     // the same rule (a JSON string, a number), and walks from different positions that

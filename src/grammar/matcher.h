@@ -352,6 +352,12 @@ private:
     // whatever the rest of the class); nullptr for narrow classes and large grammars.
     std::shared_ptr<const PositionTokens> by_first_byte(uint32_t pos);
     const PositionTokens* table_for(uint32_t pos);
+    // The table of a position whose sequence starts with a run of at least 2 byte
+    // classes, from the trie along the run alone: tokens inside the run accepted,
+    // leaving it rejected, going past it uncertain (checked on the real stack, so
+    // exact whatever follows). No key, no walk. nullptr when more than
+    // kMaxRunUncertain tokens would be uncertain or kMaxRunNodes trie nodes visited.
+    std::unique_ptr<PositionTokens> run_tokens(uint32_t pos);
     // Sets the uncertain tokens of `t` that stack `id` takes.
     void check_uncertain(uint32_t id, const PositionTokens& t, TokenBitmask* mask);
 
@@ -421,6 +427,8 @@ private:
     static constexpr int kMinSplitBytes = 8;
     static constexpr size_t kMaxSplitKeyBytes = 4096;
     static constexpr size_t kMaxRefineTokens = 2048;
+    static constexpr size_t kMaxRunUncertain = 32;
+    static constexpr size_t kMaxRunNodes = 2048;
     std::vector<uint32_t> scratch_a_, scratch_b_;
 };
 
