@@ -427,7 +427,7 @@ private:
     static constexpr int kMinSplitBytes = 8;
     static constexpr size_t kMaxSplitKeyBytes = 4096;
     static constexpr size_t kMaxRefineTokens = 2048;
-    static constexpr size_t kMaxRunUncertain = 32;
+    static constexpr size_t kMaxRunUncertain = 4;
     static constexpr size_t kMaxRunNodes = 2048;
     std::vector<uint32_t> scratch_a_, scratch_b_;
 };
