@@ -92,7 +92,7 @@ TEST(CompileServer, ErrorsKeepCodeAndMessage) {
     auto remote = client(server->address(), vocab);
     const GrammarSpec bad[] = {
         {GrammarKind::kJsonSchema, R"({"type":"array","contains":{}})"},  // UNIMPLEMENTED
-        {GrammarKind::kJsonSchema, R"({"type":"strnig"})"},            // INVALID_ARGUMENT
+        {GrammarKind::kJsonSchema, R"({"type":"strnig"})"},               // INVALID_ARGUMENT
         {GrammarKind::kRegex, "(a)\\1"},
         {GrammarKind::kEbnf, "root ::= missing"},
     };

@@ -712,7 +712,9 @@ private:
                 const bool names = std::string(k) == "dependentRequired" ||
                                    (std::string(k) == "dependencies" && v.is_array());
                 if (names) {
-                    if (!v.is_array()) return bad(at + "/" + escape_pointer(it.key()), "must be an array");
+                    if (!v.is_array()) {
+                        return bad(at + "/" + escape_pointer(it.key()), "must be an array");
+                    }
                     for (const auto& n : v) {
                         if (!n.is_string()) {
                             return bad(at + "/" + escape_pointer(it.key()), "must hold strings");
@@ -748,9 +750,11 @@ private:
             }
             objects = std::move(next);
             if (!present && ++splits > kMaxCaseSplits) {
-                return unsupported(where, "dependentRequired / dependentSchemas / dependencies on more "
-                                          "than " + std::to_string(kMaxCaseSplits) +
-                                          " properties that may or may not be present");
+                return unsupported(where,
+                                   "dependentRequired / dependentSchemas / dependencies on more "
+                                   "than " +
+                                       std::to_string(kMaxCaseSplits) +
+                                       " properties that may or may not be present");
             }
         }
         for (auto& c : objects) cases.push_back(std::move(c));
@@ -793,8 +797,9 @@ private:
                 std::set<std::string> t = type_names(v);
                 if (t.count("number")) t.insert("integer");
                 if (t.count("integer") && !t.count("number")) {
-                    return unsupported(at, "keyword 'if' on type integer (its failure, a "
-                                           "non-integer number, is not expressible)");
+                    return unsupported(at,
+                                       "keyword 'if' on type integer (its failure, a "
+                                       "non-integer number, is not expressible)");
                 }
                 json others = json::array();
                 for (const auto& x : kAll) {
@@ -812,7 +817,8 @@ private:
                 for (const auto& r : v) {
                     if (!r.is_string()) return bad(at + "/required", "must hold strings");
                     conds.push_back({json{{"required", json::array({r})}},
-                                     {json{{"type", "object"}, {"properties", {{r.get<std::string>(), false}}}}}});
+                                     {json{{"type", "object"},
+                                           {"properties", {{r.get<std::string>(), false}}}}}});
                 }
             } else if (k == "properties") {
                 if (!v.is_object()) return bad(at + "/properties", "must be an object");
@@ -825,8 +831,9 @@ private:
                                            {"properties", {{p.key(), not_p}}}}}});
                 }
             } else {
-                return unsupported(at, "keyword 'if' whose schema uses '" + k +
-                                           "' (decidable: type, enum, const, required, properties)");
+                return unsupported(at,
+                                   "keyword 'if' whose schema uses '" + k +
+                                       "' (decidable: type, enum, const, required, properties)");
             }
         }
         if (conds.size() > kMaxCaseSplits) {
@@ -926,7 +933,8 @@ private:
                 // A finite set: its values but those listed (exact; compile_enum
                 // applies the rest's other keywords).
                 json kept = json::array();
-                const json own = rest.contains("const") ? json::array({rest["const"]}) : rest["enum"];
+                const json own =
+                    rest.contains("const") ? json::array({rest["const"]}) : rest["enum"];
                 if (!own.is_array()) return bad(where + "/enum", "must be an array");
                 for (const auto& v : own) {
                     if (!listed(v)) kept.push_back(v);
@@ -965,11 +973,12 @@ private:
                     } else if ((t == "integer" || t == "number") && listed_types.count("number")) {
                         // The gaps between the listed integers, as bounds (exact: inclusive
                         // for integers, exclusive for numbers).
-                        DSI_ASSIGN_OR_RETURN(ExprPtr e, numbers_not_in(t == "integer", values, at, where));
+                        DSI_ASSIGN_OR_RETURN(ExprPtr e,
+                                             numbers_not_in(t == "integer", values, at, where));
                         alts.push_back(e);
                     } else if (listed_types.count(t)) {
-                        return unsupported(at, "'not' of an enum / const listing a value of type " + t +
-                                                   " beside that type");
+                        return unsupported(at, "'not' of an enum / const listing a value of type " +
+                                                   t + " beside that type");
                     } else {
                         DSI_ASSIGN_OR_RETURN(ExprPtr e, compile_type(t, rest, where, depth));
                         alts.push_back(e);
@@ -978,8 +987,9 @@ private:
                 return std::optional<ExprPtr>(e_alt(std::move(alts)));
             }
         }
-        return unsupported(at, "'not' of this schema (supported: type, one required name, "
-                               "enum/const beside an enum or a plain type)");
+        return unsupported(at,
+                           "'not' of this schema (supported: type, one required name, "
+                           "enum/const beside an enum or a plain type)");
     }
 
     // Integers (or numbers) other than the numbers in `values`, which must be integers
@@ -991,8 +1001,9 @@ private:
             if (!v.is_number()) continue;
             const double d = v.get<double>();
             if (type_of(v) != "integer" || std::fabs(d) > 9e15) {
-                return unsupported(at, "'not' of an enum / const listing a number other than an "
-                                       "integer up to 9e15 beside numbers");
+                return unsupported(at,
+                                   "'not' of an enum / const listing a number other than an "
+                                   "integer up to 9e15 beside numbers");
             }
             listed.insert(v.is_number_float() ? static_cast<int64_t>(d) : v.get<int64_t>());
         }
@@ -1709,7 +1720,8 @@ private:
     // its other keywords keep, decided by compiling it as compile_enum does), or every
     // value of null / boolean when those are its only types and nothing else reads
     // them; `false`: none. nullopt when `s` is not such a schema.
-    Result<std::optional<std::vector<json>>> finite_values(const json& s_in, const std::string& where) {
+    Result<std::optional<std::vector<json>>> finite_values(const json& s_in,
+                                                           const std::string& where) {
         using Out = std::optional<std::vector<json>>;
         const json s = effective_schema(s_in, where);
         if (s.is_boolean()) return s.get<bool>() ? Out() : Out(std::vector<json>{});
@@ -1755,15 +1767,18 @@ private:
     // that index admits, then R(S + it); or the end once |S| >= minItems. Exact (the
     // values as compile_enum writes them); one rule per reachable S, capped
     // (kMaxUniqueStates), else UNIMPLEMENTED naming uniqueItems.
-    Result<ExprPtr> unique_array(const json& s, const std::string& where, uint64_t min, uint64_t max) {
+    Result<ExprPtr> unique_array(const json& s, const std::string& where, uint64_t min,
+                                 uint64_t max) {
         const std::string why =
             "keyword 'uniqueItems' (supported when every element that can occur is one of a "
             "known finite set: enum, const, boolean, null)";
         std::vector<std::vector<json>> domains;  // per index below n; then `items`
-        const size_t n = s.contains("prefixItems") && s["prefixItems"].is_array() ? s["prefixItems"].size() : 0;
+        const size_t n =
+            s.contains("prefixItems") && s["prefixItems"].is_array() ? s["prefixItems"].size() : 0;
         for (size_t i = 0; i < n && i < max; ++i) {
-            DSI_ASSIGN_OR_RETURN(auto d, finite_values(s["prefixItems"][i],
-                                                       where + "/prefixItems/" + std::to_string(i)));
+            DSI_ASSIGN_OR_RETURN(
+                auto d,
+                finite_values(s["prefixItems"][i], where + "/prefixItems/" + std::to_string(i)));
             if (!d) return unsupported(where + "/prefixItems/" + std::to_string(i), why);
             domains.push_back(std::move(*d));
         }
@@ -1816,7 +1831,8 @@ private:
                     auto [it, fresh] = rules.emplace(set | bit, 0);
                     if (fresh) {
                         if (rules.size() > kMaxUniqueStates) {
-                            return unsupported(where, why + ": more than " + std::to_string(kMaxUniqueStates) +
+                            return unsupported(where, why + ": more than " +
+                                                          std::to_string(kMaxUniqueStates) +
                                                           " sets of values to track");
                         }
                         it->second = builder_.declare("unique_items:#" + where);
@@ -1824,8 +1840,8 @@ private:
                     }
                     std::vector<ExprPtr> lits;
                     for (const auto& t : texts) lits.push_back(e_literal(t));
-                    alts.push_back(e_seq({count == 0 ? e_empty() : sep_char(','), e_alt(std::move(lits)),
-                                          e_rule(it->second)}));
+                    alts.push_back(e_seq({count == 0 ? e_empty() : sep_char(','),
+                                          e_alt(std::move(lits)), e_rule(it->second)}));
                 }
             }
             builder_.define(rules[set], alts.empty() ? e_fail() : e_alt(std::move(alts)));
@@ -1838,7 +1854,9 @@ private:
         for (const char* k : {"minItems", "maxItems"}) {
             if (!s.contains(k)) continue;
             const json& v = s[k];
-            if (!v.is_number() || v.get<double>() < 0) return bad(where + "/" + k, "must be a non-negative integer");
+            if (!v.is_number() || v.get<double>() < 0) {
+                return bad(where + "/" + k, "must be a non-negative integer");
+            }
             double d = v.get<double>();
             uint64_t n = d > 1e18 ? UINT64_MAX : static_cast<uint64_t>(d);
             (k[1] == 'i' ? min : max) = n;

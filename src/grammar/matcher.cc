@@ -425,7 +425,9 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
         for (; elems[q] != Grammar::kEnd; ++q) {
             if (Grammar::tag(elems[q]) != Grammar::kTagRule) continue;
             const uint32_t r = Grammar::payload(elems[q]);
-            if (link_items_[r] <= max_items) floor_bytes = std::max(floor_bytes, key_floor_bytes_[r]);
+            if (link_items_[r] <= max_items) {
+                floor_bytes = std::max(floor_bytes, key_floor_bytes_[r]);
+            }
         }
     };
     floor_of(pos);
@@ -1255,7 +1257,9 @@ std::unique_ptr<PositionTokens> GrammarMatcher::run_tokens(uint32_t pos) {
         }
         const uint32_t deeper_begin = trie[j + 1].token_begin;
         const uint32_t deeper_end = trie[trie[j].subtree_end].token_begin;
-        if (table->uncertain.size() + (deeper_end - deeper_begin) > kMaxRunUncertain) return nullptr;
+        if (table->uncertain.size() + (deeper_end - deeper_begin) > kMaxRunUncertain) {
+            return nullptr;
+        }
         for (uint32_t k = deeper_begin; k < deeper_end; ++k) add_uncertain(k);
     }
     if (table->uncertain.size() > kMaxRunUncertain) return nullptr;
