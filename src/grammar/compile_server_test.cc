@@ -91,8 +91,8 @@ TEST(CompileServer, ErrorsKeepCodeAndMessage) {
     auto server = start_server(vocab);
     auto remote = client(server->address(), vocab);
     const GrammarSpec bad[] = {
-        {GrammarKind::kJsonSchema, R"({"type":"object","if":{}})"},  // UNIMPLEMENTED
-        {GrammarKind::kJsonSchema, R"({"type":"strnig"})"},            // INVALID_ARGUMENT
+        {GrammarKind::kJsonSchema, R"({"type":"array","contains":{}})"},  // UNIMPLEMENTED
+        {GrammarKind::kJsonSchema, R"({"type":"strnig"})"},               // INVALID_ARGUMENT
         {GrammarKind::kRegex, "(a)\\1"},
         {GrammarKind::kEbnf, "root ::= missing"},
     };

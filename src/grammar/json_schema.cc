@@ -40,9 +40,8 @@ const std::set<std::string>& constraint_keywords() {
 
 const std::set<std::string>& unsupported_keywords() {
     static const std::set<std::string> k = {
-        "if",            "dependentRequired", "dependentSchemas",
-        "propertyNames", "unevaluatedItems",   "unevaluatedProperties", "contains",           "minContains",       "maxContains",
-        "$dynamicRef",        "$recursiveRef",     "dependencies"};
+        "propertyNames", "unevaluatedItems", "unevaluatedProperties", "contains",
+        "minContains",   "maxContains",      "$dynamicRef",           "$recursiveRef"};
     return k;
 }
 
@@ -78,6 +77,30 @@ std::string type_of(const json& v) {
         case json::value_t::object: return "object";
         default: return "unknown";
     }
+}
+
+// The type names a `type` keyword lists (a string or an array of strings).
+std::set<std::string> type_names(const json& t) {
+    std::set<std::string> out;
+    if (t.is_string()) out.insert(t.get<std::string>());
+    if (t.is_array()) {
+        for (const auto& x : t) {
+            if (x.is_string()) out.insert(x.get<std::string>());
+        }
+    }
+    return out;
+}
+
+// JSON Schema equality: numbers by value (1 == 1.0), objects whatever their member
+// order (ordered_json compares members in order, so compare unordered copies).
+bool json_equal(const json& a, const json& b) {
+    if (a.is_structured() || b.is_structured()) {
+        const auto dump = [](const json& x) {
+            return x.dump(-1, ' ', false, json::error_handler_t::replace);
+        };
+        return nlohmann::json::parse(dump(a)) == nlohmann::json::parse(dump(b));
+    }
+    return a == b;
 }
 
 // Natural numbers (no leading zeros) with digit string in [x, y], same length.
@@ -379,9 +402,22 @@ private:
                 return false;
             }
         }
+        if (b.contains("if")) {
+            // `then` / `else` are read through `if` only: they travel with it. Two
+            // different conditions would need their product (not merged).
+            auto part = [](const json& x, const char* k) { return x.value(k, json(true)); };
+            if (a->contains("if") &&
+                ((*a)["if"] != b["if"] || part(*a, "then") != part(b, "then") ||
+                 part(*a, "else") != part(b, "else"))) {
+                return false;
+            }
+            for (const char* k : {"if", "then", "else"}) {
+                if (b.contains(k)) (*a)[k] = b[k];
+            }
+        }
         for (auto it = b.begin(); it != b.end(); ++it) {
             const std::string& k = it.key();
-            if (!is_constraint(k)) continue;
+            if (!is_constraint(k) || k == "if") continue;
             if (!a->contains(k)) {
                 (*a)[k] = it.value();
                 continue;
@@ -440,13 +476,7 @@ private:
             }
             if (k == "type") {
                 auto as_set = [](const json& t) {
-                    std::set<std::string> s;
-                    if (t.is_string()) s.insert(t.get<std::string>());
-                    if (t.is_array()) {
-                        for (const auto& x : t) {
-                            if (x.is_string()) s.insert(x.get<std::string>());
-                        }
-                    }
+                    std::set<std::string> s = type_names(t);
                     if (s.count("number")) s.insert("integer");
                     return s;
                 };
@@ -481,12 +511,8 @@ private:
         }
         for (auto it = s.begin(); it != s.end(); ++it) {
             if (unsupported_keywords().count(it.key())) {
-                if (it.key() == "uniqueItems") continue;
                 return unsupported(where, "keyword '" + it.key() + "'");
             }
-        }
-        if (s.contains("uniqueItems") && s["uniqueItems"] == true) {
-            return unsupported(where, "keyword 'uniqueItems': true");
         }
         if (s.contains("$ref")) {
             if (!s["$ref"].is_string()) return bad(where, "$ref must be a string");
@@ -514,6 +540,11 @@ private:
             }
             return compile_shared(merged, where, depth);
         }
+        if (s.contains("dependentRequired") || s.contains("dependentSchemas") ||
+            s.contains("dependencies")) {
+            return compile_dependencies(s, where, depth);
+        }
+        if (s.contains("if")) return compile_if(s, where, depth);
         for (const char* comb : {"anyOf", "oneOf"}) {
             if (!s.contains(comb)) continue;
             const json& branches = s[comb];
@@ -600,6 +631,232 @@ private:
         return e_alt(std::move(alts));
     }
 
+    // ---- case splits: dependencies, if / then / else ---------------------------------
+    // The union of `cases`, each the conjunction of its parts (merged as allOf is, $ref
+    // and allOf inside a part folded in; a `false` part drops its case). The callers
+    // make the cases disjoint (an object with / without a property, a condition held
+    // / failed), so the union is exactly the schema. A case whose parts do not merge
+    // is UNIMPLEMENTED naming `keyword`.
+    Result<ExprPtr> compile_cases(const std::vector<std::vector<json>>& cases,
+                                  const std::string& where, const std::string& keyword, int depth) {
+        std::vector<ExprPtr> alts;
+        for (const auto& parts : cases) {
+            json merged = json::object();
+            bool dead = false;
+            for (const auto& part : parts) {
+                std::vector<json> flat;
+                std::vector<std::string> path;
+                DSI_RETURN_IF_ERROR(flatten_all(part, where, &flat, &path, 0));
+                for (const auto& f : flat) {
+                    if (f.is_boolean() && !f.get<bool>()) dead = true;
+                    if (dead) break;
+                    if (!merge_into(&merged, f)) {
+                        return unsupported(where, "'" + keyword +
+                                                      "' whose cases constrain a keyword of the "
+                                                      "rest of the schema differently");
+                    }
+                }
+                if (dead) break;
+            }
+            if (dead) continue;
+            auto e = compile_shared(merged, where, depth);
+            if (!e.is_ok()) {
+                return e.status().with_context("JSON schema at '#" + where + "': through '" +
+                                               keyword + "'");
+            }
+            alts.push_back(*e);
+        }
+        return e_alt(std::move(alts));
+    }
+
+    static bool lists_name(const json& s, const char* k, const std::string& name) {
+        if (!s.is_object() || !s.contains(k)) return false;
+        const json& v = s[k];
+        if (v.is_array()) return std::find(v.begin(), v.end(), json(name)) != v.end();
+        return v.is_object() && v.contains(name);
+    }
+
+    // `s` (no $ref / allOf left) never holds property `name` in an object: declared
+    // false, or undeclared where undeclared members are forbidden.
+    static bool forbids_name(const json& s, const std::string& name) {
+        if (lists_name(s, "properties", name)) return s["properties"][name] == false;
+        return s.value("additionalProperties", json(true)) == false &&
+               !s.contains("patternProperties");
+    }
+
+    // The types other than object that `s` admits, as a `type` part ({} when none).
+    std::optional<json> non_object_types(const json& s) {
+        json out = json::array();
+        for (const auto& t : admitted_types(s)) {
+            if (t != "object") out.push_back(t);
+        }
+        if (out.empty()) return std::nullopt;
+        return json{{"type", out}};
+    }
+
+    // dependentRequired / dependentSchemas and draft 4's `dependencies` (a list of
+    // names or a schema per name): each trigger name splits the objects into those
+    // without it (`properties: {name: false}`) and those with it (`required: [name]`
+    // and the dependency); other values hold none of it. Exact; a name the rest
+    // requires or forbids takes one side only. 2^k cases for k undecided names,
+    // so k is capped (kMaxCaseSplits).
+    Result<ExprPtr> compile_dependencies(const json& s, const std::string& where, int depth) {
+        json rest = s;
+        std::vector<std::pair<std::string, json>> deps;  // name -> part when present
+        for (const char* k : {"dependentRequired", "dependentSchemas", "dependencies"}) {
+            if (!s.contains(k)) continue;
+            rest.erase(k);
+            const std::string at = where + "/" + k;
+            const json& d = s[k];
+            if (!d.is_object()) return bad(at, "must be an object");
+            for (auto it = d.begin(); it != d.end(); ++it) {
+                const json& v = it.value();
+                const bool names = std::string(k) == "dependentRequired" ||
+                                   (std::string(k) == "dependencies" && v.is_array());
+                if (names) {
+                    if (!v.is_array()) {
+                        return bad(at + "/" + escape_pointer(it.key()), "must be an array");
+                    }
+                    for (const auto& n : v) {
+                        if (!n.is_string()) {
+                            return bad(at + "/" + escape_pointer(it.key()), "must hold strings");
+                        }
+                    }
+                    if (!v.empty()) deps.push_back({it.key(), json{{"required", v}}});
+                } else {
+                    if (!v.is_object() && !v.is_boolean()) {
+                        return bad(at + "/" + escape_pointer(it.key()),
+                                   "a schema must be an object or a boolean");
+                    }
+                    if (!is_trivial_schema(v)) deps.push_back({it.key(), v});
+                }
+            }
+        }
+        std::vector<std::vector<json>> cases;
+        if (auto other = non_object_types(rest)) cases.push_back({rest, *other});
+        std::vector<std::vector<json>> objects = {{rest, json{{"type", "object"}}}};
+        size_t splits = 0;
+        for (const auto& [name, part] : deps) {
+            const bool present = lists_name(rest, "required", name);
+            const bool absent = forbids_name(rest, name);
+            if (absent) continue;  // never triggered
+            std::vector<std::vector<json>> next;
+            for (auto& c : objects) {
+                if (!present) {
+                    next.push_back(c);
+                    next.back().push_back(json{{"properties", {{name, false}}}});
+                }
+                c.push_back(json{{"required", json::array({name})}});
+                c.push_back(part);
+                next.push_back(std::move(c));
+            }
+            objects = std::move(next);
+            if (!present && ++splits > kMaxCaseSplits) {
+                return unsupported(where,
+                                   "dependentRequired / dependentSchemas / dependencies on more "
+                                   "than " +
+                                       std::to_string(kMaxCaseSplits) +
+                                       " properties that may or may not be present");
+            }
+        }
+        for (auto& c : objects) cases.push_back(std::move(c));
+        return compile_cases(cases, where, "dependencies", depth);
+    }
+
+    // if / then / else, where the `if` schema is decidable here: a conjunction of
+    // conditions we can also negate -- `type`, `enum` / `const`, each `required`
+    // name, and each `properties` entry (`not` of its schema as compile_not
+    // supports: type, enum / const, ...). Cases: every condition holds (then), or
+    // condition i fails while those before it hold (else): disjoint, so exact.
+    // Other `if` keywords are UNIMPLEMENTED naming the keyword.
+    Result<ExprPtr> compile_if(const json& s, const std::string& where, int depth) {
+        json rest = s;
+        for (const char* k : {"if", "then", "else"}) rest.erase(k);
+        const json then_s = s.value("then", json(true));
+        const json else_s = s.value("else", json(true));
+        const std::string at = where + "/if";
+        // Without a then / else that constrains, `if` decides nothing.
+        if (is_trivial_schema(then_s) && is_trivial_schema(else_s)) {
+            return compile(rest, where, depth + 1);
+        }
+        json cond = effective_schema(s["if"], at);
+        if (cond.is_boolean()) {
+            return compile_cases({{rest, cond.get<bool>() ? then_s : else_s}}, where, "if", depth);
+        }
+        if (!cond.is_object()) return bad(at, "a schema must be an object or a boolean");
+        struct Condition {
+            json hold;
+            std::vector<json> fail;  // disjoint ways to fail it
+        };
+        std::vector<Condition> conds;
+        static const std::vector<std::string> kAll = {"null",   "boolean", "integer", "number",
+                                                      "string", "array",   "object"};
+        for (auto it = cond.begin(); it != cond.end(); ++it) {
+            const std::string& k = it.key();
+            const json& v = it.value();
+            if (!is_constraint(k)) continue;
+            if (k == "type") {
+                std::set<std::string> t = type_names(v);
+                if (t.count("number")) t.insert("integer");
+                if (t.count("integer") && !t.count("number")) {
+                    return unsupported(at,
+                                       "keyword 'if' on type integer (its failure, a "
+                                       "non-integer number, is not expressible)");
+                }
+                json others = json::array();
+                for (const auto& x : kAll) {
+                    if (!t.count(x)) others.push_back(x);
+                }
+                Condition c{json{{"type", v}}, {}};
+                if (!others.empty()) c.fail.push_back(json{{"type", others}});
+                conds.push_back(std::move(c));
+            } else if (k == "enum" || k == "const") {
+                const json values = k == "const" ? json::array({v}) : v;
+                if (!values.is_array()) return bad(at + "/enum", "must be an array");
+                conds.push_back({json{{"enum", values}}, {json{{"not", {{"enum", values}}}}}});
+            } else if (k == "required") {
+                if (!v.is_array()) return bad(at + "/required", "must be an array");
+                for (const auto& r : v) {
+                    if (!r.is_string()) return bad(at + "/required", "must hold strings");
+                    conds.push_back({json{{"required", json::array({r})}},
+                                     {json{{"type", "object"},
+                                           {"properties", {{r.get<std::string>(), false}}}}}});
+                }
+            } else if (k == "properties") {
+                if (!v.is_object()) return bad(at + "/properties", "must be an object");
+                for (auto p = v.begin(); p != v.end(); ++p) {
+                    if (is_trivial_schema(p.value())) continue;
+                    json not_p = p.value() == false ? json(true) : json{{"not", p.value()}};
+                    conds.push_back({json{{"properties", {{p.key(), p.value()}}}},
+                                     {json{{"type", "object"},
+                                           {"required", json::array({p.key()})},
+                                           {"properties", {{p.key(), not_p}}}}}});
+                }
+            } else {
+                return unsupported(at,
+                                   "keyword 'if' whose schema uses '" + k +
+                                       "' (decidable: type, enum, const, required, properties)");
+            }
+        }
+        if (conds.size() > kMaxCaseSplits) {
+            return unsupported(at, "keyword 'if' with more than " + std::to_string(kMaxCaseSplits) +
+                                       " conditions");
+        }
+        std::vector<std::vector<json>> cases;
+        std::vector<json> held = {rest};
+        for (const auto& c : conds) {
+            for (const auto& f : c.fail) {
+                cases.push_back(held);
+                cases.back().push_back(f);
+                cases.back().push_back(else_s);
+            }
+            held.push_back(c.hold);
+        }
+        held.push_back(then_s);
+        cases.push_back(std::move(held));
+        return compile_cases(cases, where, "if", depth);
+    }
+
     // `not` of simple schemas, folded into the rest of `s`: not {type: ...} removes
     // types; not {required: [k]} (an object without k); not {enum / const: strings}
     // beside a plain string type (any other string); not true / {} (nothing);
@@ -626,16 +883,7 @@ private:
             if (is_constraint(it.key())) nn[it.key()] = it.value();
         }
         if (nn.empty()) return std::optional<ExprPtr>(e_fail());
-        auto types_of = [&](const json& t) {
-            std::set<std::string> out;
-            if (t.is_string()) out.insert(t.get<std::string>());
-            if (t.is_array()) {
-                for (const auto& x : t) {
-                    if (x.is_string()) out.insert(x.get<std::string>());
-                }
-            }
-            return out;
-        };
+        auto types_of = [](const json& t) { return type_names(t); };
         std::set<std::string> have = rest.contains("type") ? types_of(rest["type"])
                                                            : std::set<std::string>(kAll.begin(), kAll.end());
         if (have.count("number")) have.insert("integer");
@@ -674,31 +922,112 @@ private:
             rest["properties"][key] = false;
             return some(compile(rest, where, depth + 1));
         }
-        bool plain_string_rest = true;
-        for (auto it = rest.begin(); it != rest.end(); ++it) {
-            plain_string_rest = plain_string_rest && (it.key() == "type" || !is_constraint(it.key()));
-        }
-        if (plain_string_rest && nn.size() == 1 && (nn.contains("enum") || nn.contains("const"))) {
-            json values = nn.contains("const") ? json::array({nn["const"]}) : nn["enum"];
-            std::vector<std::string> strings;
-            bool ok = values.is_array();
-            for (const auto& v : values) {
-                ok = ok && v.is_string();
-                if (v.is_string()) strings.push_back(v.get<std::string>());
+        if (nn.size() == 1 && (nn.contains("enum") || nn.contains("const"))) {
+            const json values = nn.contains("const") ? json::array({nn["const"]}) : nn["enum"];
+            if (!values.is_array()) return bad(at + "/enum", "must be an array");
+            auto listed = [&](const json& v) {
+                for (const auto& x : values) {
+                    if (json_equal(x, v)) return true;
+                }
+                return false;
+            };
+            if (rest.contains("enum") || rest.contains("const")) {
+                // A finite set: its values but those listed (exact; compile_enum
+                // applies the rest's other keywords).
+                json kept = json::array();
+                const json own =
+                    rest.contains("const") ? json::array({rest["const"]}) : rest["enum"];
+                if (!own.is_array()) return bad(where + "/enum", "must be an array");
+                for (const auto& v : own) {
+                    if (!listed(v)) kept.push_back(v);
+                }
+                rest.erase("const");
+                rest["enum"] = kept;
+                return some(compile(rest, where, depth + 1));
             }
-            if (ok) {
+            bool plain_rest = true;
+            for (auto it = rest.begin(); it != rest.end(); ++it) {
+                plain_rest = plain_rest && (it.key() == "type" || !is_constraint(it.key()));
+            }
+            if (plain_rest) {
+                // Per admitted type, its values but the listed ones: strings through the
+                // key trie's complement, booleans and null by value; numbers, arrays and
+                // objects only when none is listed.
+                std::vector<std::string> strings;
+                std::set<std::string> listed_types;
+                for (const auto& v : values) {
+                    std::string t = type_of(v);
+                    if (t == "integer") t = "number";
+                    listed_types.insert(t);
+                    if (v.is_string()) strings.push_back(v.get<std::string>());
+                }
                 std::vector<ExprPtr> alts;
                 for (const auto& t : have) {
-                    if (t == "string" || (t == "integer" && have.count("number"))) continue;
-                    DSI_ASSIGN_OR_RETURN(ExprPtr e, compile_type(t, rest, where, depth));
-                    alts.push_back(e);
+                    if (t == "integer" && have.count("number")) continue;
+                    if (t == "string") {
+                        alts.push_back(key_not_in(strings));
+                    } else if (t == "boolean") {
+                        for (bool b : {true, false}) {
+                            if (!listed(json(b))) alts.push_back(e_literal(b ? "true" : "false"));
+                        }
+                    } else if (t == "null") {
+                        if (!listed(json(nullptr))) alts.push_back(e_literal("null"));
+                    } else if ((t == "integer" || t == "number") && listed_types.count("number")) {
+                        // The gaps between the listed integers, as bounds (exact: inclusive
+                        // for integers, exclusive for numbers).
+                        DSI_ASSIGN_OR_RETURN(ExprPtr e,
+                                             numbers_not_in(t == "integer", values, at, where));
+                        alts.push_back(e);
+                    } else if (listed_types.count(t)) {
+                        return unsupported(at, "'not' of an enum / const listing a value of type " +
+                                                   t + " beside that type");
+                    } else {
+                        DSI_ASSIGN_OR_RETURN(ExprPtr e, compile_type(t, rest, where, depth));
+                        alts.push_back(e);
+                    }
                 }
-                if (have.count("string")) alts.push_back(key_not_in(strings));
                 return std::optional<ExprPtr>(e_alt(std::move(alts)));
             }
         }
-        return unsupported(at, "'not' of this schema (supported: type, one required name, "
-                               "string enum/const beside a plain type)");
+        return unsupported(at,
+                           "'not' of this schema (supported: type, one required name, "
+                           "enum/const beside an enum or a plain type)");
+    }
+
+    // Integers (or numbers) other than the numbers in `values`, which must be integers
+    // of at most 2^53: the ranges between them.
+    Result<ExprPtr> numbers_not_in(bool integer, const json& values, const std::string& at,
+                                   const std::string& where) {
+        std::set<int64_t> listed;
+        for (const auto& v : values) {
+            if (!v.is_number()) continue;
+            const double d = v.get<double>();
+            if (type_of(v) != "integer" || std::fabs(d) > 9e15) {
+                return unsupported(at,
+                                   "'not' of an enum / const listing a number other than an "
+                                   "integer up to 9e15 beside numbers");
+            }
+            listed.insert(v.is_number_float() ? static_cast<int64_t>(d) : v.get<int64_t>());
+        }
+        const char* lo_key = integer ? "minimum" : "exclusiveMinimum";
+        const char* hi_key = integer ? "maximum" : "exclusiveMaximum";
+        std::vector<ExprPtr> alts;
+        std::optional<int64_t> prev;
+        auto piece = [&](std::optional<int64_t> lo, std::optional<int64_t> hi) -> Status {
+            json b = json::object();
+            if (lo) b[lo_key] = integer ? *lo + 1 : *lo;
+            if (hi) b[hi_key] = integer ? *hi - 1 : *hi;
+            if (integer && lo && hi && *lo + 1 > *hi - 1) return Status::ok();
+            DSI_ASSIGN_OR_RETURN(ExprPtr e, compile_number(integer, b, where));
+            alts.push_back(e);
+            return Status::ok();
+        };
+        for (int64_t x : listed) {
+            DSI_RETURN_IF_ERROR(piece(prev, x));
+            prev = x;
+        }
+        DSI_RETURN_IF_ERROR(piece(prev, std::nullopt));
+        return e_alt(std::move(alts));
     }
 
     // The parts whose conjunction `s` is: its own keywords, each allOf branch, each
@@ -1067,7 +1396,10 @@ private:
         json rest = json::object();
         for (auto it = s.begin(); it != s.end(); ++it) {
             const std::string& k = it.key();
-            if (k == "enum" || k == "const" || k == "type" || !is_constraint(k)) continue;
+            const bool conditional = (k == "then" || k == "else") && s.contains("if");
+            if (k == "enum" || k == "const" || k == "type" || (!is_constraint(k) && !conditional)) {
+                continue;
+            }
             rest[k] = it.value();
         }
         if (!rest.empty()) {
@@ -1386,7 +1718,156 @@ private:
         return k;
     }
 
+    // The values `s` admits when they are a known finite set: its enum / const (those
+    // its other keywords keep, decided by compiling it as compile_enum does), or every
+    // value of null / boolean when those are its only types and nothing else reads
+    // them; `false`: none. nullopt when `s` is not such a schema.
+    Result<std::optional<std::vector<json>>> finite_values(const json& s_in,
+                                                           const std::string& where) {
+        using Out = std::optional<std::vector<json>>;
+        const json s = effective_schema(s_in, where);
+        if (s.is_boolean()) return s.get<bool>() ? Out() : Out(std::vector<json>{});
+        if (!s.is_object() || s.contains("$ref") || s.contains("allOf")) return Out();
+        std::vector<json> values;
+        if (s.contains("const")) {
+            values.push_back(s["const"]);
+        } else if (s.contains("enum") && s["enum"].is_array()) {
+            if (s["enum"].size() > options_.max_enum_values) return Out();
+            for (const auto& v : s["enum"]) values.push_back(v);
+        } else {
+            std::set<std::string> types;
+            for (auto it = s.begin(); it != s.end(); ++it) {
+                if (!is_constraint(it.key())) continue;
+                if (it.key() != "type") return Out();
+                types = type_names(it.value());
+            }
+            if (types.empty()) return Out();
+            for (const auto& t : types) {
+                if (t == "null") {
+                    values.push_back(json(nullptr));
+                } else if (t == "boolean") {
+                    values.push_back(json(true));
+                    values.push_back(json(false));
+                } else {
+                    return Out();
+                }
+            }
+            return Out(std::move(values));
+        }
+        DSI_ASSIGN_OR_RETURN(std::vector<bool> ok, values_satisfying(s, where, values));
+        std::vector<json> kept;
+        for (size_t i = 0; i < values.size(); ++i) {
+            if (ok[i]) kept.push_back(values[i]);
+        }
+        return Out(std::move(kept));
+    }
+
+    // uniqueItems over elements from known finite sets (finite_values of each
+    // prefixItems entry and of `items`): R(S) = the rest of an array whose elements so
+    // far are the value classes in S (values equal as JSON Schema compares them are
+    // one class), so |S| is also the next index: "," and a value of a class not in S
+    // that index admits, then R(S + it); or the end once |S| >= minItems. Exact (the
+    // values as compile_enum writes them); one rule per reachable S, capped
+    // (kMaxUniqueStates), else UNIMPLEMENTED naming uniqueItems.
+    Result<ExprPtr> unique_array(const json& s, const std::string& where, uint64_t min,
+                                 uint64_t max) {
+        const std::string why =
+            "keyword 'uniqueItems' (supported when every element that can occur is one of a "
+            "known finite set: enum, const, boolean, null)";
+        std::vector<std::vector<json>> domains;  // per index below n; then `items`
+        const size_t n =
+            s.contains("prefixItems") && s["prefixItems"].is_array() ? s["prefixItems"].size() : 0;
+        for (size_t i = 0; i < n && i < max; ++i) {
+            DSI_ASSIGN_OR_RETURN(
+                auto d,
+                finite_values(s["prefixItems"][i], where + "/prefixItems/" + std::to_string(i)));
+            if (!d) return unsupported(where + "/prefixItems/" + std::to_string(i), why);
+            domains.push_back(std::move(*d));
+        }
+        std::vector<json> after;
+        if (max > n) {
+            if (!s.contains("items")) return unsupported(where, why);
+            DSI_ASSIGN_OR_RETURN(auto d, finite_values(s["items"], where + "/items"));
+            if (!d) return unsupported(where + "/items", why);
+            after = std::move(*d);
+        }
+        // Value classes and, per index, each class's spellings.
+        std::vector<json> classes;
+        auto class_of = [&](const json& v) {
+            for (size_t c = 0; c < classes.size(); ++c) {
+                if (json_equal(classes[c], v)) return c;
+            }
+            classes.push_back(v);
+            return classes.size() - 1;
+        };
+        auto spellings = [&](const std::vector<json>& d) {
+            std::map<size_t, std::vector<std::string>> out;
+            for (const auto& v : d) {
+                auto& list = out[class_of(v)];
+                std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+                if (std::find(list.begin(), list.end(), text) == list.end()) list.push_back(text);
+            }
+            return out;
+        };
+        std::vector<std::map<size_t, std::vector<std::string>>> at;
+        for (const auto& d : domains) at.push_back(spellings(d));
+        const auto at_after = spellings(after);
+        if (classes.size() > 64) return unsupported(where, why + ": more than 64 distinct values");
+        // Every array is at most as long as there are classes.
+        max = std::min<uint64_t>(max, classes.size());
+        if (min > max) return e_fail();
+        std::map<uint64_t, uint32_t> rules;
+        std::vector<uint64_t> todo = {0};
+        rules[0] = builder_.declare("unique_items:#" + where);
+        while (!todo.empty()) {
+            const uint64_t set = todo.back();
+            todo.pop_back();
+            const size_t count = static_cast<size_t>(__builtin_popcountll(set));
+            std::vector<ExprPtr> alts;
+            if (count >= min) alts.push_back(e_empty());
+            if (count < max) {
+                const auto& here = count < at.size() ? at[count] : at_after;
+                for (const auto& [c, texts] : here) {
+                    const uint64_t bit = uint64_t{1} << c;
+                    if (set & bit) continue;
+                    auto [it, fresh] = rules.emplace(set | bit, 0);
+                    if (fresh) {
+                        if (rules.size() > kMaxUniqueStates) {
+                            return unsupported(where, why + ": more than " +
+                                                          std::to_string(kMaxUniqueStates) +
+                                                          " sets of values to track");
+                        }
+                        it->second = builder_.declare("unique_items:#" + where);
+                        todo.push_back(set | bit);
+                    }
+                    std::vector<ExprPtr> lits;
+                    for (const auto& t : texts) lits.push_back(e_literal(t));
+                    alts.push_back(e_seq({count == 0 ? e_empty() : sep_char(','),
+                                          e_alt(std::move(lits)), e_rule(it->second)}));
+                }
+            }
+            builder_.define(rules[set], alts.empty() ? e_fail() : e_alt(std::move(alts)));
+        }
+        return e_seq({open_char('['), e_rule(rules[0]), close_char(']')});
+    }
+
     Result<ExprPtr> compile_array(const json& s, const std::string& where, int depth) {
+        uint64_t min = 0, max = UINT64_MAX;
+        for (const char* k : {"minItems", "maxItems"}) {
+            if (!s.contains(k)) continue;
+            const json& v = s[k];
+            if (!v.is_number() || v.get<double>() < 0) {
+                return bad(where + "/" + k, "must be a non-negative integer");
+            }
+            double d = v.get<double>();
+            uint64_t n = d > 1e18 ? UINT64_MAX : static_cast<uint64_t>(d);
+            (k[1] == 'i' ? min : max) = n;
+        }
+        if (min > max) return e_fail();
+        // Arrays of at most one element are unique whatever their items.
+        if (s.contains("uniqueItems") && s["uniqueItems"] == true && max > 1) {
+            return unique_array(s, where, min, max);
+        }
         std::vector<ExprPtr> prefix;
         if (s.contains("prefixItems")) {
             const json& p = s["prefixItems"];
@@ -1400,16 +1881,6 @@ private:
         if (s.contains("items")) {
             DSI_ASSIGN_OR_RETURN(item, compile(s["items"], where + "/items", depth + 1));
         }
-        uint64_t min = 0, max = UINT64_MAX;
-        for (const char* k : {"minItems", "maxItems"}) {
-            if (!s.contains(k)) continue;
-            const json& v = s[k];
-            if (!v.is_number() || v.get<double>() < 0) return bad(where + "/" + k, "must be a non-negative integer");
-            double d = v.get<double>();
-            uint64_t n = d > 1e18 ? UINT64_MAX : static_cast<uint64_t>(d);
-            (k[1] == 'i' ? min : max) = n;
-        }
-        if (min > max) return e_fail();
         size_t n = prefix.size();
         if (min > n + options_.limits.max_repeat) {
             return resource_exhausted("JSON schema at '#" + where + "/minItems': above the limit of " +
@@ -1879,6 +2350,9 @@ private:
 
     static constexpr uint32_t kNoRule = UINT32_MAX;
     static constexpr size_t kMaxAnyOrderProperties = 16;  // 2^16 rules
+    // Properties a dependency splits on, conditions of one `if`: 2^k / k+1 cases.
+    static constexpr size_t kMaxCaseSplits = 4;
+    static constexpr size_t kMaxUniqueStates = 4096;  // unique_array() rules
     const json& root_;
     const JsonSchemaOptions& options_;
     GrammarBuilder builder_;

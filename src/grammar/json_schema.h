@@ -20,7 +20,13 @@
 // otherwise told apart by a property each branch forbids and the other requires: a
 // sound subset), allOf and $ref beside
 // other keywords (when the parts' keywords merge: additionalProperties on either side,
-// enum intersections, tighter bounds; recursion included), not of simple schemas,
+// enum intersections, tighter bounds; recursion included), not of simple schemas
+// (type, one required name, enum / const beside an enum or plain types),
+// dependentRequired / dependentSchemas / draft 4's dependencies (exact: a case per
+// presence of each trigger name, up to 4 undecided names), if / then / else when the
+// `if` is a conjunction of type / enum / const / required / properties conditions
+// (exact: a case per condition held or failed), uniqueItems when every element that
+// can occur is from a known finite set (enum, const, boolean, null; exact),
 // $ref / $defs / definitions (local JSON pointers, recursion included), boolean
 // schemas, and the formats date, time,
 // date-time, duration, email, hostname, uuid, uri, uri-template, ipv4, ipv6 as

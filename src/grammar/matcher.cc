@@ -94,6 +94,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
     for (uint32_t i = 0; i < class_positions_.size(); ++i) slot_of_pos_[class_positions_[i]] = i;
     compute_chains(reached);
     compute_links();
+    compute_key_floors();
     table_cache_ = options_.table_cache ? options_.table_cache
                                         : std::make_shared<PositionTableCache>();
     tables_ = std::make_unique<std::atomic<const PositionTokens*>[]>(class_positions_.size() + 1);
@@ -277,6 +278,85 @@ void CompiledGrammar::compute_links() {
     }
 }
 
+void CompiledGrammar::compute_key_floors() {
+    const auto& elems = grammar_.elements();
+    const uint32_t n = static_cast<uint32_t>(grammar_.num_rules());
+    const uint32_t max_items = static_cast<uint32_t>(vocab_->max_token_bytes()) + 1;
+    // position_key() follows a reference unless the rule is written as a loop.
+    auto followed = [&](uint32_t r) { return link_items_[r] <= max_items; };
+    // Bytes of a rule's own block in a key: 'A' + count, per alternative its classes
+    // (33), followed references (5; a loop's is not counted) and 'E'.
+    std::vector<uint64_t> own(n, 5);
+    std::vector<std::vector<uint32_t>> succ(n);
+    for (uint32_t r = 0; r < n; ++r) {
+        for (uint32_t start : grammar_.alternatives(r)) {
+            for (uint32_t q = start; elems[q] != Grammar::kEnd; ++q) {
+                if (Grammar::tag(elems[q]) == Grammar::kTagClass) {
+                    own[r] += 33;
+                } else if (followed(Grammar::payload(elems[q]))) {
+                    own[r] += 5;
+                    succ[r].push_back(Grammar::payload(elems[q]));
+                }
+            }
+            own[r] += 1;
+        }
+    }
+    // Strongly connected components (Tarjan, iterative: reference chains are as long
+    // as repetition bounds), completed sinks first. A component's rules are all in the
+    // key of anything reaching it, and so is one heaviest component below it: the
+    // floor is their sum (each rule's block is written once).
+    constexpr uint32_t kUnset = UINT32_MAX;
+    std::vector<uint32_t> index(n, kUnset), low(n, 0), comp(n, kUnset), stack;
+    std::vector<uint8_t> on_stack(n, 0);
+    std::vector<std::pair<uint32_t, uint32_t>> calls;  // (rule, next successor)
+    std::vector<uint64_t> comp_floor;
+    uint32_t counter = 0;
+    auto enter = [&](uint32_t r) {
+        index[r] = low[r] = counter++;
+        stack.push_back(r);
+        on_stack[r] = 1;
+        calls.push_back({r, 0});
+    };
+    for (uint32_t r0 = 0; r0 < n; ++r0) {
+        if (index[r0] != kUnset) continue;
+        enter(r0);
+        while (!calls.empty()) {
+            const uint32_t v = calls.back().first;
+            if (calls.back().second < succ[v].size()) {
+                const uint32_t w = succ[v][calls.back().second++];
+                if (index[w] == kUnset) {
+                    enter(w);
+                } else if (on_stack[w]) {
+                    low[v] = std::min(low[v], index[w]);
+                }
+                continue;
+            }
+            calls.pop_back();
+            if (!calls.empty()) low[calls.back().first] = std::min(low[calls.back().first], low[v]);
+            if (low[v] != index[v]) continue;
+            const uint32_t c = static_cast<uint32_t>(comp_floor.size());
+            uint64_t sum = 0;
+            size_t first = stack.size();
+            do {
+                --first;
+                comp[stack[first]] = c;
+                on_stack[stack[first]] = 0;
+                sum += own[stack[first]];
+            } while (stack[first] != v);
+            uint64_t below = 0;
+            for (size_t i = first; i < stack.size(); ++i) {
+                for (uint32_t w : succ[stack[i]]) {
+                    if (comp[w] != c) below = std::max(below, comp_floor[comp[w]]);
+                }
+            }
+            stack.resize(first);
+            comp_floor.push_back(sum + below);
+        }
+    }
+    key_floor_bytes_.assign(n, 0);
+    for (uint32_t r = 0; r < n; ++r) key_floor_bytes_[r] = comp_floor[comp[r]];
+}
+
 std::shared_ptr<const PositionTokens> PositionTableCache::find(const std::string& key) const {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = map_.find(key);
@@ -311,25 +391,98 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
     // cheap because literal keys prune the trie early.
     const auto& elems = grammar_.elements();
     const auto& classes = grammar_.classes();
+    // Scratch per thread (position_key runs on any matcher's thread): rules and
+    // classes numbered locally in order of first use, valid while their stamp is this
+    // call's. Before, an unordered_map per call, every class written whole (33 bytes
+    // each) and 4-byte numbers (keys of ~11 KB at the object members of webhook
+    // schemas) made the keys the largest part of a step that meets new positions
+    // (issue 21: the mask p99).
+    struct Scratch {
+        std::vector<uint32_t> rule_stamp, rule_local, class_stamp, class_local, rules;
+        uint32_t stamp = 0;
+    };
+    thread_local Scratch sc;
+    if (++sc.stamp == 0) {  // wrapped: forget every old stamp
+        std::fill(sc.rule_stamp.begin(), sc.rule_stamp.end(), 0);
+        std::fill(sc.class_stamp.begin(), sc.class_stamp.end(), 0);
+        sc.stamp = 1;
+    }
+    if (sc.rule_stamp.size() < grammar_.num_rules()) {
+        sc.rule_stamp.resize(grammar_.num_rules(), 0);
+        sc.rule_local.resize(grammar_.num_rules(), 0);
+    }
+    if (sc.class_stamp.size() < classes.size()) {
+        sc.class_stamp.resize(classes.size(), 0);
+        sc.class_local.resize(classes.size(), 0);
+    }
+    // Known to pass the cap before writing anything: the rules the position's own
+    // sequence (and the continuation it is keyed with) refers to are all written.
+    const uint32_t max_items = static_cast<uint32_t>(vocab_->max_token_bytes()) + 1;
+    const std::vector<uint32_t>& chain = continuation(pos);
+    const size_t used = std::min(levels, chain.size() - 1);
+    uint64_t floor_bytes = 0;
+    auto floor_of = [&](uint32_t q) {
+        for (; elems[q] != Grammar::kEnd; ++q) {
+            if (Grammar::tag(elems[q]) != Grammar::kTagRule) continue;
+            const uint32_t r = Grammar::payload(elems[q]);
+            if (link_items_[r] <= max_items) {
+                floor_bytes = std::max(floor_bytes, key_floor_bytes_[r]);
+            }
+        }
+    };
+    floor_of(pos);
+    for (size_t k = 0; k < used; ++k) floor_of(chain[k]);
+    if (sizeof(uint64_t) + floor_bytes > max_key_bytes) return "";
     std::string key;
+    key.reserve(512);
+    // The size the key would have with every class written whole: the caps below
+    // (max_key_bytes) keep their meaning, so what is shared does not change.
+    size_t full_bytes = 0;
     uint64_t fp = vocab_->fingerprint();
     key.append(reinterpret_cast<const char*>(&fp), sizeof(fp));
-    std::unordered_map<uint32_t, uint32_t> local;
-    std::vector<uint32_t> rules;
-    auto put32 = [&](uint32_t v) { key.append(reinterpret_cast<const char*>(&v), sizeof(v)); };
+    std::vector<uint32_t>& rules = sc.rules;
+    rules.clear();
+    uint32_t num_local_classes = 0;
+    bool first_class = true;
+    // Numbers as LEB128 varints (prefix-free, so the key stays injective): local rule
+    // and class numbers, alternative counts are small.
+    auto put32 = [&](uint32_t v) {
+        while (v >= 0x80) {
+            key.push_back(static_cast<char>(0x80 | (v & 0x7f)));
+            v >>= 7;
+        }
+        key.push_back(static_cast<char>(v));
+    };
+    // A class is written whole at its first use ('C' + 32 bytes) and then as its
+    // local number ('c' + 4 bytes): injective, since the numbers follow the order of
+    // the whole writes. The position's own class is never numbered, since a
+    // first_byte key overwrites it below.
     auto put_class = [&](uint32_t e) {
+        const uint32_t c = Grammar::payload(e);
+        full_bytes += 33;
+        if (!first_class && sc.class_stamp[c] == sc.stamp) {
+            key.push_back('c');
+            put32(sc.class_local[c]);
+            return;
+        }
         key.push_back('C');
-        key.append(reinterpret_cast<const char*>(classes[Grammar::payload(e)].words), 32);
+        key.append(reinterpret_cast<const char*>(classes[c].words), 32);
+        if (!first_class) {
+            sc.class_stamp[c] = sc.stamp;
+            sc.class_local[c] = num_local_classes++;
+        }
+        first_class = false;
     };
     // A repetition link with more items left than a token has bytes: written as the
     // unbounded loop over its items (link_items_), so equal for every such count.
-    const uint32_t max_items = static_cast<uint32_t>(vocab_->max_token_bytes()) + 1;
     auto emit_loop = [&](uint32_t r) {
         key.push_back('L');
         put32(static_cast<uint32_t>(grammar_.alternatives(r).size()));
+        full_bytes += 6;
         for (uint32_t start : grammar_.alternatives(r)) {
             for (uint32_t q = start; Grammar::tag(elems[q]) == Grammar::kTagClass; ++q) put_class(elems[q]);
             key.push_back('E');
+            ++full_bytes;
         }
         key.push_back('E');
     };
@@ -339,6 +492,7 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
             uint32_t tag = Grammar::tag(e);
             if (tag == Grammar::kTagEnd) {
                 key.push_back('E');
+                ++full_bytes;
                 return;
             }
             if (tag == Grammar::kTagClass) {
@@ -350,30 +504,36 @@ std::string CompiledGrammar::position_key(uint32_t pos, size_t levels, int first
                 emit_loop(r);
                 continue;
             }
-            auto [it, fresh] = local.emplace(r, static_cast<uint32_t>(rules.size()));
-            if (fresh) rules.push_back(r);
+            if (sc.rule_stamp[r] != sc.stamp) {
+                sc.rule_stamp[r] = sc.stamp;
+                sc.rule_local[r] = static_cast<uint32_t>(rules.size());
+                rules.push_back(r);
+            }
             key.push_back('R');
-            put32(it->second);
+            put32(sc.rule_local[r]);
+            full_bytes += 5;
         }
     };
     emit_seq(pos);
-    const std::vector<uint32_t>& chain = continuation(pos);
-    const size_t used = std::min(levels, chain.size() - 1);
     for (size_t k = 0; k < used; ++k) {
         key.push_back('K');
+        ++full_bytes;
         emit_seq(chain[k]);
     }
     key.push_back('T');
     put32(used == chain.size() - 1 ? chain.back() : kChainUnknown);
+    full_bytes += 5;
     for (size_t qi = 0; qi < rules.size(); ++qi) {
         const auto& alts = grammar_.alternatives(rules[qi]);
         key.push_back('A');
         put32(static_cast<uint32_t>(alts.size()));
+        full_bytes += 5;
         for (uint32_t a : alts) {
             emit_seq(a);
-            if (key.size() > max_key_bytes) return "";
+            if (sizeof(fp) + full_bytes > max_key_bytes) return "";
         }
     }
+    DSI_DCHECK(sizeof(fp) + full_bytes >= floor_bytes, "position_key: floor above the key");
     if (first_byte >= 0) {
         // The position's own class, written first (after the fingerprint and 'C').
         ByteSet only;
@@ -1042,8 +1202,80 @@ std::shared_ptr<const PositionTokens> GrammarMatcher::by_first_byte(uint32_t pos
     return cache.insert(key, std::move(table));
 }
 
+std::unique_ptr<PositionTokens> GrammarMatcher::run_tokens(uint32_t pos) {
+    const std::vector<uint32_t>& elems = *elems_;
+    size_t run = 0;
+    while (Grammar::tag(elems[pos + run]) == Grammar::kTagClass) ++run;
+    if (run < 2) return nullptr;
+    // A token that ends where the rule ends is left uncertain (as a walk would
+    // decide it through the caller).
+    const bool ends_rule = elems[pos + run] == Grammar::kEnd;
+    const Vocabulary& vocab = compiled_->vocab();
+    const auto& trie = vocab.trie();
+    const auto& trie_tokens = vocab.trie_tokens();
+    auto table = std::make_unique<PositionTokens>();
+    std::vector<int32_t> accepted;
+    std::string_view prev;
+    auto add_uncertain = [&](uint32_t k) {
+        std::string_view b = vocab.token_bytes(trie_tokens[k]);
+        size_t lcp = 0;
+        while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+        table->uncertain.push_back(k);
+        table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
+        prev = b;
+    };
+    size_t visited = 0;
+    // Trie nodes in pre-order: the children of a range are found by skipping subtrees.
+    struct Frame {
+        uint32_t next, end;
+        size_t depth;
+    };
+    std::vector<Frame> frames = {{0, static_cast<uint32_t>(trie.size() - 1), 0}};
+    while (!frames.empty()) {
+        Frame& f = frames.back();
+        if (f.next >= f.end) {
+            frames.pop_back();
+            continue;
+        }
+        const uint32_t j = f.next;
+        const size_t d = f.depth;
+        f.next = trie[j].subtree_end;
+        if (++visited > kMaxRunNodes) return nullptr;
+        const ByteSet& cls = (*classes_)[Grammar::payload(elems[pos + d])];
+        if (!cls.test(trie[j].byte)) continue;  // leaves the run: rejected
+        const bool last = d + 1 == run;
+        for (uint32_t k = trie[j].token_begin; k < trie[j + 1].token_begin; ++k) {
+            if (last && ends_rule) {
+                add_uncertain(k);
+            } else {
+                accepted.push_back(trie_tokens[k]);
+            }
+        }
+        if (!last) {
+            frames.push_back({j + 1, trie[j].subtree_end, d + 1});  // f is stale now
+            continue;
+        }
+        const uint32_t deeper_begin = trie[j + 1].token_begin;
+        const uint32_t deeper_end = trie[trie[j].subtree_end].token_begin;
+        if (table->uncertain.size() + (deeper_end - deeper_begin) > kMaxRunUncertain) {
+            return nullptr;
+        }
+        for (uint32_t k = deeper_begin; k < deeper_end; ++k) add_uncertain(k);
+    }
+    if (table->uncertain.size() > kMaxRunUncertain) return nullptr;
+    set_accepted(std::move(accepted), vocab.size(), table.get());
+    return table;
+}
+
 const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {
     if (const PositionTokens* t = compiled_->position_tokens(pos)) return t;
+    // A run of classes (a key literal and its ':'; the rest of a literal) needs no
+    // key and no walk: the trie along the run decides its tokens (issue 21: such
+    // positions, one per optional member of an object at each member boundary and
+    // one per character inside a key, were most of the new tables of the p99 steps).
+    if (std::unique_ptr<PositionTokens> run = run_tokens(pos)) {
+        return compiled_->store_position_tokens(pos, std::move(run));
+    }
     // First from one level of the position's static continuation (then an unknown
     // caller): such tables are small to key, so they are shared by every grammar with
     // the same rule (a JSON string, a number), and walks from different positions that

@@ -27,7 +27,7 @@ namespace dsi::grammar {
 namespace {
 
 // Compiled schemas of the 1,178 when this floor was last raised: raise it with coverage.
-constexpr int kCompiledFloor = 1160;
+constexpr int kCompiledFloor = 1161;
 
 TEST(RealWorldSchemas, ZeroFalseAcceptsAndCompiledFloor) {
     const auto corpus = realworld::load_corpus(DSINFER_SOURCE_DIR);
