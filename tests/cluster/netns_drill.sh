@@ -144,7 +144,11 @@ check() {  # check NAME OUT REF
 import json, sys
 out, ref = json.loads(sys.argv[1]), sys.argv[2]
 assert out["done"] and "error" not in out, out
-assert out["content"] == ref, "content differs from the reference"
+if out["content"] != ref:
+    c, r = out["content"], ref
+    i = next((k for k in range(min(len(c), len(r))) if c[k] != r[k]), min(len(c), len(r)))
+    raise AssertionError(f"content differs from the reference at character {i}: "
+                         f"got {c[max(0, i - 40):i + 40]!r}, want {r[max(0, i - 40):i + 40]!r}")
 PY
 }
 reference() { python3 "$client" "http://$(addr ref):8000/v1/chat/completions" "$1" | content; }
