@@ -156,28 +156,45 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
     if (p.temperature == 0.0 || vocab == 1) {
         out.token = best;
     } else {
-        order_.resize(static_cast<size_t>(vocab));
-        std::iota(order_.begin(), order_.end(), 0);
+        // Candidates: the finite entries, walked in (logit desc, id asc) order. That
+        // order is built lazily (sorted_prefix): a draw usually ends within the first
+        // few candidates, and sorting all 129K entries cost ~10 ms per token.
+        order_.clear();
+        for (int32_t t = 0; t < vocab; ++t) {
+            if (work_[t] != kNegInf) order_.push_back(t);
+        }
+        size_t sorted = 0;
+        auto sorted_prefix = [&](size_t k) {  // order_[0, k) sorted, none after it before
+            if (k <= sorted) return;
+            size_t m = std::min(order_.size(), std::max({k, 2 * sorted, size_t{64}}));
+            if (m > order_.size() / 8) m = order_.size();  // deep walk: sort the rest once
+            if (m < order_.size()) {
+                std::nth_element(order_.begin() + static_cast<long>(sorted),
+                                 order_.begin() + static_cast<long>(m), order_.end(), by_logit);
+            }
+            std::sort(order_.begin() + static_cast<long>(sorted),
+                      order_.begin() + static_cast<long>(m), by_logit);
+            sorted = m;
+        };
+        const double mx = work_[best];
+        probs_.resize(static_cast<size_t>(vocab));  // by id; candidates only
+        for (int32_t t : order_) probs_[t] = std::exp((work_[t] - mx) / p.temperature);
+        auto prob = [&](size_t i) { return probs_[order_[i]]; };
         size_t n = order_.size();
+        double sum = 0;
         if (p.top_k > 0 && static_cast<size_t>(p.top_k) < n) {
             n = static_cast<size_t>(p.top_k);
-            std::partial_sort(order_.begin(), order_.begin() + static_cast<long>(n), order_.end(),
-                              by_logit);
+            sorted_prefix(n);
+            for (size_t i = 0; i < n; ++i) sum += prob(i);
         } else {
-            std::sort(order_.begin(), order_.end(), by_logit);
+            for (int32_t t : order_) sum += probs_[t];  // id order: no sort needed
         }
-        while (n > 1 && work_[order_[n - 1]] == kNegInf) --n;
-        probs_.resize(n);
-        const double mx = work_[order_[0]];
-        double sum = 0;
-        for (size_t i = 0; i < n; ++i) {
-            probs_[i] = std::exp((work_[order_[i]] - mx) / p.temperature);
-            sum += probs_[i];
-        }
+        const size_t before_filters = n;
         if (p.top_p < 1.0) {
             double acc = 0;
             for (size_t i = 0; i < n; ++i) {
-                acc += probs_[i] / sum;
+                sorted_prefix(i + 1);
+                acc += prob(i) / sum;
                 if (acc >= p.top_p) {
                     n = i + 1;
                     break;
@@ -185,37 +202,47 @@ SampledToken Sampler::sample(std::span<const float> logits, const SamplingParams
             }
         }
         if (p.min_p > 0.0) {
-            // probs_[0] is the largest (exp(0) = 1).
+            // The first candidate has probability exp(0) = 1.
             size_t keep = 1;
-            while (keep < n && probs_[keep] >= p.min_p * probs_[0]) ++keep;
+            for (; keep < n; ++keep) {
+                sorted_prefix(keep + 1);
+                if (prob(keep) < p.min_p) break;
+            }
             n = keep;
         }
-        sum = std::accumulate(probs_.begin(), probs_.begin() + static_cast<long>(n), 0.0);
+        if (n != before_filters) {
+            sum = 0;
+            for (size_t i = 0; i < n; ++i) sum += prob(i);  // sorted by the filters above
+        }
         // Rejection rule: the draft's probability among the candidates (0 when filtered
         // out); accepted with that probability, else it leaves the draw below.
-        size_t skip = n;
+        int32_t skip = -1;
         if (draft != nullptr && draft->token >= 0) {
-            for (size_t i = 0; i < n; ++i) {
-                if (order_[i] == draft->token) skip = i;
+            bool candidate = draft->token < vocab && work_[draft->token] != kNegInf;
+            if (candidate && n < order_.size()) {  // a filter ran: within the sorted prefix?
+                candidate = std::find(order_.begin(), order_.begin() + static_cast<long>(n),
+                                      draft->token) != order_.begin() + static_cast<long>(n);
             }
-            const double px = skip < n ? probs_[skip] / sum : 0.0;
+            const double px = candidate ? probs_[draft->token] / sum : 0.0;
             if (counter_uniform(p.seed ^ kRejectionSalt, position) < px) {
                 draft->accepted = true;
                 out.token = draft->token;
-            } else if (skip < n) {
-                sum -= probs_[skip];
+            } else if (candidate) {
+                sum -= probs_[draft->token];
+                skip = draft->token;
             }
         }
         if (draft == nullptr || !draft->accepted) {
             double u = counter_uniform(p.seed, position) * sum;
             out.token = -1;
             for (size_t i = 0; i < n; ++i) {
-                if (i == skip) continue;
+                sorted_prefix(i + 1);
+                if (order_[i] == skip) continue;
                 out.token = order_[i];  // the last candidate left if rounding runs out
-                u -= probs_[i];
+                u -= prob(i);
                 if (u < 0) break;
             }
-            if (out.token < 0) out.token = order_[skip];  // only the draft was left
+            if (out.token < 0) out.token = skip;  // only the draft was left
         }
     }
     if (p.logprobs >= 0) {

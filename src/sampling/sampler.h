@@ -8,7 +8,9 @@
 //   filled by a TokenMaskProvider), 5. logprobs = log_softmax of this processed row,
 //   6. greedy (temperature 0: argmax, ties to the lowest id), or temperature, then
 //   top-k, top-p, min-p over candidates in a fixed order (logit desc, id asc), and
-//   one draw from counter_uniform(seed, position).
+//   one draw from counter_uniform(seed, position) times the candidates' total (summed
+//   in that order after a filter, in id order without one), walked in that order.
+//   The order is built only as far as the walk goes (bench/sampler_bench).
 // Randomness depends only on (seed, position), so a sequence's tokens never depend
 // on what else ran. Stop strings are matched on text by StopMatcher (stop.h); stop
 // ids, max_tokens and n are carried here and applied by the engine.
