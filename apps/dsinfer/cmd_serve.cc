@@ -44,21 +44,23 @@ struct ServeFlags {
     int64_t max_body_budget_bytes = server::ServerOptions{}.max_body_budget_bytes;
     server::ServerLimits limits;
     // Cluster (issue 18). serve: --role makes it an engine; router: required.
-    std::string role;            // "" | both | prefill | decode
-    std::string membership;      // etcd://host:port[/prefix] | file:///path.json
-    std::string node_id;         // "" = <role>-<port>
-    std::string advertise;       // host:port others reach it at; "" = host:port
+    std::string role;        // "" | both | prefill | decode
+    std::string membership;  // etcd://host:port[/prefix] | file:///path.json
+    std::string node_id;     // "" = <role>-<port>
+    std::string advertise;   // host:port others reach it at; "" = host:port
     int64_t lease_ttl_s = membership::RegistryOptions{}.lease_ttl_s;
     std::string engine_api_key;  // router: the key engines require
     // router: S-LB prefill quota cap of the shortest-prompt bucket, ms of the cost model
     // (the longer buckets get 2x, 4x, 5x, the landed ratios).
     double prefill_quota_ms = 250;
+    // router: how long a generation waits for an engine when none can take it.
+    int64_t no_engine_wait_ms = router::RemoteServiceOptions{}.no_engine_wait_ms;
     // KV hand-over (decode / both engines): the inbox's TCP port (0: any free one;
     // -1: no inbox) and the bytes of its shm tier.
     int kv_transfer_port = 0;
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
-    EpFlags ep;                  // serve: expert parallelism (issue 19, ep_launch.h)
+    EpFlags ep;  // serve: expert parallelism (issue 19, ep_launch.h)
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
@@ -217,10 +219,10 @@ int run_serve(const ServeFlags& f) {
             c.push_back({"kv_inbox_failed_total", "KV hand-overs refused or broken", s.num_failed});
             c.push_back({"kv_inbox_rejected_total", "hand-over connections refused (busy)",
                          s.num_rejected});
-            c.push_back({"kv_inbox_blocks_total", "KV blocks stored by hand-overs",
-                         s.blocks_stored});
-            c.push_back({"kv_inbox_bytes_total", "KV bytes stored by hand-overs",
-                         s.bytes_received});
+            c.push_back(
+                {"kv_inbox_blocks_total", "KV blocks stored by hand-overs", s.blocks_stored});
+            c.push_back(
+                {"kv_inbox_bytes_total", "KV bytes stored by hand-overs", s.bytes_received});
             return c;
         };
         handoff = std::make_unique<server::HandoffService>(service, std::move(ho));
@@ -284,7 +286,7 @@ int run_serve(const ServeFlags& f) {
     engine_service->stop();
     handoff.reset();
     inbox.reset();
-    engine_service.reset();  // the engine goes before the replica
+    engine_service.reset();              // the engine goes before the replica
     if (s.is_ok()) s = ep->finish(rep);  // --ep: end the group, reap the ranks
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";
@@ -321,6 +323,7 @@ int run_router(const ServeFlags& f) {
 
     router::RemoteServiceOptions ro;
     ro.engine_api_key = f.engine_api_key;
+    ro.no_engine_wait_ms = f.no_engine_wait_ms;
     // S-LB prices a prefill by the engines' cost model; the router has no measured fit, so
     // the conservative CPU model of the checkpoint's sizes (what an engine without one uses).
     const engine::PrefillCostModel cost =
@@ -346,8 +349,8 @@ int run_router(const ServeFlags& f) {
         (*registry)->watch([&remote](const membership::MemberChange& c) { remote.apply(c); });
     if (!engines.is_ok()) return fail(engines.status(), "router");  // (they came as joins)
     server::Metrics metrics;
-    Result<std::unique_ptr<server::HttpServer>> srv =
-        server::HttpServer::create(&ctx, &remote, &metrics, server_options(f, std::move(keys).value()));
+    Result<std::unique_ptr<server::HttpServer>> srv = server::HttpServer::create(
+        &ctx, &remote, &metrics, server_options(f, std::move(keys).value()));
     if (!srv.is_ok()) return fail(srv.status(), "router");
     membership::Member self = self_record(f, membership::Role::kRouter, (*srv)->port());
     if (Status s = (*registry)->join(self); !s.is_ok()) return fail(s, "router");
@@ -374,7 +377,8 @@ void add_http_flags(CLI::App* cmd, ServeFlags* f) {
                 "salt");
     add_setting(*cmd, "--api-keys-file", f->api_keys_file,
                 "more keys, one KEY or KEY:SALT per line (# comments)");
-    add_setting(*cmd, "--chat-encoding", f->chat_encoding, "auto (v4 for a V4 checkpoint, else v32) | v32 | v4 | v3 (Jinja template)");
+    add_setting(*cmd, "--chat-encoding", f->chat_encoding,
+                "auto (v4 for a V4 checkpoint, else v32) | v32 | v4 | v3 (Jinja template)");
     add_setting(*cmd, "--io-threads", f->io_threads, "HTTP threads");
     add_setting(*cmd, "--drain-grace-ms", f->drain_grace_ms, "SIGTERM: wait this long, then abort");
     add_setting(*cmd, "--max-body-bytes", f->limits.max_body_bytes, "413 above");
@@ -401,7 +405,8 @@ void add_http_flags(CLI::App* cmd, ServeFlags* f) {
                 "nesting levels a request's JSON may hold; 400 above");
     add_setting(*cmd, "--membership", f->membership,
                 "cluster directory: etcd://host:port[/prefix] or file:///path.json");
-    add_setting(*cmd, "--node-id", f->node_id, "this process's id in the directory ('' = role-port)");
+    add_setting(*cmd, "--node-id", f->node_id,
+                "this process's id in the directory ('' = role-port)");
     add_setting(*cmd, "--advertise-address", f->advertise,
                 "host:port others reach this process at ('' = --host:port)");
     add_setting(*cmd, "--lease-ttl-s", f->lease_ttl_s,
@@ -456,6 +461,10 @@ void register_serve_commands(CLI::App& app) {
                 "shortest-prompt bucket (x2, x4, x5 for the longer ones); an empty engine "
                 "always takes one")
         ->check(CLI::Range(1.0, 1e7));
+    add_setting(*rcmd, "--no-engine-wait-ms", rf->no_engine_wait_ms,
+                "a generation no engine can take (none listed, all tried) waits this long "
+                "for one to join, then fails with 503 (0: fails at once)")
+        ->check(CLI::Range(int64_t{0}, int64_t{3600000}));
     rcmd->callback([rf] { throw CLI::RuntimeError(run_router(*rf)); });
 }
 

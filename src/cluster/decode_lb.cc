@@ -1,6 +1,7 @@
 #include "cluster/decode_lb.h"
 
 #include <cmath>
+#include <optional>
 
 namespace dsi::cluster {
 
@@ -27,20 +28,21 @@ Result<int> DecodeLb::choose(std::span<const DecodeRankState> ranks, int64_t con
                              int64_t reserve_tokens) const {
     int64_t total_kv = 0;
     int64_t total_requests = 0;
-    int min_count = -1;
+    std::optional<int> min_count;  // not a -1 sentinel: counts are the caller's
     for (const auto& r : ranks) {
         total_kv += r.kv_tokens;
         total_requests += r.num_requests;
-        if (decode_rank_fits(r, reserve_tokens) && (min_count < 0 || r.num_requests < min_count)) {
+        if (decode_rank_fits(r, reserve_tokens) && (!min_count || r.num_requests < *min_count)) {
             min_count = r.num_requests;
         }
     }
-    if (min_count < 0) {
+    if (!min_count) {
         return resource_exhausted("decode lb: no rank has room for the request");
     }
     const double mean_context =
         total_requests > 0 ? static_cast<double>(total_kv) / total_requests : 0.0;
-    const bool is_long = total_requests > 0 && context_tokens > settings_.long_factor * mean_context;
+    const bool is_long =
+        total_requests > 0 && context_tokens > settings_.long_factor * mean_context;
     int best = -1;
     for (int i = 0; i < static_cast<int>(ranks.size()); ++i) {
         const DecodeRankState& r = ranks[i];
@@ -48,7 +50,7 @@ Result<int> DecodeLb::choose(std::span<const DecodeRankState> ranks, int64_t con
             continue;
         }
         if (best < 0) {
-            if (is_long || r.num_requests <= min_count + settings_.count_slack) {
+            if (is_long || r.num_requests <= *min_count + settings_.count_slack) {
                 best = i;
             }
             continue;
@@ -60,7 +62,7 @@ Result<int> DecodeLb::choose(std::span<const DecodeRankState> ranks, int64_t con
                 (r.kv_tokens == b.kv_tokens && r.num_requests < b.num_requests)) {
                 best = i;
             }
-        } else if (r.num_requests <= min_count + settings_.count_slack) {
+        } else if (r.num_requests <= *min_count + settings_.count_slack) {
             // S-LB: short requests to ranks with low concurrency but large total KV.
             if (r.kv_tokens > b.kv_tokens ||
                 (r.kv_tokens == b.kv_tokens && r.num_requests < b.num_requests)) {

@@ -47,6 +47,16 @@ TEST(DecodeLbTest, SkipsFullAndDrainingRanks) {
     EXPECT_EQ(lb.choose(r, 10, 10).status().code(), StatusCode::kResourceExhausted);
 }
 
+TEST(DecodeLbTest, ACountBelowZeroIsARankWithRoom) {
+    // Counts are the caller's (the router's bookkeeping); -1 is a count, not "none fits"
+    // (a sentinel that once refused every request once an engine's count went to -1).
+    DecodeLb lb;
+    std::vector<DecodeRankState> r = {rank(-1, 0)};
+    auto c = lb.choose(r, 10, 10);
+    ASSERT_TRUE(c.is_ok()) << c.status().to_string();
+    EXPECT_EQ(*c, 0);
+}
+
 TEST(DecodeLbTest, EmptyClusterPicksFirstRank) {
     DecodeLb lb;
     std::vector<DecodeRankState> r(3);

@@ -204,10 +204,10 @@ private:
     }
 
     Result<Listing> list_with_revision() {
-        DSI_ASSIGN_OR_RETURN(json j, call("/v3/kv/range",
-                                          json{{"key", net::base64_encode(prefix_)},
-                                               {"range_end", net::base64_encode(
-                                                                 prefix_end(prefix_))}}));
+        DSI_ASSIGN_OR_RETURN(
+            json j,
+            call("/v3/kv/range", json{{"key", net::base64_encode(prefix_)},
+                                      {"range_end", net::base64_encode(prefix_end(prefix_))}}));
         Listing out;
         if (j.contains("header") && j["header"].is_object()) {
             out.revision = json_int(j["header"], "revision");
@@ -292,11 +292,10 @@ private:
             if (!buffer->empty() && (*buffer)[0] == '\x01') return false;
             buffer->append(bytes);
             size_t start = 0;
-            for (size_t nl; (nl = buffer->find('\n', start)) != std::string::npos;
-                 start = nl + 1) {
+            for (size_t nl; (nl = buffer->find('\n', start)) != std::string::npos; start = nl + 1) {
                 json msg = json::parse(buffer->begin() + static_cast<std::ptrdiff_t>(start),
-                                       buffer->begin() + static_cast<std::ptrdiff_t>(nl),
-                                       nullptr, /*allow_exceptions=*/false);
+                                       buffer->begin() + static_cast<std::ptrdiff_t>(nl), nullptr,
+                                       /*allow_exceptions=*/false);
                 if (msg.is_discarded() || !apply_watch_message(msg)) return false;
             }
             buffer->erase(0, start);
@@ -306,6 +305,8 @@ private:
             MutexLock l(&mu_);
             watch_active_ = false;
             if (!stop_) {
+                DSI_LOG(kWarning) << "membership: the etcd watch ended (" << s.message()
+                                  << "); listing again";
                 health_.last_error = "etcd watch ended: " + s.message();
                 next_relist_ = Clock::now() + std::chrono::milliseconds(options_.retry_interval_ms);
             }
@@ -364,11 +365,20 @@ private:
         if (!joined_) return;  // left meanwhile
         const auto now = Clock::now();
         if (s.is_ok()) {
+            if (!health_.lease_ok || rejoined) {
+                DSI_LOG(kInfo) << "membership: " << self.id
+                               << (rejoined ? " published again under a new lease"
+                                            : " lease renewed again");
+            }
             lease_ = lease;
             health_.lease_ok = true;
             if (rejoined) ++health_.num_rejoins;
             next_keepalive_ = now + std::chrono::milliseconds(keepalive_interval_ms_);
         } else {
+            if (health_.lease_ok) {
+                DSI_LOG(kWarning) << "membership: " << self.id
+                                  << " could not renew its lease: " << s.message();
+            }
             health_.lease_ok = false;
             ++health_.num_keepalive_failures;
             health_.last_error = s.message();

@@ -37,13 +37,20 @@ struct RemoteService::Call {
     uint64_t attempt = 0;  // callbacks of an earlier attempt are ignored
     int num_attempts = 0;
     std::set<std::string> tried;
-    int64_t delivered_tokens = 0;  // tokens the client has
+    int64_t delivered_tokens = 0;        // tokens the client has
     std::vector<int32_t> delivered_ids;  // their ids (a continuation resumes after them)
-    int64_t seen_tokens = 0;       // tokens of the current attempt's stream
-    int64_t kv_charged = 0;        // counted into the engine's kv_tokens
+    int64_t seen_tokens = 0;             // tokens of the current attempt's stream
+    int64_t kv_charged = 0;              // counted into the engine's kv_tokens
     bool aborted = false;
     bool finished = false;
     bool broken = false;  // the current stream sent something unreadable
+    // The current engine gave the generation up on purpose (a drain's grace ran out):
+    // moving it is a planned migration and does not use up one of its attempts.
+    bool given_up = false;
+    // dispatch_locked found no engine for it (rather than running out of attempts or
+    // time); while it waits for one, the wait's end (steady ns; 0: not waiting).
+    bool no_engine = false;
+    int64_t wait_until_ns = 0;
     // Disaggregated: the current attempt runs on a prefill engine and hands over to a
     // decode engine after its first token.
     bool on_prefill = false;
@@ -111,26 +118,31 @@ Status status_from_reply(int http, const std::string& body) {
         message = j["error"]["message"].get<std::string>();
     }
     switch (http) {
-        case 400: return invalid_argument(message);
-        case 401: return Status(StatusCode::kUnauthenticated, message);
-        case 403: return Status(StatusCode::kPermissionDenied, message);
-        case 404: return not_found(message);
-        case 413: return invalid_argument(message);
-        case 501: return unimplemented(message);
-        case 504: return deadline_exceeded(message);
-        default: return unavailable(message);
+        case 400:
+            return invalid_argument(message);
+        case 401:
+            return Status(StatusCode::kUnauthenticated, message);
+        case 403:
+            return Status(StatusCode::kPermissionDenied, message);
+        case 404:
+            return not_found(message);
+        case 413:
+            return invalid_argument(message);
+        case 501:
+            return unimplemented(message);
+        case 504:
+            return deadline_exceeded(message);
+        default:
+            return unavailable(message);
     }
 }
 
 // 4xx but 429, 501 and 504 are the request's own fault or final: no failover.
 bool is_final_http_error(int http) {
-    return (http >= 400 && http < 500 && http != 429 && http != 408) || http == 501 ||
-           http == 504;
+    return (http >= 400 && http < 500 && http != 429 && http != 408) || http == 501 || http == 504;
 }
 
-bool routable(const membership::Member& m) {
-    return m.role != membership::Role::kRouter;
-}
+bool routable(const membership::Member& m) { return m.role != membership::Role::kRouter; }
 
 }  // namespace
 
@@ -176,6 +188,17 @@ void RemoteService::add_engine_locked(const membership::Member& m) {
     e.member = m;
     e.client = std::make_shared<net::HttpClient>(
         net::HttpTarget{m.address.substr(0, colon), m.address.substr(colon + 1), ""});
+    // Generations still on an engine of this id (it left -- a lease gap, a drain -- and
+    // is back, or their streams were cut and will fail over) count on the new record:
+    // their ends release what they hold from it, so it must hold it.
+    for (const auto& [ticket, call] : calls_) {
+        if (call->engine_id != m.id) continue;
+        ++e.num_requests;
+        e.kv_tokens += call->kv_charged;
+        e.prefill_held_ns += call->prefill_cost_ns;
+    }
+    DSI_LOG(kInfo) << "engine " << m.id << " (" << membership::role_name(m.role) << ", "
+                   << m.address << ", incarnation " << m.incarnation << ") joined";
     engines_[m.id] = std::move(e);
 }
 
@@ -188,6 +211,8 @@ void RemoteService::remove_engine_locked(const std::string& id, bool cut_streams
     auto it = engines_.find(id);
     if (it == engines_.end()) return;
     const bool quiet = steady_clock_ns() - it->second.last_bytes_ns > kStalledStreamNs;
+    DSI_LOG(kInfo) << "engine " << id << " left"
+                   << (cut_streams || quiet ? "; its streams are cut" : "");
     if (cut_streams || quiet) {
         // Its streams are cut: each call fails over in on_done.
         for (auto& [ticket, call] : calls_) {
@@ -299,6 +324,7 @@ std::string RemoteService::choose_engine_locked(const Call& call, bool prefill) 
 }
 
 bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
+    call->no_engine = false;
     if (call->num_attempts >= options_.max_attempts) return false;
     const int64_t deadline = call->generation.request.deadline_ns;
     int64_t timeout_ms = 0;
@@ -315,11 +341,10 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     const int64_t miss = static_cast<int64_t>(call->generation.request.prompt.size()) -
                          std::max<int64_t>(call->prefix_hit_tokens, 0);
     const bool disaggregated = has_role_locked(true) && has_role_locked(false);
-    const bool want_prefill = call->delivered_tokens == 0 && disaggregated &&
-                              (call->prefix_hit_tokens < 0 ||
-                               miss > options_.direct_decode_max_miss_tokens);
-    if (call->delivered_tokens == 0 && disaggregated && !want_prefill &&
-        call->num_attempts == 0) {
+    const bool want_prefill =
+        call->delivered_tokens == 0 && disaggregated &&
+        (call->prefix_hit_tokens < 0 || miss > options_.direct_decode_max_miss_tokens);
+    if (call->delivered_tokens == 0 && disaggregated && !want_prefill && call->num_attempts == 0) {
         ++stats_.num_direct_decode;
     }
     // The other kind when none of the wanted one can take it: a decode engine runs the
@@ -346,7 +371,10 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     if (id.empty()) id = choose_engine_locked(*call, want_prefill);
     const bool on_prefill = want_prefill && !id.empty();
     if (id.empty()) id = choose_engine_locked(*call, !want_prefill);
-    if (id.empty()) return false;
+    if (id.empty()) {
+        call->no_engine = true;
+        return false;
+    }
     call->on_prefill = on_prefill;
     call->handing_over = false;
     call->generation.handoff.reset();
@@ -377,6 +405,7 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     if (resume) call->generation.request.resume_output = call->delivered_ids;
     call->seen_tokens = resume ? call->delivered_tokens : 0;
     call->broken = false;
+    call->given_up = false;
     call->http_status = 0;
     call->line_buffer.clear();
     call->error_body.clear();
@@ -410,13 +439,62 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     return true;
 }
 
+bool RemoteService::dispatch_or_wait_locked(const std::shared_ptr<Call>& call) {
+    if (dispatch_locked(call)) return true;
+    if (!call->no_engine || options_.no_engine_wait_ms <= 0 || stopping_) return false;
+    int64_t until = steady_clock_ns() + options_.no_engine_wait_ms * 1000000;
+    const int64_t deadline = call->generation.request.deadline_ns;
+    if (deadline > 0) until = std::min(until, deadline);
+    if (call->wait_until_ns == 0) {
+        call->wait_until_ns = until;
+        engine_waiting_.push_back(call);
+        ++stats_.num_engine_waits;
+    }
+    return true;
+}
+
+void RemoteService::retry_waiting_locked(Failures& failed) {
+    if (engine_waiting_.empty()) return;
+    const int64_t now = steady_clock_ns();
+    std::vector<std::shared_ptr<Call>> waiting = std::move(engine_waiting_);
+    engine_waiting_.clear();
+    for (std::shared_ptr<Call>& call : waiting) {
+        if (call->aborted || call->finished) continue;
+        if (dispatch_locked(call)) {
+            call->wait_until_ns = 0;
+            continue;
+        }
+        if (call->no_engine && now < call->wait_until_ns) {
+            engine_waiting_.push_back(std::move(call));
+            continue;
+        }
+        call->wait_until_ns = 0;
+        calls_.erase(call->ticket);
+        ++stats_.num_failed;
+        const std::string why = call->last_error.empty() ? "" : ": " + call->last_error;
+        failed.emplace_back(call, unavailable("no engine is available for this request" + why +
+                                              " (" + dispatch_state_locked(*call) + ")"));
+    }
+}
+
+std::string RemoteService::dispatch_state_locked(const Call& call) const {
+    std::string s = "attempt " + std::to_string(call.num_attempts) + " of " +
+                    std::to_string(options_.max_attempts) + "; tried";
+    for (const std::string& id : call.tried) s += " " + id;
+    s += "; engines now:";
+    for (const auto& [id, e] : engines_) s += " " + id;
+    if (engines_.empty()) s += " none";
+    return s;
+}
+
 void RemoteService::release_engine_locked(Call& call) {
     if (call.engine_id.empty()) return;
     auto it = engines_.find(call.engine_id);
     if (it != engines_.end()) {
         --it->second.num_requests;
         it->second.kv_tokens -= call.kv_charged;
-        it->second.prefill_held_ns = std::max(0.0, it->second.prefill_held_ns - call.prefill_cost_ns);
+        it->second.prefill_held_ns =
+            std::max(0.0, it->second.prefill_held_ns - call.prefill_cost_ns);
     }
     call.engine_id.clear();
     call.kv_charged = 0;
@@ -460,7 +538,7 @@ void RemoteService::sync_prefill_engines_locked(Failures& failed) {
             const std::shared_ptr<Call>& call = entry.second;
             call->prefill_work = 0;
             if (call->aborted || call->finished) continue;
-            if (dispatch_locked(call)) {
+            if (dispatch_or_wait_locked(call)) {
                 ++stats_.num_routed;
                 continue;
             }
@@ -470,12 +548,14 @@ void RemoteService::sync_prefill_engines_locked(Failures& failed) {
         }
         return;
     }
-    prefill_lb_.emplace(options_.prefill_lb, static_cast<int>(prefill_ids_.size()), steady_clock_ns());
+    prefill_lb_.emplace(options_.prefill_lb, static_cast<int>(prefill_ids_.size()),
+                        steady_clock_ns());
     for (const auto& [wid, entry] : prefill_waiting_) prefill_lb_->submit(entry.first);
 }
 
 void RemoteService::pump_prefill_locked(Failures& failed) {
     if (stopping_) return;  // the destructor aborts what waits; nothing new is sent
+    retry_waiting_locked(failed);
     sync_prefill_engines_locked(failed);
     const int64_t now = steady_clock_ns();
     for (auto it = prefill_waiting_.begin(); it != prefill_waiting_.end();) {
@@ -506,14 +586,15 @@ void RemoteService::pump_prefill_locked(Failures& failed) {
             prefill_available_[i] = available;
         }
         if (!available) continue;
-        for (const cluster::PrefillWork& w : prefill_lb_->pull(static_cast<int>(i), e.prefill_held_ns)) {
+        for (const cluster::PrefillWork& w :
+             prefill_lb_->pull(static_cast<int>(i), e.prefill_held_ns)) {
             auto it = prefill_waiting_.find(w.id);
             if (it == prefill_waiting_.end()) continue;  // aborted while it waited
             const std::shared_ptr<Call> call = it->second.second;
             prefill_waiting_.erase(it);
             call->prefill_work = 0;
             call->pulled_by = prefill_ids_[i];
-            if (dispatch_locked(call)) {
+            if (dispatch_or_wait_locked(call)) {
                 ++stats_.num_routed;
                 continue;
             }
@@ -564,7 +645,7 @@ void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
             stats_.prefix_hit_tokens += call->prefix_hit_tokens;
         }
         calls_[ticket] = call;
-        sent = dispatch_locked(call);
+        sent = dispatch_or_wait_locked(call);
         if (sent) {
             if (call->prefill_work == 0) ++stats_.num_routed;  // else when it is pulled
             pump_prefill_locked(failed);
@@ -575,10 +656,10 @@ void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
     }
     deliver_failures(failed);
     if (sent) return;
-    call->deliver(final_error(unavailable(
-        call->last_error.empty() ? "no engine is available for this request"
-                                 : "no engine is available for this request: " +
-                                       call->last_error)));
+    call->deliver(final_error(
+        unavailable(call->last_error.empty()
+                        ? "no engine is available for this request"
+                        : "no engine is available for this request: " + call->last_error)));
 }
 
 void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
@@ -631,6 +712,7 @@ void RemoteService::on_body(const std::shared_ptr<Call>& call, uint64_t attempt,
                 // it up -- a drain's grace ran out. Its tokens so far count; the rest
                 // comes from another engine.
                 call->broken = true;
+                call->given_up = true;
                 call->last_error = "engine " + call->engine_id + " aborted the generation";
                 fwd.finished = false;
                 if (!fwd.tokens.empty()) out.push_back(std::move(fwd));
@@ -696,38 +778,41 @@ void RemoteService::on_done(const std::shared_ptr<Call>& call, uint64_t attempt,
             // be tried again as a decode engine only if nothing else is left.
             call->tried.erase(engine);
             --call->num_attempts;
-            if (dispatch_locked(call)) {
+            if (dispatch_or_wait_locked(call)) {
                 ++stats_.num_handovers;
             } else {
                 calls_.erase(call->ticket);
                 ++stats_.num_failed;
-                final_update = final_error(unavailable("no decode engine to continue on"));
+                final_update = final_error(unavailable("no decode engine to continue on (" +
+                                                       dispatch_state_locked(*call) + ")"));
             }
         } else if (is_final_http_error(call->http_status)) {
             // The engine refused the request itself: the client gets its answer.
             calls_.erase(call->ticket);
             final_update = final_error(status_from_reply(call->http_status, call->error_body));
         } else {
-            std::string why = call->broken            ? call->last_error
-                              : call->http_status > 0 && call->http_status != 200
-                                  ? status_from_reply(call->http_status, call->error_body)
-                                        .message()
-                                  : "stream from engine " + engine + " ended early (" +
-                                        status.to_string() + ")";
-            DSI_LOG(kWarning) << "generation " << call->ticket << ": " << why
-                              << "; failing over";
+            std::string why =
+                call->broken ? call->last_error
+                : call->http_status > 0 && call->http_status != 200
+                    ? status_from_reply(call->http_status, call->error_body).message()
+                    : "stream from engine " + engine + " ended early (" + status.to_string() + ")";
+            DSI_LOG(kWarning) << "generation " << call->ticket << ": " << why << "; failing over";
             call->last_error = why;
             if (auto it = engines_.find(engine); it != engines_.end()) {
                 it->second.avoid_until_ns =
                     steady_clock_ns() + options_.broken_engine_backoff_ms * 1000000;
             }
-            if (dispatch_locked(call)) {
+            if (call->given_up)
+                --call->num_attempts;  // moved, not failed (the engine
+                                       // stays in `tried`: it is leaving)
+            if (dispatch_or_wait_locked(call)) {
                 ++stats_.num_failovers;
             } else {
                 calls_.erase(call->ticket);
                 ++stats_.num_failed;
                 final_update = final_error(
-                    unavailable("no engine could finish the generation: " + call->last_error));
+                    unavailable("no engine could finish the generation: " + call->last_error +
+                                " (" + dispatch_state_locked(*call) + ")"));
             }
         }
         pump_prefill_locked(failed);  // the engine's prefill quota is free again
@@ -781,10 +866,13 @@ server::ServiceStats RemoteService::stats_snapshot() const {
          stats_.num_failovers},
         {"router_handovers_total", "prefill -> decode hand-overs", stats_.num_handovers},
         {"router_failed_total", "generations no engine could finish", stats_.num_failed},
+        {"router_engine_waits_total", "times a generation waited for an engine to join",
+         stats_.num_engine_waits},
+        {"router_engine_waiting", "generations waiting for an engine now",
+         static_cast<int64_t>(engine_waiting_.size())},
         {"router_prefix_checks_total", "requests matched against the KV store before routing",
          stats_.num_prefix_checks},
-        {"router_prefix_hit_tokens_total", "their prefix hits in tokens",
-         stats_.prefix_hit_tokens},
+        {"router_prefix_hit_tokens_total", "their prefix hits in tokens", stats_.prefix_hit_tokens},
         {"router_kv_handoffs_total", "prefill -> decode KV hand-overs the decode engine stored",
          stats_.num_kv_handoffs},
         {"router_kv_handoffs_failed_total", "KV hand-overs that failed (the prompt is recomputed)",
@@ -794,12 +882,11 @@ server::ServiceStats RemoteService::stats_snapshot() const {
          stats_.num_direct_decode},
         {"router_prefill_queued_total", "generations that waited in the router for a prefill pull",
          stats_.num_prefill_queued},
-        {"router_prefill_reassignments_total", "prefill LB rounds that moved engines between buckets",
-         stats_.num_prefill_reassignments},
+        {"router_prefill_reassignments_total",
+         "prefill LB rounds that moved engines between buckets", stats_.num_prefill_reassignments},
         {"router_prefill_waiting", "generations waiting for a prefill engine now",
          static_cast<int64_t>(prefill_waiting_.size())},
-        {"router_engines", "engines it may route to now",
-         static_cast<int64_t>(engines_.size())},
+        {"router_engines", "engines it may route to now", static_cast<int64_t>(engines_.size())},
     };
     return s;
 }
@@ -810,6 +897,8 @@ RouterStats RemoteService::router_stats() const {
     s.num_engines = static_cast<int64_t>(engines_.size());
     s.num_in_flight = static_cast<int64_t>(calls_.size());
     s.prefill_waiting = static_cast<int64_t>(prefill_waiting_.size());
+    s.engine_waiting = static_cast<int64_t>(engine_waiting_.size());
+    for (const auto& [id, e] : engines_) s.requests_on_engine[id] = e.num_requests;
     return s;
 }
 

@@ -87,7 +87,7 @@ struct RemoteServiceOptions {
     // skips the prefill engines and goes straight to a decode engine (its prefill is
     // no bigger than a decode step's speculation; S-LB prices prefill by what it misses).
     int64_t direct_decode_max_miss_tokens = 128;
-    int max_attempts = 3;        // engines tried per generation
+    int max_attempts = 3;  // engines tried per generation
     int64_t broken_engine_backoff_ms = 5000;
     cluster::DecodeLbSettings lb;
     // S-LB prefill: the buckets, quota caps and round.
@@ -96,13 +96,18 @@ struct RemoteServiceOptions {
     // after a cached prefix of `hit_tokens`. Null: 150 us per missed token.
     std::function<double(int64_t miss_tokens, int64_t hit_tokens)> prefill_cost_ns;
     int64_t pump_interval_ms = 100;
+    // A generation that finds no engine to go to (none listed, or all tried) waits this
+    // long for one to join before it fails (bounded by its deadline): membership has
+    // short gaps -- every lease expires at once when etcd comes back after a stop, and
+    // the engines publish again within a second; a router starts before its engines.
+    int64_t no_engine_wait_ms = 5000;
 };
 
 struct RouterStats {
-    int64_t num_routed = 0;      // generations started on an engine (first attempts)
-    int64_t num_failovers = 0;   // re-sent to another engine after a broken stream
-    int64_t num_handovers = 0;   // prefill engine -> decode engine after the first token
-    int64_t num_kv_handoffs = 0;         // of which with the prompt's KV stored on the decode engine
+    int64_t num_routed = 0;       // generations started on an engine (first attempts)
+    int64_t num_failovers = 0;    // re-sent to another engine after a broken stream
+    int64_t num_handovers = 0;    // prefill engine -> decode engine after the first token
+    int64_t num_kv_handoffs = 0;  // of which with the prompt's KV stored on the decode engine
     int64_t num_kv_handoffs_failed = 0;  // a KV hand-over was tried and failed (recomputed)
     int64_t kv_handoff_blocks = 0;
     int64_t kv_handoff_bytes = 0;
@@ -112,8 +117,11 @@ struct RouterStats {
     int64_t num_prefill_queued = 0;  // generations that waited in the router for a prefill pull
     int64_t prefill_waiting = 0;     // waiting now
     int64_t num_prefill_reassignments = 0;  // PrefillLb rounds that moved engines
-    int64_t num_failed = 0;      // ended with an error after every attempt
-    int64_t num_engines = 0;     // engines it may route to now
+    int64_t num_engine_waits = 0;           // times a generation waited for an engine to join
+    int64_t engine_waiting = 0;             // waiting now
+    int64_t num_failed = 0;                 // ended with an error after every attempt
+    int64_t num_engines = 0;                // engines it may route to now
+    std::map<std::string, int64_t> requests_on_engine;  // the router's count, by engine id
     int64_t num_in_flight = 0;
 };
 
@@ -129,8 +137,7 @@ public:
     void set_engines(const std::vector<membership::Member>& members);
     void apply(const membership::MemberChange& change);
 
-    void start(server::Ticket ticket, server::Generation generation,
-               server::Sink sink) override;
+    void start(server::Ticket ticket, server::Generation generation, server::Sink sink) override;
     void abort(server::Ticket ticket) override;
     void abort_all() override;
     server::ServiceStats stats_snapshot() const override;
@@ -158,9 +165,16 @@ private:
     bool dispatch_locked(const std::shared_ptr<Call>& call) DSI_REQUIRES(mu_);
     void on_body(const std::shared_ptr<Call>& call, uint64_t attempt, std::string_view bytes);
     void on_done(const std::shared_ptr<Call>& call, uint64_t attempt, Status status);
+    // dispatch_locked, or, when it found no engine at all (attempts left), the call
+    // waits for one (no_engine_wait_ms); false: the caller ends it.
+    bool dispatch_or_wait_locked(const std::shared_ptr<Call>& call) DSI_REQUIRES(mu_);
+    // Sends the calls waiting for an engine that one can take now; ends those whose
+    // wait is over.
+    void retry_waiting_locked(Failures& failed) DSI_REQUIRES(mu_);
+    // For error messages: the call's attempts, the engines it tried, those there are.
+    std::string dispatch_state_locked(const Call& call) const DSI_REQUIRES(mu_);
     // Ends the current attempt's engine accounting.
     void release_engine_locked(Call& call) DSI_REQUIRES(mu_);
-    void fail_over_or_end(const std::shared_ptr<Call>& call, const Status& why);
     // Stops routing to `id`. cut_streams: its streams are cut now (they fail over);
     // otherwise only when nothing came from it for kStalledStreamNs (a draining
     // engine finishes its generations; a dead or frozen one has gone quiet).
@@ -194,6 +208,8 @@ private:
     CondVar pump_cv_;
     std::thread pump_thread_;
     std::map<std::string, Engine> engines_ DSI_GUARDED_BY(mu_);
+    // Calls waiting for an engine (dispatch_or_wait_locked), in arrival order.
+    std::vector<std::shared_ptr<Call>> engine_waiting_ DSI_GUARDED_BY(mu_);
     // Clients of engines that left, kept until the service ends: their calls' callbacks
     // may still run.
     std::vector<std::shared_ptr<net::HttpClient>> retired_ DSI_GUARDED_BY(mu_);

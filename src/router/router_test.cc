@@ -3,8 +3,6 @@
 // the router answers as an engine does; a stream cut mid-way (a proxy that drops the
 // connection, as a killed engine does) fails over to the other engine and the client
 // gets the same tokens without a seam; refusals pass through; no engine -> 503.
-#include "router/remote_service.h"
-
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -13,23 +11,24 @@
 
 #include <atomic>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
 
 #include "base/clock.h"
+#include "kvstore/shm_store.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "net/http_client.h"
-#include "kvstore/shm_store.h"
+#include "router/remote_service.h"
 #include "server/engine_service.h"
 #include "server/handoff_service.h"
-#include "transfer/fault_transport.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/test_support.h"
+#include "transfer/fault_transport.h"
 
 namespace dsi::router {
 namespace {
@@ -43,8 +42,8 @@ server::ApiContext context() { return server::testing::api_context(); }
 // An HttpServer on a free loopback port, run on its own thread.
 class ServerThread {
 public:
-    ServerThread(const server::ApiContext* ctx, server::GenerationService* service,
-                 bool engine_rpc, int64_t drain_grace_ms = 2000) {
+    ServerThread(const server::ApiContext* ctx, server::GenerationService* service, bool engine_rpc,
+                 int64_t drain_grace_ms = 2000) {
         server::ServerOptions o;
         o.port = 0;
         o.num_io_threads = 1;
@@ -120,8 +119,8 @@ struct Engine {
                 transport =
                     std::make_unique<transfer::FaultInjectingTransport>(tcp.get(), *send_faults);
             }
-            handoff = std::make_unique<server::HandoffService>(service.get(), ho,
-                                                               std::move(transport));
+            handoff =
+                std::make_unique<server::HandoffService>(service.get(), ho, std::move(transport));
             front = handoff.get();
         }
         ctx = context();
@@ -137,9 +136,7 @@ struct Engine {
         inbox.reset();
         http.reset();
     }
-    std::string transfer_address() const {
-        return "127.0.0.1:" + std::to_string(inbox->port());
-    }
+    std::string transfer_address() const { return "127.0.0.1:" + std::to_string(inbox->port()); }
     std::unique_ptr<DeepseekModel> model;
     std::unique_ptr<kvstore::ShmBlockStore> inbox_store;
     std::unique_ptr<serving::KvInbox> inbox;
@@ -150,7 +147,7 @@ struct Engine {
 };
 
 membership::Member member(std::string id, int port,
-                         membership::Role role = membership::Role::kBoth) {
+                          membership::Role role = membership::Role::kBoth) {
     membership::Member m;
     m.id = std::move(id);
     m.role = role;
@@ -337,15 +334,69 @@ TEST(Router, AStreamCutMidwayFailsOverWithoutASeam) {
     EXPECT_EQ(a.service->stats_snapshot().num_running, 0);
 }
 
-TEST(Router, RefusalsPassThroughAndNoEngineIs503) {
+TEST(Router, AGenerationWaitsForAnEngineToJoin) {
+    // Membership has gaps (every lease expires at once when etcd comes back after a
+    // stop; a router starts before its engines): a request waits for an engine.
     Engine a;
+    const net::HttpResponse direct = post(a.http->port(), "/v1/chat/completions", chat_body(false));
+    ASSERT_EQ(direct.status, 200);
     RemoteService remote;
     const server::ApiContext ctx = context();
     ServerThread router(&ctx, &remote, /*engine_rpc=*/false);
-    // No engine yet: 503 in the caller's protocol.
+    auto routed = std::async(std::launch::async, [&] {
+        return post(router.port(), "/v1/chat/completions", chat_body(false));
+    });
+    for (int i = 0; i < 500 && remote.router_stats().engine_waiting == 0; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_EQ(remote.router_stats().engine_waiting, 1);
+    remote.apply({membership::ChangeKind::kJoined, member("a", a.http->port())});
+    const net::HttpResponse r = routed.get();
+    ASSERT_EQ(r.status, 200) << r.body;
+    EXPECT_EQ(J::parse(r.body)["choices"][0]["message"]["content"],
+              J::parse(direct.body)["choices"][0]["message"]["content"]);
+    EXPECT_EQ(remote.router_stats().num_engine_waits, 1);
+    EXPECT_EQ(remote.router_stats().engine_waiting, 0);
+}
+
+TEST(Router, AStreamCutWithNoEngineLeftEndsWithTheErrorBeforeDone) {
+    Engine a;
+    // The only engine dies after ~5 update lines: the client must be told, in a way its
+    // SDK sees -- the error event before [DONE], where OpenAI clients stop reading.
+    CutProxy dying(a.http->port(), 900);
+    RemoteServiceOptions o;
+    o.no_engine_wait_ms = 100;
+    RemoteService remote(o);
+    remote.set_engines({member("a", dying.port())});
+    const server::ApiContext ctx = context();
+    ServerThread router(&ctx, &remote, /*engine_rpc=*/false);
+    const net::HttpResponse streamed = post(router.port(), "/v1/chat/completions", chat_body(true));
+    ASSERT_EQ(streamed.status, 200);
+    EXPECT_EQ(dying.num_cut(), 1);
+    EXPECT_FALSE(sse_content(streamed.body).empty());  // the part before the cut came
+    const size_t error = streamed.body.find("event: error\ndata: {\"error\"");
+    const size_t done = streamed.body.find("data: [DONE]");
+    ASSERT_NE(error, std::string::npos) << streamed.body;
+    ASSERT_NE(done, std::string::npos) << streamed.body;
+    EXPECT_LT(error, done);
+    EXPECT_NE(streamed.body.find("no engine is available"), std::string::npos);
+    // Not dressed up as a complete answer.
+    EXPECT_EQ(streamed.body.find("\"finish_reason\":\"stop\""), std::string::npos);
+    EXPECT_EQ(remote.router_stats().num_failed, 1);
+}
+
+TEST(Router, RefusalsPassThroughAndNoEngineIs503) {
+    Engine a;
+    RemoteServiceOptions o;
+    o.no_engine_wait_ms = 200;
+    RemoteService remote(o);
+    const server::ApiContext ctx = context();
+    ServerThread router(&ctx, &remote, /*engine_rpc=*/false);
+    // No engine yet, and none joins within the wait: 503 in the caller's protocol.
     net::HttpResponse r = post(router.port(), "/v1/chat/completions", chat_body(false));
     EXPECT_EQ(r.status, 503) << r.body;
-    EXPECT_NE(r.body.find("no engine"), std::string::npos) << r.body;
+    EXPECT_NE(r.body.find("no engine is available"), std::string::npos) << r.body;
+    EXPECT_EQ(remote.router_stats().num_engine_waits, 1);
 
     remote.apply({membership::ChangeKind::kJoined, member("a", a.http->port())});
     // A grammar the engine cannot compile (it has no structured output) is refused by
@@ -439,6 +490,30 @@ server::Generation long_generation() {
     return g;
 }
 
+TEST(Router, AnEngineThatLeavesAndComesBackMidStreamKeepsTakingRequests) {
+    // When etcd comes back after a stop, every lease has expired: each engine leaves and
+    // publishes itself again while its streams go on. What those streams hold must
+    // count on the engine's new record, or their ends drive its counts below zero.
+    Engine a;
+    RemoteServiceOptions o;
+    o.no_engine_wait_ms = 100;
+    RemoteService remote(o);
+    remote.set_engines({member("a", a.http->port())});
+    const auto [tokens, last] = run(remote, 1, long_generation(), [&] {
+        remote.apply({membership::ChangeKind::kLeft, member("a", a.http->port())});
+        remote.apply({membership::ChangeKind::kJoined, member("a", a.http->port())});
+    });
+    EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+    EXPECT_EQ(tokens.size(), 100u);
+    for (int i = 0; i < 3; ++i) {
+        const auto [more, more_last] = run(remote, 2 + i, long_generation(), nullptr);
+        EXPECT_TRUE(more_last.error.is_ok()) << more_last.error.to_string();
+        EXPECT_EQ(more, tokens);
+    }
+    EXPECT_EQ(remote.router_stats().num_failed, 0);
+    EXPECT_EQ(remote.router_stats().requests_on_engine.at("a"), 0);
+}
+
 TEST(Router, AnEngineDrainingPastItsGraceHandsItsGenerationsOver) {
     Engine a(/*drain_grace_ms=*/0), b;
     RemoteService only_b;
@@ -458,6 +533,27 @@ TEST(Router, AnEngineDrainingPastItsGraceHandsItsGenerationsOver) {
     EXPECT_EQ(last.reason, engine::FinishReason::kLength);
     EXPECT_EQ(tokens, expected);
     EXPECT_EQ(remote.router_stats().num_failovers, 1);
+}
+
+TEST(Router, ADrainedGenerationDoesNotUseUpAnAttempt) {
+    // A drain moves generations on purpose: even with one attempt per generation, the
+    // move to the next engine happens (a broken engine would have used it up).
+    Engine a(/*drain_grace_ms=*/0), b;
+    RemoteService only_b;
+    only_b.set_engines({member("b", b.http->port())});
+    const auto [expected, expected_last] = run(only_b, 1, long_generation(), nullptr);
+    RemoteServiceOptions o;
+    o.max_attempts = 1;
+    RemoteService remote(o);
+    remote.set_engines({member("a", a.http->port()), member("b", b.http->port())});
+    const auto [tokens, last] = run(remote, 2, long_generation(), [&] {
+        remote.apply({membership::ChangeKind::kLeft, member("a", a.http->port())});
+        a.http->stop();
+    });
+    EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+    EXPECT_EQ(tokens, expected);
+    EXPECT_EQ(remote.router_stats().num_failovers, 1);
+    EXPECT_EQ(remote.router_stats().num_failed, 0);
 }
 
 TEST(Router, DisaggregatedPrefillHandsOverToDecodeAfterTheFirstToken) {
@@ -539,7 +635,8 @@ TEST(Router, PrefillEnginesPullWaitingGenerationsWithinTheirQuota) {
         return g;
     };
     std::map<server::Ticket, std::vector<int32_t>> expected;
-    for (server::Ticket t : {1, 2}) expected[t] = run(only_d, 100 + t, generation(t), nullptr).first;
+    for (server::Ticket t : {1, 2})
+        expected[t] = run(only_d, 100 + t, generation(t), nullptr).first;
 
     SilentEngine silent;
     RemoteServiceOptions o;
@@ -580,8 +677,10 @@ TEST(Router, PrefillEnginesPullWaitingGenerationsWithinTheirQuota) {
     EXPECT_EQ(remote.router_stats().prefill_waiting, 1);
     EXPECT_EQ(remote.router_stats().num_routed, 1);
 
-    remote.apply({membership::ChangeKind::kJoined, member("p", p.http->port(), membership::Role::kPrefill)});
-    remote.apply({membership::ChangeKind::kLeft, member("s", silent.port(), membership::Role::kPrefill)});
+    remote.apply(
+        {membership::ChangeKind::kJoined, member("p", p.http->port(), membership::Role::kPrefill)});
+    remote.apply(
+        {membership::ChangeKind::kLeft, member("s", silent.port(), membership::Role::kPrefill)});
     for (server::Ticket t : {1, 2}) {
         server::Update last = clients[t].done.get_future().get();
         EXPECT_TRUE(last.error.is_ok()) << t << ": " << last.error.to_string();
@@ -594,7 +693,7 @@ TEST(Router, PrefillEnginesPullWaitingGenerationsWithinTheirQuota) {
     EXPECT_EQ(s.num_routed, 2);     // ticket 2, pulled by p
     EXPECT_EQ(s.num_failovers, 1);  // ticket 1, from the silent engine to p
     EXPECT_EQ(s.num_handovers, 2);
-    EXPECT_EQ(s.num_failed, 1);     // the deadline
+    EXPECT_EQ(s.num_failed, 1);  // the deadline
     // Both prefills ran on p: a first token each (it may sample one more before the
     // router's close reaches it), never the whole generation.
     EXPECT_GE(p.service->stats_snapshot().engine.output_tokens, 2);

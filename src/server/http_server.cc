@@ -420,9 +420,8 @@ private:
             return reply(error_reply(e, 503, "server is shutting down"), name);
         }
         const uint64_t ticket = server_->next_ticket.fetch_add(1);
-        Result<Prepared> prepared =
-            prepare_request(ctx(), e, parser_->get().body(), Env::default_env()->random_seed(),
-                            verdict_.key_salt);
+        Result<Prepared> prepared = prepare_request(
+            ctx(), e, parser_->get().body(), Env::default_env()->random_seed(), verdict_.key_salt);
         // The body is no longer needed (prepared holds what it said).
         std::string().swap(parser_->get().body());
         release_body();
@@ -438,8 +437,8 @@ private:
         prompt_tokens_ = static_cast<int64_t>(prepared->request.prompt.size());
         renderer_ = std::make_unique<Renderer>(ctx(), *prepared, std::move(id), now_s);
         rpc_mode_ = false;
-        begin_generation(ticket, Generation{std::move(prepared->request),
-                                            std::move(prepared->structured)});
+        begin_generation(ticket,
+                         Generation{std::move(prepared->request), std::move(prepared->structured)});
     }
 
     // Concurrency slot: held until the engine's final update. False (after replying
@@ -555,9 +554,20 @@ private:
             }
             return flush();
         }
-        std::string sse = renderer_->on_update_sse(u);
-        if (!u.error.is_ok()) {
+        std::string sse;
+        if (u.error.is_ok()) {
+            sse = renderer_->on_update_sse(u);
+        } else {
+            // A failure after the head: the text that came with it, then the error, and
+            // only then the end of the stream -- clients stop reading at [DONE], so an
+            // error after it would be lost and the cut answer would read as complete.
+            u.finished = false;
+            sse = renderer_->on_update_sse(u);
             sse += "event: error\ndata: " + error_reply(*verdict_.endpoint, u.error).body + "\n\n";
+            if (*verdict_.endpoint == Endpoint::kChatCompletions ||
+                *verdict_.endpoint == Endpoint::kCompletions) {
+                sse += "data: [DONE]\n\n";
+            }
         }
         if (!sse.empty()) append_body(sse);
         if (final_update) {

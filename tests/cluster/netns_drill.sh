@@ -39,6 +39,10 @@ cleanup() {
   wait 2>/dev/null || true
   for n in "${names[@]}"; do ip netns del "dsi$run_id-$n" 2>/dev/null || true; done
   ip link del "$bridge" 2>/dev/null || true
+  # DSI_DRILL_KEEP=DIR keeps every process's output there (debugging a failed drill).
+  if [[ -n "${DSI_DRILL_KEEP:-}" ]]; then
+    mkdir -p "$DSI_DRILL_KEEP" && cp "$work"/*.out "$work"/*.err "$work"/*.json "$DSI_DRILL_KEEP"/ 2>/dev/null || true
+  fi
   rm -rf "$work"
 }
 trap cleanup EXIT
@@ -205,7 +209,10 @@ r4="$(reference "$b4")"
 survivor_d_pid=$d1_pid; [[ "$survivor_d" == d2 ]] && survivor_d_pid=$d2_pid
 out="$(python3 "$client" "$router/v1/chat/completions" "$b4" --kill-after 10 --signal TERM \
   --engines "$(addr "$survivor_d"):8000:$survivor_d_pid")" || fail "the stream client failed"
+echo "$out" > "$work/s4.json"; echo "$r4" > "$work/r4.out"
 check "decode engine drained" "$out" "$r4"
+[[ "$(python3 -c 'import json,sys; print(json.load(sys.stdin)["killed_pid"])' <<< "$out")" != None ]] ||
+  fail "the decode engine was not running the stream at chunk 10, nothing was drained: $out"
 echo "netns drill: the last decode engine drained mid-stream; the stream completed unchanged (on a prefill engine)"
 
 wait "$load_pid" || fail "the load had failed requests: $(tail -5 "$work/load.out")"

@@ -60,6 +60,10 @@ def main():
             if "error" in ev:
                 out["error"] = ev["error"]
                 continue
+            if "completion_tokens" in usage:
+                out["completion_tokens"] = usage["completion_tokens"]
+            if ev.get("choices") and ev["choices"][0].get("finish_reason"):
+                out["finish_reason"] = ev["choices"][0]["finish_reason"]
             delta = ev["choices"][0]["delta"] if ev.get("choices") else {}
             if delta.get("content"):
                 now = time.monotonic()
