@@ -184,6 +184,22 @@ TEST_F(KvHandoffTest, AStoreThatRefusesABlockIsTheSendersFailure) {
     EXPECT_EQ(failed_after_wait(1), 1);
 }
 
+// A connection that opens and never sends its first frame does not hold the inbox's
+// shutdown for io_timeout: the wait for the first frame checks should_abort between
+// slices. With io_timeout 120 s, the destructor returning at all well before it proves
+// it (the bound below is a quarter of it: no timing flake).
+TEST_F(KvHandoffTest, ASilentConnectionDoesNotHoldTheShutdown) {
+    KvInboxOptions o = inbox_options();
+    o.io_timeout = std::chrono::seconds(120);
+    start_inbox(o);
+    auto silent = tcp_->connect("127.0.0.1", inbox_->port(), std::chrono::seconds(5));
+    ASSERT_TRUE(silent.is_ok()) << silent.status().to_string();
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // taken by a receive thread
+    const auto t0 = std::chrono::steady_clock::now();
+    inbox_.reset();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(30));
+}
+
 TEST_F(KvHandoffTest, CancelledSendsAndBadTargetsFailCleanly) {
     start_inbox(inbox_options());
     int frames = 0;

@@ -1,5 +1,6 @@
 #include "transfer/session.h"
 
+#include <algorithm>
 #include <chrono>
 #include <vector>
 
@@ -103,6 +104,9 @@ Result<SendReport> send_sequence(Connection& conn, const SendOptions& options,
     return sender_result(sender, frames_sent);
 }
 
+// How often a receiver waiting for a sender's first frame checks should_abort.
+constexpr Timeout kAbortPollSlice{200};
+
 Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions& options,
                                           PeerTable& peers, const DestinationFactory& factory) {
     FrameReader reader(&conn, options.max_payload_bytes);
@@ -111,7 +115,23 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
     const PlaceFn no_place = [](const FrameHeader&, std::span<const uint8_t>) {
         return std::span<uint8_t>();
     };
-    auto first_read = reader.read_placing(options.io_timeout, no_place);
+    // Waited for in slices, so a receiver shutting down (should_abort) leaves a connection
+    // that opened and never sent within a slice instead of after io_timeout. A slice that
+    // ends mid-frame loses nothing: without placement every byte stays in the decoder.
+    Result<ReadFrame> first_read = deadline_exceeded("no Hello");
+    for (Timeout waited{0};;) {
+        const Timeout slice = std::min(kAbortPollSlice, options.io_timeout - waited);
+        first_read = reader.read_placing(slice, no_place);
+        waited += slice;
+        if (first_read.is_ok() || first_read.status().code() != StatusCode::kDeadlineExceeded ||
+            waited >= options.io_timeout) {
+            break;
+        }
+        if (options.should_abort && options.should_abort()) {
+            first_read = cancelled("the receiver is shutting down");
+            break;
+        }
+    }
     auto first = first_read.is_ok() ? Result<FrameView>(first_read->frame)
                                     : Result<FrameView>(first_read.status());
     if (!first.is_ok()) {
