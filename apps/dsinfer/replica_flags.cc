@@ -22,8 +22,8 @@ Result<int64_t> mib_to_bytes(const char* flag, int64_t mib) {
 
 void add_replica_flags(CLI::App& cmd, ReplicaFlags* f, ReplicaFlagSet set) {
     add_setting(cmd, "--model", f->model,
-                "HF checkpoint directory or .gguf file (default: the embedded tiny model, "
-                "created under --cache-dir)");
+                "HF checkpoint directory or .gguf file (default: the trained default model "
+                "dsinfer-default, unpacked under --cache-dir from the pack in --data-dir)");
     add_setting(cmd, "--model-id", f->model_id,
                 "served model name (default: the checkpoint's directory or file name; "
                 "docs/serving.md)");
