@@ -14,6 +14,7 @@
 #include "base/env.h"
 #include "model/checkpoint_writer.h"
 #include "model/internal/v4_kv_format.h"
+#include "model/internal/v4_reference_test_util.h"
 #include "model/synthetic.h"
 #include "model/weights.h"
 
@@ -357,6 +358,256 @@ TEST(V41ModelTest, BadOptionsAndCallsAreRejected) {
     const int32_t bad_id = 200000;
     SequenceStep bad{std::span(&bad_id, 1), 0, cache.get(), false};
     EXPECT_EQ(m->forward_batch(std::span(&bad, 1), out).code(), StatusCode::kInvalidArgument);
+}
+
+// ---- double-precision reference (model/internal/v4_reference_test_util.h for V4's
+// pieces; V4.1's from docs/models_v41.md), f32 KV, the whole sequence at once ----
+
+struct V41Ref {
+    const test::Ref& r;
+    const ModelConfig& c;
+    // Per Full layer: entries and index keys; per Full / Reindex layer: top-k per
+    // position; the decoder candidates per position.
+    std::map<int64_t, std::vector<test::Vec>> entries, keys;
+    std::map<int64_t, std::vector<std::vector<int64_t>>> chosen;
+    std::vector<std::vector<int64_t>> candidates;
+
+    using Vec = test::Vec;
+
+    // CSA2 entries and index keys of Full layer `layer` from its inputs x.
+    void compress(const std::string& a, int64_t layer, const std::vector<Vec>& x, const Vec& f) {
+        const int64_t T = static_cast<int64_t>(x.size()), D = c.head_dim;
+        const int64_t ratio = c.compress_ratio(layer);
+        std::vector<Vec> kv(x.size()), sc(x.size());
+        for (int64_t s = 0; s < T; ++s) {
+            kv[s] = r.linear(a + "compressor.wkv.weight", x[s]);
+            if (ratio > 1) sc[s] = r.linear(a + "compressor.wgate.weight", x[s]);
+        }
+        for (int64_t g = 0; g < T / ratio; ++g) {
+            Vec e(static_cast<size_t>(D));
+            for (int64_t ch = 0; ch < D; ++ch) {
+                if (ratio == 1) {
+                    e[ch] = kv[g][ch];
+                    continue;
+                }
+                double mx = -1e300, sum = 0, acc = 0;
+                for (int64_t s = g * ratio; s < (g + 1) * ratio; ++s) mx = std::max(mx, sc[s][ch]);
+                for (int64_t s = g * ratio; s < (g + 1) * ratio; ++s) {
+                    sum += std::exp(sc[s][ch] - mx);
+                    acc += std::exp(sc[s][ch] - mx) * kv[s][ch];
+                }
+                e[ch] = acc / sum;
+            }
+            e = r.norm(a + "compressor.norm.weight", e);
+            Vec k = r.norm(a + "indexer.k_norm.weight", r.linear(a + "indexer.wk.weight", e));
+            r.rope(e.data(), D, g * ratio, f, false);
+            r.rope(k.data(), c.index_head_dim, g * ratio, f, false);
+            entries[layer].push_back(e);
+            keys[layer].push_back(k);
+        }
+    }
+
+    std::vector<Vec> attention(const std::string& p, int64_t layer, const std::vector<Vec>& x) {
+        const int64_t T = static_cast<int64_t>(x.size());
+        const Vec f = r.inv_freq(layer);
+        const std::string a = p + "attn.";
+        std::vector<Vec> qr, q, kv;
+        r.project(a, f, x, qr, q, kv);
+        const V41AttnKind kind = v41_attn_kind(c, layer);
+        const int64_t src = v41_kv_source_of(c, layer);
+        if (kind == V41AttnKind::kFull) compress(a, layer, x, f);
+        if (kind == V41AttnKind::kFull || kind == V41AttnKind::kReindex) {
+            auto& mine = chosen[layer];
+            const bool cand_source = layer == c.v41.candidate_source_layer_id;
+            if (cand_source) candidates.assign(x.size(), {});
+            for (int64_t s = 0; s < T; ++s) {
+                Vec qi, wi;
+                r.index_query(a, f, qr[s], x[s], s, false, qi, wi);
+                std::vector<std::pair<double, int64_t>> sc;
+                if (kind == V41AttnKind::kReindex) {
+                    for (int64_t e : candidates[s])
+                        sc.push_back({r.index_score(qi, wi, keys[src][e]), e});
+                } else {
+                    const int64_t visible = (s + 1) / c.compress_ratio(layer);
+                    for (int64_t e = 0; e < visible; ++e)
+                        sc.push_back({r.index_score(qi, wi, keys[src][e]), e});
+                }
+                mine.push_back(test::Ref::top_ids(sc, c.index_topk));
+                if (!cand_source) continue;
+                // Blocks of candidate_block_size positions by their best score.
+                const int64_t bs = c.v41.candidate_block_size;
+                std::vector<std::pair<double, int64_t>> blocks;
+                for (const auto& [v, e] : sc) {
+                    if (e % bs == 0) blocks.push_back({v, e / bs});
+                    blocks.back().first = std::max(blocks.back().first, v);
+                }
+                for (int64_t b : test::Ref::top_ids(blocks, c.v41.candidate_topk_blocks)) {
+                    for (int64_t e = b * bs;
+                         e < std::min<int64_t>((b + 1) * bs, static_cast<int64_t>(sc.size()));
+                         ++e) {
+                        candidates[s].push_back(e);
+                    }
+                }
+            }
+        }
+        std::vector<Vec> out;
+        for (int64_t s = 0; s < T; ++s) {
+            std::vector<const Vec*> ks;
+            if (kind != V41AttnKind::kWindow) {
+                for (int64_t e : chosen[v41_topk_source_of(c, layer)][s])
+                    ks.push_back(&entries[src][e]);
+            }
+            for (int64_t k = std::max<int64_t>(0, s - c.sliding_window + 1); k <= s; ++k)
+                ks.push_back(&kv[k]);
+            out.push_back(r.attend(a, f, q[s], s, ks));
+        }
+        return out;
+    }
+
+    // Engram: hashed n-gram rows -> per-stream keys and a value; gated into the streams.
+    void engram(int64_t layer, std::vector<std::vector<Vec>>& h,
+                const std::vector<int32_t>& ids) const {
+        const V41Fields& v = c.v41;
+        const int64_t e = v41_engram_index(c, layer);
+        const std::string p = "layers." + std::to_string(layer) + ".engram.";
+        const std::vector<int64_t> mod = v41_engram_moduli(c, e);
+        const int64_t maxn = v.engram_max_ngram_size, ehd = v.engram_head_dim, H = c.hidden_size;
+        SplitMix64 rng(0x456e6772616d0000ULL + static_cast<uint64_t>(layer));
+        std::vector<uint64_t> mult(mod.size() * static_cast<size_t>(maxn));
+        for (uint64_t& m : mult) m = rng.next() | 1u;
+        const auto& table = r.t(p + "embed.weight");
+        for (size_t s = 0; s < h.size(); ++s) {
+            Vec rows;
+            int64_t off = 0;
+            for (size_t j = 0; j < mod.size(); ++j) {
+                const int64_t order = 2 + static_cast<int64_t>(j) / v.engram_n_heads;
+                uint64_t hv = 0;
+                for (int64_t i = 0; i < order; ++i) {
+                    const int64_t pos = static_cast<int64_t>(s) - i;
+                    const uint64_t cid =
+                        pos < 0 ? static_cast<uint64_t>(v.engram_pad_token_id)
+                                : static_cast<uint64_t>(ids[pos] % v.engram_compressed_vocab_size);
+                    hv ^= (cid + 1) * mult[j * maxn + i];
+                }
+                const int64_t row = off + static_cast<int64_t>(hv % static_cast<uint64_t>(mod[j]));
+                rows.insert(rows.end(), table.begin() + row * ehd, table.begin() + (row + 1) * ehd);
+                off += mod[j];
+            }
+            const Vec kv = r.linear(p + "wkv.weight", rows);
+            for (int64_t j = 0; j < c.hc_mult; ++j) {
+                const Vec key(kv.begin() + j * H, kv.begin() + (j + 1) * H);
+                const Vec xn = r.norm(p + "q_norm.weight", h[s][j]),
+                          kn = r.norm(p + "k_norm.weight", key);
+                double z = 0;
+                for (int64_t i = 0; i < H; ++i) z += xn[i] * kn[i];
+                z /= std::sqrt(static_cast<double>(H));
+                const double gate = test::Ref::sigm(std::copysign(std::sqrt(std::fabs(z)), z));
+                for (int64_t i = 0; i < H; ++i) h[s][j][i] += gate * kv[c.hc_mult * H + i];
+            }
+        }
+    }
+
+    // Single-pass mHC: each sub-layer mixes its input with the previous sub-layer's pre.
+    void block(int64_t layer, std::vector<std::vector<Vec>>& h, std::vector<Vec>& pre,
+               const std::vector<int32_t>& ids) {
+        const std::string p = "layers." + std::to_string(layer) + ".";
+        if (v41_engram_index(c, layer) >= 0) engram(layer, h, ids);
+        const int64_t T = static_cast<int64_t>(h.size()), hc = c.hc_mult;
+        for (int sub = 0; sub < 2; ++sub) {
+            std::vector<Vec> xin(h.size()), post(h.size()), next_pre(h.size());
+            std::vector<std::vector<Vec>> C(h.size());
+            for (int64_t s = 0; s < T; ++s) {
+                Vec unused;
+                r.hc_pre(p + (sub == 0 ? "hc_attn" : "hc_ffn"), h[s], unused, post[s], C[s],
+                         &next_pre[s]);
+                xin[s].assign(static_cast<size_t>(c.hidden_size), 0.0);
+                for (int64_t j = 0; j < hc; ++j) {
+                    for (int64_t i = 0; i < c.hidden_size; ++i) xin[s][i] += pre[s][j] * h[s][j][i];
+                }
+                xin[s] = r.norm(p + (sub == 0 ? "attn_norm.weight" : "ffn_norm.weight"), xin[s]);
+            }
+            std::vector<Vec> y;
+            if (sub == 0) {
+                y = attention(p, layer, xin);
+            } else {
+                for (int64_t s = 0; s < T; ++s) y.push_back(r.moe(p, layer, xin[s], ids[s]));
+            }
+            for (int64_t s = 0; s < T; ++s) {
+                std::vector<Vec> nh(h[s].size());
+                for (int64_t k = 0; k < hc; ++k) {
+                    nh[k].assign(y[s].size(), 0.0);
+                    for (size_t i = 0; i < y[s].size(); ++i) {
+                        double v = post[s][k] * y[s][i];
+                        for (int64_t j = 0; j < hc; ++j) v += C[s][j][k] * h[s][j][i];
+                        nh[k][i] = v;
+                    }
+                }
+                h[s] = nh;
+            }
+            pre = next_pre;
+        }
+    }
+
+    Vec logits(const std::vector<Vec>& h, const Vec& pre) const {
+        Vec y(h[0].size(), 0.0);
+        for (int64_t j = 0; j < c.hc_mult; ++j) {
+            for (size_t i = 0; i < y.size(); ++i) y[i] += pre[j] * h[j][i];
+        }
+        return r.linear("head.weight", r.norm("norm.weight", y));
+    }
+};
+
+// Every layer's streams and the last logits against the reference on 40 tokens (every
+// window wrapped, every indexer choosing; the Reindex layer inside 16 candidates).
+TEST(V41ReferenceTest, MatchesDoubleReferencePerLayer) {
+    const ModelConfig c = test_config();
+    auto mem = test_weights();
+    test::Ref base{c, mem->tensors(), false};
+    V41Ref ref{base, c};
+    auto model = load(kernels::KvDtype::kF32);
+    const int64_t T = 40;
+    const std::vector<int32_t> ids = prompt(T);
+    auto cache = model->new_kv_cache(T);
+    SequenceStep st{ids, 0, cache.get(), false};
+    BatchOutput out;
+    V41Trace tr;
+    ASSERT_TRUE(model->forward_batch(std::span(&st, 1), out, &tr).is_ok());
+    const int64_t hc = c.hc_mult, H = c.hidden_size;
+    std::vector<std::vector<test::Vec>> h(static_cast<size_t>(T));
+    std::vector<test::Vec> pre(static_cast<size_t>(T), test::Vec(static_cast<size_t>(hc), 0.0));
+    const auto& emb = base.t("embed.weight");
+    for (int64_t s = 0; s < T; ++s) {
+        h[s].assign(static_cast<size_t>(hc),
+                    test::Vec(emb.begin() + ids[s] * H, emb.begin() + (ids[s] + 1) * H));
+        pre[s][0] = 1.0;
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+        ref.block(l, h, pre, ids);
+        double worst = 0, scale = 0;
+        for (int64_t s = 0; s < T; ++s) {
+            for (int64_t j = 0; j < hc; ++j) {
+                for (int64_t i = 0; i < H; ++i) {
+                    worst = std::max(
+                        worst, std::fabs(tr.layer_streams[l][(s * hc + j) * H + i] - h[s][j][i]));
+                    scale = std::max(scale, std::fabs(h[s][j][i]));
+                }
+            }
+        }
+        EXPECT_LT(worst, 2e-4 * (1 + scale))
+            << "layer " << l << " (" << v41_attn_kind_name(v41_attn_kind(c, l)) << ")";
+    }
+    const test::Vec want = ref.logits(h[T - 1], pre[T - 1]);
+    double worst = 0, sd = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        worst = std::max(worst, std::fabs(out.logits[i] - want[i]));
+        sd += want[i] * want[i];
+    }
+    sd = std::sqrt(sd / static_cast<double>(want.size()));
+    EXPECT_LT(worst, 1e-4 * sd) << "logits; std " << sd;
+    // The reference made the same choices.
+    EXPECT_EQ(
+        std::vector<int64_t>(tr.last_token_entries[6].begin(), tr.last_token_entries[6].end()),
+        ref.chosen[6][T - 1]);
 }
 
 }  // namespace
