@@ -348,8 +348,10 @@ int plan_v41(const ModelConfig& c) {
     s.dropped_swa_layers = c.num_hidden_layers - s.stored_layers + c.num_nextn_predict_layers;
     s.swa_row_bytes = v41_swa_row_bytes(c);
     s.accumulator_bytes = v41_partial_state_bytes(c);
-    std::printf("%s: the SWA state slot only (weights and block KV of V4.1 are not planned yet)\n",
-                c.architecture.c_str());
+    std::printf(
+        "%s: block KV %.1f B per token in the production formats (FP4 entries, MXFP4 "
+        "keys); the SWA state slot (weights are not planned yet)\n",
+        c.architecture.c_str(), v41_block_kv_bytes_per_token(c));
     std::fputs(format_swa_slot(s, "encoder layers",
                                "decoder + draft layers' SWA, ratio-2 "
                                "pending groups")

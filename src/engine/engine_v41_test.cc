@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_test_util.h"
+#include "kv/swa_pool.h"
 #include "model/deepseek_v41.h"
 #include "model/synthetic.h"
 
@@ -98,6 +99,47 @@ TEST(EngineV41Test, GreedyOutputEqualsTheModelsOwnForward) {
         EXPECT_EQ(h.engine->stats().state_slots_in_use, 0);
         EXPECT_EQ(h.engine->stats().pool.num_used, 0);
     }
+}
+
+// The state slot is position-addressed (window rings, the ratio-2 pending pair, the Engram
+// token ring), so the engine's SWA state cache (docs/swa_cache.md, exact replay) serves
+// V4.1 prefixes: a hit at S-KV-10's length gives the cold output bitwise.
+TEST(EngineV41Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
+    const std::vector<int32_t> base = make_prompt(420, 77);
+    auto head = [&](int64_t n) { return std::vector<int32_t>(base.begin(), base.begin() + n); };
+    struct Case {
+        int64_t len, hit;
+    };
+    const Case cases[] = {{261, 0}, {262, 128}, {400, 256}};
+    std::vector<Completion> want;
+    for (const Case& c : cases) want.push_back(reference(head(c.len), 3));
+    kv::SwaStatePool pool(int64_t{1} << 30);
+    EngineOptions o = base_options();
+    o.scheduler.max_batched_tokens = 48;  // chunked prefill
+    o.swa_pool = &pool;
+    Harness h(o, Env::default_env(), &v41_model());
+    auto run_one = [&](const std::vector<int32_t>& prompt, int64_t max_tokens) {
+        const int64_t before = h.engine->stats().cached_prompt_tokens;
+        GenerateRequest r;
+        r.prompt = prompt;
+        r.sampling.temperature = 0;
+        r.sampling.max_tokens = max_tokens;
+        r.sampling.ignore_eos = true;
+        const RequestId id = h.add(std::move(r));
+        h.run_checked();
+        return std::make_pair(h.out[id][0], h.engine->stats().cached_prompt_tokens - before);
+    };
+    for (int64_t n : {129, 257}) run_one(head(n), 1);  // states at 128 and 256
+    EXPECT_EQ(pool.stats().num_entries, 2);
+    for (size_t i = 0; i < std::size(cases); ++i) {
+        auto [got, cached] = run_one(head(cases[i].len), 3);
+        EXPECT_EQ(cached, cases[i].hit) << cases[i].len;
+        ASSERT_EQ(got.tokens, want[i].tokens) << cases[i].len;
+        for (size_t k = 0; k < want[i].logits.size(); ++k) {
+            ASSERT_EQ(got.logits[k], want[i].logits[k]) << cases[i].len << " token " << k;
+        }
+    }
+    EXPECT_GE(h.engine->stats().swa_states_restored, 3);
 }
 
 }  // namespace

@@ -106,6 +106,16 @@ std::vector<int64_t> v41_engram_moduli(const ModelConfig& c, int64_t e) {
 
 int64_t v41_swa_row_bytes(const ModelConfig& c) { return c.head_dim + c.head_dim / 32; }
 
+double v41_block_kv_bytes_per_token(const ModelConfig& c) {
+    const double entry = static_cast<double>(c.head_dim / 2 + c.head_dim / 16 +
+                                             c.index_head_dim / 2 + c.index_head_dim / 32);
+    double bytes = 0;
+    for (int64_t id : c.v41.kv_source_layer_ids) {
+        bytes += entry / static_cast<double>(c.compress_ratio(id));
+    }
+    return bytes;
+}
+
 int64_t v41_partial_state_bytes(const ModelConfig& c) {
     int64_t bytes = 0;
     for (int64_t id : c.v41.kv_source_layer_ids) {

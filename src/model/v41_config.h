@@ -84,6 +84,9 @@ int64_t v41_engram_index(const ModelConfig& c, int64_t layer);
 std::vector<int64_t> v41_engram_moduli(const ModelConfig& c, int64_t e);
 // One SWA row as MXFP8 over all head_dim values: e4m3 + one ue8m0 scale per 32 (528 B).
 int64_t v41_swa_row_bytes(const ModelConfig& c);
+// Block KV per token in the production formats (§7.3): per Full layer, (main entry 288 B
+// + index key 68 B at head_dim 512 / index_head_dim 128) / its ratio. V4.1-Flash: 890 B.
+double v41_block_kv_bytes_per_token(const ModelConfig& c);
 // The encoder Full layers' partial compressor groups: (ratio - 1) pending tokens of f32
 // kv and score rows of head_dim each.
 int64_t v41_partial_state_bytes(const ModelConfig& c);

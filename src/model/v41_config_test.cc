@@ -77,6 +77,8 @@ TEST(V41ConfigTest, RealConfig) {
     // Layers 2, 8 and 14 (ratio 2) keep one pending token: f32 kv + score of 512.
     EXPECT_EQ(v41_partial_state_bytes(*c), 3 * 2 * 512 * 4);
     EXPECT_EQ(v41_first_decoder_layer(*c) * 134 * v41_swa_row_bytes(*c), 1415040);
+    // The report's 890 B of block KV per token: 3 x (288 + 68) / 2 + (288 + 68).
+    EXPECT_DOUBLE_EQ(v41_block_kv_bytes_per_token(*c), 890.0);
     // Layer roles (§7.2).
     EXPECT_EQ(v41_attn_kind(*c, 0), V41AttnKind::kWindow);
     EXPECT_EQ(v41_attn_kind(*c, 8), V41AttnKind::kFull);
