@@ -139,7 +139,7 @@ TEST(EngineV41Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
             ASSERT_EQ(got.logits[k], want[i].logits[k]) << cases[i].len << " token " << k;
         }
     }
-    EXPECT_GE(h.engine->stats().swa_states_restored, 3);
+    EXPECT_EQ(h.engine->stats().swa_states_restored, 2);  // the hits of 262 and 400
 }
 
 }  // namespace
