@@ -108,9 +108,10 @@ int run_make_model(const MakeModelFlags& f) {
         const std::string exps = f.gguf_experts.empty() ? "" : "-exps-" + f.gguf_experts;
         const std::string path = f.out + "/model-" + f.gguf_dtype + exps + ".gguf";
         DSI_LOG(kInfo) << "writing GGUF " << path;
-        Progress progress("make-model " + path, num_tensors, Progress::Unit::kItems,
-                          {.show = config->is_v4() ? std::optional<bool>(false) : std::nullopt});
-        Status s = config->is_v4()
+        Progress progress(
+            "make-model " + path, num_tensors, Progress::Unit::kItems,
+            {.show = config->v4_layout() ? std::optional<bool>(false) : std::nullopt});
+        Status s = config->v4_layout()  // V4.1: "no GGUF layout yet"
                        ? write_gguf_checkpoint(env, *config, f.seed, *tok, *dtype, path, experts)
                        : write_gguf_checkpoint(env, *config, counted(&progress), *tok, *dtype, path,
                                                experts);

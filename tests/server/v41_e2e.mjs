@@ -36,8 +36,10 @@ const run = (args) => execFileSync(bin, args, { encoding: 'utf8', stdio: ['ignor
 const tests = [];
 function test(name, fn) { tests.push({ name, fn }); }
 
-test('make-model wrote no GGUF; plan prints the SWA slot', async () => {
+test('make-model wrote no GGUF (asked for one: a clear error); plan prints the SWA slot', async () => {
   assert.ok(!existsSync(path.join(modelDir, 'model-f32.gguf')));
+  assert.throws(() => run(['make-model', '--preset', 'tiny-v41', '--format', 'gguf', '--out',
+    path.join(tmp, 'gguf'), '--tokenizer-dir', modelDir]), /V4.1 has no GGUF layout yet/);
   const out = run(['plan', '--model', modelDir]);
   // Full layers 2 (ratio 2) and 4 (ratio 1): (72 + 34) / 2 + (72 + 34) bytes.
   assert.match(out, /DeepseekV41ForCausalLM: block KV 159\.0 B per token/);
