@@ -25,7 +25,7 @@ using Vec = std::vector<double>;
 // The reference's simulated quantisation of cached KV (deepseek_v4.md §2.2-§2.4),
 // written from the format definitions: x rounded to `bits` significant bits at or
 // above 2^min_exp (below: the subnormal step), ties to even, saturating at max.
-double round_float(double x, int bits, int min_exp, double max) {
+inline double round_float(double x, int bits, int min_exp, double max) {
     if (std::isnan(x)) return x;
     const double a = std::min(std::fabs(x), max);
     int e = 0;
@@ -34,12 +34,12 @@ double round_float(double x, int bits, int min_exp, double max) {
     const double r = std::ldexp(std::nearbyint(std::ldexp(a, -step_exp)), step_exp);
     return std::copysign(std::min(r, max), x);
 }
-double e4m3_round(double x) { return round_float(x, 4, -6, 448.0); }
-double e2m1_round(double x) { return round_float(x, 2, 0, 6.0); }
-double bf16_round(double x) { return round_float(x, 8, -126, 3.0e38); }
+inline double e4m3_round(double x) { return round_float(x, 4, -6, 448.0); }
+inline double e2m1_round(double x) { return round_float(x, 2, 0, 6.0); }
+inline double bf16_round(double x) { return round_float(x, 8, -126, 3.0e38); }
 // Per group of `g` values: scale 2^ceil(log2(max(amax, floor) / max)), value rounded.
-void simulate_groups(double* v, int64_t n, int64_t g, double floor, double max,
-                     double (*round)(double)) {
+inline void simulate_groups(double* v, int64_t n, int64_t g, double floor, double max,
+                            double (*round)(double)) {
     for (int64_t b = 0; b < n; b += g) {
         const int64_t len = std::min(g, n - b);
         double amax = 0;
@@ -49,13 +49,13 @@ void simulate_groups(double* v, int64_t n, int64_t g, double floor, double max,
     }
 }
 // A main row: nope dims e4m3 per 64, rope dims bf16.
-void simulate_main(double* v, int64_t dim, int64_t rope) {
+inline void simulate_main(double* v, int64_t dim, int64_t rope) {
     simulate_groups(v, dim - rope, 64, 1e-4, 448.0, e4m3_round);
     for (int64_t i = dim - rope; i < dim; ++i) v[i] = bf16_round(v[i]);
 }
 // An indexer query or key: Hadamard rotation (normalised, Sylvester order), then FP4
 // per 32.
-void simulate_index(double* v, int64_t dim) {
+inline void simulate_index(double* v, int64_t dim) {
     std::vector<double> y(static_cast<size_t>(dim), 0.0);
     for (int64_t i = 0; i < dim; ++i) {
         for (int64_t j = 0; j < dim; ++j) {
