@@ -85,7 +85,9 @@ int run_make_model(const MakeModelFlags& f) {
     if (!tok.is_ok()) return fail(tok.status().with_context("--tokenizer-dir"));
     // The synthetic weights, counted on a progress line as the writers ask for them.
     // FP8 codes and V4's layout come only from the seeded writers: no progress there yet.
-    const bool seeded_only = config->fp8 || config->is_v4();
+    const bool seeded_only = config->fp8 || config->v4_layout();
+    // V4.1 has no GGUF layout yet: "all" writes the HF checkpoint only.
+    const bool gguf = f.format != "hf" && !(config->is_v41() && f.format == "all");
     const int64_t num_tensors =
         seeded_only ? 0 : static_cast<int64_t>(deepseek_tensor_specs(*config).size());
     const auto counted = [&](Progress* progress) -> TensorValues {
@@ -98,21 +100,21 @@ int run_make_model(const MakeModelFlags& f) {
         DSI_LOG(kInfo) << "writing HF checkpoint " << f.out;
         Progress progress("make-model " + f.out, num_tensors, Progress::Unit::kItems,
                           {.show = seeded_only ? std::optional<bool>(false) : std::nullopt});
-        Status s = seeded_only
-                       ? write_hf_checkpoint(env, *config, f.seed, *tok, f.out)
-                       : write_hf_checkpoint(env, *config, counted(&progress), *tok, f.out);
+        Status s = seeded_only ? write_hf_checkpoint(env, *config, f.seed, *tok, f.out)
+                               : write_hf_checkpoint(env, *config, counted(&progress), *tok, f.out);
         if (!s.is_ok()) return fail(s);
     }
-    if (f.format != "hf") {
+    if (gguf) {
         const std::string exps = f.gguf_experts.empty() ? "" : "-exps-" + f.gguf_experts;
         const std::string path = f.out + "/model-" + f.gguf_dtype + exps + ".gguf";
         DSI_LOG(kInfo) << "writing GGUF " << path;
-        Progress progress("make-model " + path, num_tensors, Progress::Unit::kItems,
-                          {.show = config->is_v4() ? std::optional<bool>(false) : std::nullopt});
-        Status s = config->is_v4()
+        Progress progress(
+            "make-model " + path, num_tensors, Progress::Unit::kItems,
+            {.show = config->v4_layout() ? std::optional<bool>(false) : std::nullopt});
+        Status s = config->v4_layout()  // V4.1: "no GGUF layout yet"
                        ? write_gguf_checkpoint(env, *config, f.seed, *tok, *dtype, path, experts)
-                       : write_gguf_checkpoint(env, *config, counted(&progress), *tok, *dtype,
-                                               path, experts);
+                       : write_gguf_checkpoint(env, *config, counted(&progress), *tok, *dtype, path,
+                                               experts);
         if (!s.is_ok()) return fail(s);
     }
     std::printf("wrote %s preset to %s\n", f.preset.c_str(), f.out.c_str());
@@ -242,7 +244,8 @@ int run_generate(const GenerateFlags& f) {
     }
     const int64_t t0 = env->now_ns();
     // With --ep: every forward pass is a collective of the ranks (engine/ep_rank.h).
-    Status s = engine::run_ep_rank(*eng, *(*replica)->model(), [] { return true; }, env);
+    Status s = engine::run_ep_rank(
+        *eng, *(*replica)->model(), [] { return true; }, env);
     if (s.is_ok()) s = ep->finish(**replica);
     if (!s.is_ok()) return fail(s);
     const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
@@ -339,17 +342,17 @@ std::string format_swa_slot(const kv::SwaSlotShape& s, const char* stored_layers
     return out;
 }
 
-// V4.1 (CED) configs: only the SWA slot; the V4.1 model is not in dsinfer yet.
-int plan_v41(const std::string& path, const std::string& text) {
-    Result<V41TextConfig> c = parse_v41_config(text);
-    if (!c.is_ok()) return fail(c.status().with_context(path));
+// V4.1 (CED) configs: only the SWA slot (weights and block KV are not planned yet).
+int plan_v41(const ModelConfig& c) {
     kv::SwaSlotShape s;
-    s.stored_layers = c->encoder_layers();
-    s.dropped_swa_layers = c->num_hidden_layers - c->encoder_layers() + c->num_nextn_predict_layers;
-    s.swa_row_bytes = c->swa_row_bytes();
-    s.accumulator_bytes = c->partial_state_bytes();
-    std::printf("%s: the SWA state slot only (weights and block KV of V4.1 are not planned yet)\n",
-                c->architecture.c_str());
+    s.stored_layers = v41_first_decoder_layer(c);
+    s.dropped_swa_layers = c.num_hidden_layers - s.stored_layers + c.num_nextn_predict_layers;
+    s.swa_row_bytes = v41_swa_row_bytes(c);
+    s.accumulator_bytes = v41_partial_state_bytes(c);
+    std::printf(
+        "%s: block KV %.1f B per token in the production formats (FP4 entries, MXFP4 "
+        "keys); the SWA state slot (weights are not planned yet)\n",
+        c.architecture.c_str(), v41_block_kv_bytes_per_token(c));
     std::fputs(format_swa_slot(s, "encoder layers",
                                "decoder + draft layers' SWA, ratio-2 "
                                "pending groups")
@@ -365,9 +368,9 @@ int run_plan(const PlanFlags& f) {
     const std::string path = f.model.ends_with(".json") ? f.model : f.model + "/config.json";
     Result<std::string> text = env->read_file(path);
     if (!text.is_ok()) return fail(text.status());
-    if (is_v41_config(*text)) return plan_v41(path, *text);
     Result<ModelConfig> config = parse_hf_config(*text);
     if (!config.is_ok()) return fail(config.status().with_context(path));
+    if (config->is_v41()) return plan_v41(*config);
     const long pages = ::sysconf(_SC_AVPHYS_PAGES);
     const long page = ::sysconf(_SC_PAGESIZE);
     const int64_t available = pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
@@ -402,7 +405,7 @@ void register_model_commands(CLI::App& app) {
     auto make_flags = std::make_shared<MakeModelFlags>();
     CLI::App* mk = app.add_subcommand("make-model", "write a synthetic checkpoint (HF + GGUF)");
     add_setting(*mk, "--preset", make_flags->preset,
-                "tiny | tiny-v3 | small | medium | tiny-v4 | small-v4");
+                "tiny | tiny-v3 | small | medium | tiny-v4 | small-v4 | tiny-v41");
     add_setting(*mk, "--out", make_flags->out, "output directory")->required();
     add_setting(*mk, "--format", make_flags->format, "hf | gguf | all");
     add_setting(*mk, "--gguf-dtype", make_flags->gguf_dtype, "f32 | f16 | bf16 | q8_0");

@@ -112,11 +112,12 @@ server::ApiContext api_context(const ServeFlags& f, serving::Replica& rep,
     return ctx;
 }
 
-// "auto": the V4 encoding for a DeepSeek V4 checkpoint, else V3.2's (DSML).
+// "auto": the V4 encoding for a DeepSeek V4 or V4.1 checkpoint (V4.1 is assumed to keep
+// V4's encoding, docs/models_v41.md), else V3.2's (DSML).
 Result<protocol::ChatEncoding> parse_encoding(const std::string& s, const ModelConfig& config) {
     if (s == "auto") {
-        return config.is_v4() ? protocol::ChatEncoding::kDeepSeekV4
-                              : protocol::ChatEncoding::kDeepSeekV32;
+        return config.v4_layout() ? protocol::ChatEncoding::kDeepSeekV4
+                                  : protocol::ChatEncoding::kDeepSeekV32;
     }
     if (s == "v32") return protocol::ChatEncoding::kDeepSeekV32;
     if (s == "v4") return protocol::ChatEncoding::kDeepSeekV4;

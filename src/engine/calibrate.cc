@@ -5,8 +5,8 @@
 #include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "model/config.h"
 #include "model/causal_lm.h"
+#include "model/config.h"
 #include "sampling/sampler.h"
 
 namespace dsi::engine {
@@ -154,8 +154,8 @@ Result<std::vector<CalibrationPoint>> profile_prefill(CausalLm* model,
     auto run = [&](int num_seqs, int64_t pos, int64_t q) -> Status {
         std::vector<SequenceStep> steps;
         for (int i = 0; i < num_seqs; ++i) {
-            steps.push_back({std::span<const int32_t>(tokens).subspan(pos, q), pos,
-                             caches[i].get(), false});
+            steps.push_back(
+                {std::span<const int32_t>(tokens).subspan(pos, q), pos, caches[i].get(), false});
         }
         return model->forward_batch(steps, out);
     };
@@ -246,7 +246,8 @@ Result<spec::VerifyCostCurve> profile_verify_cost(CausalLm* model, const VerifyC
         caches.push_back(model->new_kv_cache(len));
         for (int64_t p = 0; p < grid.context; p += 512) {
             const int64_t q = std::min<int64_t>(512, grid.context - p);
-            steps.assign(1, {std::span<const int32_t>(tokens).subspan(p, q), p, caches.back().get(), false});
+            steps.assign(
+                1, {std::span<const int32_t>(tokens).subspan(p, q), p, caches.back().get(), false});
             DSI_RETURN_IF_ERROR(model->forward_batch(steps, out));
         }
     }
@@ -255,8 +256,8 @@ Result<spec::VerifyCostCurve> profile_verify_cost(CausalLm* model, const VerifyC
         steps.clear();
         for (int64_t i = 0, left = n; left > 0; ++i, left -= grid.tokens_per_seq) {
             const int64_t q = std::min(left, grid.tokens_per_seq);
-            steps.push_back({std::span<const int32_t>(tokens).subspan(grid.context, q), grid.context,
-                             caches[i].get(), true});
+            steps.push_back({std::span<const int32_t>(tokens).subspan(grid.context, q),
+                             grid.context, caches[i].get(), true});
         }
         double best = 1e300;
         for (int r = 0; r < grid.reps; ++r) {
@@ -299,7 +300,8 @@ Result<spec::VerifyCostCurve> ensure_verify_cost(Env* env, CausalLm* model, cons
         info["tokens_per_seq"] = grid.tokens_per_seq;
         info["context"] = grid.context;
         info["reps"] = grid.reps;
-        info["seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        info["seconds"] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
         DSI_RETURN_IF_ERROR(env->write_file(path, curve.to_json(info.dump())));
     }
     return curve;
@@ -324,11 +326,11 @@ Result<PrefillCostModel> cost_model_from_json(std::string_view text) {
         return invalid_argument(std::string("\"format\" must be \"") + kCostModelFormat + "\"");
     }
     PrefillCostModel m;
-    double* fields[kNumTerms] = {&m.base_ns, &m.per_q_ns, &m.per_c_ns, &m.per_qc_ns,
-                                 &m.per_qq_ns};
+    double* fields[kNumTerms] = {&m.base_ns, &m.per_q_ns, &m.per_c_ns, &m.per_qc_ns, &m.per_qq_ns};
     for (int k = 0; k < kNumTerms; ++k) {
         auto it = j.find(kTermNames[k]);
-        if (it == j.end()) return invalid_argument(std::string("missing \"") + kTermNames[k] + "\"");
+        if (it == j.end())
+            return invalid_argument(std::string("missing \"") + kTermNames[k] + "\"");
         if (!it->is_number()) {
             return invalid_argument(std::string("\"") + kTermNames[k] + "\" is not a number");
         }
@@ -372,6 +374,15 @@ PrefillShape prefill_shape_v4(const ModelConfig& c) {
             weights += 2 * hidden * hd;
             pair_flops += heads * 2 * hd / 128.0;
             kv_bytes += hd / 128.0 * sizeof(float);
+        } else if (r == 1 || r == 2) {
+            // V4.1 CSA2 (docs/models_v41.md): every compressed layer attends to top-k
+            // entries; Full layers also compress, project index keys and score every entry.
+            weights += heads * 2 * hd * static_cast<double>(c.index_topk) + qlr * ih * ihd;
+            if (v41_attn_kind(c, l) == V41AttnKind::kFull) {
+                weights += static_cast<double>(r) * hidden * hd + hd * ihd;
+                pair_flops += 2 * ih * ihd / static_cast<double>(r);
+                kv_bytes += (hd + ihd) / static_cast<double>(r) * sizeof(float);
+            }
         }
         const double active = static_cast<double>(c.num_experts_per_tok + c.n_shared_experts);
         weights += active * 3 * hidden * static_cast<double>(c.moe_intermediate_size) +
@@ -381,14 +392,15 @@ PrefillShape prefill_shape_v4(const ModelConfig& c) {
     s.dense_flops_per_token = 2 * weights;
     s.attention_flops_per_pair = pair_flops;
     s.kv_bytes_per_token = kv_bytes;
-    s.head_flops = 2 * hidden * static_cast<double>(c.vocab_size) + 2 * static_cast<double>(c.hc_mult) * hcd;
+    s.head_flops =
+        2 * hidden * static_cast<double>(c.vocab_size) + 2 * static_cast<double>(c.hc_mult) * hcd;
     return s;
 }
 
 }  // namespace
 
 PrefillShape prefill_shape(const ModelConfig& c) {
-    if (c.is_v4()) return prefill_shape_v4(c);
+    if (c.v4_layout()) return prefill_shape_v4(c);  // V4 and V4.1
     const double hidden = static_cast<double>(c.hidden_size);
     const double heads = static_cast<double>(c.num_attention_heads);
     const double lora = static_cast<double>(c.kv_lora_rank);
@@ -398,12 +410,11 @@ PrefillShape prefill_shape(const ModelConfig& c) {
     const double q_dim = heads * static_cast<double>(c.qk_head_dim());
     // MLA in the absorbed form: q (through q_lora when present), kv_a, the two halves of
     // kv_b folded into the query and the output, o_proj.
-    const double q_weights = c.q_lora_rank > 0
-                                 ? hidden * static_cast<double>(c.q_lora_rank) +
-                                       static_cast<double>(c.q_lora_rank) * q_dim
-                                 : hidden * q_dim;
-    const double attn_weights =
-        q_weights + hidden * (lora + rope) + heads * nope * lora + heads * lora * v + heads * v * hidden;
+    const double q_weights = c.q_lora_rank > 0 ? hidden * static_cast<double>(c.q_lora_rank) +
+                                                     static_cast<double>(c.q_lora_rank) * q_dim
+                                               : hidden * q_dim;
+    const double attn_weights = q_weights + hidden * (lora + rope) + heads * nope * lora +
+                                heads * lora * v + heads * v * hidden;
     double weights = 0;
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
         weights += attn_weights;

@@ -6,6 +6,7 @@
 
 #include <map>
 #include <memory>
+#include <random>
 #include <vector>
 
 #include "engine/engine.h"
@@ -26,6 +27,14 @@ inline std::unique_ptr<DeepseekModel> make_model(int layers = 0) {
 inline DeepseekModel& shared_model() {
     static std::unique_ptr<DeepseekModel> m = make_model();
     return *m;
+}
+
+// n random token ids in [2, 2 + range).
+inline std::vector<int32_t> random_prompt(int64_t n, uint32_t seed, uint32_t range) {
+    std::mt19937 rng(seed);
+    std::vector<int32_t> p(static_cast<size_t>(n));
+    for (int32_t& t : p) t = 2 + static_cast<int32_t>(rng() % range);
+    return p;
 }
 
 struct Completion {

@@ -46,10 +46,7 @@ DeepseekV4Model& v4_model() {
 }
 
 std::vector<int32_t> make_prompt(int64_t n, uint32_t seed) {
-    std::mt19937 rng(seed);
-    std::vector<int32_t> p(static_cast<size_t>(n));
-    for (int32_t& t : p) t = 2 + static_cast<int32_t>(rng() % 500);
-    return p;
+    return random_prompt(n, seed, 500);
 }
 
 int32_t argmax(const float* row, int64_t n) {

@@ -2,11 +2,31 @@
 
 #include "model/deepseek.h"
 #include "model/deepseek_v4.h"
+#include "model/deepseek_v41.h"
 
 namespace dsi {
 
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> source,
                                                  const ModelOptions& options) {
+    if (source->config().is_v41()) {
+        if (options.reference_kernels || options.expert_parallel.enabled()) {
+            return invalid_argument(source->description() +
+                                    ": DeepSeek V4.1 runs without reference_kernels and expert "
+                                    "parallelism (V2/V3 options)");
+        }
+        DeepseekV41Model::Options o;
+        if (!kernels::parse_kv_dtype(options.kv_dtype.c_str(), &o.kv_dtype) ||
+            o.kv_dtype == kernels::KvDtype::kBf16) {
+            return invalid_argument(source->description() + ": DeepSeek V4.1 keeps its KV in f32 " +
+                                    "or e4m3 (FP4 / MXFP4 / MXFP8 rows); kv dtype '" +
+                                    options.kv_dtype + "' is not supported");
+        }
+        o.num_threads = options.num_threads;
+        o.weight_format = options.weight_format;
+        DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekV41Model> m,
+                             DeepseekV41Model::load(std::move(source), o));
+        return std::unique_ptr<CausalLm>(std::move(m));
+    }
     if (source->config().is_v4()) {
         if (options.reference_kernels) {
             return invalid_argument(source->description() +
@@ -16,8 +36,9 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> s
         DeepseekV4Model::Options o;
         if (!kernels::parse_kv_dtype(options.kv_dtype.c_str(), &o.kv_dtype) ||
             o.kv_dtype == kernels::KvDtype::kBf16) {
-            return invalid_argument(source->description() + ": DeepSeek V4 keeps its KV in f32 or " +
-                                    "e4m3; kv dtype '" + options.kv_dtype + "' is not supported");
+            return invalid_argument(source->description() +
+                                    ": DeepSeek V4 keeps its KV in f32 or " + "e4m3; kv dtype '" +
+                                    options.kv_dtype + "' is not supported");
         }
         if (options.expert_parallel.enabled()) {
             return unimplemented(source->description() +
@@ -35,7 +56,8 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> s
     o.reference_kernels = options.reference_kernels;
     o.kv_dtype = options.kv_dtype;
     o.expert_parallel = options.expert_parallel;
-    DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m, DeepseekModel::load(std::move(source), o));
+    DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekModel> m,
+                         DeepseekModel::load(std::move(source), o));
     return std::unique_ptr<CausalLm>(std::move(m));
 }
 

@@ -88,15 +88,15 @@ struct ModelOptions {
     std::string weight_format = "auto";
     // The plain reference loops instead of kernels/ (V2/V3 only).
     bool reference_kernels = false;
-    // KV cache dtype: "f32", "bf16", "e4m3" for V2/V3; "f32", "e4m3" for V4.
+    // KV cache dtype: "f32", "bf16", "e4m3" for V2/V3; "f32", "e4m3" for V4 and V4.1.
     std::string kv_dtype = "f32";
     // Expert parallelism across processes (V2/V3 only; model/expert_parallel.h).
     ExpertParallelOptions expert_parallel;
 };
 
-// DeepseekModel for V2/V3 checkpoints, DeepseekV4Model for V4. INVALID_ARGUMENT names
-// the option a family does not support (V4: reference_kernels, kv_dtype bf16);
-// otherwise whatever the family's load() reports.
+// DeepseekModel for V2/V3 checkpoints, DeepseekV4Model for V4, DeepseekV41Model for V4.1.
+// INVALID_ARGUMENT names the option a family does not support (V4: reference_kernels, kv_dtype
+// bf16); otherwise whatever the family's load() reports.
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> source,
                                                  const ModelOptions& options);
 

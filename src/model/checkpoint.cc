@@ -1,9 +1,9 @@
 // open_checkpoint: Hugging Face directories and GGUF files behind one WeightSource.
 #include <sys/stat.h>
 
-#include <cmath>
 #include <algorithm>
 #include <climits>
+#include <cmath>
 #include <cstring>
 
 #include "model/gguf.h"
@@ -69,7 +69,7 @@ public:
 
     Result<WeightMatrix> matrix(const std::string& name, int64_t rows, int64_t cols) override {
         DSI_ASSIGN_OR_RETURN(TensorView v, set_.view(name));
-        if (v.dtype == DType::kI8 && config_.is_v4()) return fp4_matrix(name, v, rows, cols);
+        if (v.dtype == DType::kI8 && config_.v4_layout()) return fp4_matrix(name, v, rows, cols);
         DSI_RETURN_IF_ERROR(check_shape(where(name), name, v, {rows, cols}));
         WeightMatrix m;
         m.dtype = v.dtype;
@@ -130,7 +130,8 @@ private:
                                     int64_t cols) {
         if (cols % 32 != 0) {
             return invalid_argument(where(name) + ": FP4 tensor '" + name +
-                                    "' needs a multiple of 32 columns, got " + std::to_string(cols));
+                                    "' needs a multiple of 32 columns, got " +
+                                    std::to_string(cols));
         }
         DSI_RETURN_IF_ERROR(check_shape(where(name), name, v, {rows, cols / 2}));
         const std::string scale_name = v4_scale_name(name);
@@ -171,9 +172,10 @@ private:
     // DeepSeek V4 names it "<name minus weight>scale" (F8_E8M0).
     Status attach_fp8_scales(const std::string& name, WeightMatrix& m) {
         const std::string scale_name =
-            config_.is_v4() ? v4_scale_name(name) : name + "_scale_inv";
+            config_.v4_layout() ? v4_scale_name(name) : name + "_scale_inv";
         if (!set_.has(scale_name)) {
-            return invalid_argument(where(name) + ": FP8 tensor '" + name + "' has no '" + scale_name + "'");
+            return invalid_argument(where(name) + ": FP8 tensor '" + name + "' has no '" +
+                                    scale_name + "'");
         }
         DSI_ASSIGN_OR_RETURN(TensorView s, set_.view(scale_name));
         m.block_rows = config_.fp8_block_rows;
@@ -191,9 +193,8 @@ private:
             DSI_ASSIGN_OR_RETURN(auto f, to_f32(where(scale_name), scale_name, s));
             keep_scales(m, std::move(f));
         } else {
-            return invalid_argument(where(scale_name) + ": tensor '" + scale_name +
-                                    "' has dtype " + std::string(dtype_name(s.dtype)) +
-                                    ", expected F32 or F8_E8M0");
+            return invalid_argument(where(scale_name) + ": tensor '" + scale_name + "' has dtype " +
+                                    std::string(dtype_name(s.dtype)) + ", expected F32 or F8_E8M0");
         }
         for (int64_t i = 0; i < want[0] * want[1]; ++i) {
             float v = m.block_scale[i];
@@ -289,7 +290,8 @@ private:
     // nope] (transposed) and attn_v_b [heads, v, kv_lora]. Rebuild [heads * (nope + v),
     // kv_lora] in f32.
     Result<WeightMatrix> kv_b_from_split(const GgufTensorRef& ref, int64_t rows, int64_t cols) {
-        const std::string blk = ref.gguf_name.substr(0, ref.gguf_name.size() - std::string("attn_kv_b.weight").size());
+        const std::string blk =
+            ref.gguf_name.substr(0, ref.gguf_name.size() - std::string("attn_kv_b.weight").size());
         const int64_t nh = config_.num_attention_heads, nope = config_.qk_nope_head_dim,
                       vd = config_.v_head_dim, lora = config_.kv_lora_rank;
         DSI_CHECK_EQ(rows, nh * (nope + vd));
@@ -300,10 +302,13 @@ private:
         }
         DSI_ASSIGN_OR_RETURN(TensorView kb, file_.view(blk + "attn_k_b.weight"));
         DSI_ASSIGN_OR_RETURN(TensorView vb, file_.view(blk + "attn_v_b.weight"));
-        DSI_RETURN_IF_ERROR(check_shape(file_.path(), blk + "attn_k_b.weight", kb, {nh, lora, nope}));
+        DSI_RETURN_IF_ERROR(
+            check_shape(file_.path(), blk + "attn_k_b.weight", kb, {nh, lora, nope}));
         DSI_RETURN_IF_ERROR(check_shape(file_.path(), blk + "attn_v_b.weight", vb, {nh, vd, lora}));
-        DSI_ASSIGN_OR_RETURN(std::vector<float> k, to_f32(file_.path(), blk + "attn_k_b.weight", kb));
-        DSI_ASSIGN_OR_RETURN(std::vector<float> v, to_f32(file_.path(), blk + "attn_v_b.weight", vb));
+        DSI_ASSIGN_OR_RETURN(std::vector<float> k,
+                             to_f32(file_.path(), blk + "attn_k_b.weight", kb));
+        DSI_ASSIGN_OR_RETURN(std::vector<float> v,
+                             to_f32(file_.path(), blk + "attn_v_b.weight", vb));
         auto bytes = std::make_shared<std::vector<uint8_t>>(static_cast<size_t>(rows * cols * 4));
         float* out = reinterpret_cast<float*>(bytes->data());
         for (int64_t h = 0; h < nh; ++h) {
@@ -313,7 +318,8 @@ private:
                 }
             }
             for (int64_t j = 0; j < vd; ++j) {
-                std::copy_n(&v[(h * vd + j) * lora], lora, out + (h * (nope + vd) + nope + j) * lora);
+                std::copy_n(&v[(h * vd + j) * lora], lora,
+                            out + (h * (nope + vd) + nope + j) * lora);
             }
         }
         return owned_matrix(DType::kF32, rows, cols, std::move(bytes));
@@ -328,8 +334,9 @@ private:
         const int64_t block = dtype_block_elems(v.dtype);
         if (cols % block != 0) {
             return invalid_argument(file_.path() + ": tensor '" + ref.gguf_name + "' in " +
-                                    std::string(dtype_name(v.dtype)) + " cannot be split at column " +
-                                    std::to_string(cols) + " (blocks of " + std::to_string(block) + ")");
+                                    std::string(dtype_name(v.dtype)) +
+                                    " cannot be split at column " + std::to_string(cols) +
+                                    " (blocks of " + std::to_string(block) + ")");
         }
         const int64_t full = dtype_row_bytes(v.dtype, 2 * cols);
         const int64_t half = dtype_row_bytes(v.dtype, cols);

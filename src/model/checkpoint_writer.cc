@@ -18,7 +18,8 @@ namespace {
 using nlohmann::json;
 
 std::vector<uint8_t> to_bytes(DType dtype, const std::vector<float>& v) {
-    std::vector<uint8_t> out(static_cast<size_t>(dtype_row_bytes(dtype, static_cast<int64_t>(v.size()))));
+    std::vector<uint8_t> out(
+        static_cast<size_t>(dtype_row_bytes(dtype, static_cast<int64_t>(v.size()))));
     switch (dtype) {
         case DType::kF32:
             std::memcpy(out.data(), v.data(), out.size());
@@ -66,8 +67,8 @@ namespace {
 Status write_hf_side_files(Env* env, const ModelConfig& c, const TokenizerFiles& tokenizer,
                            const std::string& dir) {
     DSI_RETURN_IF_ERROR(env->write_file(dir + "/config.json", to_hf_config_json(c)));
-    json gen = {{"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id},
-                {"do_sample", false}};
+    json gen = {
+        {"bos_token_id", c.bos_token_id}, {"eos_token_id", c.eos_token_id}, {"do_sample", false}};
     DSI_RETURN_IF_ERROR(env->write_file(dir + "/generation_config.json", gen.dump(2) + "\n"));
     DSI_RETURN_IF_ERROR(env->write_file(dir + "/tokenizer.json", tokenizer.tokenizer_json));
     return env->write_file(dir + "/tokenizer_config.json", tokenizer.tokenizer_config_json);
@@ -76,8 +77,8 @@ Status write_hf_side_files(Env* env, const ModelConfig& c, const TokenizerFiles&
 // DeepSeek V4 in the official layout (model/weights.h deepseek_v4_tensor_specs): FP8
 // weights with "<x>.scale" F8_E8M0 per 128x128 block, FP4 experts as I8 pairs with
 // "<x>.scale" F8_E8M0 per 32, tid2eid I64, the rest BF16 / F32.
-Status write_v4_safetensors(Env* env, const ModelConfig& c, uint64_t seed,
-                            const std::string& dir, uint64_t max_shard_bytes) {
+Status write_v4_safetensors(Env* env, const ModelConfig& c, uint64_t seed, const std::string& dir,
+                            uint64_t max_shard_bytes) {
     std::vector<std::vector<uint8_t>> storage;
     std::vector<SafetensorsTensor> tensors;
     const std::vector<V4TensorSpec> specs = deepseek_v4_tensor_specs(c);
@@ -114,13 +115,13 @@ Status write_v4_safetensors(Env* env, const ModelConfig& c, uint64_t seed,
 // FP8 codes come from the synthetic generator only (`fp8_seed`); everything else
 // from `values`.
 Status write_hf(Env* env, const ModelConfig& c, const TensorValues& values,
-                const uint64_t* fp8_seed, const TokenizerFiles& tokenizer,
-                const std::string& dir, uint64_t max_shard_bytes) {
-    if ((c.fp8 || c.is_v4()) && fp8_seed == nullptr) {
+                const uint64_t* fp8_seed, const TokenizerFiles& tokenizer, const std::string& dir,
+                uint64_t max_shard_bytes) {
+    if ((c.fp8 || c.v4_layout()) && fp8_seed == nullptr) {
         return invalid_argument("write_hf_checkpoint: FP8 / V4 output needs the synthetic writer");
     }
     DSI_RETURN_IF_ERROR(env->create_dirs(dir));
-    if (c.is_v4()) {
+    if (c.v4_layout()) {
         DSI_RETURN_IF_ERROR(write_v4_safetensors(env, c, *fp8_seed, dir, max_shard_bytes));
         return write_hf_side_files(env, c, tokenizer, dir);
     }
@@ -133,8 +134,9 @@ Status write_hf(Env* env, const ModelConfig& c, const TensorValues& values,
             Fp8Matrix m = synthetic_fp8(c, spec, *fp8_seed);
             storage.push_back(std::move(m.codes));
             tensors.push_back({spec.name, DType::kF8E4M3, spec.shape, storage.back()});
-            std::vector<int64_t> sshape = {(spec.shape[0] + c.fp8_block_rows - 1) / c.fp8_block_rows,
-                                           (spec.shape[1] + c.fp8_block_cols - 1) / c.fp8_block_cols};
+            std::vector<int64_t> sshape = {
+                (spec.shape[0] + c.fp8_block_rows - 1) / c.fp8_block_rows,
+                (spec.shape[1] + c.fp8_block_cols - 1) / c.fp8_block_cols};
             storage.push_back(to_bytes(DType::kF32, m.scale_inv));
             tensors.push_back({spec.name + "_scale_inv", DType::kF32, sshape, storage.back()});
             continue;
@@ -148,8 +150,8 @@ Status write_hf(Env* env, const ModelConfig& c, const TensorValues& values,
         storage.push_back(to_bytes(dtype, v));
         tensors.push_back({spec.name, dtype, spec.shape, storage.back()});
     }
-    DSI_RETURN_IF_ERROR(write_sharded_safetensors(env, dir, tensors, max_shard_bytes,
-                                                  {{"format", "pt"}}));
+    DSI_RETURN_IF_ERROR(
+        write_sharded_safetensors(env, dir, tensors, max_shard_bytes, {{"format", "pt"}}));
     return write_hf_side_files(env, c, tokenizer, dir);
 }
 
@@ -191,14 +193,16 @@ Status add_tokenizer_metadata(const ModelConfig& c, const TokenizerFiles& files,
     std::vector<bool> set(static_cast<size_t>(c.vocab_size), false);
     for (auto& [text, id_json] : tok["model"]["vocab"].items()) {
         int64_t id = id_json.get<int64_t>();
-        if (id < 0 || id >= c.vocab_size) return invalid_argument("tokenizer.json: id out of range");
+        if (id < 0 || id >= c.vocab_size)
+            return invalid_argument("tokenizer.json: id out of range");
         tokens[id] = text;
         types[id] = kTokenNormal;
         set[id] = true;
     }
     for (const json& a : tok.value("added_tokens", json::array())) {
         int64_t id = a.at("id").get<int64_t>();
-        if (id < 0 || id >= c.vocab_size) return invalid_argument("tokenizer.json: id out of range");
+        if (id < 0 || id >= c.vocab_size)
+            return invalid_argument("tokenizer.json: id out of range");
         tokens[id] = a.at("content").get<std::string>();
         types[id] = a.value("special", false) ? kTokenControl : kTokenUserDefined;
         set[id] = true;
@@ -282,9 +286,9 @@ Result<DType> gguf_expert_dtype(const ModelConfig& c, DType matrix_dtype,
 // llama.cpp deepseek4 (docs/models.md): every block (the MTP layer last, its e_proj and
 // h_proj concatenated into nextn.eh_proj; its hc_head has no GGUF counterpart), matrices
 // in matrix_dtype, routed experts merged in the expert dtype, tid2eid I32, the rest F32.
-Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed,
-                     const TokenizerFiles& tokenizer, DType matrix_dtype,
-                     const std::string& path, std::optional<DType> expert_dtype) {
+Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed, const TokenizerFiles& tokenizer,
+                     DType matrix_dtype, const std::string& path,
+                     std::optional<DType> expert_dtype) {
     DSI_ASSIGN_OR_RETURN(DType exps_dtype, gguf_expert_dtype(c, matrix_dtype, expert_dtype));
     GgufWriter w;
     for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
@@ -307,8 +311,8 @@ Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed,
                                 joined.begin() + (2 * r + static_cast<int64_t>(h)) * cols);
                 }
             }
-            const DType dtype = dtype_block_elems(matrix_dtype) > 1 && cols % 32 != 0 ? DType::kF32
-                                                                                      : matrix_dtype;
+            const DType dtype =
+                dtype_block_elems(matrix_dtype) > 1 && cols % 32 != 0 ? DType::kF32 : matrix_dtype;
             w.add_tensor(ref->gguf_name, dtype, {rows, 2 * cols}, to_bytes(dtype, joined));
             halves.erase(ref->gguf_name);
             continue;
@@ -341,6 +345,11 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, uint64_t seed,
                              const TokenizerFiles& tokenizer, DType matrix_dtype,
                              const std::string& path, std::optional<DType> expert_dtype,
                              std::optional<DType> attn_kv_b_dtype) {
+    if (c.is_v41()) {
+        return unimplemented(
+            "write_gguf_checkpoint: DeepSeek V4.1 has no GGUF layout yet "
+            "(write the HF checkpoint)");
+    }
     if (c.is_v4()) return write_v4_gguf(env, c, seed, tokenizer, matrix_dtype, path, expert_dtype);
     return write_gguf_checkpoint(env, c, synthetic_values(c, seed), tokenizer, matrix_dtype, path,
                                  expert_dtype, attn_kv_b_dtype);
@@ -350,7 +359,7 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, const TensorValues&
                              const TokenizerFiles& tokenizer, DType matrix_dtype,
                              const std::string& path, std::optional<DType> expert_dtype,
                              std::optional<DType> attn_kv_b_dtype) {
-    if (c.is_v4()) {
+    if (c.v4_layout()) {
         return invalid_argument("write_gguf_checkpoint: V4 output needs the synthetic writer");
     }
     DSI_ASSIGN_OR_RETURN(DType exps_dtype, gguf_expert_dtype(c, matrix_dtype, expert_dtype));
@@ -381,8 +390,8 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, const TensorValues&
         } else {
             // llama.cpp's MLA layout: no attn_kv_b, but W_kb per head as [heads,
             // kv_lora, nope] (transposed) and W_vb as [heads, v, kv_lora].
-            const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim,
-                          vd = c.v_head_dim, lora = c.kv_lora_rank;
+            const int64_t nh = c.num_attention_heads, nope = c.qk_nope_head_dim, vd = c.v_head_dim,
+                          lora = c.kv_lora_rank;
             std::vector<float> kb(static_cast<size_t>(nh * lora * nope));
             std::vector<float> vb(static_cast<size_t>(nh * vd * lora));
             for (int64_t h = 0; h < nh; ++h) {
@@ -402,10 +411,11 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, const TensorValues&
             // CPU variant places q8_0/f16 weights in its AMX buffer, then finds no backend
             // for k_b's batched product and aborts (docs/gguf_deepseek2.md section 8);
             // bf16 stays on the plain CPU path, so AMX can stay on.
-            const DType kb_dtype = attn_kv_b_dtype.value_or(dtype == DType::kF32 ? DType::kF32
-                                                                                 : DType::kBF16);
+            const DType kb_dtype =
+                attn_kv_b_dtype.value_or(dtype == DType::kF32 ? DType::kF32 : DType::kBF16);
             const DType vb_dtype = attn_kv_b_dtype.value_or(dtype);
-            w.add_tensor(blk + "attn_k_b.weight", kb_dtype, {nh, lora, nope}, to_bytes(kb_dtype, kb));
+            w.add_tensor(blk + "attn_k_b.weight", kb_dtype, {nh, lora, nope},
+                         to_bytes(kb_dtype, kb));
             w.add_tensor(blk + "attn_v_b.weight", vb_dtype, {nh, vd, lora}, to_bytes(vb_dtype, vb));
         }
     }

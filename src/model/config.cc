@@ -3,14 +3,19 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
-#include <utility>
 #include <nlohmann/json.hpp>
+#include <utility>
 
-#include "model/v41_config.h"
+#include "model/internal/config_json.h"
 
 namespace dsi {
 namespace {
 
+using internal::field_error;
+using internal::parse_v4_fields;
+using internal::positive_field;
+using internal::read_opt;
+using internal::read_req;
 using nlohmann::json;
 
 // The architecture registry: architectures[0] -> family. A new family adds a row.
@@ -22,33 +27,12 @@ constexpr ArchitectureRow kArchitectures[] = {
     {"DeepseekV3ForCausalLM", ModelFamily::kDeepseekV3},
     {"DeepseekV2ForCausalLM", ModelFamily::kDeepseekV2},
     {"DeepseekV4ForCausalLM", ModelFamily::kDeepseekV4},
+    {"DeepseekV41ForCausalLM", ModelFamily::kDeepseekV41},
 };
 
 double yarn_get_mscale(double scale, double mscale) {
     if (scale <= 1.0) return 1.0;
     return 0.1 * mscale * std::log(scale) + 1.0;
-}
-
-// Reads `key` into `out` if present; a present key of the wrong type is an error.
-template <typename T>
-Status read_opt(const json& j, const char* key, T& out) {
-    auto it = j.find(key);
-    if (it == j.end() || it->is_null()) return Status::ok();
-    try {
-        out = it->get<T>();
-    } catch (const json::exception& e) {
-        return invalid_argument(std::string("config.json: field '") + key + "' has the wrong type: " +
-                                e.what());
-    }
-    return Status::ok();
-}
-
-template <typename T>
-Status read_req(const json& j, const char* key, T& out) {
-    if (!j.contains(key) || j[key].is_null()) {
-        return invalid_argument(std::string("config.json: missing required field '") + key + "'");
-    }
-    return read_opt(j, key, out);
 }
 
 // rope_scaling (YaRN or none) into c.rope_scaling.
@@ -111,8 +95,10 @@ Status read_common_fields(const json& j, ModelConfig& c) {
     return Status::ok();
 }
 
+}  // namespace
+
 // DeepseekV4ForCausalLM: every field of reference deepseek_v4.md §1.
-Status parse_v4_fields(const json& j, ModelConfig& c) {
+Status internal::parse_v4_fields(const json& j, ModelConfig& c) {
     DSI_RETURN_IF_ERROR(read_req(j, "vocab_size", c.vocab_size));
     DSI_RETURN_IF_ERROR(read_req(j, "hidden_size", c.hidden_size));
     DSI_RETURN_IF_ERROR(read_req(j, "num_hidden_layers", c.num_hidden_layers));
@@ -158,15 +144,17 @@ Status parse_v4_fields(const json& j, ModelConfig& c) {
     std::string act = "silu";
     DSI_RETURN_IF_ERROR(read_opt(j, "hidden_act", act));
     if (act != "silu") {
-        return invalid_argument("config.json: field 'hidden_act' is '" + act + "', expected 'silu'");
+        return invalid_argument("config.json: field 'hidden_act' is '" + act +
+                                "', expected 'silu'");
     }
     DSI_RETURN_IF_ERROR(read_req(j, "hc_mult", c.hc_mult));
     DSI_RETURN_IF_ERROR(read_req(j, "hc_sinkhorn_iters", c.hc_sinkhorn_iters));
     DSI_RETURN_IF_ERROR(read_req(j, "hc_eps", c.hc_eps));
     DSI_RETURN_IF_ERROR(read_common_fields(j, c));
     if (c.tie_word_embeddings) {
-        return invalid_argument("config.json: field 'tie_word_embeddings' must be false for V4 "
-                                "(embed and head are separate tensors)");
+        return invalid_argument(
+            "config.json: field 'tie_word_embeddings' must be false for V4 "
+            "(embed and head are separate tensors)");
     }
     std::string expert_dtype;
     DSI_RETURN_IF_ERROR(read_opt(j, "expert_dtype", expert_dtype));
@@ -185,22 +173,26 @@ Status parse_v4_fields(const json& j, ModelConfig& c) {
     return Status::ok();
 }
 
-}  // namespace
-
 std::string_view topk_method_name(TopkMethod m) {
     switch (m) {
-        case TopkMethod::kGreedy: return "greedy";
-        case TopkMethod::kGroupLimitedGreedy: return "group_limited_greedy";
-        case TopkMethod::kNoauxTc: return "noaux_tc";
+        case TopkMethod::kGreedy:
+            return "greedy";
+        case TopkMethod::kGroupLimitedGreedy:
+            return "group_limited_greedy";
+        case TopkMethod::kNoauxTc:
+            return "noaux_tc";
     }
     return "?";
 }
 
 std::string_view scoring_func_name(ScoringFunc f) {
     switch (f) {
-        case ScoringFunc::kSoftmax: return "softmax";
-        case ScoringFunc::kSigmoid: return "sigmoid";
-        case ScoringFunc::kSqrtSoftplus: return "sqrtsoftplus";
+        case ScoringFunc::kSoftmax:
+            return "softmax";
+        case ScoringFunc::kSigmoid:
+            return "sigmoid";
+        case ScoringFunc::kSqrtSoftplus:
+            return "sqrtsoftplus";
     }
     return "?";
 }
@@ -260,9 +252,7 @@ std::vector<double> ModelConfig::rope_inv_freq(double theta, bool yarn) const {
     return inv;
 }
 
-namespace {
-
-Status positive_field(const char* name, int64_t v) {
+Status internal::positive_field(const char* name, int64_t v) {
     if (v <= 0) {
         return invalid_argument(std::string("config: field '") + name + "' must be > 0, got " +
                                 std::to_string(v));
@@ -270,14 +260,12 @@ Status positive_field(const char* name, int64_t v) {
     return Status::ok();
 }
 
-Status field_error(const char* name, const std::string& why) {
+Status internal::field_error(const char* name, const std::string& why) {
     return invalid_argument(std::string("config: field '") + name + "' " + why);
 }
 
-}  // namespace
-
-// V4: the fields of reference deepseek_v4.md §1 and their cross-checks.
-Status ModelConfig::validate_v4() const {
+// The fields V4 and V4.1 share (reference deepseek_v4.md §1, §7.1) and their cross-checks.
+Status ModelConfig::validate_v4_shared() const {
     for (auto [name, v] : {std::pair<const char*, int64_t>{"vocab_size", vocab_size},
                            {"hidden_size", hidden_size},
                            {"num_hidden_layers", num_hidden_layers},
@@ -296,9 +284,10 @@ Status ModelConfig::validate_v4() const {
         DSI_RETURN_IF_ERROR(positive_field(name, v));
     }
     if (num_key_value_heads != 1) {
-        return field_error("num_key_value_heads", "must be 1 (V4 attention is MQA with one "
-                                                  "shared KV head), got " +
-                                                      std::to_string(num_key_value_heads));
+        return field_error("num_key_value_heads",
+                           "must be 1 (V4 attention is MQA with one "
+                           "shared KV head), got " +
+                               std::to_string(num_key_value_heads));
     }
     if (qk_rope_head_dim % 2 != 0 || qk_rope_head_dim > head_dim) {
         return field_error("qk_rope_head_dim", "must be even and <= head_dim");
@@ -307,52 +296,12 @@ Status ModelConfig::validate_v4() const {
         return field_error("o_groups", "must divide num_attention_heads (" +
                                            std::to_string(num_attention_heads) + ")");
     }
-    if (num_nextn_predict_layers < 0 || num_nextn_predict_layers > 1) {
-        return field_error("num_nextn_predict_layers", "must be 0 or 1");
-    }
-    const int64_t want = num_hidden_layers + num_nextn_predict_layers;
-    if (static_cast<int64_t>(compress_ratios.size()) != want) {
-        return field_error("compress_ratios",
-                           "has " + std::to_string(compress_ratios.size()) +
-                               " entries, expected num_hidden_layers + "
-                               "num_nextn_predict_layers = " +
-                               std::to_string(want));
-    }
-    bool any_ratio4 = false, any_compressed = false;
-    for (size_t i = 0; i < compress_ratios.size(); ++i) {
-        const int64_t r = compress_ratios[i];
-        if (r != 0 && r != 4 && r != 128) {
-            return field_error("compress_ratios", "entry " + std::to_string(i) + " is " +
-                                                      std::to_string(r) +
-                                                      " (supported: 0, 4, 128)");
-        }
-        if (r != 0 && static_cast<int64_t>(i) >= num_hidden_layers) {
-            return field_error("compress_ratios", "MTP layer entry " + std::to_string(i) +
-                                                      " must be 0 (window only)");
-        }
-        any_ratio4 |= r == 4;
-        any_compressed |= r != 0;
-    }
-    if (any_compressed && !(compress_rope_theta > 1)) {
-        return field_error("compress_rope_theta", "must be > 1 when layers are compressed");
-    }
-    if (any_ratio4) {
-        DSI_RETURN_IF_ERROR(positive_field("index_n_heads", index_n_heads));
-        DSI_RETURN_IF_ERROR(positive_field("index_head_dim", index_head_dim));
-        DSI_RETURN_IF_ERROR(positive_field("index_topk", index_topk));
-        if (index_head_dim < qk_rope_head_dim) {
-            return field_error("index_head_dim", "must be >= qk_rope_head_dim");
-        }
-    }
     if (num_experts_per_tok > n_routed_experts) {
         return field_error("num_experts_per_tok", "exceeds n_routed_experts");
     }
-    if (num_hash_layers < 0 || num_hash_layers > num_hidden_layers) {
-        return field_error("num_hash_layers", "must be in [0, num_hidden_layers]");
-    }
     if (n_shared_experts < 0) return field_error("n_shared_experts", "must be >= 0");
     if (scoring_func != ScoringFunc::kSqrtSoftplus) {
-        return field_error("scoring_func", "must be 'sqrtsoftplus' for DeepseekV4ForCausalLM");
+        return field_error("scoring_func", "must be 'sqrtsoftplus' for " + architecture);
     }
     if (topk_method != TopkMethod::kNoauxTc || n_group != 1) {
         return field_error("topk_method", "must be 'noaux_tc' without groups for V4");
@@ -373,8 +322,9 @@ Status ModelConfig::validate_v4() const {
                                               ") so each group's slice of wo_a has its own scales");
     }
     if (expert_fp4 && (hidden_size % 32 != 0 || moe_intermediate_size % 32 != 0)) {
-        return field_error("expert_dtype", "fp4 needs hidden_size and moe_intermediate_size "
-                                           "multiples of 32");
+        return field_error("expert_dtype",
+                           "fp4 needs hidden_size and moe_intermediate_size "
+                           "multiples of 32");
     }
     if (bos_token_id < 0 || bos_token_id >= vocab_size || eos_token_id < 0 ||
         eos_token_id >= vocab_size) {
@@ -383,11 +333,58 @@ Status ModelConfig::validate_v4() const {
     return Status::ok();
 }
 
+// V4: the shared fields, then compress_ratios (0, 4, 128), the indexer, hash layers.
+Status ModelConfig::validate_v4() const {
+    DSI_RETURN_IF_ERROR(validate_v4_shared());
+    if (num_nextn_predict_layers < 0 || num_nextn_predict_layers > 1) {
+        return field_error("num_nextn_predict_layers", "must be 0 or 1");
+    }
+    const int64_t want = num_hidden_layers + num_nextn_predict_layers;
+    if (static_cast<int64_t>(compress_ratios.size()) != want) {
+        return field_error("compress_ratios", "has " + std::to_string(compress_ratios.size()) +
+                                                  " entries, expected num_hidden_layers + "
+                                                  "num_nextn_predict_layers = " +
+                                                  std::to_string(want));
+    }
+    bool any_ratio4 = false, any_compressed = false;
+    for (size_t i = 0; i < compress_ratios.size(); ++i) {
+        const int64_t r = compress_ratios[i];
+        if (r != 0 && r != 4 && r != 128) {
+            return field_error("compress_ratios", "entry " + std::to_string(i) + " is " +
+                                                      std::to_string(r) +
+                                                      " (supported: 0, 4, 128)");
+        }
+        if (r != 0 && static_cast<int64_t>(i) >= num_hidden_layers) {
+            return field_error("compress_ratios",
+                               "MTP layer entry " + std::to_string(i) + " must be 0 (window only)");
+        }
+        any_ratio4 |= r == 4;
+        any_compressed |= r != 0;
+    }
+    if (any_compressed && !(compress_rope_theta > 1)) {
+        return field_error("compress_rope_theta", "must be > 1 when layers are compressed");
+    }
+    if (any_ratio4) {
+        DSI_RETURN_IF_ERROR(positive_field("index_n_heads", index_n_heads));
+        DSI_RETURN_IF_ERROR(positive_field("index_head_dim", index_head_dim));
+        DSI_RETURN_IF_ERROR(positive_field("index_topk", index_topk));
+        if (index_head_dim < qk_rope_head_dim) {
+            return field_error("index_head_dim", "must be >= qk_rope_head_dim");
+        }
+    }
+    if (num_hash_layers < 0 || num_hash_layers > num_hidden_layers) {
+        return field_error("num_hash_layers", "must be in [0, num_hidden_layers]");
+    }
+    return Status::ok();
+}
+
 Status ModelConfig::validate() const {
     if (is_v4()) return validate_v4();
+    if (is_v41()) return validate_v41();
     auto positive = [](const char* name, int64_t v) -> Status {
-        if (v <= 0) return invalid_argument(std::string("config: ") + name + " must be > 0, got " +
-                                            std::to_string(v));
+        if (v <= 0)
+            return invalid_argument(std::string("config: ") + name + " must be > 0, got " +
+                                    std::to_string(v));
         return Status::ok();
     };
     DSI_RETURN_IF_ERROR(positive("vocab_size", vocab_size));
@@ -403,7 +400,8 @@ Status ModelConfig::validate() const {
     if (first_k_dense_replace < num_hidden_layers) {
         DSI_RETURN_IF_ERROR(positive("intermediate_size", intermediate_size));
     }
-    if (first_k_dense_replace > 0) DSI_RETURN_IF_ERROR(positive("intermediate_size", intermediate_size));
+    if (first_k_dense_replace > 0)
+        DSI_RETURN_IF_ERROR(positive("intermediate_size", intermediate_size));
     if (n_routed_experts > 0) {
         DSI_RETURN_IF_ERROR(positive("moe_intermediate_size", moe_intermediate_size));
         DSI_RETURN_IF_ERROR(positive("num_experts_per_tok", num_experts_per_tok));
@@ -419,7 +417,8 @@ Status ModelConfig::validate() const {
         }
         if (topk_method != TopkMethod::kGreedy &&
             num_experts_per_tok > topk_group * (n_routed_experts / n_group)) {
-            return invalid_argument("config: num_experts_per_tok exceeds experts in topk_group groups");
+            return invalid_argument(
+                "config: num_experts_per_tok exceeds experts in topk_group groups");
         }
     }
     if (num_nextn_predict_layers < 0 || num_nextn_predict_layers > 1) {
@@ -464,6 +463,11 @@ Result<ModelConfig> parse_hf_config(std::string_view json_text) {
     }
     if (c.is_v4()) {
         DSI_RETURN_IF_ERROR(parse_v4_fields(j, c));
+        DSI_RETURN_IF_ERROR(c.validate());
+        return c;
+    }
+    if (c.is_v41()) {
+        DSI_RETURN_IF_ERROR(internal::parse_v41_fields(j, c));
         DSI_RETURN_IF_ERROR(c.validate());
         return c;
     }
@@ -526,7 +530,7 @@ json yarn_json(const ModelConfig& c) {
         {"beta_slow", c.rope_scaling.beta_slow},
         {"original_max_position_embeddings", c.rope_scaling.original_max_position_embeddings},
     };
-    if (!c.is_v4()) {
+    if (!c.v4_layout()) {
         y["mscale"] = c.rope_scaling.mscale;
         y["mscale_all_dim"] = c.rope_scaling.mscale_all_dim;
     }
@@ -542,8 +546,10 @@ json quantization_json(const ModelConfig& c) {
     return q;
 }
 
+}  // namespace
+
 // The official DeepSeek-V4-Flash config.json layout (reference deepseek_v4.md §1).
-std::string to_v4_config_json(const ModelConfig& c) {
+json internal::v4_config_json(const ModelConfig& c) {
     json j;
     j["architectures"] = {c.architecture};
     j["model_type"] = "deepseek_v4";
@@ -588,13 +594,12 @@ std::string to_v4_config_json(const ModelConfig& c) {
     j["eos_token_id"] = c.eos_token_id;
     j["tie_word_embeddings"] = false;
     if (c.fp8) j["quantization_config"] = quantization_json(c);
-    return j.dump(2) + "\n";
+    return j;
 }
 
-}  // namespace
-
 std::string to_hf_config_json(const ModelConfig& c) {
-    if (c.is_v4()) return to_v4_config_json(c);
+    if (c.is_v4()) return internal::v4_config_json(c).dump(2) + "\n";
+    if (c.is_v41()) return internal::to_v41_config_json(c);
     json j;
     j["architectures"] = {c.architecture};
     j["model_type"] = c.family == ModelFamily::kDeepseekV3 ? "deepseek_v3" : "deepseek_v2";
@@ -638,98 +643,6 @@ std::string to_hf_config_json(const ModelConfig& c) {
     j["rope_scaling"] = yarn_json(c);
     if (c.fp8) j["quantization_config"] = quantization_json(c);
     return j.dump(2) + "\n";
-}
-
-// ---- V4.1 (model/v41_config.h) ------------------------------------------------------
-
-int64_t V41TextConfig::encoder_layers() const {
-    int64_t first_decoder = 0;
-    for (int64_t id : kv_source_layer_ids) first_decoder = std::max(first_decoder, id);
-    return first_decoder;
-}
-
-int64_t V41TextConfig::partial_state_bytes() const {
-    int64_t bytes = 0;
-    for (int64_t id : kv_source_layer_ids) {
-        if (id >= encoder_layers()) continue;  // the decoder's source (ratio 1) has none
-        const int64_t r = compress_ratios[static_cast<size_t>(id)];
-        if (r > 1) bytes += (r - 1) * 2 * head_dim * static_cast<int64_t>(sizeof(float));
-    }
-    return bytes;
-}
-
-Status V41TextConfig::validate() const {
-    auto bad = [](const char* field, const std::string& why) {
-        return invalid_argument(std::string("config.json: text_config.") + field + " " + why);
-    };
-    if (num_hidden_layers < 2) return bad("num_hidden_layers", "must be >= 2");
-    if (head_dim <= 0 || head_dim % 32 != 0)
-        return bad("head_dim", "must be a positive multiple of 32");
-    if (sliding_window <= 0) return bad("sliding_window", "must be > 0");
-    if (num_nextn_predict_layers < 0) return bad("num_nextn_predict_layers", "must be >= 0");
-    if (static_cast<int64_t>(compress_ratios.size()) !=
-        num_hidden_layers + num_nextn_predict_layers) {
-        return bad("compress_ratios",
-                   "must have num_hidden_layers + num_nextn_predict_layers = " +
-                       std::to_string(num_hidden_layers + num_nextn_predict_layers) +
-                       " entries, has " + std::to_string(compress_ratios.size()));
-    }
-    for (int64_t r : compress_ratios) {
-        if (r < 0) return bad("compress_ratios", "has a negative entry");
-    }
-    if (kv_source_layer_ids.empty()) return bad("kv_source_layer_ids", "is empty");
-    for (int64_t id : kv_source_layer_ids) {
-        if (id < 0 || id >= num_hidden_layers) {
-            return bad("kv_source_layer_ids", "entry " + std::to_string(id) + " is not a layer");
-        }
-    }
-    if (encoder_layers() < 1) return bad("kv_source_layer_ids", "leaves no encoder layer");
-    return Status::ok();
-}
-
-namespace {
-
-// The V4.1 config's architecture and model_type, or "" when absent or malformed.
-std::pair<std::string, std::string> v41_identity(const json& j) {
-    std::string arch, type;
-    if (!j.is_object()) return {arch, type};
-    if (auto it = j.find("architectures");
-        it != j.end() && it->is_array() && !it->empty() && (*it)[0].is_string()) {
-        arch = (*it)[0].get<std::string>();
-    }
-    if (auto it = j.find("model_type"); it != j.end() && it->is_string()) {
-        type = it->get<std::string>();
-    }
-    return {arch, type};
-}
-
-}  // namespace
-
-bool is_v41_config(std::string_view json_text) {
-    json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return false;
-    auto [arch, type] = v41_identity(j);
-    return arch == "DeepseekV41ForCausalLM" || type == "deepseek_v41";
-}
-
-Result<V41TextConfig> parse_v41_config(std::string_view json_text) {
-    json j = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded()) return invalid_argument("config.json: not valid JSON");
-    if (!j.is_object() || !j.contains("text_config") || !j["text_config"].is_object()) {
-        return invalid_argument("config.json: a V4.1 config needs a 'text_config' object");
-    }
-    V41TextConfig c;
-    c.architecture = v41_identity(j).first;
-    if (c.architecture.empty()) c.architecture = "DeepseekV41ForCausalLM";
-    const json& t = j["text_config"];
-    DSI_RETURN_IF_ERROR(read_req(t, "num_hidden_layers", c.num_hidden_layers));
-    DSI_RETURN_IF_ERROR(read_req(t, "head_dim", c.head_dim));
-    DSI_RETURN_IF_ERROR(read_req(t, "sliding_window", c.sliding_window));
-    DSI_RETURN_IF_ERROR(read_opt(t, "num_nextn_predict_layers", c.num_nextn_predict_layers));
-    DSI_RETURN_IF_ERROR(read_req(t, "compress_ratios", c.compress_ratios));
-    DSI_RETURN_IF_ERROR(read_req(t, "kv_source_layer_ids", c.kv_source_layer_ids));
-    DSI_RETURN_IF_ERROR(c.validate());
-    return c;
 }
 
 }  // namespace dsi

@@ -1,5 +1,6 @@
 // ModelConfig: the hyper-parameters of a DeepSeek-family model, read from a Hugging
-// Face config.json (DeepseekV4ForCausalLM, DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)
+// Face config.json (DeepseekV41ForCausalLM with text_config, DeepseekV4ForCausalLM,
+// DeepseekV3ForCausalLM, DeepseekV2ForCausalLM)
 // or from GGUF metadata, plus the quantities derived from them (YaRN frequencies,
 // softmax scale). V4's hybrid attention (sliding window, compressed KV, indexer,
 // hyper-connections, hash routing) has its own block of fields below; docs/models.md.
@@ -14,10 +15,11 @@
 #include <vector>
 
 #include "base/status.h"
+#include "model/v41_config.h"
 
 namespace dsi {
 
-enum class ModelFamily : uint8_t { kDeepseekV2, kDeepseekV3, kDeepseekV4 };
+enum class ModelFamily : uint8_t { kDeepseekV2, kDeepseekV3, kDeepseekV4, kDeepseekV41 };
 
 // kSqrtSoftplus: sqrt(softplus(logit)) (DeepSeek V4).
 enum class ScoringFunc : uint8_t { kSoftmax, kSigmoid, kSqrtSoftplus };
@@ -99,10 +101,17 @@ struct ModelConfig {
     int64_t hc_mult = 0;          // hyper-connection streams
     int64_t hc_sinkhorn_iters = 0;
     double hc_eps = 0.0;
-    bool expert_fp4 = false;      // expert_dtype "fp4": routed experts e2m1 + ue8m0 per 32
+    bool expert_fp4 = false;  // expert_dtype "fp4": routed experts e2m1 + ue8m0 per 32
+
+    // ---- DeepSeek V4.1 (family kDeepseekV41) only: model/v41_config.h ----
+    V41Fields v41;
 
     bool is_v4() const { return family == ModelFamily::kDeepseekV4; }
-    // compress_ratios[layer] (layer may be an MTP layer's index). REQUIRES: is_v4().
+    bool is_v41() const { return family == ModelFamily::kDeepseekV41; }
+    // V4's checkpoint conventions (names without "model.", "<x>.scale" F8_E8M0, FP4
+    // experts as I8 pairs, V4 fields above): V4 and V4.1.
+    bool v4_layout() const { return is_v4() || is_v41(); }
+    // compress_ratios[layer] (layer may be an MTP layer's index). REQUIRES: v4_layout().
     int64_t compress_ratio(int64_t layer) const {
         return compress_ratios[static_cast<size_t>(layer)];
     }
@@ -130,7 +139,10 @@ struct ModelConfig {
     Status validate() const;
 
 private:
+    // The fields V4 and V4.1 share; then each family's own.
+    Status validate_v4_shared() const;
     Status validate_v4() const;
+    Status validate_v41() const;  // v41_config.cc
 };
 
 // Parses an HF config.json. Unknown architectures are INVALID_ARGUMENT naming the

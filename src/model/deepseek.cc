@@ -719,10 +719,10 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
                                                            Options options) {
     auto impl = std::make_unique<Impl>();
     impl->cfg = source->config();
-    if (impl->cfg.is_v4()) {
-        return unimplemented(source->description() +
-                             ": DeepseekV4ForCausalLM runs through DeepseekV4Model "
-                             "(model/deepseek_v4.h; load_causal_lm picks it)");
+    if (impl->cfg.v4_layout()) {
+        return unimplemented(source->description() + ": " + impl->cfg.architecture +
+                             " runs through DeepseekV4Model / DeepseekV41Model "
+                             "(model/deepseek_v4.h, deepseek_v41.h; load_causal_lm picks it)");
     }
     DSI_RETURN_IF_ERROR(impl->cfg.validate());
     if (options.expert_parallel.enabled()) {

@@ -19,7 +19,7 @@ Status validate_expert_parallel(const ExpertParallelOptions& o, const ModelConfi
         return invalid_argument(ep + ": rank " + std::to_string(o.rank) + " not in [0, " +
                                 std::to_string(o.num_ranks) + ")");
     }
-    if (c.is_v4()) {
+    if (c.v4_layout()) {
         return invalid_argument(ep + ": runs DeepSeek V2/V3 only yet, not " + c.architecture);
     }
     const int64_t experts = c.n_routed_experts;

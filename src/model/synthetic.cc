@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "base/env.h"
 #include "tensor/dtype.h"
@@ -32,8 +33,7 @@ std::string value_source_name(const ModelConfig& c, const std::string& name) {
 }
 
 // Standard deviation and mean of a tensor's raw values.
-void tensor_distribution(const ModelConfig& c, const TensorSpec& spec, double& mean,
-                         double& std) {
+void tensor_distribution(const ModelConfig& c, const TensorSpec& spec, double& mean, double& std) {
     const std::string& n = spec.name;
     mean = 0.0;
     if (ends_with(n, "norm.weight") || ends_with(n, "layernorm.weight")) {
@@ -64,7 +64,7 @@ std::vector<float> raw_values(const ModelConfig& c, const TensorSpec& spec, uint
 }  // namespace
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"tiny", "tiny-v3", "small", "medium", "tiny-v4", "small-v4"};
+    return {"tiny", "tiny-v3", "small", "medium", "tiny-v4", "small-v4", "tiny-v41"};
 }
 
 namespace {
@@ -102,6 +102,71 @@ ModelConfig v4_preset_base() {
     c.fp8 = true;
     c.fp8_scale_ue8m0 = true;
     c.expert_fp4 = true;
+    return c;
+}
+
+// tiny-v41 (docs/models_v41.md): every V4.1 layer kind on a small model. Layers 0-1
+// window only, 2 Full + 3 Reuse at ratio 2 (the encoder), 4 Full (the decoder's kv and
+// candidate source) + 5 Reuse + 6 Reindex + 7 Reuse at ratio 1; Engram before 1 and 3;
+// two DSpark blocks. index_topk 8 and candidates 4 blocks x 4 so prompts over 16 tokens
+// make every indexer choose; V4.1's FP8 32x32 ue8m0 blocks and FP4 experts.
+ModelConfig v41_tiny_preset() {
+    ModelConfig c = v4_preset_base();
+    c.architecture = "DeepseekV41ForCausalLM";
+    c.family = ModelFamily::kDeepseekV41;
+    c.rms_norm_eps = 1e-20;  // V4.1's value
+    c.hidden_size = 128;
+    c.num_hidden_layers = 8;
+    c.num_nextn_predict_layers = 2;
+    c.compress_ratios = {0, 0, 2, 2, 1, 1, 1, 1, 0, 0};
+    c.num_attention_heads = 4;
+    c.head_dim = 128;
+    c.qk_rope_head_dim = 32;
+    c.q_lora_rank = 64;
+    c.o_groups = 2;
+    c.o_lora_rank = 64;
+    c.index_n_heads = 8;
+    c.index_head_dim = 64;
+    c.index_topk = 8;
+    c.n_routed_experts = 8;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 2;
+    c.moe_intermediate_size = 64;
+    c.num_hash_layers = 0;
+    c.swiglu_limit = 1.5;
+    c.fp8_block_rows = 32;
+    c.fp8_block_cols = 32;
+    V41Fields& f = c.v41;
+    f.kv_source_layer_ids = {2, 4};
+    f.index_source_layer_ids = {2, 4, 6};
+    f.candidate_source_layer_id = 4;
+    f.candidate_topk_blocks = 4;
+    f.candidate_block_size = 4;
+    f.engram_layer_ids = {1, 3};
+    f.engram_max_ngram_size = 3;
+    f.engram_vocab_size = 1000;
+    f.engram_n_heads = 2;
+    f.engram_head_dim = 32;
+    f.engram_pad_token_id = 2;
+    f.engram_compressed_vocab_size = 99092;
+    for (int64_t e = 0; e < 2; ++e) {
+        const std::vector<int64_t> m = v41_engram_moduli(c, e);
+        f.engram_num_embeddings.push_back(std::accumulate(m.begin(), m.end(), int64_t{0}));
+    }
+    f.dspark_block_size = 5;
+    f.dspark_noise_token_id = 128799;
+    f.dspark_target_layer_ids = {5, 6, 7};
+    f.dspark_markov_rank = 8;
+    f.dspark_n_routed_experts = 4;
+    f.dspark_num_experts_per_tok = 2;
+    f.image_token_id = 129264;
+    f.vision = {.present = true,
+                .num_hidden_layers = 2,
+                .hidden_size = 64,
+                .num_attention_heads = 4,
+                .patch_size = 14,
+                .image_size = 224,
+                .spatial_merge_size = 3};
     return c;
 }
 
@@ -256,10 +321,14 @@ Result<ModelConfig> synthetic_preset(std::string_view name) {
         c.moe_intermediate_size = 512;
         c.num_hash_layers = 1;
         c.swiglu_limit = 10.0;
+    } else if (name == "tiny-v41") {
+        c = v41_tiny_preset();
     } else {
         std::string names;
-        for (const std::string& n : synthetic_preset_names()) names += (names.empty() ? "" : ", ") + n;
-        return invalid_argument("unknown preset '" + std::string(name) + "' (presets: " + names + ")");
+        for (const std::string& n : synthetic_preset_names())
+            names += (names.empty() ? "" : ", ") + n;
+        return invalid_argument("unknown preset '" + std::string(name) + "' (presets: " + names +
+                                ")");
     }
     DSI_RETURN_IF_ERROR(c.validate());
     return c;
@@ -343,8 +412,7 @@ namespace {
 constexpr float kE2m1Values[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
 
 // Mean and standard deviation of a V4 tensor's raw values, by name.
-void v4_distribution(const ModelConfig& c, const V4TensorSpec& spec, double& mean,
-                     double& std) {
+void v4_distribution(const ModelConfig& c, const V4TensorSpec& spec, double& mean, double& std) {
     const std::string& n = spec.name;
     mean = 0.0;
     std = 1.0 / std::sqrt(static_cast<double>(spec.shape.back()));
@@ -403,7 +471,8 @@ V4SyntheticTensor synthetic_v4_tensor(const ModelConfig& c, const V4TensorSpec& 
                 int32_t e;
                 bool dup;
                 do {
-                    e = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(c.n_routed_experts));
+                    e = static_cast<int32_t>(rng.next() %
+                                             static_cast<uint64_t>(c.n_routed_experts));
                     dup = std::find(&t.ints[r * k], &t.ints[r * k + j], e) != &t.ints[r * k + j];
                 } while (dup);
                 t.ints[r * k + j] = e;
@@ -439,7 +508,8 @@ V4SyntheticTensor synthetic_v4_tensor(const ModelConfig& c, const V4TensorSpec& 
         t.dtype = DType::kF8E4M3;
         t.scale_shape = {(rows + c.fp8_block_rows - 1) / c.fp8_block_rows, scols};
         t.scales.resize(m.scale_inv.size());
-        for (size_t i = 0; i < m.scale_inv.size(); ++i) t.scales[i] = f32_to_e8m0_ceil(m.scale_inv[i]);
+        for (size_t i = 0; i < m.scale_inv.size(); ++i)
+            t.scales[i] = f32_to_e8m0_ceil(m.scale_inv[i]);
         t.values.resize(v.size());
         for (int64_t r = 0; r < rows; ++r) {
             for (int64_t q = 0; q < cols; ++q) {
@@ -478,10 +548,9 @@ V4SyntheticTensor synthetic_v4_tensor(const ModelConfig& c, const V4TensorSpec& 
     return t;
 }
 
-std::unique_ptr<MemoryWeightSource> synthetic_v4_memory_model(const ModelConfig& c,
-                                                              uint64_t seed) {
+std::unique_ptr<MemoryWeightSource> synthetic_v4_memory_model(const ModelConfig& c, uint64_t seed) {
     auto src = std::make_unique<MemoryWeightSource>(c);
-    for (const V4TensorSpec& spec : deepseek_v4_tensor_specs(c)) {
+    for (const V4TensorSpec& spec : deepseek_v4_tensor_specs(c)) {  // V4.1 included
         src->add(spec.name, spec.shape, synthetic_v4_tensor(c, spec, seed).values);
     }
     return src;

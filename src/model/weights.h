@@ -111,7 +111,11 @@ struct V4TensorSpec {
     std::vector<int64_t> shape;
     V4Storage storage;
 };
+// For a V4.1 config: deepseek_v41_tensor_specs.
 std::vector<V4TensorSpec> deepseek_v4_tensor_specs(const ModelConfig& config);
+// DeepSeek V4.1 (DeepseekV41ForCausalLM): the tensors dsinfer reads (reference
+// deepseek_v4.md §7; names and shapes it does not give are chosen in docs/models_v41.md).
+std::vector<V4TensorSpec> deepseek_v41_tensor_specs(const ModelConfig& config);
 // The scale tensor of an FP8 / FP4 V4 weight: "x.weight" -> "x.scale".
 std::string v4_scale_name(const std::string& weight_name);
 

@@ -5,15 +5,26 @@
 #include <limits>
 
 #include "protocol/adapters.h"
-#include "protocol/request.h"
 #include "protocol/internal/json_fields.h"
 #include "protocol/json_limits.h"
+#include "protocol/request.h"
 
 namespace dsi::protocol {
 
 using namespace internal;  // NOLINT: J and the field helpers
 
 namespace {
+
+// Image inputs (Chat Completions "image_url", Responses "input_image", Messages "image"):
+// a 400 that says why, until a vision encoder exists (DeepSeek V4.1's vision_config is
+// read and checked, docs/models_v41.md; no model here encodes images yet).
+bool is_image_type(std::string_view type) {
+    return type == "image_url" || type == "input_image" || type == "image";
+}
+Status image_error(std::string_view path, const std::string& type) {
+    return field_error(path, "image input (content type '" + type +
+                                 "') is not supported: no vision encoder is implemented yet");
+}
 
 constexpr int64_t kMaxTokens = std::numeric_limits<int32_t>::max();
 
@@ -40,6 +51,7 @@ Result<std::string> text_content(const J& msg, std::string_view key, std::string
         const std::string pp = index_path(p, i);
         DSI_RETURN_IF_ERROR(expect_object(part, pp));
         DSI_ASSIGN_OR_RETURN(std::string type, req_string(part, "type", pp));
+        if (is_image_type(type)) return image_error(join_path(pp, "type"), type);
         if (type != "text" && type != "input_text" && type != "output_text") {
             return field_error(join_path(pp, "type"),
                                "unsupported content part type '" + type + "'");
@@ -132,11 +144,11 @@ Status common_sampling(const J& j, Conversation* c) {
 // Tool names as the APIs accept them: OpenAI ^[a-zA-Z0-9_-]{1,64}$, Anthropic
 // ^[a-zA-Z0-9_-]{1,128}$ (issue 22 D9). The name is printed into the DSML prompt.
 Status check_tool_name(const std::string& name, size_t max_chars, std::string_view path) {
-    const bool ok = !name.empty() && name.size() <= max_chars &&
-                    std::all_of(name.begin(), name.end(), [](char ch) {
-                        return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '_' ||
-                               ch == '-';
-                    });
+    const bool ok =
+        !name.empty() && name.size() <= max_chars &&
+        std::all_of(name.begin(), name.end(), [](char ch) {
+            return std::isalnum(static_cast<unsigned char>(ch)) != 0 || ch == '_' || ch == '-';
+        });
     if (!ok) {
         return field_error(path, "must match ^[a-zA-Z0-9_-]{1," + std::to_string(max_chars) +
                                      "}$, got '" + name.substr(0, 80) + "'");
@@ -298,7 +310,8 @@ Result<Conversation> chat_conversation(const J& j, int max_depth) {
         if (tc->is_string()) {
             c.tool_choice = tc->get<std::string>();
             if (c.tool_choice != "auto" && c.tool_choice != "none" && c.tool_choice != "required") {
-                return field_error("tool_choice", "must be 'auto', 'none', 'required' or an object");
+                return field_error("tool_choice",
+                                   "must be 'auto', 'none', 'required' or an object");
             }
         } else {
             DSI_RETURN_IF_ERROR(expect_object(*tc, "tool_choice"));
@@ -398,8 +411,7 @@ Result<Conversation> responses_conversation(const J& j, int max_depth) {
                 std::string text;
                 if (const J* ct = member(it, "content"); ct != nullptr && ct->is_array()) {
                     for (const auto& part : *ct) {
-                        if (part.is_object() && part.contains("text") &&
-                            part["text"].is_string()) {
+                        if (part.is_object() && part.contains("text") && part["text"].is_string()) {
                             text += part["text"].get<std::string>();
                         }
                     }
@@ -430,8 +442,8 @@ Result<Conversation> responses_conversation(const J& j, int max_depth) {
                 DSI_ASSIGN_OR_RETURN(m.content, text_content(it, "output", ip, nullptr));
                 c.messages.push_back(std::move(m));
             } else {
-                return field_error(join_path(ip, "type"), "unsupported input item type '" + t +
-                                                              "'");
+                return field_error(join_path(ip, "type"),
+                                   "unsupported input item type '" + t + "'");
             }
         }
     }
@@ -562,6 +574,8 @@ Result<Conversation> messages_conversation(const J& j, int /*max_depth*/) {
                 DSI_ASSIGN_OR_RETURN(t.tool_call_id, req_string(b, "tool_use_id", bp));
                 DSI_ASSIGN_OR_RETURN(t.content, text_content(b, "content", bp, nullptr));
                 tool_results.push_back(std::move(t));
+            } else if (is_image_type(type)) {
+                return image_error(join_path(bp, "type"), type);
             } else {
                 return field_error(join_path(bp, "type"), "unsupported content block type '" +
                                                               type + "' for role " + role);
@@ -677,8 +691,8 @@ Status serving_controls(const J& j, Request* r) {
         } else if (*traffic == "agent") {
             r->traffic_class = TrafficClass::kAgent;
         } else {
-            return field_error("traffic_class", "must be 'chat' or 'agent', got '" +
-                                                    traffic->substr(0, 40) + "'");
+            return field_error("traffic_class",
+                               "must be 'chat' or 'agent', got '" + traffic->substr(0, 40) + "'");
         }
     }
     DSI_ASSIGN_OR_RETURN(r->timeout_ms, opt_int(j, "timeout_ms", "", 1, kMaxTimeoutMs));
@@ -746,7 +760,8 @@ Result<Request> parse_api_request(ApiProtocol api, std::string_view body,
         DSI_ASSIGN_OR_RETURN(r.conversation, completions_settings(j));
         DSI_ASSIGN_OR_RETURN(r.prompt, req_string(j, "prompt", ""));
     } else {
-        DSI_ASSIGN_OR_RETURN(r.conversation, conversation_from_json(api, j, options.max_json_depth));
+        DSI_ASSIGN_OR_RETURN(r.conversation,
+                             conversation_from_json(api, j, options.max_json_depth));
     }
     DSI_ASSIGN_OR_RETURN(r.grammar, read_structured_request(api, j));
     DSI_RETURN_IF_ERROR(output_options(api, j, &r));
@@ -772,10 +787,14 @@ Result<Request> parse_api_request(ApiProtocol api, std::string_view body,
 Result<Conversation> conversation_from_json(ApiProtocol api, const OrderedJson& body,
                                             int max_depth) {
     switch (api) {
-        case ApiProtocol::kChatCompletions: return chat_conversation(body, max_depth);
-        case ApiProtocol::kResponses: return responses_conversation(body, max_depth);
-        case ApiProtocol::kMessages: return messages_conversation(body, max_depth);
-        case ApiProtocol::kCompletions: break;
+        case ApiProtocol::kChatCompletions:
+            return chat_conversation(body, max_depth);
+        case ApiProtocol::kResponses:
+            return responses_conversation(body, max_depth);
+        case ApiProtocol::kMessages:
+            return messages_conversation(body, max_depth);
+        case ApiProtocol::kCompletions:
+            break;
     }
     return invalid_argument("legacy completions carry a prompt, not a conversation");
 }

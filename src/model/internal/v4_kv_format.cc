@@ -51,6 +51,21 @@ float e2m1_value(uint8_t code) {
     return (code & 0x8) ? -v : v;
 }
 
+// n e2m1 codes of x * inv, two per byte (low nibble = even element), and back.
+void encode_e2m1_pairs(const float* x, int64_t n, float inv, uint8_t* dst) {
+    for (int64_t i = 0; i < n; i += 2) {
+        const uint8_t lo = e2m1_code(x[i] * inv), hi = e2m1_code(x[i + 1] * inv);
+        dst[i / 2] = static_cast<uint8_t>(lo | (hi << 4));
+    }
+}
+void decode_e2m1_pairs(const uint8_t* src, int64_t n, float scale, float* y) {
+    for (int64_t i = 0; i < n; i += 2) {
+        const uint8_t b = src[i / 2];
+        y[i] = e2m1_value(b & 0xf) * scale;
+        y[i + 1] = e2m1_value(b >> 4) * scale;
+    }
+}
+
 }  // namespace
 
 int64_t v4_main_row_bytes(int64_t dim, int64_t rope) {
@@ -69,7 +84,8 @@ void v4_main_encode(const float* x, int64_t dim, int64_t rope, uint8_t* dst) {
         const float inv = 1.0f / e8m0_to_f32(e);  // a power of two: exact
         for (int64_t i = 0; i < len; ++i) {
             const float q = v[i] * inv;  // infinities saturate (NaN passes the clamp)
-            dst[g * kFp8Group + i] = f32_to_e4m3(std::isnan(q) ? q : std::clamp(q, -kE4m3Max, kE4m3Max));
+            dst[g * kFp8Group + i] =
+                f32_to_e4m3(std::isnan(q) ? q : std::clamp(q, -kE4m3Max, kE4m3Max));
         }
         scales[g] = e;
     }
@@ -110,10 +126,7 @@ void v4_index_encode(const float* x, int64_t dim, uint8_t* dst) {
         const float floor = kE2m1Max * 0x1.0p-126f;
         const uint8_t e = f32_to_e8m0_ceil(std::max(group_amax(v, kFp4Group), floor) / kE2m1Max);
         const float inv = 1.0f / e8m0_to_f32(e);
-        for (int64_t i = 0; i < kFp4Group; i += 2) {
-            const uint8_t lo = e2m1_code(v[i] * inv), hi = e2m1_code(v[i + 1] * inv);
-            dst[(g * kFp4Group + i) / 2] = static_cast<uint8_t>(lo | (hi << 4));
-        }
+        encode_e2m1_pairs(v, kFp4Group, inv, dst + g * kFp4Group / 2);
         scales[g] = e;
     }
 }
@@ -122,11 +135,7 @@ void v4_index_decode(const uint8_t* src, int64_t dim, float* y) {
     const uint8_t* scales = src + dim / 2;
     for (int64_t g = 0; g < dim / kFp4Group; ++g) {
         const float s = e8m0_to_f32(scales[g]);
-        for (int64_t i = 0; i < kFp4Group; i += 2) {
-            const uint8_t b = src[(g * kFp4Group + i) / 2];
-            y[g * kFp4Group + i] = e2m1_value(b & 0xf) * s;
-            y[g * kFp4Group + i + 1] = e2m1_value(b >> 4) * s;
-        }
+        decode_e2m1_pairs(src + g * kFp4Group / 2, kFp4Group, s, y + g * kFp4Group);
     }
 }
 
@@ -135,6 +144,67 @@ void v4_fp4_simulate(float* x, int64_t dim) {
     for (int64_t g = 0; g < dim / kFp4Group; ++g) {
         v4_index_encode(x + g * kFp4Group, kFp4Group, row);
         v4_index_decode(row, kFp4Group, x + g * kFp4Group);
+    }
+}
+
+// ---- V4.1 ----
+
+namespace {
+constexpr int64_t kNvfp4Group = 16;
+constexpr int64_t kMxfp8Group = 32;
+}  // namespace
+
+int64_t v41_main_row_bytes(int64_t dim) {
+    DSI_CHECK(dim > 0 && dim % kNvfp4Group == 0, "V4.1 main KV row: dim ", dim);
+    return dim / 2 + dim / kNvfp4Group;
+}
+
+void v41_main_encode(const float* x, int64_t dim, uint8_t* dst) {
+    uint8_t* scales = dst + dim / 2;
+    for (int64_t g = 0; g < dim / kNvfp4Group; ++g) {
+        const float* v = x + g * kNvfp4Group;
+        const uint8_t e = f32_to_e4m3(std::min(group_amax(v, kNvfp4Group) / kE2m1Max, kE4m3Max));
+        const float s = e4m3_to_f32(e);
+        const float inv = s > 0.0f ? 1.0f / s : 0.0f;
+        encode_e2m1_pairs(v, kNvfp4Group, inv, dst + g * kNvfp4Group / 2);
+        scales[g] = e;
+    }
+}
+
+void v41_main_decode(const uint8_t* src, int64_t dim, float* y) {
+    const uint8_t* scales = src + dim / 2;
+    for (int64_t g = 0; g < dim / kNvfp4Group; ++g) {
+        const float s = e4m3_to_f32(scales[g]);
+        decode_e2m1_pairs(src + g * kNvfp4Group / 2, kNvfp4Group, s, y + g * kNvfp4Group);
+    }
+}
+
+int64_t v41_swa_row_bytes(int64_t dim) {
+    DSI_CHECK(dim > 0 && dim % kMxfp8Group == 0, "V4.1 window row: dim ", dim);
+    return dim + dim / kMxfp8Group;
+}
+
+void v41_swa_encode(const float* x, int64_t dim, uint8_t* dst) {
+    uint8_t* scales = dst + dim;
+    for (int64_t g = 0; g < dim / kMxfp8Group; ++g) {
+        const float* v = x + g * kMxfp8Group;
+        const uint8_t e = f32_to_e8m0_ceil(std::max(group_amax(v, kMxfp8Group), 1e-4f) / kE4m3Max);
+        const float inv = 1.0f / e8m0_to_f32(e);  // a power of two: exact
+        for (int64_t i = 0; i < kMxfp8Group; ++i) {
+            const float q = v[i] * inv;
+            dst[g * kMxfp8Group + i] =
+                f32_to_e4m3(std::isnan(q) ? q : std::clamp(q, -kE4m3Max, kE4m3Max));
+        }
+        scales[g] = e;
+    }
+}
+
+void v41_swa_decode(const uint8_t* src, int64_t dim, float* y) {
+    const uint8_t* scales = src + dim;
+    for (int64_t g = 0; g < dim / kMxfp8Group; ++g) {
+        const float s = e8m0_to_f32(scales[g]);
+        for (int64_t i = 0; i < kMxfp8Group; ++i)
+            y[g * kMxfp8Group + i] = e4m3_to_f32(src[g * kMxfp8Group + i]) * s;
     }
 }
 

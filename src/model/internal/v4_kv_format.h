@@ -39,6 +39,21 @@ void v4_index_decode(const uint8_t* src, int64_t dim, float* y);
 // x = decode(encode(x)) per 32 values, in place (the indexer's query).
 void v4_fp4_simulate(float* x, int64_t dim);
 
+// ---- DeepSeek V4.1 (reference deepseek_v4.md §7.3; DeepseekV41Model with kv_dtype e4m3) ----
+// Main entry of `dim` values (after RoPE, all dims alike): NVFP4 without the global scale —
+// e2m1 codes two per byte (low nibble = even element), then one e4m3 scale per 16 values:
+// dim / 2 + dim / 16 bytes (512: 288). Scale: e4m3(amax / 6) (round to nearest even;
+// a group of zeros gets scale 0 and decodes to zeros); code = nearest e2m1 of x / scale.
+// REQUIRES: dim % 16 == 0.
+int64_t v41_main_row_bytes(int64_t dim);
+void v41_main_encode(const float* x, int64_t dim, uint8_t* dst);
+void v41_main_decode(const uint8_t* src, int64_t dim, float* y);
+// Window (SWA) row: MXFP8 over all dims — e4m3 codes, then one ue8m0 scale per 32 values:
+// dim + dim / 32 bytes (512: 528). Scale as the V4 main row's. REQUIRES: dim % 32 == 0.
+int64_t v41_swa_row_bytes(int64_t dim);
+void v41_swa_encode(const float* x, int64_t dim, uint8_t* dst);
+void v41_swa_decode(const uint8_t* src, int64_t dim, float* y);
+
 // The normalised Walsh-Hadamard transform (Sylvester order, scale n^-1/2), in place.
 // REQUIRES: n a power of two.
 void hadamard_rotate(float* x, int64_t n);
