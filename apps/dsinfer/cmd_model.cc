@@ -98,9 +98,8 @@ int run_make_model(const MakeModelFlags& f) {
         DSI_LOG(kInfo) << "writing HF checkpoint " << f.out;
         Progress progress("make-model " + f.out, num_tensors, Progress::Unit::kItems,
                           {.show = seeded_only ? std::optional<bool>(false) : std::nullopt});
-        Status s = seeded_only
-                       ? write_hf_checkpoint(env, *config, f.seed, *tok, f.out)
-                       : write_hf_checkpoint(env, *config, counted(&progress), *tok, f.out);
+        Status s = seeded_only ? write_hf_checkpoint(env, *config, f.seed, *tok, f.out)
+                               : write_hf_checkpoint(env, *config, counted(&progress), *tok, f.out);
         if (!s.is_ok()) return fail(s);
     }
     if (f.format != "hf") {
@@ -111,8 +110,8 @@ int run_make_model(const MakeModelFlags& f) {
                           {.show = config->is_v4() ? std::optional<bool>(false) : std::nullopt});
         Status s = config->is_v4()
                        ? write_gguf_checkpoint(env, *config, f.seed, *tok, *dtype, path, experts)
-                       : write_gguf_checkpoint(env, *config, counted(&progress), *tok, *dtype,
-                                               path, experts);
+                       : write_gguf_checkpoint(env, *config, counted(&progress), *tok, *dtype, path,
+                                               experts);
         if (!s.is_ok()) return fail(s);
     }
     std::printf("wrote %s preset to %s\n", f.preset.c_str(), f.out.c_str());
@@ -207,7 +206,8 @@ int run_generate(const GenerateFlags& f) {
     if (!replica.is_ok()) return fail(replica.status());
     if (ep->started_rank()) {
         Status s = ep->run_started_rank(**replica, env);
-        return s.is_ok() ? 0 : fail(s);
+        if (!s.is_ok()) (void)fail(s);
+        return EpLaunch::started_rank_exit_code(s);
     }
     const Tokenizer& tk = *(*replica)->tokenizer();
     engine::Engine* eng = (*replica)->engine();
@@ -242,7 +242,8 @@ int run_generate(const GenerateFlags& f) {
     }
     const int64_t t0 = env->now_ns();
     // With --ep: every forward pass is a collective of the ranks (engine/ep_rank.h).
-    Status s = engine::run_ep_rank(*eng, *(*replica)->model(), [] { return true; }, env);
+    Status s = engine::run_ep_rank(
+        *eng, *(*replica)->model(), [] { return true; }, env);
     if (s.is_ok()) s = ep->finish(**replica);
     if (!s.is_ok()) return fail(s);
     const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
@@ -270,6 +271,16 @@ int run_generate(const GenerateFlags& f) {
                  static_cast<long long>(st.output_tokens), secs,
                  secs > 0 ? st.output_tokens / secs : 0.0, static_cast<long long>(st.steps),
                  st.forward_ns ? 100.0 * st.host_gap_ns / st.forward_ns : 0.0);
+    if (st.expert_parallel) {  // --ep (issue 19)
+        const ExpertParallelStats& ep_st = *st.expert_parallel;
+        std::fprintf(stderr,
+                     "expert parallelism: %d ranks, %lld group steps, %lld placement changes, "
+                     "moe_lb %.3f (last window), %lld failovers\n",
+                     ep_st.num_ranks, static_cast<long long>(ep_st.steps),
+                     static_cast<long long>(ep_st.placement_changes),
+                     ep_st.windows.empty() ? 0.0 : ep_st.windows.back().moe_lb,
+                     static_cast<long long>(ep_st.failovers));
+    }
     if (st.spec_verify_steps > 0) {
         std::string per_pos;
         for (size_t j = 0; j < st.spec_drafted_at.size() && st.spec_drafted_at[j] > 0; ++j) {

@@ -44,10 +44,10 @@ struct ServeFlags {
     int64_t max_body_budget_bytes = server::ServerOptions{}.max_body_budget_bytes;
     server::ServerLimits limits;
     // Cluster (issue 18). serve: --role makes it an engine; router: required.
-    std::string role;            // "" | both | prefill | decode
-    std::string membership;      // etcd://host:port[/prefix] | file:///path.json
-    std::string node_id;         // "" = <role>-<port>
-    std::string advertise;       // host:port others reach it at; "" = host:port
+    std::string role;        // "" | both | prefill | decode
+    std::string membership;  // etcd://host:port[/prefix] | file:///path.json
+    std::string node_id;     // "" = <role>-<port>
+    std::string advertise;   // host:port others reach it at; "" = host:port
     int64_t lease_ttl_s = membership::RegistryOptions{}.lease_ttl_s;
     std::string engine_api_key;  // router: the key engines require
     // router: S-LB prefill quota cap of the shortest-prompt bucket, ms of the cost model
@@ -58,7 +58,7 @@ struct ServeFlags {
     int kv_transfer_port = 0;
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
-    EpFlags ep;                  // serve: expert parallelism (issue 19, ep_launch.h)
+    EpFlags ep;  // serve: expert parallelism (issue 19, ep_launch.h)
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
@@ -175,7 +175,8 @@ int run_serve(const ServeFlags& f) {
     serving::Replica& rep = **replica;
     if (ep->started_rank()) {
         Status s = ep->run_started_rank(rep, env);
-        return s.is_ok() ? 0 : fail(s);
+        if (!s.is_ok()) (void)fail(s);
+        return EpLaunch::started_rank_exit_code(s);
     }
     const std::string& model_id = rep.served_model_name();
     Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.config());
@@ -217,10 +218,10 @@ int run_serve(const ServeFlags& f) {
             c.push_back({"kv_inbox_failed_total", "KV hand-overs refused or broken", s.num_failed});
             c.push_back({"kv_inbox_rejected_total", "hand-over connections refused (busy)",
                          s.num_rejected});
-            c.push_back({"kv_inbox_blocks_total", "KV blocks stored by hand-overs",
-                         s.blocks_stored});
-            c.push_back({"kv_inbox_bytes_total", "KV bytes stored by hand-overs",
-                         s.bytes_received});
+            c.push_back(
+                {"kv_inbox_blocks_total", "KV blocks stored by hand-overs", s.blocks_stored});
+            c.push_back(
+                {"kv_inbox_bytes_total", "KV bytes stored by hand-overs", s.bytes_received});
             return c;
         };
         handoff = std::make_unique<server::HandoffService>(service, std::move(ho));
@@ -284,7 +285,7 @@ int run_serve(const ServeFlags& f) {
     engine_service->stop();
     handoff.reset();
     inbox.reset();
-    engine_service.reset();  // the engine goes before the replica
+    engine_service.reset();              // the engine goes before the replica
     if (s.is_ok()) s = ep->finish(rep);  // --ep: end the group, reap the ranks
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";
@@ -346,8 +347,8 @@ int run_router(const ServeFlags& f) {
         (*registry)->watch([&remote](const membership::MemberChange& c) { remote.apply(c); });
     if (!engines.is_ok()) return fail(engines.status(), "router");  // (they came as joins)
     server::Metrics metrics;
-    Result<std::unique_ptr<server::HttpServer>> srv =
-        server::HttpServer::create(&ctx, &remote, &metrics, server_options(f, std::move(keys).value()));
+    Result<std::unique_ptr<server::HttpServer>> srv = server::HttpServer::create(
+        &ctx, &remote, &metrics, server_options(f, std::move(keys).value()));
     if (!srv.is_ok()) return fail(srv.status(), "router");
     membership::Member self = self_record(f, membership::Role::kRouter, (*srv)->port());
     if (Status s = (*registry)->join(self); !s.is_ok()) return fail(s, "router");
@@ -374,7 +375,8 @@ void add_http_flags(CLI::App* cmd, ServeFlags* f) {
                 "salt");
     add_setting(*cmd, "--api-keys-file", f->api_keys_file,
                 "more keys, one KEY or KEY:SALT per line (# comments)");
-    add_setting(*cmd, "--chat-encoding", f->chat_encoding, "auto (v4 for a V4 checkpoint, else v32) | v32 | v4 | v3 (Jinja template)");
+    add_setting(*cmd, "--chat-encoding", f->chat_encoding,
+                "auto (v4 for a V4 checkpoint, else v32) | v32 | v4 | v3 (Jinja template)");
     add_setting(*cmd, "--io-threads", f->io_threads, "HTTP threads");
     add_setting(*cmd, "--drain-grace-ms", f->drain_grace_ms, "SIGTERM: wait this long, then abort");
     add_setting(*cmd, "--max-body-bytes", f->limits.max_body_bytes, "413 above");
@@ -401,7 +403,8 @@ void add_http_flags(CLI::App* cmd, ServeFlags* f) {
                 "nesting levels a request's JSON may hold; 400 above");
     add_setting(*cmd, "--membership", f->membership,
                 "cluster directory: etcd://host:port[/prefix] or file:///path.json");
-    add_setting(*cmd, "--node-id", f->node_id, "this process's id in the directory ('' = role-port)");
+    add_setting(*cmd, "--node-id", f->node_id,
+                "this process's id in the directory ('' = role-port)");
     add_setting(*cmd, "--advertise-address", f->advertise,
                 "host:port others reach this process at ('' = --host:port)");
     add_setting(*cmd, "--lease-ttl-s", f->lease_ttl_s,

@@ -3,7 +3,10 @@
 # model instance and print exactly the text one process prints (greedy and sampled, a
 # batch of prompts); bad --ep values are refused before any rank starts; a rank that
 # cannot attach its group fails with an error instead of hanging; a rank killed mid-run
-# fails rank 0 with an error; `serve --ep 2` answers as `serve` does and stops cleanly.
+# fails rank 0 with an error (--ep-failover off) or, with failover, rank 0 restarts with
+# the healthy ranks and prints the same text (S-DEPLOY); live EPLB moves experts
+# mid-generation without changing the text; `serve --ep 2` answers as `serve` does and
+# stops cleanly.
 # usage: ep_generate_test.sh <dsinfer binary> <source dir>
 set -euo pipefail
 bin=$1
@@ -34,6 +37,15 @@ for i in 1 2 3; do echo "{\"prompt\": \"prompt number $i\", \"max_tokens\": $((8
 gen --input "$tmp/in.jsonl" --output "$tmp/one.jsonl" 2>/dev/null || fail "generate --input"
 gen --input "$tmp/in.jsonl" --output "$tmp/ep.jsonl" --ep 2 2>/dev/null || fail "generate --input --ep 2"
 cmp -s "$tmp/one.jsonl" "$tmp/ep.jsonl" || { diff "$tmp/one.jsonl" "$tmp/ep.jsonl" || true; fail "batch differs"; }
+# Live EPLB through the app (S-EPLB): 3 ranks over 8 experts (S-EPLB rounding), placement
+# recomputed every 3 steps from 2-step windows, weights moved mid-generation: same file.
+gen --input "$tmp/in.jsonl" --output "$tmp/eplb.jsonl" --ep 3 --eplb decode --eplb-window-steps 2 \
+    --eplb-interval-steps 3 --eplb-wait-weights 2>"$tmp/eplb.err" ||
+    { cat "$tmp/eplb.err"; fail "generate --ep 3 --eplb"; }
+grep -Eq "expert parallelism: 3 ranks, [0-9]+ group steps, [1-9][0-9]* placement changes" \
+    "$tmp/eplb.err" || { cat "$tmp/eplb.err"; fail "no placement change"; }
+cmp -s "$tmp/one.jsonl" "$tmp/eplb.jsonl" ||
+    { diff "$tmp/one.jsonl" "$tmp/eplb.jsonl" || true; fail "batch differs under live EPLB"; }
 
 # Bad --ep: refused with a clear message, no rank started (tiny has 8 routed experts).
 expect_error() {  # expect_error MESSAGE ARGS...
@@ -43,17 +55,20 @@ expect_error() {  # expect_error MESSAGE ARGS...
     grep -q -- "$want" "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "message for $*"; }
 }
 expect_error "more ranks than the 8 routed experts" --ep 16
-expect_error "3 ranks do not divide the 8 routed experts" --ep 3
+expect_error "9 redundant experts per rank, more than the 8 routed experts" --ep 2 --eplb-redundant 9
+expect_error "--eplb must be off, prefill or decode" --ep 2 --eplb sometimes
+expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
 expect_error "--ep must be >= 1" --ep 0
 expect_error "does not run with --speculative" --ep 2 --speculative ngram
 # A rank whose group never forms: an error at its attach deadline, not a hang.
 expect_error "did not appear" --ep 2 --ep-rank 1 --ep-group dsinfer-ep-test-nobody \
     --ep-attach-timeout-ms 500
 
-# Rank 1 killed -9 once tokens stream: rank 0 fails with an error (the dead peer is seen).
-# (the binary itself in the background, not the gen function's subshell: $! is rank 0)
+# Rank 1 killed -9 once tokens stream, failover off: rank 0 fails with an error (the dead
+# peer is seen). (the binary itself in the background, not the gen function's subshell:
+# $! is rank 0)
 "$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
-    --max-tokens 6000 --ep 2 >"$tmp/kill.out" 2>"$tmp/kill.err" &
+    --max-tokens 6000 --ep 2 --ep-failover off >"$tmp/kill.out" 2>"$tmp/kill.err" &
 leader=$!
 rank1=""
 for _ in $(seq 600); do
@@ -66,6 +81,27 @@ kill -9 "$rank1"
 if wait "$leader"; then fail "rank 0 succeeded without its peer"; fi
 grep -q "UNAVAILABLE.*rank 1 (pid $rank1) is gone" "$tmp/kill.err" ||
     { cat "$tmp/kill.err"; fail "rank 0's error"; }
+
+# EP failover (S-DEPLOY): rank 2 of 4 killed -9 mid-generation: rank 0 restarts the group
+# with the 3 healthy ranks, re-runs the step, and prints exactly one process's text.
+gen --prompt "The experts" --max-tokens 160 >"$tmp/fo1.out" 2>/dev/null || fail "generate (160)"
+"$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
+    --max-tokens 160 --ep 4 >"$tmp/fo.out" 2>"$tmp/fo.err" &
+leader=$!
+rank2=""
+for _ in $(seq 600); do
+    rank2=$(pgrep -P "$leader" -f -- "--ep-rank 2" || true)
+    [[ -n $rank2 && $(wc -c <"$tmp/fo.out") -gt 30 ]] && break
+    sleep 0.05
+done
+[[ -n $rank2 ]] || { kill -9 "$leader"; cat "$tmp/fo.err"; fail "no rank 2 / no tokens"; }
+kill -9 "$rank2"
+wait "$leader" || { cat "$tmp/fo.err"; fail "rank 0 failed after its rank 2 was killed"; }
+grep -q -- "--ep failover: 3 of 4 ranks healthy" "$tmp/fo.err" || { cat "$tmp/fo.err"; fail "no failover"; }
+grep -Eq "expert parallelism: 3 ranks, .*, 1 failovers" "$tmp/fo.err" ||
+    { cat "$tmp/fo.err"; fail "failover not counted"; }
+cmp -s "$tmp/fo1.out" "$tmp/fo.out" ||
+    { diff "$tmp/fo1.out" "$tmp/fo.out" || true; fail "text differs after the failover"; }
 
 # serve --ep 2: rank 0 serves HTTP with rank 1's experts; the same completions as a server
 # without --ep (greedy and seeded), several concurrent; SIGTERM ends both ranks cleanly.
@@ -106,5 +142,6 @@ serve_completions serve2 --ep 2 >"$tmp/serve2.txt"
 [[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 1 ]] || fail "serve --ep 2 started no rank 1"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
     { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
-echo "generate --ep: same text as one process for EP 2 and 4; bad values refused; a killed rank is an error"
+echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
+echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
 echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank"
