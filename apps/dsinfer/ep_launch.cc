@@ -137,11 +137,11 @@ Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep) {
     ep.stats_window_steps = settings.window_steps;
     ep.wait_for_moved_weights = f.eplb_wait_weights;
     ep.placement_policy = nullptr;
-    // With live EPLB a replicated expert's rows are spread over its replicas, as the
+    // With live EPLB a replicated expert's rows are split evenly over its replicas, as the
     // policy's moe_lb assumes (kLocalFirst would send every row of rank 0 — the rank
     // that takes requests — to its own replica, whatever the placement).
     ep.replica_choice =
-        f.eplb == "off" ? comm::ReplicaChoice::kLocalFirst : comm::ReplicaChoice::kSpread;
+        f.eplb == "off" ? comm::ReplicaChoice::kLocalFirst : comm::ReplicaChoice::kRoundRobin;
     if (f.eplb != "off") {
         ep.placement_policy = cluster::live_eplb_factory(settings);
     }
