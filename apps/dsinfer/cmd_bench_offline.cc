@@ -62,8 +62,10 @@ struct OfflineFlags {
 json expert_parallel_json(const ExpertParallelStats& ep) {
     json windows = json::array();
     for (const ExpertParallelStats::Window& w : ep.windows) {
-        windows.push_back(
-            {{"end_step", w.end_step}, {"placement", w.placement}, {"moe_lb", w.moe_lb}});
+        windows.push_back({{"end_step", w.end_step},
+                           {"placement", w.placement},
+                           {"moe_lb", w.moe_lb},
+                           {"placed_moe_lb", w.placed_moe_lb}});
     }
     return {{"ranks", ep.num_ranks},
             {"steps", ep.steps},

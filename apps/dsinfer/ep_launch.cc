@@ -96,7 +96,8 @@ Result<std::vector<pid_t>> spawn(int num_ranks, const std::string& group, bool r
 void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep", f->ep,
                 "expert parallelism: N rank processes on this host share the routed experts "
-                "(this one and N-1 it starts; N must divide the routed experts)");
+                "(this one and N-1 it starts; N <= the routed experts; slots per rank by the "
+                "S-EPLB rounding)");
     add_setting(cmd, "--ep-attach-timeout-ms", f->attach_timeout_ms,
                 "how long the --ep ranks may take to join the group");
     add_setting(cmd, "--eplb", f->eplb,

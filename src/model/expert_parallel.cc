@@ -203,6 +203,10 @@ Status ExpertParallelGroup::end_step() {
     {
         MutexLock lock(&stats_mu_);
         stats_.placed_moe_lb = d.moe_lb_on_window;
+        if (!stats_.windows.empty() && stats_.windows.back().end_step == stats_.steps) {
+            // Decided as a window closed: computed from that window's loads.
+            stats_.windows.back().placed_moe_lb = d.moe_lb_on_window;
+        }
     }
     return stage(d.phy_to_log);
 }

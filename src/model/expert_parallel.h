@@ -112,6 +112,9 @@ struct ExpertParallelStats {
         int64_t end_step = 0;
         int64_t placement = 0;  // placement changes before the window
         double moe_lb = 0;
+        // The placement computed from this window's loads (at its end), evaluated on
+        // those loads as the policy predicts it; 0 when none was computed then.
+        double placed_moe_lb = 0;
     };
     std::vector<Window> windows;  // completed windows, oldest first (the last 1,000)
     // The latest placement's moe_lb on the loads of the window it was computed from (as
