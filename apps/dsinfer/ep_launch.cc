@@ -17,6 +17,7 @@
 #include "base/logging.h"
 #include "cluster/ep_failover.h"
 #include "cluster/eplb_live.h"
+#include "comm/numa_pinning.h"
 #include "engine/ep_rank.h"
 
 namespace dsi {
@@ -114,9 +115,39 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep-failover", f->failover,
                 "on | off: when an --ep rank dies, restart the group with the healthy ranks "
                 "and re-run its step (S-DEPLOY), or fail");
+    add_setting(cmd, "--ep-numa", f->numa,
+                "off | auto | on: pin each --ep rank to a NUMA node's CPUs (ranks in blocks "
+                "over the nodes, a node's CPUs split among its ranks) and prefer that node's "
+                "memory for its weights; auto: only on a machine with several nodes");
+    cmd.add_option("--ep-numa-topology", f->numa_topology)
+        ->group("");  // tests: a faked topology, "0-3;4-7"
     cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");  // set by rank 0 at a restart
     cmd.add_option("--ep-rank", f->rank)->group("");            // set by rank 0 only
     cmd.add_option("--ep-group", f->group)->group("");
+}
+
+// --ep-numa: pins this rank's process to its CPUs (and memory node) before its thread pool
+// exists (comm/numa_pinning.h); `num_threads` 0 becomes the rank's CPU count.
+Status pin_rank_process(const EpFlags& f, int rank, int num_ranks, int& num_threads) {
+    if (f.numa == "off") return Status::ok();
+    if (f.numa != "auto" && f.numa != "on") {
+        return invalid_argument("--ep-numa must be off, auto or on, not '" + f.numa + "'");
+    }
+    comm::NumaTopology topology;
+    if (!f.numa_topology.empty()) {
+        Result<comm::NumaTopology> t = comm::parse_numa_topology(f.numa_topology);
+        if (!t.is_ok()) return t.status().with_context("--ep-numa-topology");
+        topology = std::move(t).value();
+    } else {
+        DSI_ASSIGN_OR_RETURN(topology, comm::system_numa_topology());
+    }
+    if (f.numa == "auto" && topology.num_nodes() < 2) return Status::ok();
+    const comm::RankPinning pinning = comm::pin_rank(topology, rank, num_ranks);
+    DSI_RETURN_IF_ERROR(comm::apply_pinning(pinning, topology));
+    DSI_LOG(kInfo) << "--ep rank " << rank << ": " << comm::describe(pinning)
+                   << (topology.faked ? " (faked topology: CPUs only)" : "");
+    if (num_threads == 0) num_threads = static_cast<int>(pinning.cpus.size());
+    return Status::ok();
 }
 
 Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep) {
@@ -176,6 +207,7 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     DSI_RETURN_IF_ERROR(apply_eplb_flags(f, ep));
     // Rank 0 may wait for its next request indefinitely; its death is still seen at once.
     if (long_idle) ep.idle_timeout_ms = int64_t{365} * 24 * 3600 * 1000;
+    DSI_RETURN_IF_ERROR(pin_rank_process(f, ep.rank, ep.num_ranks, o.num_threads));
     if (o.num_threads == 0) o.num_threads = std::max(1, env->num_cpus() / f.ep);  // cores shared
     launch.rank_ = f.rank;
     if (f.rank > 0) return launch;

@@ -36,6 +36,9 @@ struct EpFlags {
     // with the healthy ranks and re-run the step (nothing lost); off: rank 0 fails.
     std::string failover = "on";
     int ranks_now = 0;  // hidden: the group size of a restarted group's started ranks
+    // NUMA pinning (comm/numa_pinning.h): off | auto | on; a faked topology for tests.
+    std::string numa = "auto";
+    std::string numa_topology;
 };
 
 // The expert-parallel options --ep's EPLB flags give (placement policy, redundant slots,
