@@ -2,7 +2,8 @@
 # Live EPLB's figure (issue 19, S-EPLB): moe_lb (busiest rank's expert rows / mean rank's,
 # per MoE layer, averaged over layers) measured live by `dsinfer bench offline --ep`, with
 # the placement off and on, in the same run:
-#   off     --eplb off (the identity placement, no replicas: what --ep did before)
+#   off     --eplb off (the identity placement, no replicas: what --ep did before; the
+#           window only sets where moe_lb is measured)
 #   static  --eplb decode, interval beyond the run (identity + 1 replica per rank, never moved)
 #   live    --eplb decode, window = interval = WINDOW steps (placed on every window's loads)
 # The three alternate REPS times (off, static, live, off, ...). Each run: `tiny` (8 routed
@@ -31,7 +32,7 @@ common=(bench offline --model "$work/tiny" --skip-llamacpp --threads 1 --ep 4
 for r in $(seq "$reps"); do
     for series in off static live; do
         case $series in
-            off) args=(--eplb off --eplb-redundant 0) ;;
+            off) args=(--eplb off --eplb-redundant 0 --eplb-window-steps "$window") ;;
             static) args=(--eplb decode --eplb-redundant 1 --eplb-window-steps "$window"
                           --eplb-interval-steps 100000000) ;;
             live) args=(--eplb decode --eplb-redundant 1 --eplb-window-steps "$window"

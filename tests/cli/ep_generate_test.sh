@@ -132,6 +132,7 @@ serve_completions() {  # serve_completions NAME ARGS...: prints the completions'
     for i in 1 2 3; do  # (the body has no final newline: sed would not add one)
         printf '%s\n' "$(LC_ALL=C sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/$name.$i.json")"
     done
+    curl -sS --max-time 30 "http://127.0.0.1:$port/metrics" >"$tmp/$name.metrics"
     kill -TERM "$serve_pid"
     wait "$serve_pid" || { cat "$tmp/$name.err"; fail "$name exit status after SIGTERM"; }
     serve_pid=""
@@ -140,6 +141,12 @@ serve_completions serve1 >"$tmp/serve1.txt"
 serve_completions serve2 --ep 2 >"$tmp/serve2.txt"
 [[ $(grep -c . "$tmp/serve1.txt") -eq 3 ]] || { cat "$tmp"/serve1.*.json; fail "serve: no completions"; }
 [[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 1 ]] || fail "serve --ep 2 started no rank 1"
+# /metrics under --ep: rank 1's and rank 0's expert rows, moe_lb, placement changes.
+for m in 'dsinfer_ep_expert_rows_total{rank="1"}' dsinfer_ep_moe_lb dsinfer_ep_placement_changes_total \
+    dsinfer_ep_failovers_total 'dsinfer_ep_ranks 2'; do
+    grep -qF "$m" "$tmp/serve2.metrics" || { cat "$tmp/serve2.metrics"; fail "serve --ep 2 /metrics: $m"; }
+done
+! grep -q dsinfer_ep_ "$tmp/serve1.metrics" || fail "serve without --ep shows EP metrics"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
     { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
 echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
