@@ -183,8 +183,10 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
         // Issue 19: expert parallelism with live EPLB (S-EPLB). Rank 0 sees every rank's
         // load (the all-to-all's layout counts are the whole group's).
         const ExpertParallelStats& ep = *s.engine.expert_parallel;
-        header(&out, "dsinfer_ep_expert_rows_total", "counter",
-               "rows the routed experts of each --ep rank computed, all MoE layers");
+        header(
+            &out, "dsinfer_ep_expert_rows_total", "counter",
+            "rows the routed experts of each --ep rank computed, all MoE layers (since the group "
+            "last (re)started)");
         for (size_t r = 0; r < ep.rank_rows.size(); ++r) {
             line(&out, "dsinfer_ep_expert_rows_total{rank=\"" + std::to_string(r) + "\"}",
                  static_cast<double>(ep.rank_rows[r]));

@@ -84,9 +84,9 @@ grep -q "UNAVAILABLE.*rank 1 (pid $rank1) is gone" "$tmp/kill.err" ||
 
 # EP failover (S-DEPLOY): rank 2 of 4 killed -9 mid-generation: rank 0 restarts the group
 # with the 3 healthy ranks, re-runs the step, and prints exactly one process's text.
-gen --prompt "The experts" --max-tokens 160 >"$tmp/fo1.out" 2>/dev/null || fail "generate (160)"
+gen --prompt "The experts" --max-tokens 100 >"$tmp/fo1.out" 2>/dev/null || fail "generate (100)"
 "$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
-    --max-tokens 160 --ep 4 >"$tmp/fo.out" 2>"$tmp/fo.err" &
+    --max-tokens 100 --ep 4 >"$tmp/fo.out" 2>"$tmp/fo.err" &
 leader=$!
 rank2=""
 for _ in $(seq 600); do
@@ -125,9 +125,18 @@ serve_completions() {  # serve_completions NAME ARGS...: prints the completions'
     for i in 1 2 3; do
         curl -sS --max-time 300 "http://127.0.0.1:$port/v1/completions" \
             -H 'Content-Type: application/json' \
-            -d "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_tokens\":12,\"temperature\":$((i % 2)),\"seed\":$i}" \
+            -d "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_tokens\":${MAX_TOKENS:-12},\"temperature\":$((i % 2)),\"seed\":$i}" \
             >"$tmp/$name.$i.json" &
     done
+    if [[ -n ${KILL_RANK:-} ]]; then  # kill -9 that rank once the group has stepped a little
+        for _ in $(seq 600); do
+            steps=$(curl -sS --max-time 5 "http://127.0.0.1:$port/metrics" |
+                sed -n 's/^dsinfer_ep_steps_total \([0-9]*\)$/\1/p')
+            [[ ${steps:-0} -ge 8 ]] && break
+            sleep 0.05
+        done
+        kill -9 "$(pgrep -P "$serve_pid" -f -- "--ep-rank $KILL_RANK")"
+    fi
     wait $(jobs -p | grep -vx "$serve_pid")
     for i in 1 2 3; do  # (the body has no final newline: sed would not add one)
         printf '%s\n' "$(LC_ALL=C sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/$name.$i.json")"
@@ -149,6 +158,16 @@ done
 ! grep -q dsinfer_ep_ "$tmp/serve1.metrics" || fail "serve without --ep shows EP metrics"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
     { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
+# EP failover under serve: rank 2 of 4 killed -9 while three requests run; every request
+# completes with the text one process gives, the group goes on with 3 ranks.
+MAX_TOKENS=40 serve_completions serve3 >"$tmp/serve3.txt"
+MAX_TOKENS=40 KILL_RANK=2 serve_completions serve4 --ep 4 >"$tmp/serve4.txt"
+cmp -s "$tmp/serve3.txt" "$tmp/serve4.txt" ||
+    { diff "$tmp/serve3.txt" "$tmp/serve4.txt" || true; fail "serve --ep 4 failover: completions differ"; }
+for m in 'dsinfer_ep_failovers_total 1' 'dsinfer_ep_ranks 3'; do
+    grep -qF "$m" "$tmp/serve4.metrics" || { cat "$tmp/serve4.metrics"; fail "serve failover /metrics: $m"; }
+done
 echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
 echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
-echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank"
+echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
+echo "  under serve: every request completes with one process's text"
