@@ -745,7 +745,7 @@ Status DeepseekModel::Impl::fail_over(const Status& failure) {
     o.group = next.group;
     std::unique_ptr<ExpertParallelGroup> group;
     std::vector<int> next_local;
-    if (o.enabled()) {
+    if (o.num_ranks > 1) {
         DSI_ASSIGN_OR_RETURN(group, ExpertParallelGroup::create(o, cfg));
         for (int l = 0; l < group->num_moe_layers(); ++l) {
             const auto local = group->local_experts(l);

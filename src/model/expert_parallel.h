@@ -59,7 +59,7 @@ struct EpRestart {
 };
 
 struct ExpertParallelOptions {
-    int num_ranks = 1;  // 1: no expert parallelism (everything below is ignored)
+    int num_ranks = 1;  // 1: no expert parallelism (below ignored), unless placement_policy
     int rank = 0;
     // The group's shared-memory segment name (comm::ShmOptions::name); every rank the same.
     std::string group;
@@ -95,7 +95,9 @@ struct ExpertParallelOptions {
     // ExpertParallelStats::failovers.
     std::function<Result<EpRestart>(const Status& failure)> restart;
 
-    bool enabled() const { return num_ranks > 1; }
+    // A group: several ranks, or one rank with a placement policy (live EPLB moving
+    // experts between one rank's slots: EP 1 of the bitwise tests).
+    bool enabled() const { return num_ranks > 1 || placement_policy != nullptr; }
 };
 
 // What a group measured (rank 0 sees the whole group's loads, like every rank).

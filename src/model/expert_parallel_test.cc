@@ -225,7 +225,8 @@ INSTANTIATE_TEST_SUITE_P(
 
 // Live EPLB (S-EPLB): the placement changes between forward passes in the middle of the
 // ranks' generations (window 2 steps, rebalance every 2), weights move into the new slots,
-// and every rank's logits stay bitwise those of one process.
+// and every rank's logits stay bitwise those of one process — EP 1 (a one-rank group: the
+// placement permutes its slots and moves its replicas), 2 and 4, with and without replicas.
 constexpr int kEplbDecode = 6;
 
 ExpertParallelOptions eplb_options(const std::string& group, int rank, const EpCase& k) {
@@ -282,8 +283,9 @@ TEST_P(LiveEplbTest, LogitsStayBitwiseAcrossPlacementChanges) {
         120'000);
     (void)comm::ShmMoeCommunicator::unlink(group);
     for (int r = 0; r < k.ranks; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
-    // Every rank switched as often, at least twice (steps 3 and 5 of 7).
-    EXPECT_GE(changes[0], 2);
+    // Every rank switched as often, at least twice (steps 3 and 5 of 7) with several
+    // ranks; one rank's slots may settle after the first switch.
+    EXPECT_GE(changes[0], k.ranks > 1 ? 2 : 1);
     for (int r = 1; r < k.ranks; ++r) EXPECT_EQ(changes[static_cast<size_t>(r)], changes[0]);
     auto ref = DeepseekModel::load(synthetic_memory_model(c, kSeed), DeepseekModel::Options{});
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
@@ -297,7 +299,8 @@ TEST_P(LiveEplbTest, LogitsStayBitwiseAcrossPlacementChanges) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Sizes, LiveEplbTest,
-                         ::testing::Values(EpCase{"tiny", 2, 0, 128}, EpCase{"tiny", 4, 1, 3},
+                         ::testing::Values(EpCase{"tiny", 1, 1, 128}, EpCase{"tiny", 2, 0, 128},
+                                           EpCase{"tiny", 4, 1, 3}, EpCase{"tiny-v3", 1, 0, 128},
                                            EpCase{"tiny-v3", 2, 2, 5},
                                            EpCase{"tiny-v3", 4, 0, 128}),
                          [](const ::testing::TestParamInfo<EpCase>& p) {
