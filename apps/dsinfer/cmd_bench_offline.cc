@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -27,6 +28,7 @@
 #include "base/settings.h"
 #include "bench_stats.h"
 #include "engine/engine.h"
+#include "ep_launch.h"
 #include "kernels/cpu_features.h"
 #include "replica_flags.h"
 #include "serving/replica.h"
@@ -52,7 +54,28 @@ struct OfflineFlags {
     std::string llamacpp_amx = "on";
     std::string llamacpp_flash_attn = "off";
     int repetitions = 3;
+    EpFlags ep;  // --ep N: rank 0 measures, the ranks it starts lend their experts
 };
+
+// Expert parallelism (issue 19): the group's per-rank expert rows, moe_lb of its
+// measured windows, placement changes and failovers so far.
+json expert_parallel_json(const ExpertParallelStats& ep) {
+    json windows = json::array();
+    for (const ExpertParallelStats::Window& w : ep.windows) {
+        windows.push_back({{"end_step", w.end_step},
+                           {"placement", w.placement},
+                           {"moe_lb", w.moe_lb},
+                           {"placed_moe_lb", w.placed_moe_lb}});
+    }
+    return {{"ranks", ep.num_ranks},
+            {"steps", ep.steps},
+            {"rank_expert_rows", ep.rank_rows},
+            {"moe_lb_last_window", ep.windows.empty() ? 0.0 : ep.windows.back().moe_lb},
+            {"placement_changes", ep.placement_changes},
+            {"placed_moe_lb", ep.placed_moe_lb},
+            {"failovers", ep.failovers},
+            {"windows", windows}};
+}
 
 // Sequence s's prompt; bench/llamacpp_offline_bench.mjs builds the same ids.
 std::vector<int32_t> bench_prompt(int64_t s, int64_t n) {
@@ -97,6 +120,7 @@ Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t
              {"step_ms_mean", st.steps ? st.forward_ns / 1e6 / static_cast<double>(st.steps) : 0},
              {"host_gap_fraction",
               st.forward_ns ? static_cast<double>(st.host_gap_ns) / st.forward_ns : 0.0}};
+    if (st.expert_parallel) out["expert_parallel"] = expert_parallel_json(*st.expert_parallel);
     if (st.spec_verify_steps > 0) {  // --speculative (issue 24)
         json per = json::array();
         for (size_t j = 0; j < st.spec_drafted_at.size() && st.spec_drafted_at[j] > 0; ++j) {
@@ -168,6 +192,8 @@ Result<json> run_dsinfer_once(const OfflineFlags& f, const std::vector<int64_t>&
     DSI_ASSIGN_OR_RETURN(serving::ReplicaOptions options, to_replica_options(f.replica));
     options.load_tokenizer = false;  // token ids only
     options.create_engine = false;   // one fresh engine per measurement
+    // --ep N: a fresh group each repetition (its ranks end with it).
+    DSI_ASSIGN_OR_RETURN(EpLaunch ep, EpLaunch::start(f.ep, env, options, /*long_idle=*/false));
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<serving::Replica> replica,
                          serving::open_replica(std::move(options), env));
     serving::Replica* rep = replica.get();
@@ -198,6 +224,10 @@ Result<json> run_dsinfer_once(const OfflineFlags& f, const std::vector<int64_t>&
         out["ttft_prefix"] = t;
         std::fprintf(stderr, "ttft: %s\n", t.dump().c_str());
     }
+    if (auto st = rep->model()->expert_parallel_stats(SIZE_MAX)) {
+        out["expert_parallel"] = expert_parallel_json(*st);  // the whole repetition
+    }
+    DSI_RETURN_IF_ERROR(ep.finish(*rep));
     return out;
 }
 
@@ -208,17 +238,36 @@ Result<json> run_llamacpp_once(const OfflineFlags& f) {
     const std::string cmd =
         "node " + std::string(DSINFER_SOURCE_DIR) + "/bench/llamacpp_offline_bench.mjs --model " +
         f.replica.model + " --threads " + std::to_string(f.replica.threads) + " --concurrency " +
-        f.concurrency + " --prompt-tokens " + std::to_string(f.prompt_tokens) +
-        " --gen-tokens " + std::to_string(f.gen_tokens) + " --amx " + f.llamacpp_amx +
-        " --flash-attn " + f.llamacpp_flash_attn + " --out " + tmp;
+        f.concurrency + " --prompt-tokens " + std::to_string(f.prompt_tokens) + " --gen-tokens " +
+        std::to_string(f.gen_tokens) + " --amx " + f.llamacpp_amx + " --flash-attn " +
+        f.llamacpp_flash_attn + " --out " + tmp;
     if (std::system(cmd.c_str()) != 0) return internal_error("llama.cpp side failed: " + cmd);
     DSI_ASSIGN_OR_RETURN(std::string text, Env::default_env()->read_file(tmp));
     std::remove(tmp.c_str());
     return json::parse(text);
 }
 
+// A rank `bench offline --ep N` started: lends its experts until rank 0 ends the group.
+int run_started_rank(const OfflineFlags& f, Env* env) {
+    Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
+    Status s = options.status();
+    if (s.is_ok()) {
+        options->load_tokenizer = false;
+        Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/false);
+        s = ep.status();
+        if (s.is_ok()) {
+            Result<std::unique_ptr<serving::Replica>> replica =
+                serving::open_replica(std::move(options).value(), env);
+            s = replica.is_ok() ? ep->run_started_rank(**replica, env) : replica.status();
+        }
+    }
+    if (!s.is_ok()) std::fprintf(stderr, "dsinfer: %s\n", s.to_string().c_str());
+    return EpLaunch::started_rank_exit_code(s);
+}
+
 int run_bench_offline(const OfflineFlags& f) {
     Env* env = Env::default_env();
+    if (f.ep.rank > 0) return run_started_rank(f, env);
     std::vector<int64_t> conc;
     try {
         conc = parse_list(f.concurrency);
@@ -242,6 +291,8 @@ int run_bench_offline(const OfflineFlags& f) {
                 {"gen_tokens", f.gen_tokens},
                 {"batch_invariant", f.replica.batch_invariant},
                 {"repetitions", f.repetitions},
+                {"ep", f.ep.ep},
+                {"eplb", f.ep.eplb},
                 {"dsinfer_settings",
                  {{"attention", "MLA, absorbed (latent KV), no flash-attention variant"},
                   {"kv_cache_type", "f32"},
@@ -303,8 +354,8 @@ int run_bench_offline(const OfflineFlags& f) {
                           "| %lld | %.1f (%.1f-%.1f) | %.1f (%.1f-%.1f) | %.2f | %.0f | %.0f |\n",
                           static_cast<long long>(n), on["median"].get<double>(),
                           on["min"].get<double>(), on["max"].get<double>(),
-                          l["median"].get<double>(), l["min"].get<double>(),
-                          l["max"].get<double>(), row["ratio_of_medians"].get<double>(),
+                          l["median"].get<double>(), l["min"].get<double>(), l["max"].get<double>(),
+                          row["ratio_of_medians"].get<double>(),
                           row["llama_cpp_decode_calls"]["median"].get<double>(),
                           row["llama_cpp_min_tokens_per_call"]["min"].get<double>());
         } else {
@@ -347,6 +398,7 @@ void register_bench_offline_command(CLI::App& bench) {
     add_setting(*o, "--llamacpp-flash-attn", f->llamacpp_flash_attn, "on | off");
     add_setting(*o, "--repetitions", f->repetitions, "alternating repetitions (median, spread)");
     o->add_flag("--skip-llamacpp", f->skip_llamacpp, "dsinfer only");
+    add_ep_flags(*o, &f->ep);
     o->callback([f] {
         if (int rc = run_bench_offline(*f); rc != 0) throw CLI::RuntimeError(rc);
     });

@@ -209,7 +209,8 @@ int run_generate(const GenerateFlags& f) {
     if (!replica.is_ok()) return fail(replica.status());
     if (ep->started_rank()) {
         Status s = ep->run_started_rank(**replica, env);
-        return s.is_ok() ? 0 : fail(s);
+        if (!s.is_ok()) (void)fail(s);
+        return EpLaunch::started_rank_exit_code(s);
     }
     const Tokenizer& tk = *(*replica)->tokenizer();
     engine::Engine* eng = (*replica)->engine();
@@ -273,6 +274,16 @@ int run_generate(const GenerateFlags& f) {
                  static_cast<long long>(st.output_tokens), secs,
                  secs > 0 ? st.output_tokens / secs : 0.0, static_cast<long long>(st.steps),
                  st.forward_ns ? 100.0 * st.host_gap_ns / st.forward_ns : 0.0);
+    if (st.expert_parallel) {  // --ep (issue 19)
+        const ExpertParallelStats& ep_st = *st.expert_parallel;
+        std::fprintf(stderr,
+                     "expert parallelism: %d ranks, %lld group steps, %lld placement changes, "
+                     "moe_lb %.3f (last window), %lld failovers\n",
+                     ep_st.num_ranks, static_cast<long long>(ep_st.steps),
+                     static_cast<long long>(ep_st.placement_changes),
+                     ep_st.windows.empty() ? 0.0 : ep_st.windows.back().moe_lb,
+                     static_cast<long long>(ep_st.failovers));
+    }
     if (st.spec_verify_steps > 0) {
         std::string per_pos;
         for (size_t j = 0; j < st.spec_drafted_at.size() && st.spec_drafted_at[j] > 0; ++j) {

@@ -178,7 +178,8 @@ int run_serve(const ServeFlags& f) {
     serving::Replica& rep = **replica;
     if (ep->started_rank()) {
         Status s = ep->run_started_rank(rep, env);
-        return s.is_ok() ? 0 : fail(s);
+        if (!s.is_ok()) (void)fail(s);
+        return EpLaunch::started_rank_exit_code(s);
     }
     const std::string& model_id = rep.served_model_name();
     Result<protocol::ChatEncoding> encoding = parse_encoding(f.chat_encoding, rep.config());

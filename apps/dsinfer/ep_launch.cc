@@ -8,9 +8,16 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <chrono>
+#include <cstdint>
 #include <cstring>
 #include <random>
+#include <thread>
 
+#include "base/logging.h"
+#include "cluster/ep_failover.h"
+#include "cluster/eplb_live.h"
+#include "comm/numa_pinning.h"
 #include "engine/ep_rank.h"
 
 namespace dsi {
@@ -21,7 +28,8 @@ Result<std::vector<std::string>> own_command_line() {
     if (fd < 0) return internal_error(std::string("/proc/self/cmdline: ") + std::strerror(errno));
     std::string text;
     char buf[4096];
-    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) text.append(buf, static_cast<size_t>(n));
+    for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;)
+        text.append(buf, static_cast<size_t>(n));
     ::close(fd);
     std::vector<std::string> args;
     for (size_t begin = 0; begin < text.size();) {
@@ -45,9 +53,9 @@ Status reap(std::vector<pid_t>& pids, bool kill_first) {
         }
         const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
         if (!ok && first.is_ok() && !kill_first) {
-            const std::string how = WIFEXITED(status)
-                                        ? "exited with status " + std::to_string(WEXITSTATUS(status))
-                                        : "was killed by signal " + std::to_string(WTERMSIG(status));
+            const std::string how =
+                WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
+                                  : "was killed by signal " + std::to_string(WTERMSIG(status));
             first = unavailable("--ep: rank " + std::to_string(i + 1) + " " + how);
         }
     }
@@ -55,13 +63,14 @@ Status reap(std::vector<pid_t>& pids, bool kill_first) {
     return first;
 }
 
-Result<std::vector<pid_t>> spawn(int num_ranks, const std::string& group) {
+Result<std::vector<pid_t>> spawn(int num_ranks, const std::string& group, bool restarted) {
     DSI_ASSIGN_OR_RETURN(std::vector<std::string> args, own_command_line());
     const pid_t parent = ::getpid();
     std::vector<pid_t> pids;
     for (int r = 1; r < num_ranks; ++r) {
         std::vector<std::string> a = args;
         a.insert(a.end(), {"--ep-rank", std::to_string(r), "--ep-group", group});
+        if (restarted) a.insert(a.end(), {"--ep-ranks-now", std::to_string(num_ranks)});
         std::vector<char*> argv;
         for (std::string& s : a) argv.push_back(s.data());
         argv.push_back(nullptr);
@@ -88,11 +97,87 @@ Result<std::vector<pid_t>> spawn(int num_ranks, const std::string& group) {
 void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep", f->ep,
                 "expert parallelism: N rank processes on this host share the routed experts "
-                "(this one and N-1 it starts; N must divide the routed experts)");
+                "(this one and N-1 it starts; N <= the routed experts; slots per rank by the "
+                "S-EPLB rounding)");
     add_setting(cmd, "--ep-attach-timeout-ms", f->attach_timeout_ms,
                 "how long the --ep ranks may take to join the group");
-    cmd.add_option("--ep-rank", f->rank)->group("");  // set by rank 0 only
+    add_setting(cmd, "--eplb", f->eplb,
+                "live expert-parallel load balancing with --ep (S-EPLB): off | prefill | "
+                "decode (the phase's defaults: prefill 4 redundant experts per rank, window "
+                "100 steps, rebalance every 1,000; decode 1, 1,000, 10,000)");
+    add_setting(cmd, "--eplb-redundant", f->eplb_redundant,
+                "redundant expert slots per rank (-1: the --eplb phase's default; 0 with off)");
+    add_setting(cmd, "--eplb-window-steps", f->eplb_window_steps,
+                "steps whose expert loads the placement is computed from (-1: phase default)");
+    add_setting(cmd, "--eplb-interval-steps", f->eplb_interval_steps,
+                "steps between placement changes (-1: phase default)");
+    cmd.add_flag("--eplb-wait-weights", f->eplb_wait_weights)->group("");
+    add_setting(cmd, "--ep-failover", f->failover,
+                "on | off: when an --ep rank dies, restart the group with the healthy ranks "
+                "and re-run its step (S-DEPLOY), or fail");
+    add_setting(cmd, "--ep-numa", f->numa,
+                "off | auto | on: pin each --ep rank to a NUMA node's CPUs (ranks in blocks "
+                "over the nodes, a node's CPUs split among its ranks) and prefer that node's "
+                "memory for its weights; auto: only on a machine with several nodes");
+    cmd.add_option("--ep-numa-topology", f->numa_topology)
+        ->group("");  // tests: a faked topology, "0-3;4-7"
+    cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");  // set by rank 0 at a restart
+    cmd.add_option("--ep-rank", f->rank)->group("");            // set by rank 0 only
     cmd.add_option("--ep-group", f->group)->group("");
+}
+
+// --ep-numa: pins this rank's process to its CPUs (and memory node) before its thread pool
+// exists (comm/numa_pinning.h); `num_threads` 0 becomes the rank's CPU count.
+Status pin_rank_process(const EpFlags& f, int rank, int num_ranks, int& num_threads) {
+    if (f.numa == "off") return Status::ok();
+    if (f.numa != "auto" && f.numa != "on") {
+        return invalid_argument("--ep-numa must be off, auto or on, not '" + f.numa + "'");
+    }
+    comm::NumaTopology topology;
+    if (!f.numa_topology.empty()) {
+        Result<comm::NumaTopology> t = comm::parse_numa_topology(f.numa_topology);
+        if (!t.is_ok()) return t.status().with_context("--ep-numa-topology");
+        topology = std::move(t).value();
+    } else {
+        DSI_ASSIGN_OR_RETURN(topology, comm::system_numa_topology());
+    }
+    if (f.numa == "auto" && topology.num_nodes() < 2) return Status::ok();
+    const comm::RankPinning pinning = comm::pin_rank(topology, rank, num_ranks);
+    DSI_RETURN_IF_ERROR(comm::apply_pinning(pinning, topology));
+    DSI_LOG(kInfo) << "--ep rank " << rank << ": " << comm::describe(pinning)
+                   << (topology.faked ? " (faked topology: CPUs only)" : "");
+    if (num_threads == 0) num_threads = static_cast<int>(pinning.cpus.size());
+    return Status::ok();
+}
+
+Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep) {
+    cluster::EplbSettings settings;
+    if (f.eplb == "prefill") {
+        settings = cluster::EplbSettings::prefill_defaults();
+    } else if (f.eplb == "decode") {
+        settings = cluster::EplbSettings::decode_defaults();
+    } else if (f.eplb == "off") {
+        settings.redundant_experts_per_rank = 0;
+    } else {
+        return invalid_argument("--eplb must be off, prefill or decode, not '" + f.eplb + "'");
+    }
+    if (f.eplb_redundant >= 0) settings.redundant_experts_per_rank = f.eplb_redundant;
+    if (f.eplb_window_steps >= 0) settings.window_steps = f.eplb_window_steps;
+    if (f.eplb_interval_steps >= 0) settings.rebalance_interval_steps = f.eplb_interval_steps;
+    DSI_RETURN_IF_ERROR(settings.validate().with_context("--eplb-*"));
+    ep.redundant_experts_per_rank = settings.redundant_experts_per_rank;
+    ep.stats_window_steps = settings.window_steps;
+    ep.wait_for_moved_weights = f.eplb_wait_weights;
+    ep.placement_policy = nullptr;
+    // With live EPLB a replicated expert's rows are split evenly over its replicas, as the
+    // policy's moe_lb assumes (kLocalFirst would send every row of rank 0 — the rank
+    // that takes requests — to its own replica, whatever the placement).
+    ep.replica_choice =
+        f.eplb == "off" ? comm::ReplicaChoice::kLocalFirst : comm::ReplicaChoice::kRoundRobin;
+    if (f.eplb != "off") {
+        ep.placement_policy = cluster::live_eplb_factory(settings);
+    }
+    return Status::ok();
 }
 
 Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOptions& o,
@@ -104,19 +189,25 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
         return invalid_argument("--ep-rank / --ep-group are set by rank 0 for the ranks it starts");
     }
     if (o.engine.speculative.enabled()) {
-        return invalid_argument("--ep does not run with --speculative yet (the MTP layer's MoE "
-                                "is not expert parallel)");
+        return invalid_argument(
+            "--ep does not run with --speculative yet (the MTP layer's MoE "
+            "is not expert parallel)");
+    }
+    if (f.failover != "on" && f.failover != "off") {
+        return invalid_argument("--ep-failover must be on or off, not '" + f.failover + "'");
     }
     ExpertParallelOptions& ep = o.expert_parallel;
-    ep.num_ranks = f.ep;
+    ep.num_ranks = f.rank > 0 && f.ranks_now > 0 ? f.ranks_now : f.ep;
     ep.rank = f.rank;
     std::random_device rd;
     ep.group = f.rank > 0 ? f.group
                           : "dsinfer-ep-" + std::to_string(::getpid()) + "-" +
                                 std::to_string(rd() % 1'000'000);
     ep.attach_timeout_ms = f.attach_timeout_ms;
+    DSI_RETURN_IF_ERROR(apply_eplb_flags(f, ep));
     // Rank 0 may wait for its next request indefinitely; its death is still seen at once.
     if (long_idle) ep.idle_timeout_ms = int64_t{365} * 24 * 3600 * 1000;
+    DSI_RETURN_IF_ERROR(pin_rank_process(f, ep.rank, ep.num_ranks, o.num_threads));
     if (o.num_threads == 0) o.num_threads = std::max(1, env->num_cpus() / f.ep);  // cores shared
     launch.rank_ = f.rank;
     if (f.rank > 0) return launch;
@@ -126,29 +217,87 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     probe.create_engine = false;
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<serving::Replica> r, serving::open_replica(probe, env));
     DSI_RETURN_IF_ERROR(validate_expert_parallel(ep, r->config()));
-    DSI_ASSIGN_OR_RETURN(launch.pids_, spawn(f.ep, ep.group));
+    launch.group_ = std::make_shared<Group>();
+    Group& g = *launch.group_;
+    g.name = ep.group;
+    g.num_experts = static_cast<int>(r->config().n_routed_experts);
+    g.redundant_per_rank = ep.redundant_experts_per_rank;
+    DSI_ASSIGN_OR_RETURN(g.pids, spawn(f.ep, ep.group, /*restarted=*/false));
+    if (f.failover == "on") {
+        ep.restart = [group = launch.group_](const Status&) { return restart(*group); };
+    }
     return launch;
 }
 
-EpLaunch::~EpLaunch() { (void)reap(pids_, /*kill_first=*/true); }
+EpLaunch::~EpLaunch() {
+    if (group_ != nullptr) (void)reap(group_->pids, /*kill_first=*/true);
+}
+
+int EpLaunch::started_rank_exit_code(const Status& s) {
+    if (s.is_ok()) return 0;
+    return s.code() == StatusCode::kUnavailable ? kPeerLost : 1;
+}
+
+Result<EpRestart> EpLaunch::restart(Group& g) {
+    // The old group's ranks see its end (the dead peer, or rank 0 leaving) at once and exit
+    // with kPeerLost: those are healthy. One that is dead, failed otherwise or does not
+    // exit within the deadline is not.
+    constexpr int64_t kReapDeadlineMs = 20'000;
+    std::vector<bool> healthy = {true};  // rank 0: this process
+    const auto deadline =
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(kReapDeadlineMs);
+    for (pid_t pid : g.pids) {
+        int status = 0;
+        pid_t got = 0;
+        while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 &&
+               std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        }
+        if (got != pid) {
+            ::kill(pid, SIGKILL);
+            while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+            }
+            healthy.push_back(false);
+            continue;
+        }
+        healthy.push_back(WIFEXITED(status) && WEXITSTATUS(status) == kPeerLost);
+    }
+    g.pids.clear();
+    // S-DEPLOY: EP = the healthy ranks, the slots re-counted by the S-EPLB rounding.
+    DSI_ASSIGN_OR_RETURN(
+        cluster::EpRestartPlan plan,
+        cluster::plan_ep_restart(healthy, g.num_experts, g.redundant_per_rank, /*min_ep_size=*/1));
+    EpRestart next;
+    next.num_ranks = plan.ep_size;
+    next.group = g.name + "-f" + std::to_string(++g.num_restarts);
+    DSI_LOG(kWarning) << "--ep failover: " << plan.ep_size << " of " << healthy.size()
+                      << " ranks healthy; restarting the group as " << next.group;
+    if (next.num_ranks > 1) {
+        DSI_ASSIGN_OR_RETURN(g.pids, spawn(next.num_ranks, next.group, /*restarted=*/true));
+    }
+    return next;
+}
 
 Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
-    return engine::run_ep_rank(*replica.engine(), *replica.model(), [] { return true; }, env)
+    return engine::run_ep_rank(
+               *replica.engine(), *replica.model(), [] { return true; }, env)
         .with_context("--ep rank " + std::to_string(rank_));
 }
 
 Status EpLaunch::finish(serving::Replica& replica) {
+    if (group_ == nullptr) return Status::ok();  // no --ep
+    std::vector<pid_t>& pids = group_->pids;
     for (;;) {
         Result<CausalLm::GroupStep> step = replica.model()->group_idle_step(/*leaving=*/true);
         if (!step.is_ok()) {
-            (void)reap(pids_, /*kill_first=*/true);
+            (void)reap(pids, /*kill_first=*/true);
             return step.status();
         }
         if (*step == CausalLm::GroupStep::kStopped || *step == CausalLm::GroupStep::kNotGrouped) {
             break;
         }
     }
-    return reap(pids_, /*kill_first=*/false);
+    return reap(pids, /*kill_first=*/false);
 }
 
 }  // namespace dsi

@@ -8,6 +8,7 @@
 
 #include <sys/types.h>
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -23,7 +24,26 @@ struct EpFlags {
     int rank = 0;       // set by rank 0 for the ranks it starts
     std::string group;  // ditto
     int64_t attach_timeout_ms = 60'000;
+    // Live EPLB (S-EPLB): off | prefill | decode, the phase whose SPEC defaults apply
+    // (prefill: 4 redundant experts per rank, window 100 steps, rebalance every 1,000;
+    // decode: 1, 1,000, 10,000); the numbers below override them when >= 0.
+    std::string eplb = "decode";
+    int eplb_redundant = -1;
+    int64_t eplb_window_steps = -1;
+    int64_t eplb_interval_steps = -1;
+    bool eplb_wait_weights = false;  // benchmarks: switch at the next step (hidden flag)
+    // EP failover (S-DEPLOY): on | off. On: a rank that dies makes rank 0 restart the group
+    // with the healthy ranks and re-run the step (nothing lost); off: rank 0 fails.
+    std::string failover = "on";
+    int ranks_now = 0;  // hidden: the group size of a restarted group's started ranks
+    // NUMA pinning (comm/numa_pinning.h): off | auto | on; a faked topology for tests.
+    std::string numa = "auto";
+    std::string numa_topology;
 };
+
+// The expert-parallel options --ep's EPLB flags give (placement policy, redundant slots,
+// stats window), or INVALID_ARGUMENT naming the flag.
+Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep);
 
 // --ep, --ep-attach-timeout-ms, and the hidden --ep-rank / --ep-group.
 void add_ep_flags(CLI::App& cmd, EpFlags* f);
@@ -45,6 +65,11 @@ public:
 
     // A rank rank 0 started: it serves no requests of its own.
     bool started_rank() const { return rank_ > 0; }
+    // The exit status of a started rank whose run ended with `s`: 0, kPeerLost when its
+    // group failed because a peer died or left (this rank is healthy: rank 0 counts it
+    // for the restarted group, S-DEPLOY), else 1.
+    static constexpr int kPeerLost = 75;
+    static int started_rank_exit_code(const Status& s);
     // A started rank's whole run: its peers' MoE exchanges until rank 0 ends the group.
     Status run_started_rank(serving::Replica& replica, Env* env);
     // Rank 0, after its engine is done: leaves the group (waiting for the other ranks to
@@ -52,8 +77,20 @@ public:
     Status finish(serving::Replica& replica);
 
 private:
+    // Rank 0's started ranks, shared with the failover callback it puts in the model's
+    // options (shared_ptr: the launcher and that callback both use it; one thread at a
+    // time, the model's forward passes or, after the engine stopped, finish()).
+    struct Group {
+        std::vector<pid_t> pids;  // the started ranks of the current group, not yet reaped
+        std::string name;         // the first group's name; restarts append -f<n>
+        int num_experts = 0;
+        int redundant_per_rank = 0;
+        int num_restarts = 0;
+    };
+    static Result<EpRestart> restart(Group& g);
+
     int rank_ = 0;
-    std::vector<pid_t> pids_;  // rank 0: the started ranks, not yet reaped
+    std::shared_ptr<Group> group_;  // rank 0
 };
 
 }  // namespace dsi

@@ -2,21 +2,22 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "base/env.h"
+#include "cluster/eplb_live.h"
 
 namespace dsi::cluster {
 namespace {
 
 // DeepSeek's public EPLB example: 2 layers, 12 experts in 4 groups, 16 physical
 // experts on 2 nodes x 4 GPUs, and the placement its README prints.
-const std::vector<double> kExampleLoad = {90,  132, 40,  61,  104, 165, 39,  4,
-                                          73,  56,  183, 86,  20,  107, 104, 64,
-                                          19,  197, 187, 157, 172, 86,  16,  27};
-const std::vector<int> kExamplePhyToLog = {5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1,
-                                           7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1};
+const std::vector<double> kExampleLoad = {90, 132, 40,  61, 104, 165, 39,  4,   73,  56, 183, 86,
+                                          20, 107, 104, 64, 19,  197, 187, 157, 172, 86, 16,  27};
+const std::vector<int> kExamplePhyToLog = {5, 6,  5, 7, 8, 4,  3, 4, 10, 9, 10, 2, 0, 1, 11, 1,
+                                           7, 10, 6, 8, 6, 11, 8, 9, 2,  4, 5,  1, 5, 0, 3,  1};
 
 EplbLayout example_layout() { return EplbLayout{4, 2, 8, 16}; }
 
@@ -194,12 +195,10 @@ TEST(EplbTest, ControllerSmoothingOverCompletedWindows) {
     EXPECT_DOUBLE_EQ(ema[3], 4.0 / 4);
     EXPECT_DOUBLE_EQ(ema[4], 4.0 / 2);
     EXPECT_FALSE((EplbSettings{1, 4, 10, true, EplbSmoothing::kEma, 10, 0.0}).validate().is_ok());
-    EXPECT_FALSE((EplbSettings{1, 4, 10, true, EplbSmoothing::kMeanOfWindows, 0, 0.2})
-                     .validate()
-                     .is_ok());
-    EXPECT_FALSE((EplbSettings{1, 4, 10, true, EplbSmoothing::kMeanOfWindows, 65, 0.2})
-                     .validate()
-                     .is_ok());
+    EXPECT_FALSE(
+        (EplbSettings{1, 4, 10, true, EplbSmoothing::kMeanOfWindows, 0, 0.2}).validate().is_ok());
+    EXPECT_FALSE(
+        (EplbSettings{1, 4, 10, true, EplbSmoothing::kMeanOfWindows, 65, 0.2}).validate().is_ok());
 }
 
 TEST(EplbTest, PhaseDefaultsFollowSpec) {
@@ -215,6 +214,43 @@ TEST(EplbTest, PhaseDefaultsFollowSpec) {
     EXPECT_EQ(p.smoothing, EplbSmoothing::kEma);
     EXPECT_EQ(d.smoothing, EplbSmoothing::kEma);
     EXPECT_DOUBLE_EQ(d.ema_alpha, 0.2);
+}
+
+// The live policy (eplb_live.h): decides only when the interval is due, on the window's
+// loads, and two instances fed the same loads decide the same (what keeps ranks in step).
+TEST(LiveEplbPolicyTest, DecidesEveryIntervalDeterministically) {
+    EplbSettings st;
+    st.redundant_experts_per_rank = 1;
+    st.window_steps = 2;
+    st.rebalance_interval_steps = 3;
+    st.smoothing = EplbSmoothing::kLastWindow;
+    auto make = live_eplb_factory(st);
+    auto a = make(2, 8, 2);
+    auto b = make(2, 8, 2);
+    ASSERT_TRUE(a.is_ok() && b.is_ok());
+    std::vector<double> load(16, 1.0);
+    load[3] = 30;  // a hot expert in layer 0
+    load[8 + 6] = 20;
+    int decisions = 0;
+    for (int step = 1; step <= 6; ++step) {
+        ASSERT_TRUE((*a)->record_step(load).is_ok());
+        ASSERT_TRUE((*b)->record_step(load).is_ok());
+        auto da = (*a)->decide();
+        auto db = (*b)->decide();
+        ASSERT_TRUE(da.is_ok() && db.is_ok());
+        EXPECT_EQ(da->phy_to_log, db->phy_to_log);
+        EXPECT_EQ(da->phy_to_log.empty(), step % 3 != 0) << "step " << step;
+        if (da->phy_to_log.empty()) continue;
+        ++decisions;
+        ASSERT_EQ(da->phy_to_log.size(), 2u * 10u);  // 8 + 1 per rank, 2 layers
+        // Both spare slots of layer 0 go to its hot expert (30 / 3 replicas > 1); the best
+        // split of 10 + 10 + 10 + 7 x 1 over two ranks of 5 slots is 23 / 18.5.
+        EXPECT_EQ(std::count(da->phy_to_log.begin(), da->phy_to_log.begin() + 10, 3), 3);
+        EXPECT_NEAR(da->moe_lb_on_window, (23.0 / 18.5 + 1.0) / 2, 0.2);
+    }
+    EXPECT_EQ(decisions, 2);
+    EXPECT_EQ((*a)->record_step(std::vector<double>(3)).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(make(2, 8, 9).status().code(), StatusCode::kInvalidArgument);  // ranks > experts
 }
 
 }  // namespace

@@ -51,7 +51,31 @@ private:
 // a layer on rank p / (num_physical / num_ranks), as cluster::ExpertPlacement puts it).
 // INVALID_ARGUMENT when num_physical does not split over num_ranks, the array is too
 // short, or the layer misses an expert (PlacementTable::create).
-Result<PlacementTable> layer_placement(std::span<const int> phy_to_log, int num_physical,
-                                       int layer, int num_experts, int num_ranks);
+Result<PlacementTable> layer_placement(std::span<const int> phy_to_log, int num_physical, int layer,
+                                       int num_experts, int num_ranks);
+
+// A new placement for every MoE layer, as the live EPLB policy decided it.
+struct PlacementDecision {
+    std::vector<int> phy_to_log;  // [num_layers * num_physical]; empty: keep the placement
+    // moe_lb (slowest rank / mean, mean over layers, replicas splitting their expert's load
+    // evenly) of the new placement on the loads of the window it was computed from.
+    double moe_lb_on_window = 0;
+};
+
+// The decision-maker live EPLB asks once per step (S-EPLB). The policy class itself lives
+// in cluster/ (above comm/ and model/), so the live code sees it through this interface;
+// cluster::LiveEplbPolicy implements it with cluster::EplbController. Every rank of a group
+// holds its own instance and feeds it the same global loads, so every rank decides the
+// same placement at the same step with no further exchange: an implementation must be a
+// deterministic function of the loads it was given. Thread model: one owner.
+class PlacementPolicy {
+public:
+    virtual ~PlacementPolicy() = default;
+    // One step's global load per (MoE layer, logical expert), layer-major (what
+    // ExpertLoadCounter::step_loads holds). INVALID_ARGUMENT on a wrong size.
+    virtual Status record_step(std::span<const double> loads) = 0;
+    // After record_step: the placement to switch to when one is due, else an empty one.
+    virtual Result<PlacementDecision> decide() = 0;
+};
 
 }  // namespace dsi::comm

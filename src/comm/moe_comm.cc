@@ -4,8 +4,7 @@
 
 namespace dsi::comm {
 
-Result<PlacementTable> PlacementTable::create(int num_experts, int num_ranks,
-                                              int slots_per_rank,
+Result<PlacementTable> PlacementTable::create(int num_experts, int num_ranks, int slots_per_rank,
                                               std::vector<int> slot_expert) {
     if (num_experts <= 0 || num_ranks <= 0 || slots_per_rank <= 0) {
         return invalid_argument("placement: experts, ranks and slots per rank must be > 0");
@@ -55,8 +54,8 @@ Result<PlacementTable> PlacementTable::identity(int num_experts, int num_ranks,
     if (num_ranks <= 0 || num_experts % num_ranks != 0 ||
         slots_per_rank < num_experts / num_ranks) {
         return invalid_argument("identity placement: " + std::to_string(num_experts) +
-                                " experts do not fit " + std::to_string(num_ranks) +
-                                " ranks x " + std::to_string(slots_per_rank) + " slots");
+                                " experts do not fit " + std::to_string(num_ranks) + " ranks x " +
+                                std::to_string(slots_per_rank) + " slots");
     }
     const int own = num_experts / num_ranks;
     std::vector<int> slots;
@@ -74,9 +73,8 @@ Status MoeShape::validate() const {
         slots_per_rank <= 0 || max_recv_rows < 0) {
         return invalid_argument("moe shape: ranks " + std::to_string(num_ranks) + ", hidden " +
                                 std::to_string(hidden) + ", top_k " + std::to_string(top_k) +
-                                ", max tokens " + std::to_string(max_tokens_per_rank) +
-                                ", slots " + std::to_string(slots_per_rank) +
-                                " must all be > 0");
+                                ", max tokens " + std::to_string(max_tokens_per_rank) + ", slots " +
+                                std::to_string(slots_per_rank) + " must all be > 0");
     }
     return Status::ok();
 }
@@ -131,6 +129,10 @@ Status route_tokens(const MoeShape& shape, const PlacementTable& placement, int 
     layout.dst_slot.resize(n);
     layout.dst_row.assign(n, -1);
     layout.send_counts.assign(static_cast<size_t>(shape.num_ranks), 0);
+    std::vector<int> sent;  // kRoundRobin: rows of each expert so far
+    if (choice == ReplicaChoice::kRoundRobin) {
+        sent.assign(static_cast<size_t>(placement.num_experts()), rank);
+    }
     for (int t = 0; t < num_tokens; ++t) {
         for (int k = 0; k < shape.top_k; ++k) {
             const size_t i = static_cast<size_t>(t) * shape.top_k + k;
@@ -140,8 +142,11 @@ Status route_tokens(const MoeShape& shape, const PlacementTable& placement, int 
                                         ": expert " + std::to_string(e) + " not in [0, " +
                                         std::to_string(placement.num_experts()) + ")");
             }
-            const int p =
-                choose_replica(placement.replicas(e), placement, rank, t, k, choice);
+            const std::span<const int> replicas = placement.replicas(e);
+            const int p = choice == ReplicaChoice::kRoundRobin
+                              ? replicas[static_cast<size_t>(sent[static_cast<size_t>(e)]++) %
+                                         replicas.size()]
+                              : choose_replica(replicas, placement, rank, t, k, choice);
             layout.dst_rank[i] = p / shape.slots_per_rank;
             layout.dst_slot[i] = p % shape.slots_per_rank;
             ++layout.send_counts[static_cast<size_t>(layout.dst_rank[i])];

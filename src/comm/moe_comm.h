@@ -75,8 +75,8 @@ public:
     std::span<const int> slot_expert() const { return slot_expert_; }
     // The physical slots holding expert e, ascending. REQUIRES: 0 <= e < num_experts().
     std::span<const int> replicas(int e) const {
-        return std::span<const int>(replica_slots_).subspan(
-            replica_begin_[e], replica_begin_[e + 1] - replica_begin_[e]);
+        return std::span<const int>(replica_slots_)
+            .subspan(replica_begin_[e], replica_begin_[e + 1] - replica_begin_[e]);
     }
 
 private:
@@ -95,6 +95,13 @@ enum class ReplicaChoice {
     kFirst,       // the lowest physical slot
     kSpread,      // replica (token * num_ranks + source rank + k) mod count: spreads load
     kLocalFirst,  // a replica on the source rank if there is one (no copy to a peer), else kSpread
+    // The j-th (token, k) row of expert e that this rank sends in this call (in (token, k)
+    // order) goes to replica (j + source rank) mod count: each source splits a replicated
+    // expert's rows evenly (within one row) over its replicas, whatever the tokens' order
+    // and whatever k the expert comes at (kSpread's (token * num_ranks + rank + k) mod
+    // count depends on k alone when num_ranks is a multiple of count). The split live
+    // EPLB's moe_lb assumes (cluster/eplb.h kEvenSplit).
+    kRoundRobin,
 };
 
 // Fixed sizes of a group; all ranks must agree (a shared-memory segment records them
@@ -110,9 +117,7 @@ struct MoeShape {
     int64_t max_recv_rows = 0;
 
     int64_t recv_capacity() const {
-        return max_recv_rows > 0
-                   ? max_recv_rows
-                   : int64_t{num_ranks} * max_tokens_per_rank * top_k;
+        return max_recv_rows > 0 ? max_recv_rows : int64_t{num_ranks} * max_tokens_per_rank * top_k;
     }
     // INVALID_ARGUMENT on a non-positive field.
     Status validate() const;
@@ -146,9 +151,9 @@ struct MoeLayout {
 // What dispatch() delivered to this rank. The spans live until the next layout() on the
 // same communicator (they may point into shared memory).
 struct DispatchView {
-    std::span<const float> rows;             // [num_recv * hidden]
-    std::span<const RowOrigin> origins;      // [num_recv]
-    std::span<const int64_t> slot_offsets;   // [slots_per_rank + 1]
+    std::span<const float> rows;            // [num_recv * hidden]
+    std::span<const RowOrigin> origins;     // [num_recv]
+    std::span<const int64_t> slot_offsets;  // [slots_per_rank + 1]
 };
 
 // Pure part of layout(), shared by every transport: the destination (rank, local slot)

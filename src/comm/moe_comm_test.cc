@@ -60,6 +60,14 @@ TEST(RouteTokensTest, ReplicaChoices) {
                     .is_ok());
     EXPECT_EQ(spread.dst_rank, (std::vector<int32_t>{0, 1, 0, 1}));
     EXPECT_EQ(spread.dst_slot, (std::vector<int32_t>{0, 1, 0, 1}));
+    // Expert 0 always at k = 0: from rank 1 kSpread sends every row to replica
+    // (2t + 1 + 0) % 2 = 1; round robin alternates (source rank 1 starts at replica 1).
+    MoeLayout robin;
+    ASSERT_TRUE(
+        route_tokens(shape(2, 2), *t, 1, {{0, 1, 0, 1, 0, 1}}, 3, ReplicaChoice::kRoundRobin, robin)
+            .is_ok());
+    EXPECT_EQ(robin.dst_rank, (std::vector<int32_t>{1, 1, 0, 0, 1, 1}));
+    EXPECT_EQ(robin.dst_slot, (std::vector<int32_t>{1, 0, 0, 1, 1, 0}));
 }
 
 TEST(RouteTokensTest, MalformedInput) {
@@ -84,9 +92,10 @@ TEST(CombineInOrderTest, SumsInTopKOrderFromZero) {
     const std::vector<float> rows = {1, 2, 3, 4, 5, 6, 7, 8};  // 2 tokens x 2 k x hidden 2
     std::vector<float> out(4, -1.0f);
     const std::vector<float> gate = {0.5f, 0.25f, 1.0f, -1.0f};
-    combine_in_order(2, 2, 2, gate, out, [&](int t, int k) { return rows.data() + (t * 2 + k) * 2; });
-    EXPECT_EQ(out, (std::vector<float>{0.5f * 1 + 0.25f * 3, 0.5f * 2 + 0.25f * 4, 5 - 7.0f,
-                                       6 - 8.0f}));
+    combine_in_order(2, 2, 2, gate, out,
+                     [&](int t, int k) { return rows.data() + (t * 2 + k) * 2; });
+    EXPECT_EQ(out,
+              (std::vector<float>{0.5f * 1 + 0.25f * 3, 0.5f * 2 + 0.25f * 4, 5 - 7.0f, 6 - 8.0f}));
 }
 
 TEST(ExpertLoadTest, CountsFeedTheEplbControllerAndItsPlacementFeedsLayout) {
@@ -121,7 +130,8 @@ TEST(ExpertLoadTest, CountsFeedTheEplbControllerAndItsPlacementFeedsLayout) {
         auto table = layer_placement(placement->phy_to_log, physical, layer, experts, ranks);
         ASSERT_TRUE(table.is_ok()) << table.status().to_string();
         EXPECT_EQ(table->slots_per_rank(), physical / ranks);
-        EXPECT_GE(table->replicas(layer == 0 ? 0 : 3).size(), 2u);  // the hot expert got a spare slot
+        EXPECT_GE(table->replicas(layer == 0 ? 0 : 3).size(),
+                  2u);  // the hot expert got a spare slot
     }
     EXPECT_EQ(layer_placement(placement->phy_to_log, physical, 2, experts, ranks).status().code(),
               StatusCode::kInvalidArgument);

@@ -37,9 +37,9 @@ constexpr int kCalls = 3;          // MoE calls per run (alternating buffer sets
 
 // Deterministic inputs for call c: hidden rows, distinct top-k ids and gate weights.
 struct CallInput {
-    std::vector<float> hidden;   // [kGlobalTokens * kHidden]
-    std::vector<int32_t> ids;    // [kGlobalTokens * kTopK]
-    std::vector<float> gate;     // [kGlobalTokens * kTopK]
+    std::vector<float> hidden;  // [kGlobalTokens * kHidden]
+    std::vector<int32_t> ids;   // [kGlobalTokens * kTopK]
+    std::vector<float> gate;    // [kGlobalTokens * kTopK]
 };
 
 CallInput make_input(int call) {
@@ -151,8 +151,8 @@ PlacementTable make_placement(PlacementKind kind, int ranks) {
 // ([kCalls][kGlobalTokens][kHidden]). Exit codes: 0 ok, 2 create, 3 layout, 4 dispatch,
 // 5 a received row differs from its origin's input, 6 combine, 7 the layout's global
 // expert load differs from the inputs'.
-int run_rank(const std::string& name, int rank, int ranks, PlacementKind kind,
-             ReplicaChoice choice, float* out) {
+int run_rank(const std::string& name, int rank, int ranks, PlacementKind kind, ReplicaChoice choice,
+             float* out) {
     const PlacementTable placement = make_placement(kind, ranks);
     ShmOptions options = rank_options(name, rank, ranks, placement);
     auto comm = ShmMoeCommunicator::create(options);
@@ -185,12 +185,14 @@ int run_rank(const std::string& name, int rank, int ranks, PlacementKind kind,
         }
         std::span<float> y = (*comm)->expert_output_buffer(*layout);
         for (int s = 0; s < placement.slots_per_rank(); ++s) {
-            const int e = placement.slot_expert()[static_cast<size_t>(rank) * placement.slots_per_rank() + s];
+            const int e =
+                placement.slot_expert()[static_cast<size_t>(rank) * placement.slots_per_rank() + s];
             for (int64_t row = view->slot_offsets[s]; row < view->slot_offsets[s + 1]; ++row) {
                 const RowOrigin o = view->origins[row];
                 const size_t global = static_cast<size_t>(o.rank) * tokens + o.token;
                 const float* x = view->rows.data() + row * kHidden;
-                if (std::memcmp(x, in.hidden.data() + global * kHidden, kHidden * sizeof(float)) != 0 ||
+                if (std::memcmp(x, in.hidden.data() + global * kHidden, kHidden * sizeof(float)) !=
+                        0 ||
                     in.ids[global * kTopK + o.k] != e) {
                     return 5;
                 }
@@ -219,8 +221,8 @@ TEST_F(ShmGroupTest, BitwiseEqualToSingleProcessForEverySizePlacementAndReplicaR
     for (int ranks : {1, 2, 4}) {
         for (PlacementKind kind :
              {PlacementKind::kIdentity, PlacementKind::kRedundant, PlacementKind::kEplb}) {
-            for (ReplicaChoice choice :
-                 {ReplicaChoice::kFirst, ReplicaChoice::kSpread, ReplicaChoice::kLocalFirst}) {
+            for (ReplicaChoice choice : {ReplicaChoice::kFirst, ReplicaChoice::kSpread,
+                                         ReplicaChoice::kLocalFirst, ReplicaChoice::kRoundRobin}) {
                 if (kind == PlacementKind::kIdentity && choice != ReplicaChoice::kFirst) {
                     continue;  // one replica each: the rule changes nothing
                 }
@@ -235,9 +237,10 @@ TEST_F(ShmGroupTest, BitwiseEqualToSingleProcessForEverySizePlacementAndReplicaR
                 (void)ShmMoeCommunicator::unlink(name);
                 EXPECT_EQ(codes, std::vector<int>(static_cast<size_t>(ranks), 0));
                 for (int c = 0; c < kCalls; ++c) {
-                    EXPECT_EQ(std::memcmp(out.data() + static_cast<size_t>(c) * kGlobalTokens * kHidden,
-                                          want[c].data(), want[c].size() * sizeof(float)),
-                              0)
+                    EXPECT_EQ(
+                        std::memcmp(out.data() + static_cast<size_t>(c) * kGlobalTokens * kHidden,
+                                    want[c].data(), want[c].size() * sizeof(float)),
+                        0)
                         << "call " << c;
                 }
             }
@@ -287,7 +290,9 @@ TEST_F(ShmGroupTest, RankKilledMidDispatchFailsTheOthersFast) {
                 auto again = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kSpread);
                 return again.status().code() == view.status().code() ? code_of(view.status()) : 92;
             }
-            if (!(*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, out).is_ok()) {
+            if (!(*comm)
+                     ->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, out)
+                     .is_ok()) {
                 return 93;
             }
         }
@@ -363,16 +368,19 @@ TEST_F(ShmGroupTest, MalformedInputFailsEveryRankThenRecovers) {
         if (r == 1) {
             bad[5] = 99;
         }
-        results[r * 4 + 0] = code_of((*comm)->layout(placement, bad, tokens, ReplicaChoice::kFirst).status());
+        results[r * 4 + 0] =
+            code_of((*comm)->layout(placement, bad, tokens, ReplicaChoice::kFirst).status());
         // 2: rank 0 sends more tokens than the capacity.
         std::vector<int32_t> many(static_cast<size_t>(tokens + 1) * kTopK, 0);
-        results[r * 4 + 1] = r == 0 ? code_of((*comm)->layout(placement, many, tokens + 1,
-                                                                ReplicaChoice::kFirst).status())
-                                    : code_of((*comm)->layout(placement, ids, tokens,
-                                                              ReplicaChoice::kFirst).status());
+        results[r * 4 + 1] =
+            r == 0
+                ? code_of(
+                      (*comm)->layout(placement, many, tokens + 1, ReplicaChoice::kFirst).status())
+                : code_of((*comm)->layout(placement, ids, tokens, ReplicaChoice::kFirst).status());
         // 3: every row to expert 0 (rank 0): more than rank 0 may receive.
         std::vector<int32_t> hot(ids.size(), 0);
-        results[r * 4 + 2] = code_of((*comm)->layout(placement, hot, tokens, ReplicaChoice::kFirst).status());
+        results[r * 4 + 2] =
+            code_of((*comm)->layout(placement, hot, tokens, ReplicaChoice::kFirst).status());
         // 4: a good call afterwards.
         auto layout = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kFirst);
         if (!layout.is_ok()) {
@@ -473,7 +481,8 @@ TEST_F(ShmGroupTest, ForeignOrOtherVersionSegmentIsRefused) {
         ASSERT_EQ(::ftruncate(fd, 8192), 0);
         const uint64_t magic = version == 0 ? 0x1234567890abcdefULL : 0x4d4d4f434d495344ULL;
         ASSERT_EQ(::pwrite(fd, &magic, sizeof(magic), 0), static_cast<ssize_t>(sizeof(magic)));
-        ASSERT_EQ(::pwrite(fd, &version, sizeof(version), 8), static_cast<ssize_t>(sizeof(version)));
+        ASSERT_EQ(::pwrite(fd, &version, sizeof(version), 8),
+                  static_cast<ssize_t>(sizeof(version)));
         ::close(fd);
         ShmOptions b;
         b.name = name_;
@@ -482,8 +491,9 @@ TEST_F(ShmGroupTest, ForeignOrOtherVersionSegmentIsRefused) {
         b.attach_timeout_ms = 2'000;
         auto c = ShmMoeCommunicator::create(b);
         EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
-        EXPECT_NE(c.status().message().find(version == 0 ? "not an EP group" : "version 2 here, 99"),
-                  std::string::npos)
+        EXPECT_NE(
+            c.status().message().find(version == 0 ? "not an EP group" : "version 2 here, 99"),
+            std::string::npos)
             << c.status().message();
         ASSERT_TRUE(ShmMoeCommunicator::unlink(name_).is_ok());
     }
@@ -562,7 +572,8 @@ TEST_F(ShmGroupTest, AllGatherSeesEveryRanksValueAndAPeerLeaving) {
             if (g % 3 == 1) {  // an MoE call with no tokens between gathers
                 auto layout = (*comm)->layout(group, {}, 0, ReplicaChoice::kFirst);
                 if (!layout.is_ok() || !(*comm)->dispatch(*layout, {}).is_ok() ||
-                    !(*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), {}, {})
+                    !(*comm)
+                         ->combine(*layout, (*comm)->expert_output_buffer(*layout), {}, {})
                          .is_ok()) {
                     return 93;
                 }
@@ -580,9 +591,8 @@ TEST_F(ShmGroupTest, AllGatherSeesEveryRanksValueAndAPeerLeaving) {
 }
 
 TEST_F(ShmGroupTest, AllGatherTimeoutReplacesTheStepDeadline) {
-    auto codes = with_silent_peer(name_, 20'000, [](ShmMoeCommunicator& comm) {
-        return comm.all_gather(1, 300).status();
-    });
+    auto codes = with_silent_peer(
+        name_, 20'000, [](ShmMoeCommunicator& comm) { return comm.all_gather(1, 300).status(); });
     // DEADLINE_EXCEEDED from the gather's own 300 ms, long before the peer exits at 3 s
     // (UNAVAILABLE) or the 20 s step deadline.
     EXPECT_EQ(codes[0], static_cast<int>(StatusCode::kDeadlineExceeded));

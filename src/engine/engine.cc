@@ -17,9 +17,9 @@
 #include "engine/step_plan.h"
 #include "engine/worker.h"
 #include "kv/tiered_cache.h"
-#include "sampling/stop.h"
 #include "model/deepseek.h"
 #include "model/draft_vocab.h"
+#include "sampling/stop.h"
 #include "spec/mtp.h"
 #include "spec/ngram.h"
 #include "tokenizer/tokenizer.h"
@@ -50,8 +50,8 @@ struct Sequence {
     uint32_t epoch = 0;
     bool running = false;
     bool init_sent = false;
-    bool gated = false;  // completion > 0 waiting for completion 0's prefill
-    bool export_kv = false;  // GenerateRequest::export_kv (completion 0 of n = 1)
+    bool gated = false;           // completion > 0 waiting for completion 0's prefill
+    bool export_kv = false;       // GenerateRequest::export_kv (completion 0 of n = 1)
     std::vector<int32_t> drafts;  // speculation: proposed after the last step
     int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_verify_steps = 0;
     std::unique_ptr<IncrementalDecoder> decoder;
@@ -166,7 +166,8 @@ struct Engine::Impl {
             for (int64_t id : running) seqs.at(id).drafts.clear();  // not verified
         }
         Views v = collect_views();
-        ScheduleDecision d = scheduler.schedule(v.running, v.waiting, cache->num_available_blocks());
+        ScheduleDecision d =
+            scheduler.schedule(v.running, v.waiting, cache->num_available_blocks());
         d.expired.insert(d.expired.end(), v.expired.begin(), v.expired.end());
         apply(d, v.waiting);
         if (d.scheduled.empty()) return false;
@@ -382,7 +383,8 @@ struct Engine::Impl {
         stats.forward_ns += r.end_ns - r.start_ns;
         if (prev_end_ns > 0) stats.host_gap_ns += std::max<int64_t>(0, r.start_ns - prev_end_ns);
         if (r.speculative) --in_flight_speculative;
-        if (options.verify_cost != nullptr && prev_end_ns > 0) observe_rate(r, r.end_ns - prev_end_ns);
+        if (options.verify_cost != nullptr && prev_end_ns > 0)
+            observe_rate(r, r.end_ns - prev_end_ns);
         prev_end_ns = r.end_ns;
         if (!r.status.is_ok()) {
             fatal = r.status.with_context("forward pass");
@@ -551,7 +553,8 @@ Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOpt
         // compressors), which has no rollback yet.
         return failed_precondition(
             "speculative decoding: this model keeps per-sequence state that cannot be rolled "
-            "back yet (" + model->config().architecture + ")");
+            "back yet (" +
+            model->config().architecture + ")");
     }
     if (options.drafter == nullptr && c.method == spec::Method::kMtp) {
         std::shared_ptr<const MtpDraftHead> head;
@@ -559,8 +562,7 @@ Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOpt
             const std::string& path = c.draft_vocab_path;
             Result<std::string> text = env->read_file(path);
             if (!text.is_ok()) return text.status().with_context("draft vocabulary " + path);
-            Result<std::vector<int32_t>> ids =
-                parse_draft_vocab(*text, model->config().vocab_size);
+            Result<std::vector<int32_t>> ids = parse_draft_vocab(*text, model->config().vocab_size);
             if (!ids.is_ok()) return ids.status().with_context(path);
             DSI_ASSIGN_OR_RETURN(head, v3->make_mtp_draft_head(*ids));
         }
@@ -595,8 +597,7 @@ std::optional<StoreBlockShape> store_block_shape(const CausalLm& model) {
     return s;
 }
 
-Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions options,
-                                               Env* env) {
+Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions options, Env* env) {
     DSI_CHECK(model != nullptr && env != nullptr);
     if (!options.cost_model_path.empty()) {
         // S-LB: the fit of `dsinfer calibrate`, when there is one; else a conservative
@@ -648,9 +649,9 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
         co.state_floats = layout.state_floats;
         co.num_state_slots = std::min(options.scheduler.max_running_seqs, fit);
         if (co.num_state_slots < options.scheduler.max_running_seqs) {
-            DSI_LOG(kInfo) << "max_running_seqs " << options.scheduler.max_running_seqs
-                           << " -> " << co.num_state_slots << ": the state slots of "
-                           << slot_bytes << " bytes that fit in half of the KV cache";
+            DSI_LOG(kInfo) << "max_running_seqs " << options.scheduler.max_running_seqs << " -> "
+                           << co.num_state_slots << ": the state slots of " << slot_bytes
+                           << " bytes that fit in half of the KV cache";
             options.scheduler.max_running_seqs = co.num_state_slots;
         }
         budget -= co.num_state_slots * slot_bytes;
@@ -833,6 +834,7 @@ EngineStats Engine::stats() const {
     s.swapped_in_blocks = c.swapped_in_blocks;
     s.swap_slots_held = c.swap_slots_held;
     s.state_slots = impl_->cache->num_state_slots();
+    s.expert_parallel = impl_->model->expert_parallel_stats(1);
     s.state_slots_in_use = c.state_slots_in_use;
     s.store_lookups = c.store_lookups;
     s.store_hit_blocks = c.store_hit_blocks;

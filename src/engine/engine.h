@@ -88,7 +88,7 @@ namespace kvstore {
 class BlockStore;
 }
 class Tokenizer;
-}
+}  // namespace dsi
 
 namespace dsi::engine {
 
@@ -147,7 +147,7 @@ struct EngineOptions {
     // Or a store the caller owns (tests, fault injection); wins over kv_store_uri.
     // REQUIRES: outlives the engine.
     kvstore::BlockStore* kv_store = nullptr;
-    int64_t kv_store_match_timeout_ms = 200;  // match_prefix deadline (metadata only)
+    int64_t kv_store_match_timeout_ms = 200;   // match_prefix deadline (metadata only)
     int64_t kv_store_fetch_timeout_ms = 5000;  // a fetch later than this is a miss
     int64_t kv_store_write_queue_bytes = int64_t{256} << 20;  // write-behind budget
     // Host buffers the fetcher reads blocks into (reused; a buffer is free again once
@@ -159,8 +159,8 @@ struct EngineOptions {
     // model gets no prefix hits. Ignored for models without a state slot.
     int64_t swa_pool_bytes = int64_t{1} << 30;
     kv::SwaStatePool* swa_pool = nullptr;
-    bool kv_store_write = true;               // offer completed blocks to the store
-    int64_t swap_in_layer_delay_us = 0;       // tests: slow the swap-in per layer
+    bool kv_store_write = true;          // offer completed blocks to the store
+    int64_t swap_in_layer_delay_us = 0;  // tests: slow the swap-in per layer
 };
 
 struct GenerateRequest {
@@ -224,9 +224,9 @@ struct EngineStats {
     int64_t preemptions_swapped = 0;  // of which swapped to host memory
     int64_t swapped_out_blocks = 0;
     int64_t swapped_in_blocks = 0;
-    int64_t swap_slots_held = 0;  // host swap blocks held by swapped-out sequences now
-    int64_t state_slots = 0;          // per-sequence state slots of the model (V4), total
-    int64_t state_slots_in_use = 0;   // held by running sequences now
+    int64_t swap_slots_held = 0;     // host swap blocks held by swapped-out sequences now
+    int64_t state_slots = 0;         // per-sequence state slots of the model (V4), total
+    int64_t state_slots_in_use = 0;  // held by running sequences now
     // Speculative decoding: decode items that verified drafts, drafts verified, of
     // which accepted; per draft position j (0-based): verified with a draft at j, and
     // accepted at j (acceptance at j = accepted_at[j] / drafted_at[j]).
@@ -255,10 +255,10 @@ struct EngineStats {
     int64_t store_puts_dropped = 0;    // refused by the store (full, down): counted there
     int64_t store_bytes_offered = 0;
     int64_t fetch_count = 0, fetch_sum_ns = 0, fetch_max_ns = 0;  // submit -> ready
-    int64_t kv_exports = 0;       // finished sequences whose blocks were exported (export_kv)
+    int64_t kv_exports = 0;  // finished sequences whose blocks were exported (export_kv)
     int64_t kv_export_bytes = 0;
     int64_t swap_in_count = 0, swap_in_sum_ns = 0;  // per step with swap-ins: copy time
-    int64_t swap_in_wait_ns = 0;   // attention time spent waiting on swap-in layers
+    int64_t swap_in_wait_ns = 0;     // attention time spent waiting on swap-in layers
     int64_t swap_in_overlapped = 0;  // swap-ins whose forward started before the last layer
     // Fetch host buffers (kvstore::FetchBufferStats): created, held now, handed out.
     int64_t fetch_buffers_allocated = 0, fetch_buffers_in_use = 0, fetch_buffer_leases = 0;
@@ -272,6 +272,9 @@ struct EngineStats {
     int64_t swa_states_restored = 0;
     int64_t swa_states_rejected = 0;
     int64_t swa_fallback_tokens = 0;
+    // Expert parallelism (model/expert_parallel.h): per-rank expert load, moe_lb of the
+    // last measured window, placement changes (live EPLB); nullopt without a group.
+    std::optional<ExpertParallelStats> expert_parallel;
 };
 
 // One KV block as the prefill -> decode hand-over carries it: group 0 of the model's KV
@@ -289,8 +292,7 @@ std::optional<StoreBlockShape> store_block_shape(const CausalLm& model);
 class Engine {
 public:
     // REQUIRES: model and env outlive the engine.
-    static Result<std::unique_ptr<Engine>> create(CausalLm* model, EngineOptions options,
-                                                  Env* env);
+    static Result<std::unique_ptr<Engine>> create(CausalLm* model, EngineOptions options, Env* env);
     ~Engine();
 
     // INVALID_ARGUMENT (bad sampling, empty prompt, ids outside the vocabulary),

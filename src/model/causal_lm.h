@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -78,6 +79,12 @@ public:
     virtual Result<GroupStep> group_idle_step(bool leaving) {
         (void)leaving;
         return GroupStep::kNotGrouped;
+    }
+    // The group's loads, moe_lb and placement changes (live EPLB) with at most the last
+    // `max_windows` measured windows; nullopt without a group. Any thread.
+    virtual std::optional<ExpertParallelStats> expert_parallel_stats(size_t max_windows) const {
+        (void)max_windows;
+        return std::nullopt;
     }
 };
 

@@ -2,10 +2,12 @@
 
 #include <algorithm>
 #include <cmath>
+#include <future>
 #include <numeric>
 #include <optional>
 
 #include "base/logging.h"
+#include "base/mutex.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -44,6 +46,7 @@ struct Mlp {
 
 struct Layer {
     int64_t index = 0;
+    int moe_index = -1;  // among the MoE layers (expert parallelism's placements)
     std::vector<float> input_norm, post_norm;
     Linear q_a, q_b, q;  // q_a/q_b with q_lora, else q
     std::vector<float> q_a_norm;
@@ -58,7 +61,7 @@ struct Layer {
     Mlp dense;
     Linear gate;
     std::vector<float> gate_bias;  // noaux_tc only
-    std::vector<Mlp> experts;  // by expert id; with expert parallelism by local slot
+    std::vector<Mlp> experts;      // by expert id; with expert parallelism by local slot
     bool has_shared = false;
     Mlp shared;
 };
@@ -77,8 +80,8 @@ struct MlaDims {
 };
 
 MlaDims mla_dims(const ModelConfig& c) {
-    return {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim, c.qk_head_dim(),
-            c.v_head_dim,          c.kv_lora_rank};
+    return {c.num_attention_heads, c.qk_nope_head_dim, c.qk_rope_head_dim,
+            c.qk_head_dim(),       c.v_head_dim,       c.kv_lora_rank};
 }
 
 struct Mtp {
@@ -90,7 +93,7 @@ struct Mtp {
 
 }  // namespace
 
-struct DeepseekModel::Impl {
+struct DeepseekModel::Impl final : ExpertParallelGroup::WeightMover {
     std::unique_ptr<WeightSource> source;
     ModelConfig cfg;
     std::unique_ptr<ThreadPool> pool;
@@ -106,8 +109,29 @@ struct DeepseekModel::Impl {
     double rope_factor = 1.0;
     float softmax_scale = 1.0f;
     // Expert parallelism: the group, and the MoE rounds of the forward pass under way.
+    // Written only by the thread running forward passes (at a failover), under ep_mu;
+    // other threads read it (stats) under ep_mu.
     std::unique_ptr<ExpertParallelGroup> ep;
+    ExpertParallelOptions ep_options;
+    ExpertParallelStats ep_past;  // steps, changes and failovers of the groups before `ep`
+    mutable Mutex ep_mu;
     int ep_rounds = 0;
+    // S-DEPLOY: after a peer's death, continues with the group ep_options.restart gives
+    // (or alone); this rank's experts move to its slots there.
+    Status fail_over(const Status& failure);
+    std::vector<size_t> moe_layers;  // index into `layers` of each MoE layer
+
+    // Live EPLB (ExpertParallelGroup::WeightMover): a new placement's experts of this rank.
+    // Slots whose expert this rank holds already take it over at the commit (moved, not
+    // copied); the others load from the checkpoint on a background thread, as at start-up
+    // (the same bytes, so the same results).
+    void begin_move(std::vector<int> next_local) override;
+    Result<bool> move_ready() override;
+    void commit_move() override;
+    std::vector<std::vector<int>> move_from;  // [moe layer][slot]: old slot, or -1: loaded
+    std::vector<std::vector<Mlp>> moved;      // [moe layer][slot]: the loaded experts
+    bool move_loaded = false;
+    std::future<Status> move_load;  // last member: joined first on destruction
 
     Status load_layer(int64_t i, Layer& layer);
     Status load_mlp(const std::string& prefix, int64_t inter, WeightClass cls, Mlp& mlp);
@@ -126,10 +150,8 @@ struct DeepseekModel::Impl {
     void attention(const Layer& layer, const float* h, const TokenSlots& slots, float* out);
     // After the KV rows are written: absorbed MLA on kernels/ (attention.h), or the
     // reference loop. q: [T, heads, qk] with rope applied; attn: [T, heads, v].
-    void attend_kernels(const Layer& layer, const float* q, const TokenSlots& slots,
-                        float* attn);
-    void attend_reference(const Layer& layer, const float* q, const TokenSlots& slots,
-                          float* attn);
+    void attend_kernels(const Layer& layer, const float* q, const TokenSlots& slots, float* attn);
+    void attend_reference(const Layer& layer, const float* q, const TokenSlots& slots, float* attn);
     void mlp(const Mlp& m, const float* h, int64_t num_tokens, float* out);
     void moe(const Layer& layer, const float* h, int64_t num_tokens, float* out);
     // moe() with the routed experts spread over the group (model/expert_parallel.h);
@@ -152,8 +174,7 @@ Status DeepseekModel::Impl::load_linear(const std::string& name, int64_t rows, i
     return pack(cls, out);
 }
 
-Status DeepseekModel::Impl::load_mlp(const std::string& p, int64_t inter, WeightClass cls,
-                                     Mlp& m) {
+Status DeepseekModel::Impl::load_mlp(const std::string& p, int64_t inter, WeightClass cls, Mlp& m) {
     const int64_t H = cfg.hidden_size;
     DSI_RETURN_IF_ERROR(load_linear(p + "gate_proj.weight", inter, H, cls, m.gate));
     DSI_RETURN_IF_ERROR(load_linear(p + "up_proj.weight", inter, H, cls, m.up));
@@ -186,10 +207,11 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
     DSI_ASSIGN_OR_RETURN(L.kv_a_norm,
                          source->vector(p + "self_attn.kv_a_layernorm.weight", c.kv_lora_rank));
     const int64_t kvb_rows = nh * (c.qk_nope_head_dim + c.v_head_dim);
-    DSI_ASSIGN_OR_RETURN(WeightMatrix kv_b,
-                         source->matrix(p + "self_attn.kv_b_proj.weight", kvb_rows, c.kv_lora_rank));
+    DSI_ASSIGN_OR_RETURN(WeightMatrix kv_b, source->matrix(p + "self_attn.kv_b_proj.weight",
+                                                           kvb_rows, c.kv_lora_rank));
     L.kv_b.resize(static_cast<size_t>(kvb_rows * c.kv_lora_rank));
-    for (int64_t r = 0; r < kvb_rows; ++r) kv_b.dequantize_row(r, L.kv_b.data() + r * c.kv_lora_rank);
+    for (int64_t r = 0; r < kvb_rows; ++r)
+        kv_b.dequantize_row(r, L.kv_b.data() + r * c.kv_lora_rank);
     if (!reference_kernels) {
         const int64_t nope = c.qk_nope_head_dim;
         const int64_t vd = c.v_head_dim;
@@ -212,12 +234,16 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
             L.vb.push_back(std::move(pv));
         }
     }
-    DSI_RETURN_IF_ERROR(load_linear(p + "self_attn.o_proj.weight", H, nh * c.v_head_dim,
-                                    WeightClass::kAttn, L.o));
+    DSI_RETURN_IF_ERROR(
+        load_linear(p + "self_attn.o_proj.weight", H, nh * c.v_head_dim, WeightClass::kAttn, L.o));
     L.moe = c.is_moe_layer(i);
+    if (L.moe && i < c.num_hidden_layers) {
+        L.moe_index = static_cast<int>(moe_layers.size());
+        moe_layers.push_back(static_cast<size_t>(i));
+    }
     if (!L.moe) return load_mlp(p + "mlp.", c.intermediate_size, WeightClass::kMlp, L.dense);
-    DSI_RETURN_IF_ERROR(load_linear(p + "mlp.gate.weight", c.n_routed_experts, H,
-                                    WeightClass::kRouter, L.gate));
+    DSI_RETURN_IF_ERROR(
+        load_linear(p + "mlp.gate.weight", c.n_routed_experts, H, WeightClass::kRouter, L.gate));
     if (c.topk_method == TopkMethod::kNoauxTc) {
         DSI_ASSIGN_OR_RETURN(L.gate_bias, source->vector(p + "mlp.gate.e_score_correction_bias",
                                                          c.n_routed_experts));
@@ -226,7 +252,10 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
     // read, so a mapped checkpoint does not even page them in).
     std::vector<int> held(static_cast<size_t>(c.n_routed_experts));
     std::iota(held.begin(), held.end(), 0);
-    if (ep != nullptr) held.assign(ep->local_experts().begin(), ep->local_experts().end());
+    if (ep != nullptr) {
+        const auto local = ep->local_experts(L.moe_index);
+        held.assign(local.begin(), local.end());
+    }
     L.experts.resize(held.size());
     for (size_t slot = 0; slot < held.size(); ++slot) {
         if (held[slot] < 0) continue;  // an empty slot receives no rows
@@ -273,8 +302,8 @@ void DeepseekModel::Impl::embed_rows(const WeightMatrix& table, std::span<const 
     }
 }
 
-void DeepseekModel::Impl::rms_norm(const float* x, const std::vector<float>& w,
-                                   int64_t num_tokens, int64_t dim, float* y) const {
+void DeepseekModel::Impl::rms_norm(const float* x, const std::vector<float>& w, int64_t num_tokens,
+                                   int64_t dim, float* y) const {
     const float eps = static_cast<float>(cfg.rms_norm_eps);
     if (!reference_kernels) {
         const kernels::Isa isa = kernels::active_isa();
@@ -339,7 +368,8 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
             std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
             rope(row + lora, slots.pos[t]);
             if (!f32_kv) kernels::kv_encode_row(kv_dtype, row, lora + rd, dst);
-            for (int64_t hd = 0; hd < nh; ++hd) rope(q.data() + (t * nh + hd) * qk + nope, slots.pos[t]);
+            for (int64_t hd = 0; hd < nh; ++hd)
+                rope(q.data() + (t * nh + hd) * qk + nope, slots.pos[t]);
         }
     } else {
         const kernels::Isa isa = kernels::active_isa();
@@ -368,8 +398,8 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     matmul(L.o, attn.data(), T, out);
 }
 
-void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
-                                           const TokenSlots& slots, float* attn) {
+void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q, const TokenSlots& slots,
+                                           float* attn) {
     const int64_t T = slots.size();
     const ModelConfig& c = cfg;
     // Plain copies, not a structured binding: clang 14 does not let lambdas capture one.
@@ -402,8 +432,8 @@ void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
             float max_score = -INFINITY;
             for (int64_t s = 0; s <= pos; ++s) {
                 const float* row = cached(cache, s);
-                float sc = (dot(q_lat.data(), row, lora) + dot(qh + nope, row + lora, rd)) *
-                           softmax_scale;
+                float sc =
+                    (dot(q_lat.data(), row, lora) + dot(qh + nope, row + lora, rd)) * softmax_scale;
                 scores[s] = sc;
                 max_score = std::max(max_score, sc);
             }
@@ -417,7 +447,8 @@ void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q,
                 axpy(scores[s] / sum, cached(cache, s), o_lat.data(), lora);
             }
             float* oh = attn + th * vd;
-            for (int64_t j = 0; j < vd; ++j) oh[j] = dot(kvb + (nope + j) * lora, o_lat.data(), lora);
+            for (int64_t j = 0; j < vd; ++j)
+                oh[j] = dot(kvb + (nope + j) * lora, o_lat.data(), lora);
         }
     });
 }
@@ -437,7 +468,8 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
     std::vector<float> xin(static_cast<size_t>(T * std::max(nope, lora)));
     std::vector<float> yout(static_cast<size_t>(T * std::max(lora, vd)));
     for (int64_t hd = 0; hd < nh; ++hd) {
-        for (int64_t t = 0; t < T; ++t) std::copy_n(q + (t * nh + hd) * qk, nope, xin.data() + t * nope);
+        for (int64_t t = 0; t < T; ++t)
+            std::copy_n(q + (t * nh + hd) * qk, nope, xin.data() + t * nope);
         kernels::matmul(L.kb_t[hd], xin.data(), T, yout.data(), pool.get());
         for (int64_t t = 0; t < T; ++t) {
             std::copy_n(yout.data() + t * lora, lora, q_lat.data() + (t * nh + hd) * lora);
@@ -509,7 +541,8 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
             std::copy_n(o_lat.data() + (t * nh + hd) * lora, lora, xin.data() + t * lora);
         }
         kernels::matmul(L.vb[hd], xin.data(), T, yout.data(), pool.get());
-        for (int64_t t = 0; t < T; ++t) std::copy_n(yout.data() + t * vd, vd, attn + (t * nh + hd) * vd);
+        for (int64_t t = 0; t < T; ++t)
+            std::copy_n(yout.data() + t * vd, vd, attn + (t * nh + hd) * vd);
     }
 }
 
@@ -562,8 +595,8 @@ void DeepseekModel::Impl::route(const float* logits, const Layer& L, std::vector
             std::vector<float> v(choice.begin() + g * per, choice.begin() + (g + 1) * per);
             std::sort(v.begin(), v.end(), std::greater<float>());
             // noaux_tc: sum of the top 2 per group; group_limited_greedy: the max.
-            group_score[g] = c.topk_method == TopkMethod::kNoauxTc ? v[0] + (per > 1 ? v[1] : 0.0f)
-                                                                   : v[0];
+            group_score[g] =
+                c.topk_method == TopkMethod::kNoauxTc ? v[0] + (per > 1 ? v[1] : 0.0f) : v[0];
         }
         std::vector<int64_t> order(static_cast<size_t>(c.n_group));
         std::iota(order.begin(), order.end(), 0);
@@ -624,13 +657,15 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
         for (size_t i = 0; i < toks.size(); ++i) {
             const int64_t t = toks[i];
             const int64_t j = std::find(ids[t].begin(), ids[t].end(), e) - ids[t].begin();
-            std::copy_n(y.data() + i * H, H, expert_out.data() + (t * c.num_experts_per_tok + j) * H);
+            std::copy_n(y.data() + i * H, H,
+                        expert_out.data() + (t * c.num_experts_per_tok + j) * H);
         }
     }
     std::fill(out, out + T * H, 0.0f);
     for (int64_t t = 0; t < T; ++t) {
         for (int64_t j = 0; j < c.num_experts_per_tok; ++j) {
-            axpy(weights[t][j], expert_out.data() + (t * c.num_experts_per_tok + j) * H, out + t * H, H);
+            axpy(weights[t][j], expert_out.data() + (t * c.num_experts_per_tok + j) * H,
+                 out + t * H, H);
         }
     }
     if (L.has_shared) {
@@ -638,6 +673,105 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
         mlp(L.shared, h, T, s.data());
         for (int64_t i = 0; i < T * H; ++i) out[i] += s[i];
     }
+}
+
+void DeepseekModel::Impl::begin_move(std::vector<int> next_local) {
+    if (move_load.valid()) move_load.wait();  // a move of an abandoned group
+    const size_t slots = next_local.size() / moe_layers.size();
+    move_from.assign(moe_layers.size(), std::vector<int>(slots, -1));
+    moved.assign(moe_layers.size(), std::vector<Mlp>(slots));
+    std::vector<std::pair<size_t, size_t>> to_load;  // (moe layer, slot)
+    for (size_t l = 0; l < moe_layers.size(); ++l) {
+        const auto held = ep->local_experts(static_cast<int>(l));
+        std::vector<bool> taken(held.size(), false);
+        for (size_t s = 0; s < slots; ++s) {
+            const int e = next_local[l * slots + s];
+            if (e < 0) continue;
+            for (size_t old = 0; old < held.size(); ++old) {
+                if (held[old] == e && !taken[old]) {
+                    taken[old] = true;
+                    move_from[l][s] = static_cast<int>(old);
+                    break;
+                }
+            }
+            if (move_from[l][s] < 0) to_load.emplace_back(l, s);
+        }
+    }
+    // The forward passes never touch `source` or `moved`: this thread has them alone.
+    move_load = std::async(std::launch::async, [this, to_load, next_local, slots]() -> Status {
+        for (const auto& [l, s] : to_load) {
+            const Layer& L = layers[moe_layers[l]];
+            const std::string prefix = "model.layers." + std::to_string(L.index) + ".mlp.experts." +
+                                       std::to_string(next_local[l * slots + s]) + ".";
+            DSI_RETURN_IF_ERROR(
+                load_mlp(prefix, cfg.moe_intermediate_size, WeightClass::kExperts, moved[l][s]));
+        }
+        return Status::ok();
+    });
+}
+
+Result<bool> DeepseekModel::Impl::move_ready() {
+    if (move_loaded) return true;
+    DSI_CHECK(move_load.valid(), "move_ready without begin_move");
+    if (move_load.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
+    Status s = move_load.get();
+    if (!s.is_ok()) return s.with_context("eplb: loading the moved experts");
+    move_loaded = true;  // get() consumed the future; commit_move follows
+    return true;
+}
+
+void DeepseekModel::Impl::commit_move() {
+    for (size_t l = 0; l < moe_layers.size(); ++l) {
+        Layer& L = layers[moe_layers[l]];
+        std::vector<Mlp> next(moved[l].size());
+        for (size_t s = 0; s < next.size(); ++s) {
+            const int from = move_from[l][s];
+            next[s] = from >= 0 ? std::move(L.experts[static_cast<size_t>(from)])
+                                : std::move(moved[l][s]);
+        }
+        L.experts = std::move(next);
+    }
+    moved.clear();
+    move_from.clear();
+    move_loaded = false;
+}
+
+Status DeepseekModel::Impl::fail_over(const Status& failure) {
+    DSI_LOG(kWarning) << "expert parallelism: " << failure.to_string()
+                      << "; restarting with the healthy ranks (S-DEPLOY)";
+    DSI_ASSIGN_OR_RETURN(EpRestart next, ep_options.restart(failure));
+    ExpertParallelOptions o = ep_options;
+    o.num_ranks = next.num_ranks;
+    o.group = next.group;
+    std::unique_ptr<ExpertParallelGroup> group;
+    std::vector<int> next_local;
+    if (o.num_ranks > 1) {
+        DSI_ASSIGN_OR_RETURN(group, ExpertParallelGroup::create(o, cfg));
+        for (int l = 0; l < group->num_moe_layers(); ++l) {
+            const auto local = group->local_experts(l);
+            next_local.insert(next_local.end(), local.begin(), local.end());
+        }
+    } else {
+        for (size_t l = 0; l < moe_layers.size(); ++l) {
+            for (int64_t e = 0; e < cfg.n_routed_experts; ++e) {
+                next_local.push_back(static_cast<int>(e));
+            }
+        }
+    }
+    begin_move(std::move(next_local));
+    // The pass waits for the weights: nothing can run before they are here.
+    DSI_RETURN_IF_ERROR(move_load.get().with_context("expert parallelism failover"));
+    move_loaded = true;
+    commit_move();
+    const ExpertParallelStats old = ep->stats(0);
+    MutexLock lock(&ep_mu);
+    ep_past.steps += old.steps;
+    ep_past.placement_changes += old.placement_changes;
+    ++ep_past.failovers;
+    ep_options = o;
+    ep = std::move(group);
+    if (ep != nullptr) ep->set_weight_mover(this);
+    return Status::ok();
 }
 
 Status DeepseekModel::Impl::moe_ep(const Layer& L, const float* h, int64_t T, float* out) {
@@ -661,7 +795,7 @@ Status DeepseekModel::Impl::moe_ep(const Layer& L, const float* h, int64_t T, fl
     // The combine sums each token's experts in k order (ids ascending) from +0.0f, as
     // moe() does: the same bits wherever the experts ran (S-ENG-2, docs/comm.md).
     DSI_RETURN_IF_ERROR(ep->run_moe(
-        std::span<const float>(h, static_cast<size_t>(T * H)), T, ids, gate, ep_rounds,
+        L.moe_index, std::span<const float>(h, static_cast<size_t>(T * H)), T, ids, gate, ep_rounds,
         [&](int slot, const float* x, int64_t rows, float* y) { mlp(L.experts[slot], x, rows, y); },
         std::span<float>(out, static_cast<size_t>(T * H))));
     if (L.has_shared && T > 0) {
@@ -728,7 +862,10 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
     if (options.expert_parallel.enabled()) {
         // Joined before the weights load: a rank whose load fails leaves the group at
         // once, so its peers fail fast instead of at their attach deadline.
-        DSI_ASSIGN_OR_RETURN(impl->ep, ExpertParallelGroup::create(options.expert_parallel, impl->cfg));
+        DSI_ASSIGN_OR_RETURN(impl->ep,
+                             ExpertParallelGroup::create(options.expert_parallel, impl->cfg));
+        impl->ep->set_weight_mover(impl.get());
+        impl->ep_options = options.expert_parallel;
     }
     impl->source = std::move(source);
     impl->pool = std::make_unique<ThreadPool>(options.num_threads);
@@ -740,8 +877,9 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
     }
     if (impl->kv_dtype == kernels::KvDtype::kE4m3 &&
         (c.kv_lora_rank % 16 != 0 || c.qk_rope_head_dim % 16 != 0)) {
-        return invalid_argument("kv dtype e4m3 needs kv_lora_rank and qk_rope_head_dim "
-                                "multiples of 16 (one scale per 16 values)");
+        return invalid_argument(
+            "kv dtype e4m3 needs kv_lora_rank and qk_rope_head_dim "
+            "multiples of 16 (one scale per 16 values)");
     }
     WeightSource& src = *impl->source;
     const int64_t H = c.hidden_size;
@@ -755,22 +893,23 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
         impl->lm_head.w = impl->embed;
         DSI_RETURN_IF_ERROR(impl->pack(WeightClass::kHead, impl->lm_head));
     } else {
-        DSI_RETURN_IF_ERROR(
-            impl->load_linear("lm_head.weight", c.vocab_size, H, WeightClass::kHead, impl->lm_head));
+        DSI_RETURN_IF_ERROR(impl->load_linear("lm_head.weight", c.vocab_size, H, WeightClass::kHead,
+                                              impl->lm_head));
     }
     const std::string mtp_prefix = "model.layers." + std::to_string(c.num_hidden_layers) + ".";
     // Expert parallelism leaves the MTP layer out: its MoE would be a collective of its own.
     if (c.num_nextn_predict_layers > 0 && src.has(mtp_prefix + "eh_proj.weight") &&
         impl->ep == nullptr) {
         Mtp m;
-        DSI_ASSIGN_OR_RETURN(m.embed, src.matrix(mtp_prefix + "embed_tokens.weight", c.vocab_size, H));
+        DSI_ASSIGN_OR_RETURN(m.embed,
+                             src.matrix(mtp_prefix + "embed_tokens.weight", c.vocab_size, H));
         DSI_RETURN_IF_ERROR(impl->load_linear(mtp_prefix + "eh_proj.weight", H, 2 * H,
                                               WeightClass::kHead, m.eh_proj));
         DSI_ASSIGN_OR_RETURN(m.enorm, src.vector(mtp_prefix + "enorm.weight", H));
         DSI_ASSIGN_OR_RETURN(m.hnorm, src.vector(mtp_prefix + "hnorm.weight", H));
         DSI_ASSIGN_OR_RETURN(m.head_norm, src.vector(mtp_prefix + "shared_head.norm.weight", H));
-        DSI_RETURN_IF_ERROR(impl->load_linear(mtp_prefix + "shared_head.head.weight",
-                                              c.vocab_size, H, WeightClass::kHead, m.head));
+        DSI_RETURN_IF_ERROR(impl->load_linear(mtp_prefix + "shared_head.head.weight", c.vocab_size,
+                                              H, WeightClass::kHead, m.head));
         DSI_RETURN_IF_ERROR(impl->load_layer(c.num_hidden_layers, m.block));
         impl->mtp = std::move(m);
     }
@@ -804,12 +943,15 @@ Status forward_batch_impl(DeepseekModel::Impl& m, std::span<const SequenceStep> 
     for (size_t i = 0; i < steps.size(); ++i) {
         const SequenceStep& st = steps[i];
         const int64_t T = static_cast<int64_t>(st.tokens.size());
-        if (T == 0) return invalid_argument("forward: sequence " + std::to_string(i) + " has no tokens");
-        if (st.cache == nullptr) return invalid_argument("forward: sequence " + std::to_string(i) + " has no KV cache");
+        if (T == 0)
+            return invalid_argument("forward: sequence " + std::to_string(i) + " has no tokens");
+        if (st.cache == nullptr)
+            return invalid_argument("forward: sequence " + std::to_string(i) + " has no KV cache");
         for (int32_t t : st.tokens) {
             if (t < 0 || t >= c.vocab_size) {
                 return invalid_argument("forward: token id " + std::to_string(t) +
-                                        " outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
+                                        " outside the vocabulary [0, " +
+                                        std::to_string(c.vocab_size) + ")");
             }
         }
         if (st.start_pos < 0 || st.start_pos + T > st.cache->capacity()) {
@@ -853,10 +995,28 @@ Status forward_batch_impl(DeepseekModel::Impl& m, std::span<const SequenceStep> 
 }  // namespace
 
 Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) {
-    Status s = forward_batch_impl(*impl_, steps, out);
-    // With expert parallelism any failure (bad input here, or a peer's) ends this rank's
-    // membership: its peers must not wait for a collective it will not join.
-    if (!s.is_ok() && impl_->ep != nullptr) impl_->ep->abandon();
+    for (;;) {
+        Status s = forward_batch_impl(*impl_, steps, out);
+        if (s.is_ok() || impl_->ep == nullptr) return s;
+        // With expert parallelism any failure (bad input here, or a peer's) ends this
+        // rank's membership: its peers must not wait for a collective it will not join.
+        impl_->ep->abandon();
+        if (s.code() != StatusCode::kUnavailable || !impl_->ep_options.restart) return s;
+        // S-DEPLOY: a peer died. Continue with the healthy ranks and run this pass again:
+        // it rewrites the same KV rows with the same values, so nothing is lost.
+        DSI_RETURN_IF_ERROR(impl_->fail_over(s));
+    }
+}
+
+std::optional<ExpertParallelStats> DeepseekModel::expert_parallel_stats(size_t max_windows) const {
+    MutexLock lock(&impl_->ep_mu);
+    const ExpertParallelStats& past = impl_->ep_past;
+    if (impl_->ep == nullptr && past.failovers == 0) return std::nullopt;
+    ExpertParallelStats s;  // alone after a failover: no group left
+    if (impl_->ep != nullptr) s = impl_->ep->stats(max_windows);
+    s.steps += past.steps;
+    s.placement_changes += past.placement_changes;
+    s.failovers = past.failovers;
     return s;
 }
 
@@ -866,7 +1026,12 @@ Result<CausalLm::GroupStep> DeepseekModel::group_idle_step(bool leaving) {
     Result<int> rounds = m.ep->idle(leaving);
     if (!rounds.is_ok()) {
         m.ep->abandon();
-        return rounds.status();
+        if (rounds.status().code() != StatusCode::kUnavailable || !m.ep_options.restart) {
+            return rounds.status();
+        }
+        // S-DEPLOY: a peer died while this rank idled; continue with the healthy ranks.
+        DSI_RETURN_IF_ERROR(m.fail_over(rounds.status()));
+        return m.ep == nullptr ? GroupStep::kNotGrouped : GroupStep::kAllIdle;
     }
     if (*rounds == ExpertParallelGroup::kStopped) return GroupStep::kStopped;
     if (*rounds == 0) return GroupStep::kAllIdle;
@@ -914,8 +1079,8 @@ Result<std::unique_ptr<const MtpDraftHead>> DeepseekModel::make_mtp_draft_head(
     for (size_t i = 0; i < ids.size(); ++i) {
         if (ids[i] < 0 || ids[i] >= V || (i > 0 && ids[i] <= ids[i - 1])) {
             return invalid_argument("draft vocabulary: ids must increase strictly within [0, " +
-                                    std::to_string(V) + "); entry " + std::to_string(i) +
-                                    " is " + std::to_string(ids[i]));
+                                    std::to_string(V) + "); entry " + std::to_string(i) + " is " +
+                                    std::to_string(ids[i]));
         }
     }
     const WeightMatrix& src = m.mtp->head.w;

@@ -137,6 +137,7 @@ public:
     // distinct caches.
     Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) override;
     Result<GroupStep> group_idle_step(bool leaving) override;
+    std::optional<ExpertParallelStats> expert_parallel_stats(size_t max_windows) const override;
 
     // MTP (num_nextn_predict_layers = 1): for each i, combines the main model's
     // final hidden state of token i (`hidden` [T, hidden]) with the embedding of

@@ -20,8 +20,21 @@
 // come: a dead peer is UNAVAILABLE (comm/ detects it), a live but silent one is
 // DEADLINE_EXCEEDED; either breaks the group for good.
 //
+// Live EPLB (S-EPLB; docs/comm.md "Live EPLB"): each MoE layer has its own placement.
+// Every layout gives every rank the rows each physical slot of the group receives, so
+// every rank counts the same global per-expert loads with no extra exchange; after each
+// forward pass (a "step") every rank feeds them to its own copy of the placement policy
+// (comm::PlacementPolicy, injected; deterministic), so all ranks decide the same new
+// placement at the same step. Each rank then loads the experts its new slots need
+// (WeightMover, the model: in the background, serving continues on the old placement);
+// the agreement at the start of every later forward pass carries one "ready" bit per
+// rank, and the pass at which every rank reports ready switches all ranks at once,
+// before its first MoE layer. Results do not change (the combine is in fixed k order on
+// the home rank), only where rows are computed.
+//
 // Thread model: one ExpertParallelGroup per rank, used by the thread that runs the
-// model's forward passes (the model's callers serialise them already).
+// model's forward passes (the model's callers serialise them already); stats() may be
+// called from any thread.
 #pragma once
 
 #include <cstdint>
@@ -31,14 +44,22 @@
 #include <string>
 #include <vector>
 
+#include "base/mutex.h"
 #include "base/status.h"
+#include "comm/expert_load.h"
 #include "comm/moe_comm.h"
 #include "model/config.h"
 
 namespace dsi {
 
+// EP failover (S-DEPLOY): the group rank 0 continues with after a peer died.
+struct EpRestart {
+    int num_ranks = 1;  // the healthy ranks; 1: no group, rank 0 holds every expert
+    std::string group;  // the new group's segment name (num_ranks > 1)
+};
+
 struct ExpertParallelOptions {
-    int num_ranks = 1;  // 1: no expert parallelism (everything below is ignored)
+    int num_ranks = 1;  // 1: no expert parallelism (below ignored), unless placement_policy
     int rank = 0;
     // The group's shared-memory segment name (comm::ShmOptions::name); every rank the same.
     std::string group;
@@ -54,14 +75,67 @@ struct ExpertParallelOptions {
     // between requests); dead peers are still seen at once.
     int64_t idle_timeout_ms = 600'000;
     comm::ReplicaChoice replica_choice = comm::ReplicaChoice::kLocalFirst;
+    // Live EPLB: makes this rank's placement policy for the group's shape (MoE layers,
+    // routed experts, ranks); unset: the identity placement stays. apps/ wires
+    // cluster::LiveEplbPolicy in (cluster/ sits above model/).
+    using PolicyFactory = std::function<Result<std::unique_ptr<comm::PlacementPolicy>>(
+        int num_moe_layers, int num_experts, int num_ranks)>;
+    PolicyFactory placement_policy;
+    // Wait for a new placement's weights at the step it was decided, so the switch happens
+    // at the next forward pass (tests, benchmarks). Off: they load in the background and
+    // the switch waits until every rank has them.
+    bool wait_for_moved_weights = false;
+    // Steps over which stats() measures moe_lb (slowest rank / mean).
+    int64_t stats_window_steps = 100;
+    // EP failover (S-DEPLOY), rank 0 only. When set, a forward pass that fails because a
+    // peer died or left (UNAVAILABLE) does not fail: `restart` (apps/: reaps the old
+    // ranks, starts the new group's others) gives the group of the healthy ranks; this
+    // rank loads the experts its new slots need, joins it and runs the pass again — the
+    // same inputs at the same KV positions, so the same bits; nothing is lost. Counted in
+    // ExpertParallelStats::failovers.
+    std::function<Result<EpRestart>(const Status& failure)> restart;
 
-    bool enabled() const { return num_ranks > 1; }
+    // A group: several ranks, or one rank with a placement policy (live EPLB moving
+    // experts between one rank's slots: EP 1 of the bitwise tests).
+    bool enabled() const { return num_ranks > 1 || placement_policy != nullptr; }
+};
+
+// What a group measured (rank 0 sees the whole group's loads, like every rank).
+struct ExpertParallelStats {
+    int num_ranks = 1;              // the group's ranks now (after failovers)
+    int64_t failovers = 0;          // restarts with the healthy ranks (S-DEPLOY)
+    int64_t steps = 0;              // group forward passes
+    int64_t placement_changes = 0;  // switches to a new placement, all ranks at once
+    // Rows each rank's experts computed since the start, all MoE layers ([num_ranks]).
+    std::vector<int64_t> rank_rows;
+    // moe_lb measured over one stats window: per MoE layer the rows of the busiest rank
+    // over the mean rank's, averaged over the layers that got rows.
+    struct Window {
+        int64_t end_step = 0;
+        int64_t placement = 0;  // placement changes before the window
+        double moe_lb = 0;
+        // The placement computed from this window's loads (at its end), evaluated on
+        // those loads as the policy predicts it; 0 when none was computed then.
+        double placed_moe_lb = 0;
+    };
+    std::vector<Window> windows;  // completed windows, oldest first (the last 1,000)
+    // The latest placement's moe_lb on the loads of the window it was computed from (as
+    // the policy predicts it; 0 before the first change).
+    double placed_moe_lb = 0;
 };
 
 // INVALID_ARGUMENT when the options cannot place `config`'s routed experts: a rank out of
 // range, more ranks than routed experts ("--ep 16: more ranks than the 8 routed experts"),
-// a rank count that does not divide them, a model without routed experts, DeepSeek V4.
+// more redundant experts per rank than experts, a model without routed experts, DeepSeek V4.
 Status validate_expert_parallel(const ExpertParallelOptions& options, const ModelConfig& config);
+
+// S-EPLB: slots per rank = (E + redundant * N) / N, the total rounded up to a multiple of
+// N, so any N <= E places (8 experts over 3 ranks: 3 slots each, one holding a replica).
+int slots_per_rank(int num_experts, int num_ranks, int redundant_per_rank);
+// The placement a group starts with: comm::PlacementTable::identity when N divides E,
+// else rank r holds a contiguous run of E / N experts (the first E mod N ranks one more)
+// and the remaining slots hold replicas of experts 0, 1, ... in rank order.
+Result<comm::PlacementTable> initial_placement(int num_experts, int num_ranks, int slots);
 
 class ExpertParallelGroup {
 public:
@@ -74,11 +148,32 @@ public:
                                                                const ModelConfig& config);
     ~ExpertParallelGroup();
 
+    // How the model changes the experts it holds when the placement changes.
+    class WeightMover {
+    public:
+        virtual ~WeightMover() = default;
+        // Starts loading (off the caller's thread) the experts that `next_local` needs:
+        // the logical expert of each local slot (-1: empty), [num_moe_layers *
+        // slots_per_rank], layer-major.
+        virtual void begin_move(std::vector<int> next_local) = 0;
+        // true once loaded; the load's error if it failed.
+        virtual Result<bool> move_ready() = 0;
+        // Between forward passes: the loaded experts replace the current ones.
+        // REQUIRES: move_ready() gave true.
+        virtual void commit_move() = 0;
+    };
+    // REQUIRES: `mover` outlives the group's use; set before the first forward pass.
+    void set_weight_mover(WeightMover* mover) { mover_ = mover; }
+
     int rank() const { return options_.rank; }
     int num_ranks() const { return options_.num_ranks; }
-    const comm::PlacementTable& placement() const { return placement_; }
-    // Logical expert of each local slot (-1: empty), slots_per_rank long.
-    std::span<const int> local_experts() const;
+    int num_moe_layers() const { return static_cast<int>(placements_.size()); }
+    const comm::PlacementTable& placement(int moe_layer) const { return placements_[moe_layer]; }
+    // Logical expert of each local slot of MoE layer `moe_layer` (-1: empty),
+    // slots_per_rank long.
+    std::span<const int> local_experts(int moe_layer) const;
+    // With at most the last `max_windows` windows.
+    ExpertParallelStats stats(size_t max_windows) const DSI_EXCLUDES(stats_mu_);
 
     // Collective: the start of a forward pass bringing `num_tokens` (> 0). Returns the MoE
     // rounds every layer runs.
@@ -95,7 +190,7 @@ public:
     // `rows` rows of x and writes y (both [rows, H]). out [num_tokens, H] = per token the
     // gate-weighted sum of its experts' outputs in k order (from +0.0f).
     using ExpertFn = std::function<void(int slot, const float* x, int64_t rows, float* y)>;
-    Status run_moe(std::span<const float> hidden, int64_t num_tokens,
+    Status run_moe(int moe_layer, std::span<const float> hidden, int64_t num_tokens,
                    std::span<const int32_t> ids, std::span<const float> gate, int rounds,
                    const ExpertFn& expert, std::span<float> out);
 
@@ -104,15 +199,30 @@ public:
     void abandon();
 
 private:
-    ExpertParallelGroup(ExpertParallelOptions options, comm::PlacementTable placement,
-                        std::unique_ptr<comm::MoeCommunicator> comm);
+    ExpertParallelGroup(ExpertParallelOptions options, std::vector<comm::PlacementTable> placements,
+                        std::unique_ptr<comm::MoeCommunicator> comm,
+                        std::unique_ptr<comm::PlacementPolicy> policy);
+    // The agreement at the start of a forward pass: ends the previous step (loads to the
+    // policy, maybe a new placement staged), gathers `value` with this rank's ready bit,
+    // switches the placement when every rank is ready.
     Result<std::vector<int64_t>> gather(int64_t value, int64_t timeout_ms);
+    Status end_step();
+    Status stage(std::span<const int> phy_to_log);
     int rounds_for(std::span<const int64_t> values) const;
 
     ExpertParallelOptions options_;
-    comm::PlacementTable placement_;
+    std::vector<comm::PlacementTable> placements_;  // per MoE layer
     std::unique_ptr<comm::MoeCommunicator> comm_;
+    std::unique_ptr<comm::PlacementPolicy> policy_;
+    WeightMover* mover_ = nullptr;
     bool stopped_ = false;
+    bool step_open_ = false;  // a forward pass ran since the last agreement
+    comm::ExpertLoadCounter step_load_;
+    std::vector<comm::PlacementTable> staged_;  // the next placement, weights loading
+    std::vector<int64_t> window_rank_rows_;     // [num_moe_layers * num_ranks]
+    int64_t window_steps_ = 0;
+    mutable Mutex stats_mu_;
+    ExpertParallelStats stats_ DSI_GUARDED_BY(stats_mu_);
 };
 
 }  // namespace dsi

@@ -14,7 +14,9 @@
 #include <cstring>
 #include <set>
 #include <string>
+#include <tuple>
 
+#include "cluster/eplb_live.h"
 #include "comm/shm_group.h"
 #include "comm/test_ranks.h"
 #include "model/deepseek.h"
@@ -28,8 +30,8 @@ using comm::SharedArray;
 
 constexpr uint64_t kSeed = 1234;
 constexpr int kMaxRanks = 4;
-constexpr int kMaxSteps = 4;        // one prefill + up to 3 decode steps per rank
-constexpr int kMaxLogitRows = 4;    // logits rows per step (one per sequence)
+constexpr int kMaxSteps = 4;      // one prefill + up to 3 decode steps per rank
+constexpr int kMaxLogitRows = 4;  // logits rows per step (one per sequence)
 
 ModelConfig config_of(const std::string& preset) {
     ModelConfig c = synthetic_preset(preset).value();
@@ -102,7 +104,8 @@ Status run_work(DeepseekModel& model, const RankWork& w, float* out) {
         for (size_t s = 0; s < w.prompts.size(); ++s) {
             inputs[s] = step == 0 ? w.prompts[s]
                                   : std::vector<int32_t>{decode_token(static_cast<int>(s), step)};
-            const int64_t pos = step == 0 ? 0 : static_cast<int64_t>(w.prompts[s].size()) + step - 1;
+            const int64_t pos =
+                step == 0 ? 0 : static_cast<int64_t>(w.prompts[s].size()) + step - 1;
             steps.push_back(SequenceStep{inputs[s], pos, caches[s].get(), false});
         }
         BatchOutput o;
@@ -145,13 +148,15 @@ int ep_rank(const std::string& group, int rank, const EpCase& k, float* out) {
         std::fprintf(stderr, "rank %d: %s\n", rank, m.status().to_string().c_str());
         return 10;
     }
-    // Rank r holds experts [r * E / N, (r + 1) * E / N) and its replicas (the identity
-    // placement's spare slots hold experts 0, 1, ... in turn over the ranks).
-    const int64_t per_rank = c.n_routed_experts / k.ranks;
+    // Rank r holds its slots of the initial placement: experts [r * E / N, (r + 1) * E / N)
+    // and its replicas (the spare slots hold experts 0, 1, ... in turn over the ranks).
+    const int E = static_cast<int>(c.n_routed_experts);
+    const int slots = slots_per_rank(E, k.ranks, k.redundant);
+    const auto placement = initial_placement(E, k.ranks, slots);
+    if (!placement.is_ok()) return 14;
+    const auto held = placement->slot_expert().subspan(static_cast<size_t>(rank) * slots, slots);
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-        const int64_t first_replica = int64_t{rank} * k.redundant;
-        const bool mine = e / per_rank == rank ||
-                          (e >= first_replica && e < first_replica + k.redundant);
+        const bool mine = std::find(held.begin(), held.end(), e) != held.end();
         const std::string name = "model.layers." + std::to_string(c.first_k_dense_replace) +
                                  ".mlp.experts." + std::to_string(e) + ".up_proj.weight";
         if (names.count(name) != (mine ? 1u : 0u)) return 13;
@@ -179,8 +184,8 @@ TEST_P(ExpertParallelTest, EveryRanksLogitsAreBitwiseThoseOfOneProcess) {
     const size_t per_rank = static_cast<size_t>(kMaxSteps) * kMaxLogitRows * c.vocab_size;
     SharedArray<float> out(per_rank * kMaxRanks);
     const std::string group = unique_group();
-    auto codes = run_ranks(k.ranks, [&](int r) { return ep_rank(group, r, k, out.data() + r * per_rank); },
-                           120'000);
+    auto codes = run_ranks(
+        k.ranks, [&](int r) { return ep_rank(group, r, k, out.data() + r * per_rank); }, 120'000);
     (void)comm::ShmMoeCommunicator::unlink(group);
     for (int r = 0; r < k.ranks; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
     // The reference: one process, every expert, each rank's batch run alone.
@@ -204,6 +209,8 @@ INSTANTIATE_TEST_SUITE_P(
                       // several MoE rounds per forward pass, redundant replicas, a rank
                       // with no tokens
                       EpCase{"tiny", 4, 1, 3},
+                      // 3 ranks over 8 experts: 3 slots each, one holding a replica
+                      EpCase{"tiny", 3, 0, 128},
                       // V3: sigmoid + noaux_tc group routing, q_lora, MTP layer left out
                       EpCase{"tiny-v3", 2, 2, 5}, EpCase{"tiny-v3", 4, 0, 128}),
     [](const ::testing::TestParamInfo<EpCase>& p) {
@@ -216,18 +223,191 @@ INSTANTIATE_TEST_SUITE_P(
         return n;
     });
 
-TEST(ExpertParallelBadInput, RanksMustDivideTheRoutedExperts) {
+// Live EPLB (S-EPLB): the placement changes between forward passes in the middle of the
+// ranks' generations (window 2 steps, rebalance every 2), weights move into the new slots,
+// and every rank's logits stay bitwise those of one process — EP 1 (a one-rank group: the
+// placement permutes its slots and moves its replicas), 2 and 4, with and without replicas.
+constexpr int kEplbDecode = 6;
+
+ExpertParallelOptions eplb_options(const std::string& group, int rank, const EpCase& k) {
+    ExpertParallelOptions o = ep_options(group, rank, k);
+    cluster::EplbSettings settings;
+    settings.redundant_experts_per_rank = k.redundant;
+    settings.window_steps = 2;
+    settings.rebalance_interval_steps = 2;
+    settings.smoothing = cluster::EplbSmoothing::kLastWindow;
+    o.placement_policy = cluster::live_eplb_factory(settings);
+    o.wait_for_moved_weights = true;
+    o.stats_window_steps = 2;
+    return o;
+}
+
+RankWork eplb_work(int rank, int ranks) {
+    RankWork w = work_of(rank, ranks);
+    w.decode = kEplbDecode - rank % 2;
+    return w;
+}
+
+class LiveEplbTest : public ::testing::TestWithParam<EpCase> {};
+
+TEST_P(LiveEplbTest, LogitsStayBitwiseAcrossPlacementChanges) {
+    const EpCase k = GetParam();
+    const ModelConfig c = config_of(k.preset);
+    const size_t per_rank = static_cast<size_t>(kEplbDecode + 1) * kMaxLogitRows * c.vocab_size;
+    SharedArray<float> out(per_rank * kMaxRanks);
+    SharedArray<int64_t> changes(kMaxRanks);
+    const std::string group = unique_group();
+    auto codes = run_ranks(
+        k.ranks,
+        [&](int r) {
+            DeepseekModel::Options o;
+            o.expert_parallel = eplb_options(group, r, k);
+            auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
+            if (!m.is_ok()) {
+                std::fprintf(stderr, "rank %d: %s\n", r, m.status().to_string().c_str());
+                return 10;
+            }
+            Status s = run_work(**m, eplb_work(r, k.ranks), out.data() + r * per_rank);
+            if (!s.is_ok()) {
+                std::fprintf(stderr, "rank %d: %s\n", r, s.to_string().c_str());
+                return 11;
+            }
+            for (;;) {
+                auto step = (*m)->group_idle_step(/*leaving=*/true);
+                if (!step.is_ok()) return 12;
+                if (*step == CausalLm::GroupStep::kStopped) break;
+            }
+            changes[static_cast<size_t>(r)] = (*m)->expert_parallel_stats(0)->placement_changes;
+            return 0;
+        },
+        120'000);
+    (void)comm::ShmMoeCommunicator::unlink(group);
+    for (int r = 0; r < k.ranks; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+    // Every rank switched as often, at least twice (steps 3 and 5 of 7) with several
+    // ranks; one rank's slots may settle after the first switch.
+    EXPECT_GE(changes[0], k.ranks > 1 ? 2 : 1);
+    for (int r = 1; r < k.ranks; ++r) EXPECT_EQ(changes[static_cast<size_t>(r)], changes[0]);
+    auto ref = DeepseekModel::load(synthetic_memory_model(c, kSeed), DeepseekModel::Options{});
+    ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
+    std::vector<float> want(per_rank);
+    for (int r = 0; r < k.ranks; ++r) {
+        std::fill(want.begin(), want.end(), 0.0f);
+        ASSERT_TRUE(run_work(**ref, eplb_work(r, k.ranks), want.data()).is_ok());
+        EXPECT_EQ(std::memcmp(want.data(), out.data() + r * per_rank, per_rank * sizeof(float)), 0)
+            << "rank " << r;
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Sizes, LiveEplbTest,
+                         ::testing::Values(EpCase{"tiny", 1, 1, 128}, EpCase{"tiny", 2, 0, 128},
+                                           EpCase{"tiny", 4, 1, 3}, EpCase{"tiny-v3", 1, 0, 128},
+                                           EpCase{"tiny-v3", 2, 2, 5},
+                                           EpCase{"tiny-v3", 4, 0, 128}),
+                         [](const ::testing::TestParamInfo<EpCase>& p) {
+                             std::string n = p.param.preset + "_ep" +
+                                             std::to_string(p.param.ranks) + "_r" +
+                                             std::to_string(p.param.redundant);
+                             for (char& ch : n) {
+                                 if (ch == '-') ch = '_';
+                             }
+                             return n;
+                         });
+
+// EP failover (S-DEPLOY): rank 2 of 3 is killed -9 between rank 0's steps; rank 0's
+// restart callback starts a group of the 2 healthy ranks (a fresh rank 1), rank 0 moves
+// its experts to its new slots and re-runs the step: every logit is still bitwise one
+// process's, and the survivor of the old group exits as healthy (UNAVAILABLE).
+int idle_until_stopped(DeepseekModel& m, int die_after_joins) {
+    int joins = 0;
+    for (;;) {
+        auto step = m.group_idle_step(/*leaving=*/true);
+        if (!step.is_ok()) return step.status().code() == StatusCode::kUnavailable ? 75 : 12;
+        if (*step == CausalLm::GroupStep::kStopped) return 0;
+        if (*step == CausalLm::GroupStep::kJoinedPeers && ++joins == die_after_joins) {
+            ::raise(SIGKILL);
+        }
+    }
+}
+
+TEST(ExpertParallelFailover, ARankKilledMidRunLosesNothing) {
+    const ModelConfig c = config_of("tiny");
+    const EpCase k{"tiny", 3, 1, 128};
+    const RankWork work = eplb_work(0, 1);  // rank 0's prompts, several decode steps
+    const size_t per_rank = static_cast<size_t>(kEplbDecode + 1) * kMaxLogitRows * c.vocab_size;
+    SharedArray<float> out(per_rank);
+    SharedArray<int64_t> result(4);
+    const std::string group = unique_group();
+    const std::string group2 = group + "_f1";
+    auto codes = run_ranks(
+        3,
+        [&](int r) {
+            DeepseekModel::Options o;
+            o.expert_parallel = ep_options(group, r, k);
+            std::vector<pid_t> started;
+            if (r == 0) {
+                o.expert_parallel.restart = [&](const Status&) -> Result<EpRestart> {
+                    const pid_t pid = ::fork();
+                    if (pid == 0) {
+                        DeepseekModel::Options ro;
+                        ro.expert_parallel = ep_options(group2, 1, EpCase{"tiny", 2, 1, 128});
+                        auto rm = DeepseekModel::load(synthetic_memory_model(c, kSeed), ro);
+                        ::_exit(rm.is_ok() ? idle_until_stopped(**rm, -1) : 10);
+                    }
+                    started.push_back(pid);
+                    return EpRestart{2, group2};
+                };
+            }
+            auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
+            if (!m.is_ok()) return 10;
+            if (r > 0) return idle_until_stopped(**m, r == 2 ? 2 : -1);
+            Status s = run_work(**m, work, out.data());
+            if (!s.is_ok()) {
+                std::fprintf(stderr, "rank 0: %s\n", s.to_string().c_str());
+                return 11;
+            }
+            if (idle_until_stopped(**m, -1) != 0) return 12;
+            const auto st = (*m)->expert_parallel_stats(0);
+            result[0] = st->failovers;
+            result[1] = st->num_ranks;
+            for (pid_t pid : started) {
+                int status = 0;
+                ::waitpid(pid, &status, 0);
+                result[2] += WIFEXITED(status) && WEXITSTATUS(status) == 0 ? 1 : 0;
+            }
+            return 0;
+        },
+        120'000);
+    (void)comm::ShmMoeCommunicator::unlink(group);
+    (void)comm::ShmMoeCommunicator::unlink(group2);
+    EXPECT_EQ(codes[0], 0);
+    EXPECT_EQ(codes[1], 75);  // saw its group end: healthy
+    EXPECT_EQ(codes[2], 128 + SIGKILL);
+    EXPECT_EQ(result[0], 1);  // one failover, to 2 ranks, whose rank 1 ended cleanly
+    EXPECT_EQ(result[1], 2);
+    EXPECT_EQ(result[2], 1);
+    auto ref = DeepseekModel::load(synthetic_memory_model(c, kSeed), DeepseekModel::Options{});
+    ASSERT_TRUE(ref.is_ok());
+    std::vector<float> want(per_rank, 0.0f);
+    ASSERT_TRUE(run_work(**ref, work, want.data()).is_ok());
+    EXPECT_EQ(std::memcmp(want.data(), out.data(), per_rank * sizeof(float)), 0);
+}
+
+TEST(ExpertParallelBadInput, RanksAndReplicasMustFitTheRoutedExperts) {
     const ModelConfig c = config_of("tiny");  // 8 routed experts
-    for (int ranks : {16, 3}) {
+    for (const auto& [ranks, redundant, want] :
+         {std::tuple{16, 0, "more ranks than the 8 routed experts"},
+          std::tuple{2, 9, "9 redundant experts per rank, more than the 8 routed experts"},
+          std::tuple{2, -1, "redundant experts must be >= 0"}}) {
         DeepseekModel::Options o;
-        o.expert_parallel = ep_options(unique_group(), 0, EpCase{"tiny", ranks});
+        o.expert_parallel = ep_options(unique_group(), 0, EpCase{"tiny", ranks, redundant});
         auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
         ASSERT_EQ(m.status().code(), StatusCode::kInvalidArgument);
-        EXPECT_NE(m.status().message().find(ranks == 16 ? "more ranks than the 8 routed experts"
-                                                        : "3 ranks do not divide the 8"),
-                  std::string::npos)
-            << m.status().message();
+        EXPECT_NE(m.status().message().find(want), std::string::npos) << m.status().message();
     }
+    // S-EPLB rounding: 8 experts + 1 redundant per rank over 3 ranks = 4 slots each.
+    EXPECT_EQ(slots_per_rank(8, 3, 1), 4);
+    EXPECT_EQ(slots_per_rank(8, 3, 0), 3);
+    EXPECT_EQ(slots_per_rank(8, 2, 0), 4);
 }
 
 TEST(ExpertParallelBadInput, V4IsRefused) {

@@ -179,6 +179,34 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
                  static_cast<double>((*values)[j]));
         }
     }
+    if (s.engine.expert_parallel) {
+        // Issue 19: expert parallelism with live EPLB (S-EPLB). Rank 0 sees every rank's
+        // load (the all-to-all's layout counts are the whole group's).
+        const ExpertParallelStats& ep = *s.engine.expert_parallel;
+        header(
+            &out, "dsinfer_ep_expert_rows_total", "counter",
+            "rows the routed experts of each --ep rank computed, all MoE layers (since the group "
+            "last (re)started)");
+        for (size_t r = 0; r < ep.rank_rows.size(); ++r) {
+            line(&out, "dsinfer_ep_expert_rows_total{rank=\"" + std::to_string(r) + "\"}",
+                 static_cast<double>(ep.rank_rows[r]));
+        }
+        gauge(&out, "dsinfer_ep_moe_lb",
+              "busiest rank's expert rows / mean rank's over the last EPLB window (0: none yet)",
+              ep.windows.empty() ? 0.0 : ep.windows.back().moe_lb);
+        gauge(&out, "dsinfer_ep_placed_moe_lb",
+              "the latest placement's moe_lb on the window it was computed from", ep.placed_moe_lb);
+        counter(&out, "dsinfer_ep_placement_changes_total",
+                "expert placement changes (live EPLB, all ranks at once)",
+                static_cast<double>(ep.placement_changes));
+        counter(&out, "dsinfer_ep_steps_total", "forward passes of the --ep group",
+                static_cast<double>(ep.steps));
+        gauge(&out, "dsinfer_ep_ranks", "ranks of the --ep group now (fewer after a failover)",
+              ep.num_ranks);
+        counter(&out, "dsinfer_ep_failovers_total",
+                "--ep group restarts with the healthy ranks after a rank died (S-DEPLOY)",
+                static_cast<double>(ep.failovers));
+    }
     counter(&out, "dsinfer_store_hit_tokens_total", "prompt tokens taken from the KV store",
             static_cast<double>(s.engine.store_hit_tokens));
     counter(&out, "dsinfer_store_hit_blocks_total", "blocks fetched from the KV store and used",
@@ -204,8 +232,7 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
          &C::swa_exact_hits},
         {"dsinfer_swa_catch_up_tokens_total", "counter",
          "tokens re-run exactly from the state at L1 - 128", &C::catch_up_tokens},
-        {"dsinfer_swa_replays_total", "counter", "hits without an SWA state (replay)",
-         &C::replays},
+        {"dsinfer_swa_replays_total", "counter", "hits without an SWA state (replay)", &C::replays},
         {"dsinfer_swa_replay_tokens_total", "counter", "tokens of the replayed units",
          &C::replay_tokens},
         {"dsinfer_swa_pool_bytes", "gauge", "bytes of stored SWA states", &C::pool_bytes},

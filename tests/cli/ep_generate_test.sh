@@ -3,7 +3,10 @@
 # model instance and print exactly the text one process prints (greedy and sampled, a
 # batch of prompts); bad --ep values are refused before any rank starts; a rank that
 # cannot attach its group fails with an error instead of hanging; a rank killed mid-run
-# fails rank 0 with an error; `serve --ep 2` answers as `serve` does and stops cleanly.
+# fails rank 0 with an error (--ep-failover off) or, with failover, rank 0 restarts with
+# the healthy ranks and prints the same text (S-DEPLOY); live EPLB moves experts
+# mid-generation without changing the text; `serve --ep 2` answers as `serve` does and
+# stops cleanly.
 # usage: ep_generate_test.sh <dsinfer binary> <source dir>
 set -euo pipefail
 bin=$1
@@ -34,6 +37,15 @@ for i in 1 2 3; do echo "{\"prompt\": \"prompt number $i\", \"max_tokens\": $((8
 gen --input "$tmp/in.jsonl" --output "$tmp/one.jsonl" 2>/dev/null || fail "generate --input"
 gen --input "$tmp/in.jsonl" --output "$tmp/ep.jsonl" --ep 2 2>/dev/null || fail "generate --input --ep 2"
 cmp -s "$tmp/one.jsonl" "$tmp/ep.jsonl" || { diff "$tmp/one.jsonl" "$tmp/ep.jsonl" || true; fail "batch differs"; }
+# Live EPLB through the app (S-EPLB): 3 ranks over 8 experts (S-EPLB rounding), placement
+# recomputed every 3 steps from 2-step windows, weights moved mid-generation: same file.
+gen --input "$tmp/in.jsonl" --output "$tmp/eplb.jsonl" --ep 3 --eplb decode --eplb-window-steps 2 \
+    --eplb-interval-steps 3 --eplb-wait-weights 2>"$tmp/eplb.err" ||
+    { cat "$tmp/eplb.err"; fail "generate --ep 3 --eplb"; }
+grep -Eq "expert parallelism: 3 ranks, [0-9]+ group steps, [1-9][0-9]* placement changes" \
+    "$tmp/eplb.err" || { cat "$tmp/eplb.err"; fail "no placement change"; }
+cmp -s "$tmp/one.jsonl" "$tmp/eplb.jsonl" ||
+    { diff "$tmp/one.jsonl" "$tmp/eplb.jsonl" || true; fail "batch differs under live EPLB"; }
 
 # Bad --ep: refused with a clear message, no rank started (tiny has 8 routed experts).
 expect_error() {  # expect_error MESSAGE ARGS...
@@ -43,17 +55,20 @@ expect_error() {  # expect_error MESSAGE ARGS...
     grep -q -- "$want" "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "message for $*"; }
 }
 expect_error "more ranks than the 8 routed experts" --ep 16
-expect_error "3 ranks do not divide the 8 routed experts" --ep 3
+expect_error "9 redundant experts per rank, more than the 8 routed experts" --ep 2 --eplb-redundant 9
+expect_error "--eplb must be off, prefill or decode" --ep 2 --eplb sometimes
+expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
 expect_error "--ep must be >= 1" --ep 0
 expect_error "does not run with --speculative" --ep 2 --speculative ngram
 # A rank whose group never forms: an error at its attach deadline, not a hang.
 expect_error "did not appear" --ep 2 --ep-rank 1 --ep-group dsinfer-ep-test-nobody \
     --ep-attach-timeout-ms 500
 
-# Rank 1 killed -9 once tokens stream: rank 0 fails with an error (the dead peer is seen).
-# (the binary itself in the background, not the gen function's subshell: $! is rank 0)
+# Rank 1 killed -9 once tokens stream, failover off: rank 0 fails with an error (the dead
+# peer is seen). (the binary itself in the background, not the gen function's subshell:
+# $! is rank 0)
 "$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
-    --max-tokens 6000 --ep 2 >"$tmp/kill.out" 2>"$tmp/kill.err" &
+    --max-tokens 6000 --ep 2 --ep-failover off >"$tmp/kill.out" 2>"$tmp/kill.err" &
 leader=$!
 rank1=""
 for _ in $(seq 600); do
@@ -66,6 +81,27 @@ kill -9 "$rank1"
 if wait "$leader"; then fail "rank 0 succeeded without its peer"; fi
 grep -q "UNAVAILABLE.*rank 1 (pid $rank1) is gone" "$tmp/kill.err" ||
     { cat "$tmp/kill.err"; fail "rank 0's error"; }
+
+# EP failover (S-DEPLOY): rank 2 of 4 killed -9 mid-generation: rank 0 restarts the group
+# with the 3 healthy ranks, re-runs the step, and prints exactly one process's text.
+gen --prompt "The experts" --max-tokens 100 >"$tmp/fo1.out" 2>/dev/null || fail "generate (100)"
+"$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
+    --max-tokens 100 --ep 4 >"$tmp/fo.out" 2>"$tmp/fo.err" &
+leader=$!
+rank2=""
+for _ in $(seq 600); do
+    rank2=$(pgrep -P "$leader" -f -- "--ep-rank 2" || true)
+    [[ -n $rank2 && $(wc -c <"$tmp/fo.out") -gt 30 ]] && break
+    sleep 0.05
+done
+[[ -n $rank2 ]] || { kill -9 "$leader"; cat "$tmp/fo.err"; fail "no rank 2 / no tokens"; }
+kill -9 "$rank2"
+wait "$leader" || { cat "$tmp/fo.err"; fail "rank 0 failed after its rank 2 was killed"; }
+grep -q -- "--ep failover: 3 of 4 ranks healthy" "$tmp/fo.err" || { cat "$tmp/fo.err"; fail "no failover"; }
+grep -Eq "expert parallelism: 3 ranks, .*, 1 failovers" "$tmp/fo.err" ||
+    { cat "$tmp/fo.err"; fail "failover not counted"; }
+cmp -s "$tmp/fo1.out" "$tmp/fo.out" ||
+    { diff "$tmp/fo1.out" "$tmp/fo.out" || true; fail "text differs after the failover"; }
 
 # serve --ep 2: rank 0 serves HTTP with rank 1's experts; the same completions as a server
 # without --ep (greedy and seeded), several concurrent; SIGTERM ends both ranks cleanly.
@@ -89,13 +125,23 @@ serve_completions() {  # serve_completions NAME ARGS...: prints the completions'
     for i in 1 2 3; do
         curl -sS --max-time 300 "http://127.0.0.1:$port/v1/completions" \
             -H 'Content-Type: application/json' \
-            -d "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_tokens\":12,\"temperature\":$((i % 2)),\"seed\":$i}" \
+            -d "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_tokens\":${MAX_TOKENS:-12},\"temperature\":$((i % 2)),\"seed\":$i}" \
             >"$tmp/$name.$i.json" &
     done
+    if [[ -n ${KILL_RANK:-} ]]; then  # kill -9 that rank once the group has stepped a little
+        for _ in $(seq 600); do
+            steps=$(curl -sS --max-time 5 "http://127.0.0.1:$port/metrics" |
+                sed -n 's/^dsinfer_ep_steps_total \([0-9]*\)$/\1/p')
+            [[ ${steps:-0} -ge 8 ]] && break
+            sleep 0.05
+        done
+        kill -9 "$(pgrep -P "$serve_pid" -f -- "--ep-rank $KILL_RANK")"
+    fi
     wait $(jobs -p | grep -vx "$serve_pid")
     for i in 1 2 3; do  # (the body has no final newline: sed would not add one)
         printf '%s\n' "$(LC_ALL=C sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/$name.$i.json")"
     done
+    curl -sS --max-time 30 "http://127.0.0.1:$port/metrics" >"$tmp/$name.metrics"
     kill -TERM "$serve_pid"
     wait "$serve_pid" || { cat "$tmp/$name.err"; fail "$name exit status after SIGTERM"; }
     serve_pid=""
@@ -104,7 +150,24 @@ serve_completions serve1 >"$tmp/serve1.txt"
 serve_completions serve2 --ep 2 >"$tmp/serve2.txt"
 [[ $(grep -c . "$tmp/serve1.txt") -eq 3 ]] || { cat "$tmp"/serve1.*.json; fail "serve: no completions"; }
 [[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 1 ]] || fail "serve --ep 2 started no rank 1"
+# /metrics under --ep: rank 1's and rank 0's expert rows, moe_lb, placement changes.
+for m in 'dsinfer_ep_expert_rows_total{rank="1"}' dsinfer_ep_moe_lb dsinfer_ep_placement_changes_total \
+    dsinfer_ep_failovers_total 'dsinfer_ep_ranks 2'; do
+    grep -qF "$m" "$tmp/serve2.metrics" || { cat "$tmp/serve2.metrics"; fail "serve --ep 2 /metrics: $m"; }
+done
+! grep -q dsinfer_ep_ "$tmp/serve1.metrics" || fail "serve without --ep shows EP metrics"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
     { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
-echo "generate --ep: same text as one process for EP 2 and 4; bad values refused; a killed rank is an error"
-echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank"
+# EP failover under serve: rank 2 of 4 killed -9 while three requests run; every request
+# completes with the text one process gives, the group goes on with 3 ranks.
+MAX_TOKENS=40 serve_completions serve3 >"$tmp/serve3.txt"
+MAX_TOKENS=40 KILL_RANK=2 serve_completions serve4 --ep 4 >"$tmp/serve4.txt"
+cmp -s "$tmp/serve3.txt" "$tmp/serve4.txt" ||
+    { diff "$tmp/serve3.txt" "$tmp/serve4.txt" || true; fail "serve --ep 4 failover: completions differ"; }
+for m in 'dsinfer_ep_failovers_total 1' 'dsinfer_ep_ranks 3'; do
+    grep -qF "$m" "$tmp/serve4.metrics" || { cat "$tmp/serve4.metrics"; fail "serve failover /metrics: $m"; }
+done
+echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
+echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
+echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
+echo "  under serve: every request completes with one process's text"
