@@ -385,6 +385,52 @@ TEST(Router, AStreamCutWithNoEngineLeftEndsWithTheErrorBeforeDone) {
     EXPECT_EQ(remote.router_stats().num_failed, 1);
 }
 
+// A service may keep a generation's sink after its final update (the router's pump
+// drops failed calls a moment later) and call or destroy it after the server is gone:
+// neither may touch the server (this was a use-after-free in CI under ASan).
+TEST(Router, ASinkKeptPastTheServerIsHarmless) {
+    class KeepsSinks final : public server::GenerationService {
+    public:
+        void start(server::Ticket ticket, server::Generation, server::Sink sink) override {
+            server::Update u;
+            u.ticket = ticket;
+            u.finished = true;
+            u.error = unavailable("kept");
+            sink(u);
+            std::lock_guard lock(mu_);
+            sinks_.push_back(std::move(sink));
+        }
+        void abort(server::Ticket) override {}
+        void abort_all() override {}
+        server::ServiceStats stats_snapshot() const override { return {}; }
+        std::vector<server::Sink> take() {
+            std::lock_guard lock(mu_);
+            return std::move(sinks_);
+        }
+
+    private:
+        std::mutex mu_;
+        std::vector<server::Sink> sinks_;
+    };
+    KeepsSinks service;
+    const server::ApiContext ctx = context();
+    {
+        ServerThread server(&ctx, &service, /*engine_rpc=*/false);
+        for (bool stream : {false, true}) {
+            const net::HttpResponse r =
+                post(server.port(), "/v1/chat/completions", chat_body(stream));
+            EXPECT_EQ(r.status, 503) << r.body;
+            EXPECT_NE(r.body.find("kept"), std::string::npos) << r.body;
+        }
+    }
+    std::vector<server::Sink> sinks = service.take();
+    ASSERT_EQ(sinks.size(), 2u);
+    server::Update late;
+    late.finished = true;
+    for (auto& sink : sinks) sink(late);  // dropped: nobody to deliver to
+    sinks.clear();                        // the sessions are gone already
+}
+
 TEST(Router, RefusalsPassThroughAndNoEngineIs503) {
     Engine a;
     RemoteServiceOptions o;

@@ -3,6 +3,7 @@
 // overloads; run() catches what Asio may still throw (adapter rule, STYLE 2) -> a Status.
 #include "server/http_server.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <boost/asio/bind_executor.hpp>
@@ -20,6 +21,8 @@
 #include <cstring>
 #include <deque>
 #include <limits>
+#include <memory>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -88,6 +91,19 @@ struct HttpServer::Impl {
     std::atomic<int64_t> num_connections{0};  // sessions counted against max_connections
     std::atomic<int64_t> num_refusing{0};     // sessions answering 503 past the cap
     std::atomic<uint64_t> next_ticket{1};
+    // What a generation's update callback holds instead of its session and executor:
+    // the service may keep (call, destroy) a callback after the server is gone, and a
+    // session and its strand must die while the io_context they live on does.
+    // ~HttpServer empties every hold first.
+    struct SessionHold {
+        std::mutex mu;
+        Sink deliver;  // posts to the session; empty once the server has let go
+    };
+    std::mutex holds_mu;
+    std::vector<std::weak_ptr<SessionHold>> holds;
+    size_t holds_pruned_at = 64;
+    std::shared_ptr<SessionHold> hold(Sink deliver);
+    void release_holds();
     asio::io_context ioc;
     tcp::acceptor acceptor{ioc};
     asio::signal_set signals{ioc};
@@ -485,9 +501,14 @@ private:
         num_tokens_ = 0;
         auto executor = socket_.get_executor();
         server_->service->start(
-            ticket, std::move(g), [self = shared_from_this(), executor](Update u) {
-                asio::post(executor,
-                           [self, u = std::move(u)]() mutable { self->on_update(std::move(u)); });
+            ticket, std::move(g),
+            [hold = server_->hold([self = shared_from_this(), executor](Update u) {
+                 asio::post(executor, [self, u = std::move(u)]() mutable {
+                     self->on_update(std::move(u));
+                 });
+             })](Update u) {
+                std::lock_guard lock(hold->mu);
+                if (hold->deliver) hold->deliver(std::move(u));  // else the server is gone
             });
     }
 
@@ -779,8 +800,40 @@ void HttpServer::Impl::drain_tick() {
 
 HttpServer::HttpServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+std::shared_ptr<HttpServer::Impl::SessionHold> HttpServer::Impl::hold(Sink deliver) {
+    auto h = std::make_shared<SessionHold>();
+    h->deliver = std::move(deliver);
+    std::lock_guard lock(holds_mu);
+    if (holds.size() >= holds_pruned_at) {
+        std::erase_if(holds, [](const std::weak_ptr<SessionHold>& w) { return w.expired(); });
+        holds_pruned_at = std::max<size_t>(64, 2 * holds.size());
+    }
+    holds.push_back(h);
+    return h;
+}
+
+void HttpServer::Impl::release_holds() {
+    std::vector<std::weak_ptr<SessionHold>> all;
+    {
+        std::lock_guard lock(holds_mu);
+        all.swap(holds);
+    }
+    for (const auto& w : all) {
+        const auto h = w.lock();
+        if (!h) continue;
+        Sink deliver;
+        {
+            std::lock_guard lock(h->mu);
+            deliver.swap(h->deliver);
+        }
+        // `deliver` may hold the last reference to its session: it ends here, with ioc alive.
+    }
+}
+
 HttpServer::~HttpServer() {
-    if (impl_) impl_->ioc.stop();
+    if (!impl_) return;
+    impl_->ioc.stop();
+    impl_->release_holds();
 }
 
 Result<std::unique_ptr<HttpServer>> HttpServer::create(const ApiContext* ctx,
