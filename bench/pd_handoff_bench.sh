@@ -4,7 +4,10 @@
 # engine's), with the prompt's KV handed over (transfer/ into the decode engine's inbox)
 # vs without it (the decode engine computes the prompt again), measured in the same run,
 # plus the streams' ordinary gap between tokens.
-#   bench/pd_handoff_bench.sh [BUILD_DIR] [ROUNDS] [PROMPT_REPEATS]
+#   bench/pd_handoff_bench.sh [BUILD_DIR] [ROUNDS] [PROMPT_REPEATS] [MODEL_DIR]
+# MODEL_DIR: a checkpoint every process serves (default: the embedded default model), e.g.
+# `dsinfer make-model --preset tiny-v4 --format hf --out DIR` for the V4 hand-over (blocks
+# of every cache group and the SWA state).
 # etcd + two clusters on loopback, each a prefill engine, a decode engine and a router
 # (`serve --role prefill|decode`, default model, 1 thread each): A's decode engine runs
 # an inbox, B's does not (--kv-transfer-port -1). Each round sends one new prompt (a
@@ -15,15 +18,20 @@ set -euo pipefail
 build="$(cd "${1:-build}" && pwd)"
 rounds="${2:-7}"
 repeats="${3:-120}"
+model_args=() served="dsinfer-default"
+if [[ -n "${4:-}" ]]; then
+  model_args=(--model "$(cd "$4" && pwd)") served="$(basename "$(cd "$4" && pwd)")"
+fi
 source "$(dirname "$0")/../tests/cluster/lib.sh"
 declare -A rport
 for c in A B; do
   m="etcd://127.0.0.1:$ecp/$c/"
   extra=()
   [[ "$c" == B ]] && extra=(--kv-transfer-port -1)
-  start "p$c" serve --threads 1 --role prefill --membership "$m" --node-id "p$c"
-  start "d$c" serve --threads 1 --role decode --membership "$m" --node-id "d$c" "${extra[@]}"
-  start "r$c" router --membership "$m"
+  start "p$c" serve --threads 1 --role prefill --membership "$m" --node-id "p$c" "${model_args[@]}"
+  start "d$c" serve --threads 1 --role decode --membership "$m" --node-id "d$c" "${extra[@]}" \
+    "${model_args[@]}"
+  start "r$c" router --membership "$m" "${model_args[@]}"
   rport[$c]=$last_port
 done
 results="$work/results.jsonl"
@@ -31,11 +39,13 @@ for i in $(seq "$rounds"); do
   order=(A B)
   (( i % 2 == 0 )) && order=(B A)
   for c in "${order[@]}"; do
-    python3 - "http://127.0.0.1:${rport[$c]}/v1/completions" "$c" "$i" "$repeats" >> "$results" <<'PY'
+    python3 - "http://127.0.0.1:${rport[$c]}/v1/completions" "$c" "$i" "$repeats" "$served" \
+      >> "$results" <<'PY'
 import http.client, json, sys, time, urllib.parse
 url, cluster, rnd, repeats = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+served = sys.argv[5]
 prompt = f"Round {rnd}. " + " ".join(["The cat sat on the mat and looked at the moon."] * repeats)
-body = json.dumps({"model": "dsinfer-default", "prompt": prompt,
+body = json.dumps({"model": served, "prompt": prompt,
                    "max_tokens": 32, "temperature": 0.8, "seed": 5, "ignore_eos": True,
                    "stream": True, "stream_options": {"include_usage": True}, "logprobs": 1})
 u = urllib.parse.urlparse(url)

@@ -223,6 +223,8 @@ int run_serve(const ServeFlags& f) {
                          s.num_rejected});
             c.push_back(
                 {"kv_inbox_blocks_total", "KV blocks stored by hand-overs", s.blocks_stored});
+            c.push_back({"kv_inbox_swa_states_total", "SWA states (V4) put into the pool",
+                         s.states_stored});
             c.push_back(
                 {"kv_inbox_bytes_total", "KV bytes stored by hand-overs", s.bytes_received});
             return c;
@@ -254,8 +256,9 @@ int run_serve(const ServeFlags& f) {
             io.self = {self.id, transfer::PeerRole::kDecode, incarnation};
             io.model_id = rep.cache_identity();
             io.dtype = rep.kv_block_shape()->dtype;
-            io.num_layers = rep.kv_block_shape()->num_layers;
             io.layer_block_bytes = rep.kv_block_shape()->layer_block_bytes;
+            io.swa_state_bytes = rep.kv_block_shape()->swa_state_bytes;
+            io.swa_pool = rep.swa_pool();
             Result<std::unique_ptr<serving::KvInbox>> in =
                 serving::KvInbox::start(std::move(io), rep.kv_inbox());
             if (!in.is_ok()) return fail(in.status().with_context("--kv-transfer-port"));

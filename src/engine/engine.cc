@@ -583,17 +583,30 @@ Status make_drafter(CausalLm* model, const KvLayout& layout, Env* env, EngineOpt
 
 }  // namespace
 
+uint64_t StoreBlockShape::block_bytes() const {
+    uint64_t n = 0;
+    for (uint64_t b : layer_block_bytes) n += b;
+    return n;
+}
+
 std::optional<StoreBlockShape> store_block_shape(const CausalLm& model) {
     const KvLayout layout = model.kv_layout();
-    if (!layout.prefix_reusable || layout.state_floats > 0 || layout.groups.size() != 1) {
+    const bool with_state = layout.state_floats > 0;
+    if (with_state ? !layout.state_snapshot_resumes : !layout.prefix_reusable) {
         return std::nullopt;
     }
-    const KvGroupLayout& g = layout.groups[0];
-    const int64_t entries = kv::kBlockTokens / g.tokens_per_entry;
     StoreBlockShape s;
-    s.num_layers = static_cast<uint32_t>(g.num_layers);
-    s.layer_block_bytes = static_cast<uint64_t>(entries * g.floats_per_entry) * sizeof(float);
+    for (const KvGroupLayout& g : layout.groups) {  // TieredCache's store layers
+        const int64_t entries = kv::kBlockTokens / g.tokens_per_entry;
+        const auto bytes = static_cast<uint64_t>(entries * g.floats_per_entry) * sizeof(float);
+        s.layer_block_bytes.insert(s.layer_block_bytes.end(), static_cast<size_t>(g.num_layers),
+                                   bytes);
+    }
     s.dtype = kStoreDtypeF32 + static_cast<uint32_t>(model.kv_dtype());
+    if (with_state) {
+        s.swa_state_bytes =
+            static_cast<uint64_t>(layout.state_floats) * sizeof(float) + kv::kSwaSealBytes;
+    }
     return s;
 }
 
@@ -764,7 +777,7 @@ Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback ca
                 if (s.stop) (void)s.stop->push(piece);
             }
         }
-        m.cache->add(s.id, salt, traffic);
+        m.cache->add(s.id, salt, traffic, !request.resume_output.empty());
         rs.seq_ids.push_back(s.id);
         m.seqs.emplace(s.id, std::move(s));
     }

@@ -277,15 +277,20 @@ struct EngineStats {
     std::optional<ExpertParallelStats> expert_parallel;
 };
 
-// One KV block as the prefill -> decode hand-over carries it: group 0 of the model's KV
-// layout, every layer's rows of 128 tokens. nullopt when the model's prefixes are not
-// reusable or its layout has per-sequence state or several groups (V4): such a model
-// has no hand-over (V4's blocks reach the store tier through kv::TieredCache, every
-// cache group's layers in one block, with the SWA state cache: docs/swa_cache.md).
+// One KV block as the prefill -> decode hand-over carries it, and the store tier holds
+// it: every cache group's layers in group order (kv::num_store_layers), each layer 128
+// tokens of that group. V2/V3: the one group, every layer the same size. V4 / V4.1 (a
+// state slot that resumes from a copy, KvLayout::state_snapshot_resumes): the groups'
+// layers differ in size, and a stored SWA state travels with the blocks (the slot's
+// words and the seal, kv::swa_sealed_ok). nullopt when the model's prefixes cannot be
+// reused at all (a state slot that does not resume from a copy).
 struct StoreBlockShape {
-    uint32_t num_layers = 0;
-    uint64_t layer_block_bytes = 0;
-    uint32_t dtype = 0;  // the store's dtype code
+    std::vector<uint64_t> layer_block_bytes;  // per store layer: one layer of one block
+    uint32_t dtype = 0;                       // the store's dtype code
+    uint64_t swa_state_bytes = 0;             // a stored SWA state; 0: none (V2/V3)
+
+    uint32_t num_layers() const { return static_cast<uint32_t>(layer_block_bytes.size()); }
+    uint64_t block_bytes() const;  // every layer of one block
 };
 std::optional<StoreBlockShape> store_block_shape(const CausalLm& model);
 

@@ -370,8 +370,10 @@ TEST(EngineStoreTest, ExportedBlocksLetAnotherEngineContinueWithColdOutputs) {
     for (size_t b = 0; b < 5; ++b) {
         EXPECT_EQ(exported->keys[b], (kvstore::StoreKey{chain[b].lo, chain[b].hi}));
     }
-    EXPECT_EQ(exported->bytes(), exported->num_blocks() * exported->num_layers() *
-                                     exported->layer_block_bytes);
+    ASSERT_EQ(exported->layer_block_bytes.size(), exported->num_layers());
+    EXPECT_EQ(exported->bytes(),
+              exported->num_blocks() * exported->num_layers() * exported->layer_block_bytes[0]);
+    EXPECT_EQ(exported->swa_state, nullptr);
 
     const std::string name = "dsi_engine_export_" + std::to_string(::getpid());
     (void)kvstore::ShmBlockStore::unlink(name);

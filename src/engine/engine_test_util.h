@@ -1,15 +1,23 @@
 // Test helpers shared by the engine's tests: a small in-memory model (reduced
-// vocabulary) and a harness that collects every completion's tokens and logits.
+// vocabulary), a harness that collects every completion's tokens and logits, and a
+// prefill -> decode hand-over between two engines (issue 18).
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <map>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "engine/engine.h"
+#include "kv/swa_pool.h"
+#include "kvstore/block_format.h"
+#include "kvstore/block_store.h"
+#include "kvstore/shm_store.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
 
@@ -80,5 +88,96 @@ struct Harness {
         }
     }
 };
+
+// Issue 18 prefill -> decode hand-over between two engines over `model`, without the
+// network (serving/kv_handoff.h carries the same export): engine A runs `request` to its
+// first token with export_kv; the export goes where a decode engine's KvInbox puts it
+// (blocks into decode.store, the SWA state into decode.pool); engine B (decode.options)
+// continues with resume_output = that token.
+struct HandoffRun {
+    std::shared_ptr<const kv::KvExport> exported;
+    Completion prefill;  // A's one token
+    Completion decode;   // B's tokens after it
+    EngineStats decode_stats;
+
+    // The whole generation as one engine streams it.
+    Completion joined() const {
+        Completion c = prefill;
+        c.tokens.insert(c.tokens.end(), decode.tokens.begin(), decode.tokens.end());
+        c.logits.insert(c.logits.end(), decode.logits.begin(), decode.logits.end());
+        return c;
+    }
+};
+
+// A decode engine's side of a hand-over: its store tier (an shm store of `slots` blocks
+// of `shape`), its SWA pool, and engine options naming both.
+struct HandoffDecodeSide {
+    std::unique_ptr<kvstore::ShmBlockStore> store;
+    std::unique_ptr<kv::SwaStatePool> pool;
+    EngineOptions options;
+};
+
+inline HandoffDecodeSide decode_side(const StoreBlockShape& shape, const std::string& name,
+                                     int64_t slots) {
+    HandoffDecodeSide d;
+    kvstore::ShmStoreOptions so;
+    so.name = name + "_" + std::to_string(::getpid());
+    (void)kvstore::ShmBlockStore::unlink(so.name);
+    so.num_slots = slots;
+    so.slot_bytes = static_cast<int64_t>(
+        (kvstore::header_bytes(shape.num_layers()) + shape.block_bytes() + 4095) / 4096 * 4096);
+    so.unlink_on_close = true;
+    d.store = kvstore::ShmBlockStore::open(so).value();
+    d.pool = std::make_unique<kv::SwaStatePool>(int64_t{64} << 20);
+    d.options = base_options();
+    d.options.kv_store = d.store.get();
+    d.options.swa_pool = d.pool.get();
+    return d;
+}
+
+inline HandoffRun run_handoff(CausalLm* model, GenerateRequest request,
+                              const HandoffDecodeSide& decode) {
+    HandoffRun run;
+    {
+        GenerateRequest r = request;
+        r.sampling.max_tokens = 1;
+        r.export_kv = true;
+        Harness a(base_options(), Env::default_env(), model);
+        EXPECT_TRUE(a.engine
+                        ->add_request(r,
+                                      [&](const TokenEvent& ev) {
+                                          if (ev.token >= 0) {
+                                              run.prefill.tokens.push_back(ev.token);
+                                              run.prefill.logits.emplace_back(ev.logits.begin(),
+                                                                              ev.logits.end());
+                                          }
+                                          if (ev.finished) run.exported = ev.kv_export;
+                                      })
+                        .is_ok());
+        a.run_checked();
+    }
+    if (run.exported == nullptr || run.prefill.tokens.size() != 1) {
+        ADD_FAILURE() << "the prefill engine exported nothing";
+        return run;
+    }
+    const kv::KvExport& e = *run.exported;
+    for (size_t b = 0; b < e.num_blocks(); ++b) {
+        std::vector<std::span<const uint8_t>> layers;
+        for (uint32_t l = 0; l < e.num_layers(); ++l) layers.push_back(e.layer(l, b));
+        EXPECT_TRUE(decode.store->put(e.info(b), layers).is_ok());
+    }
+    if (e.swa_state != nullptr) {
+        EXPECT_TRUE(
+            decode.pool->put(e.swa_state->key, e.swa_state->traffic_class, e.swa_state->bytes)
+                .is_ok());
+    }
+    Harness b(decode.options, Env::default_env(), model);
+    request.resume_output = run.prefill.tokens;
+    const RequestId id = b.add(std::move(request));
+    b.run_checked();
+    run.decode = b.out[id][0];
+    run.decode_stats = b.engine->stats();
+    return run;
+}
 
 }  // namespace dsi::engine

@@ -142,5 +142,42 @@ TEST(EngineV41Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
     EXPECT_EQ(h.engine->stats().swa_states_restored, 2);  // the hits of 262 and 400
 }
 
+// Issue 18, the V4.1 hand-over: the same pieces as V4's (docs/cluster.md) carry its four
+// cache groups and its state slot (stored whole): a second engine continues from the
+// prefill's store position P with the model's own tokens and logits, a full hit.
+TEST(EngineV41Test, AHandedOverPrefillContinuesOnAnotherEngineFromItsState) {
+    const std::optional<StoreBlockShape> shape = store_block_shape(v41_model());
+    ASSERT_TRUE(shape.has_value());
+    int64_t store_layers = 0;  // every cache group's layers
+    for (const KvGroupLayout& g : v41_model().kv_layout().groups) store_layers += g.num_layers;
+    ASSERT_EQ(shape->num_layers(), static_cast<uint32_t>(store_layers));
+    for (int64_t len : {256, 300}) {  // P = 128 (one unit below the blocks), 256
+        const std::string what = "prompt of " + std::to_string(len);
+        const std::vector<int32_t> prompt = make_prompt(len, static_cast<uint32_t>(len));
+        const int64_t p = (len - 1) / 128 * 128;
+        GenerateRequest r;
+        r.prompt = prompt;
+        r.sampling.temperature = 0;
+        r.sampling.max_tokens = 4;
+        r.sampling.ignore_eos = true;
+        const HandoffRun run = run_handoff(
+            &v41_model(), r, decode_side(*shape, "dsi_v41_handoff_" + std::to_string(len), 8));
+        ASSERT_NE(run.exported, nullptr) << what;
+        EXPECT_EQ(static_cast<int64_t>(run.exported->num_blocks()) * 128, p) << what;
+        ASSERT_NE(run.exported->swa_state, nullptr) << what;
+        EXPECT_EQ(run.exported->swa_state->bytes.size(), shape->swa_state_bytes) << what;
+        const Completion got = run.joined();
+        const Completion want = reference(prompt, 4);
+        ASSERT_EQ(got.tokens, want.tokens) << what;
+        for (size_t k = 0; k < want.logits.size(); ++k) {
+            ASSERT_EQ(got.logits[k], want.logits[k]) << what << " token " << k;
+        }
+        const kv::SwaCacheClassCounters t = run.decode_stats.swa.total();
+        EXPECT_EQ(t.swa_exact_hits, 1) << what;
+        EXPECT_EQ(t.replays, 0) << what;
+        EXPECT_EQ(run.decode_stats.cached_prompt_tokens, p) << what;
+    }
+}
+
 }  // namespace
 }  // namespace dsi::engine

@@ -520,5 +520,54 @@ TEST(EngineV4Test, AnSwaPoolThatHoldsNoStateGivesNoHits) {
     EXPECT_EQ(h.engine->stats().swa_states_stored, 0);
 }
 
+// Issue 18, the V4 hand-over (docs/cluster.md): the prefill engine exports blocks [0, P)
+// of every cache group and the SWA state at its store position P; put where a decode
+// engine's inbox puts them (its store tier and SWA pool), they let a second engine
+// continue the generation (resume_output = the first token) from P -- a full hit past
+// S-KV-10's cap, which a continuation may take, nothing replayed -- with the tokens and
+// logits of the model running it whole. A new request of the same tokens gets no such hit.
+TEST(EngineV4Test, AHandedOverPrefillContinuesOnAnotherEngineFromItsState) {
+    const std::optional<StoreBlockShape> shape = store_block_shape(v4_model());
+    ASSERT_TRUE(shape.has_value());
+    // 300: P = 256; 384 = 3 x 128: P = 256, one unit below its last block; 647: P = 640.
+    for (int64_t len : {300, 384, 647}) {
+        const std::string what = "prompt of " + std::to_string(len);
+        const std::vector<int32_t> prompt = make_prompt(len, static_cast<uint32_t>(60 + len));
+        const int64_t p = (len - 1) / 128 * 128;
+        const HandoffDecodeSide decode =
+            decode_side(*shape, "dsi_v4_handoff_" + std::to_string(len), 16);
+        const HandoffRun run = run_handoff(&v4_model(), greedy(prompt, 6), decode);
+        ASSERT_NE(run.exported, nullptr) << what;
+        const kv::KvExport& e = *run.exported;
+        EXPECT_EQ(static_cast<int64_t>(e.num_blocks()) * 128, p) << what;
+        EXPECT_EQ(e.layer_block_bytes, shape->layer_block_bytes) << what;
+        ASSERT_NE(e.swa_state, nullptr) << what;
+        EXPECT_EQ(e.swa_state->key.position, p) << what;
+        EXPECT_EQ(e.swa_state->bytes.size(), shape->swa_state_bytes) << what;
+        EXPECT_EQ(e.bytes(), e.num_blocks() * shape->block_bytes() + shape->swa_state_bytes);
+
+        expect_same(run.joined(), reference(prompt, 6), what);
+        const EngineStats& s = run.decode_stats;
+        const kv::SwaCacheClassCounters t = s.swa.total();
+        EXPECT_EQ(t.swa_hits, 1) << what;
+        EXPECT_EQ(t.swa_exact_hits, 1) << what;
+        EXPECT_EQ(t.hit_tokens, p) << what;
+        EXPECT_EQ(t.replays, 0) << what;
+        EXPECT_EQ(t.catch_up_tokens, 0) << what;
+        EXPECT_EQ(s.swa_fallback_tokens, 0) << what;
+        EXPECT_EQ(s.swa_states_restored, 1) << what;
+        EXPECT_EQ(s.store_hit_blocks, p / 128) << what;
+        EXPECT_EQ(s.cached_prompt_tokens, p) << what;
+        if (len != 300) continue;
+        // Not a continuation: S-KV-10's cap (L1 <= 301 - 134) leaves no state to start at.
+        Harness h(decode.options, Env::default_env(), &v4_model());
+        std::vector<int32_t> longer = prompt;
+        longer.push_back(run.prefill.tokens[0]);
+        auto [got, cached] = run_one(h, longer, 2);
+        expect_same(got, reference(longer, 2), "a new request of the continued tokens");
+        EXPECT_EQ(cached, 0);
+    }
+}
+
 }  // namespace
 }  // namespace dsi::engine

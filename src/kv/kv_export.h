@@ -3,15 +3,20 @@
 // what the KV store would hold for each block (kvstore/block_format.h: key, model,
 // dtype, token hash, one byte range per layer), laid out layer-major so one layer of
 // every block is one contiguous range on the wire (transfer/: one Begin layer per
-// model layer, a State section with the block list).
+// model layer, a State section with the block list). V4 / V4.1 (state-slot layouts):
+// one layer per store layer (every cache group's layers, group order; their sizes differ
+// by group) and the SWA state at the blocks' end, without which the blocks cannot be
+// continued from (docs/cluster.md "V4 / V4.1 hand-over").
 // Thread model: an immutable value once made (shared between threads as const).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "kv/swa_pool.h"
 #include "kvstore/block_format.h"
 
 namespace dsi::kv {
@@ -21,15 +26,25 @@ struct KvExport {
     uint32_t dtype = 0;    // the store's dtype code
     kvstore::TrafficClass traffic_class = kvstore::TrafficClass::kChatbot;
     uint32_t block_tokens = 0;
-    uint64_t layer_block_bytes = 0;         // one layer of one block
+    // Per layer: one layer of one block (V2/V3: all equal; V4: by cache group).
+    std::vector<uint64_t> layer_block_bytes;
     std::vector<kvstore::StoreKey> keys;    // hash-chain keys, block order
     std::vector<uint64_t> token_hashes;     // kvstore::token_ids_hash per block
-    // layers[l]: layer l of block 0, 1, ... (keys.size() * layer_block_bytes bytes).
+    // layers[l]: layer l of block 0, 1, ... (keys.size() * layer_block_bytes[l] bytes).
     std::vector<std::vector<uint8_t>> layers;
+    // State-slot layouts: the stored SWA state (slot + seal, as SwaStatePool holds it) at
+    // position num_blocks() x block_tokens, keyed by the last block's chain key. Null for
+    // V2/V3.
+    std::shared_ptr<const SwaState> swa_state;
 
     size_t num_blocks() const { return keys.size(); }
     uint32_t num_layers() const { return static_cast<uint32_t>(layers.size()); }
-    uint64_t bytes() const { return num_blocks() * num_layers() * layer_block_bytes; }
+    // Block bytes of every layer, plus the SWA state's.
+    uint64_t bytes() const {
+        uint64_t n = swa_state ? swa_state->bytes.size() : 0;
+        for (uint64_t b : layer_block_bytes) n += num_blocks() * b;
+        return n;
+    }
     // The store's header fields of block b.
     kvstore::BlockInfo info(size_t b) const {
         kvstore::BlockInfo i;
@@ -44,8 +59,8 @@ struct KvExport {
     }
     // Layer l of block b.
     std::span<const uint8_t> layer(size_t l, size_t b) const {
-        return std::span<const uint8_t>(layers[l]).subspan(b * layer_block_bytes,
-                                                           layer_block_bytes);
+        return std::span<const uint8_t>(layers[l]).subspan(b * layer_block_bytes[l],
+                                                           layer_block_bytes[l]);
     }
 };
 

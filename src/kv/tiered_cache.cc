@@ -14,11 +14,17 @@ namespace {
 // A stored SWA state is the slot copy followed by an 8-byte seal (XXH3-64 of the copy
 // and its position), checked before a restore: a damaged state is a miss, never a
 // wrong continuation.
-constexpr size_t kSwaSealBytes = 8;
-
 uint64_t swa_seal_of(std::span<const uint8_t> slot, int64_t position) {
     return XXH3_64bits_withSeed(slot.data(), slot.size(), static_cast<uint64_t>(position));
 }
+
+int64_t block_floats_of(const std::vector<CacheGroupSpec>& groups) {
+    int64_t n = 0;  // every cache group's slice of one block
+    for (const CacheGroupSpec& g : groups) n += g.block_floats();
+    return n;
+}
+
+}  // namespace
 
 void swa_seal(std::vector<uint8_t>& bytes, int64_t position) {
     const uint64_t h = swa_seal_of(bytes, position);
@@ -32,14 +38,6 @@ bool swa_sealed_ok(const SwaState& st, size_t slot_bytes) {
     std::memcpy(&h, st.bytes.data() + slot_bytes, kSwaSealBytes);
     return h == swa_seal_of(std::span<const uint8_t>(st.bytes).first(slot_bytes), st.key.position);
 }
-
-int64_t block_floats_of(const std::vector<CacheGroupSpec>& groups) {
-    int64_t n = 0;  // every cache group's slice of one block
-    for (const CacheGroupSpec& g : groups) n += g.block_floats();
-    return n;
-}
-
-}  // namespace
 
 void copy_block_to_host(BlockPool& pool, const HostCopy& c) {
     float* host = c.host;
@@ -220,30 +218,42 @@ void TieredCache::offer_block(const Seq& s, std::span<const int32_t> tokens, int
 std::shared_ptr<const KvExport> TieredCache::export_blocks(SeqId id,
                                                           std::span<const int32_t> tokens) const {
     const Seq& s = at(id);
-    if (!options_.prefix_cache || slots_ != nullptr || options_.groups.size() != 1 ||
-        s.num_published == 0) {
-        return nullptr;
-    }
+    if (!options_.prefix_cache || s.num_published == 0) return nullptr;
     auto e = std::make_shared<KvExport>();
+    auto n = static_cast<size_t>(s.num_published);
+    if (slots_ != nullptr) {
+        // Blocks of a state-slot layout are worth something only with the state at their
+        // end: the prefill's, at its store position P (S-KV-9), which the pool holds since
+        // the prefill's last chunk ran (docs/cluster.md "V4 / V4.1 hand-over").
+        if (swa_ == nullptr) return nullptr;
+        const Result<int64_t> p = prefill_store_position(s.swa_prompt);
+        if (!p.is_ok() || *p == 0 || *p > s.num_published * kBlockTokens) return nullptr;
+        Result<std::shared_ptr<const SwaState>> st = swa_->get(swa_state_key(s.keys, *p));
+        if (!st.is_ok()) return nullptr;
+        e->swa_state = std::move(st).value();
+        n = static_cast<size_t>(*p / kBlockTokens);
+    }
     e->model_id = options_.model_id;
     e->dtype = options_.store_dtype;
     e->traffic_class = s.traffic;
     e->block_tokens = static_cast<uint32_t>(kBlockTokens);
-    e->layer_block_bytes = static_cast<uint64_t>(layer_bytes(0));
-    const auto n = static_cast<size_t>(s.num_published);
     for (size_t b = 0; b < n; ++b) {
         e->keys.push_back(kvstore::StoreKey{s.keys[b].lo, s.keys[b].hi});
         e->token_hashes.push_back(kvstore::token_ids_hash(
             tokens.subspan(b * static_cast<size_t>(kBlockTokens), kBlockTokens)));
     }
-    const int64_t floats = layer_bytes(0) / static_cast<int64_t>(sizeof(float));
-    e->layers.resize(static_cast<size_t>(store_layers()));
-    for (size_t l = 0; l < e->layers.size(); ++l) {
-        std::vector<uint8_t>& dst = e->layers[l];
-        dst.resize(n * e->layer_block_bytes);
-        for (size_t b = 0; b < n; ++b) {
-            const float* src = pool_->data(0, s.blocks[b]) + static_cast<int64_t>(l) * floats;
-            std::memcpy(dst.data() + b * e->layer_block_bytes, src, e->layer_block_bytes);
+    // Store layers in group order, each that group's slice of the block (offer_block).
+    for (size_t g = 0; g < options_.groups.size(); ++g) {
+        const CacheGroupSpec& spec = options_.groups[g];
+        const int64_t floats = spec.entries_per_block() * spec.floats_per_entry;
+        const auto bytes = static_cast<uint64_t>(floats) * sizeof(float);
+        for (int64_t l = 0; l < spec.num_layers; ++l) {
+            std::vector<uint8_t>& dst = e->layers.emplace_back(n * bytes);
+            e->layer_block_bytes.push_back(bytes);
+            for (size_t b = 0; b < n; ++b) {
+                std::memcpy(dst.data() + b * bytes, pool_->data(g, s.blocks[b]) + l * floats,
+                            bytes);
+            }
         }
     }
     return e;
@@ -360,10 +370,12 @@ void TieredCache::resolve_fetch(Seq& s) {
     s.staged_first = m;
 }
 
-void TieredCache::add(SeqId id, const BlockKey& salt, kvstore::TrafficClass traffic) {
+void TieredCache::add(SeqId id, const BlockKey& salt, kvstore::TrafficClass traffic,
+                      bool continuation) {
     Seq s;
     s.salt = salt;
     s.traffic = traffic;
+    s.continuation = continuation;
     const bool inserted = seqs_.emplace(id, std::move(s)).second;
     DSI_CHECK(inserted, "sequence added twice");
 }
@@ -449,7 +461,30 @@ int64_t TieredCache::swa_plan_start(Seq& s, int64_t input_tokens, int64_t block_
     DSI_CHECK(plan.is_ok(), plan.status().to_string());
     s.swa_plan = *plan;
     s.swa_start = swa_fallback_start(s, *plan);
+    if (s.continuation) swa_continuation_start(s, input_tokens, block_hit_tokens);
     return s.swa_start;
+}
+
+// A continuation past S-KV-10's cap (Policies): the exact state at the highest block
+// boundary of its blocks that keeps one token back (S-KV-9), or one unit below (a
+// prefill of k x 128 tokens stored at (k - 1) x 128). The restored slot is the whole
+// state, copied with lateness 0, so the steps from there are the first engine's.
+void TieredCache::swa_continuation_start(Seq& s, int64_t input_tokens, int64_t block_hit_tokens) {
+    const int64_t top =
+        std::min(block_hit_tokens, (input_tokens - 1) / kBlockTokens * kBlockTokens);
+    for (int64_t pos = top; pos > s.swa_start && pos >= top - kBlockTokens; pos -= kBlockTokens) {
+        if (!swa_has_state(s, pos)) continue;
+        SwaHitPlan p;
+        p.input_tokens = input_tokens;
+        p.block_hit_tokens = pos;
+        p.hit_tokens = pos;
+        p.kind = SwaHitKind::kExact;
+        p.swa_state_position = pos;
+        p.compute_begin = pos;
+        s.swa_plan = p;
+        s.swa_start = pos;
+        return;
+    }
 }
 
 void TieredCache::trim_staged(Seq& s, int64_t keep_blocks) {

@@ -30,6 +30,12 @@
 //   - Preemption swaps when the host slots allow, all or nothing; else the rows are
 //     dropped (recompute). Slots released are reusable from the next plan on
 //     (end_plan()), so a save never overwrites a slot a pending restore still reads.
+//   - A continuation (add(): a generation moved from another engine) with the SWA
+//     cache may also start at an exact state at the largest block boundary <= L - 1
+//     its blocks reach, or one unit below it, past S-KV-10's cap of L - 134: the state
+//     is the whole slot copied with lateness 0, so a restore rebuilds nothing and the
+//     output is the one the first engine would produce. This is how a hand-over's state
+//     at the prefill's store position P (export_blocks) is a full hit at L = P + k.
 //   - SWA state (state-slot layouts with an SWA pool; S-KV-9/10): a hit needs a stored
 //     slot copy at its length. peek_admission applies plan_swa_hit (hit <= L - 134, the
 //     state at L1 or L1 - 128); the model replays exactly, so where S-KV-10 would
@@ -108,6 +114,14 @@ int64_t num_store_layers(const BlockPool& pool);
 // Store layer `layer` of a fetched block into its pool block. REQUIRES: the block's
 // layer sizes were checked on admission (they are).
 void copy_fetched_layer(BlockPool& pool, const SwapIn& s, int64_t layer);
+
+// A stored SWA state's bytes (SwaStatePool entries, KvExport::swa_state): the state slot's
+// words, then an 8-byte seal (XXH3-64 of them seeded with the position). Whether `st`
+// is slot_bytes of slot with an intact seal for its key's position.
+inline constexpr size_t kSwaSealBytes = 8;
+bool swa_sealed_ok(const SwaState& st, size_t slot_bytes);
+// Appends the seal of `bytes` (a slot copy) at `position`.
+void swa_seal(std::vector<uint8_t>& bytes, int64_t position);
 
 // The SWA side of one planned step of a sequence (plan_swa_step).
 struct SwaStepPlan {
@@ -198,7 +212,11 @@ public:
 
     // --- sequences ---
     // A new sequence whose keys are salted with `salt`; its stored blocks get `traffic`.
-    void add(SeqId id, const BlockKey& salt, kvstore::TrafficClass traffic);
+    // `continuation`: a generation moved here from another engine (its tokens end with
+    // output that engine produced: the prefill -> decode hand-over, a failover); with
+    // the SWA state cache it may start at an exact state past S-KV-10's cap (Policies).
+    void add(SeqId id, const BlockKey& salt, kvstore::TrafficClass traffic,
+             bool continuation = false);
     // Releases everything the sequence holds (blocks, staged blocks, fetch, slots).
     void remove(SeqId id);
 
@@ -244,9 +262,11 @@ public:
     // are computed (the step that computed them has completed).
     void publish(SeqId id, std::span<const int32_t> tokens, int64_t num_full_blocks);
     // Issue 18 hand-over: a copy of the sequence's published full blocks (the prefix of
-    // `tokens` the prefix index holds for it), as the store would hold them. Null when
-    // there is none, or the layout is not one store block per pool block (per-sequence
-    // state, several cache groups: V4), or prefix caching is off.
+    // `tokens` the prefix index holds for it), as the store would hold them (every cache
+    // group's layers). With state slots (V4, V4.1): the blocks [0, P) and the SWA state
+    // at P, the prefill's store position of the tokens it was admitted with (S-KV-9),
+    // taken from the SWA pool. Null when there is no block, prefix caching is off, or a
+    // state-slot layout has no stored state at P (no SWA pool, P = 0, evicted).
     std::shared_ptr<const KvExport> export_blocks(SeqId id, std::span<const int32_t> tokens) const;
     // Back to waiting: rows [0, rows) go to host slots when they fit and the sequence
     // has no state slot (true), else are dropped (recompute). Its blocks and state slot
@@ -292,6 +312,7 @@ private:
         std::vector<BlockKey> keys;  // chain keys of the full blocks seen so far
         std::vector<BlockId> blocks;  // the block table (admitted only)
         bool admitted = false;
+        bool continuation = false;     // add(): moved here from another engine
         int64_t num_published = 0;     // blocks put in the prefix index
         int64_t num_store_blocks = 0;  // blocks [0, n) need no write-behind (from a tier)
         // Store (S-KV-4/5): asked once per epoch.
@@ -347,6 +368,8 @@ private:
     // The hit rule for L = input_tokens over `block_hit_tokens` of blocks: sets the
     // sequence's plan and start and returns the start.
     int64_t swa_plan_start(Seq& s, int64_t input_tokens, int64_t block_hit_tokens);
+    // A continuation's exact start past the cap (Policies), when better than the plan.
+    void swa_continuation_start(Seq& s, int64_t input_tokens, int64_t block_hit_tokens);
     // Keeps the first keep_blocks staged blocks, releases the rest.
     void trim_staged(Seq& s, int64_t keep_blocks);
     bool swa_take_restore(Seq& s, int64_t hit_tokens);

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <span>
 #include <vector>
 
@@ -15,6 +16,17 @@ namespace {
 
 std::vector<CacheGroupSpec> v4_like_groups() {
     return {{"c4", 2, 4, 8}, {"c4_index", 2, 4, 4}, {"c128", 1, 128, 8}};
+}
+
+// A V4-like cache with state slots of 16 words and the SWA state cache in `pool`.
+TieredCacheOptions swa_options(SwaStatePool* pool) {
+    TieredCacheOptions o;
+    o.groups = v4_like_groups();
+    o.num_blocks = 16;
+    o.state_floats = 16;
+    o.num_state_slots = 2;
+    o.swa_pool = pool;
+    return o;
 }
 
 TEST(PagedKvCacheTest, EntriesOfEveryGroupOverOneTable) {
@@ -98,12 +110,7 @@ TEST(TieredCacheStateTest, BadStateOptionsAreRejected) {
 // prefill ends, then a longer prompt on the same prefix starts from it with its bytes.
 TEST(TieredCacheStateTest, SwaStatesAreCapturedAtStorePositionsAndRestoredOnAHit) {
     SwaStatePool pool(int64_t{1} << 20);
-    TieredCacheOptions o;
-    o.groups = v4_like_groups();
-    o.num_blocks = 16;
-    o.state_floats = 16;
-    o.num_state_slots = 2;
-    o.swa_pool = &pool;
+    TieredCacheOptions o = swa_options(&pool);
     auto cache = TieredCache::create(o).value();
     ASSERT_TRUE(cache->swa_enabled());
     const BlockKey salt = make_salt("m", "");
@@ -159,6 +166,72 @@ TEST(TieredCacheStateTest, SwaStatesAreCapturedAtStorePositionsAndRestoredOnAHit
     plain->add(1, salt, kvstore::TrafficClass::kAgent);
     EXPECT_EQ(plain->peek_admission(1, b)->num_cached_tokens, 0);
     plain->remove(1);
+}
+
+// Issue 18, the V4 hand-over: the export of a prefilled sequence is its blocks [0, P) of
+// every group (store layers in group order) and the state at P; a continuation of those
+// tokens plus one on another cache starts at P past S-KV-10's cap, a new sequence of the
+// same tokens does not (the cap leaves 128, with no state there or at 0's catch-up gain).
+TEST(TieredCacheStateTest, AnExportCarriesItsStateAndAContinuationStartsThere) {
+    SwaStatePool pool(int64_t{1} << 20);
+    TieredCacheOptions o = swa_options(&pool);
+    auto cache = TieredCache::create(o).value();
+    const BlockKey salt = make_salt("m", "");
+    std::vector<int32_t> a(300);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i % 89);
+    cache->add(1, salt, kvstore::TrafficClass::kAgent);
+    ASSERT_EQ(cache->peek_admission(1, a)->num_cached_tokens, 0);
+    EXPECT_EQ(cache->admit(1, 0), 0);
+    ASSERT_TRUE(cache->grow(1, 3).is_ok());
+    PagedKvCache t = cache->table(1);
+    for (int64_t g = 0; g < 3; ++g) {  // a mark in the first entry of each group's layers
+        for (int64_t l = 0; l < o.groups[static_cast<size_t>(g)].num_layers; ++l) {
+            t.entry(static_cast<size_t>(g), l, 0)[0] = static_cast<float>(10 * g + l + 1);
+        }
+    }
+    const std::vector<uint8_t> slot(16 * sizeof(float), 0x5c);
+    EXPECT_EQ(cache->export_blocks(1, a), nullptr);  // nothing published yet
+    cache->plan_swa_step(1, 0, 300);
+    cache->publish(1, a, 2);
+    cache->on_swa_step(1, a, 0, 256, slot);
+    cache->on_swa_step(1, a, 256, 300, {});
+    std::shared_ptr<const KvExport> e = cache->export_blocks(1, a);
+    ASSERT_NE(e, nullptr);
+    ASSERT_EQ(e->num_blocks(), 2u);  // P = 256
+    EXPECT_EQ(e->layer_block_bytes,
+              (std::vector<uint64_t>{32 * 8 * 4, 32 * 8 * 4, 32 * 4 * 4, 32 * 4 * 4, 8 * 4}));
+    const float expected_marks[] = {1, 2, 11, 12, 21};
+    for (uint32_t l = 0; l < e->num_layers(); ++l) {
+        float first = 0;
+        std::memcpy(&first, e->layer(l, 0).data(), sizeof(float));
+        EXPECT_EQ(first, expected_marks[l]) << "store layer " << l;
+    }
+    ASSERT_NE(e->swa_state, nullptr);
+    EXPECT_EQ(e->swa_state->key.position, 256);
+    EXPECT_EQ(e->swa_state->key.chain, (BlockKey{e->keys[1].lo, e->keys[1].hi}));
+    EXPECT_TRUE(swa_sealed_ok(*e->swa_state, slot.size()));
+    EXPECT_EQ(e->bytes(), 2 * (2 * 1024 + 2 * 512 + 32) + slot.size() + kSwaSealBytes);
+    ASSERT_TRUE(pool.erase(e->swa_state->key));  // no state: the blocks alone are no export
+    EXPECT_EQ(cache->export_blocks(1, a), nullptr);
+    ASSERT_TRUE(
+        pool.put(e->swa_state->key, e->swa_state->traffic_class, e->swa_state->bytes).is_ok());
+    cache->remove(1);
+
+    std::vector<int32_t> b = a;
+    b.push_back(5);  // the first output token
+    cache->add(2, salt, kvstore::TrafficClass::kAgent);
+    EXPECT_EQ(cache->peek_admission(2, b)->num_cached_tokens, 0);  // a new sequence: capped
+    cache->remove(2);
+    cache->add(3, salt, kvstore::TrafficClass::kAgent, /*continuation=*/true);
+    ASSERT_EQ(cache->peek_admission(3, b)->num_cached_tokens, 256);
+    EXPECT_EQ(cache->admit(3, 256), 256);
+    ASSERT_NE(cache->plan_swa_step(3, 256, 301).restore, nullptr);
+    const SwaCacheClassCounters c = cache->stats().swa.total();
+    EXPECT_EQ(c.swa_exact_hits, 1);
+    EXPECT_EQ(c.hit_tokens, 256);
+    EXPECT_EQ(c.replays, 0);
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    cache->remove(3);
 }
 
 }  // namespace

@@ -18,8 +18,11 @@
 #include <thread>
 
 #include "base/clock.h"
+#include "kv/swa_pool.h"
+#include "kvstore/block_format.h"
 #include "kvstore/shm_store.h"
 #include "model/deepseek.h"
+#include "model/deepseek_v4.h"
 #include "model/synthetic.h"
 #include "net/http_client.h"
 #include "router/remote_service.h"
@@ -72,16 +75,30 @@ private:
 // What an engine does with KV hand-overs (as `serve --role` sets them up).
 enum class Kv { kNone, kSends, kReceives };
 
-// An engine process in miniature: the tiny model (same weights in every engine),
-// its EngineService and an HttpServer that serves the engine RPC; with Kv::kSends a
-// HandoffService in front, with Kv::kReceives an shm store tier and a KvInbox into it.
+// The tiny model (V3) or tiny-v4 (V4: KV of three cache groups and an SWA state slot).
+std::unique_ptr<CausalLm> load_model(bool v4) {
+    if (v4) {
+        DeepseekV4Model::Options o;
+        o.num_threads = 1;
+        auto m = DeepseekV4Model::load(
+            synthetic_v4_memory_model(synthetic_preset("tiny-v4").value(), 7), o);
+        EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+        return std::move(m).value();
+    }
+    auto m = DeepseekModel::load(synthetic_memory_model(synthetic_preset("tiny").value(), 7), {1});
+    EXPECT_TRUE(m.is_ok()) << m.status().to_string();
+    return std::move(m).value();
+}
+
+// An engine process in miniature: the tiny model (same weights in every engine; tiny-v4
+// with `v4`), its EngineService and an HttpServer that serves the engine RPC; with
+// Kv::kSends a HandoffService in front, with Kv::kReceives an shm store tier and a
+// KvInbox into it (V4: and into the engine's SWA pool, as `serve` wires them).
 struct Engine {
     explicit Engine(int64_t drain_grace_ms = 2000, Kv kv = Kv::kNone,
-                    std::optional<transfer::FaultPlan> send_faults = std::nullopt) {
-        ModelConfig c = synthetic_preset("tiny").value();
-        auto m = DeepseekModel::load(synthetic_memory_model(c, 7), {1});
-        EXPECT_TRUE(m.is_ok()) << m.status().to_string();
-        model = std::move(m).value();
+                    std::optional<transfer::FaultPlan> send_faults = std::nullopt,
+                    bool v4 = false) {
+        model = load_model(v4);
         engine::EngineOptions eo;
         eo.num_kv_blocks = 64;
         eo.tokenizer = &tokenizer();
@@ -92,7 +109,9 @@ struct Engine {
             kvstore::ShmStoreOptions so;
             so.name = "dsi_router_test_" + std::to_string(::getpid()) + "_" + std::to_string(++n);
             so.num_slots = 16;
-            so.slot_bytes = 4 << 20;
+            so.slot_bytes = static_cast<int64_t>(
+                (kvstore::header_bytes(shape->num_layers()) + shape->block_bytes() + 4095) /
+                4096 * 4096);
             so.unlink_on_close = true;
             inbox_store = kvstore::ShmBlockStore::open(so).value();
             eo.kv_store = inbox_store.get();
@@ -101,8 +120,13 @@ struct Engine {
             io.self = {"decode", transfer::PeerRole::kDecode, 1};
             io.model_id = eo.model_id;
             io.dtype = shape->dtype;
-            io.num_layers = shape->num_layers;
             io.layer_block_bytes = shape->layer_block_bytes;
+            if (shape->swa_state_bytes > 0) {
+                swa_pool = std::make_unique<kv::SwaStatePool>(int64_t{64} << 20);
+                eo.swa_pool = swa_pool.get();
+                io.swa_state_bytes = shape->swa_state_bytes;
+                io.swa_pool = swa_pool.get();
+            }
             inbox = serving::KvInbox::start(io, inbox_store.get()).value();
         }
         auto eng = engine::Engine::create(model.get(), eo, Env::default_env());
@@ -137,8 +161,9 @@ struct Engine {
         http.reset();
     }
     std::string transfer_address() const { return "127.0.0.1:" + std::to_string(inbox->port()); }
-    std::unique_ptr<DeepseekModel> model;
+    std::unique_ptr<CausalLm> model;
     std::unique_ptr<kvstore::ShmBlockStore> inbox_store;
+    std::unique_ptr<kv::SwaStatePool> swa_pool;  // V4 decode: the inbox's and engine's
     std::unique_ptr<serving::KvInbox> inbox;
     std::unique_ptr<server::EngineService> service;
     std::unique_ptr<server::HandoffService> handoff;
@@ -812,6 +837,40 @@ TEST(Router, TheKvHandOffLetsTheDecodeEngineSkipThePromptsFullBlocks) {
     EXPECT_EQ(broken.router_stats().num_kv_handoffs_failed, 1);
     EXPECT_EQ(broken.router_stats().num_handovers, 1);
     EXPECT_EQ(d2.service->stats_snapshot().engine.computed_prefill_tokens, 300 + 1);
+}
+
+// V4 (tiny-v4): the prefill engine hands over the blocks of every cache group up to its
+// store position P and the SWA state at P; the decode engine continues from P (one exact
+// SWA hit, nothing replayed) and the router streams what one engine streams.
+TEST(Router, AV4HandOffCarriesTheSwaStateAndTheStreamIsOneEngines) {
+    Engine ref(2000, Kv::kNone, std::nullopt, true);
+    Engine p(2000, Kv::kSends, std::nullopt, true), d(2000, Kv::kReceives, std::nullopt, true);
+    server::Generation g = long_generation();
+    g.request.sampling.max_tokens = 12;
+    g.request.prompt.clear();
+    for (int i = 0; i < 2 * 128 + 44; ++i) g.request.prompt.push_back(100 + (i * 37) % 5000);
+    RemoteService only_ref;
+    only_ref.set_engines({member("ref", ref.http->port())});
+    const auto [expected, expected_last] = run(only_ref, 1, g, nullptr);
+    ASSERT_EQ(expected.size(), 12u);
+
+    membership::Member dm = member("d", d.http->port(), membership::Role::kDecode);
+    dm.transfer_address = d.transfer_address();
+    RemoteService remote;
+    remote.set_engines({member("p", p.http->port(), membership::Role::kPrefill), dm});
+    const auto [tokens, last] = run(remote, 2, g, nullptr);
+    EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+    EXPECT_EQ(tokens, expected);
+    const RouterStats s = remote.router_stats();
+    EXPECT_EQ(s.num_kv_handoffs, 1);
+    EXPECT_EQ(s.kv_handoff_blocks, 2);  // P = 256
+    EXPECT_EQ(d.inbox->stats().blocks_stored, 2);
+    EXPECT_EQ(d.inbox->stats().states_stored, 1);
+    const engine::EngineStats de = d.service->stats_snapshot().engine;
+    EXPECT_EQ(de.swa.total().swa_exact_hits, 1);
+    EXPECT_EQ(de.swa.total().replays, 0);
+    EXPECT_EQ(de.store_hit_blocks, 2);
+    EXPECT_EQ(de.computed_prefill_tokens, 44 + 1);  // [256, 300) and the first token
 }
 
 // A hand-over damaged on the wire (one byte of the first data frame flipped) fails the

@@ -105,7 +105,6 @@ protected:
         io.self = {"decode-0", transfer::PeerRole::kDecode, 2};
         io.model_id = probe->model_id;
         io.dtype = probe->dtype;
-        io.num_layers = probe->num_layers();
         io.layer_block_bytes = probe->layer_block_bytes;
         inbox_ = serving::KvInbox::start(io, store_.get()).value();
     }

@@ -1,10 +1,13 @@
 #include "serving/kv_handoff.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "base/logging.h"
+#include "kv/tiered_cache.h"
 
 namespace dsi::serving {
 namespace {
@@ -15,6 +18,8 @@ using transfer::Timeout;
 constexpr uint32_t kKvBlocksVersion = 1;
 constexpr size_t kKvBlocksHeaderBytes = 16;
 constexpr size_t kKvBlocksEntryBytes = 24;
+constexpr uint32_t kSwaStateVersion = 1;
+constexpr size_t kSwaStateHeaderBytes = 32;
 
 void put_u32(std::vector<uint8_t>& out, uint32_t v) {
     uint8_t b[4];
@@ -50,6 +55,23 @@ std::vector<uint8_t> encode_block_list(const kv::KvExport& kv) {
         put_u64(out, kv.token_hashes[b]);
     }
     return out;
+}
+
+// The swa_state section: its header, then the stored state's bytes.
+std::vector<uint8_t> encode_state_section(const kv::SwaState& st) {
+    std::vector<uint8_t> out;
+    out.reserve(kSwaStateHeaderBytes + st.bytes.size());
+    put_u32(out, kSwaStateVersion);
+    put_u32(out, static_cast<uint32_t>(st.traffic_class));
+    put_u64(out, st.key.chain.lo);
+    put_u64(out, st.key.chain.hi);
+    put_u64(out, static_cast<uint64_t>(st.key.position));
+    out.insert(out.end(), st.bytes.begin(), st.bytes.end());
+    return out;
+}
+
+bool valid_traffic_class(uint32_t c) {
+    return c <= static_cast<uint32_t>(kvstore::TrafficClass::kAgent);
 }
 
 Result<std::pair<std::string, uint16_t>> split_address(const std::string& address) {
@@ -108,12 +130,19 @@ Result<transfer::SendReport> send_kv_export(transfer::Transport& transport,
     begin.model_id = kv.model_id;
     begin.num_tokens = kv.num_blocks() * kv.block_tokens;
     begin.block_size_tokens = kv.block_tokens;
-    begin.layer_bytes.assign(kv.num_layers(), kv.num_blocks() * kv.layer_block_bytes);
+    for (uint64_t b : kv.layer_block_bytes) begin.layer_bytes.push_back(kv.num_blocks() * b);
     const std::vector<uint8_t> list = encode_block_list(kv);
     begin.state_sections.push_back({std::string(kKvBlocksSection), list.size()});
+    std::vector<std::span<const uint8_t>> sections = {std::span<const uint8_t>(list)};
+    std::vector<uint8_t> state;
+    if (kv.swa_state) {
+        state = encode_state_section(*kv.swa_state);
+        begin.state_sections.push_back({std::string(kSwaStateSection), state.size()});
+        sections.emplace_back(state);
+    }
     std::vector<std::span<const uint8_t>> layers;
     for (const auto& l : kv.layers) layers.emplace_back(l);
-    transfer::SpanSource source(std::move(layers), {std::span<const uint8_t>(list)});
+    transfer::SpanSource source(std::move(layers), std::move(sections));
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<transfer::Connection> conn,
                          transport.connect(hp.first, hp.second, options.io_timeout));
     transfer::SendOptions so;
@@ -127,9 +156,15 @@ Result<transfer::SendReport> send_kv_export(transfer::Transport& transport,
 Result<std::unique_ptr<KvInbox>> KvInbox::start(KvInboxOptions options,
                                                 kvstore::BlockStore* store,
                                                 std::unique_ptr<transfer::Transport> transport) {
-    if (store == nullptr || options.num_layers == 0 || options.layer_block_bytes == 0 ||
+    if (store == nullptr || options.layer_block_bytes.empty() ||
+        std::find(options.layer_block_bytes.begin(), options.layer_block_bytes.end(), 0) !=
+            options.layer_block_bytes.end() ||
         options.block_tokens == 0 || options.model_id.empty() || options.num_threads < 1) {
         return invalid_argument("kv inbox: no store, or options that describe no block");
+    }
+    if (options.swa_state_bytes > 0 &&
+        (options.swa_pool == nullptr || options.swa_state_bytes <= kv::kSwaSealBytes)) {
+        return invalid_argument("kv inbox: an SWA state needs a pool and more than its seal");
     }
     if (transport == nullptr) transport = transfer::make_tcp_transport();
     std::unique_ptr<KvInbox> inbox(new KvInbox(std::move(options), store, std::move(transport)));
@@ -214,20 +249,39 @@ Result<std::unique_ptr<transfer::Destination>> KvInbox::make_destination(
         return fail(std::to_string(begin.num_tokens) + " tokens are not whole blocks");
     }
     const uint64_t n = begin.num_tokens / options_.block_tokens;
-    if (begin.num_layers() != options_.num_layers) {
+    const auto num_layers = static_cast<uint32_t>(options_.layer_block_bytes.size());
+    if (begin.num_layers() != num_layers) {
         return fail(std::to_string(begin.num_layers()) + " layers, not " +
-                    std::to_string(options_.num_layers));
+                    std::to_string(num_layers));
     }
-    for (uint64_t bytes : begin.layer_bytes) {
-        if (bytes != n * options_.layer_block_bytes) {
-            return fail("a layer of " + std::to_string(bytes) + " bytes, not " +
-                        std::to_string(n) + " blocks of " +
-                        std::to_string(options_.layer_block_bytes));
+    for (uint32_t l = 0; l < num_layers; ++l) {
+        if (begin.layer_bytes[l] != n * options_.layer_block_bytes[l]) {
+            return fail("layer " + std::to_string(l) + " of " +
+                        std::to_string(begin.layer_bytes[l]) + " bytes, not " + std::to_string(n) +
+                        " blocks of " + std::to_string(options_.layer_block_bytes[l]));
         }
     }
-    if (begin.state_sections.size() != 1 || begin.state_sections[0].name != kKvBlocksSection ||
-        begin.state_sections[0].bytes != kKvBlocksHeaderBytes + kKvBlocksEntryBytes * n) {
+    const auto& sections = begin.state_sections;
+    if (sections.empty() || sections[0].name != kKvBlocksSection ||
+        sections[0].bytes != kKvBlocksHeaderBytes + kKvBlocksEntryBytes * n) {
         return fail("the block list is missing or of the wrong size");
+    }
+    // V4: the state at the blocks' end, of the model's size (checked here, before the
+    // staging memory is taken); V2/V3: nothing else.
+    const size_t want_sections = options_.swa_state_bytes > 0 ? 2 : 1;
+    if (sections.size() > want_sections) {
+        return fail("unexpected state section '" + sections[want_sections].name + "'" +
+                    (want_sections == 1 ? " (this model keeps no SWA state)" : ""));
+    }
+    if (want_sections == 2) {
+        if (sections.size() < 2 || sections[1].name != kSwaStateSection) {
+            return fail("the SWA state section is missing");
+        }
+        const uint64_t want = kSwaStateHeaderBytes + options_.swa_state_bytes;
+        if (sections[1].bytes != want) {
+            return fail("an SWA state section of " + std::to_string(sections[1].bytes) +
+                        " bytes, not " + std::to_string(want));
+        }
     }
     return std::unique_ptr<transfer::Destination>(new StagingDestination(begin));
 }
@@ -246,7 +300,7 @@ Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
                                    std::to_string(options_.dtype));
     }
     const uint32_t traffic = get_u32(list.data() + 8);
-    if (traffic > static_cast<uint32_t>(kvstore::TrafficClass::kAgent)) {
+    if (!valid_traffic_class(traffic)) {
         return invalid_argument("kv hand-over: traffic class " + std::to_string(traffic));
     }
     if (get_u32(list.data() + 12) != n) {
@@ -254,23 +308,37 @@ Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
                                 std::to_string(get_u32(list.data() + 12)) + " blocks, Begin " +
                                 std::to_string(n));
     }
+    // The state is checked before anything is stored: a bad one stores nothing.
+    std::optional<kv::SwaState> state;
+    if (options_.swa_state_bytes > 0) {
+        DSI_ASSIGN_OR_RETURN(state, parse_state(dest.section(1), list, n));
+        const int64_t capacity = options_.swa_pool->stats().capacity_bytes;
+        if (static_cast<int64_t>(state->bytes.size()) > capacity) {
+            return resource_exhausted(
+                "kv hand-over: the SWA state of " + std::to_string(state->bytes.size()) +
+                " bytes is larger than the pool of " + std::to_string(capacity));
+        }
+    }
     const kvstore::StoreKey model = kvstore::model_identity(options_.model_id);
     const int64_t deadline =
         kvstore::deadline_after_ms(std::chrono::milliseconds(options_.io_timeout).count());
-    std::vector<std::span<const uint8_t>> layers(options_.num_layers);
+    const auto num_layers = static_cast<uint32_t>(options_.layer_block_bytes.size());
+    std::vector<std::span<const uint8_t>> layers(num_layers);
+    uint64_t block_bytes = 0;
+    for (uint64_t b : options_.layer_block_bytes) block_bytes += b;
     for (uint64_t b = 0; b < n; ++b) {
         const uint8_t* e = list.data() + kKvBlocksHeaderBytes + b * kKvBlocksEntryBytes;
         kvstore::BlockInfo info;
         info.key = kvstore::StoreKey{get_u64(e), get_u64(e + 8)};
         info.model = model;
-        info.num_layers = options_.num_layers;
+        info.num_layers = num_layers;
         info.dtype = options_.dtype;
         info.num_tokens = options_.block_tokens;
         info.token_hash = get_u64(e + 16);
         info.traffic_class = static_cast<kvstore::TrafficClass>(traffic);
-        for (uint32_t l = 0; l < options_.num_layers; ++l) {
-            layers[l] = std::span<const uint8_t>(dest.layer(l)).subspan(
-                b * options_.layer_block_bytes, options_.layer_block_bytes);
+        for (uint32_t l = 0; l < num_layers; ++l) {
+            const uint64_t size = options_.layer_block_bytes[l];
+            layers[l] = std::span<const uint8_t>(dest.layer(l)).subspan(b * size, size);
         }
         Status s = store_->put(info, layers, deadline);
         if (!s.is_ok()) {
@@ -280,11 +348,57 @@ Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
                                   std::to_string(n) + " blocks");
         }
     }
+    uint64_t state_bytes = 0;
+    if (state) {
+        // Into the decode engine's pool before the Ack: the continuation finds it.
+        state_bytes = state->bytes.size();
+        Status s =
+            options_.swa_pool->put(state->key, state->traffic_class, std::move(state->bytes));
+        if (!s.is_ok()) {
+            MutexLock l(&mu_);
+            stats_.blocks_stored += static_cast<int64_t>(n);
+            return s.with_context("kv hand-over: the SWA state");
+        }
+    }
     MutexLock l(&mu_);
     stats_.blocks_stored += static_cast<int64_t>(n);
-    stats_.bytes_received += static_cast<int64_t>(n * options_.num_layers *
-                                                  options_.layer_block_bytes);
+    stats_.states_stored += state ? 1 : 0;
+    stats_.bytes_received += static_cast<int64_t>(n * block_bytes + state_bytes);
     return Status();
+}
+
+Result<kv::SwaState> KvInbox::parse_state(std::span<const uint8_t> section,
+                                          std::span<const uint8_t> block_list,
+                                          uint64_t num_blocks) const {
+    const uint8_t* p = section.data();
+    if (get_u32(p) != kSwaStateVersion) {
+        return invalid_argument("kv hand-over: SWA state version " + std::to_string(get_u32(p)));
+    }
+    const uint32_t traffic = get_u32(p + 4);
+    if (!valid_traffic_class(traffic)) {
+        return invalid_argument("kv hand-over: SWA state traffic class " + std::to_string(traffic));
+    }
+    kv::SwaState st;
+    st.traffic_class = static_cast<kvstore::TrafficClass>(traffic);
+    st.key.chain = kv::BlockKey{get_u64(p + 8), get_u64(p + 16)};
+    st.key.position = static_cast<int64_t>(get_u64(p + 24));
+    // The state continues the blocks: at their end, named by the last one's chain key.
+    const uint64_t end = num_blocks * options_.block_tokens;
+    if (static_cast<uint64_t>(st.key.position) != end) {
+        return invalid_argument("kv hand-over: an SWA state at position " +
+                                std::to_string(get_u64(p + 24)) + ", not at the blocks' end " +
+                                std::to_string(end));
+    }
+    const uint8_t* last =
+        block_list.data() + kKvBlocksHeaderBytes + (num_blocks - 1) * kKvBlocksEntryBytes;
+    if (st.key.chain.lo != get_u64(last) || st.key.chain.hi != get_u64(last + 8)) {
+        return invalid_argument("kv hand-over: the SWA state's key is not the last block's");
+    }
+    st.bytes.assign(section.begin() + kSwaStateHeaderBytes, section.end());
+    if (!kv::swa_sealed_ok(st, options_.swa_state_bytes - kv::kSwaSealBytes)) {
+        return data_loss("kv hand-over: the SWA state fails its seal");
+    }
+    return st;
 }
 
 void KvInbox::receive_one(transfer::Connection& conn) {

@@ -7,15 +7,23 @@
 // first output token are computed again.
 //
 // On the wire (transfer/, docs/transfer.md): Begin names the model id, the tokens
-// (blocks x 128), one layer per model layer of blocks x layer_block_bytes bytes
-// (layer l of block 0, 1, ...), and one State section "kv_blocks":
+// (blocks x 128), one layer per store layer of blocks x layer_block_bytes[l] bytes
+// (layer l of block 0, 1, ...; V4: every cache group's layers, sizes by group), and
+// the State section "kv_blocks":
 //   u32 version (1), u32 dtype, u32 traffic class, u32 block count n,
 //   then n x { u64 key lo, u64 key hi, u64 token-id hash }   (little-endian)
+// V4 / V4.1 (docs/cluster.md "V4 / V4.1 hand-over") add a second State section,
+// "swa_state", the SWA state at the blocks' end (position n x 128):
+//   u32 version (1), u32 traffic class, u64 chain key lo, u64 chain key hi,
+//   u64 position, then the stored state (the slot's words and the seal)
 // The inbox refuses, before taking any memory, a transfer of another model, block size,
-// layer count or layer size, a malformed block list, or one over its byte limit; after
-// End it re-checks the block list and dtype, and stores. The Ack means "stored": a
-// store that refuses a block (a full inbox) is the sender's Failure. Every refused or
-// failed transfer releases its staging memory at once.
+// layer count or layer size, a malformed block list, a missing, unexpected or wrongly
+// sized state section, or one over its byte limit; after End it re-checks the block
+// list, dtype and the state (position, key = the last block's chain key, seal), then
+// stores the blocks and puts the state into the decode engine's SWA pool. The Ack means
+// "stored": a store that refuses a block (a full inbox) or a pool that refuses the
+// state is the sender's Failure. Every refused or failed transfer releases its staging
+// memory at once.
 //
 // Thread model: send_kv_export runs on the caller's thread (blocking, bounded by
 // io_timeout per read or write). KvInbox runs one accept thread and `num_threads`
@@ -28,6 +36,7 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -35,6 +44,7 @@
 #include "base/mutex.h"
 #include "base/status.h"
 #include "kv/kv_export.h"
+#include "kv/swa_pool.h"
 #include "kvstore/block_store.h"
 #include "transfer/session.h"
 #include "transfer/transport.h"
@@ -42,6 +52,7 @@
 namespace dsi::serving {
 
 inline constexpr std::string_view kKvBlocksSection = "kv_blocks";
+inline constexpr std::string_view kSwaStateSection = "swa_state";
 
 // Where a prefill engine sends one generation's KV: the decode engine's transfer
 // address ("host:port", membership's transfer_address) and the id the router chose.
@@ -67,12 +78,17 @@ struct KvInboxOptions {
     std::string host = "0.0.0.0";
     uint16_t port = 0;  // 0: the system picks one (KvInbox::port)
     transfer::HelloMessage self;
-    // The decode engine's blocks: a transfer of another shape is refused.
+    // The decode engine's blocks (engine::StoreBlockShape): a transfer of another shape
+    // is refused.
     std::string model_id;
     uint32_t dtype = 0;
-    uint32_t num_layers = 0;
-    uint64_t layer_block_bytes = 0;
+    std::vector<uint64_t> layer_block_bytes;  // per layer: one layer of one block
     uint32_t block_tokens = 128;
+    // V4 / V4.1: the bytes of a stored SWA state (slot + seal), which every transfer
+    // must carry, and the pool it goes to (the decode engine's, REQUIRES: outlives the
+    // inbox). 0: none (V2/V3; a transfer with a state section is refused).
+    uint64_t swa_state_bytes = 0;
+    kv::SwaStatePool* swa_pool = nullptr;
     uint64_t max_transfer_bytes = uint64_t{1} << 30;
     int num_threads = 2;      // transfers received at once
     int max_queued = 16;      // accepted connections waiting for a thread; more are closed
@@ -84,7 +100,8 @@ struct KvInboxStats {
     int64_t num_failed = 0;       // refused, broken, timed out or not stored
     int64_t num_rejected = 0;     // connections closed because every thread was busy
     int64_t blocks_stored = 0;
-    int64_t bytes_received = 0;   // KV bytes of the stored transfers
+    int64_t states_stored = 0;   // SWA states put into the pool (V4)
+    int64_t bytes_received = 0;  // KV bytes (blocks and states) of the stored transfers
 };
 
 class KvInbox {
@@ -111,6 +128,10 @@ private:
     Result<std::unique_ptr<transfer::Destination>> make_destination(
         const transfer::BeginMessage& begin) const;
     Status commit(const transfer::BeginMessage& begin, transfer::Destination& d);
+    // The state section's state, checked against the blocks' list (V4).
+    Result<kv::SwaState> parse_state(std::span<const uint8_t> section,
+                                     std::span<const uint8_t> block_list,
+                                     uint64_t num_blocks) const;
 
     const KvInboxOptions options_;
     kvstore::BlockStore* const store_;

@@ -63,6 +63,7 @@ Status resolve_speculation_files(Env* env, const std::string& model_path, Causal
 
 Replica::~Replica() {
     engine_.reset();  // stops the engine's store threads while the store is alive
+    swa_pool_.reset();
     store_.reset();
     model_.reset();
     tokenizer_.reset();
@@ -74,6 +75,7 @@ Status Replica::reset_engine(engine::EngineOptions options) {
     options.tokenizer = tokenizer_.get();
     options.kv_store = store_.get();
     options.kv_store_uri.clear();
+    if (swa_pool_) options.swa_pool = swa_pool_.get();  // the inbox puts states there
     DSI_ASSIGN_OR_RETURN(engine_, engine::Engine::create(model_.get(), options, env_));
     engine_options_ = std::move(options);
     return Status();
@@ -86,8 +88,8 @@ namespace {
 // the model's shape.
 Result<std::unique_ptr<kvstore::ShmBlockStore>> open_kv_inbox(const engine::StoreBlockShape& shape,
                                                              int64_t bytes, Env* env) {
-    const int64_t block = static_cast<int64_t>(kvstore::header_bytes(shape.num_layers) +
-                                               shape.num_layers * shape.layer_block_bytes);
+    const int64_t block =
+        static_cast<int64_t>(kvstore::header_bytes(shape.num_layers()) + shape.block_bytes());
     const int64_t slot = (block + 4095) / 4096 * 4096;
     if (bytes < slot) {
         return invalid_argument("kv inbox of " + std::to_string(bytes) +
@@ -191,6 +193,11 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
             DSI_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::ShmBlockStore> inbox,
                                  open_kv_inbox(*r->block_shape_, options.kv_inbox_bytes, env));
             r->inbox_ = inbox.get();
+            if (r->block_shape_->swa_state_bytes > 0 && eo.swa_pool == nullptr) {
+                // V4 / V4.1: handed-over states go where the engine's hit rule looks.
+                r->swa_pool_ = std::make_unique<kv::SwaStatePool>(eo.swa_pool_bytes);
+                eo.swa_pool = r->swa_pool_.get();
+            }
             if (r->store_) {
                 r->store_ = std::make_unique<kvstore::TieredBlockStore>(std::move(inbox),
                                                                         std::move(r->store_));

@@ -25,6 +25,7 @@
 #include "base/env.h"
 #include "base/status.h"
 #include "engine/engine.h"
+#include "kv/swa_pool.h"
 #include "kv/yoco_prefill.h"
 #include "model/causal_lm.h"
 #include "tokenizer/tokenizer.h"
@@ -77,7 +78,9 @@ struct ReplicaOptions {
     // Issue 18, decode engines of a disaggregated cluster: bytes of an in-process shm
     // tier (kvstore::ShmBlockStore, LRU) in front of the store, where a KvInbox puts the
     // blocks prefill engines hand over (0: none). Ignored for models without a store
-    // tier (V4: engine::store_block_shape is nullopt) and without an engine.
+    // tier (engine::store_block_shape is nullopt) and without an engine. V4 / V4.1: the
+    // replica then also owns the engine's SWA state pool (engine.swa_pool_bytes), where
+    // the inbox puts the handed-over states (swa_pool()).
     int64_t kv_inbox_bytes = 0;
     // V4.1 (CED) decoder bounded replay (S-SWA, kv/yoco_prefill.h): checked at start
     // (to_replica_options); read by no model yet.
@@ -108,6 +111,9 @@ public:
     // when none. Its blocks' shape: kv_block_shape().
     kvstore::BlockStore* kv_inbox() const { return inbox_; }
     const std::optional<engine::StoreBlockShape>& kv_block_shape() const { return block_shape_; }
+    // The engine's SWA state pool when the replica owns it (an inbox for a V4 / V4.1
+    // model: ReplicaOptions::kv_inbox_bytes); null otherwise. Thread-safe.
+    kv::SwaStatePool* swa_pool() const { return swa_pool_.get(); }
     // The options the engine was created with (after resolution).
     const engine::EngineOptions& engine_options() const { return engine_options_; }
 
@@ -128,12 +134,13 @@ private:
     engine::EngineOptions engine_options_;
     ModelConfig config_;
     // Declaration order is construction order; the destructor releases in reverse
-    // (engine, store, model, tokenizer) explicitly.
+    // (engine, SWA pool, store, model, tokenizer) explicitly.
     std::unique_ptr<Tokenizer> tokenizer_;
     std::unique_ptr<CausalLm> model_;
     std::unique_ptr<kvstore::BlockStore> store_;
     kvstore::BlockStore* inbox_ = nullptr;  // inside store_
     std::optional<engine::StoreBlockShape> block_shape_;
+    std::unique_ptr<kv::SwaStatePool> swa_pool_;  // with a V4 inbox; survives reset_engine
     std::unique_ptr<engine::Engine> engine_;
 };
 

@@ -195,6 +195,50 @@ TEST(ReplicaTest, StoreBlocksHitAcrossCopiesOfTheCheckpoint) {
     EXPECT_EQ((*rq)->engine()->stats().store_hit_blocks, 0);
 }
 
+// Issue 18, a V4 decode engine: with an inbox the replica owns the SWA pool, hands it to
+// the engine (also after reset_engine) for the inbox to put states where the engine's
+// hit rule looks; the block shape lists every cache group's layers and the state's size.
+// A V3 replica's inbox has no state and no pool.
+TEST(ReplicaTest, AV4InboxSharesTheReplicasSwaPoolWithTheEngine) {
+    TempDir d;
+    ModelConfig c = synthetic_preset("tiny-v4").value();
+    c.vocab_size = 512;
+    ASSERT_TRUE(
+        write_hf_checkpoint(Env::default_env(), c, 3, TokenizerFiles{"{}", "{}"}, d.str() + "/v4")
+            .is_ok());
+    ReplicaOptions o = small_options(d.str() + "/v4");
+    o.engine.swa_pool_bytes = int64_t{16} << 20;
+    o.kv_inbox_bytes = int64_t{8} << 20;
+    auto r = open_replica(o, Env::default_env());
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    Replica& rep = **r;
+    ASSERT_NE(rep.kv_inbox(), nullptr);
+    ASSERT_TRUE(rep.kv_block_shape().has_value());
+    int64_t store_layers = 0;
+    for (const KvGroupLayout& g : rep.model()->kv_layout().groups) store_layers += g.num_layers;
+    EXPECT_EQ(rep.kv_block_shape()->num_layers(), static_cast<uint32_t>(store_layers));
+    EXPECT_EQ(rep.kv_block_shape()->swa_state_bytes,
+              static_cast<uint64_t>(rep.model()->kv_layout().state_floats) * 4 + 8);
+    ASSERT_NE(rep.swa_pool(), nullptr);
+    EXPECT_EQ(rep.swa_pool()->stats().capacity_bytes, int64_t{16} << 20);
+    EXPECT_EQ(rep.engine_options().swa_pool, rep.swa_pool());
+    engine::EngineOptions eo = rep.engine_options();
+    eo.swa_pool = nullptr;
+    ASSERT_TRUE(rep.reset_engine(eo).is_ok());
+    EXPECT_EQ(rep.engine_options().swa_pool, rep.swa_pool());
+    (void)generate(rep, prompt_of(300), 1);  // the prefill's state at 256 lands there
+    EXPECT_EQ(rep.swa_pool()->stats().num_entries, 1);
+
+    write_small_checkpoint(d.str() + "/v3", 1);
+    ReplicaOptions o3 = small_options(d.str() + "/v3");
+    o3.kv_inbox_bytes = int64_t{8} << 20;
+    auto r3 = open_replica(o3, Env::default_env());
+    ASSERT_TRUE(r3.is_ok()) << r3.status().to_string();
+    ASSERT_NE((*r3)->kv_inbox(), nullptr);
+    EXPECT_EQ((*r3)->kv_block_shape()->swa_state_bytes, 0u);
+    EXPECT_EQ((*r3)->swa_pool(), nullptr);
+}
+
 TEST(ReplicaTest, BadOptionsAreClearErrors) {
     TempDir d;
     write_small_checkpoint(d.str() + "/m", 1);

@@ -26,7 +26,10 @@
 #      stream, then the prefill engine running a request; both complete unchanged and
 #      the survivors hold no KV block once idle;
 #   8. `cluster up --autoscale`: a second decode engine is started under load and
-#      drained when the load is gone.
+#      drained when the load is gone;
+#   9. `cluster up --prefill 1 --decode 1` on tiny-v4: the blocks of every cache group
+#      and the SWA state are handed over, the decode engine continues from the state
+#      (an exact SWA hit, no replay), and the stream equals a single engine's.
 # Prints the counts and the time from the kill to the next token.
 # Usage: failover_drill.sh BUILD_DIR
 set -euo pipefail
@@ -273,4 +276,31 @@ grep -q "decode-1 exited (status 0) after its drain" "$work/as.out" ||
 kill -INT "$as_pid"
 wait "$as_pid" || fail "cluster up --autoscale exited with status $?"
 echo "drill 8: the autoscaler started decode-1 under load and drained it when idle ($(grep -c 'autoscaler:' "$work/as.out") decisions)"
+# 9. V4 (tiny-v4): `cluster up --prefill 1 --decode 1` hands over the blocks of every cache
+#    group and the prefill's SWA state; the decode engine continues from that state (an
+#    exact SWA hit, nothing replayed) and the stream equals a single engine's.
+"$bin" make-model --preset tiny-v4 --format hf --out "$work/tiny-v4" > "$work/v4model.out" 2>&1 ||
+  fail "drill 9: make-model --preset tiny-v4"
+start v4ref serve --threads 1 --model "$work/tiny-v4"
+v4ref_port=$last_port
+cluster_up v4 --prefill 1 --decode 1 --model "$work/tiny-v4"
+v4_pid=$up_pid v4_port=$up_port
+v4_prompt="$(python3 -c 'print(" ".join(["The cat sat on the mat and looked at the moon."] * 30))')"
+v4_body="$(python3 -c 'import json,sys; print(json.dumps({"model":"tiny-v4","messages":[{"role":"user","content":sys.argv[1]}],"max_tokens":30,"temperature":0.8,"seed":9,"ignore_eos":True,"stream":True}))' "$v4_prompt")"
+v4_ref="$(python3 "$client" "http://127.0.0.1:$v4ref_port/v1/chat/completions" "$v4_body" | content)"
+[[ -n "$v4_ref" ]] || fail "drill 9: the tiny-v4 engine gave no content"
+v4_out="$(python3 "$client" "http://127.0.0.1:$v4_port/v1/chat/completions" "$v4_body" | content)"
+[[ "$v4_out" == "$v4_ref" ]] || fail "drill 9: the V4 disaggregated stream differs from one engine's"
+v4_d_port="$(sed -n 's|.*decode-0 on 127.0.0.1:\([0-9]*\).*|\1|p' "$work/v4.out")"
+v4_handoffs="$(metric "$v4_port" dsinfer_router_kv_handoffs_total)"
+v4_states="$(metric "$v4_d_port" dsinfer_kv_inbox_swa_states_total)"
+v4_exact="$(metric "$v4_d_port" 'dsinfer_swa_exact_hits_total{traffic_class="chatbot"}')"
+v4_replays="$(metric "$v4_d_port" 'dsinfer_swa_replays_total{traffic_class="chatbot"}')"
+[[ "${v4_handoffs:-0}" -eq 1 && "${v4_states:-0}" -eq 1 ]] ||
+  fail "drill 9: hand-overs $v4_handoffs, states stored $v4_states (want 1, 1)"
+[[ "${v4_exact:-0}" -eq 1 && "${v4_replays:-1}" -eq 0 ]] ||
+  fail "drill 9: exact SWA hits $v4_exact, replays $v4_replays (want 1, 0)"
+kill -INT "$v4_pid"
+wait "$v4_pid" || fail "cluster up (tiny-v4) exited with status $?"
+echo "drill 9: tiny-v4 prefill -> decode: blocks and the SWA state handed over, one exact SWA hit, no replay; stream == one engine's"
 echo "PASS"
