@@ -234,25 +234,32 @@ Status add_tokenizer_metadata(const ModelConfig& c, const TokenizerFiles& files,
 }
 
 // Merged expert tensors [experts, rows, cols], gathered in expert order.
+// The routed experts of one GGUF tensor ([experts, rows, cols]), kept as encoded bytes
+// expert by expert: each expert's slice is whole rows, so the encoded tensor is the
+// concatenation of the slices' encodings, and the writer never holds a model's experts
+// as f32 (22 GB for the `medium` preset).
 struct MergedExperts {
-    std::map<std::string, std::pair<std::vector<int64_t>, std::vector<float>>> tensors;
+    explicit MergedExperts(DType encoding) : dtype(encoding) {}
+    DType dtype;
+    std::map<std::string, std::pair<std::vector<int64_t>, std::vector<uint8_t>>> tensors;
     std::vector<std::string> order;
 
     void add(const std::string& name, int64_t experts, const std::vector<int64_t>& shape,
              const std::vector<float>& v) {
-        auto& [s, values] = tensors[name];
+        auto& [s, bytes] = tensors[name];
+        const std::vector<uint8_t> encoded = to_bytes(dtype, v);
         if (s.empty()) {
             s = {experts, shape[0], shape[1]};
-            values.reserve(static_cast<size_t>(shape_numel(s)));
+            bytes.reserve(encoded.size() * static_cast<size_t>(experts));
             order.push_back(name);
         }
-        values.insert(values.end(), v.begin(), v.end());
+        bytes.insert(bytes.end(), encoded.begin(), encoded.end());
     }
-    void write(GgufWriter& w, DType dtype) {
+    void write(GgufWriter& w) {
         for (const std::string& name : order) {
-            auto& [s, values] = tensors[name];
-            w.add_tensor(name, dtype, s, to_bytes(dtype, values));
-            values = {};
+            auto& [s, bytes] = tensors[name];
+            w.add_tensor(name, dtype, s, bytes);
+            bytes = {};
         }
     }
 };
@@ -293,7 +300,7 @@ Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed, const Tokeni
     GgufWriter w;
     for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
     DSI_RETURN_IF_ERROR(add_tokenizer_metadata(c, tokenizer, w));
-    MergedExperts merged;
+    MergedExperts merged(exps_dtype);
     std::map<std::string, std::array<std::vector<float>, 2>> halves;  // eh_proj parts
     for (const V4TensorSpec& spec : deepseek_v4_tensor_specs(c)) {
         std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(c, spec.name);
@@ -335,7 +342,7 @@ Status write_v4_gguf(Env* env, const ModelConfig& c, uint64_t seed, const Tokeni
         if (dtype_block_elems(dtype) > 1 && spec.shape.back() % 32 != 0) dtype = DType::kF32;
         w.add_tensor(ref->gguf_name, dtype, spec.shape, to_bytes(dtype, t.values));
     }
-    merged.write(w, exps_dtype);
+    merged.write(w);
     return write_gguf_file(env, w, path);
 }
 
@@ -372,7 +379,7 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, const TensorValues&
     for (auto& [k, v] : gguf_metadata_for_config(c, "dsinfer synthetic")) w.add_kv(k, v);
     DSI_RETURN_IF_ERROR(add_tokenizer_metadata(c, tokenizer, w));
 
-    MergedExperts merged;
+    MergedExperts merged(exps_dtype);
     for (const TensorSpec& spec : deepseek_tensor_specs(c)) {
         std::optional<GgufTensorRef> ref = gguf_tensor_for_hf_name(c, spec.name);
         DSI_CHECK(ref.has_value(), "no GGUF name for ", spec.name);
@@ -419,7 +426,7 @@ Status write_gguf_checkpoint(Env* env, const ModelConfig& c, const TensorValues&
             w.add_tensor(blk + "attn_v_b.weight", vb_dtype, {nh, vd, lora}, to_bytes(vb_dtype, vb));
         }
     }
-    merged.write(w, exps_dtype);
+    merged.write(w);
     return write_gguf_file(env, w, path);
 }
 
