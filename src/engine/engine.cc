@@ -310,6 +310,7 @@ struct Engine::Impl {
                 it.replay_context.assign(b + std::max<int64_t>(0, swa.replay_begin - 16),
                                          b + swa.replay_begin);
                 s.decoder_begin = decoder_begin_from(s, swa.replay_begin);
+                stats.computed_prefill_tokens += s.num_computed - swa.replay_begin;
             }
             int64_t num_new = sc.num_new_tokens;
             if (s.num_computed >= s.prefill_target) {

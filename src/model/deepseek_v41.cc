@@ -807,6 +807,16 @@ int64_t DeepseekV41Model::num_draft_tensors() const {
     return static_cast<int64_t>(impl_->draft_matrices.size() + impl_->draft_vectors.size());
 }
 
+std::vector<float> DeepseekV41Model::window_row(KvCache& cache, int64_t layer, int64_t pos) const {
+    const Impl& m = *impl_;
+    DSI_CHECK(layer >= 0 && layer < m.cfg.num_hidden_layers && pos >= 0);
+    std::vector<float> out(static_cast<size_t>(m.cfg.head_dim));
+    const float* row = m.ring_row(m.layers[static_cast<size_t>(layer)], &cache, pos);
+    const float* v = m.read_swa(row, out.data());
+    if (v != out.data()) std::copy_n(v, m.cfg.head_dim, out.data());
+    return out;
+}
+
 std::unique_ptr<KvCache> DeepseekV41Model::new_kv_cache(int64_t capacity) const {
     auto cache = std::make_unique<ContiguousKvCache>(impl_->layout, capacity);
     impl_->reset_state(cache->state());

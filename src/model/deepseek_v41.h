@@ -106,6 +106,11 @@ public:
     // decoder_begin past its tokens.
     Status forward_encoder(std::span<const SequenceStep> steps);
 
+    // The window (SWA) row of main layer `layer` at position `pos` in `cache`'s slot,
+    // decoded to head_dim floats (tests of bounded replay). REQUIRES: pos is one of the
+    // last sliding_window positions the sequence wrote for that layer.
+    std::vector<float> window_row(KvCache& cache, int64_t layer, int64_t pos) const;
+
     // DSpark tensors held (loaded and checked, not run yet).
     int64_t num_draft_tensors() const;
 
