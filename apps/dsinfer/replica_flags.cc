@@ -194,9 +194,11 @@ Result<serving::ReplicaOptions> to_replica_options(const ReplicaFlags& f) {
     if (!yoco.is_ok()) return yoco.status().with_context("--yoco-prefill-truncation-mode");
     o.yoco_prefill.mode = *yoco;
     o.yoco_prefill.keep_tokens = f.yoco_prefill_keep_tokens;
+    e.yoco_prefill = o.yoco_prefill;
     // S-SWA: the kept tail covers the window. The rollback part (rejected drafts) is
-    // checked where a V4.1 model is known to be served: these settings mean nothing to
-    // other models, so speculation there must not be refused because of them.
+    // checked by Engine::create once a V4.1 model (KvLayout::swa_bounded_replay) is
+    // known to be served: these settings mean nothing to other models, so speculation
+    // there must not be refused because of them.
     DSI_RETURN_IF_ERROR(kv::validate_yoco_prefill(o.yoco_prefill, /*max_rollback_tokens=*/0)
                             .with_context("--yoco-prefill-keep-tokens"));
     return o;

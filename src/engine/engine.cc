@@ -46,6 +46,7 @@ struct Sequence {
     int64_t prefill_target = 0;      // tokens to compute before decoding, this epoch
     int64_t num_computed = 0;        // KV rows computed or in flight
     int64_t num_confirmed = 0;       // KV rows whose step has completed
+    int64_t decoder_begin = 0;       // CED compact prefill: the decoder runs from here, this epoch
     int64_t num_sampled = 0;         // output tokens known or in flight
     uint32_t epoch = 0;
     bool running = false;
@@ -120,6 +121,7 @@ struct Engine::Impl {
     spec::SpecGate gate;
     Status fatal;
     EngineStats stats;
+    bool yoco_compact = false;  // CED compact prefill and bounded replay (EngineOptions)
 
     Impl(CausalLm* m, EngineOptions o, Env* e, std::unique_ptr<kv::TieredCache> c)
         : model(m),
@@ -137,6 +139,8 @@ struct Engine::Impl {
         eos = static_cast<int32_t>(model->config().eos_token_id);
         max_model_len = options.max_model_len > 0 ? options.max_model_len
                                                   : model->config().max_position_embeddings;
+        yoco_compact = model->kv_layout().swa_bounded_replay &&
+                       options.yoco_prefill.mode == kv::YocoTruncationMode::kCompact;
         if (options.async) worker.start();
     }
 
@@ -222,6 +226,13 @@ struct Engine::Impl {
         return v;
     }
 
+    // S-SWA, CED compact prefill: the decoder replays the prompt's last keep tokens, or
+    // from the first position this epoch computes (0: every layer over every token).
+    int64_t decoder_begin_from(const Sequence& s, int64_t first_computed) const {
+        if (!yoco_compact) return 0;
+        return std::max(s.prefill_target - options.yoco_prefill.keep_tokens, first_computed);
+    }
+
     SeqView running_view(const Sequence& s) const {
         SeqView v;
         v.id = s.id;
@@ -258,6 +269,7 @@ struct Engine::Impl {
             const bool swapped = cache->swapped_out(s.id);
             s.num_computed = s.num_confirmed = cache->admit(s.id, w->num_cached_tokens);
             s.prefill_target = static_cast<int64_t>(s.tokens.size());
+            s.decoder_begin = decoder_begin_from(s, s.num_computed);
             s.num_sampled = s.num_output();
             s.running = true;
             running.push_back(s.id);
@@ -291,6 +303,15 @@ struct Engine::Impl {
                 cache->plan_swa_step(s.id, s.num_computed, s.num_computed + sc.num_new_tokens);
             it.swa_restore = std::move(swa.restore);
             it.swa_capture_position = swa.capture_position;
+            if (swa.replay_begin > 0) {
+                // S-SWA: the first step re-runs the unit before the hit (bounded replay).
+                const auto b = s.tokens.begin();
+                it.replay.assign(b + swa.replay_begin, b + s.num_computed);
+                it.replay_context.assign(b + std::max<int64_t>(0, swa.replay_begin - 16),
+                                         b + swa.replay_begin);
+                s.decoder_begin = decoder_begin_from(s, swa.replay_begin);
+                stats.computed_prefill_tokens += s.num_computed - swa.replay_begin;
+            }
             int64_t num_new = sc.num_new_tokens;
             if (s.num_computed >= s.prefill_target) {
                 it.sample = true;  // decode (+ drafts to verify)
@@ -305,6 +326,13 @@ struct Engine::Impl {
                                  s.tokens.begin() + s.num_computed + num_new);
                 it.sample = s.num_computed + num_new == s.prefill_target;
                 stats.computed_prefill_tokens += num_new;
+                it.decoder_begin = s.decoder_begin;
+                if (s.decoder_begin > 0) {
+                    const int64_t skipped =
+                        std::clamp<int64_t>(s.decoder_begin - s.num_computed, 0, num_new);
+                    stats.yoco_decoder_skipped_tokens += skipped;
+                    stats.yoco_decoder_tokens += num_new - skipped;
+                }
             }
             if (it.sample) ++s.num_sampled;
             s.num_computed += num_new;
@@ -639,6 +667,13 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
         options.kv_store_uri.clear();
         options.swap_space_bytes = 0;
     }
+    if (layout.swa_bounded_replay) {
+        // S-SWA: the kept tail covers the window and every draft a step can roll back.
+        const int64_t rollback =
+            options.speculative.enabled() || options.drafter ? options.speculative.k() : 0;
+        DSI_RETURN_IF_ERROR(kv::validate_yoco_prefill(options.yoco_prefill, rollback)
+                                .with_context("--yoco-prefill-keep-tokens"));
+    }
     DSI_RETURN_IF_ERROR(make_drafter(model, layout, env, options));
     kv::TieredCacheOptions co;
     for (const KvGroupLayout& g : layout.groups) {
@@ -681,6 +716,11 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
     co.prefix_cache = options.prefix_cache;
     co.swa_pool = options.swa_pool;
     co.swa_pool_bytes = options.swa_pool_bytes;
+    if (layout.swa_bounded_replay &&
+        options.yoco_prefill.mode == kv::YocoTruncationMode::kCompact) {
+        co.swa_bounded_replay = true;
+        co.swa_stored_ranges = layout.swa_stored_ranges;
+    }
     co.swap_space_bytes = options.swap_space_bytes;
     co.store = options.kv_store;
     co.store_uri = options.kv_store_uri;

@@ -78,6 +78,7 @@
 #include "kv/block_pool.h"
 #include "kv/kv_export.h"
 #include "kv/swa_pool.h"
+#include "kv/yoco_prefill.h"
 #include "model/causal_lm.h"
 #include "sampling/sampler.h"
 #include "spec/drafter.h"
@@ -159,6 +160,15 @@ struct EngineOptions {
     // model gets no prefix hits. Ignored for models without a state slot.
     int64_t swa_pool_bytes = int64_t{1} << 30;
     kv::SwaStatePool* swa_pool = nullptr;
+    // V4.1 (CED) YOCO prefill and bounded replay (S-SWA, kv/yoco_prefill.h,
+    // docs/swa_cache.md; models with KvLayout::swa_bounded_replay, ignored by others).
+    // compact (default): a prompt's decoder layers run only over its last keep_tokens
+    // (windows truncated there), an SWA miss on a prefix hit is served by bounded replay
+    // of one unit, and the SWA pool keeps only the encoder windows (S-KV-8's stored
+    // region). off: every layer over every token and states of the whole slot (exact:
+    // a hit equals the cold run bitwise). keep_tokens below the window plus the draft
+    // count (speculative.k() when speculating) is INVALID_ARGUMENT at create.
+    kv::YocoPrefillSettings yoco_prefill;
     bool kv_store_write = true;          // offer completed blocks to the store
     int64_t swap_in_layer_delay_us = 0;  // tests: slow the swap-in per layer
 };
@@ -272,6 +282,10 @@ struct EngineStats {
     int64_t swa_states_restored = 0;
     int64_t swa_states_rejected = 0;
     int64_t swa_fallback_tokens = 0;
+    // CED compact prefill (S-SWA decoder side): prompt tokens the decoder layers ran
+    // for, and those they skipped (encoder and kv-source projection only).
+    int64_t yoco_decoder_tokens = 0;
+    int64_t yoco_decoder_skipped_tokens = 0;
     // Expert parallelism (model/expert_parallel.h): per-rank expert load, moe_lb of the
     // last measured window, placement changes (live EPLB); nullopt without a group.
     std::optional<ExpertParallelStats> expert_parallel;

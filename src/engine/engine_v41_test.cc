@@ -101,45 +101,137 @@ TEST(EngineV41Test, GreedyOutputEqualsTheModelsOwnForward) {
     }
 }
 
+// One greedy request to the end; its completion and the prompt tokens it got cached.
+std::pair<Completion, int64_t> run_one(Harness& h, const std::vector<int32_t>& prompt,
+                                       int64_t max_tokens) {
+    const int64_t before = h.engine->stats().cached_prompt_tokens;
+    GenerateRequest r;
+    r.prompt = prompt;
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max_tokens;
+    r.sampling.ignore_eos = true;
+    const RequestId id = h.add(std::move(r));
+    h.run_checked();
+    return {h.out[id][0], h.engine->stats().cached_prompt_tokens - before};
+}
+
+void expect_same(const Completion& got, const Completion& want, const std::string& what) {
+    ASSERT_EQ(got.tokens, want.tokens) << what;
+    for (size_t k = 0; k < want.logits.size(); ++k) {
+        ASSERT_EQ(got.logits[k], want.logits[k]) << what << " token " << k;
+    }
+}
+
+std::vector<int32_t> head_of(int64_t n) {
+    static const std::vector<int32_t> base = make_prompt(720, 77);
+    return std::vector<int32_t>(base.begin(), base.begin() + n);
+}
+
 // The state slot is position-addressed (window rings, the ratio-2 pending pair, the Engram
-// token ring), so the engine's SWA state cache (docs/swa_cache.md, exact replay) serves
-// V4.1 prefixes: a hit at S-KV-10's length gives the cold output bitwise.
+// token ring), so the engine's SWA state cache (docs/swa_cache.md) serves V4.1 prefixes:
+// a hit at S-KV-10's length gives the cold output bitwise. In both YOCO modes: off keeps
+// the whole slot (exact); compact keeps only S-KV-8's stored region (the lengths, the
+// Engram ids, the encoder windows) and rebuilds the decoder windows from the prompt's
+// last keep tokens, which with the tests' 8-token window is exact too.
 TEST(EngineV41Test, PrefixHitFromAStoredStateGivesTheColdOutput) {
-    const std::vector<int32_t> base = make_prompt(420, 77);
-    auto head = [&](int64_t n) { return std::vector<int32_t>(base.begin(), base.begin() + n); };
     struct Case {
         int64_t len, hit;
     };
     const Case cases[] = {{261, 0}, {262, 128}, {400, 256}};
     std::vector<Completion> want;
-    for (const Case& c : cases) want.push_back(reference(head(c.len), 3));
-    kv::SwaStatePool pool(int64_t{1} << 30);
-    EngineOptions o = base_options();
-    o.scheduler.max_batched_tokens = 48;  // chunked prefill
-    o.swa_pool = &pool;
-    Harness h(o, Env::default_env(), &v41_model());
-    auto run_one = [&](const std::vector<int32_t>& prompt, int64_t max_tokens) {
-        const int64_t before = h.engine->stats().cached_prompt_tokens;
-        GenerateRequest r;
-        r.prompt = prompt;
-        r.sampling.temperature = 0;
-        r.sampling.max_tokens = max_tokens;
-        r.sampling.ignore_eos = true;
-        const RequestId id = h.add(std::move(r));
-        h.run_checked();
-        return std::make_pair(h.out[id][0], h.engine->stats().cached_prompt_tokens - before);
-    };
-    for (int64_t n : {129, 257}) run_one(head(n), 1);  // states at 128 and 256
-    EXPECT_EQ(pool.stats().num_entries, 2);
-    for (size_t i = 0; i < std::size(cases); ++i) {
-        auto [got, cached] = run_one(head(cases[i].len), 3);
-        EXPECT_EQ(cached, cases[i].hit) << cases[i].len;
-        ASSERT_EQ(got.tokens, want[i].tokens) << cases[i].len;
-        for (size_t k = 0; k < want[i].logits.size(); ++k) {
-            ASSERT_EQ(got.logits[k], want[i].logits[k]) << cases[i].len << " token " << k;
+    for (const Case& c : cases) want.push_back(reference(head_of(c.len), 3));
+    const KvLayout layout = v41_model().kv_layout();
+    int64_t stored_floats = 0;
+    for (const auto& [b, e] : layout.swa_stored_ranges) stored_floats += e - b;
+    ASSERT_GT(stored_floats, 0);
+    ASSERT_LT(stored_floats, layout.state_floats);
+    for (auto mode : {kv::YocoTruncationMode::kCompact, kv::YocoTruncationMode::kOff}) {
+        const std::string name(kv::yoco_truncation_mode_name(mode));
+        kv::SwaStatePool pool(int64_t{1} << 30);
+        EngineOptions o = base_options();
+        o.scheduler.max_batched_tokens = 48;  // chunked prefill
+        o.swa_pool = &pool;
+        o.yoco_prefill.mode = mode;
+        Harness h(o, Env::default_env(), &v41_model());
+        for (int64_t n : {129, 257}) run_one(h, head_of(n), 1);  // states at 128 and 256
+        EXPECT_EQ(pool.stats().num_entries, 2);
+        // S-KV-8: compact keeps the stored region only (+ the 8-byte seal).
+        const int64_t floats =
+            mode == kv::YocoTruncationMode::kCompact ? stored_floats : layout.state_floats;
+        EXPECT_EQ(pool.stats().bytes, 2 * (floats * 4 + 8)) << name;
+        for (size_t i = 0; i < std::size(cases); ++i) {
+            auto [got, cached] = run_one(h, head_of(cases[i].len), 3);
+            EXPECT_EQ(cached, cases[i].hit) << cases[i].len << " " << name;
+            expect_same(got, want[i], std::to_string(cases[i].len) + " " + name);
+        }
+        EXPECT_EQ(h.engine->stats().swa_states_restored, 2);  // the hits of 262 and 400
+    }
+}
+
+// S-SWA encoder side through the engine: no SWA state is ever kept (a pool too small for
+// one), so a prompt of 700 after one of 520 finds the blocks of [0, 512) and no state
+// (kReplay). compact: the sequence pins those blocks, replays [384, 512) with truncated
+// attention and computes from 512; off: it falls back to 0. With the tests' 8-token
+// window the truncated replay rebuilds the windows exactly, so both give the cold output
+// bitwise, and the blocks the replay read are still whole for a third request.
+TEST(EngineV41Test, ASwaMissIsServedByBoundedReplay) {
+    const Completion want = reference(head_of(700), 3);
+    for (auto mode : {kv::YocoTruncationMode::kCompact, kv::YocoTruncationMode::kOff}) {
+        const std::string name(kv::yoco_truncation_mode_name(mode));
+        const bool compact = mode == kv::YocoTruncationMode::kCompact;
+        kv::SwaStatePool pool(16);  // refuses every state
+        EngineOptions o = base_options();
+        o.scheduler.max_batched_tokens = 256;
+        o.swa_pool = &pool;
+        o.yoco_prefill.mode = mode;
+        Harness h(o, Env::default_env(), &v41_model());
+        run_one(h, head_of(520), 1);
+        EXPECT_EQ(pool.stats().num_entries, 0);
+        for (int round = 0; round < 2; ++round) {
+            const EngineStats before = h.engine->stats();
+            auto [got, cached] = run_one(h, head_of(700), 3);
+            const EngineStats after = h.engine->stats();
+            expect_same(got, want, name + " round " + std::to_string(round));
+            const kv::SwaCacheClassCounters b = before.swa.total(), a = after.swa.total();
+            EXPECT_EQ(a.replays - b.replays, 1) << name;
+            EXPECT_EQ(a.replay_tokens - b.replay_tokens, 128) << name;
+            EXPECT_EQ(a.hit_tokens - b.hit_tokens, 384) << name;  // S-KV-10: L1 - 128
+            EXPECT_EQ(cached, compact ? 512 : 0) << name;
+            EXPECT_EQ(after.computed_prefill_tokens - before.computed_prefill_tokens,
+                      compact ? 700 - 512 + 128 : 700)
+                << name;
+            EXPECT_EQ(after.swa_fallback_tokens - before.swa_fallback_tokens, compact ? 0 : 384)
+                << name;
+            // CED compact prefill: the decoder ran over the last 140 prompt tokens only.
+            EXPECT_EQ(after.yoco_decoder_tokens - before.yoco_decoder_tokens, compact ? 140 : 0)
+                << name;
         }
     }
-    EXPECT_EQ(h.engine->stats().swa_states_restored, 2);  // the hits of 262 and 400
+}
+
+// Keep tokens must cover the window plus every draft a step can roll back (S-SWA);
+// checked at create for a V4.1 model, with the draft count when speculating.
+TEST(EngineV41Test, KeepTokensBelowWindowPlusRollbackFailsAtCreate) {
+    auto create = [](int64_t keep, bool speculate, kv::YocoTruncationMode mode) {
+        EngineOptions o = base_options();
+        o.yoco_prefill.keep_tokens = keep;
+        o.yoco_prefill.mode = mode;
+        if (speculate) {
+            o.speculative.method = spec::Method::kNgram;
+            o.speculative.num_tokens = 5;
+        }
+        return Engine::create(&v41_model(), std::move(o), Env::default_env()).status();
+    };
+    const Status few = create(127, false, kv::YocoTruncationMode::kCompact);
+    EXPECT_EQ(few.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(few.message().find("keep"), std::string::npos) << few.to_string();
+    EXPECT_TRUE(create(128, false, kv::YocoTruncationMode::kCompact).is_ok());
+    const Status drafts = create(132, true, kv::YocoTruncationMode::kCompact);
+    EXPECT_EQ(drafts.code(), StatusCode::kInvalidArgument) << drafts.to_string();
+    // 133 covers 128 + 5: what refuses it is the state's missing rollback, not keep.
+    EXPECT_EQ(create(133, true, kv::YocoTruncationMode::kCompact).code(),
+              StatusCode::kFailedPrecondition);
+    EXPECT_TRUE(create(5, false, kv::YocoTruncationMode::kOff).is_ok());  // off keeps all
 }
 
 // Issue 18, the V4.1 hand-over: the same pieces as V4's (docs/cluster.md) carry its four

@@ -49,6 +49,14 @@ struct StepItem {
     // state slot before the step, and a copy of the slot to take right after it.
     std::shared_ptr<const kv::SwaState> swa_restore;
     int64_t swa_capture_position = 0;
+    // S-SWA bounded replay (models with KvLayout::swa_bounded_replay): the tokens of
+    // [start_pos - replay.size(), start_pos) re-run before `tokens` with truncated
+    // attention, their block KV reused (SequenceStep::replay_end = start_pos), and the
+    // tokens before them (`replay_context`, the model's n-grams). Not counted in the
+    // result's num_tokens. decoder_begin: CED compact prefill (SequenceStep).
+    std::vector<int32_t> replay;
+    std::vector<int32_t> replay_context;
+    int64_t decoder_begin = 0;
 };
 
 struct StepPlan {

@@ -129,7 +129,18 @@ StepResult Worker::execute(StepPlan& plan) {
             inputs_[i].insert(inputs_[i].end(), it.drafts.begin(), it.drafts.end());
             toks = inputs_[i];
         }
-        steps_.push_back({toks, it.start_pos, &it.cache, !it.drafts.empty()});
+        SequenceStep st{toks, it.start_pos, &it.cache, !it.drafts.empty()};
+        if (!it.replay.empty()) {
+            // S-SWA: the replayed unit first, then the step's own tokens.
+            inputs_[i].assign(it.replay.begin(), it.replay.end());
+            inputs_[i].insert(inputs_[i].end(), toks.begin(), toks.end());
+            st.tokens = inputs_[i];
+            st.start_pos = it.start_pos - static_cast<int64_t>(it.replay.size());
+            st.replay_end = it.start_pos;
+            st.context = it.replay_context;
+        }
+        st.decoder_begin = it.decoder_begin;
+        steps_.push_back(st);
     }
     // S-KV-6: copy fetched blocks layer by layer on a swap-in thread while the
     // forward pass runs; attention on those rows waits for its layer.
@@ -197,7 +208,7 @@ ItemResult Worker::sample_item(StepItem& it, size_t i) {
     ItemResult ir;
     ir.seq_id = it.seq_id;
     ir.epoch = it.epoch;
-    ir.num_tokens = static_cast<int64_t>(steps_[i].tokens.size());
+    ir.num_tokens = static_cast<int64_t>(steps_[i].tokens.size() - it.replay.size());
     ir.num_kept = ir.num_tokens;
     if (!it.sample) return ir;
     WorkerSeq& ws = seqs_.at(it.seq_id);

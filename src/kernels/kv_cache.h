@@ -21,6 +21,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -54,6 +55,16 @@ struct KvLayout {
     // slot and nothing in it depends on where the slot lives). The engine then caches
     // prefixes with such copies (the SWA state cache, docs/swa_cache.md).
     bool state_snapshot_resumes = false;
+    // SWA bounded replay (S-SWA, docs/swa_cache.md): the model honours SequenceStep's
+    // replay_end, decoder_begin and context (V4.1), so a prefix hit without a stored SWA
+    // state replays one unit with truncated attention instead of falling back.
+    bool swa_bounded_replay = false;
+    // The S-KV-8 stored region of the state slot as [begin, end) float offsets (V4.1:
+    // the lengths, the Engram token ids and the encoder layers' window rings). With
+    // bounded replay on, the SWA state cache keeps only these words; the rest (the
+    // dropped region: decoder windows, partial groups) is rebuilt by replay. Empty: the
+    // whole slot is the stored region.
+    std::vector<std::pair<int64_t, int64_t>> swa_stored_ranges;
 };
 
 class KvCache {

@@ -32,6 +32,24 @@ void swa_seal(std::vector<uint8_t>& bytes, int64_t position) {
     bytes.insert(bytes.end(), p, p + kSwaSealBytes);
 }
 
+// The stored region of a slot (S-KV-8): the ranges' words back to back (all: the slot).
+std::vector<uint8_t> swa_pack(std::vector<uint8_t> slot,
+                              std::span<const std::pair<int64_t, int64_t>> ranges) {
+    if (ranges.empty()) return slot;
+    std::vector<uint8_t> out;
+    for (const auto& [b, e] : ranges) {
+        out.insert(out.end(), slot.begin() + b * 4, slot.begin() + e * 4);
+    }
+    return out;
+}
+
+size_t swa_stored_bytes(size_t slot_bytes, std::span<const std::pair<int64_t, int64_t>> ranges) {
+    if (ranges.empty()) return slot_bytes;
+    size_t n = 0;
+    for (const auto& [b, e] : ranges) n += static_cast<size_t>(e - b) * 4;
+    return n;
+}
+
 bool swa_sealed_ok(const SwaState& st, size_t slot_bytes) {
     if (st.bytes.size() != slot_bytes + kSwaSealBytes) return false;
     uint64_t h = 0;
@@ -511,6 +529,8 @@ bool TieredCache::swa_has_state(const Seq& s, int64_t position) const {
 // does not do: start at the newest stored state below L1 - 128, else at 0.
 int64_t TieredCache::swa_fallback_start(const Seq& s, const SwaHitPlan& plan) const {
     if (plan.kind != SwaHitKind::kReplay) return plan.compute_begin;
+    // S-SWA: the blocks of [0, L1) are used; the first step replays [L1 - 128, L1).
+    if (options_.swa_bounded_replay) return plan.block_hit_tokens;
     for (int64_t pos = plan.hit_tokens - kBlockTokens; pos > 0; pos -= kBlockTokens) {
         if (swa_has_state(s, pos)) return pos;
     }
@@ -523,8 +543,24 @@ bool TieredCache::swa_take_restore(Seq& s, int64_t hit_tokens) {
     const SwaStateKey key = swa_state_key(s.keys, hit_tokens);
     Result<std::shared_ptr<const SwaState>> st = swa_->get(key);
     const size_t slot_bytes = static_cast<size_t>(options_.state_floats) * sizeof(float);
-    if (st.is_ok() && swa_sealed_ok(**st, slot_bytes)) {
-        s.swa_restore = std::move(st).value();
+    const auto& ranges = options_.swa_stored_ranges;
+    if (st.is_ok() && swa_sealed_ok(**st, swa_stored_bytes(slot_bytes, ranges))) {
+        if (ranges.empty()) {
+            s.swa_restore = std::move(st).value();
+        } else {
+            // The stored region into a zeroed slot image; the dropped region is rebuilt.
+            auto full = std::make_shared<SwaState>();
+            full->key = (*st)->key;
+            full->traffic_class = (*st)->traffic_class;
+            full->bytes.assign(slot_bytes, 0);
+            size_t at = 0;
+            for (const auto& [b, e] : ranges) {
+                const auto n = static_cast<size_t>(e - b) * 4;
+                std::memcpy(full->bytes.data() + b * 4, (*st)->bytes.data() + at, n);
+                at += n;
+            }
+            s.swa_restore = std::move(full);
+        }
         ++stats_.swa_states_restored;
         return true;
     }
@@ -550,13 +586,18 @@ int64_t TieredCache::admit(SeqId id, int64_t num_cached_tokens) {
     int64_t hit = num_cached_tokens / kBlockTokens;
     if (swa_ != nullptr) {
         s.swa_restore.reset();
-        if (hit > 0 && !swa_take_restore(s, hit * kBlockTokens)) {  // a miss
+        // S-SWA: a kReplay hit served by bounded replay has no state to restore.
+        const bool replay = options_.swa_bounded_replay &&
+                            s.swa_plan.kind == SwaHitKind::kReplay && hit > 0 &&
+                            hit * kBlockTokens == s.swa_start;
+        s.swa_replay_begin = replay ? s.swa_plan.rerun_begin : 0;
+        if (hit > 0 && !replay && !swa_take_restore(s, hit * kBlockTokens)) {  // a miss
             hit = 0;
             release_staged(s);
         }
         if (hit * kBlockTokens == s.swa_start) {
             stats_.swa.record(s.swa_plan, s.traffic);
-            stats_.swa_fallback_tokens += s.swa_plan.compute_begin - s.swa_start;
+            if (!replay) stats_.swa_fallback_tokens += s.swa_plan.compute_begin - s.swa_start;
         } else {  // the state was refused: nothing of the plan is used
             SwaHitPlan none;
             none.input_tokens = s.swa_plan.input_tokens;
@@ -716,6 +757,8 @@ SwaStepPlan TieredCache::plan_swa_step(SeqId id, int64_t begin, int64_t end) {
     Seq& s = at(id);
     p.restore = std::move(s.swa_restore);
     s.swa_restore.reset();
+    p.replay_begin = s.swa_replay_begin;
+    s.swa_replay_begin = 0;
     // S-KV-9: the prefill's state at P is copied right after a step that ends at P.
     const int64_t pp = s.swa_prefill_pos;
     if (pp > 0 && begin < pp && pp <= end) {
@@ -751,6 +794,7 @@ void TieredCache::on_swa_step(SeqId id, std::span<const int32_t> tokens, int64_t
         DSI_CHECK_EQ(captured.size(), static_cast<size_t>(options_.state_floats) * sizeof(float));
         ++stats_.swa_captures;
         ensure_keys(s, tokens, landed / kBlockTokens);
+        captured = swa_pack(std::move(captured), options_.swa_stored_ranges);
         swa_seal(captured, landed);
         s.swa_held_pos = landed;
         s.swa_held_key = swa_state_key(s.keys, landed);

@@ -48,6 +48,13 @@
 //     so they are exact (lateness 0). The prefill copy is stored when the prefill's last
 //     chunk has run; decode copies at each 128-token boundary, the latest stored at
 //     remove() or preempt(). States never go to the store.
+//   - Bounded replay (swa_bounded_replay: V4.1 with compact YOCO prefill, S-SWA): a
+//     kReplay plan is served instead of falling back: the sequence pins the blocks of
+//     [0, L1) and its first step (plan_swa_step's replay_begin = L1 - 128) re-runs that
+//     unit with truncated attention, rebuilding windows only (the model never writes
+//     the pinned blocks). States keep only swa_stored_ranges of the slot (S-KV-8's
+//     stored region); a restore writes them into a zeroed slot image (the dropped
+//     region is rebuilt by the model's replay).
 //   - Block data hazards are ordered by the caller's steps (engine.h): a block released
 //     while a step may use it is handed out again only by a later plan.
 // Device-side copies (copy_block_to_host, copy_block_from_host, copy_fetched_layer) run
@@ -64,6 +71,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "base/status.h"
@@ -132,6 +140,10 @@ struct SwaStepPlan {
     // Set on the sequence's first step after admission: copy its bytes (the slot, then
     // the seal) into the state slot before the step.
     std::shared_ptr<const SwaState> restore;
+    // > 0 (bounded replay, on the first step of a kReplay hit): the step re-runs
+    // [replay_begin, its begin) first, with truncated attention and the block KV of those
+    // positions reused (SequenceStep::replay_end).
+    int64_t replay_begin = 0;
 };
 
 struct TieredCacheOptions {
@@ -149,6 +161,11 @@ struct TieredCacheOptions {
     // no pool: off, and a state-slot layout gets no prefix hits).
     SwaStatePool* swa_pool = nullptr;
     int64_t swa_pool_bytes = 0;
+    // S-SWA bounded replay (the model's KvLayout::swa_bounded_replay, compact mode): serve
+    // kReplay plans by replay (above); states keep only `swa_stored_ranges` ([begin, end)
+    // floats of the slot; empty: the whole slot).
+    bool swa_bounded_replay = false;
+    std::vector<std::pair<int64_t, int64_t>> swa_stored_ranges;
     // Host tier: bytes of swap slots (0: preemption always recomputes).
     int64_t swap_space_bytes = 0;
     // Store tier: a store the caller owns (wins; REQUIRES: outlives the cache), else a
@@ -340,6 +357,7 @@ private:
         int64_t swa_prompt = 0;
         int64_t swa_prefill_pos = 0;
         std::shared_ptr<const SwaState> swa_restore;
+        int64_t swa_replay_begin = 0;  // bounded replay pending for the first step
         int64_t swa_held_pos = 0;
         std::vector<uint8_t> swa_held;  // sealed
         SwaStateKey swa_held_key;

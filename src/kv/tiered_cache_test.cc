@@ -105,6 +105,18 @@ TEST(TieredCacheStateTest, BadStateOptionsAreRejected) {
     EXPECT_FALSE(TieredCache::create(o).is_ok());
 }
 
+// Sequence 1: a 300-token prompt (ids i % mod) admitted without a hit, 3 blocks grown.
+std::vector<int32_t> admit_cold(TieredCache& cache, const BlockKey& salt,
+                                kvstore::TrafficClass traffic, int mod) {
+    std::vector<int32_t> a(300);
+    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(static_cast<int>(i) % mod);
+    cache.add(1, salt, traffic);
+    EXPECT_EQ(cache.peek_admission(1, a)->num_cached_tokens, 0);
+    EXPECT_EQ(cache.admit(1, 0), 0);
+    EXPECT_TRUE(cache.grow(1, 3).is_ok());
+    return a;
+}
+
 // The SWA state cache's bookkeeping (docs/swa_cache.md "Engine wiring"), as the engine
 // drives it: the prefill chunk cut at the store position, the copy stored when the
 // prefill ends, then a longer prompt on the same prefix starts from it with its bytes.
@@ -114,12 +126,7 @@ TEST(TieredCacheStateTest, SwaStatesAreCapturedAtStorePositionsAndRestoredOnAHit
     auto cache = TieredCache::create(o).value();
     ASSERT_TRUE(cache->swa_enabled());
     const BlockKey salt = make_salt("m", "");
-    std::vector<int32_t> a(300);
-    for (size_t i = 0; i < a.size(); ++i) a[i] = static_cast<int32_t>(i % 97);
-    cache->add(1, salt, kvstore::TrafficClass::kAgent);
-    ASSERT_EQ(cache->peek_admission(1, a)->num_cached_tokens, 0);
-    EXPECT_EQ(cache->admit(1, 0), 0);
-    ASSERT_TRUE(cache->grow(1, 3).is_ok());
+    const std::vector<int32_t> a = admit_cold(*cache, salt, kvstore::TrafficClass::kAgent, 97);
     // S-KV-9: P = floor(299 / 128) * 128 = 256; the chunk [0, 300) is cut there.
     SwaStepPlan p1 = cache->plan_swa_step(1, 0, 300);
     EXPECT_EQ(p1.end, 256);
@@ -230,6 +237,64 @@ TEST(TieredCacheStateTest, AnExportCarriesItsStateAndAContinuationStartsThere) {
     EXPECT_EQ(c.swa_exact_hits, 1);
     EXPECT_EQ(c.hit_tokens, 256);
     EXPECT_EQ(c.replays, 0);
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    cache->remove(3);
+}
+
+// Bounded replay (docs/swa_cache.md "V4.1"): states keep only the stored region (a
+// restore puts it into a zeroed slot image), and a prefix whose blocks are there but
+// whose state is gone is served by replay: the blocks of [0, L1) pinned, the first step
+// re-running [L1 - 128, L1), S-KV-10's hit L1 - 128 counted.
+TEST(TieredCacheStateTest, BoundedReplayKeepsTheStoredRegionAndReplaysAMiss) {
+    SwaStatePool pool(int64_t{1} << 20);
+    TieredCacheOptions o = swa_options(&pool);
+    o.swa_bounded_replay = true;
+    o.swa_stored_ranges = {{0, 2}, {8, 12}};  // 6 of 16 floats
+    auto cache = TieredCache::create(o).value();
+    const BlockKey salt = make_salt("m", "");
+    const std::vector<int32_t> a = admit_cold(*cache, salt, kvstore::TrafficClass::kChatbot, 89);
+    EXPECT_EQ(cache->plan_swa_step(1, 0, 300).capture_position, 256);
+    std::vector<uint8_t> slot(16 * sizeof(float));
+    for (size_t i = 0; i < slot.size(); ++i) slot[i] = static_cast<uint8_t>(i + 1);
+    cache->publish(1, a, 2);
+    cache->on_swa_step(1, a, 0, 256, slot);
+    EXPECT_EQ(cache->plan_swa_step(1, 256, 300).replay_begin, 0);
+    cache->on_swa_step(1, a, 256, 300, {});
+    cache->remove(1);
+    EXPECT_EQ(pool.stats().bytes, 6 * 4 + 8);  // the stored region and the seal
+
+    std::vector<int32_t> b = a;
+    b.resize(450, 7);
+    cache->add(2, salt, kvstore::TrafficClass::kChatbot);
+    ASSERT_EQ(cache->peek_admission(2, b)->num_cached_tokens, 256);
+    EXPECT_EQ(cache->admit(2, 256), 256);
+    SwaStepPlan exact = cache->plan_swa_step(2, 256, 450);
+    ASSERT_NE(exact.restore, nullptr);
+    EXPECT_EQ(exact.replay_begin, 0);
+    ASSERT_EQ(exact.restore->bytes.size(), slot.size());
+    for (size_t i = 0; i < slot.size(); ++i) {
+        const bool stored = i < 8 || (i >= 32 && i < 48);
+        EXPECT_EQ(exact.restore->bytes[i], stored ? slot[i] : 0) << i;
+    }
+    cache->remove(2);
+
+    // The state gone: L1 = 256 from the blocks, no state in [128, 256] -> replay.
+    ASSERT_TRUE(
+        pool.erase(swa_state_key(chain_keys(std::span<const int32_t>(a).first(256), salt), 256)));
+    cache->add(3, salt, kvstore::TrafficClass::kAgent);
+    ASSERT_EQ(cache->peek_admission(3, b)->num_cached_tokens, 256);
+    EXPECT_EQ(cache->admit(3, 256), 256);
+    EXPECT_EQ(cache->num_blocks(3), 2);  // the replayed unit's block is pinned, reused
+    SwaStepPlan replay = cache->plan_swa_step(3, 256, 450);
+    EXPECT_EQ(replay.restore, nullptr);
+    EXPECT_EQ(replay.replay_begin, 128);
+    EXPECT_EQ(cache->plan_swa_step(3, 384, 450).replay_begin, 0);  // the first step only
+    const SwaCacheClassCounters agent =
+        cache->stats().swa.by_class[static_cast<size_t>(kvstore::TrafficClass::kAgent)];
+    EXPECT_EQ(agent.replays, 1);
+    EXPECT_EQ(agent.replay_tokens, 128);
+    EXPECT_EQ(agent.hit_tokens, 128);
+    EXPECT_EQ(cache->stats().swa_fallback_tokens, 0);
     ASSERT_TRUE(cache->check_invariants().is_ok());
     cache->remove(3);
 }

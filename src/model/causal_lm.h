@@ -39,6 +39,21 @@ struct SequenceStep {
     int64_t start_pos = 0;
     KvCache* cache = nullptr;
     bool all_logits = false;  // logits for every token, else only for the last
+    // SWA bounded replay (S-SWA; only models whose kv_layout().swa_bounded_replay is set,
+    // others refuse a step that sets these). 0: not used.
+    // replay_end > start_pos: an encoder-side replay. The sequence's state is started
+    //   afresh at start_pos (nothing restored); positions [start_pos, replay_end) already
+    //   have their block KV in the cache, which is read and never written; window
+    //   attention reads no row before start_pos (truncated to the segment). `context`
+    //   holds the tokens right before start_pos (the model uses the last few: V4.1's
+    //   Engram n-grams).
+    // decoder_begin: CED compact prefill. Decoder layers run only for positions >=
+    //   decoder_begin and their windows read no row before it; positions below run the
+    //   encoder (and the decoder's kv-source projection) only, and their logits rows are
+    //   NaN. The floor is kept in the state until a later step sets another.
+    int64_t replay_end = 0;
+    int64_t decoder_begin = 0;
+    std::span<const int32_t> context;
 };
 
 struct BatchOutput {

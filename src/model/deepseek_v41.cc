@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <numeric>
 #include <utility>
 
@@ -65,6 +66,14 @@ struct LayerSlots {
 
 float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 
+// Bounded replay (S-SWA) words after the slot header, int64 at header_get index: the
+// encoder layers' window floor, the decoder layers' window floor, and the end of the
+// block KV a replay reuses (positions below it are never written).
+constexpr int kEncoderFloor = 2;
+constexpr int kDecoderFloor = 3;
+constexpr int kReuseEnd = 4;
+constexpr int64_t kReplayWordsFloats = 6;
+
 }  // namespace
 
 struct DeepseekV41Model::Impl {
@@ -85,6 +94,7 @@ struct DeepseekV41Model::Impl {
     KvLayout layout;
     std::vector<LayerSlots> slots;
     int64_t ids_ring = -1, ids_ring_len = 0;  // Engram: the last token ids
+    int64_t first_decoder = 0;                // v41_first_decoder_layer
 
     int64_t hc() const { return cfg.hc_mult; }
     int64_t H() const { return cfg.hidden_size; }
@@ -103,6 +113,13 @@ struct DeepseekV41Model::Impl {
     Status load_engram(int64_t layer, int64_t e, Engram& g);
     void plan_cache();
     void reset_state(float* slot) const;
+    // The window floor of L's half for a token of `c` (S-SWA: no row before it is read).
+    int64_t window_floor(const V41Layer& L, KvCache* c) const {
+        return header_get(c->state(), L.index >= first_decoder ? kDecoderFloor : kEncoderFloor);
+    }
+    // Sets up the replay words of each step (SequenceStep::replay_end, decoder_begin);
+    // a replay step starts its state afresh at start_pos with `context`'s token ids.
+    Status begin_replays(std::span<const SequenceStep> steps);
 
     float* ring_row(const V41Layer& L, KvCache* c, int64_t pos) const {
         return c->state() + slots[static_cast<size_t>(L.index)].ring +
@@ -147,9 +164,13 @@ struct DeepseekV41Model::Impl {
     // Both sub-layers of L; `pre` [n, hc] is the previous sub-layer's and becomes L's last.
     void block(const V41Layer& L, float* x, std::vector<float>& pre, const Tokens& tk,
                Selections& sel, V41Trace* trace);
-    // The streams after the encoder (and, unless encoder_only, the decoder) layers.
-    void run(std::span<const SequenceStep> steps, const Tokens& tk, bool encoder_only,
-             std::vector<float>& x, std::vector<float>& pre, V41Trace* trace);
+    // The streams after the encoder and the decoder layers. The decoder runs for the
+    // tokens at or past their step's decoder_begin (none with encoder_only); the others
+    // get only the decoder kv source's projection. Returns each batch token's row in x
+    // and pre (the decoder's tokens), -1 for a token the decoder did not run for.
+    std::vector<int64_t> run(std::span<const SequenceStep> steps, const Tokens& tk,
+                             bool encoder_only, std::vector<float>& x, std::vector<float>& pre,
+                             V41Trace* trace);
     Status gather(std::span<const SequenceStep> steps, Tokens& tk,
                   std::vector<int64_t>& logit_tokens, std::vector<int64_t>& logit_row);
 };
@@ -246,16 +267,30 @@ void DeepseekV41Model::Impl::plan_cache() {
         layout.groups.push_back({"c1_index", n1, 1, key_words});
     }
     if (layout.groups.empty()) layout.groups.push_back({"positions", 1, 128, 1});
-    int64_t off = internal::kStateHeaderFloats;
+    first_decoder = v41_first_decoder_layer(c);
+    // S-KV-8's stored region: the lengths, the Engram ids and the encoder layers' rings
+    // (merged where adjacent); the replay words, the decoder rings and the ratio-2
+    // pending groups (empty at every unit boundary: 128 is a multiple of 2) are dropped.
+    auto store = [&](int64_t begin, int64_t end) {
+        if (!layout.swa_stored_ranges.empty() && layout.swa_stored_ranges.back().second == begin) {
+            layout.swa_stored_ranges.back().second = end;
+        } else {
+            layout.swa_stored_ranges.emplace_back(begin, end);
+        }
+    };
+    store(0, internal::kStateHeaderFloats);
+    int64_t off = internal::kStateHeaderFloats + kReplayWordsFloats;
     if (!engrams.empty()) {
         ids_ring = off;
         ids_ring_len = c.v41.engram_max_ngram_size - 1;
         off += ids_ring_len;
+        store(ids_ring, off);
     }
     for (int64_t i = 0; i < nl; ++i) {
         LayerSlots& s = slots[static_cast<size_t>(i)];
         s.ring = off;
         off += c.sliding_window * swa_words;
+        if (i < first_decoder) store(s.ring, off);
         if (v41_attn_kind(c, i) == V41AttnKind::kFull) {
             const int64_t r = c.compress_ratio(i);
             s.entries_group = r == 2 ? g2 : g1;
@@ -273,11 +308,11 @@ void DeepseekV41Model::Impl::plan_cache() {
         "DeepSeek V4.1 keeps a sliding-window ring per layer, the ratio-2 pending groups and "
         "the last token ids per sequence, which paged blocks cannot restore";
     layout.state_snapshot_resumes = true;
+    layout.swa_bounded_replay = true;
 }
 
 void DeepseekV41Model::Impl::reset_state(float* slot) const {
-    header_set(slot, 0, 0);
-    header_set(slot, 1, 0);
+    for (int i : {0, 1, kEncoderFloor, kDecoderFloor, kReuseEnd}) header_set(slot, i, 0);
     for (const LayerSlots& s : slots) {
         if (s.comp < 0) continue;
         std::fill_n(slot + s.comp, s.comp_floats, 0.0f);
@@ -380,6 +415,9 @@ void DeepseekV41Model::Impl::compress(const V41Layer& L, const float* h, const T
     std::vector<float> entry(static_cast<size_t>(D)), key(static_cast<size_t>(ihd));
     for (int64_t t = 0; t < n; ++t) {
         const int64_t pos = tk.pos[t];
+        // S-SWA: a replayed position's block KV is reused as is, never recomputed.
+        const int64_t reuse_end = header_get(tk.cache[t]->state(), kReuseEnd);
+        if (pos < reuse_end) continue;
         if (r == 1) {
             std::copy_n(kv.data() + t * D, D, entry.data());
         } else {
@@ -401,6 +439,9 @@ void DeepseekV41Model::Impl::compress(const V41Layer& L, const float* h, const T
             }
         }
         const int64_t i = pos / r;
+        // Never overwrite reused block KV (begin_replays checked that reuse_end is a
+        // multiple of every ratio, so a group is either all reused or all computed).
+        DSI_CHECK_LE(reuse_end, i * r);
         rms_norm(entry.data(), L.comp_norm.data(), 1, D, entry.data());
         matmul(L.idx_wk, entry.data(), 1, key.data());
         rms_norm(key.data(), L.idx_k_norm.data(), 1, ihd, key.data());
@@ -529,6 +570,7 @@ void DeepseekV41Model::Impl::attention(const V41Layer& L, const float* h, const 
     keys.window = [&](int64_t t, int64_t s, float* buf) {
         return read_swa(ring_row(L, tk.cache[t], s), buf);
     };
+    keys.window_floor = [&](int64_t t) { return window_floor(L, tk.cache[t]); };
     internal::attend(L.attn, c, pool.get(), tk, q, kv, keys, o);
     // The chunk's window rows into each sequence's ring (after every query read the old).
     const float* rows = packed() ? kvq.data() : kv.data();
@@ -572,9 +614,39 @@ void DeepseekV41Model::Impl::block(const V41Layer& L, float* x, std::vector<floa
     }
 }
 
-void DeepseekV41Model::Impl::run(std::span<const SequenceStep> steps, const Tokens& tk,
-                                 bool encoder_only, std::vector<float>& x, std::vector<float>& pre,
-                                 V41Trace* trace) {
+namespace {
+
+// The tokens `which` of tk (in order; each sequence's tokens contiguous), as a batch.
+Tokens token_subset(const Tokens& tk, std::span<const int64_t> which) {
+    Tokens sub;
+    for (int64_t t : which) {
+        const bool first = sub.size() == 0 || sub.cache.back() != tk.cache[t];
+        sub.chunk_first.push_back(first ? sub.size() : sub.chunk_first.back());
+        sub.chunk_start.push_back(first ? tk.pos[t] : sub.chunk_start.back());
+        sub.ids.push_back(tk.ids[static_cast<size_t>(t)]);
+        sub.pos.push_back(tk.pos[t]);
+        sub.cache.push_back(tk.cache[t]);
+    }
+    return sub;
+}
+
+// Rows `which` of a [tokens, width] array.
+std::vector<float> row_subset(const std::vector<float>& a, int64_t width,
+                              std::span<const int64_t> which) {
+    std::vector<float> out(which.size() * static_cast<size_t>(width));
+    for (size_t i = 0; i < which.size(); ++i) {
+        std::copy_n(a.data() + which[i] * width, width,
+                    out.data() + static_cast<int64_t>(i) * width);
+    }
+    return out;
+}
+
+}  // namespace
+
+std::vector<int64_t> DeepseekV41Model::Impl::run(std::span<const SequenceStep> steps,
+                                                 const Tokens& tk, bool encoder_only,
+                                                 std::vector<float>& x, std::vector<float>& pre,
+                                                 V41Trace* trace) {
     const int64_t n = tk.size();
     const int64_t hcn = hc();
     const int64_t nl = cfg.num_hidden_layers;
@@ -596,22 +668,54 @@ void DeepseekV41Model::Impl::run(std::span<const SequenceStep> steps, const Toke
         trace->last_token_entries.assign(static_cast<size_t>(nl), {});
         trace->engram_gate_mean.assign(static_cast<size_t>(nl), 0.0);
     }
+    // CED compact prefill (S-SWA): the decoder runs for the tokens at or past their
+    // step's decoder_begin; `skipped` are the others (gather_steps keeps step order).
+    std::vector<int64_t> skipped, decoded;
+    {
+        int64_t t = 0;
+        for (const SequenceStep& st : steps) {
+            for (size_t k = 0; k < st.tokens.size(); ++k, ++t) {
+                (!encoder_only && tk.pos[t] >= st.decoder_begin ? decoded : skipped).push_back(t);
+            }
+        }
+    }
+    std::vector<int64_t> row(static_cast<size_t>(n), -1);
+    for (size_t i = 0; i < decoded.size(); ++i)
+        row[static_cast<size_t>(decoded[i])] = static_cast<int64_t>(i);
     Selections sel;
     sel.chosen.resize(static_cast<size_t>(nl));
-    const int64_t dec = v41_first_decoder_layer(cfg);
+    const Tokens* cur = &tk;
+    Tokens sub;
     for (const V41Layer& L : layers) {
-        if (encoder_only && L.index == dec) {
+        if (L.index == first_decoder && !skipped.empty()) {
             // CED: the decoder's kv source reads the encoder's output through its
-            // attention input (the previous sub-layer's pre and attn_norm).
-            std::vector<float> h(static_cast<size_t>(n * H()));
-            internal::hc_mix_in(x.data(), pre.data(), n, hcn, H(), h.data());
-            rms_norm(h.data(), L.attn_norm.data(), n, H(), h.data());
-            compress(L, h.data(), tk);
-            break;
+            // attention input (the previous sub-layer's pre and attn_norm); for the
+            // tokens the decoder skips, that projection is all that runs.
+            const Tokens th = token_subset(tk, skipped);
+            const std::vector<float> xh = row_subset(x, hcn * H(), skipped);
+            const std::vector<float> ph = row_subset(pre, hcn, skipped);
+            std::vector<float> h(skipped.size() * static_cast<size_t>(H()));
+            internal::hc_mix_in(xh.data(), ph.data(), th.size(), hcn, H(), h.data());
+            rms_norm(h.data(), L.attn_norm.data(), th.size(), H(), h.data());
+            compress(L, h.data(), th);
+            if (decoded.empty()) break;
+            // The decoder's Engram reads the skipped tokens' ids from the slot.
+            if (ids_ring >= 0) {
+                for (int64_t t : skipped) {
+                    const int32_t id = tk.ids[static_cast<size_t>(t)];
+                    std::memcpy(tk.cache[t]->state() + ids_ring + tk.pos[t] % ids_ring_len, &id,
+                                sizeof id);
+                }
+            }
+            sub = token_subset(tk, decoded);
+            x = row_subset(x, hcn * H(), decoded);
+            pre = row_subset(pre, hcn, decoded);
+            cur = &sub;
         }
+        if (L.index >= first_decoder) DSI_CHECK(L.topk_src < 0 || L.topk_src >= first_decoder);
         if (L.engram >= 0)
-            engram_forward(engrams[static_cast<size_t>(L.engram)], L.index, x.data(), tk, trace);
-        block(L, x.data(), pre, tk, sel, trace);
+            engram_forward(engrams[static_cast<size_t>(L.engram)], L.index, x.data(), *cur, trace);
+        block(L, x.data(), pre, *cur, sel, trace);
         if (trace != nullptr) trace->layer_streams.push_back(x);
     }
     for (const SequenceStep& st : steps) {
@@ -624,16 +728,72 @@ void DeepseekV41Model::Impl::run(std::span<const SequenceStep> steps, const Toke
             std::memcpy(tk.cache[t]->state() + ids_ring + tk.pos[t] % ids_ring_len, &id, sizeof id);
         }
     }
+    return row;
+}
+
+Status DeepseekV41Model::Impl::begin_replays(std::span<const SequenceStep> steps) {
+    for (const SequenceStep& st : steps) {
+        float* slot = st.cache->state();
+        if (st.replay_end > st.start_pos) {
+            // S-SWA encoder side: a fresh state at start_pos; the windows of both halves
+            // start at the segment, the block KV below replay_end is read only.
+            reset_state(slot);
+            header_set(slot, 0, st.start_pos);
+            header_set(slot, kEncoderFloor, st.start_pos);
+            header_set(slot, kDecoderFloor, st.start_pos);
+            header_set(slot, kReuseEnd, st.replay_end);
+            if (ids_ring >= 0) {
+                const int64_t have = std::min(st.start_pos, ids_ring_len);
+                for (int64_t k = 1; k <= have; ++k) {
+                    const int32_t id = st.context[st.context.size() - static_cast<size_t>(k)];
+                    std::memcpy(slot + ids_ring + (st.start_pos - k) % ids_ring_len, &id,
+                                sizeof id);
+                }
+            }
+        }
+        if (st.decoder_begin > 0 && st.decoder_begin >= st.start_pos) {
+            header_set(slot, kDecoderFloor,
+                       std::max(st.decoder_begin, header_get(slot, kDecoderFloor)));
+        }
+    }
+    return Status::ok();
 }
 
 Status DeepseekV41Model::Impl::gather(std::span<const SequenceStep> steps, Tokens& tk,
                                       std::vector<int64_t>& logit_tokens,
                                       std::vector<int64_t>& logit_row) {
-    DSI_RETURN_IF_ERROR(internal::gather_steps(steps, cfg, "V4.1", tk, logit_tokens, logit_row));
+    for (size_t i = 0; i < steps.size(); ++i) {
+        const SequenceStep& st = steps[i];
+        const std::string which = "forward: sequence " + std::to_string(i);
+        const auto T = static_cast<int64_t>(st.tokens.size());
+        if (st.replay_end < 0 || st.decoder_begin < 0) {
+            return invalid_argument(which + ": negative replay_end or decoder_begin");
+        }
+        if (st.replay_end == 0) continue;
+        if (st.replay_end <= st.start_pos || st.replay_end > st.start_pos + T) {
+            return invalid_argument(which + ": replay_end " + std::to_string(st.replay_end) +
+                                    " is not inside the step's positions (" +
+                                    std::to_string(st.start_pos) + ", " +
+                                    std::to_string(st.start_pos + T) + "]");
+        }
+        for (const V41Layer& L : layers) {
+            if (L.ratio > 1 && (st.start_pos % L.ratio != 0 || st.replay_end % L.ratio != 0)) {
+                return invalid_argument(which + ": a replay must start and end on a group of " +
+                                        std::to_string(L.ratio) + " tokens");
+            }
+        }
+        if (ids_ring >= 0 &&
+            static_cast<int64_t>(st.context.size()) < std::min(st.start_pos, ids_ring_len)) {
+            return invalid_argument(which + ": a replay needs the " + std::to_string(ids_ring_len) +
+                                    " tokens before its start in `context` (Engram n-grams)");
+        }
+    }
+    DSI_RETURN_IF_ERROR(internal::gather_steps(steps, cfg, "V4.1", tk, logit_tokens, logit_row,
+                                               /*bounded_replay=*/true));
     for (const SequenceStep& st : steps) {
         if (st.start_pos == 0) reset_state(st.cache->state());
     }
-    return Status::ok();
+    return begin_replays(steps);
 }
 
 // ---- public API ----
@@ -645,6 +805,16 @@ KvLayout DeepseekV41Model::kv_layout() const { return impl_->layout; }
 kernels::KvDtype DeepseekV41Model::kv_dtype() const { return impl_->kv_dtype; }
 int64_t DeepseekV41Model::num_draft_tensors() const {
     return static_cast<int64_t>(impl_->draft_matrices.size() + impl_->draft_vectors.size());
+}
+
+std::vector<float> DeepseekV41Model::window_row(KvCache& cache, int64_t layer, int64_t pos) const {
+    const Impl& m = *impl_;
+    DSI_CHECK(layer >= 0 && layer < m.cfg.num_hidden_layers && pos >= 0);
+    std::vector<float> out(static_cast<size_t>(m.cfg.head_dim));
+    const float* row = m.ring_row(m.layers[static_cast<size_t>(layer)], &cache, pos);
+    const float* v = m.read_swa(row, out.data());
+    if (v != out.data()) std::copy_n(v, m.cfg.head_dim, out.data());
+    return out;
 }
 
 std::unique_ptr<KvCache> DeepseekV41Model::new_kv_cache(int64_t capacity) const {
@@ -721,22 +891,34 @@ Status DeepseekV41Model::forward_batch(std::span<const SequenceStep> steps, Batc
     std::vector<int64_t> logit_tokens;
     DSI_RETURN_IF_ERROR(m.gather(steps, tk, logit_tokens, out.logit_row));
     std::vector<float> x, pre;
-    m.run(steps, tk, false, x, pre, trace);
-    // The last sub-layer's pre collapses the streams; then norm and head.
+    const std::vector<int64_t> row = m.run(steps, tk, false, x, pre, trace);
+    // The last sub-layer's pre collapses the streams; then norm and head. A token the
+    // decoder did not run for (below its step's decoder_begin) has a NaN row.
     const int64_t rows = static_cast<int64_t>(logit_tokens.size());
     const int64_t hcn = m.hc();
     const int64_t h = m.H();
-    std::vector<float> xs(static_cast<size_t>(rows * hcn * h)), ps(static_cast<size_t>(rows * hcn));
-    std::vector<float> y(static_cast<size_t>(rows * h));
+    const int64_t V = m.cfg.vocab_size;
+    std::vector<int64_t> have;  // logit rows the decoder ran for
     for (int64_t r = 0; r < rows; ++r) {
-        const int64_t t = logit_tokens[static_cast<size_t>(r)];
-        std::copy_n(x.data() + t * hcn * h, hcn * h, xs.data() + r * hcn * h);
-        std::copy_n(pre.data() + t * hcn, hcn, ps.data() + r * hcn);
+        if (row[static_cast<size_t>(logit_tokens[static_cast<size_t>(r)])] >= 0) have.push_back(r);
     }
-    internal::hc_mix_in(xs.data(), ps.data(), rows, hcn, h, y.data());
-    m.rms_norm(y.data(), m.final_norm.data(), rows, h, y.data());
-    out.logits.resize(static_cast<size_t>(rows * m.cfg.vocab_size));
-    m.matmul(m.head, y.data(), rows, out.logits.data());
+    const auto nh = static_cast<int64_t>(have.size());
+    std::vector<float> xs(static_cast<size_t>(nh * hcn * h)), ps(static_cast<size_t>(nh * hcn));
+    std::vector<float> y(static_cast<size_t>(nh * h)), lg(static_cast<size_t>(nh * V));
+    for (int64_t k = 0; k < nh; ++k) {
+        const int64_t t = row[static_cast<size_t>(logit_tokens[static_cast<size_t>(have[k])])];
+        std::copy_n(x.data() + t * hcn * h, hcn * h, xs.data() + k * hcn * h);
+        std::copy_n(pre.data() + t * hcn, hcn, ps.data() + k * hcn);
+    }
+    out.logits.assign(static_cast<size_t>(rows * V), std::numeric_limits<float>::quiet_NaN());
+    if (nh > 0) {
+        internal::hc_mix_in(xs.data(), ps.data(), nh, hcn, h, y.data());
+        m.rms_norm(y.data(), m.final_norm.data(), nh, h, y.data());
+        m.matmul(m.head, y.data(), nh, lg.data());
+        for (int64_t k = 0; k < nh; ++k) {
+            std::copy_n(lg.data() + k * V, V, out.logits.data() + have[k] * V);
+        }
+    }
     out.hidden.clear();
     return Status::ok();
 }

@@ -35,6 +35,15 @@
 // pending group (f32 kv and score rows). Position-addressed: a copy of the slot taken
 // after B tokens resumes the sequence at B.
 //
+// Bounded replay (S-SWA, docs/swa_cache.md; kv_layout().swa_bounded_replay): a step's
+// replay_end replays [start_pos, replay_end) from a fresh state — window attention of
+// every layer truncated to the segment, the block KV of those positions read and never
+// written (a checked invariant in the compressor) — and its decoder_begin runs the
+// decoder only from there (CED compact prefill), its windows truncated there too. The
+// floors live in the slot (after the header), so they hold across chunks. The stored
+// region of the slot (kv_layout().swa_stored_ranges: lengths, Engram ids, encoder
+// rings) is what the SWA state cache keeps in compact mode.
+//
 // Determinism: every output element is reduced in one fixed order, so a sequence's
 // results are bitwise the same whatever the batch, the chunking and the thread count.
 // Thread model: a loaded model is immutable; forward calls use the model's thread
@@ -93,9 +102,14 @@ public:
     // CED prefill (reference §7.2): runs only the encoder layers and the decoder's kv
     // source projection (its compressor and index keys) over the steps' tokens, filling
     // every block-KV group as a full forward would, bitwise; the decoder layers' windows
-    // are not computed (bounded replay rebuilds them, issue 16). No logits. The cache
-    // cannot be decoded from until its decoder windows are rebuilt.
+    // are not computed. No logits. The same as forward_batch with every step's
+    // decoder_begin past its tokens.
     Status forward_encoder(std::span<const SequenceStep> steps);
+
+    // The window (SWA) row of main layer `layer` at position `pos` in `cache`'s slot,
+    // decoded to head_dim floats (tests of bounded replay). REQUIRES: pos is one of the
+    // last sliding_window positions the sequence wrote for that layer.
+    std::vector<float> window_row(KvCache& cache, int64_t layer, int64_t pos) const;
 
     // DSpark tensors held (loaded and checked, not run yet).
     int64_t num_draft_tensors() const;

@@ -229,6 +229,133 @@ TEST_P(V41ForwardTest, EncoderOnlyPrefillFillsTheSameBlockKv) {
     }
 }
 
+// Every block-KV entry of positions [0, end), as stored.
+std::vector<uint8_t> block_kv_bytes(const DeepseekV41Model& m, KvCache& cache, int64_t end) {
+    std::vector<uint8_t> out;
+    const KvLayout layout = m.kv_layout();
+    for (size_t g = 0; g < layout.groups.size(); ++g) {
+        const KvGroupLayout& gl = layout.groups[g];
+        for (int64_t l = 0; l < gl.num_layers; ++l) {
+            for (int64_t p = 0; p + gl.tokens_per_entry <= end; p += gl.tokens_per_entry) {
+                const auto* e = reinterpret_cast<const uint8_t*>(cache.entry(g, l, p));
+                out.insert(out.end(), e, e + gl.floats_per_entry * 4);
+            }
+        }
+    }
+    return out;
+}
+
+// S-SWA encoder-side bounded replay: a sequence of 32 tokens whose whole state slot is
+// lost (NaN) replays its last 8 (the test's window) from a fresh state at 24. The block
+// KV of [0, 32) is read, never written (bitwise unchanged); the rebuilt windows read no
+// row before 24 (none is NaN) and differ from the exact ones (attention was truncated).
+TEST_P(V41ForwardTest, BoundedReplayKeepsBlockKvAndRebuildsTheWindows) {
+    DeepseekV41Model& m = model();
+    const int64_t T = 32, s = 24;
+    const std::vector<int32_t> ids = prompt(T);
+    auto exact = m.new_kv_cache(64), replay = m.new_kv_cache(64);
+    run_chunked(m, *exact, ids, T);
+    run_chunked(m, *replay, ids, T);
+    const std::vector<uint8_t> before = block_kv_bytes(m, *replay, T);
+    std::fill_n(replay->state(), m.kv_layout().state_floats, std::nanf(""));
+    SequenceStep st{std::span(ids).subspan(s), s, replay.get(), true};
+    st.replay_end = T;
+    st.context = std::span(ids).first(s);
+    BatchOutput out;
+    ASSERT_TRUE(m.forward_batch(std::span(&st, 1), out).is_ok());
+    for (float v : out.logits) ASSERT_TRUE(std::isfinite(v));
+    EXPECT_EQ(block_kv_bytes(m, *replay, T), before);
+    int64_t differ = 0;
+    for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
+        for (int64_t p = s; p < T; ++p) {
+            const std::vector<float> got = m.window_row(*replay, l, p);
+            for (float v : got) ASSERT_TRUE(std::isfinite(v)) << "layer " << l << " position " << p;
+            differ += got != m.window_row(*exact, l, p);
+        }
+    }
+    EXPECT_GT(differ, 0);
+    // The sequence goes on from 32 like any other.
+    const int32_t next[1] = {ids[3]};
+    SequenceStep dec{next, T, replay.get(), false};
+    ASSERT_TRUE(m.forward_batch(std::span(&dec, 1), out).is_ok());
+    for (float v : out.logits) ASSERT_TRUE(std::isfinite(v));
+}
+
+// CED compact prefill: with decoder_begin the decoder layers run only from there; the
+// encoder windows and every block-KV group are bitwise those of the full prefill, the
+// positions below get NaN logits, the last position real ones.
+TEST_P(V41ForwardTest, CompactPrefillRunsTheDecoderOnlyOnTheTail) {
+    DeepseekV41Model& m = model();
+    const int64_t T = 40, tail = 36;
+    const std::vector<int32_t> ids = prompt(T);
+    auto full = m.new_kv_cache(64), compact = m.new_kv_cache(64);
+    run_chunked(m, *full, ids, T);
+    SequenceStep st{ids, 0, compact.get(), true};
+    st.decoder_begin = tail;
+    BatchOutput out;
+    ASSERT_TRUE(m.forward_batch(std::span(&st, 1), out).is_ok());
+    const int64_t V = m.config().vocab_size;
+    ASSERT_EQ(static_cast<int64_t>(out.logits.size()), T * V);
+    EXPECT_TRUE(std::isnan(out.logits[static_cast<size_t>((tail - 1) * V)]));
+    for (int64_t i = tail * V; i < T * V; ++i) ASSERT_TRUE(std::isfinite(out.logits[i]));
+    EXPECT_EQ(block_kv_bytes(m, *compact, T), block_kv_bytes(m, *full, T));
+    const int64_t dec = v41_first_decoder_layer(m.config());
+    for (int64_t l = 0; l < m.config().num_hidden_layers; ++l) {
+        for (int64_t p = T - 8; p < T; ++p) {
+            if (l < dec) {
+                ASSERT_EQ(m.window_row(*compact, l, p), m.window_row(*full, l, p)) << l << " " << p;
+            } else if (p >= tail) {
+                for (float v : m.window_row(*compact, l, p)) ASSERT_TRUE(std::isfinite(v));
+            }
+        }
+    }
+    // In chunks, one of them split at the tail (the floor is kept in the slot): bitwise.
+    auto chunked = m.new_kv_cache(64);
+    BatchOutput co;
+    for (int64_t b = 0; b < T; b += 13) {
+        const int64_t e = std::min<int64_t>(b + 13, T);
+        SequenceStep c{std::span(ids).subspan(static_cast<size_t>(b), static_cast<size_t>(e - b)),
+                       b, chunked.get(), false};
+        c.decoder_begin = tail;
+        ASSERT_TRUE(m.forward_batch(std::span(&c, 1), co).is_ok());
+    }
+    EXPECT_EQ(co.logits, std::vector<float>(out.logits.end() - V, out.logits.end()));
+    for (int64_t l = dec; l < m.config().num_hidden_layers; ++l) {
+        for (int64_t p = tail; p < T; ++p)
+            ASSERT_EQ(m.window_row(*chunked, l, p), m.window_row(*compact, l, p)) << l << " " << p;
+    }
+}
+
+// Bad replay fields are refused with the rule they break, before any state changes.
+TEST(V41ModelTest, BadReplayStepsAreRejected) {
+    auto m = load(kernels::KvDtype::kF32);
+    ASSERT_NE(m, nullptr);
+    const std::vector<int32_t> ids = prompt(32);
+    auto cache = m->new_kv_cache(64);
+    run_chunked(*m, *cache, ids, 32);
+    BatchOutput out;
+    auto refused = [&](int64_t start, int64_t n, int64_t replay_end, size_t context,
+                       int64_t decoder_begin) {
+        SequenceStep st{std::span(ids).subspan(static_cast<size_t>(start), static_cast<size_t>(n)),
+                        start, cache.get(), false};
+        st.replay_end = replay_end;
+        st.context = std::span(ids).subspan(static_cast<size_t>(start) - context, context);
+        st.decoder_begin = decoder_begin;
+        const Status s = m->forward_batch(std::span(&st, 1), out);
+        return s.code() == StatusCode::kInvalidArgument ? s.message() : "accepted";
+    };
+    EXPECT_NE(refused(24, 8, 24, 8, 0).find("not inside the step"), std::string::npos);
+    EXPECT_NE(refused(24, 8, 33, 8, 0).find("not inside the step"), std::string::npos);
+    EXPECT_NE(refused(23, 9, 32, 8, 0).find("group of 2"), std::string::npos);
+    EXPECT_NE(refused(24, 8, 32, 1, 0).find("context"), std::string::npos);
+    EXPECT_NE(refused(24, 8, -1, 8, 0).find("negative"), std::string::npos);
+    EXPECT_NE(refused(24, 8, 0, 0, -3).find("negative"), std::string::npos);
+    // Nothing changed: the sequence continues at 32.
+    const int32_t next[1] = {ids[0]};
+    SequenceStep dec{next, 32, cache.get(), false};
+    EXPECT_TRUE(m->forward_batch(std::span(&dec, 1), out).is_ok());
+}
+
 TEST(V41ModelTest, CompactCacheIsCloseToF32) {
     // The production row formats: 288 B main entries (FP4 + e4m3 per 16), 68 B index keys
     // (MXFP4), 528 B window rows (MXFP8) at V4.1-Flash's head_dim 512 / index_head_dim 128.
@@ -378,6 +505,13 @@ struct V41Ref {
     // Simulate the compact rows (kv dtype e4m3): window rows MXFP8, main entries FP4 with
     // an e4m3 scale per 16, index keys and queries Hadamard-rotated MXFP4.
     bool compact = false;
+    // Bounded replay (S-SWA): positions at or past a floor attend to no window row
+    // before it (encoder layers: enc_floor, decoder layers: dec_floor; 0: none); with
+    // reuse_entries the Full layers' entries and keys are given (block KV reused), not
+    // computed. Every layer's window rows per position are kept in `window_rows`.
+    int64_t enc_floor = 0, dec_floor = 0;
+    bool reuse_entries = false;
+    std::map<int64_t, std::vector<test::Vec>> window_rows;
 
     using Vec = test::Vec;
 
@@ -442,7 +576,8 @@ struct V41Ref {
         }
         const V41AttnKind kind = v41_attn_kind(c, layer);
         const int64_t src = v41_kv_source_of(c, layer);
-        if (kind == V41AttnKind::kFull) compress(a, layer, x, f);
+        window_rows[layer] = kv;
+        if (kind == V41AttnKind::kFull && !reuse_entries) compress(a, layer, x, f);
         if (kind == V41AttnKind::kFull || kind == V41AttnKind::kReindex) {
             auto& mine = chosen[layer];
             const bool cand_source = layer == c.v41.candidate_source_layer_id;
@@ -484,8 +619,10 @@ struct V41Ref {
                 for (int64_t e : chosen[v41_topk_source_of(c, layer)][s])
                     ks.push_back(&entries[src][e]);
             }
-            for (int64_t k = std::max<int64_t>(0, s - c.sliding_window + 1); k <= s; ++k)
-                ks.push_back(&kv[k]);
+            const int64_t floor = layer < v41_first_decoder_layer(c) ? enc_floor : dec_floor;
+            int64_t first = std::max<int64_t>(0, s - c.sliding_window + 1);
+            if (s >= floor) first = std::max(first, floor);  // S-SWA truncation
+            for (int64_t k = first; k <= s; ++k) ks.push_back(&kv[k]);
             out.push_back(r.attend(a, f, q[s], s, ks));
         }
         return out;
@@ -656,6 +793,112 @@ TEST(V41ReferenceTest, MatchesDoubleReferencePerLayer) {
 
 TEST(V41ReferenceTest, CompactMatchesSimulatedReferencePerLayer) {
     check_against_reference(kernels::KvDtype::kE4m3, 2e-3, 2e-3);
+}
+
+// Runs the reference over ids; returns the last position's logits.
+test::Vec run_reference(V41Ref& ref, const std::vector<int32_t>& ids) {
+    const ModelConfig& c = ref.c;
+    const int64_t T = static_cast<int64_t>(ids.size()), hc = c.hc_mult, H = c.hidden_size;
+    std::vector<std::vector<test::Vec>> h(static_cast<size_t>(T));
+    std::vector<test::Vec> pre(static_cast<size_t>(T), test::Vec(static_cast<size_t>(hc), 0.0));
+    const auto& emb = ref.r.t("embed.weight");
+    for (int64_t s = 0; s < T; ++s) {
+        h[s].assign(static_cast<size_t>(hc),
+                    test::Vec(emb.begin() + ids[s] * H, emb.begin() + (ids[s] + 1) * H));
+        pre[s][0] = 1.0;
+    }
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) ref.block(l, h, pre, ids);
+    return ref.logits(h[T - 1], pre[T - 1]);
+}
+
+// The window rows of positions [begin, end) of every layer (from `first_layer` on) in
+// `cache` against the reference's; the worst difference relative to the rows' scale.
+double worst_row_error(const DeepseekV41Model& m, KvCache& cache, const V41Ref& ref,
+                       int64_t first_layer, int64_t begin, int64_t end) {
+    double worst = 0;
+    for (int64_t l = first_layer; l < m.config().num_hidden_layers; ++l) {
+        for (int64_t p = begin; p < end; ++p) {
+            const std::vector<float> got = m.window_row(cache, l, p);
+            const test::Vec& want = ref.window_rows.at(l)[static_cast<size_t>(p)];
+            double scale = 0, d = 0;
+            for (size_t i = 0; i < got.size(); ++i) {
+                scale = std::max(scale, std::fabs(want[i]));
+                d = std::max(d, std::fabs(got[i] - want[i]));
+            }
+            worst = std::max(worst, d / (1 + scale));
+        }
+    }
+    return worst;
+}
+
+// The test model's weights as the double reference reads them.
+struct RefWeights {
+    const ModelConfig c = test_config();
+    const std::unique_ptr<MemoryWeightSource> mem = test_weights();
+    const test::Ref base{c, mem->tensors(), false};
+};
+
+// The worst difference of the first row of `got` from `want`, relative to want's RMS.
+double logit_error(const std::vector<float>& got, const test::Vec& want) {
+    double worst = 0, sd = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+        worst = std::max(worst, std::fabs(got[i] - want[i]));
+        sd += want[i] * want[i];
+    }
+    return worst / std::sqrt(sd / static_cast<double>(want.size()));
+}
+
+// S-SWA encoder side against a truncated-attention reference computed here: the exact
+// reference gives the block KV; a second pass reuses it (no compressor) and truncates
+// every window at the replay start for positions from there. The model's replay of
+// [24, 32) from a lost state rebuilds the same window rows in every layer.
+TEST(V41ReferenceTest, BoundedReplayMatchesTheTruncatedReference) {
+    const RefWeights w;
+    const int64_t T = 32, s = 24;
+    const std::vector<int32_t> ids = prompt(T);
+    V41Ref exact{w.base, w.c};
+    run_reference(exact, ids);
+    V41Ref truncated{w.base, w.c};
+    truncated.entries = exact.entries;
+    truncated.keys = exact.keys;
+    truncated.reuse_entries = true;
+    truncated.enc_floor = truncated.dec_floor = s;
+    const test::Vec want = run_reference(truncated, ids);
+
+    auto m = load(kernels::KvDtype::kF32);
+    ASSERT_NE(m, nullptr);
+    auto cache = m->new_kv_cache(T);
+    run_chunked(*m, *cache, ids, T);
+    std::fill_n(cache->state(), m->kv_layout().state_floats, std::nanf(""));
+    SequenceStep st{std::span(ids).subspan(s), s, cache.get(), false};
+    st.replay_end = T;
+    st.context = std::span(ids).first(s);
+    BatchOutput out;
+    ASSERT_TRUE(m->forward_batch(std::span(&st, 1), out).is_ok());
+    EXPECT_LT(worst_row_error(*m, *cache, truncated, 0, s, T), 2e-4);
+    // ...and not the exact rows (the truncation is visible past layer 0).
+    EXPECT_GT(worst_row_error(*m, *cache, exact, 1, s, T), 1e-3);
+    EXPECT_LT(logit_error(out.logits, want), 1e-4);
+}
+
+// S-SWA decoder side (CED compact prefill) against the reference: the decoder windows
+// truncated at decoder_begin = 36 of a 40-token prompt, the encoder exact.
+TEST(V41ReferenceTest, CompactPrefillMatchesTheTruncatedReference) {
+    const RefWeights w;
+    const int64_t T = 40, tail = 36;
+    const std::vector<int32_t> ids = prompt(T);
+    V41Ref ref{w.base, w.c};
+    ref.dec_floor = tail;
+    const test::Vec want = run_reference(ref, ids);
+    auto m = load(kernels::KvDtype::kF32);
+    ASSERT_NE(m, nullptr);
+    auto cache = m->new_kv_cache(T);
+    SequenceStep st{ids, 0, cache.get(), false};
+    st.decoder_begin = tail;
+    BatchOutput out;
+    ASSERT_TRUE(m->forward_batch(std::span(&st, 1), out).is_ok());
+    EXPECT_LT(worst_row_error(*m, *cache, ref, 0, tail, T), 2e-4);
+    EXPECT_LT(logit_error(out.logits, want), 1e-4);
 }
 
 }  // namespace

@@ -257,6 +257,12 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
     counter(&out, "dsinfer_swa_states_rejected_total",
             "SWA states refused at admission (damaged or gone: a miss)",
             static_cast<double>(s.engine.swa_states_rejected));
+    counter(&out, "dsinfer_yoco_decoder_tokens_total",
+            "prompt tokens the decoder layers ran for (CED compact prefill: the kept tail)",
+            static_cast<double>(s.engine.yoco_decoder_tokens));
+    counter(&out, "dsinfer_yoco_decoder_skipped_tokens_total",
+            "prompt tokens the decoder layers skipped (CED compact prefill)",
+            static_cast<double>(s.engine.yoco_decoder_skipped_tokens));
     return out;
 }
 

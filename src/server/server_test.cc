@@ -801,6 +801,8 @@ TEST(MetricsTest, RendersSwaCacheCounters) {
     st.engine.swa.by_class[1].replay_tokens = 128;
     st.engine.swa_fallback_tokens = 256;
     st.engine.swa_states_rejected = 1;
+    st.engine.yoco_decoder_tokens = 140;
+    st.engine.yoco_decoder_skipped_tokens = 860;
     const std::string text = Metrics().render(st, 0, true);
     for (const char* want :
          {"# TYPE dsinfer_swa_requests_total counter\n",
@@ -811,7 +813,9 @@ TEST(MetricsTest, RendersSwaCacheCounters) {
           "# TYPE dsinfer_swa_pool_bytes gauge\n",
           "dsinfer_swa_pool_bytes{traffic_class=\"chatbot\"} 1000\n",
           "dsinfer_swa_replay_tokens_total{traffic_class=\"agent\"} 128\n",
-          "dsinfer_swa_fallback_tokens_total 256\n", "dsinfer_swa_states_rejected_total 1\n"}) {
+          "dsinfer_swa_fallback_tokens_total 256\n", "dsinfer_swa_states_rejected_total 1\n",
+          "dsinfer_yoco_decoder_tokens_total 140\n",
+          "dsinfer_yoco_decoder_skipped_tokens_total 860\n"}) {
         EXPECT_NE(text.find(want), std::string::npos) << want;
     }
 }

@@ -83,7 +83,8 @@ struct ReplicaOptions {
     // the inbox puts the handed-over states (swa_pool()).
     int64_t kv_inbox_bytes = 0;
     // V4.1 (CED) decoder bounded replay (S-SWA, kv/yoco_prefill.h): checked at start
-    // (to_replica_options); read by no model yet.
+    // (to_replica_options) and again with the draft count by Engine::create for a V4.1
+    // model; copied into engine.yoco_prefill.
     kv::YocoPrefillSettings yoco_prefill;
 };
 

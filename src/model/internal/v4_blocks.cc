@@ -285,7 +285,9 @@ void attend(const AttnCore& a, const ModelConfig& c, ThreadPool* pool, const Tok
             int64_t used = 0;
             keys.clear();
             for (int32_t e : ids) keys.push_back(src.entry(t, e, decoded.data() + (used++) * hd));
-            for (int64_t s = std::max<int64_t>(0, pos - win + 1); s <= pos; ++s) {
+            int64_t first = std::max<int64_t>(0, pos - win + 1);
+            if (src.window_floor) first = std::max(first, src.window_floor(t));  // S-SWA
+            for (int64_t s = first; s <= pos; ++s) {
                 keys.push_back(s >= tk.chunk_start[t]
                                    ? kv.data() + (tk.chunk_first[t] + s - tk.chunk_start[t]) * hd
                                    : src.window(t, s, decoded.data() + (used++) * hd));
@@ -489,7 +491,7 @@ void moe_forward(const Moe& L, const ModelConfig& c, ThreadPool* pool, const flo
 
 Status gather_steps(std::span<const SequenceStep> steps, const ModelConfig& c,
                     const std::string& model, Tokens& tk, std::vector<int64_t>& logit_tokens,
-                    std::vector<int64_t>& logit_row) {
+                    std::vector<int64_t>& logit_row, bool bounded_replay) {
     if (steps.empty()) return invalid_argument("forward: empty batch");
     logit_row.clear();
     for (size_t i = 0; i < steps.size(); ++i) {
@@ -497,11 +499,16 @@ Status gather_steps(std::span<const SequenceStep> steps, const ModelConfig& c,
         const std::string which = "forward: sequence " + std::to_string(i);
         const int64_t T = static_cast<int64_t>(st.tokens.size());
         if (T == 0) return invalid_argument(which + " has no tokens");
+        if (!bounded_replay && (st.replay_end != 0 || st.decoder_begin != 0)) {
+            return invalid_argument(which + ": " + model + " has no SWA bounded replay");
+        }
         if (st.cache == nullptr || st.cache->state() == nullptr) {
             return invalid_argument(which + " has no " + model + " state (a cache of kv_layout())");
         }
         const int64_t length = header_get(st.cache->state(), 0);
-        if (st.start_pos != 0 && st.start_pos != length) {
+        // A replay step (bounded replay) starts its state afresh at start_pos.
+        const bool replay = bounded_replay && st.replay_end > st.start_pos;
+        if (st.start_pos != 0 && st.start_pos != length && !replay) {
             return invalid_argument(which + " starts at position " + std::to_string(st.start_pos) +
                                     " but its state holds " + std::to_string(length) +
                                     " positions (" + model + " state is sequential)");

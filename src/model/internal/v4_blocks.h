@@ -126,6 +126,9 @@ struct AttendKeys {
     std::function<const std::vector<int32_t>&(int64_t t)> chosen;
     std::function<const float*(int64_t t, int32_t entry, float* buf)> entry;
     std::function<const float*(int64_t t, int64_t pos, float* buf)> window;
+    // Bounded replay (S-SWA): token t reads no window row before this position (empty:
+    // no floor).
+    std::function<int64_t(int64_t t)> window_floor;
 };
 // Every token's attention over its chosen entries, then its window (ascending
 // positions; the chunk's own rows from kv [n, head_dim]), then the sink: o [n, heads,
@@ -177,9 +180,10 @@ void moe_forward(const Moe& m, const ModelConfig& c, ThreadPool* pool, const flo
 // ---- batching ----
 
 // Checks the steps (CausalLm::forward_batch's errors; `model` names the family) and
-// fills the token list and logit rows. Does not reset anything.
+// fills the token list and logit rows. Does not reset anything. Without
+// `bounded_replay` a step that sets replay_end or decoder_begin is INVALID_ARGUMENT.
 Status gather_steps(std::span<const SequenceStep> steps, const ModelConfig& c,
                     const std::string& model, Tokens& tk, std::vector<int64_t>& logit_tokens,
-                    std::vector<int64_t>& logit_row);
+                    std::vector<int64_t>& logit_row, bool bounded_replay = false);
 
 }  // namespace dsi::internal
