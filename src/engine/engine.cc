@@ -617,7 +617,8 @@ uint64_t StoreBlockShape::block_bytes() const {
     return n;
 }
 
-std::optional<StoreBlockShape> store_block_shape(const CausalLm& model) {
+std::optional<StoreBlockShape> store_block_shape(const CausalLm& model,
+                                                 kv::YocoTruncationMode yoco) {
     const KvLayout layout = model.kv_layout();
     const bool with_state = layout.state_floats > 0;
     if (with_state ? !layout.state_snapshot_resumes : !layout.prefix_reusable) {
@@ -632,8 +633,12 @@ std::optional<StoreBlockShape> store_block_shape(const CausalLm& model) {
     }
     s.dtype = kStoreDtypeF32 + static_cast<uint32_t>(model.kv_dtype());
     if (with_state) {
-        s.swa_state_bytes =
-            static_cast<uint64_t>(layout.state_floats) * sizeof(float) + kv::kSwaSealBytes;
+        uint64_t floats = static_cast<uint64_t>(layout.state_floats);
+        if (layout.swa_bounded_replay && yoco == kv::YocoTruncationMode::kCompact) {
+            floats = 0;  // the tiered cache packs these ranges of the slot (swa_pack)
+            for (const auto& [b, e] : layout.swa_stored_ranges) floats += static_cast<uint64_t>(e - b);
+        }
+        s.swa_state_bytes = floats * sizeof(float) + kv::kSwaSealBytes;
     }
     return s;
 }

@@ -306,7 +306,10 @@ struct StoreBlockShape {
     uint32_t num_layers() const { return static_cast<uint32_t>(layer_block_bytes.size()); }
     uint64_t block_bytes() const;  // every layer of one block
 };
-std::optional<StoreBlockShape> store_block_shape(const CausalLm& model);
+// `yoco`: the engine's YOCO truncation mode; under V4.1's bounded replay (compact) a
+// stored state is the slot's stored region only (S-KV-8), and so is a handed-over one.
+std::optional<StoreBlockShape> store_block_shape(
+    const CausalLm& model, kv::YocoTruncationMode yoco = kv::YocoTruncationMode::kCompact);
 
 class Engine {
 public:

@@ -185,7 +185,7 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
         }
     }
     DSI_RETURN_IF_ERROR(resolve_speculation_files(env, path, r->model_.get(), options, eo));
-    r->block_shape_ = engine::store_block_shape(*r->model_);
+    r->block_shape_ = engine::store_block_shape(*r->model_, eo.yoco_prefill.mode);
     if (options.kv_inbox_bytes > 0 && options.create_engine) {
         if (!r->block_shape_) {
             DSI_LOG(kInfo) << "no KV hand-over inbox: this model's cache has no store tier";
