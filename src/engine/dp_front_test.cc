@@ -199,6 +199,21 @@ uint32_t bits(float f) {
     return u;
 }
 
+// Records request i's tokens, logprob bits and finish reason into `res`.
+StreamCallback recorder(Results* res, int i) {
+    return [res, i](const TokenEvent& ev) {
+        if (ev.token >= 0) {
+            const int n = res->num_tokens[i]++;
+            res->tokens[i][n] = ev.token;
+            res->logprob_bits[i][n] = bits(ev.logprob);
+            for (size_t k = 0; k < 2 && k < ev.top_logprobs.size(); ++k) {
+                res->top_bits[i][n][k] = bits(ev.top_logprobs[k].second);
+            }
+        }
+        if (ev.finished) res->reason[i] = static_cast<int32_t>(ev.reason);
+    };
+}
+
 int front_rank(const std::string& group, int ranks,
                std::vector<std::shared_ptr<comm::RankPipe>> pipes, Results* res) {
     auto model = ep_model(group, 0, ranks);
@@ -210,17 +225,7 @@ int front_rank(const std::string& group, int ranks,
     DpFront front(engine->get(), model.get(), &link, Env::default_env());
     std::vector<RequestId> ids;
     for (int i = 0; i < kRequests; ++i) {
-        Result<RequestId> id = front.add_request(request(i), [res, i](const TokenEvent& ev) {
-            if (ev.token >= 0) {
-                const int n = res->num_tokens[i]++;
-                res->tokens[i][n] = ev.token;
-                res->logprob_bits[i][n] = bits(ev.logprob);
-                for (size_t k = 0; k < 2 && k < ev.top_logprobs.size(); ++k) {
-                    res->top_bits[i][n][k] = bits(ev.top_logprobs[k].second);
-                }
-            }
-            if (ev.finished) res->reason[i] = static_cast<int32_t>(ev.reason);
-        });
+        Result<RequestId> id = front.add_request(request(i), recorder(res, i));
         if (!id.is_ok()) return 12;
         ids.push_back(*id);
         res->first_rank[i] = front.rank_of(*id);
@@ -318,20 +323,7 @@ TEST_P(DpFrontTest, RequestsSpreadOverTheRanksGetOneEnginesTokensBitwise) {
     auto one = Engine::create(&shared_model(), rank_options(), Env::default_env()).value();
     for (int i = 0; i < kRequests; ++i) {
         if (i == kAborted) continue;
-        ASSERT_TRUE(
-            one->add_request(request(i),
-                             [ref, i](const TokenEvent& ev) {
-                                 if (ev.token >= 0) {
-                                     const int n = ref->num_tokens[i]++;
-                                     ref->tokens[i][n] = ev.token;
-                                     ref->logprob_bits[i][n] = bits(ev.logprob);
-                                     for (size_t k = 0; k < 2 && k < ev.top_logprobs.size(); ++k) {
-                                         ref->top_bits[i][n][k] = bits(ev.top_logprobs[k].second);
-                                     }
-                                 }
-                                 if (ev.finished) ref->reason[i] = static_cast<int32_t>(ev.reason);
-                             })
-                .is_ok());
+        ASSERT_TRUE(one->add_request(request(i), recorder(ref, i)).is_ok());
     }
     ASSERT_TRUE(one->run().is_ok());
     for (int i = 0; i < kRequests; ++i) {
