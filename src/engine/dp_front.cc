@@ -90,6 +90,7 @@ void DpFront::deliver(RequestId id, const TokenEvent& ev) {
     if (run.rank > 0) {
         --num_remote_;
         ++remote_finished_;
+        remote_cached_tokens_ += ev.cached_prompt_tokens;
     }
     running_.erase(it);
     if (callback) callback(e);
@@ -261,6 +262,7 @@ EngineStats DpFront::stats() const {
     s.num_requests += remote_requests_;
     s.num_finished += remote_finished_;
     s.prompt_tokens += remote_prompt_tokens_;
+    s.cached_prompt_tokens += remote_cached_tokens_;
     s.output_tokens += remote_output_tokens_;
     s.dp_reruns = reruns_;
     const std::span<const DpBalancer::RankLoad> loads = balancer_.loads();

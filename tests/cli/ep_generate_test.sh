@@ -203,3 +203,5 @@ echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad
 echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
 echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
 echo "  under serve: every request completes with one process's text"
+echo "attention DP: prompts / requests spread over the ranks with the same results; per-rank"
+echo "  /metrics; the killed rank's requests re-run on the healthy ranks"
