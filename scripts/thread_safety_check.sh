@@ -20,7 +20,7 @@ sources=(
   src/transfer/transfer_state.cc
   src/membership/etcd_registry.cc src/membership/file_registry.cc src/router/remote_service.cc
   src/serving/kv_handoff.cc src/server/handoff_service.cc
-  src/model/expert_parallel.cc
+  src/model/expert_parallel.cc apps/dsinfer/ep_launch.cc
 )
 status=0
 for f in "${sources[@]}"; do

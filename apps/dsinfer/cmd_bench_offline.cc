@@ -268,6 +268,14 @@ int run_started_rank(const OfflineFlags& f, Env* env) {
 int run_bench_offline(const OfflineFlags& f) {
     Env* env = Env::default_env();
     if (f.ep.rank > 0) return run_started_rank(f, env);
+    if (f.ep.attention != "rank0") {
+        // A fresh engine per measurement on rank 0 alone; attention DP is measured with
+        // `generate --ep N --input` (bench/RESULTS.md).
+        std::fprintf(stderr,
+                     "dsinfer: bench offline --ep runs with --ep-attention rank0 only "
+                     "(measure dp with generate --ep N --input)\n");
+        return 1;
+    }
     std::vector<int64_t> conc;
     try {
         conc = parse_list(f.concurrency);
@@ -398,6 +406,7 @@ void register_bench_offline_command(CLI::App& bench) {
     add_setting(*o, "--llamacpp-flash-attn", f->llamacpp_flash_attn, "on | off");
     add_setting(*o, "--repetitions", f->repetitions, "alternating repetitions (median, spread)");
     o->add_flag("--skip-llamacpp", f->skip_llamacpp, "dsinfer only");
+    f->ep.attention = "rank0";  // a fresh engine per measurement: rank 0 holds them
     add_ep_flags(*o, &f->ep);
     o->callback([f] {
         if (int rc = run_bench_offline(*f); rc != 0) throw CLI::RuntimeError(rc);

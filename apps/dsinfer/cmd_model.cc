@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "base/progress.h"
 #include "base/settings.h"
+#include "engine/dp_front.h"
 #include "engine/engine.h"
 #include "engine/ep_rank.h"
 #include "ep_launch.h"
@@ -144,7 +145,7 @@ struct Job {
 };
 
 // One line of --input: {"prompt": str, "id"?, "max_tokens"?, "temperature"?, "top_p"?,
-// "top_k"?, "min_p"?, "seed"?, "stop"?: [str], "cache_salt"?}.
+// "top_k"?, "min_p"?, "seed"?, "ignore_eos"?, "stop"?: [str], "cache_salt"?}.
 Result<Job> parse_job(const std::string& line, const GenerateFlags& f, size_t lineno) {
     Job job;
     job.sampling.max_tokens = f.max_tokens;
@@ -166,6 +167,7 @@ Result<Job> parse_job(const std::string& line, const GenerateFlags& f, size_t li
         job.sampling.top_k = j.value("top_k", job.sampling.top_k);
         job.sampling.min_p = j.value("min_p", job.sampling.min_p);
         job.sampling.seed = j.value("seed", job.sampling.seed);
+        job.sampling.ignore_eos = j.value("ignore_eos", job.sampling.ignore_eos);
         if (j.contains("stop")) job.sampling.stop = j["stop"].get<std::vector<std::string>>();
         job.cache_salt = j.value("cache_salt", std::string());
     } catch (const nlohmann::json::exception& e) {
@@ -213,7 +215,14 @@ int run_generate(const GenerateFlags& f) {
         return EpLaunch::started_rank_exit_code(s);
     }
     const Tokenizer& tk = *(*replica)->tokenizer();
-    engine::Engine* eng = (*replica)->engine();
+    engine::StepEngine* eng = (*replica)->engine();
+    // --ep-attention dp: the prompts are spread over the ranks (engine/dp_front.h).
+    std::unique_ptr<engine::DpFront> front;
+    if (const engine::DpRankLink* link = ep->dp_link()) {
+        front =
+            std::make_unique<engine::DpFront>((*replica)->engine(), (*replica)->model(), link, env);
+        eng = front.get();
+    }
     const bool stream = !f.prompt.empty();
     if (stream) std::fputs(f.prompt.c_str(), stdout);
     size_t done = 0;
@@ -245,8 +254,13 @@ int run_generate(const GenerateFlags& f) {
     }
     const int64_t t0 = env->now_ns();
     // With --ep: every forward pass is a collective of the ranks (engine/ep_rank.h).
-    Status s = engine::run_ep_rank(
-        *eng, *(*replica)->model(), [] { return true; }, env);
+    Status s = Status::ok();
+    if (front != nullptr) {
+        while (s.is_ok() && front->has_work()) s = front->step();
+    } else {
+        s = engine::run_ep_rank(
+            *(*replica)->engine(), *(*replica)->model(), [] { return true; }, env);
+    }
     if (s.is_ok()) s = ep->finish(**replica);
     if (!s.is_ok()) return fail(s);
     const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
@@ -283,6 +297,14 @@ int run_generate(const GenerateFlags& f) {
                      static_cast<long long>(ep_st.placement_changes),
                      ep_st.windows.empty() ? 0.0 : ep_st.windows.back().moe_lb,
                      static_cast<long long>(ep_st.failovers));
+    }
+    if (!st.dp_ranks.empty()) {  // --ep-attention dp
+        std::string per_rank;
+        for (const engine::EngineStats::DpRank& r : st.dp_ranks) {
+            per_rank += (per_rank.empty() ? "" : " ") + std::to_string(r.requests);
+        }
+        std::fprintf(stderr, "attention data parallelism: requests per rank [%s], %lld re-run\n",
+                     per_rank.c_str(), static_cast<long long>(st.dp_reruns));
     }
     if (st.spec_verify_steps > 0) {
         std::string per_pos;

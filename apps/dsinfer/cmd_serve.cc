@@ -12,6 +12,7 @@
 #include "base/logging.h"
 #include "base/settings.h"
 #include "engine/calibrate.h"
+#include "engine/dp_front.h"
 #include "ep_launch.h"
 #include "kv/block_key.h"
 #include "kvstore/block_store.h"
@@ -200,7 +201,15 @@ int run_serve(const ServeFlags& f) {
     server::Metrics metrics;
     // The service borrows the replica's engine; it stops (joining the engine thread)
     // before the replica goes.
-    auto engine_service = std::make_unique<server::EngineService>(rep.engine());
+    // --ep-attention dp: requests spread over the --ep ranks (engine/dp_front.h); the
+    // front goes after the service that steps it.
+    std::unique_ptr<engine::DpFront> front;
+    engine::StepEngine* stepped = rep.engine();
+    if (const engine::DpRankLink* link = ep->dp_link()) {
+        front = std::make_unique<engine::DpFront>(rep.engine(), rep.model(), link, env);
+        stepped = front.get();
+    }
+    auto engine_service = std::make_unique<server::EngineService>(stepped);
     server::GenerationService* service = engine_service.get();
     // Issue 18 KV hand-over: a cluster engine sends a prefill's KV where the router
     // says (HandoffService); a decode / both engine receives it (KvInbox, started
@@ -292,6 +301,7 @@ int run_serve(const ServeFlags& f) {
     handoff.reset();
     inbox.reset();
     engine_service.reset();              // the engine goes before the replica
+    front.reset();
     if (s.is_ok()) s = ep->finish(rep);  // --ep: end the group, reap the ranks
     if (!s.is_ok()) return fail(s);
     DSI_LOG(kInfo) << "drained; exiting";

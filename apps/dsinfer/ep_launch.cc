@@ -63,33 +63,53 @@ Status reap(std::vector<pid_t>& pids, bool kill_first) {
     return first;
 }
 
-Result<std::vector<pid_t>> spawn(int num_ranks, const std::string& group, bool restarted) {
+struct Spawned {
+    std::vector<pid_t> pids;
+    std::vector<std::shared_ptr<comm::RankPipe>> pipes;  // data_parallel: rank r at [r - 1]
+};
+
+Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, bool data_parallel) {
     DSI_ASSIGN_OR_RETURN(std::vector<std::string> args, own_command_line());
     const pid_t parent = ::getpid();
-    std::vector<pid_t> pids;
+    Spawned out;
     for (int r = 1; r < num_ranks; ++r) {
         std::vector<std::string> a = args;
         a.insert(a.end(), {"--ep-rank", std::to_string(r), "--ep-group", group});
         if (restarted) a.insert(a.end(), {"--ep-ranks-now", std::to_string(num_ranks)});
+        int child_fd = -1;
+        if (data_parallel) {
+            Result<comm::RankPipe::Pair> pair = comm::RankPipe::create_pair();
+            if (!pair.is_ok()) {
+                (void)reap(out.pids, /*kill_first=*/true);
+                return pair.status();
+            }
+            child_fd = pair->child_fd;
+            out.pipes.push_back(std::move(pair->parent));
+            a.insert(a.end(), {"--ep-pipe-fd", std::to_string(child_fd)});
+        }
+        // Everything the child needs is built before the fork (no allocation after it).
         std::vector<char*> argv;
         for (std::string& s : a) argv.push_back(s.data());
         argv.push_back(nullptr);
         const pid_t pid = ::fork();
         if (pid < 0) {
             Status s = internal_error(std::string("fork: ") + std::strerror(errno));
-            (void)reap(pids, /*kill_first=*/true);
+            if (child_fd >= 0) ::close(child_fd);
+            (void)reap(out.pids, /*kill_first=*/true);
             return s;
         }
         if (pid == 0) {
             // Dies with rank 0 (also if it died between the fork and this call).
             ::prctl(PR_SET_PDEATHSIG, SIGTERM);
             if (::getppid() != parent) ::_exit(1);
+            if (child_fd >= 0 && !comm::RankPipe::inherit_in_child(child_fd)) ::_exit(1);
             ::execv("/proc/self/exe", argv.data());
             ::_exit(127);
         }
-        pids.push_back(pid);
+        if (child_fd >= 0) ::close(child_fd);  // the child's end lives in the child only
+        out.pids.push_back(pid);
     }
-    return pids;
+    return out;
 }
 
 }  // namespace
@@ -121,6 +141,11 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
                 "memory for its weights; auto: only on a machine with several nodes");
     cmd.add_option("--ep-numa-topology", f->numa_topology)
         ->group("");  // tests: a faked topology, "0-3;4-7"
+    add_setting(cmd, "--ep-attention", f->attention,
+                "dp | rank0: with --ep, every rank runs its own requests with its own KV "
+                "(attention data parallelism; rank 0 spreads the requests), or only rank 0 "
+                "holds requests and the other ranks lend it their experts");
+    cmd.add_option("--ep-pipe-fd", f->pipe_fd)->group("");      // set by rank 0 (dp)
     cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");  // set by rank 0 at a restart
     cmd.add_option("--ep-rank", f->rank)->group("");            // set by rank 0 only
     cmd.add_option("--ep-group", f->group)->group("");
@@ -196,6 +221,9 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     if (f.failover != "on" && f.failover != "off") {
         return invalid_argument("--ep-failover must be on or off, not '" + f.failover + "'");
     }
+    if (f.attention != "dp" && f.attention != "rank0") {
+        return invalid_argument("--ep-attention must be dp or rank0, not '" + f.attention + "'");
+    }
     ExpertParallelOptions& ep = o.expert_parallel;
     ep.num_ranks = f.rank > 0 && f.ranks_now > 0 ? f.ranks_now : f.ep;
     ep.rank = f.rank;
@@ -210,6 +238,7 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     DSI_RETURN_IF_ERROR(pin_rank_process(f, ep.rank, ep.num_ranks, o.num_threads));
     if (o.num_threads == 0) o.num_threads = std::max(1, env->num_cpus() / f.ep);  // cores shared
     launch.rank_ = f.rank;
+    launch.pipe_fd_ = f.pipe_fd;
     if (f.rank > 0) return launch;
     serving::ReplicaOptions probe = o;
     probe.load_tokenizer = false;
@@ -222,7 +251,14 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     g.name = ep.group;
     g.num_experts = static_cast<int>(r->config().n_routed_experts);
     g.redundant_per_rank = ep.redundant_experts_per_rank;
-    DSI_ASSIGN_OR_RETURN(g.pids, spawn(f.ep, ep.group, /*restarted=*/false));
+    g.data_parallel = f.attention == "dp";
+    DSI_ASSIGN_OR_RETURN(Spawned spawned,
+                         spawn(f.ep, ep.group, /*restarted=*/false, g.data_parallel));
+    g.pids = std::move(spawned.pids);
+    {
+        MutexLock lock(&g.mu);
+        g.pipes = std::move(spawned.pipes);
+    }
     if (f.failover == "on") {
         ep.restart = [group = launch.group_](const Status&) { return restart(*group); };
     }
@@ -272,22 +308,56 @@ Result<EpRestart> EpLaunch::restart(Group& g) {
     next.group = g.name + "-f" + std::to_string(++g.num_restarts);
     DSI_LOG(kWarning) << "--ep failover: " << plan.ep_size << " of " << healthy.size()
                       << " ranks healthy; restarting the group as " << next.group;
+    Spawned spawned;
     if (next.num_ranks > 1) {
-        DSI_ASSIGN_OR_RETURN(g.pids, spawn(next.num_ranks, next.group, /*restarted=*/true));
+        DSI_ASSIGN_OR_RETURN(
+            spawned, spawn(next.num_ranks, next.group, /*restarted=*/true, g.data_parallel));
     }
+    g.pids = std::move(spawned.pids);
+    // A new generation for the DpFront: it relays what the old pipes still hold, then
+    // re-runs the old ranks' requests on these (engine/dp_front.h).
+    MutexLock lock(&g.mu);
+    g.pipes = std::move(spawned.pipes);
+    ++g.generation;
     return next;
 }
 
+engine::DpRankLink::Ranks EpLaunch::Group::current() const {
+    MutexLock lock(&mu);
+    return {generation, pipes};
+}
+
+const engine::DpRankLink* EpLaunch::dp_link() const {
+    return group_ != nullptr && group_->data_parallel ? group_.get() : nullptr;
+}
+
 Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
-    return engine::run_ep_rank(
-               *replica.engine(), *replica.model(), [] { return true; }, env)
-        .with_context("--ep rank " + std::to_string(rank_));
+    const std::string context = "--ep rank " + std::to_string(rank_);
+    if (pipe_fd_ < 0) {  // --ep-attention rank0: experts only
+        return engine::run_ep_rank(
+                   *replica.engine(), *replica.model(), [] { return true; }, env)
+            .with_context(context);
+    }
+    DSI_ASSIGN_OR_RETURN(std::unique_ptr<comm::RankPipe> pipe, comm::RankPipe::adopt(pipe_fd_));
+    return engine::run_dp_rank(*replica.engine(), *replica.model(), *pipe, env)
+        .with_context(context);
 }
 
 Status EpLaunch::finish(serving::Replica& replica) {
     if (group_ == nullptr) return Status::ok();  // no --ep
+    {
+        // dp: no more requests; the ranks leave once idle.
+        MutexLock lock(&group_->mu);
+        for (const std::shared_ptr<comm::RankPipe>& pipe : group_->pipes) {
+            (void)pipe->send(engine::dp_wire::encode_end());
+        }
+    }
     std::vector<pid_t>& pids = group_->pids;
     for (;;) {
+        {
+            MutexLock lock(&group_->mu);
+            for (const std::shared_ptr<comm::RankPipe>& pipe : group_->pipes) (void)pipe->flush();
+        }
         Result<CausalLm::GroupStep> step = replica.model()->group_idle_step(/*leaving=*/true);
         if (!step.is_ok()) {
             (void)reap(pids, /*kill_first=*/true);

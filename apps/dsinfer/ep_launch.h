@@ -1,9 +1,13 @@
 // `--ep N` launch scheme (issue 19; docs/comm.md "Expert parallelism in the engine"): the
 // process the user started is rank 0; it starts ranks 1..N-1 as copies of itself (the same
 // binary and arguments plus `--ep-rank R --ep-group NAME`), which join the group's
-// shared-memory segment, serve no requests of their own (they lend their experts to rank
-// 0's forward passes) and exit when rank 0 ends the group. A started rank dies with rank 0
-// (PR_SET_PDEATHSIG), and rank 0 reports a rank that failed.
+// shared-memory segment and exit when rank 0 ends the group. With `--ep-attention dp`
+// (the default for generate and serve) each started rank also gets a comm::RankPipe
+// (`--ep-pipe-fd`) and runs the requests rank 0's engine::DpFront sends it, with its own
+// sequences and KV (attention data parallelism, engine/dp_front.h); with `rank0` the
+// started ranks serve no requests of their own and only lend their experts to rank 0's
+// forward passes. A started rank dies with rank 0 (PR_SET_PDEATHSIG), and rank 0 reports a
+// rank that failed.
 #pragma once
 
 #include <sys/types.h>
@@ -13,8 +17,11 @@
 #include <vector>
 
 #include "base/env.h"
+#include "base/mutex.h"
 #include "base/settings.h"
 #include "base/status.h"
+#include "comm/rank_pipe.h"
+#include "engine/dp_front.h"
 #include "serving/replica.h"
 
 namespace dsi {
@@ -39,6 +46,10 @@ struct EpFlags {
     // NUMA pinning (comm/numa_pinning.h): off | auto | on; a faked topology for tests.
     std::string numa = "auto";
     std::string numa_topology;
+    // Where attention runs: dp (every rank its own requests, sequences and KV; rank 0
+    // spreads the requests) | rank0 (only rank 0 holds requests). bench offline: rank0.
+    std::string attention = "dp";
+    int pipe_fd = -1;  // hidden: a started rank's end of its RankPipe (dp)
 };
 
 // The expert-parallel options --ep's EPLB flags give (placement policy, redundant slots,
@@ -63,33 +74,47 @@ public:
     EpLaunch& operator=(EpLaunch&&) = default;
     ~EpLaunch();  // kills and reaps the started ranks not reaped yet
 
-    // A rank rank 0 started: it serves no requests of its own.
+    // A rank rank 0 started (run_started_rank is its whole run).
     bool started_rank() const { return rank_ > 0; }
+    // Rank 0 with --ep-attention dp: the pipes to the started ranks, for an
+    // engine::DpFront (they change at an EP failover). nullptr otherwise. Lives as long as
+    // this launch.
+    const engine::DpRankLink* dp_link() const;
     // The exit status of a started rank whose run ended with `s`: 0, kPeerLost when its
     // group failed because a peer died or left (this rank is healthy: rank 0 counts it
     // for the restarted group, S-DEPLOY), else 1.
     static constexpr int kPeerLost = 75;
     static int started_rank_exit_code(const Status& s);
-    // A started rank's whole run: its peers' MoE exchanges until rank 0 ends the group.
+    // A started rank's whole run until rank 0 ends the group: the requests its pipe
+    // brings (dp, engine::run_dp_rank) and its peers' MoE exchanges.
     Status run_started_rank(serving::Replica& replica, Env* env);
-    // Rank 0, after its engine is done: leaves the group (waiting for the other ranks to
-    // be idle), then reaps them; UNAVAILABLE naming the first rank that failed.
+    // Rank 0, after its engine is done: tells the started ranks no request will come (dp),
+    // leaves the group (waiting for the other ranks to be idle), then reaps them;
+    // UNAVAILABLE naming the first rank that failed.
     Status finish(serving::Replica& replica);
 
 private:
     // Rank 0's started ranks, shared with the failover callback it puts in the model's
     // options (shared_ptr: the launcher and that callback both use it; one thread at a
     // time, the model's forward passes or, after the engine stopped, finish()).
-    struct Group {
+    struct Group final : engine::DpRankLink {
         std::vector<pid_t> pids;  // the started ranks of the current group, not yet reaped
         std::string name;         // the first group's name; restarts append -f<n>
         int num_experts = 0;
         int redundant_per_rank = 0;
         int num_restarts = 0;
+        bool data_parallel = false;  // --ep-attention dp: a pipe per started rank
+        // The DpFront reads these on its thread while a failover (on the thread of rank 0's
+        // forward passes) replaces them.
+        mutable Mutex mu;
+        int64_t generation DSI_GUARDED_BY(mu) = 0;
+        std::vector<std::shared_ptr<comm::RankPipe>> pipes DSI_GUARDED_BY(mu);
+        Ranks current() const override DSI_EXCLUDES(mu);
     };
     static Result<EpRestart> restart(Group& g);
 
     int rank_ = 0;
+    int pipe_fd_ = -1;              // a started rank's pipe (dp)
     std::shared_ptr<Group> group_;  // rank 0
 };
 

@@ -745,8 +745,8 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback callback) {
-    Impl& m = *impl_;
+Status Engine::validate_request(const GenerateRequest& request) const {
+    const Impl& m = *impl_;
     if (request.prompt.empty()) return invalid_argument("prompt is empty");
     for (int32_t t : request.prompt) {
         if (t < 0 || t >= m.vocab) {
@@ -783,6 +783,12 @@ Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback ca
                                   " KV blocks; the pool has " +
                                   std::to_string(m.cache->num_pool_blocks()));
     }
+    return Status::ok();
+}
+
+Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback callback) {
+    Impl& m = *impl_;
+    DSI_RETURN_IF_ERROR(validate_request(request));
     const RequestId rid = m.next_request++;
     auto shared = std::make_shared<RequestShared>();
     shared->prompt = std::move(request.prompt);
@@ -885,6 +891,7 @@ bool Engine::has_work() const { return !impl_->seqs.empty() || impl_->in_flight 
 
 EngineStats Engine::stats() const {
     EngineStats s = impl_->stats;
+    s.num_live_seqs = static_cast<int64_t>(impl_->seqs.size());
     const kv::TieredCacheStats c = impl_->cache->stats();
     s.pool = c.pool;
     s.preemptions_swapped = c.preemptions_swapped;

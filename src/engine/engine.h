@@ -225,6 +225,7 @@ using StreamCallback = std::function<void(const TokenEvent&)>;
 struct EngineStats {
     int64_t num_requests = 0;
     int64_t num_finished = 0;
+    int64_t num_live_seqs = 0;            // sequences waiting or running now
     int64_t prompt_tokens = 0;            // admitted prompt tokens (per completion)
     int64_t cached_prompt_tokens = 0;     // of which taken from the prefix cache
     int64_t computed_prefill_tokens = 0;  // prefill tokens run through the model
@@ -289,6 +290,17 @@ struct EngineStats {
     // Expert parallelism (model/expert_parallel.h): per-rank expert load, moe_lb of the
     // last measured window, placement changes (live EPLB); nullopt without a group.
     std::optional<ExpertParallelStats> expert_parallel;
+    // Attention data parallelism over an --ep group (engine/dp_front.h): per rank (0 =
+    // this one) the sequences running now, KV blocks in use, requests sent to it. Empty
+    // without a DpFront. The totals above (requests, tokens) then count every rank's.
+    struct DpRank {
+        int64_t running_seqs = 0;
+        int64_t kv_blocks_used = 0;
+        int64_t kv_blocks = 0;
+        int64_t requests = 0;  // since the start (re-runs after a failover included)
+    };
+    std::vector<DpRank> dp_ranks;
+    int64_t dp_reruns = 0;  // requests re-run on the healthy ranks after a rank died
 };
 
 // One KV block as the prefill -> decode hand-over carries it, and the store tier holds
@@ -311,25 +323,43 @@ struct StoreBlockShape {
 std::optional<StoreBlockShape> store_block_shape(
     const CausalLm& model, kv::YocoTruncationMode yoco = kv::YocoTruncationMode::kCompact);
 
-class Engine {
+// What a serving loop drives (server::EngineService, `generate`): one Engine, or a
+// DpFront spreading requests over the ranks of an expert-parallel group
+// (engine/dp_front.h). The contract is Engine's below; a front may deliver an abort's
+// finish event in a later step() rather than inside abort(). Thread model: Engine's.
+class StepEngine {
+public:
+    virtual ~StepEngine() = default;
+    virtual Result<RequestId> add_request(GenerateRequest request, StreamCallback callback) = 0;
+    virtual Status abort(RequestId id) = 0;
+    virtual Status step() = 0;
+    virtual bool has_work() const = 0;
+    virtual EngineStats stats() const = 0;
+};
+
+class Engine final : public StepEngine {
 public:
     // REQUIRES: model and env outlive the engine.
     static Result<std::unique_ptr<Engine>> create(CausalLm* model, EngineOptions options, Env* env);
-    ~Engine();
+    ~Engine() override;
 
     // INVALID_ARGUMENT (bad sampling, empty prompt, ids outside the vocabulary),
     // OUT_OF_RANGE (prompt + max_tokens over max_model_len), RESOURCE_EXHAUSTED (the
     // request could never fit in the KV pool).
-    Result<RequestId> add_request(GenerateRequest request, StreamCallback callback);
+    Result<RequestId> add_request(GenerateRequest request, StreamCallback callback) override;
+    // add_request's checks alone (the errors above; nothing changes). Every rank of a
+    // data-parallel group has the same options, so rank 0 checks a request it sends to
+    // another rank here and refuses it at once (engine/dp_front.h).
+    Status validate_request(const GenerateRequest& request) const;
     // Finishes the request now (callback gets a finish event with kAbort) and frees
     // its blocks. NOT_FOUND if unknown or already finished.
-    Status abort(RequestId id);
+    Status abort(RequestId id) override;
     // One iteration of the step loop. Errors from the model are fatal for the engine.
-    Status step();
+    Status step() override;
     // Steps until no request is left.
     Status run();
-    bool has_work() const;
-    EngineStats stats() const;
+    bool has_work() const override;
+    EngineStats stats() const override;
     // The pool's invariants plus: every block's refcount equals the references the
     // sequences hold. Call between steps.
     Status check_invariants() const;

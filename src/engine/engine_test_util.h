@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <unistd.h>
-
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <random>
@@ -35,6 +35,27 @@ inline std::unique_ptr<DeepseekModel> make_model(int layers = 0) {
 inline DeepseekModel& shared_model() {
     static std::unique_ptr<DeepseekModel> m = make_model();
     return *m;
+}
+
+// Rank `rank` of an expert-parallel group of `ranks` over make_model()'s weights (the
+// forked-rank tests); nullptr (and the reason on stderr) when it cannot load or attach.
+inline std::unique_ptr<DeepseekModel> ep_model(const std::string& group, int rank, int ranks) {
+    ModelConfig c = synthetic_preset("tiny-v3").value();
+    c.vocab_size = 512;
+    DeepseekModel::Options o;
+    o.num_threads = 1;
+    o.expert_parallel.num_ranks = ranks;
+    o.expert_parallel.rank = rank;
+    o.expert_parallel.group = group;
+    o.expert_parallel.max_tokens_per_call = 8;  // prefills take several MoE rounds
+    o.expert_parallel.op_timeout_ms = 20'000;
+    o.expert_parallel.idle_timeout_ms = 20'000;
+    auto m = DeepseekModel::load(synthetic_memory_model(c, 1234), o);
+    if (!m.is_ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, m.status().to_string().c_str());
+        return nullptr;
+    }
+    return std::move(m).value();
 }
 
 // n random token ids in [2, 2 + range).

@@ -43,25 +43,6 @@ std::vector<GenerateRequest> requests_of(int rank, int ranks) {
     return out;
 }
 
-std::unique_ptr<DeepseekModel> ep_model(const std::string& group, int rank, int ranks) {
-    ModelConfig c = synthetic_preset("tiny-v3").value();
-    c.vocab_size = 512;
-    DeepseekModel::Options o;
-    o.num_threads = 1;
-    o.expert_parallel.num_ranks = ranks;
-    o.expert_parallel.rank = rank;
-    o.expert_parallel.group = group;
-    o.expert_parallel.max_tokens_per_call = 8;  // prefills take several MoE rounds
-    o.expert_parallel.op_timeout_ms = 20'000;
-    o.expert_parallel.idle_timeout_ms = 20'000;
-    auto m = DeepseekModel::load(synthetic_memory_model(c, 1234), o);
-    if (!m.is_ok()) {
-        std::fprintf(stderr, "rank %d: %s\n", rank, m.status().to_string().c_str());
-        return nullptr;
-    }
-    return std::move(m).value();
-}
-
 // One rank: its requests through an engine stepping in lockstep with the group; writes
 // each request's tokens to out[request][kMaxTokens] (-1 padded). Exit 0 ok, 10 load,
 // 11 engine, 12 the loop's status.

@@ -17,7 +17,7 @@ EngineService::EngineService(std::unique_ptr<engine::Engine> engine)
     thread_ = std::thread([this] { loop(); });
 }
 
-EngineService::EngineService(engine::Engine* engine) : engine_(engine) {
+EngineService::EngineService(engine::StepEngine* engine) : engine_(engine) {
     thread_ = std::thread([this] { loop(); });
 }
 

@@ -1,4 +1,5 @@
-// EngineService: the one thread that owns an engine::Engine and serves it to the
+// EngineService: the one thread that owns an engine (an engine::Engine, or the DpFront of
+// an --ep group with attention data parallelism: engine::StepEngine) and serves it to the
 // HTTP layer (as its GenerationService, generation_service.h) through a typed command
 // queue (submit / abort / stop), so no lock is held around the engine and no HTTP
 // thread ever touches it (STYLE 7).
@@ -34,9 +35,9 @@ class EngineService final : public GenerationService {
 public:
     // REQUIRES: `engine` was created on any thread but is used by nobody else.
     explicit EngineService(std::unique_ptr<engine::Engine> engine);
-    // Borrows the engine (serving::Replica owns it). REQUIRES: as above, and `engine`
-    // outlives the service.
-    explicit EngineService(engine::Engine* engine);
+    // Borrows the engine (serving::Replica owns it, or the caller its DpFront). REQUIRES:
+    // as above, and `engine` outlives the service.
+    explicit EngineService(engine::StepEngine* engine);
     ~EngineService() override;  // stop() + join
 
     void submit(Ticket ticket, engine::GenerateRequest request, Sink sink);
@@ -65,7 +66,7 @@ private:
     void publish_stats();
 
     std::unique_ptr<engine::Engine> owned_engine_;  // null when borrowed
-    engine::Engine* engine_ = nullptr;
+    engine::StepEngine* engine_ = nullptr;
     mutable Mutex mu_;
     CondVar cv_;
     std::deque<Command> queue_ DSI_GUARDED_BY(mu_);

@@ -207,6 +207,33 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
                 "--ep group restarts with the healthy ranks after a rank died (S-DEPLOY)",
                 static_cast<double>(ep.failovers));
     }
+    if (!s.engine.dp_ranks.empty()) {
+        // Issue 19: attention data parallelism over the --ep ranks (engine/dp_front.h):
+        // each rank's own sequences and KV; rank 0 relays the others' load reports.
+        const auto& ranks = s.engine.dp_ranks;
+        using Field = int64_t engine::EngineStats::DpRank::*;
+        for (const auto& [name, type, help, field] :
+             {std::tuple{"dsinfer_dp_rank_running_sequences", "gauge",
+                         "sequences waiting or running on each --ep rank now",
+                         Field{&engine::EngineStats::DpRank::running_seqs}},
+              std::tuple{"dsinfer_dp_rank_kv_blocks_used", "gauge",
+                         "KV blocks in use on each --ep rank now",
+                         Field{&engine::EngineStats::DpRank::kv_blocks_used}},
+              std::tuple{"dsinfer_dp_rank_kv_blocks", "gauge", "KV blocks of each --ep rank's pool",
+                         Field{&engine::EngineStats::DpRank::kv_blocks}},
+              std::tuple{"dsinfer_dp_rank_requests_total", "counter",
+                         "requests sent to each --ep rank (since the group last (re)started)",
+                         Field{&engine::EngineStats::DpRank::requests}}}) {
+            header(&out, name, type, help);
+            for (size_t r = 0; r < ranks.size(); ++r) {
+                line(&out, std::string(name) + "{rank=\"" + std::to_string(r) + "\"}",
+                     static_cast<double>(ranks[r].*field));
+            }
+        }
+        counter(&out, "dsinfer_dp_reruns_total",
+                "requests re-run on the healthy ranks after their rank died (S-DEPLOY)",
+                static_cast<double>(s.engine.dp_reruns));
+    }
     counter(&out, "dsinfer_store_hit_tokens_total", "prompt tokens taken from the KV store",
             static_cast<double>(s.engine.store_hit_tokens));
     counter(&out, "dsinfer_store_hit_blocks_total", "blocks fetched from the KV store and used",

@@ -6,7 +6,8 @@
 # fails rank 0 with an error (--ep-failover off) or, with failover, rank 0 restarts with
 # the healthy ranks and prints the same text (S-DEPLOY); live EPLB moves experts
 # mid-generation without changing the text; `serve --ep 2` answers as `serve` does and
-# stops cleanly.
+# stops cleanly. With attention data parallelism (--ep-attention dp, the default) the
+# prompts / requests are spread over the ranks and the results do not change.
 # usage: ep_generate_test.sh <dsinfer binary> <source dir>
 set -euo pipefail
 bin=$1
@@ -35,8 +36,24 @@ done
 # A batch (one engine step holds several sequences): the same results file.
 for i in 1 2 3; do echo "{\"prompt\": \"prompt number $i\", \"max_tokens\": $((8 + 4 * i))}"; done >"$tmp/in.jsonl"
 gen --input "$tmp/in.jsonl" --output "$tmp/one.jsonl" 2>/dev/null || fail "generate --input"
-gen --input "$tmp/in.jsonl" --output "$tmp/ep.jsonl" --ep 2 2>/dev/null || fail "generate --input --ep 2"
+# Attention data parallelism (the default --ep-attention dp): the three prompts are spread
+# over the ranks (2 + 1; over 4 ranks one each on ranks 0-2), every rank runs its own
+# with its own KV, and the results file is the one process's, byte for byte.
+gen --input "$tmp/in.jsonl" --output "$tmp/ep.jsonl" --ep 2 2>"$tmp/ep.err" ||
+    { cat "$tmp/ep.err"; fail "generate --input --ep 2"; }
+grep -Eq "attention data parallelism: requests per rank \[[12] [12]\]" "$tmp/ep.err" ||
+    { cat "$tmp/ep.err"; fail "generate --ep 2 did not spread the prompts over both ranks"; }
 cmp -s "$tmp/one.jsonl" "$tmp/ep.jsonl" || { diff "$tmp/one.jsonl" "$tmp/ep.jsonl" || true; fail "batch differs"; }
+gen --input "$tmp/in.jsonl" --output "$tmp/ep4.jsonl" --ep 4 2>"$tmp/ep4.err" ||
+    { cat "$tmp/ep4.err"; fail "generate --input --ep 4"; }
+grep -q "attention data parallelism: requests per rank \[1 1 1 0\]" "$tmp/ep4.err" ||
+    { cat "$tmp/ep4.err"; fail "generate --ep 4: requests per rank"; }
+cmp -s "$tmp/one.jsonl" "$tmp/ep4.jsonl" || { diff "$tmp/one.jsonl" "$tmp/ep4.jsonl" || true; fail "batch differs at EP 4"; }
+# --ep-attention rank0: only rank 0 holds the prompts; the same file.
+gen --input "$tmp/in.jsonl" --output "$tmp/ep0.jsonl" --ep 2 --ep-attention rank0 2>"$tmp/ep0.err" ||
+    { cat "$tmp/ep0.err"; fail "generate --ep 2 --ep-attention rank0"; }
+! grep -q "attention data parallelism" "$tmp/ep0.err" || fail "--ep-attention rank0 spread the prompts"
+cmp -s "$tmp/one.jsonl" "$tmp/ep0.jsonl" || fail "batch differs with --ep-attention rank0"
 # Live EPLB through the app (S-EPLB): 3 ranks over 8 experts (S-EPLB rounding), placement
 # recomputed every 3 steps from 2-step windows, weights moved mid-generation: same file.
 gen --input "$tmp/in.jsonl" --output "$tmp/eplb.jsonl" --ep 3 --eplb decode --eplb-window-steps 2 \
@@ -58,6 +75,7 @@ expect_error "more ranks than the 8 routed experts" --ep 16
 expect_error "9 redundant experts per rank, more than the 8 routed experts" --ep 2 --eplb-redundant 9
 expect_error "--eplb must be off, prefill or decode" --ep 2 --eplb sometimes
 expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
+expect_error "--ep-attention must be dp or rank0" --ep 2 --ep-attention some
 expect_error "--ep must be >= 1" --ep 0
 expect_error "does not run with --speculative" --ep 2 --speculative ngram
 # A rank whose group never forms: an error at its attach deadline, not a hang.
@@ -156,6 +174,16 @@ for m in 'dsinfer_ep_expert_rows_total{rank="1"}' dsinfer_ep_moe_lb dsinfer_ep_p
     grep -qF "$m" "$tmp/serve2.metrics" || { cat "$tmp/serve2.metrics"; fail "serve --ep 2 /metrics: $m"; }
 done
 ! grep -q dsinfer_ep_ "$tmp/serve1.metrics" || fail "serve without --ep shows EP metrics"
+# Attention data parallelism under serve: the three concurrent requests landed on both ranks
+# (rank 0's HTTP front sends each to the rank with the fewest sequences), and each rank's
+# KV blocks are free again once they finished.
+for r in 0 1; do
+    grep -Eq "^dsinfer_dp_rank_requests_total\{rank=\"$r\"\} [1-9]" "$tmp/serve2.metrics" ||
+        { cat "$tmp/serve2.metrics"; fail "serve --ep 2: no request on rank $r"; }
+    grep -q "^dsinfer_dp_rank_kv_blocks_used{rank=\"$r\"} 0$" "$tmp/serve2.metrics" ||
+        { cat "$tmp/serve2.metrics"; fail "serve --ep 2: rank $r still holds KV blocks"; }
+done
+! grep -q dsinfer_dp_ "$tmp/serve1.metrics" || fail "serve without --ep shows DP metrics"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
     { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
 # EP failover under serve: rank 2 of 4 killed -9 while three requests run; every request
@@ -167,7 +195,13 @@ cmp -s "$tmp/serve3.txt" "$tmp/serve4.txt" ||
 for m in 'dsinfer_ep_failovers_total 1' 'dsinfer_ep_ranks 3'; do
     grep -qF "$m" "$tmp/serve4.metrics" || { cat "$tmp/serve4.metrics"; fail "serve failover /metrics: $m"; }
 done
+# The three requests ran on ranks 0, 1 and 2: the killed rank's request (and rank 1's,
+# whose process the restart replaced) were re-run on the healthy ranks as continuations.
+grep -Eq "^dsinfer_dp_reruns_total [1-9]" "$tmp/serve4.metrics" ||
+    { cat "$tmp/serve4.metrics"; fail "serve failover: no request re-run"; }
 echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
 echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
 echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
 echo "  under serve: every request completes with one process's text"
+echo "attention DP: prompts / requests spread over the ranks with the same results; per-rank"
+echo "  /metrics; the killed rank's requests re-run on the healthy ranks"

@@ -1,0 +1,364 @@
+#include "engine/dp_front.h"
+
+#include <span>
+#include <utility>
+
+#include "base/logging.h"
+
+namespace dsi::engine {
+namespace {
+
+// Every rank idle while a request is on its way to a rank: poll again after this long.
+constexpr int64_t kAllIdlePauseNs = 200'000;
+
+}  // namespace
+
+DpFront::DpFront(Engine* local, CausalLm* model, const DpRankLink* link, Env* env)
+    : local_(local), model_(model), link_(link), env_(env) {}
+
+DpFront::~DpFront() = default;
+
+Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback callback) {
+    DSI_RETURN_IF_ERROR(sync_link());
+    // A grammar mask, n > 1 and a KV export keep their state in rank 0's process.
+    const bool any_rank =
+        !pipes_.empty() && request.sampling.n == 1 && request.mask == nullptr && !request.export_kv;
+    Running run;
+    run.rank = balancer_.pick(any_rank);
+    run.callback = std::move(callback);
+    run.live = request.sampling.n;
+    const RequestId id = next_id_++;
+    if (run.rank > 0) {
+        // The same checks the rank would make (same options): errors now, as one engine.
+        DSI_RETURN_IF_ERROR(local_->validate_request(request));
+        ++remote_requests_;
+        remote_prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
+        run.request = request;
+    }
+    DSI_RETURN_IF_ERROR(start(id, run, std::move(request)));
+    running_.emplace(id, std::move(run));
+    return id;
+}
+
+Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
+    // A re-run continues after the tokens already delivered (S-DEPLOY: nothing twice).
+    request.resume_output.insert(request.resume_output.end(), run.delivered.begin(),
+                                 run.delivered.end());
+    const int64_t kv_tokens =
+        static_cast<int64_t>(request.prompt.size() + request.resume_output.size());
+    if (run.rank == 0) {
+        DSI_ASSIGN_OR_RETURN(run.local_id,
+                             local_->add_request(std::move(request), local_callback(id)));
+    } else {
+        // A send to a rank that just died fails; the failover re-runs the request.
+        Status s =
+            pipes_[static_cast<size_t>(run.rank - 1)]->send(dp_wire::encode_request(id, request));
+        if (!s.is_ok()) {
+            DSI_LOG(kDebug) << "dp: rank " << run.rank << ": " << s.to_string();
+        }
+        ++num_remote_;
+    }
+    run.kv_tokens = kv_tokens;
+    balancer_.on_start(run.rank, kv_tokens);
+    return Status::ok();
+}
+
+StreamCallback DpFront::local_callback(RequestId id) {
+    return [this, id](const TokenEvent& ev) { deliver(id, ev); };
+}
+
+void DpFront::deliver(RequestId id, const TokenEvent& ev) {
+    auto it = running_.find(id);
+    if (it == running_.end()) return;
+    Running& run = it->second;
+    TokenEvent e = ev;
+    e.request_id = id;
+    if (ev.token >= 0) {
+        balancer_.on_token(run.rank);
+        ++run.kv_tokens;
+        if (run.rank > 0) {
+            run.delivered.push_back(ev.token);
+            ++remote_output_tokens_;
+        }
+    }
+    if (!ev.finished || --run.live > 0) {
+        if (run.callback) run.callback(e);
+        return;
+    }
+    StreamCallback callback = std::move(run.callback);
+    balancer_.on_finish(run.rank, run.kv_tokens);
+    if (run.rank > 0) {
+        --num_remote_;
+        ++remote_finished_;
+        remote_cached_tokens_ += ev.cached_prompt_tokens;
+    }
+    running_.erase(it);
+    if (callback) callback(e);
+}
+
+Status DpFront::abort(RequestId id) {
+    auto it = running_.find(id);
+    if (it == running_.end()) return not_found("request " + std::to_string(id) + " is not live");
+    Running& run = it->second;
+    if (run.rank == 0) return local_->abort(run.local_id);
+    if (!run.abort_sent) {
+        run.abort_sent = true;
+        Status s = pipes_[static_cast<size_t>(run.rank - 1)]->send(dp_wire::encode_abort(id));
+        if (!s.is_ok()) {
+            DSI_LOG(kDebug) << "dp: rank " << run.rank << ": " << s.to_string();
+        }
+    }
+    return Status::ok();
+}
+
+Status DpFront::sync_link() {
+    DpRankLink::Ranks now = link_->current();
+    if (now.generation == generation_) return Status::ok();
+    const bool restarted = generation_ >= 0;
+    std::vector<std::shared_ptr<comm::RankPipe>> old = std::move(pipes_);
+    if (restarted) {
+        // The old group's ranks have exited (the launcher reaped them before it started
+        // the new ones): what they sent has all arrived. Relay it first.
+        for (size_t i = 0; i < old.size(); ++i) {
+            std::vector<std::string> messages;
+            Result<bool> open = old[i]->receive(messages);
+            if (!open.is_ok()) {
+                DSI_LOG(kWarning) << "dp: rank " << i + 1 << ": " << open.status().to_string();
+            }
+            for (const std::string& text : messages) {
+                Result<dp_wire::Message> m = dp_wire::decode(text);
+                if (m.is_ok()) DSI_RETURN_IF_ERROR(on_message(static_cast<int>(i + 1), *m));
+            }
+        }
+    }
+    generation_ = now.generation;
+    pipes_ = std::move(now.pipes);
+    const int num_ranks = static_cast<int>(pipes_.size()) + 1;
+    reports_.assign(static_cast<size_t>(num_ranks), dp_wire::RankLoad{});
+    if (!restarted) {
+        balancer_ = DpBalancer(num_ranks);
+        return Status::ok();
+    }
+    balancer_.resize(num_ranks);
+    // S-DEPLOY: every request that ran on another rank is re-run on the healthy ranks.
+    std::vector<RequestId> rerun;
+    for (const auto& [id, run] : running_) {
+        if (run.rank > 0) rerun.push_back(id);
+    }
+    for (RequestId id : rerun) {
+        Running& run = running_.at(id);
+        --num_remote_;
+        // Its rank is gone and the resized balancer has forgotten its load.
+        run.kv_tokens = 0;
+        const bool all_delivered =
+            static_cast<int64_t>(run.request.resume_output.size() + run.delivered.size()) >=
+            run.request.sampling.max_tokens;
+        if (run.abort_sent || all_delivered) {
+            // Aborted, or its last token came and its finish did not: it ends here.
+            TokenEvent done;
+            done.request_id = id;
+            done.finished = true;
+            done.reason = run.abort_sent ? FinishReason::kAbort : FinishReason::kLength;
+            StreamCallback callback = std::move(run.callback);
+            ++remote_finished_;
+            running_.erase(id);
+            if (callback) callback(done);
+            continue;
+        }
+        run.rank = balancer_.pick(!pipes_.empty());
+        run.live = 1;
+        ++reruns_;
+        if (run.rank == 0) ++remote_finished_;  // rank 0's engine counts it from now on
+        DSI_RETURN_IF_ERROR(start(id, run, run.request));
+    }
+    DSI_LOG(kWarning) << "dp: the group restarted with " << num_ranks << " ranks; " << rerun.size()
+                      << " requests of the lost ranks re-run";
+    return Status::ok();
+}
+
+Status DpFront::on_message(int rank, dp_wire::Message& m) {
+    switch (m.kind) {
+        case dp_wire::Message::Kind::kEvent: {
+            auto it = running_.find(m.id);
+            if (it == running_.end() || it->second.rank != rank) return Status::ok();
+            m.event.top_logprobs = m.top_logprobs;
+            deliver(m.id, m.event);
+            return Status::ok();
+        }
+        case dp_wire::Message::Kind::kError: {
+            // Validated on rank 0 already; a rank refusing it anyway ends it as an error.
+            DSI_LOG(kWarning) << "dp: rank " << rank << " refused request " << m.id << ": "
+                              << m.error.to_string();
+            auto it = running_.find(m.id);
+            if (it == running_.end() || it->second.rank != rank) return Status::ok();
+            TokenEvent done;
+            done.finished = true;
+            done.reason = FinishReason::kError;
+            deliver(m.id, done);
+            return Status::ok();
+        }
+        case dp_wire::Message::Kind::kLoad:
+            if (static_cast<size_t>(rank) < reports_.size())
+                reports_[static_cast<size_t>(rank)] = m.load;
+            return Status::ok();
+        default:
+            return internal_error("dp: rank " + std::to_string(rank) + " sent a rank-0 message");
+    }
+}
+
+Status DpFront::poll_pipes() {
+    for (size_t i = 0; i < pipes_.size(); ++i) {
+        comm::RankPipe& pipe = *pipes_[i];
+        (void)pipe.flush();  // a dead rank is the failover's business
+        std::vector<std::string> messages;
+        DSI_RETURN_IF_ERROR(pipe.receive(messages).status());
+        for (const std::string& text : messages) {
+            DSI_ASSIGN_OR_RETURN(dp_wire::Message m, dp_wire::decode(text));
+            DSI_RETURN_IF_ERROR(on_message(static_cast<int>(i + 1), m));
+        }
+    }
+    return Status::ok();
+}
+
+bool DpFront::settling() const {
+    const std::span<const DpBalancer::RankLoad> loads = balancer_.loads();
+    for (size_t r = 1; r < reports_.size() && r < loads.size(); ++r) {
+        if (reports_[r].running_seqs != loads[r].running_seqs) return true;
+    }
+    return false;
+}
+
+Status DpFront::step() {
+    DSI_RETURN_IF_ERROR(sync_link());
+    DSI_RETURN_IF_ERROR(poll_pipes());
+    if (local_->has_work()) return local_->step();
+    if (num_remote_ == 0 && !settling()) return Status::ok();
+    // Requests run elsewhere: join the peers' forward passes (their MoE layers need this
+    // rank's experts), or wait a little when nobody stepped.
+    DSI_ASSIGN_OR_RETURN(CausalLm::GroupStep s, model_->group_idle_step(/*leaving=*/false));
+    switch (s) {
+        case CausalLm::GroupStep::kAllIdle:
+            env_->sleep_ns(kAllIdlePauseNs);
+            return Status::ok();
+        case CausalLm::GroupStep::kJoinedPeers:
+        case CausalLm::GroupStep::kNotGrouped:  // the group shrank to rank 0: re-run here next
+            return Status::ok();
+        case CausalLm::GroupStep::kStopped:
+            break;
+    }
+    return internal_error("dp: the group stopped with " + std::to_string(num_remote_) +
+                          " requests on other ranks");
+}
+
+int DpFront::rank_of(RequestId id) const {
+    auto it = running_.find(id);
+    return it == running_.end() ? -1 : it->second.rank;
+}
+
+bool DpFront::has_work() const { return local_->has_work() || num_remote_ > 0 || settling(); }
+
+EngineStats DpFront::stats() const {
+    EngineStats s = local_->stats();
+    s.num_requests += remote_requests_;
+    s.num_finished += remote_finished_;
+    s.prompt_tokens += remote_prompt_tokens_;
+    s.cached_prompt_tokens += remote_cached_tokens_;
+    s.output_tokens += remote_output_tokens_;
+    s.dp_reruns = reruns_;
+    const std::span<const DpBalancer::RankLoad> loads = balancer_.loads();
+    s.dp_ranks.resize(loads.size());
+    for (size_t r = 0; r < loads.size(); ++r) {
+        EngineStats::DpRank& d = s.dp_ranks[r];
+        d.requests = loads[r].requests;
+        if (r == 0) {
+            d.running_seqs = s.num_live_seqs;
+            d.kv_blocks_used = s.pool.num_used;
+            d.kv_blocks = s.pool.num_blocks;
+        } else if (r < reports_.size()) {
+            d.running_seqs = reports_[r].running_seqs;
+            d.kv_blocks_used = reports_[r].kv_blocks_used;
+            d.kv_blocks = reports_[r].kv_blocks;
+        }
+    }
+    return s;
+}
+
+Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* env) {
+    (void)env;
+    std::unordered_map<RequestId, RequestId> engine_id;  // front id -> this engine's id
+    bool ended = false;                                  // rank 0 sent the end, or is gone
+    auto send = [&](const std::string& message) {
+        if (!pipe.send(message).is_ok()) ended = true;  // rank 0 is gone
+    };
+    dp_wire::RankLoad reported{-1, -1, -1};
+    bool changed = true;  // report the load at the start
+    for (;;) {
+        std::vector<std::string> messages;
+        DSI_ASSIGN_OR_RETURN(bool open, pipe.receive(messages));
+        if (!open) ended = true;
+        changed = changed || !messages.empty();
+        for (const std::string& text : messages) {
+            DSI_ASSIGN_OR_RETURN(dp_wire::Message m, dp_wire::decode(text));
+            const RequestId front_id = m.id;
+            switch (m.kind) {
+                case dp_wire::Message::Kind::kRequest: {
+                    Result<RequestId> id = engine.add_request(
+                        std::move(m.request), [&, front_id](const TokenEvent& ev) {
+                            send(dp_wire::encode_event(front_id, ev));
+                            if (ev.finished) engine_id.erase(front_id);  // n = 1 here
+                        });
+                    if (id.is_ok()) {
+                        engine_id[front_id] = *id;
+                    } else {
+                        send(dp_wire::encode_error(front_id, id.status()));
+                    }
+                    break;
+                }
+                case dp_wire::Message::Kind::kAbort: {
+                    auto it = engine_id.find(front_id);
+                    if (it != engine_id.end()) {
+                        const RequestId id = it->second;  // the abort's callback erases it
+                        (void)engine.abort(id);
+                    }
+                    break;
+                }
+                case dp_wire::Message::Kind::kEnd:
+                    ended = true;
+                    break;
+                default:
+                    return internal_error("dp: rank 0 sent a rank message");
+            }
+        }
+        // The load goes out before this rank may wait in an idle step: rank 0 keeps
+        // stepping until every rank's report matches what it knows runs there.
+        if (changed) {
+            const EngineStats st = engine.stats();
+            const dp_wire::RankLoad load{st.num_live_seqs, st.pool.num_used, st.pool.num_blocks};
+            if (!(load == reported)) {
+                send(dp_wire::encode_load(load));
+                reported = load;
+            }
+            changed = false;
+        }
+        if (!pipe.flush().is_ok()) ended = true;
+        if (engine.has_work()) {
+            DSI_RETURN_IF_ERROR(engine.step());
+            changed = true;
+            continue;
+        }
+        DSI_ASSIGN_OR_RETURN(CausalLm::GroupStep step, model.group_idle_step(ended));
+        switch (step) {
+            case CausalLm::GroupStep::kNotGrouped:
+                return failed_precondition("dp: this rank's model is not in a group");
+            case CausalLm::GroupStep::kStopped:
+                return Status::ok();
+            case CausalLm::GroupStep::kAllIdle:
+                pipe.wait_readable(kAllIdlePauseNs);
+                break;
+            case CausalLm::GroupStep::kJoinedPeers:
+                break;
+        }
+    }
+}
+
+}  // namespace dsi::engine

@@ -1,0 +1,132 @@
+// Attention data parallelism over the ranks of an --ep group (issue 19 deliverable 1;
+// docs/comm.md "Attention data parallelism across the ranks").
+//
+// Each rank of an expert-parallel group runs its own engine::Engine — its own scheduler,
+// block pool (KV) and attention for its own sequences — and every forward pass of any
+// rank is a collective in which the MoE layers exchange all ranks' rows
+// (model/expert_parallel.h; a rank without tokens joins with zero rows). Requests reach
+// the ranks through rank 0:
+//   - DpFront (rank 0) is the StepEngine the server / `generate` drive. add_request picks
+//     a rank with DpBalancer (engine/dp_balance.h): rank 0 runs it in its own engine,
+//     another rank gets it over its comm::RankPipe (engine/dp_wire.h). Each rank streams
+//     its token events back over the pipe; step() relays them to the callbacks, steps
+//     rank 0's engine when it has work, and otherwise joins the peers' forward passes
+//     (CausalLm::group_idle_step) while any request runs elsewhere.
+//   - run_dp_rank is the loop of the other ranks: between steps it reads its pipe (new
+//     requests, aborts, the end), steps its engine or joins its peers' passes, and sends
+//     events and its load (running sequences, KV blocks in use) back.
+// Results do not depend on the rank: the kernels are batch invariant, the MoE combine
+// sums a token's experts in fixed k order on its home rank, sampling is keyed by (seed,
+// position); a request's tokens and logprobs are bitwise those one process gives.
+//
+// EP failover (S-DEPLOY): when a rank dies, rank 0's model restarts the group with the
+// healthy ranks (apps/ ep_launch: new processes, new pipes, a new generation of the
+// DpRankLink); the ranks of the old group are gone with their sequences. At its next
+// step DpFront reads what the old pipes still hold (events sent before the end), then
+// re-runs every request that was on another rank: as a continuation
+// (GenerateRequest::resume_output = the tokens already delivered), so the tokens that
+// follow are those the first run would have given and nothing is sent twice or lost.
+// Requests that must stay on rank 0 (a grammar mask, n > 1, KV export: their state does
+// not travel) run there; so do all requests when the group has one rank.
+//
+// Thread model: DpFront is used by one owner thread (Engine's contract); the link may be
+// changed by the thread that runs rank 0's forward passes (the failover), hence its
+// lock. run_dp_rank runs on the rank's main thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+#include "base/env.h"
+#include "base/status.h"
+#include "comm/rank_pipe.h"
+#include "engine/dp_balance.h"
+#include "engine/dp_wire.h"
+#include "engine/engine.h"
+#include "model/causal_lm.h"
+
+namespace dsi::engine {
+
+// The pipes to the group's other ranks, as the launcher (apps/) keeps them.
+class DpRankLink {
+public:
+    struct Ranks {
+        int64_t generation = 0;  // bumped at every group restart
+        // Rank r's pipe at [r - 1]. shared_ptr: the launcher and the front both hold the
+        // pipes of a generation; the front still reads the old ones after a restart.
+        std::vector<std::shared_ptr<comm::RankPipe>> pipes;
+    };
+    virtual ~DpRankLink() = default;
+    // Any thread.
+    virtual Ranks current() const = 0;
+};
+
+class DpFront final : public StepEngine {
+public:
+    // REQUIRES: `local` runs over `model` (rank 0 of the group), everything outlives the
+    // front, and nobody else uses `local`.
+    DpFront(Engine* local, CausalLm* model, const DpRankLink* link, Env* env);
+    ~DpFront() override;
+
+    Result<RequestId> add_request(GenerateRequest request, StreamCallback callback) override;
+    // A request on another rank: the abort is sent there; its finish event (kAbort)
+    // arrives in a later step(). NOT_FOUND if unknown or finished.
+    Status abort(RequestId id) override;
+    Status step() override;
+    // Also while a rank's load report still lags what runs there (settling()).
+    bool has_work() const override;
+    EngineStats stats() const override;
+    // The rank running request `id` now; -1 once it finished (logs, tests).
+    int rank_of(RequestId id) const;
+
+private:
+    struct Running {
+        int rank = 0;
+        RequestId local_id = 0;   // rank 0's engine id (rank == 0)
+        GenerateRequest request;  // as added (another rank: for a re-run)
+        StreamCallback callback;
+        int32_t live = 1;                // completions not finished (n)
+        std::vector<int32_t> delivered;  // tokens relayed (another rank)
+        int64_t kv_tokens = 0;           // counted in the balancer
+        bool abort_sent = false;
+    };
+    // Relays the events of a restarted group's old ranks, then re-runs their requests.
+    Status sync_link();
+    Status poll_pipes();
+    Status on_message(int rank, dp_wire::Message& m);
+    // Runs `request` (run.request or the added one) on run.rank, continuing after the
+    // tokens already delivered.
+    Status start(RequestId id, Running& run, GenerateRequest request);
+    // To the caller's callback; the last finish ends the request.
+    void deliver(RequestId id, const TokenEvent& ev);
+    StreamCallback local_callback(RequestId id);
+    // A rank's last load report does not show the sequences rank 0 knows run there yet
+    // (a finish or a start not reported): keep stepping (and joining the group, where a
+    // dead rank is seen) until it does, so /metrics shows every rank's KV as it is.
+    bool settling() const;
+
+    Engine* local_;
+    CausalLm* model_;
+    const DpRankLink* link_;
+    Env* env_;
+    int64_t generation_ = -1;
+    std::vector<std::shared_ptr<comm::RankPipe>> pipes_;
+    std::vector<dp_wire::RankLoad> reports_;  // [num ranks], index 0 unused
+    DpBalancer balancer_{1};
+    RequestId next_id_ = 1;
+    std::unordered_map<RequestId, Running> running_;
+    int64_t num_remote_ = 0;  // running on other ranks
+    // Totals of the other ranks' requests (rank 0's engine counts its own).
+    int64_t remote_requests_ = 0, remote_finished_ = 0, remote_prompt_tokens_ = 0,
+            remote_cached_tokens_ = 0, remote_output_tokens_ = 0, reruns_ = 0;
+};
+
+// The loop of rank r > 0 of a data-parallel group: runs the requests its pipe brings
+// until rank 0 sends the end (or is gone) and every rank has left. Errors: the group's
+// (UNAVAILABLE when a peer died), a broken pipe message (INTERNAL). REQUIRES: `engine`
+// runs over `model`.
+Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* env);
+
+}  // namespace dsi::engine

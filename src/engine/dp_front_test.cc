@@ -1,0 +1,346 @@
+// Attention data parallelism over an --ep group (engine/dp_front.h): the balancer's
+// choice, the wire format (every request field, bitwise floats, raw text bytes), and
+// forked ranks where rank 0's DpFront spreads requests over every rank — each request's
+// tokens and logprobs are bitwise those of one engine with the whole model, a request
+// aborted on rank 1 frees its KV blocks there, and the group ends cleanly.
+#include "engine/dp_front.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+
+#include "comm/shm_group.h"
+#include "comm/test_ranks.h"
+#include "engine/engine_test_util.h"
+
+namespace dsi::engine {
+namespace {
+
+TEST(DpBalancerTest, FewestSequencesThenFewestKvTokensThenLowestRank) {
+    DpBalancer b(3);
+    EXPECT_EQ(b.pick(true), 0);  // all equal: the lowest rank
+    b.on_start(0, 100);
+    EXPECT_EQ(b.pick(true), 1);
+    b.on_start(1, 50);
+    EXPECT_EQ(b.pick(true), 2);
+    b.on_start(2, 70);
+    EXPECT_EQ(b.pick(true), 1);                  // one each: rank 1 holds the fewest KV tokens
+    EXPECT_EQ(b.pick(false), 0);                 // a request that must stay on rank 0
+    for (int i = 0; i < 30; ++i) b.on_token(1);  // rank 1: 80 tokens, rank 2: 70
+    EXPECT_EQ(b.pick(true), 2);
+    b.on_finish(0, 100);
+    EXPECT_EQ(b.pick(true), 0);
+    // Idle ranks: the one that got the fewest requests so far.
+    DpBalancer turns(2);
+    turns.on_start(0, 10);
+    turns.on_finish(0, 10);
+    EXPECT_EQ(turns.pick(true), 1);
+    EXPECT_EQ(b.loads()[1].requests, 1);
+    EXPECT_EQ(b.loads()[1].kv_tokens, 80);
+    b.resize(2);  // a failover: rank 0 keeps its load, the others start empty
+    ASSERT_EQ(b.num_ranks(), 2);
+    EXPECT_EQ(b.loads()[0].requests, 1);
+    EXPECT_EQ(b.loads()[1].running_seqs, 0);
+}
+
+TEST(DpWireTest, ARequestWithEveryFieldRoundTrips) {
+    GenerateRequest r;
+    r.prompt = {1, 2, 300};
+    SamplingParams& s = r.sampling;
+    s.temperature = 0.7;
+    s.top_k = 40;
+    s.top_p = 0.9;
+    s.min_p = 0.05;
+    s.repetition_penalty = 1.1;
+    s.frequency_penalty = 0.3;
+    s.presence_penalty = -0.2;
+    s.logit_bias = {{5, 1.5f}, {7, -100.0f}};
+    s.stop_token_ids = {9, 10};
+    s.stop = {"\n\n", "\xff\xfe raw"};
+    s.ignore_eos = true;
+    s.max_tokens = 77;
+    s.min_tokens = 3;
+    s.logprobs = 2;
+    s.n = 1;
+    s.seed = 0xfedcba9876543210ull;
+    r.cache_salt = "tenant";
+    r.deadline_ns = 123456789;
+    r.agent_traffic = true;
+    r.resume_output = {4, 5};
+    Result<dp_wire::Message> m = dp_wire::decode(dp_wire::encode_request(42, r));
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    ASSERT_EQ(m->kind, dp_wire::Message::Kind::kRequest);
+    EXPECT_EQ(m->id, 42);
+    const GenerateRequest& g = m->request;
+    EXPECT_EQ(g.prompt, r.prompt);
+    EXPECT_EQ(g.sampling.temperature, s.temperature);
+    EXPECT_EQ(g.sampling.top_k, s.top_k);
+    EXPECT_EQ(g.sampling.top_p, s.top_p);
+    EXPECT_EQ(g.sampling.min_p, s.min_p);
+    EXPECT_EQ(g.sampling.repetition_penalty, s.repetition_penalty);
+    EXPECT_EQ(g.sampling.frequency_penalty, s.frequency_penalty);
+    EXPECT_EQ(g.sampling.presence_penalty, s.presence_penalty);
+    EXPECT_EQ(g.sampling.logit_bias, s.logit_bias);
+    EXPECT_EQ(g.sampling.stop_token_ids, s.stop_token_ids);
+    EXPECT_EQ(g.sampling.stop, s.stop);
+    EXPECT_EQ(g.sampling.ignore_eos, s.ignore_eos);
+    EXPECT_EQ(g.sampling.max_tokens, s.max_tokens);
+    EXPECT_EQ(g.sampling.min_tokens, s.min_tokens);
+    EXPECT_EQ(g.sampling.logprobs, s.logprobs);
+    EXPECT_EQ(g.sampling.n, s.n);
+    EXPECT_EQ(g.sampling.seed, s.seed);
+    EXPECT_EQ(g.cache_salt, r.cache_salt);
+    EXPECT_EQ(g.deadline_ns, r.deadline_ns);
+    EXPECT_EQ(g.agent_traffic, r.agent_traffic);
+    EXPECT_EQ(g.resume_output, r.resume_output);
+}
+
+TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
+    const std::vector<std::pair<int32_t, float>> top = {
+        {3, -0.1234567f}, {8, -std::numeric_limits<float>::infinity()}};
+    TokenEvent e;
+    e.index = 0;
+    e.token = 17;
+    e.text = "caf\xc3";  // half a character: bytes travel as they are
+    e.logprob = -1.0e-7f;
+    e.top_logprobs = top;
+    e.finished = true;
+    e.reason = FinishReason::kStop;
+    e.cached_prompt_tokens = 128;
+    Result<dp_wire::Message> m = dp_wire::decode(dp_wire::encode_event(5, e));
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    EXPECT_EQ(m->kind, dp_wire::Message::Kind::kEvent);
+    EXPECT_EQ(m->id, 5);
+    EXPECT_EQ(m->event.token, 17);
+    EXPECT_EQ(m->event.text, e.text);
+    EXPECT_EQ(std::memcmp(&m->event.logprob, &e.logprob, sizeof(float)), 0);
+    ASSERT_EQ(m->top_logprobs.size(), 2u);
+    EXPECT_EQ(m->top_logprobs[0], top[0]);
+    EXPECT_TRUE(std::isinf(m->top_logprobs[1].second));
+    EXPECT_TRUE(m->event.finished);
+    EXPECT_EQ(m->event.reason, FinishReason::kStop);
+    EXPECT_EQ(m->event.cached_prompt_tokens, 128);
+
+    m = dp_wire::decode(dp_wire::encode_error(6, resource_exhausted("pool too small")));
+    ASSERT_TRUE(m.is_ok());
+    EXPECT_EQ(m->kind, dp_wire::Message::Kind::kError);
+    EXPECT_EQ(m->error.code(), StatusCode::kResourceExhausted);
+    EXPECT_EQ(m->error.message(), "pool too small");
+    m = dp_wire::decode(dp_wire::encode_load({3, 12, 64}));
+    ASSERT_TRUE(m.is_ok());
+    EXPECT_EQ(m->load, (dp_wire::RankLoad{3, 12, 64}));
+    EXPECT_EQ(dp_wire::decode(dp_wire::encode_abort(9))->id, 9);
+    EXPECT_EQ(dp_wire::decode(dp_wire::encode_end())->kind, dp_wire::Message::Kind::kEnd);
+}
+
+TEST(DpWireTest, GarbageIsAnError) {
+    EXPECT_EQ(dp_wire::decode("not msgpack at all").status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(dp_wire::decode(std::string("\x81\xa1t\xa3zzz", 7)).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_EQ(dp_wire::decode("").status().code(), StatusCode::kInvalidArgument);
+}
+
+// --- forked ranks -------------------------------------------------------------------
+
+constexpr int kRequests = 6;
+constexpr int kMaxTokens = 14;
+constexpr int kAborted = 1;  // the second request: rank 1's first (the balancer's order)
+constexpr int kAbortedMaxTokens = 60;
+
+std::string unique_group() {
+    static std::atomic<int> counter{0};
+    return "dsi_engine_dp_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++);
+}
+
+GenerateRequest request(int i) {
+    GenerateRequest r;
+    r.prompt = random_prompt(5 + 7 * i, 300 + static_cast<uint32_t>(i), 500);
+    r.sampling.max_tokens = i == kAborted ? kAbortedMaxTokens : 5 + (i * 3) % (kMaxTokens - 4);
+    r.sampling.temperature = i % 2 == 0 ? 0.0 : 0.9;
+    r.sampling.seed = 70 + static_cast<uint64_t>(i);
+    r.sampling.ignore_eos = true;
+    r.sampling.logprobs = 2;
+    return r;
+}
+
+EngineOptions rank_options() {
+    EngineOptions o = base_options();
+    o.record_logits = false;  // logits stay on their rank; the logprobs travel
+    return o;
+}
+
+struct FixedLink final : DpRankLink {
+    Ranks ranks;
+    Ranks current() const override { return ranks; }
+};
+
+// What rank 0 saw, in memory shared with the test process.
+struct Results {
+    int32_t tokens[kRequests][kAbortedMaxTokens];
+    uint32_t logprob_bits[kRequests][kAbortedMaxTokens];
+    uint32_t top_bits[kRequests][kAbortedMaxTokens][2];
+    int32_t num_tokens[kRequests];
+    int32_t reason[kRequests];
+    int32_t first_rank[kRequests];
+    int64_t requests_per_rank[4];
+    int64_t rank1_max_blocks_used;  // while the aborted request ran
+    int64_t rank1_blocks_used_after;
+    int64_t rank1_seqs_after;
+};
+
+uint32_t bits(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+// Records request i's tokens, logprob bits and finish reason into `res`.
+StreamCallback recorder(Results* res, int i) {
+    return [res, i](const TokenEvent& ev) {
+        if (ev.token >= 0) {
+            const int n = res->num_tokens[i]++;
+            res->tokens[i][n] = ev.token;
+            res->logprob_bits[i][n] = bits(ev.logprob);
+            for (size_t k = 0; k < 2 && k < ev.top_logprobs.size(); ++k) {
+                res->top_bits[i][n][k] = bits(ev.top_logprobs[k].second);
+            }
+        }
+        if (ev.finished) res->reason[i] = static_cast<int32_t>(ev.reason);
+    };
+}
+
+int front_rank(const std::string& group, int ranks,
+               std::vector<std::shared_ptr<comm::RankPipe>> pipes, Results* res) {
+    auto model = ep_model(group, 0, ranks);
+    if (model == nullptr) return 10;
+    auto engine = Engine::create(model.get(), rank_options(), Env::default_env());
+    if (!engine.is_ok()) return 11;
+    FixedLink link;
+    link.ranks.pipes = std::move(pipes);
+    DpFront front(engine->get(), model.get(), &link, Env::default_env());
+    std::vector<RequestId> ids;
+    for (int i = 0; i < kRequests; ++i) {
+        Result<RequestId> id = front.add_request(request(i), recorder(res, i));
+        if (!id.is_ok()) return 12;
+        ids.push_back(*id);
+        res->first_rank[i] = front.rank_of(*id);
+    }
+    bool aborted = false;
+    while (front.has_work()) {
+        Status s = front.step();
+        if (!s.is_ok()) {
+            std::fprintf(stderr, "rank 0: %s\n", s.to_string().c_str());
+            return 13;
+        }
+        const EngineStats st = front.stats();
+        res->rank1_max_blocks_used =
+            std::max(res->rank1_max_blocks_used, st.dp_ranks[1].kv_blocks_used);
+        if (!aborted && res->num_tokens[kAborted] >= 3) {
+            aborted = true;
+            if (!front.abort(ids[kAborted]).is_ok()) return 14;
+        }
+    }
+    // Rank 1's load report after the abort: its blocks are free again.
+    const int64_t deadline = steady_clock_ns() + 10'000'000'000;
+    EngineStats st = front.stats();
+    while ((st.dp_ranks[1].kv_blocks_used != 0 || st.dp_ranks[1].running_seqs != 0) &&
+           steady_clock_ns() < deadline) {
+        if (!front.step().is_ok()) return 15;
+        ::usleep(1000);
+        st = front.stats();
+    }
+    res->rank1_blocks_used_after = st.dp_ranks[1].kv_blocks_used;
+    res->rank1_seqs_after = st.dp_ranks[1].running_seqs;
+    for (size_t r = 0; r < st.dp_ranks.size() && r < 4; ++r) {
+        res->requests_per_rank[r] = st.dp_ranks[r].requests;
+    }
+    for (const auto& pipe : link.ranks.pipes) {
+        if (!pipe->send(dp_wire::encode_end()).is_ok()) return 16;
+    }
+    for (;;) {
+        for (const auto& pipe : link.ranks.pipes) (void)pipe->flush();
+        Result<CausalLm::GroupStep> g = model->group_idle_step(/*leaving=*/true);
+        if (!g.is_ok()) return 17;
+        if (*g == CausalLm::GroupStep::kStopped) return 0;
+    }
+}
+
+int serving_rank(const std::string& group, int rank, int ranks, int fd) {
+    auto model = ep_model(group, rank, ranks);
+    if (model == nullptr) return 10;
+    auto engine = Engine::create(model.get(), rank_options(), Env::default_env());
+    if (!engine.is_ok()) return 11;
+    auto pipe = comm::RankPipe::adopt(fd);
+    if (!pipe.is_ok()) return 12;
+    Status s = run_dp_rank(**engine, *model, **pipe, Env::default_env());
+    if (!s.is_ok()) std::fprintf(stderr, "rank %d: %s\n", rank, s.to_string().c_str());
+    return s.is_ok() ? 0 : 13;
+}
+
+class DpFrontTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(DpFrontTest, RequestsSpreadOverTheRanksGetOneEnginesTokensBitwise) {
+    const int ranks = GetParam();
+    comm::SharedArray<Results> shared(1);
+    Results* res = shared.data();
+    std::vector<std::shared_ptr<comm::RankPipe>> parents;
+    std::vector<int> child_fds;
+    for (int r = 1; r < ranks; ++r) {
+        comm::RankPipe::Pair p = comm::RankPipe::create_pair().value();
+        parents.push_back(std::move(p.parent));
+        child_fds.push_back(p.child_fd);
+    }
+    const std::string group = unique_group();
+    auto codes = comm::run_ranks(
+        ranks,
+        [&](int r) {
+            if (r == 0) return front_rank(group, ranks, parents, res);
+            parents.clear();  // this rank's end only
+            return serving_rank(group, r, ranks, child_fds[static_cast<size_t>(r - 1)]);
+        },
+        120'000);
+    (void)comm::ShmMoeCommunicator::unlink(group);
+    for (int r = 0; r < ranks; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+
+    // Every rank ran requests (6 over 2 or 4 ranks, one at a time by the balancer).
+    for (int r = 0; r < ranks; ++r) EXPECT_GT(res->requests_per_rank[r], 0) << "rank " << r;
+    EXPECT_EQ(res->first_rank[kAborted], 1);
+    // The abort on rank 1 freed its blocks there (they were in use before).
+    EXPECT_GT(res->rank1_max_blocks_used, 0);
+    EXPECT_EQ(res->rank1_blocks_used_after, 0);
+    EXPECT_EQ(res->rank1_seqs_after, 0);
+    EXPECT_EQ(res->reason[kAborted], static_cast<int32_t>(FinishReason::kAbort));
+    EXPECT_LT(res->num_tokens[kAborted], kAbortedMaxTokens);
+
+    // One engine, the whole model, the same requests (the aborted one aside).
+    comm::SharedArray<Results> ref_shared(1);
+    Results* ref = ref_shared.data();
+    auto one = Engine::create(&shared_model(), rank_options(), Env::default_env()).value();
+    for (int i = 0; i < kRequests; ++i) {
+        if (i == kAborted) continue;
+        ASSERT_TRUE(one->add_request(request(i), recorder(ref, i)).is_ok());
+    }
+    ASSERT_TRUE(one->run().is_ok());
+    for (int i = 0; i < kRequests; ++i) {
+        if (i == kAborted) continue;
+        ASSERT_EQ(res->num_tokens[i], ref->num_tokens[i]) << "request " << i;
+        ASSERT_GT(ref->num_tokens[i], 0);
+        for (int t = 0; t < ref->num_tokens[i]; ++t) {
+            EXPECT_EQ(res->tokens[i][t], ref->tokens[i][t]) << "request " << i << " token " << t;
+            EXPECT_EQ(res->logprob_bits[i][t], ref->logprob_bits[i][t]) << "request " << i;
+            EXPECT_EQ(res->top_bits[i][t][0], ref->top_bits[i][t][0]) << "request " << i;
+            EXPECT_EQ(res->top_bits[i][t][1], ref->top_bits[i][t][1]) << "request " << i;
+        }
+        EXPECT_EQ(res->reason[i], static_cast<int32_t>(FinishReason::kLength));
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Ranks, DpFrontTest, ::testing::Values(2, 4));
+
+}  // namespace
+}  // namespace dsi::engine

@@ -1,0 +1,161 @@
+#include "engine/dp_wire.h"
+
+#include <nlohmann/json.hpp>
+
+namespace dsi::engine::dp_wire {
+namespace {
+
+using json = nlohmann::json;
+
+std::string pack(const json& j) {
+    const std::vector<uint8_t> bytes = json::to_msgpack(j);
+    return std::string(bytes.begin(), bytes.end());
+}
+
+json sampling_json(const SamplingParams& s) {
+    return {{"temperature", s.temperature},
+            {"top_k", s.top_k},
+            {"top_p", s.top_p},
+            {"min_p", s.min_p},
+            {"repetition_penalty", s.repetition_penalty},
+            {"frequency_penalty", s.frequency_penalty},
+            {"presence_penalty", s.presence_penalty},
+            {"logit_bias", s.logit_bias},
+            {"stop_token_ids", s.stop_token_ids},
+            {"stop", s.stop},
+            {"ignore_eos", s.ignore_eos},
+            {"max_tokens", s.max_tokens},
+            {"min_tokens", s.min_tokens},
+            {"logprobs", s.logprobs},
+            {"n", s.n},
+            {"seed", s.seed}};
+}
+
+SamplingParams sampling_from(const json& j) {
+    SamplingParams s;
+    s.temperature = j.at("temperature").get<double>();
+    s.top_k = j.at("top_k").get<int64_t>();
+    s.top_p = j.at("top_p").get<double>();
+    s.min_p = j.at("min_p").get<double>();
+    s.repetition_penalty = j.at("repetition_penalty").get<double>();
+    s.frequency_penalty = j.at("frequency_penalty").get<double>();
+    s.presence_penalty = j.at("presence_penalty").get<double>();
+    s.logit_bias = j.at("logit_bias").get<std::vector<std::pair<int32_t, float>>>();
+    s.stop_token_ids = j.at("stop_token_ids").get<std::vector<int32_t>>();
+    s.stop = j.at("stop").get<std::vector<std::string>>();
+    s.ignore_eos = j.at("ignore_eos").get<bool>();
+    s.max_tokens = j.at("max_tokens").get<int64_t>();
+    s.min_tokens = j.at("min_tokens").get<int64_t>();
+    s.logprobs = j.at("logprobs").get<int32_t>();
+    s.n = j.at("n").get<int32_t>();
+    s.seed = j.at("seed").get<uint64_t>();
+    return s;
+}
+
+}  // namespace
+
+std::string encode_request(RequestId id, const GenerateRequest& r) {
+    return pack({{"t", "req"},
+                 {"id", id},
+                 {"prompt", r.prompt},
+                 {"sampling", sampling_json(r.sampling)},
+                 {"cache_salt", r.cache_salt},
+                 {"deadline_ns", r.deadline_ns},
+                 {"agent_traffic", r.agent_traffic},
+                 {"resume_output", r.resume_output}});
+}
+
+std::string encode_abort(RequestId id) { return pack({{"t", "abort"}, {"id", id}}); }
+
+std::string encode_end() { return pack({{"t", "end"}}); }
+
+std::string encode_event(RequestId id, const TokenEvent& e) {
+    json top = json::array();
+    for (const auto& [token, logprob] : e.top_logprobs) top.push_back({token, logprob});
+    return pack({{"t", "ev"},
+                 {"id", id},
+                 {"index", e.index},
+                 {"token", e.token},
+                 {"text", e.text},
+                 {"logprob", e.logprob},
+                 {"top", std::move(top)},
+                 {"finished", e.finished},
+                 {"reason", static_cast<int>(e.reason)},
+                 {"cached", e.cached_prompt_tokens}});
+}
+
+std::string encode_error(RequestId id, const Status& error) {
+    return pack({{"t", "err"},
+                 {"id", id},
+                 {"code", static_cast<int>(error.code())},
+                 {"msg", error.message()}});
+}
+
+std::string encode_load(const RankLoad& l) {
+    return pack({{"t", "load"},
+                 {"running", l.running_seqs},
+                 {"used", l.kv_blocks_used},
+                 {"blocks", l.kv_blocks}});
+}
+
+Result<Message> decode(const std::string& text) {
+    Message m;
+    try {
+        const json j = json::from_msgpack(text);
+        const std::string t = j.at("t").get<std::string>();
+        if (t == "req") {
+            m.kind = Message::Kind::kRequest;
+            m.id = j.at("id").get<RequestId>();
+            m.request.prompt = j.at("prompt").get<std::vector<int32_t>>();
+            m.request.sampling = sampling_from(j.at("sampling"));
+            m.request.cache_salt = j.at("cache_salt").get<std::string>();
+            m.request.deadline_ns = j.at("deadline_ns").get<int64_t>();
+            m.request.agent_traffic = j.at("agent_traffic").get<bool>();
+            m.request.resume_output = j.at("resume_output").get<std::vector<int32_t>>();
+        } else if (t == "abort") {
+            m.kind = Message::Kind::kAbort;
+            m.id = j.at("id").get<RequestId>();
+        } else if (t == "end") {
+            m.kind = Message::Kind::kEnd;
+        } else if (t == "ev") {
+            m.kind = Message::Kind::kEvent;
+            m.id = j.at("id").get<RequestId>();
+            m.event.request_id = m.id;
+            m.event.index = j.at("index").get<int32_t>();
+            m.event.token = j.at("token").get<int32_t>();
+            m.event.text = j.at("text").get<std::string>();
+            m.event.logprob = j.at("logprob").get<float>();
+            for (const json& p : j.at("top")) {
+                m.top_logprobs.emplace_back(p.at(0).get<int32_t>(), p.at(1).get<float>());
+            }
+            m.event.finished = j.at("finished").get<bool>();
+            const int reason = j.at("reason").get<int>();
+            if (reason < 0 || reason > static_cast<int>(FinishReason::kError)) {
+                return invalid_argument("dp message: finish reason " + std::to_string(reason));
+            }
+            m.event.reason = static_cast<FinishReason>(reason);
+            m.event.cached_prompt_tokens = j.at("cached").get<int64_t>();
+        } else if (t == "err") {
+            m.kind = Message::Kind::kError;
+            m.id = j.at("id").get<RequestId>();
+            const int code = j.at("code").get<int>();
+            if (code <= 0 || code > static_cast<int>(StatusCode::kDataLoss)) {
+                return invalid_argument("dp message: status code " + std::to_string(code));
+            }
+            m.error = Status(static_cast<StatusCode>(code), j.at("msg").get<std::string>());
+        } else if (t == "load") {
+            m.kind = Message::Kind::kLoad;
+            m.load.running_seqs = j.at("running").get<int64_t>();
+            m.load.kv_blocks_used = j.at("used").get<int64_t>();
+            m.load.kv_blocks = j.at("blocks").get<int64_t>();
+        } else {
+            return invalid_argument("dp message: unknown kind '" + t + "'");
+        }
+    } catch (const json::exception& e) {
+        // The adapter around a library that throws (STYLE 2).
+        return invalid_argument(std::string("dp message: ") + e.what());
+    }
+    return m;
+}
+
+}  // namespace dsi::engine::dp_wire

@@ -1,0 +1,56 @@
+// The messages between rank 0's DpFront and the ranks of its --ep group (attention data
+// parallelism, issue 19; engine/dp_front.h). One object per comm::RankPipe message, in
+// MessagePack (nlohmann::json::to_msgpack: bytes of text travel as they are, floats as
+// IEEE doubles, so logprobs arrive bitwise and -inf survives),
+// its kind in "t":
+//   rank 0 -> rank r   "req"   {id, request}   run this request (front id)
+//                      "abort" {id}            abort it (its finish event follows)
+//                      "end"   {}              no more requests: leave when idle
+//   rank r -> rank 0   "ev"    {id, event}     one TokenEvent of request id
+//                      "err"   {id, code, msg} add_request refused it (nothing ran)
+//                      "load"  {running, used, blocks}  the rank's sequences and KV
+//                                              blocks in use, sent when they change
+// Every GenerateRequest field travels except the ones a request that may leave rank 0
+// cannot have (mask, export_kv: DpFront keeps those requests on rank 0) and deadline_ns is
+// passed as is (Env clocks are CLOCK_MONOTONIC, one per host). A field added to
+// GenerateRequest or SamplingParams must be added here: dp_front_test round-trips a
+// request with every field set.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "engine/engine.h"
+
+namespace dsi::engine::dp_wire {
+
+struct RankLoad {
+    int64_t running_seqs = 0;
+    int64_t kv_blocks_used = 0;
+    int64_t kv_blocks = 0;
+    bool operator==(const RankLoad&) const = default;
+};
+
+// A decoded message. `event.top_logprobs` points into `top_logprobs`.
+struct Message {
+    enum class Kind { kRequest, kAbort, kEnd, kEvent, kError, kLoad } kind = Kind::kEnd;
+    RequestId id = 0;
+    GenerateRequest request;
+    TokenEvent event;
+    std::vector<std::pair<int32_t, float>> top_logprobs;
+    Status error;
+    RankLoad load;
+};
+
+std::string encode_request(RequestId id, const GenerateRequest& request);
+std::string encode_abort(RequestId id);
+std::string encode_end();
+std::string encode_event(RequestId id, const TokenEvent& event);
+std::string encode_error(RequestId id, const Status& error);
+std::string encode_load(const RankLoad& load);
+// INVALID_ARGUMENT on a message that is not one of the above.
+Result<Message> decode(const std::string& text);
+
+}  // namespace dsi::engine::dp_wire
