@@ -15,7 +15,9 @@
 // each repetition starts with an untimed warm-up prompt per configuration. Figures:
 // median tokens/s over repetitions (min, max beside), speed-up = ratio of medians to
 // "off" in the same run. Each configuration's tokens are checked equal to "off"'s (the
-// exact rule: the run fails otherwise).
+// exact rule: the run fails otherwise). Where each configuration's time went (last
+// repetition: decode-only steps per mode, probes, switches, drafter time, MTP catch-up
+// rows) goes to stderr and into the JSON.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
