@@ -15,7 +15,9 @@
 // each repetition starts with an untimed warm-up prompt per configuration. Figures:
 // median tokens/s over repetitions (min, max beside), speed-up = ratio of medians to
 // "off" in the same run. Each configuration's tokens are checked equal to "off"'s (the
-// exact rule: the run fails otherwise).
+// exact rule: the run fails otherwise). Where each configuration's time went (last
+// repetition: decode-only steps per mode, probes, switches, drafter time, MTP catch-up
+// rows) goes to stderr and into the JSON.
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -89,6 +91,7 @@ Result<Config> parse_config(const std::string& name, const std::string& model_di
 
 struct Run {
     double tokens_per_s = 0;
+    double seconds = 0;  // timed rounds
     int64_t output_tokens = 0;
     engine::EngineStats stats;
     std::vector<std::vector<int32_t>> outputs;
@@ -144,6 +147,20 @@ Result<Run> run_config(DeepseekModel* model, const Config& c,
         }
     }
     r.stats = eng->stats();
+    r.seconds = secs;
+    // Everything below counts the timed rounds only (the warm-up's share taken out).
+    r.stats.steps -= warm.steps;
+    r.stats.forward_ns -= warm.forward_ns;
+    r.stats.host_gap_ns -= warm.host_gap_ns;
+    for (size_t m = 0; m < 2; ++m) {
+        r.stats.spec_gate_steps[m] -= warm.spec_gate_steps[m];
+        r.stats.spec_gate_ns[m] -= warm.spec_gate_ns[m];
+        r.stats.spec_gate_tokens[m] -= warm.spec_gate_tokens[m];
+        r.stats.spec_gate_probe_steps[m] -= warm.spec_gate_probe_steps[m];
+    }
+    r.stats.spec_gate_switches -= warm.spec_gate_switches;
+    r.stats.spec_draft_ns -= warm.spec_draft_ns;
+    r.stats.spec_catchup_rows -= warm.spec_catchup_rows;
     r.stats.spec_verify_steps -= warm.spec_verify_steps;
     r.stats.spec_draft_tokens -= warm.spec_draft_tokens;
     r.stats.spec_accepted_tokens -= warm.spec_accepted_tokens;
@@ -269,6 +286,26 @@ int run(const Flags& f) {
                         *std::min_element(v.begin(), v.end()),
                         *std::max_element(v.begin(), v.end()), base > 0 ? med / base : 0.0, acc_len,
                         per_step, per.c_str());
+            // Where the time went (last repetition): decode-only steps per mode with
+            // their wall time and tokens, probe steps, the drafter's time, the rest
+            // (steps that ran prefill chunks, the first step after a mode switch is
+            // included in its mode).
+            const double ms = 1e-6;
+            std::fprintf(stderr,
+                         "  %-8s time %.0f ms, steps %lld, forward %.0f ms, host gap %.0f ms | "
+                         "plain %lld st %.0f ms %lld tok | spec %lld st %.0f ms %lld tok | "
+                         "probes plain %lld spec %lld, switches %lld | drafter %.0f ms, "
+                         "catch-up rows %lld\n",
+                         c.name.c_str(), last[c.name].seconds * 1e3,
+                         static_cast<long long>(st.steps), st.forward_ns * ms, st.host_gap_ns * ms,
+                         static_cast<long long>(st.spec_gate_steps[0]), st.spec_gate_ns[0] * ms,
+                         static_cast<long long>(st.spec_gate_tokens[0]),
+                         static_cast<long long>(st.spec_gate_steps[1]), st.spec_gate_ns[1] * ms,
+                         static_cast<long long>(st.spec_gate_tokens[1]),
+                         static_cast<long long>(st.spec_gate_probe_steps[0]),
+                         static_cast<long long>(st.spec_gate_probe_steps[1]),
+                         static_cast<long long>(st.spec_gate_switches), st.spec_draft_ns * ms,
+                         static_cast<long long>(st.spec_catchup_rows));
             out.push_back({{"concurrency", conc},
                            {"config", c.name},
                            {"tokens_per_s_median", med},
@@ -282,7 +319,16 @@ int run(const Flags& f) {
                            {"spec_steps", st.spec_steps},
                            {"drafts_verified_per_step", per_step},
                            {"varlen_cut_tokens", st.spec_varlen_cut_tokens},
-                           {"output_tokens", last[c.name].output_tokens}});
+                           {"output_tokens", last[c.name].output_tokens},
+                           {"seconds", last[c.name].seconds},
+                           {"steps", st.steps},
+                           {"gate_steps", st.spec_gate_steps},
+                           {"gate_ns", st.spec_gate_ns},
+                           {"gate_tokens", st.spec_gate_tokens},
+                           {"gate_probe_steps", st.spec_gate_probe_steps},
+                           {"gate_switches", st.spec_gate_switches},
+                           {"drafter_ns", st.spec_draft_ns},
+                           {"catchup_rows", st.spec_catchup_rows}});
         }
     }
     std::printf("%s\n", out.dump().c_str());

@@ -160,7 +160,12 @@ struct Engine::Impl {
             decoding += decodes ? 1 : 0;
             prefill |= !decodes;
         }
-        return gate.speculate(decoding, !prefill);
+        // What the curve predicts at this batch from the acceptance seen so far: where
+        // verifying cannot pay, the gate does not even probe it.
+        const std::vector<double> survival = spec::observed_survival(
+            stats.spec_drafted_at, stats.spec_accepted_at, options.speculative.k());
+        const double predicted = spec::predict_speedup(*options.verify_cost, survival, decoding);
+        return gate.speculate(decoding, !prefill, predicted);
     }
 
     // Schedules one step; false if there is nothing to run.
@@ -411,8 +416,9 @@ struct Engine::Impl {
         stats.forward_ns += r.end_ns - r.start_ns;
         if (prev_end_ns > 0) stats.host_gap_ns += std::max<int64_t>(0, r.start_ns - prev_end_ns);
         if (r.speculative) --in_flight_speculative;
-        if (options.verify_cost != nullptr && prev_end_ns > 0)
-            observe_rate(r, r.end_ns - prev_end_ns);
+        stats.spec_draft_ns += r.draft_ns;
+        stats.spec_catchup_rows += r.draft_catchup_rows;
+        if (prev_end_ns > 0) observe_rate(r, r.end_ns - prev_end_ns);
         prev_end_ns = r.end_ns;
         if (!r.status.is_ok()) {
             fatal = r.status.with_context("forward pass");
@@ -474,6 +480,11 @@ struct Engine::Impl {
             for (const SampledToken& t : ir.tokens) tokens += t.token >= 0 ? 1 : 0;
         }
         if (r.items.empty()) return;
+        const size_t mode = r.speculative ? 1 : 0;
+        ++stats.spec_gate_steps[mode];
+        stats.spec_gate_ns[mode] += period_ns;
+        stats.spec_gate_tokens[mode] += tokens;
+        if (options.verify_cost == nullptr) return;
         gate.observe(r.speculative, static_cast<int64_t>(r.items.size()), tokens, period_ns);
     }
 
@@ -892,6 +903,8 @@ bool Engine::has_work() const { return !impl_->seqs.empty() || impl_->in_flight 
 EngineStats Engine::stats() const {
     EngineStats s = impl_->stats;
     s.num_live_seqs = static_cast<int64_t>(impl_->seqs.size());
+    s.spec_gate_switches = impl_->gate.switches();
+    s.spec_gate_probe_steps = {impl_->gate.probe_steps(false), impl_->gate.probe_steps(true)};
     const kv::TieredCacheStats c = impl_->cache->stats();
     s.pool = c.pool;
     s.preemptions_swapped = c.preemptions_swapped;

@@ -251,6 +251,15 @@ struct EngineStats {
     // variable-length verification judged them not worth their cost.
     int64_t spec_steps = 0;
     int64_t spec_varlen_cut_tokens = 0;
+    // Where a gated run's time goes (speculative.varlen): decode-only steps in each mode
+    // ([0] plain, [1] speculating) with their wall time between consecutive results and
+    // tokens emitted; steps planned as probes of each mode; mode switches; time in the
+    // drafter and the MTP catch-up rows it ran (every drafting config).
+    std::array<int64_t, 2> spec_gate_steps{}, spec_gate_ns{}, spec_gate_tokens{};
+    std::array<int64_t, 2> spec_gate_probe_steps{};
+    int64_t spec_gate_switches = 0;
+    int64_t spec_draft_ns = 0;
+    int64_t spec_catchup_rows = 0;
     int64_t forward_ns = 0;   // worker busy time
     int64_t host_gap_ns = 0;  // worker idle between consecutive steps while work existed
     kv::BlockPoolStats pool;

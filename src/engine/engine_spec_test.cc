@@ -466,6 +466,34 @@ TEST(EngineSpecTest, GateSpeculatesOnlyWhereItIsFaster) {
     EXPECT_LT(o.steps, 115) << o.spec_steps;
 }
 
+// The gate asks the cost curve first: with a curve where up to 4 rows cost what one
+// does and every row past them ten steps, nothing pays at 3-4 sequences (a step of 4
+// decodes is as cheap as it gets) even with every draft accepted, so speculating is not
+// even probed there, though the drafter (an oracle) would be accepted every time and
+// the loop would measure it faster. Alone (3 drafts in the time of 1 token) it is.
+TEST(EngineSpecTest, GateDoesNotProbeWhereTheCurvePredictsALoss) {
+    std::vector<GenerateRequest> reqs;
+    for (int v = 0; v < 4; ++v) reqs.push_back(request(v, 0.0, 120));
+    const Outputs want = run(base_options(), reqs, true);
+    auto oracle = std::make_shared<OracleDrafter>();
+    for (size_t i = 0; i < reqs.size(); ++i) oracle->ref[reqs[i].prompt] = want[i].tokens;
+    EngineOptions o = spec_options(spec::Method::kNone, 3);
+    o.speculative.varlen = true;
+    o.verify_cost = std::make_shared<const spec::VerifyCostCurve>(
+        spec::VerifyCostCurve::create({{1, 1e6}, {4, 1.0003e6}, {5, 10e6}, {6, 20e6}}).value());
+    o.spec_gate = {};  // measuring
+    o.drafter = oracle;
+    EngineStats together;
+    // The four decode together to the end (same max_tokens), one token a step.
+    expect_same(run(o, reqs, true, &together), want, "curve predicts a loss");
+    EXPECT_EQ(together.spec_steps, 0);
+    EXPECT_EQ(together.spec_gate_probe_steps[1], 0);
+    EXPECT_GE(together.steps, 120);
+    EngineStats alone;
+    expect_same(run(o, {reqs[0]}, true, &alone), {want[0]}, "alone");
+    EXPECT_GT(alone.spec_gate_probe_steps[1], 0);
+}
+
 // The rejection rule with fixed-length speculation (S-ENG-7): the same seed gives the
 // same tokens on every run, alone or in a batch; greedy is the output without
 // speculation.

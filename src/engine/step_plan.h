@@ -95,6 +95,10 @@ struct StepResult {
     std::vector<ItemResult> items;
     bool speculative = false;  // the plan drafted or verified drafts
     int64_t start_ns = 0;
+    // Speculation: time in the drafter this step, and the MTP catch-up rows it ran
+    // (target hidden rows through the MTP layer, deferred ones included).
+    int64_t draft_ns = 0;
+    int64_t draft_catchup_rows = 0;
     int64_t end_ns = 0;
     // Swap-in (S-KV-6) of this step, if any.
     int64_t swap_in_blocks = 0;

@@ -25,7 +25,10 @@ Worker::Worker(CausalLm* model, kv::BlockPool* pool, bool record_logits,
       spec_k_(spec_k),
       varlen_cost_(std::move(varlen_cost)),
       rule_(rule),
-      varlen_k_(spec_k) {}
+      varlen_k_(spec_k) {
+    const int64_t row_bytes = model->config().hidden_size * static_cast<int64_t>(sizeof(float));
+    max_pending_rows_ = std::max<int64_t>(256, kMaxPendingBytes / std::max<int64_t>(row_bytes, 1));
+}
 
 Worker::~Worker() { stop(); }
 
@@ -255,6 +258,7 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
     draft_k_.clear();
     draft_item_.clear();
     int64_t hidden_offset = 0;  // the item's first row in the step's hidden states
+    bool deferred_rows = false;  // this call also catches up rows of steps that did not draft
     for (size_t i = 0; i < plan.items.size(); ++i) {
         StepItem& it = plan.items[i];
         const ItemResult& ir = r.items[i];
@@ -270,7 +274,8 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
             const std::span<const float> rows =
                 std::span<const float>(out_.hidden)
                     .subspan(static_cast<size_t>(offset * H), static_cast<size_t>(ir.num_kept * H));
-            const bool defer = !plan.draft && ws.pending_rows + ir.num_kept < kMaxPendingRows;
+            const bool defer = !plan.draft && ws.pending_rows + ir.num_kept < max_pending_rows_;
+            deferred_rows |= ws.pending_rows > 0 && !defer;
             if (ws.pending_rows > 0 || defer) {
                 if (ws.pending_rows == 0) ws.pending_pos = it.start_pos;
                 DSI_CHECK_EQ(ws.pending_pos + ws.pending_rows, it.start_pos);
@@ -296,13 +301,21 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
     draft_probs_.resize(varlen_cost_ != nullptr ? draft_in_.size() : 0);
     const int64_t t0 = steady_clock_ns();
     DSI_RETURN_IF_ERROR(drafter_->propose_batch(draft_in_, draft_k_, draft_out_, draft_probs_));
+    r.draft_ns = steady_clock_ns() - t0;
+    for (const spec::DraftInput& in : draft_in_) {
+        r.draft_catchup_rows += static_cast<int64_t>(in.hidden.size()) / std::max<int64_t>(H, 1);
+    }
     for (size_t d = 0; d < draft_item_.size(); ++d) {
         WorkerSeq& ws = seqs_.at(plan.items[draft_item_[d]].seq_id);
         ws.pending_hidden.clear();
         ws.pending_rows = 0;
     }
     const bool drafted = std::any_of(draft_k_.begin(), draft_k_.end(), [](int k) { return k > 0; });
-    if (varlen_cost_ != nullptr && drafted) {
+    // What a speculating step's drafting costs: a call that also caught up the rows of
+    // steps that did not draft (the gate's plain steps) is not one; counting it would
+    // make every draft look cheap next to it (DSpark verified ~55 drafts a step at 64
+    // sequences after a switch).
+    if (varlen_cost_ != nullptr && drafted && !deferred_rows) {
         const double ns = static_cast<double>(steady_clock_ns() - t0);
         draft_ns_ = draft_ns_ == 0 ? ns : 0.8 * draft_ns_ + 0.2 * ns;
     }
@@ -353,16 +366,26 @@ int64_t Worker::choose_lengths(const StepPlan& plan, StepResult& r) {
         }
         varlen_in_.push_back({acc});
     }
-    const spec::VarlenChoice choice = spec::choose_verify_lengths(
-        varlen_in_, std::max<int64_t>(base, static_cast<int64_t>(draft_item_.size())),
-        std::max<int64_t>(sampled, 1), *varlen_cost_, draft_ns_);
+    const int64_t base_tokens = std::max<int64_t>(base, static_cast<int64_t>(draft_item_.size()));
+    spec::VarlenChoice choice = spec::choose_verify_lengths(
+        varlen_in_, base_tokens, std::max<int64_t>(sampled, 1), *varlen_cost_, draft_ns_);
+    const bool pays = choice.pays;
+    if (!pays) {
+        // Speculating does not pay on the curve even with the best N: the drafts in hand
+        // are spent, so verify only those that pay for their own rows (none where a
+        // verified row costs what a decoded one does, i.e. at large batches). N chosen
+        // with the drafting cost would make a step that speculates anyway (a probe of
+        // the gate) verify dozens of drafts to spread that cost.
+        choice = spec::choose_verify_lengths(varlen_in_, base_tokens, std::max<int64_t>(sampled, 1),
+                                             *varlen_cost_, 0);
+    }
     int64_t cut = 0;
     int longest = 0;
     for (int len : choice.lengths) longest = std::max(longest, len);
     varlen_k_ = std::min(spec_k_, longest + 1);
     const bool any_drafts = std::any_of(draft_out_.begin(), draft_out_.end(),
                                         [](const std::vector<int32_t>& d) { return !d.empty(); });
-    if (any_drafts && !choice.pays) {
+    if (any_drafts && !pays) {
         // Drafting and verifying cost more than they yield on the curve: draft one token
         // next time (the cheapest probe). Whether speculating pays at all, with the
         // loop's own costs, the engine's SpecGate measures (S-SPEC: off where it does

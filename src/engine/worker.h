@@ -77,13 +77,18 @@ private:
         std::vector<float> draft_probs;
         // MTP catch-up deferred by steps that did not draft: the target's hidden rows of
         // positions [pending_pos, + pending_rows), run through the MTP layer with the next
-        // drafting step (or once kMaxPendingRows gather), never if the sequence ends
+        // drafting step (or once they would pass kMaxPendingBytes), never if the sequence ends
         // first — so a gate that does not speculate costs no MTP work.
         std::vector<float> pending_hidden;
         int64_t pending_pos = 0;
         int64_t pending_rows = 0;
     };
-    static constexpr int64_t kMaxPendingRows = 256;
+    // Per sequence: 4 MiB of hidden rows (4,096 rows of the default model's 256 floats,
+    // 146 of DeepSeek V3's 7,168), at least 256 rows. Large enough that a whole prompt
+    // waits: the catch-up of prompt rows in the prefill step cost DSpark ~7 % of the
+    // time at 64 sequences (issue 24), for sequences most of which never drafted.
+    static constexpr int64_t kMaxPendingBytes = int64_t{4} << 20;
+    int64_t max_pending_rows_ = 256;
 
     void loop();
     StepResult execute(StepPlan& plan);

@@ -177,6 +177,43 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
     return best;
 }
 
+double predict_speedup(const VerifyCostCurve& cost, std::span<const double> survival,
+                       int64_t batch) {
+    if (batch <= 0 || survival.empty()) return 0;
+    const double b = static_cast<double>(batch);
+    const double without = b / cost.ns(batch);
+    double gain = 0;
+    double best = 0;
+    for (size_t n = 1; n <= survival.size(); ++n) {
+        gain += survival[n - 1];
+        const int64_t tokens = batch * (1 + static_cast<int64_t>(n));
+        best = std::max(best, (b + b * gain) / cost.ns(tokens));
+    }
+    return best / without;
+}
+
+std::vector<double> observed_survival(std::span<const int64_t> drafted,
+                                      std::span<const int64_t> accepted, int max_drafts) {
+    std::vector<double> s;
+    const size_t n =
+        std::min({drafted.size(), accepted.size(), static_cast<size_t>(std::max(max_drafts, 0))});
+    double prev = 1;         // survival[j - 1]
+    double conditional = 1;  // survival[j - 1] / survival[j - 2]
+    for (size_t j = 0; j < n; ++j) {
+        const double prior = prev * conditional;
+        const double seen =
+            (static_cast<double>(accepted[j]) + kSurvivalPrior * prior) /
+            (static_cast<double>(std::max<int64_t>(drafted[j], 0)) + kSurvivalPrior);
+        // Deep positions are verified for confident drafts only: never above the
+        // position before.
+        const double here = std::clamp(seen, 0.0, prev);
+        conditional = prev > 0 ? here / prev : 0;
+        prev = here;
+        s.push_back(here);
+    }
+    return s;
+}
+
 int SpecGate::bucket(int64_t batch) {
     int b = 0;
     while (b + 1 < kBuckets && (int64_t{1} << b) < batch) ++b;
@@ -202,12 +239,18 @@ void SpecGate::start_run(Bucket& b, bool on, bool probing, int steps) {
     b.left = std::max(steps, 1);
 }
 
-void SpecGate::decide(Bucket& b) {
-    if (!b.probing) {
-        start_run(b, !b.on, true, o_.probe_steps);  // a hold ended: probe the other mode
+void SpecGate::decide(Bucket& b, bool may_probe_on) {
+    const bool other = !b.on;
+    if (other && !may_probe_on && (!b.probing || b.rate[1] == 0)) {
+        // The curve says speculating cannot pay here: no probe of it; ask again after a
+        // short hold (the prediction follows the observed acceptance).
+        start_run(b, false, false, o_.min_hold);
         return;
     }
-    const bool other = !b.on;
+    if (!b.probing) {
+        start_run(b, other, true, o_.probe_steps);  // a hold ended: probe the other mode
+        return;
+    }
     if (b.rate[other ? 1 : 0] == 0) {
         start_run(b, other, true, o_.probe_steps);  // never measured: probe it first
         return;
@@ -230,12 +273,16 @@ void SpecGate::decide(Bucket& b) {
     start_run(b, best_on, false, b.hold);
 }
 
-void SpecGate::start_bucket(int index) {
+void SpecGate::start_bucket(int index, double predicted) {
     // Neighbours' measured speed-ups (rate on / rate off) are the prior: batch sizes
     // twice apart gain alike. A clear one starts the bucket holding that mode (as long
     // as the probe-cost rule asks); otherwise (or with none) the bucket probes not
     // speculating first (the loop without speculation costs nothing over the baseline).
     Bucket& b = buckets_[static_cast<size_t>(index)];
+    if (predicted > 0 && predicted < o_.min_predicted) {
+        start_run(b, false, false, o_.min_hold);  // cannot pay: not even a probe
+        return;
+    }
     double sum = 0;
     int n = 0;
     for (int nb : {index - 1, index + 1}) {
@@ -245,6 +292,8 @@ void SpecGate::start_bucket(int index) {
         sum += o.speedup;
         ++n;
     }
+    // A predicted gain is no prior: the prediction leaves drafting and the synchronous
+    // loop out, so it says where speculating cannot pay, not where it does.
     const double speedup = n > 0 ? sum / n : 1;
     if (std::abs(speedup - 1) < kPriorMargin) {
         start_run(b, false, true, o_.probe_steps);
@@ -258,15 +307,16 @@ void SpecGate::start_bucket(int index) {
     start_run(b, on, false, b.hold);
 }
 
-bool SpecGate::speculate(int64_t batch, bool measurable) {
+bool SpecGate::speculate(int64_t batch, bool measurable, double predicted) {
     if (!o_.measure) return true;
     if (batch <= 0) return false;  // prefill only: the first drafts come one step later
     const int index = bucket(batch);
     Bucket& b = buckets_[static_cast<size_t>(index)];
     if (!measurable) return b.has_winner && !b.probing ? b.on : false;
-    if (!b.started) start_bucket(index);
-    if (b.left <= 0) decide(b);
+    if (!b.started) start_bucket(index, predicted);
+    if (b.left <= 0) decide(b, !(predicted > 0 && predicted < o_.min_predicted));
     --b.left;
+    probe_steps_[b.on ? 1 : 0] += b.probing ? 1 : 0;
     return b.on;
 }
 

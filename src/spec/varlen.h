@@ -142,6 +142,28 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
                                    int64_t sampled, const VerifyCostCurve& cost,
                                    double draft_ns = 0);
 
+// What the cost curve predicts speculating gains at `batch` decoding sequences, each
+// with the same draft survivals (`survival[j]`: the chance drafts 1..j+1 are all
+// accepted, non-increasing): the best common draft length n >= 1,
+//   ((batch + batch * sum_{j<n} survival[j]) / time(batch * (1 + n))) / (batch / time(batch)).
+// Drafting and the synchronous loop are left out (they only add to speculating's time),
+// so below 1 verifying cannot pay at this batch. 0 when there is nothing to predict from
+// (no survivals, batch <= 0).
+double predict_speedup(const VerifyCostCurve& cost, std::span<const double> survival,
+                       int64_t batch);
+
+// Survivals for predict_speedup from verification counts (EngineStats::spec_drafted_at,
+// spec_accepted_at: items that verified a draft at position j, and that accepted it),
+// `max_drafts` positions: survival[j] = (accepted[j] + kSurvivalPrior * prior) /
+// (drafted[j] + kSurvivalPrior), never above survival[j - 1], where the prior is 1 at
+// position 0 and after it survival[j - 1] times the conditional acceptance at j - 1.
+// Optimistic while little is seen (all 1 with nothing seen: the prediction is then the
+// curve's bound for drafts always accepted), so a prediction below 1 is never an
+// artefact of few observations.
+static constexpr double kSurvivalPrior = 4.0;
+std::vector<double> observed_survival(std::span<const int64_t> drafted,
+                                      std::span<const int64_t> accepted, int max_drafts);
+
 // Speculate or not, decided per batch-size bucket (decoding sequences: 1, 2, 3-4, 5-8,
 // ..., 2^k+1 - 2^(k+1)) from measured output rates: tokens emitted per ns of wall time
 // between consecutive step results, which includes drafting, sampling and the host's
@@ -153,9 +175,15 @@ VarlenChoice choose_verify_lengths(std::span<const VarlenRequest> requests, int6
 // confirms the choice (back to `min_hold` when it does not), and at least long enough
 // that a probe of the slower mode costs at most `max_probe_cost` of the hold's time
 // (probe_steps * its step time * (1 - slower / faster) / (hold * the faster mode's step
-// time)). A mode's rate is that of its latest run,
-// recent steps weighted most (kDecay). The first step of each run of a mode is not measured (it carries the switch: drafts not yet proposed, or the loop refilling).
-// Pure: no clock; the engine passes measured periods. Not thread-safe.
+// time)). The cost curve's prediction (predict_speedup) bounds what is tried: where it is
+// below `min_predicted` a bucket that does not speculate never probes speculating (it holds not
+// speculating for `min_hold` steps at a time and asks again; a new bucket starts so, even
+// against its neighbours' prior). A predicted gain decides nothing (the prediction
+// leaves drafting and the synchronous loop out), and a measured gain outranks a
+// predicted loss (the curve may be wrong; the measurement is what the loop does). A mode's rate is
+// that of its latest run, recent steps weighted most (kDecay). The first step of each run of a mode
+// is not measured (it carries the switch: drafts not yet proposed, or the loop refilling). Pure: no
+// clock; the engine passes measured periods. Not thread-safe.
 class SpecGate {
 public:
     struct Options {
@@ -163,6 +191,12 @@ public:
         int min_hold = 8;
         int max_hold = 512;
         double max_probe_cost = 0.02;
+        // Speculating is probed only where the cost curve predicts at least this speed-up
+        // (predict_speedup; none given: no bound). The prediction leaves out drafting,
+        // the synchronous loop and the MTP catch-up of a switch (~5-10 % of a step each
+        // at 16-64 sequences on the default model), so a smaller predicted gain cannot
+        // pay for them.
+        double min_predicted = 1.15;
         bool measure = true;  // false: always speculate
     };
     SpecGate() : SpecGate(Options{}) {}
@@ -172,7 +206,9 @@ public:
     // a planned step of that bucket. A step that cannot be measured (`measurable` false:
     // it also runs prefill chunks) gets the mode the bucket holds after its probes (not
     // speculating before them) and counts nothing; so does batch 0 (not speculating).
-    bool speculate(int64_t batch, bool measurable = true);
+    // `predicted`: the cost curve's speed-up of speculating at this batch
+    // (predict_speedup; <= 0: none); below Options::min_predicted no probe speculates.
+    bool speculate(int64_t batch, bool measurable = true, double predicted = 0);
     // A measured step: planned in mode `speculated`, `batch` decoding sequences (a step
     // that also ran prefill chunks is not passed), `tokens` emitted, `period_ns` since
     // the previous step's result. Steps of a mode the bucket has left are ignored.
@@ -190,6 +226,8 @@ public:
     double rate(int64_t batch, bool speculated) const;
     bool mode(int64_t batch) const { return buckets_[static_cast<size_t>(bucket(batch))].on; }
     int64_t switches() const { return switches_; }
+    // Planned steps that were probes of speculating (true) or not speculating (false).
+    int64_t probe_steps(bool speculated) const { return probe_steps_[speculated ? 1 : 0]; }
 
 private:
     struct Bucket {
@@ -208,12 +246,14 @@ private:
         double speedup = 0;
     };
     void start_run(Bucket& b, bool on, bool probing, int steps);
-    void start_bucket(int index);
-    void decide(Bucket& b);
+    void start_bucket(int index, double predicted);
+    // `may_probe_on`: false where the prediction says speculating cannot pay.
+    void decide(Bucket& b, bool may_probe_on);
 
     Options o_;
     std::array<Bucket, kBuckets> buckets_{};
     int64_t switches_ = 0;
+    std::array<int64_t, 2> probe_steps_{};
 };
 
 }  // namespace dsi::spec

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <random>
+#include <vector>
 
 namespace dsi::spec {
 namespace {
@@ -214,14 +215,14 @@ struct GateRun {
 };
 template <typename RateFn>
 GateRun run_gate(SpecGate& gate, int64_t batch, int steps, RateFn true_rate, int delay = 0,
-                 uint32_t seed = 1) {
+                 uint32_t seed = 1, double predicted = 0) {
     std::mt19937 rng(seed);
     std::uniform_real_distribution<double> noise(0.9, 1.1);
     GateRun r;
     // Speculating emits 1.5 tokens per sequence and step (batch: even).
     std::vector<std::pair<bool, double>> pending;  // (mode, period) in plan order
     for (int i = 0; i < steps; ++i) {
-        const bool on = gate.speculate(batch);
+        const bool on = gate.speculate(batch, true, predicted);
         const double tokens = static_cast<double>(batch) * (on ? 1.5 : 1.0);
         const double period = tokens / (true_rate(i, on) * noise(rng));
         r.on_steps += on ? 1 : 0;
@@ -356,6 +357,84 @@ TEST(SpecGateTest, UnmeasurableStepsTakeTheHeldModeAndCountNothing) {
     EXPECT_TRUE(gate.mode(8));
     EXPECT_TRUE(gate.speculate(8, false));  // holding speculation
     EXPECT_FALSE(gate.speculate(0));
+}
+
+// The curve's prediction, worked by hand. A memory-bound curve (4 tokens cost what 1
+// does, then 1 ms a token): at batch 1 verifying 3 drafts of survival 0.9, 0.6, 0.3 gives
+// 2.8 tokens in the time of 1; at batch 16 every verified row costs a decoded one, so no
+// length pays (each n: (16 + 16 * sum) / (16 * (1 + n)) against 1 token per ms).
+TEST(PredictSpeedupTest, WorkedNumbers) {
+    const VerifyCostCurve c = VerifyCostCurve::create({{1, 4e6}, {4, 4e6}, {8, 8e6}}).value();
+    const std::vector<double> s = {0.9, 0.6, 0.3};
+    EXPECT_DOUBLE_EQ(predict_speedup(c, s, 1), 2.8);
+    // Batch 2: n = 1 runs 4 tokens (4 ms: 3.8 tokens against 2 in 4 ms); n = 2: 6
+    // tokens in 6 ms, 5 tokens; n = 3: 8 in 8 ms, 5.6 tokens: 1.9 is the best.
+    EXPECT_DOUBLE_EQ(predict_speedup(c, s, 2), 1.9);
+    EXPECT_LT(predict_speedup(c, s, 16), 1.0);
+    EXPECT_DOUBLE_EQ(predict_speedup(c, s, 16), 16 * 1.9 / 32 / (16.0 / 16));
+    EXPECT_EQ(predict_speedup(c, {}, 4), 0);  // no draft positions: no prediction
+    EXPECT_EQ(predict_speedup(c, s, 0), 0);
+}
+
+TEST(PredictSpeedupTest, SurvivalsFromVerificationCounts) {
+    const double w = kSurvivalPrior;
+    // Nothing seen: every draft survives (the curve's bound for perfect drafts).
+    EXPECT_EQ(observed_survival(std::vector<int64_t>{0, 0}, std::vector<int64_t>{0, 0}, 2),
+              (std::vector<double>{1.0, 1.0}));
+    // Position 0 seen (72 of 96 accepted, with the prior 1 of weight w); positions 1
+    // and 2 unseen: the conditional acceptance of position 0 carries on; cut at
+    // max_drafts.
+    const std::vector<double> s =
+        observed_survival(std::vector<int64_t>{96, 0, 0, 0}, std::vector<int64_t>{72, 0, 0, 0}, 3);
+    ASSERT_EQ(s.size(), 3u);
+    const double s0 = (72 + w) / (96 + w);
+    EXPECT_DOUBLE_EQ(s[0], s0);
+    EXPECT_DOUBLE_EQ(s[1], s0 * s0);
+    EXPECT_DOUBLE_EQ(s[2], s0 * s0 * s0);
+    // A deep position verified only for confident drafts never shows more than the one
+    // before it.
+    const std::vector<double> t =
+        observed_survival(std::vector<int64_t>{12, 12}, std::vector<int64_t>{6, 12}, 2);
+    ASSERT_EQ(t.size(), 2u);
+    EXPECT_DOUBLE_EQ(t[0], (6 + w) / (12 + w));
+    EXPECT_DOUBLE_EQ(t[1], t[0]);
+}
+
+// Where the curve predicts a loss (or a gain below min_predicted), a bucket never probes
+// speculating, even when the loop would (here) measure it faster; once the prediction is
+// a clear gain it probes, measures
+// and holds speculation. A predicted gain decides nothing (a new bucket still probes
+// the plain loop first); a measured gain outranks a later predicted loss; a predicted
+// loss outranks the neighbours' prior.
+TEST(SpecGateTest, ThePredictionBoundsWhatIsProbed) {
+    auto faster_on = [](int, bool on) { return on ? 1.6e-6 : 1e-6; };
+    SpecGate gate;
+    const GateRun lost = run_gate(gate, 64, 500, faster_on, 0, 1, 0.8);
+    EXPECT_EQ(lost.on_steps, 0);
+    // A predicted gain smaller than what drafting and the loop cost: not probed either.
+    const GateRun small = run_gate(gate, 64, 500, faster_on, 0, 1, 1.1);
+    EXPECT_EQ(small.on_steps, 0);
+    EXPECT_EQ(gate.probe_steps(true), 0);
+    EXPECT_EQ(gate.rate(64, true), 0);
+    const SpecGate::Options o;
+    const GateRun gain = run_gate(gate, 64, 1000, faster_on, 0, 1, 1.3);
+    EXPECT_GT(gain.on_steps, gain.steps * 9 / 10);
+    EXPECT_TRUE(gate.mode(64));
+    EXPECT_LE(gate.probe_steps(true), 2 * o.probe_steps);
+    // Measured: the later prediction of a loss does not switch it off.
+    const GateRun kept = run_gate(gate, 64, 200, faster_on, 0, 1, 0.8);
+    EXPECT_GT(kept.on_steps, kept.steps * 9 / 10);
+
+    SpecGate fresh;
+    for (int i = 0; i < 4; ++i) EXPECT_FALSE(fresh.speculate(1, true, 3.0)) << i;
+    EXPECT_TRUE(fresh.speculate(1, true, 3.0));  // the probe of speculating
+    SpecGate up;
+    run_gate(up, 2, 200, faster_on);
+    EXPECT_TRUE(up.speculate(4));  // the neighbour's prior ...
+    SpecGate up_lost;
+    run_gate(up_lost, 2, 200, faster_on);
+    const GateRun r = run_gate(up_lost, 4, 100, faster_on, 0, 1, 0.9);
+    EXPECT_EQ(r.on_steps, 0);  // ... is not taken against a predicted loss
 }
 
 }  // namespace
