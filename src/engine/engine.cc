@@ -647,7 +647,9 @@ std::optional<StoreBlockShape> store_block_shape(const CausalLm& model,
         uint64_t floats = static_cast<uint64_t>(layout.state_floats);
         if (layout.swa_bounded_replay && yoco == kv::YocoTruncationMode::kCompact) {
             floats = 0;  // the tiered cache packs these ranges of the slot (swa_pack)
-            for (const auto& [b, e] : layout.swa_stored_ranges) floats += static_cast<uint64_t>(e - b);
+            for (const auto& [b, e] : layout.swa_stored_ranges) {
+                floats += static_cast<uint64_t>(e - b);
+            }
         }
         s.swa_state_bytes = floats * sizeof(float) + kv::kSwaSealBytes;
     }

@@ -503,10 +503,9 @@ private:
         server_->service->start(
             ticket, std::move(g),
             [hold = server_->hold([self = shared_from_this(), executor](Update u) {
-                 asio::post(executor, [self, u = std::move(u)]() mutable {
-                     self->on_update(std::move(u));
-                 });
-             })](Update u) {
+                asio::post(executor,
+                           [self, u = std::move(u)]() mutable { self->on_update(std::move(u)); });
+            })](Update u) {
                 std::lock_guard lock(hold->mu);
                 if (hold->deliver) hold->deliver(std::move(u));  // else the server is gone
             });
