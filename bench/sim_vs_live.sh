@@ -21,7 +21,9 @@
 # 4. The simulator on the same slice, scale and cluster description; both sides' TTFT
 #    and TPOT p50 / p90 / p99 and the ratio sim / live.
 # Run it under `flock /work/.bench.lock` on a quiet machine: the calibration and the
-# live run must see the same machine.
+# live run must see the same machine. SVL_PIN=1 pins the prefill engine (and the
+# calibration) to CPU 0 and the decode engine to CPU 1 (taskset), as the simulator
+# gives each engine a device of its own; the router, etcd and the client float.
 set -euo pipefail
 build="$(cd "${1:-build}" && pwd)"
 requests="${2:-80}"
@@ -29,11 +31,6 @@ load="${3:-0.6}"
 offset="${4:-0}"
 source "$(dirname "$0")/../tests/cluster/lib.sh"
 trace_src="$src/tests/data/traces/azure2023_conv.csv"
-
-echo "== calibrating (1 thread)"
-"$bin" calibrate --threads 1 --out "$work/cost.json" --verify-out "$work/verify.json" \
-  --verify-tokens 1,2,4,8,16,32 > "$work/calibrate.out" 2>&1 || fail "calibrate failed"
-tail -2 "$work/calibrate.out"
 
 python3 - "$trace_src" "$offset" "$requests" "$work/slice.jsonl" <<'PY'
 import csv, datetime, json, sys
@@ -53,6 +50,18 @@ with open(out, "w") as f:
         f.write(json.dumps({"timestamp": round(ms, 3), "input_length": inp,
                             "output_length": outp, "hash_ids": ids}) + "\n")
 PY
+
+# The decode curve is timed as plain decode steps (one row per sequence) at the slice's
+# mean context in decode (prompt + half the output).
+ctx="$(python3 -c 'import json,sys; r=[json.loads(l) for l in open(sys.argv[1])]; print(round(sum(x["input_length"]+x["output_length"]/2 for x in r)/len(r)))' "$work/slice.jsonl")"
+pin_p="" pin_d=""
+pin_r=""
+if [[ "${SVL_PIN:-0}" != 0 ]]; then pin_p="taskset -c 0" pin_d="taskset -c 1"; fi
+if [[ "${SVL_PIN:-0}" == 2 ]]; then pin_r="taskset -c 1"; taskset -pc 1 "$etcd_pid" > /dev/null; fi
+echo "== calibrating (1 thread) ${pin_p:+pinned: $pin_p}"
+$pin_p "$bin" calibrate --threads 1 --out "$work/cost.json" --verify-out "$work/verify.json" \
+  --verify-tokens 1,2,4,8,16,32 --verify-tokens-per-seq 1 --verify-context "$ctx" > "$work/calibrate.out" 2>&1 || fail "calibrate failed"
+grep -E "^(q |wrote)" "$work/calibrate.out"
 
 # The cluster description from the calibration.
 model_dir="$(ls -d "$HOME"/.cache/dsinfer/models/dsinfer-default-* | head -1)"
@@ -75,7 +84,7 @@ desc = {"num_prefill": 1, "num_decode": 1,
         "prefill_cost": {k: cost[k] for k in ("base_ns", "per_q_ns", "per_c_ns", "per_qc_ns", "per_qq_ns")},
         "decode_base_ns": base, "decode_per_request_ns": per_request,
         "decode_per_kv_token_ns": per_kv, "kv_bytes_per_token": kv_bytes,
-        "p2d_bytes_per_s": 1e9, "device": "this machine, 1 thread per engine (dsinfer calibrate)"}
+        "p2d_bytes_per_s": 1e9, "decode_join_recompute_block": 128, "device": "this machine, 1 thread per engine (dsinfer calibrate)"}
 json.dump(desc, open(out, "w"), indent=1)
 print("cluster description:", json.dumps(desc))
 PY
@@ -87,19 +96,40 @@ echo "== arrival scale at load $load: $scale"
 
 echo "== live cluster"
 m="etcd://127.0.0.1:$ecp/svl/"
-start p serve --threads 1 --role prefill --membership "$m" --node-id p --cost-model "$work/cost.json"
-start d serve --threads 1 --role decode --membership "$m" --node-id d --cost-model "$work/cost.json"
-start r router --membership "$m"
+START_PREFIX="$pin_p" start p serve --threads 1 --role prefill --membership "$m" --node-id p --cost-model "$work/cost.json"
+pport=$last_port
+START_PREFIX="$pin_d" start d serve --threads 1 --role decode --membership "$m" --node-id d --cost-model "$work/cost.json"
+dport=$last_port
+START_PREFIX="$pin_r" start r router --membership "$m"
 rport=$last_port
 for _ in $(seq 100); do
   [[ "$(curl -sf "http://127.0.0.1:$rport/metrics" | sed -n 's/^dsinfer_router_engines \([0-9]*\).*/\1/p')" == 2 ]] && break
   sleep 0.1
 done
-"$bin" bench serve --base-url "http://127.0.0.1:$rport" --model dsinfer-default \
+$pin_r "$bin" bench serve --base-url "http://127.0.0.1:$rport" --model dsinfer-default \
   --endpoint completions --dataset trace --trace "$work/slice.jsonl" --num-prompts 0 \
   --trace-time-scale "$scale" --concurrency 100000 --out-json "$work/live.json" \
   --fail-on-error > "$work/live.out" 2>&1 || fail "the live replay failed: $(tail -5 "$work/live.out")"
 grep -E "^[0-9]" "$work/live.out" | head -3 || true
+# The engines' own step counts and forward time: what the live run's steps cost.
+for e in p:$pport d:$dport; do
+  curl -sf "http://127.0.0.1:${e#*:}/metrics" > "$work/metrics_${e%%:*}.txt" || true
+done
+python3 - "$work/metrics_p.txt" "$work/metrics_d.txt" <<'PY'
+import sys
+for name, path in zip(("prefill", "decode"), sys.argv[1:]):
+    m = {}
+    for line in open(path):
+        if line.startswith("dsinfer_") and " " in line:
+            k, v = line.split()[:2]
+            m[k] = float(v)
+    steps = m.get("dsinfer_engine_steps_total", 0)
+    fwd = m.get("dsinfer_engine_forward_seconds_total", 0)
+    print(f"{name} engine: {steps:.0f} steps, forward {fwd:.2f} s, "
+          f"{1000 * fwd / steps if steps else 0:.2f} ms a step, "
+          f"output tokens {m.get('dsinfer_engine_output_tokens_total', 0):.0f}, "
+          f"prompt tokens {m.get('dsinfer_engine_prompt_tokens_total', 0):.0f}")
+PY
 
 python3 - "$work/sim.json" "$work/live.json" <<'PY'
 import json, sys

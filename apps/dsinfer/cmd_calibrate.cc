@@ -31,6 +31,11 @@ struct CalibrateFlags {
     // checkpoint (engine::verify_cost_path_for); "none" = skip it.
     std::string verify_out;
     std::string verify_tokens = "1,2,3,4,6,8,12,16,24,32,48,64,96,128,192";
+    // Rows per sequence in a verify step (a decode and its drafts) and the context each
+    // sequence has; 1 row per sequence times plain decode steps (the simulator's decode
+    // step model, bench/sim_vs_live.sh).
+    int64_t verify_tokens_per_seq = engine::VerifyCalibration{}.tokens_per_seq;
+    int64_t verify_context = engine::VerifyCalibration{}.context;
 };
 
 Result<std::vector<int64_t>> parse_counts(const std::string& flag, const std::string& s) {
@@ -114,6 +119,8 @@ int run_calibrate(const CalibrateFlags& f) {
     Result<std::vector<int64_t>> ns = parse_counts("--verify-tokens", f.verify_tokens);
     if (!ns.is_ok()) return fail(ns.status());
     grid.tokens = *ns;
+    grid.tokens_per_seq = f.verify_tokens_per_seq;
+    grid.context = f.verify_context;
     grid.reps = std::max(f.reps, 3);
     Result<spec::VerifyCostCurve> curve = engine::profile_verify_cost(model, grid);
     if (!curve.is_ok()) return fail(curve.status().with_context("--verify-tokens"));
@@ -154,6 +161,11 @@ void register_calibrate_command(CLI::App& app) {
                 "checkpoint; none = skip)");
     add_setting(*c, "--verify-tokens", f->verify_tokens,
                 "step sizes (tokens verified per step) to time for the verify-cost curve");
+    add_setting(*c, "--verify-tokens-per-seq", f->verify_tokens_per_seq,
+                "rows per sequence in a timed step (a decode and its drafts; 1 = plain "
+                "decode steps of n sequences)");
+    add_setting(*c, "--verify-context", f->verify_context,
+                "computed tokens of each sequence before a timed step");
     c->callback([f] {
         if (int rc = run_calibrate(*f); rc != 0) throw CLI::RuntimeError(rc);
     });

@@ -228,6 +228,9 @@ Status ClusterDescription::validate() const {
     if (store_capacity_tokens < 0 || store_ttl_ns < 0) {
         return invalid_argument("cluster: store capacity and TTL must be >= 0");
     }
+    if (decode_join_recompute_block < 0) {
+        return invalid_argument("cluster: decode_join_recompute_block must be >= 0");
+    }
     return operations.validate(num_prefill, num_decode);
 }
 
@@ -257,6 +260,8 @@ Result<ClusterDescription> parse_cluster_description(std::string_view json) {
             DSI_RETURN_IF_ERROR(num(v, key, c.decode_per_kv_token_ns));
         } else if (key == "decode_max_batch") {
             DSI_RETURN_IF_ERROR(num(v, key, c.decode_max_batch));
+        } else if (key == "decode_join_recompute_block") {
+            DSI_RETURN_IF_ERROR(num(v, key, c.decode_join_recompute_block));
         } else if (key == "decode_kv_capacity_tokens") {
             DSI_RETURN_IF_ERROR(num(v, key, c.decode_kv_capacity_tokens));
         } else if (key == "kv_bytes_per_token") {

@@ -315,16 +315,22 @@ void Sim::on_decode_arrive(uint32_t r) {
 
 void Sim::start_decode(int d) {
     DecodeEngine& de = decode_[d];
+    double join_ns = 0;  // the joining requests' partial last blocks (decode_join_recompute_block)
     for (uint32_t r : de.joining) {
         de.finishing.push({de.step + reqs_[r].decode_left, r});
         ++de.running;
+        if (const int64_t b = c_.decode_join_recompute_block; b > 0) {
+            const int64_t input = trace_.requests[r].input_tokens;
+            const int64_t q = input % b;
+            if (q > 0) join_ns += c_.prefill_cost.cost_ns(q, input - q);
+        }
     }
     de.joining.clear();
     if (de.running == 0) {
         return;
     }
     const double duration = c_.decode_base_ns + c_.decode_per_request_ns * de.running +
-                            c_.decode_per_kv_token_ns * ranks_[d].kv_tokens;
+                            c_.decode_per_kv_token_ns * ranks_[d].kv_tokens + join_ns;
     de.busy = true;
     de.busy_ns += duration;
     if (o_.timeline_bin_ns > 0) {

@@ -96,6 +96,11 @@ struct ClusterDescription {
     double decode_per_request_ns = 100e3;
     double decode_per_kv_token_ns = 10;  // ~35 KB of KV per token at ~3.3 TB/s
     int decode_max_batch = 128;
+    // 0: a request joins decode with its whole prompt's KV (DeepSeek's hand-over). B > 0:
+    // the hand-over carries full blocks of B tokens only, so the joining step also
+    // computes the prompt's last L mod B tokens (prefill_cost at c = the rest), as
+    // dsinfer's live hand-over does (serving/kv_handoff.h, B = 128).
+    int64_t decode_join_recompute_block = 0;
     int64_t decode_kv_capacity_tokens = 1'500'000;
     double kv_bytes_per_token = 35'136;  // MLA latent 576 x 61 layers, e4m3 (S-ENG-9)
     double p2d_bytes_per_s = 50e9;

@@ -166,6 +166,34 @@ TEST(SimulatorTest, RejectsBadInputs) {
     EXPECT_FALSE(simulate(workload::Trace{}, small_cluster(), SimOptions{}).is_ok());
 }
 
+// decode_join_recompute_block: a request whose prompt ends inside a block makes its
+// joining decode step compute the prompt's last L mod B tokens; one whose prompt fills
+// whole blocks costs nothing more.
+TEST(SimulatorTest, DecodeJoinRecomputesThePartialBlock) {
+    auto one = [](int32_t input) {
+        workload::Trace t;
+        t.block_tokens = 512;
+        t.blocks = {1};
+        t.requests.push_back({0, input, 5, 0, 1});
+        return t;
+    };
+    ClusterDescription c;
+    c.num_prefill = 1;
+    c.num_decode = 1;
+    c.prefill_cost.per_q_ns = 1e6;  // 1 ms a token: the join's share is easy to see
+    auto tpot = [&](int32_t input, int64_t block) {
+        ClusterDescription cc = c;
+        cc.decode_join_recompute_block = block;
+        auto r = simulate(one(input), cc, SimOptions{});
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        return r.is_ok() ? r->tpot_ms.mean : -1.0;
+    };
+    // 200 = 128 + 72: 72 tokens at 1 ms over the 4 tokens after the first.
+    EXPECT_NEAR(tpot(200, 128) - tpot(200, 0), 72.0 / 4, 0.5);
+    EXPECT_NEAR(tpot(256, 128), tpot(256, 0), 1e-9);
+    EXPECT_FALSE(parse_cluster_description(R"({"decode_join_recompute_block": -1})").is_ok());
+}
+
 TEST(SimulatorTest, ClusterDescriptionParsing) {
     auto c = parse_cluster_description(
         R"({"num_prefill": 4, "num_decode": 2, "prefill_cost": {"per_q_ns": 1000},

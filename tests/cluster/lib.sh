@@ -37,10 +37,10 @@ for _ in $(seq 100); do
   sleep 0.1
 done
 
-start() {  # start NAME ARGS... -> sets last_pid, last_port
+start() {  # start NAME ARGS... -> sets last_pid, last_port; $START_PREFIX (e.g. "taskset -c 0") runs before the binary
   local name="$1"
   shift
-  "$bin" "$@" --port 0 > "$work/$name.out" 2> "$work/$name.err" &
+  ${START_PREFIX:-} "$bin" "$@" --port 0 > "$work/$name.out" 2> "$work/$name.err" &
   last_pid=$!
   pids+=("$last_pid")
   last_port=""
