@@ -29,6 +29,7 @@
 // one process (tests): each opens the segment itself.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -84,6 +85,8 @@ private:
     ShmMoeCommunicator(const ShmOptions& options, std::unique_ptr<Segment> segment);
     // timeout_ms 0: options_.op_timeout_ms.
     Status wait_all(uint64_t target, const char* step, int64_t timeout_ms = 0);
+    // The first rank whose barrier number is below `target`, or -1.
+    int first_behind(uint64_t target, std::memory_order order);
     Status check_call(const MoeLayout& layout, Phase expected, const char* step);
     void mark_left();
     // Breaks the group on a misuse the peers cannot see (a wrong size or order in this
