@@ -165,18 +165,20 @@ inline void cpu_relax() {
 #endif
 }
 
-// Whether a call that moves `bytes` in all (every rank's dispatched rows) writes them with
-// streaming stores: only when they would not stay in the last-level cache anyway (half of
-// it: the expert outputs and the caller's own data compete for the rest). Below that,
-// plain stores keep the rows in the cache the receiver reads them from, and the cache
-// absorbs the read-for-ownership; glibc's memcpy draws the same line (3/4 of the shared
-// cache) for its own non-temporal path.
+// Whether a dispatch that sends `bytes` from this rank writes them with streaming stores:
+// only when they do not fit this core's L2 (they would leave it for the shared cache or
+// memory anyway). Below that, plain stores are faster: the lines stay in the cache the
+// receiver pulls them from, and the read-for-ownership is served by the cache. Measured
+// on the 2-core VM (bench/RESULTS.md, "EP dispatch + combine", 2026-12-04): 1 and 4 tokens
+// x 7168 x top-8 (229 KB, 917 KB) dispatch in 40 % of the streaming time, 16 tokens (3.7
+// MB) in 70-100 % more with plain stores. The L2, not the L3: this VM's cpuid reports a
+// 320 MiB L3 (sysconf) that is not there.
 bool use_streaming_stores(size_t bytes) {
     static const size_t threshold = [] {
-        const long l3 = ::sysconf(_SC_LEVEL3_CACHE_SIZE);
-        return static_cast<size_t>(l3 > 0 ? l3 : 32L << 20) / 2;
+        const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+        return static_cast<size_t>(l2 > 0 ? l2 : 1L << 20);
     }();
-    return bytes >= threshold;
+    return bytes > threshold;
 }
 
 // Copies one row into the segment. With `stream`, on x86-64 with 16-byte aligned rows:
@@ -672,9 +674,8 @@ Result<DispatchView> ShmMoeCommunicator::dispatch(const MoeLayout& layout,
                                             " tokens x hidden " + std::to_string(hidden)));
     }
     const uint64_t call = layout.call;
-    const bool stream = use_streaming_stores(static_cast<size_t>(shape_.num_ranks) *
-                                             static_cast<size_t>(layout.dst_rank.size()) *
-                                             hidden * sizeof(float));
+    const bool stream =
+        use_streaming_stores(static_cast<size_t>(layout.dst_rank.size()) * hidden * sizeof(float));
     for (int t = 0; t < layout.num_tokens; ++t) {
         const float* src = hidden_rows.data() + static_cast<size_t>(t) * hidden;
         for (int k = 0; k < layout.top_k; ++k) {
