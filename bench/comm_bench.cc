@@ -14,7 +14,7 @@
 // repetitions alternate memcpy, comm, memcpy, ... (REPS each); each figure is the median
 // over repetitions (min-max) of each rank's bytes/s; the ratio is the ratio of medians.
 // Usage: comm_bench [TOKENS=128] [HIDDEN=2048] [TOP_K=8] [EXPERTS_PER_RANK=8] [REPS=5]
-//                   [SECONDS_PER_REP=0.5]
+//                   [SECONDS_PER_REP=0.5] [STREAMING_MIN_BYTES=-1 (automatic)]
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -43,6 +43,7 @@ struct Config {
     int experts_per_rank = 8;
     int reps = 5;
     double seconds_per_rep = 0.5;
+    int64_t streaming_min_bytes = -1;  // ShmOptions::streaming_min_bytes (-1: automatic)
 };
 
 constexpr int kRanks = 2;
@@ -55,7 +56,7 @@ struct Shared {
     double comm_us_per_iter[kRanks][kMaxReps];
     int64_t iterations[kRanks][kMaxReps];
     double phase_us[kRanks][3];  // mean layout / dispatch / combine per call
-    int64_t iters;  // per repetition, both sides: agreed by rank 0 after the warm-up
+    int64_t iters;               // per repetition, both sides: agreed by rank 0 after the warm-up
 };
 
 volatile float g_sink = 0;
@@ -75,6 +76,7 @@ int run_rank(const Config& c, int rank, Shared* out) {
     options.name = "dsi_comm_bench_" + std::to_string(::getppid());
     options.rank = rank;
     options.shape = shape_of(c);
+    options.streaming_min_bytes = c.streaming_min_bytes;
     auto comm = ShmMoeCommunicator::create(options);
     if (!comm.is_ok()) {
         std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().to_string().c_str());
@@ -159,8 +161,8 @@ int run_rank(const Config& c, int rank, Shared* out) {
     // Collective steps need the same iteration count on both ranks: rank 0's, from its
     // warm-up of the comm side, through the shared page. The memcpy side runs as many.
     if (rank == 0) {
-        out->iters = std::max<int64_t>(
-            10, static_cast<int64_t>(c.seconds_per_rep / (warm_comm / 20)));
+        out->iters =
+            std::max<int64_t>(10, static_cast<int64_t>(c.seconds_per_rep / (warm_comm / 20)));
     }
     if (!(*comm)->barrier().is_ok()) {
         return 2;
@@ -209,6 +211,7 @@ int main(int argc, char** argv) {
     if (argc > 4) c.experts_per_rank = std::atoi(argv[4]);
     if (argc > 5) c.reps = std::clamp(std::atoi(argv[5]), 3, kMaxReps);
     if (argc > 6) c.seconds_per_rep = std::atof(argv[6]);
+    if (argc > 7) c.streaming_min_bytes = std::atoll(argv[7]);
     auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
                                                MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     if (shared == MAP_FAILED) {

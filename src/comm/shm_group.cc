@@ -165,20 +165,22 @@ inline void cpu_relax() {
 #endif
 }
 
-// Whether a dispatch that sends `bytes` from this rank writes them with streaming stores:
-// only when they do not fit this core's L2 (they would leave it for the shared cache or
-// memory anyway). Below that, plain stores are faster: the lines stay in the cache the
-// receiver pulls them from, and the read-for-ownership is served by the cache. Measured
-// on the 2-core VM (bench/RESULTS.md, "EP dispatch + combine", 2026-12-04): 1 and 4 tokens
-// x 7168 x top-8 (229 KB, 917 KB) dispatch in 40 % of the streaming time, 16 tokens (3.7
-// MB) in 70-100 % more with plain stores. The L2, not the L3: this VM's cpuid reports a
-// 320 MiB L3 (sysconf) that is not there.
-bool use_streaming_stores(size_t bytes) {
-    static const size_t threshold = [] {
+// The bytes above which a dispatch writes its rows with streaming stores
+// (ShmOptions::streaming_min_bytes when >= 0): twice this core's L2. Below, plain stores
+// are faster: the rows stay in the caches the receiver pulls them from, and those serve
+// the read-for-ownership. Measured on the 2-core VM (bench/RESULTS.md, "EP dispatch +
+// combine", 2026-12-04; 1 MiB L2): at 1-8 tokens x 7168 x top-8 (0.2-1.8 MB sent per rank)
+// plain stores win, at 16 tokens (3.7 MB) streaming does. The L2, not the L3: this VM's
+// cpuid reports a 320 MiB L3 (sysconf) that is not there.
+size_t streaming_threshold(int64_t option) {
+    if (option >= 0) {
+        return static_cast<size_t>(option);
+    }
+    static const size_t automatic = [] {
         const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
-        return static_cast<size_t>(l2 > 0 ? l2 : 1L << 20);
+        return 2 * static_cast<size_t>(l2 > 0 ? l2 : 1L << 20);
     }();
-    return bytes > threshold;
+    return automatic;
 }
 
 // Copies one row into the segment. With `stream`, on x86-64 with 16-byte aligned rows:
@@ -674,8 +676,8 @@ Result<DispatchView> ShmMoeCommunicator::dispatch(const MoeLayout& layout,
                                             " tokens x hidden " + std::to_string(hidden)));
     }
     const uint64_t call = layout.call;
-    const bool stream =
-        use_streaming_stores(static_cast<size_t>(layout.dst_rank.size()) * hidden * sizeof(float));
+    const bool stream = static_cast<size_t>(layout.dst_rank.size()) * hidden * sizeof(float) >
+                        streaming_threshold(options_.streaming_min_bytes);
     for (int t = 0; t < layout.num_tokens; ++t) {
         const float* src = hidden_rows.data() + static_cast<size_t>(t) * hidden;
         for (int k = 0; k < layout.top_k; ++k) {
