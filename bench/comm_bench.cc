@@ -9,11 +9,12 @@
 // rows TOKENS x TOP_K x HIDDEN x 4 plus the same again for the combined expert outputs.
 // Baseline in the same run: each rank memcpy's the same number of bytes (two copies of
 // TOKENS x TOP_K x HIDDEN x 4 between private buffers of that size) at the same time as
-// the other rank. Both sides are warmed up, then the repetitions alternate memcpy, comm,
-// memcpy, ... (REPS each); each figure is the median over repetitions (min-max) of
-// rank 0's bytes/s; the ratio is the ratio of medians.
+// the other rank, the same number of iterations per repetition as the comm side. Both
+// sides are warmed up (20 iterations, then a quarter of a repetition each), then the
+// repetitions alternate memcpy, comm, memcpy, ... (REPS each); each figure is the median
+// over repetitions (min-max) of each rank's bytes/s; the ratio is the ratio of medians.
 // Usage: comm_bench [TOKENS=128] [HIDDEN=2048] [TOP_K=8] [EXPERTS_PER_RANK=8] [REPS=5]
-//                   [SECONDS_PER_REP=0.5]
+//                   [SECONDS_PER_REP=0.5] [STREAMING_MIN_BYTES=-1 (automatic)]
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,6 +43,7 @@ struct Config {
     int experts_per_rank = 8;
     int reps = 5;
     double seconds_per_rep = 0.5;
+    int64_t streaming_min_bytes = -1;  // ShmOptions::streaming_min_bytes (-1: automatic)
 };
 
 constexpr int kRanks = 2;
@@ -54,8 +56,7 @@ struct Shared {
     double comm_us_per_iter[kRanks][kMaxReps];
     int64_t iterations[kRanks][kMaxReps];
     double phase_us[kRanks][3];  // mean layout / dispatch / combine per call
-    int64_t comm_iters;  // agreed by rank 0 after the warm-up
-    int64_t copy_iters;
+    int64_t iters;               // per repetition, both sides: agreed by rank 0 after the warm-up
 };
 
 volatile float g_sink = 0;
@@ -75,6 +76,7 @@ int run_rank(const Config& c, int rank, Shared* out) {
     options.name = "dsi_comm_bench_" + std::to_string(::getppid());
     options.rank = rank;
     options.shape = shape_of(c);
+    options.streaming_min_bytes = c.streaming_min_bytes;
     auto comm = ShmMoeCommunicator::create(options);
     if (!comm.is_ok()) {
         std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().to_string().c_str());
@@ -157,18 +159,19 @@ int run_rank(const Config& c, int rank, Shared* out) {
         return 2;
     }
     // Collective steps need the same iteration count on both ranks: rank 0's, from its
-    // warm-up, through the shared page.
+    // warm-up of the comm side, through the shared page. The memcpy side runs as many.
     if (rank == 0) {
-        out->comm_iters = std::max<int64_t>(
-            10, static_cast<int64_t>(c.seconds_per_rep / (warm_comm / 20)));
-        out->copy_iters = std::max<int64_t>(
-            10, static_cast<int64_t>(c.seconds_per_rep / (warm_copy / 20)));
+        out->iters =
+            std::max<int64_t>(10, static_cast<int64_t>(c.seconds_per_rep / (warm_comm / 20)));
     }
     if (!(*comm)->barrier().is_ok()) {
         return 2;
     }
-    const int64_t agreed_comm_iters = out->comm_iters;
-    const int64_t copy_iters = out->copy_iters;
+    const int64_t agreed_comm_iters = out->iters;
+    const int64_t copy_iters = agreed_comm_iters;
+    if (timed(one_comm, agreed_comm_iters / 4) < 0 || timed(one_memcpy, copy_iters / 4) < 0) {
+        return 2;
+    }
     std::fill(phase_ns, phase_ns + 3, 0);
     for (int r = 0; r < c.reps; ++r) {
         const double copy_s = timed(one_memcpy, copy_iters);
@@ -208,6 +211,7 @@ int main(int argc, char** argv) {
     if (argc > 4) c.experts_per_rank = std::atoi(argv[4]);
     if (argc > 5) c.reps = std::clamp(std::atoi(argv[5]), 3, kMaxReps);
     if (argc > 6) c.seconds_per_rep = std::atof(argv[6]);
+    if (argc > 7) c.streaming_min_bytes = std::atoll(argv[7]);
     auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
                                                MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     if (shared == MAP_FAILED) {

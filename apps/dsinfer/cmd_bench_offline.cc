@@ -27,6 +27,7 @@
 #include "base/env.h"
 #include "base/settings.h"
 #include "bench_stats.h"
+#include "engine/dp_front.h"
 #include "engine/engine.h"
 #include "ep_launch.h"
 #include "kernels/cpu_features.h"
@@ -54,7 +55,10 @@ struct OfflineFlags {
     std::string llamacpp_amx = "on";
     std::string llamacpp_flash_attn = "off";
     int repetitions = 3;
-    EpFlags ep;  // --ep N: rank 0 measures, the ranks it starts lend their experts
+    // --ep N: rank 0 measures; with --ep-attention dp (the default) the requests are
+    // spread over the ranks (a fresh engine on every rank per measurement), with rank0 the
+    // ranks it starts only lend their experts.
+    EpFlags ep;
 };
 
 // Expert parallelism (issue 19): the group's per-rank expert rows, moe_lb of its
@@ -100,8 +104,18 @@ Result<engine::Engine*> fresh_engine(serving::Replica* replica, bool async) {
     return replica->engine();
 }
 
-Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t n, bool async) {
-    DSI_ASSIGN_OR_RETURN(engine::Engine * eng, fresh_engine(replica, async));
+// `dp` (--ep N --ep-attention dp): the requests go through an engine::DpFront over rank 0's
+// fresh engine, spread over the ranks, each of which starts a fresh engine too.
+Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t n, bool async,
+                       const engine::DpRankLink* dp, Env* env) {
+    DSI_ASSIGN_OR_RETURN(engine::Engine * local, fresh_engine(replica, async));
+    std::unique_ptr<engine::DpFront> front;
+    engine::StepEngine* eng = local;
+    if (dp != nullptr) {
+        front = std::make_unique<engine::DpFront>(local, replica->model(), dp, env);
+        DSI_RETURN_IF_ERROR(front->reset_ranks(async));
+        eng = front.get();
+    }
     for (int64_t s = 0; s < n; ++s) {
         engine::GenerateRequest r;
         r.prompt = bench_prompt(s, f.prompt_tokens);
@@ -110,7 +124,7 @@ Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t
         DSI_RETURN_IF_ERROR(eng->add_request(std::move(r), nullptr).status());
     }
     const int64_t t0 = now_ns();
-    DSI_RETURN_IF_ERROR(eng->run());
+    while (eng->has_work()) DSI_RETURN_IF_ERROR(eng->step());
     const double secs = static_cast<double>(now_ns() - t0) * 1e-9;
     const engine::EngineStats st = eng->stats();
     json out{{"seconds", secs},
@@ -121,6 +135,11 @@ Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t
              {"host_gap_fraction",
               st.forward_ns ? static_cast<double>(st.host_gap_ns) / st.forward_ns : 0.0}};
     if (st.expert_parallel) out["expert_parallel"] = expert_parallel_json(*st.expert_parallel);
+    if (dp != nullptr) {
+        json per_rank = json::array();
+        for (const engine::EngineStats::DpRank& r : st.dp_ranks) per_rank.push_back(r.requests);
+        out["dp_rank_requests"] = per_rank;
+    }
     if (st.spec_verify_steps > 0) {  // --speculative (issue 24)
         json per = json::array();
         for (size_t j = 0; j < st.spec_drafted_at.size() && st.spec_drafted_at[j] > 0; ++j) {
@@ -202,13 +221,13 @@ Result<json> run_dsinfer_once(const OfflineFlags& f, const std::vector<int64_t>&
     {
         OfflineFlags w = f;
         w.gen_tokens = 2;
-        DSI_RETURN_IF_ERROR(run_batch(rep, w, 2, true).status());
+        DSI_RETURN_IF_ERROR(run_batch(rep, w, 2, true, ep.dp_link(), env).status());
     }
     for (int64_t n : conc) {
         json row;
         for (bool async : {true, false}) {
             if (!async && !f.async_off) continue;
-            DSI_ASSIGN_OR_RETURN(json r, run_batch(rep, f, n, async));
+            DSI_ASSIGN_OR_RETURN(json r, run_batch(rep, f, n, async, ep.dp_link(), env));
             row[async ? "async_on" : "async_off"] = r;
         }
         out[std::to_string(n)] = row;
@@ -268,14 +287,6 @@ int run_started_rank(const OfflineFlags& f, Env* env) {
 int run_bench_offline(const OfflineFlags& f) {
     Env* env = Env::default_env();
     if (f.ep.rank > 0) return run_started_rank(f, env);
-    if (f.ep.attention != "rank0") {
-        // A fresh engine per measurement on rank 0 alone; attention DP is measured with
-        // `generate --ep N --input` (bench/RESULTS.md).
-        std::fprintf(stderr,
-                     "dsinfer: bench offline --ep runs with --ep-attention rank0 only "
-                     "(measure dp with generate --ep N --input)\n");
-        return 1;
-    }
     std::vector<int64_t> conc;
     try {
         conc = parse_list(f.concurrency);
@@ -301,6 +312,7 @@ int run_bench_offline(const OfflineFlags& f) {
                 {"repetitions", f.repetitions},
                 {"ep", f.ep.ep},
                 {"eplb", f.ep.eplb},
+                {"ep_attention", f.ep.ep > 1 ? f.ep.attention : "-"},
                 {"dsinfer_settings",
                  {{"attention", "MLA, absorbed (latent KV), no flash-attention variant"},
                   {"kv_cache_type", "f32"},
@@ -406,7 +418,6 @@ void register_bench_offline_command(CLI::App& bench) {
     add_setting(*o, "--llamacpp-flash-attn", f->llamacpp_flash_attn, "on | off");
     add_setting(*o, "--repetitions", f->repetitions, "alternating repetitions (median, spread)");
     o->add_flag("--skip-llamacpp", f->skip_llamacpp, "dsinfer only");
-    f->ep.attention = "rank0";  // a fresh engine per measurement: rank 0 holds them
     add_ep_flags(*o, &f->ep);
     o->callback([f] {
         if (int rc = run_bench_offline(*f); rc != 0) throw CLI::RuntimeError(rc);

@@ -339,7 +339,14 @@ Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
             .with_context(context);
     }
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<comm::RankPipe> pipe, comm::RankPipe::adopt(pipe_fd_));
-    return engine::run_dp_rank(*replica.engine(), *replica.model(), *pipe, env)
+    // bench offline: a fresh engine per measurement, as rank 0 makes its own.
+    auto reset = [&replica](bool async) -> Result<engine::Engine*> {
+        engine::EngineOptions eo = replica.engine_options();
+        eo.async = async;
+        DSI_RETURN_IF_ERROR(replica.reset_engine(std::move(eo)));
+        return replica.engine();
+    };
+    return engine::run_dp_rank(*replica.engine(), *replica.model(), *pipe, env, reset)
         .with_context(context);
 }
 

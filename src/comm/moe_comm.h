@@ -44,6 +44,7 @@
 // on different ranks run concurrently; that is the point.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -181,17 +182,26 @@ inline void add_scaled_row(float* __restrict acc, const float* __restrict y, flo
 
 // Pure part of combine(): out[t] = sum_k gate[t][k] * y(t, k) in fixed k order from
 // +0.0f, where y(t, k) = row_of(t, k) (a pointer to `hidden` floats). Every transport
-// calls this, so the summation is one piece of code.
+// calls this, so the summation is one piece of code. The row is summed in blocks of
+// kCombineBlock floats, all k over one block before the next: the block of `out` stays in
+// L1 instead of going through the cache once per k (top_k passes over a 28 KB row at
+// hidden 7168), and every element still gets the same additions in the same order.
+inline constexpr int kCombineBlock = 512;
+
 template <typename RowOf>
 void combine_in_order(int num_tokens, int top_k, int hidden, std::span<const float> gate,
                       std::span<float> out, RowOf&& row_of) {
     for (int t = 0; t < num_tokens; ++t) {
         float* acc = out.data() + static_cast<size_t>(t) * hidden;
-        for (int h = 0; h < hidden; ++h) {
-            acc[h] = 0.0f;
-        }
-        for (int k = 0; k < top_k; ++k) {
-            add_scaled_row(acc, row_of(t, k), gate[static_cast<size_t>(t) * top_k + k], hidden);
+        const float* w = gate.data() + static_cast<size_t>(t) * top_k;
+        for (int h0 = 0; h0 < hidden; h0 += kCombineBlock) {
+            const int n = std::min(kCombineBlock, hidden - h0);
+            for (int h = 0; h < n; ++h) {
+                acc[h0 + h] = 0.0f;
+            }
+            for (int k = 0; k < top_k; ++k) {
+                add_scaled_row(acc + h0, row_of(t, k) + h0, w[k], n);
+            }
         }
     }
 }

@@ -30,7 +30,8 @@ namespace dsi::comm {
 namespace {
 
 constexpr uint64_t kMagic = 0x4d4d4f434d495344ULL;  // "DSIMCOMM" little-endian
-constexpr uint32_t kVersion = 2;  // 2: all_gather values in the control block
+// 2: all_gather values in the control block; 3: the sleeper count beside the futex word.
+constexpr uint32_t kVersion = 3;
 constexpr size_t kPage = 4096;
 constexpr uint32_t kStateAttached = 1, kStateLeft = 2;
 constexpr int kSpinIterations = 2000;    // before sleeping on the futex
@@ -46,7 +47,10 @@ struct Header {
     uint32_t slots_per_rank;
     int64_t recv_capacity;
     int64_t total_bytes;
-    uint32_t wake;  // futex word: bumped by every publish
+    // The futex word and the number of ranks sleeping on it, on their own cache line: a
+    // publish touches them only when someone sleeps (see wait_all).
+    alignas(64) uint32_t wake;
+    uint32_t sleepers;
 };
 static_assert(sizeof(Header) <= kPage);
 
@@ -161,14 +165,32 @@ inline void cpu_relax() {
 #endif
 }
 
-// Copies one row into the segment. On x86-64 with 16-byte aligned rows: streaming
-// (non-temporal) stores — the rows are read by another core after the barrier, not by
-// this one, so writing around the cache saves the read-for-ownership of every line
+// The bytes above which a dispatch writes its rows with streaming stores
+// (ShmOptions::streaming_min_bytes when >= 0): twice this core's L2. Below, plain stores
+// are faster: the rows stay in the caches the receiver pulls them from, and those serve
+// the read-for-ownership. Measured on the 2-core VM (bench/RESULTS.md, "EP dispatch +
+// combine", 2026-12-04; 1 MiB L2): at 1-8 tokens x 7168 x top-8 (0.2-1.8 MB sent per rank)
+// plain stores win, at 16 tokens (3.7 MB) streaming does. The L2, not the L3: this VM's
+// cpuid reports a 320 MiB L3 (sysconf) that is not there.
+size_t streaming_threshold(int64_t option) {
+    if (option >= 0) {
+        return static_cast<size_t>(option);
+    }
+    static const size_t automatic = [] {
+        const long l2 = ::sysconf(_SC_LEVEL2_CACHE_SIZE);
+        return 2 * static_cast<size_t>(l2 > 0 ? l2 : 1L << 20);
+    }();
+    return automatic;
+}
+
+// Copies one row into the segment. With `stream`, on x86-64 with 16-byte aligned rows:
+// streaming (non-temporal) stores — the rows are read by another core after the barrier,
+// not by this one, so writing around the cache saves the read-for-ownership of every line
 // (what glibc's memcpy does for large copies too). REQUIRES: stream_fence() before the
 // rows are published.
-void copy_row(float* dst, const float* src, size_t n) {
+void copy_row(float* dst, const float* src, size_t n, bool stream) {
 #if defined(__x86_64__)
-    if (reinterpret_cast<uintptr_t>(dst) % 16 == 0 && n % 16 == 0) {
+    if (stream && reinterpret_cast<uintptr_t>(dst) % 16 == 0 && n % 16 == 0) {
         for (size_t i = 0; i < n; i += 16) {
             _mm_stream_ps(dst + i, _mm_loadu_ps(src + i));
             _mm_stream_ps(dst + i + 4, _mm_loadu_ps(src + i + 4));
@@ -436,8 +458,10 @@ ShmMoeCommunicator::ShmMoeCommunicator(const ShmOptions& options, std::unique_pt
 ShmMoeCommunicator::~ShmMoeCommunicator() { mark_left(); }
 
 void ShmMoeCommunicator::mark_left() {
-    at(seg_->control(rank_).state).store(kStateLeft, std::memory_order_release);
-    at(seg_->header().wake).fetch_add(1, std::memory_order_release);
+    // Wakes every sleeper unconditionally: leaving is rare, and a peer that is about to
+    // sleep sees the state at its next check.
+    at(seg_->control(rank_).state).store(kStateLeft, std::memory_order_seq_cst);
+    at(seg_->header().wake).fetch_add(1, std::memory_order_seq_cst);
     futex_wake_all(&seg_->header().wake);
 }
 
@@ -451,35 +475,65 @@ Status ShmMoeCommunicator::leave_group(Status status) {
     return status;
 }
 
-Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step, int64_t timeout_ms) {
-    // Publish this rank's half of the barrier.
-    at(seg_->control(rank_).seq).store(target, std::memory_order_release);
-    uint32_t& wake = seg_->header().wake;
-    at(wake).fetch_add(1, std::memory_order_release);
-    futex_wake_all(&wake);
+int ShmMoeCommunicator::first_behind(uint64_t target, std::memory_order order) {
+    for (int r = 0; r < shape_.num_ranks; ++r) {
+        if (at(seg_->control(r).seq).load(order) < target) {
+            return r;
+        }
+    }
+    return -1;
+}
 
+Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step, int64_t timeout_ms) {
+    // Publish this rank's half of the barrier. The futex word is bumped and woken only when
+    // a rank sleeps on it: most barriers of a busy group end while spinning, and then a
+    // publish is one store to this rank's own control line (no syscall, no shared line
+    // bounced between the ranks). The store and the sleeper count are sequentially
+    // consistent, as is the sleeper's increment before it reads the word and the numbers:
+    // either this rank sees the sleeper (and wakes it) or the sleeper sees this number.
+    Header& h = seg_->header();
+    at(seg_->control(rank_).seq).store(target, std::memory_order_seq_cst);
+    if (at(h.sleepers).load(std::memory_order_seq_cst) != 0) {
+        at(h.wake).fetch_add(1, std::memory_order_seq_cst);
+        futex_wake_all(&h.wake);
+    }
+    for (int spins = 0; spins < kSpinIterations; ++spins) {
+        if (first_behind(target, std::memory_order_acquire) < 0) {
+            return Status::ok();
+        }
+        cpu_relax();
+    }
     if (timeout_ms <= 0) {
         timeout_ms = options_.op_timeout_ms;
     }
-    const int64_t deadline = steady_clock_ns() + timeout_ms * 1'000'000;
-    for (int spins = 0;; ++spins) {
-        const uint32_t seen = at(wake).load(std::memory_order_acquire);
-        int waiting_for = -1;
-        for (int r = 0; r < shape_.num_ranks; ++r) {
-            if (at(seg_->control(r).seq).load(std::memory_order_acquire) < target) {
-                waiting_for = r;
-                break;
-            }
+    const int64_t start = steady_clock_ns();
+    const int64_t deadline = start + timeout_ms * 1'000'000;
+    // The first check of the peer's process comes after one slice asleep: a barrier that
+    // ends after the spin does not pay for reading /proc.
+    int64_t next_liveness_check = start + kSleepSliceNs;
+    for (;;) {
+        at(h.sleepers).fetch_add(1, std::memory_order_seq_cst);
+        const uint32_t seen = at(h.wake).load(std::memory_order_seq_cst);
+        int waiting_for = first_behind(target, std::memory_order_seq_cst);
+        const int64_t now = steady_clock_ns();
+        const int64_t wake_at = std::min(next_liveness_check, deadline);
+        if (waiting_for >= 0 && now < wake_at) {
+            futex_wait(&h.wake, seen, wake_at - now);
+            waiting_for = first_behind(target, std::memory_order_acquire);
         }
+        at(h.sleepers).fetch_sub(1, std::memory_order_relaxed);
         if (waiting_for < 0) {
             return Status::ok();
         }
-        if (spins < kSpinIterations) {
-            cpu_relax();
-            continue;
-        }
+        // A peer that left (cheap to see) is checked at every wake-up; its process (a read
+        // of /proc) once per slice.
         Control& peer = seg_->control(waiting_for);
         const bool left = at(peer.state).load(std::memory_order_acquire) == kStateLeft;
+        const int64_t after = steady_clock_ns();
+        if (!left && after < next_liveness_check && after <= deadline) {
+            continue;
+        }
+        next_liveness_check = after + kSleepSliceNs;
         const uint32_t pid = at(peer.pid).load(std::memory_order_acquire);
         const bool gone =
             left || !process_alive(pid, at(peer.start_ticks).load(std::memory_order_relaxed));
@@ -496,12 +550,10 @@ Status ShmMoeCommunicator::wait_all(uint64_t target, const char* step, int64_t t
         if (gone) {
             return broken_ = unavailable(who + " (pid " + std::to_string(pid) + ") is gone");
         }
-        const int64_t now = steady_clock_ns();
-        if (now > deadline) {
+        if (after > deadline) {
             return broken_ = deadline_exceeded(who + " did not arrive within " +
                                                std::to_string(timeout_ms) + " ms");
         }
-        futex_wait(&wake, seen, std::min(kSleepSliceNs, deadline - now));
     }
 }
 
@@ -624,13 +676,15 @@ Result<DispatchView> ShmMoeCommunicator::dispatch(const MoeLayout& layout,
                                             " tokens x hidden " + std::to_string(hidden)));
     }
     const uint64_t call = layout.call;
+    const bool stream = static_cast<size_t>(layout.dst_rank.size()) * hidden * sizeof(float) >
+                        streaming_threshold(options_.streaming_min_bytes);
     for (int t = 0; t < layout.num_tokens; ++t) {
         const float* src = hidden_rows.data() + static_cast<size_t>(t) * hidden;
         for (int k = 0; k < layout.top_k; ++k) {
             const size_t i = static_cast<size_t>(t) * layout.top_k + k;
             const int dst = layout.dst_rank[i];
             const size_t row = static_cast<size_t>(layout.dst_row[i]);
-            copy_row(seg_->rows(dst, call) + row * hidden, src, hidden);
+            copy_row(seg_->rows(dst, call) + row * hidden, src, hidden, stream);
             seg_->origins(dst, call)[row] = RowOrigin{rank_, t, k};
         }
     }

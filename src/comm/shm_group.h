@@ -10,11 +10,13 @@
 //    rows [recv_capacity][hidden] f32. Senders write rows straight to the receiver's
 //    rows at the offset layout() computed (one copy); the home rank reads the expert
 //    outputs straight from the serving rank's buffer (no copy) while it sums.
-//  - Each collective step ends in a barrier: a rank bumps its sequence number (release),
-//    wakes the futex word, and waits (acquire) until every rank's number has reached its
-//    own. Waits spin briefly, then sleep on the futex in slices of at most 5 ms; between
-//    slices they check the deadline and whether the peers they wait for are alive (pid
-//    gone, a zombie or reused, or the peer's control block says it left) -> UNAVAILABLE.
+//  - Each collective step ends in a barrier: a rank stores its sequence number in its own
+//    control line and waits (acquire) until every rank's number has reached its own; it
+//    bumps and wakes the futex word only when a rank sleeps on it (a sleeper count beside
+//    the word), so a barrier that ends in the spin makes no system call. Waits spin
+//    briefly, then sleep on the futex in slices of at most 5 ms; between slices they check
+//    the deadline and whether the peers they wait for are alive (pid gone, a zombie or
+//    reused, or the peer's control block says it left) -> UNAVAILABLE.
 //  - Rank 0 creates the segment (O_EXCL) and initialises it; the other ranks open it,
 //    retrying until the attach deadline, check magic, version and shape
 //    (FAILED_PRECONDITION "segment layout differs: hidden 64 here, 32 in the segment"),
@@ -29,6 +31,7 @@
 // one process (tests): each opens the segment itself.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -44,6 +47,10 @@ struct ShmOptions {
     MoeShape shape;
     int64_t attach_timeout_ms = 10'000;  // for the segment to appear and all ranks to attach
     int64_t op_timeout_ms = 10'000;      // every collective step's deadline
+    // A dispatch that sends more bytes than this from this rank writes them with streaming
+    // (non-temporal) stores, a smaller one with plain stores (they stay in cache). -1:
+    // twice this core's L2 (shm_group.cc says why).
+    int64_t streaming_min_bytes = -1;
     // Test hook: called on this rank after dispatch() wrote its rows and before it
     // publishes them (the fault tests kill the rank here). Empty in production.
     std::function<void(uint64_t call)> before_dispatch_publish;
@@ -84,6 +91,8 @@ private:
     ShmMoeCommunicator(const ShmOptions& options, std::unique_ptr<Segment> segment);
     // timeout_ms 0: options_.op_timeout_ms.
     Status wait_all(uint64_t target, const char* step, int64_t timeout_ms = 0);
+    // The first rank whose barrier number is below `target`, or -1.
+    int first_behind(uint64_t target, std::memory_order order);
     Status check_call(const MoeLayout& layout, Phase expected, const char* step);
     void mark_left();
     // Breaks the group on a misuse the peers cannot see (a wrong size or order in this

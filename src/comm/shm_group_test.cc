@@ -492,7 +492,7 @@ TEST_F(ShmGroupTest, ForeignOrOtherVersionSegmentIsRefused) {
         auto c = ShmMoeCommunicator::create(b);
         EXPECT_EQ(c.status().code(), StatusCode::kFailedPrecondition);
         EXPECT_NE(
-            c.status().message().find(version == 0 ? "not an EP group" : "version 2 here, 99"),
+            c.status().message().find(version == 0 ? "not an EP group" : "version 3 here, 99"),
             std::string::npos)
             << c.status().message();
         ASSERT_TRUE(ShmMoeCommunicator::unlink(name_).is_ok());

@@ -255,6 +255,18 @@ int DpFront::rank_of(RequestId id) const {
     return it == running_.end() ? -1 : it->second.rank;
 }
 
+Status DpFront::reset_ranks(bool async) {
+    DSI_RETURN_IF_ERROR(sync_link());
+    if (!running_.empty()) {
+        return failed_precondition("dp: reset_ranks while " + std::to_string(running_.size()) +
+                                   " requests run");
+    }
+    for (const std::shared_ptr<comm::RankPipe>& pipe : pipes_) {
+        DSI_RETURN_IF_ERROR(pipe->send(dp_wire::encode_reset(async)));
+    }
+    return Status::ok();
+}
+
 bool DpFront::has_work() const { return local_->has_work() || num_remote_ > 0 || settling(); }
 
 EngineStats DpFront::stats() const {
@@ -283,8 +295,10 @@ EngineStats DpFront::stats() const {
     return s;
 }
 
-Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* env) {
+Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, Env* env,
+                   const ResetEngine& reset_engine) {
     (void)env;
+    Engine* engine = &first_engine;
     std::unordered_map<RequestId, RequestId> engine_id;  // front id -> this engine's id
     bool ended = false;                                  // rank 0 sent the end, or is gone
     auto send = [&](const std::string& message) {
@@ -302,7 +316,7 @@ Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* e
             const RequestId front_id = m.id;
             switch (m.kind) {
                 case dp_wire::Message::Kind::kRequest: {
-                    Result<RequestId> id = engine.add_request(
+                    Result<RequestId> id = engine->add_request(
                         std::move(m.request), [&, front_id](const TokenEvent& ev) {
                             send(dp_wire::encode_event(front_id, ev));
                             if (ev.finished) engine_id.erase(front_id);  // n = 1 here
@@ -318,13 +332,25 @@ Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* e
                     auto it = engine_id.find(front_id);
                     if (it != engine_id.end()) {
                         const RequestId id = it->second;  // the abort's callback erases it
-                        (void)engine.abort(id);
+                        (void)engine->abort(id);
                     }
                     break;
                 }
                 case dp_wire::Message::Kind::kEnd:
                     ended = true;
                     break;
+                case dp_wire::Message::Kind::kReset: {
+                    if (!engine_id.empty() || !reset_engine) {
+                        return internal_error(!reset_engine
+                                                  ? "dp: rank 0 sent a reset this rank cannot do"
+                                                  : "dp: rank 0 sent a reset while " +
+                                                        std::to_string(engine_id.size()) +
+                                                        " requests run here");
+                    }
+                    DSI_ASSIGN_OR_RETURN(engine, reset_engine(m.async));
+                    reported = {-1, -1, -1};
+                    break;
+                }
                 default:
                     return internal_error("dp: rank 0 sent a rank message");
             }
@@ -332,7 +358,7 @@ Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* e
         // The load goes out before this rank may wait in an idle step: rank 0 keeps
         // stepping until every rank's report matches what it knows runs there.
         if (changed) {
-            const EngineStats st = engine.stats();
+            const EngineStats st = engine->stats();
             const dp_wire::RankLoad load{st.num_live_seqs, st.pool.num_used, st.pool.num_blocks};
             if (!(load == reported)) {
                 send(dp_wire::encode_load(load));
@@ -341,8 +367,8 @@ Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* e
             changed = false;
         }
         if (!pipe.flush().is_ok()) ended = true;
-        if (engine.has_work()) {
-            DSI_RETURN_IF_ERROR(engine.step());
+        if (engine->has_work()) {
+            DSI_RETURN_IF_ERROR(engine->step());
             changed = true;
             continue;
         }

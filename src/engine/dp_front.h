@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <unordered_map>
 #include <vector>
@@ -80,6 +81,10 @@ public:
     EngineStats stats() const override;
     // The rank running request `id` now; -1 once it finished (logs, tests).
     int rank_of(RequestId id) const;
+    // Benchmarks (`bench offline --ep N`): every other rank starts a fresh engine (empty
+    // prefix cache, the async step loop on or off) before the requests that follow, as
+    // rank 0's caller does with `local`. FAILED_PRECONDITION while a request runs.
+    Status reset_ranks(bool async);
 
 private:
     struct Running {
@@ -123,10 +128,15 @@ private:
             remote_cached_tokens_ = 0, remote_output_tokens_ = 0, reruns_ = 0;
 };
 
+// Replaces a rank's engine with a fresh one over the same model (DpFront::reset_ranks);
+// returns it. The old one is gone when it returns.
+using ResetEngine = std::function<Result<Engine*>(bool async)>;
+
 // The loop of rank r > 0 of a data-parallel group: runs the requests its pipe brings
 // until rank 0 sends the end (or is gone) and every rank has left. Errors: the group's
-// (UNAVAILABLE when a peer died), a broken pipe message (INTERNAL). REQUIRES: `engine`
-// runs over `model`.
-Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* env);
+// (UNAVAILABLE when a peer died), a broken pipe message (INTERNAL; also a reset while a
+// request runs, or without `reset_engine`). REQUIRES: `engine` runs over `model`.
+Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* env,
+                   const ResetEngine& reset_engine = nullptr);
 
 }  // namespace dsi::engine

@@ -136,6 +136,12 @@ TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
     EXPECT_EQ(m->load, (dp_wire::RankLoad{3, 12, 64}));
     EXPECT_EQ(dp_wire::decode(dp_wire::encode_abort(9))->id, 9);
     EXPECT_EQ(dp_wire::decode(dp_wire::encode_end())->kind, dp_wire::Message::Kind::kEnd);
+    for (bool async : {false, true}) {
+        m = dp_wire::decode(dp_wire::encode_reset(async));
+        ASSERT_TRUE(m.is_ok());
+        EXPECT_EQ(m->kind, dp_wire::Message::Kind::kReset);
+        EXPECT_EQ(m->async, async);
+    }
 }
 
 TEST(DpWireTest, GarbageIsAnError) {

@@ -69,6 +69,8 @@ std::string encode_abort(RequestId id) { return pack({{"t", "abort"}, {"id", id}
 
 std::string encode_end() { return pack({{"t", "end"}}); }
 
+std::string encode_reset(bool async) { return pack({{"t", "reset"}, {"async", async}}); }
+
 std::string encode_event(RequestId id, const TokenEvent& e) {
     json top = json::array();
     for (const auto& [token, logprob] : e.top_logprobs) top.push_back({token, logprob});
@@ -117,6 +119,9 @@ Result<Message> decode(const std::string& text) {
             m.id = j.at("id").get<RequestId>();
         } else if (t == "end") {
             m.kind = Message::Kind::kEnd;
+        } else if (t == "reset") {
+            m.kind = Message::Kind::kReset;
+            m.async = j.at("async").get<bool>();
         } else if (t == "ev") {
             m.kind = Message::Kind::kEvent;
             m.id = j.at("id").get<RequestId>();

@@ -6,6 +6,9 @@
 //   rank 0 -> rank r   "req"   {id, request}   run this request (front id)
 //                      "abort" {id}            abort it (its finish event follows)
 //                      "end"   {}              no more requests: leave when idle
+//                      "reset" {async}         start a fresh engine (empty prefix cache,
+//                                              the async step loop on or off); sent only
+//                                              while no request runs there (benchmarks)
 //   rank r -> rank 0   "ev"    {id, event}     one TokenEvent of request id
 //                      "err"   {id, code, msg} add_request refused it (nothing ran)
 //                      "load"  {running, used, blocks}  the rank's sequences and KV
@@ -35,18 +38,20 @@ struct RankLoad {
 
 // A decoded message. `event.top_logprobs` points into `top_logprobs`.
 struct Message {
-    enum class Kind { kRequest, kAbort, kEnd, kEvent, kError, kLoad } kind = Kind::kEnd;
+    enum class Kind { kRequest, kAbort, kEnd, kReset, kEvent, kError, kLoad } kind = Kind::kEnd;
     RequestId id = 0;
     GenerateRequest request;
     TokenEvent event;
     std::vector<std::pair<int32_t, float>> top_logprobs;
     Status error;
     RankLoad load;
+    bool async = true;  // kReset
 };
 
 std::string encode_request(RequestId id, const GenerateRequest& request);
 std::string encode_abort(RequestId id);
 std::string encode_end();
+std::string encode_reset(bool async);
 std::string encode_event(RequestId id, const TokenEvent& event);
 std::string encode_error(RequestId id, const Status& error);
 std::string encode_load(const RankLoad& load);

@@ -199,9 +199,23 @@ done
 # whose process the restart replaced) were re-run on the healthy ranks as continuations.
 grep -Eq "^dsinfer_dp_reruns_total [1-9]" "$tmp/serve4.metrics" ||
     { cat "$tmp/serve4.metrics"; fail "serve failover: no request re-run"; }
+# bench offline --ep 2: both attention modes measure; with dp (the default) the four
+# sequences run two per rank, each rank starting every measurement with a fresh engine.
+for att in dp rank0; do
+    "$bin" bench offline --model "$tmp/tiny" --skip-llamacpp --threads 1 --ep 2 --ep-attention $att \
+        --concurrency 4 --prompt-tokens 8 --gen-tokens 4 --prefix-tokens 0 --repetitions 1 \
+        --json >"$tmp/offline_$att.json" 2>"$tmp/offline_$att.err" ||
+        { cat "$tmp/offline_$att.err"; fail "bench offline --ep 2 --ep-attention $att"; }
+    grep -Eq '"output_tokens": 16,' "$tmp/offline_$att.json" ||
+        { cat "$tmp/offline_$att.json"; fail "bench offline --ep-attention $att: not 4 x 4 tokens"; }
+done
+tr -d ' \n' <"$tmp/offline_dp.json" | grep -q '"dp_rank_requests":\[2,2\]' ||
+    { cat "$tmp/offline_dp.json"; fail "bench offline --ep 2 (dp): requests not spread 2 + 2"; }
+! grep -q dp_rank_requests "$tmp/offline_rank0.json" || fail "bench offline rank0 shows DP ranks"
 echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
 echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
 echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
 echo "  under serve: every request completes with one process's text"
+echo "bench offline --ep 2: dp (requests 2 + 2, fresh engines per measurement) and rank0"
 echo "attention DP: prompts / requests spread over the ranks with the same results; per-rank"
 echo "  /metrics; the killed rank's requests re-run on the healthy ranks"
