@@ -2,9 +2,9 @@
 // tests/data/traces/mooncake_synthetic_trace.jsonl replayed with the KV store off,
 // file://, redis://, shm|file:// and shm|file:// filled by a fetch process (S-KV-5,
 // a forked child running kvstore::FetchService; the pool is kept small, 16 slots, so
-// blocks leave it and the process has to bring them back); prefix hit rate against the trace's ideal
-// (infinite-cache) rate for the same scaled requests, TTFT p50/p99, and the swap-in
-// time hidden behind compute (counted by the engine).
+// blocks leave it and the process has to bring them back); prefix hit rate against the trace's
+// ideal (infinite-cache) rate for the same scaled requests, TTFT p50/p99, and the swap-in time
+// hidden behind compute (counted by the engine).
 //
 // Scaling (a 2-core CPU runs a synthetic model, not a 40K-token prompt per request):
 //   - conversations: requests are grouped by their shared prefix, not their first block
@@ -38,30 +38,30 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
 #include "base/env.h"
 #include "engine/engine.h"
+#include "kv/swa_rules.h"
 #include "kvstore/fetch_service.h"
 #include "kvstore/redis_test_server.h"
 #include "kvstore/shm_store.h"
 #include "kvstore/test_util.h"
-#include "kv/swa_rules.h"
 #include "model/causal_lm.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "sim/block_id_cache.h"
-#include "workload/trace.h"
 #include "support/build_paths.h"
+#include "workload/trace.h"
 
 using namespace dsi;
 
@@ -151,13 +151,18 @@ double ideal_rate(const Replay& rep, int64_t capacity_blocks) {
 }
 
 // The ideal under S-KV-10 (see the header): the hit tokens the rule gives with
-// infinite caches, and how many of the requests it plans as a replay.
+// infinite caches, how many of the requests it plans as a replay, and the prompt tokens
+// whose block KV is reused (where the computation starts): L1 with a state at L1 or a
+// bounded replay (V4.1), L1 - 128 with a state there (the catch-up re-runs one unit),
+// and for a replay without bounded replay (V4) the newest state below L1 - 128, else 0
+// (kv::TieredCache's exact fallback).
 struct RuleIdeal {
     int64_t hit_tokens = 0;
     int64_t replays = 0;
+    int64_t reused_tokens = 0;
 };
 
-RuleIdeal ideal_under_rule(const Replay& rep) {
+RuleIdeal ideal_under_rule(const Replay& rep, bool bounded_replay) {
     // Trace hash ids are prefix-chained: an id names its prefix, so it keys both the
     // block and the state at the end of that block.
     std::unordered_set<uint64_t> blocks, states;
@@ -170,12 +175,25 @@ RuleIdeal ideal_under_rule(const Replay& rep) {
                blocks.count(chain[static_cast<size_t>(k)]) != 0) {
             ++k;
         }
-        const kv::SwaHitPlan plan =
-            kv::plan_swa_hit(L, k * kBlockTokens, [&](int64_t p) {
-                return states.count(chain[static_cast<size_t>(p / kBlockTokens - 1)]) != 0;
-            }).value();
+        const auto has_state = [&](int64_t p) {
+            return states.count(chain[static_cast<size_t>(p / kBlockTokens - 1)]) != 0;
+        };
+        const kv::SwaHitPlan plan = kv::plan_swa_hit(L, k * kBlockTokens, has_state).value();
         out.hit_tokens += plan.hit_tokens;
-        out.replays += plan.kind == kv::SwaHitKind::kReplay ? 1 : 0;
+        int64_t start = plan.compute_begin;
+        if (plan.kind == kv::SwaHitKind::kReplay) {
+            ++out.replays;
+            start = 0;
+            if (bounded_replay) {
+                start = plan.block_hit_tokens;
+            } else {
+                for (int64_t p = plan.hit_tokens - kBlockTokens; p > 0 && start == 0;
+                     p -= kBlockTokens) {
+                    if (has_state(p)) start = p;
+                }
+            }
+        }
+        out.reused_tokens += start;
         blocks.insert(chain.begin(), chain.end());
         const int64_t P = kv::prefill_store_position(L).value();
         if (P > 0) states.insert(chain[static_cast<size_t>(P / kBlockTokens - 1)]);
@@ -229,8 +247,8 @@ pid_t start_fetch_process(const std::string& pool_and_store, const std::string& 
     ::_exit(0);
 }
 
-ModeResult run_mode(CausalLm* model, const Replay& rep, const Flags& f,
-                    const std::string& uri, engine::EngineOptions base) {
+ModeResult run_mode(CausalLm* model, const Replay& rep, const Flags& f, const std::string& uri,
+                    engine::EngineOptions base) {
     engine::EngineOptions o = base;
     o.kv_store_uri = uri;
     std::unique_ptr<engine::Engine> e =
@@ -317,14 +335,16 @@ int main(int argc, char** argv) {
     const double ideal_pool = ideal_rate(rep, f.pool_blocks);
     std::printf("ideal hit rate: infinite cache %.3f; LRU cache of %d blocks %.3f\n", ideal_inf,
                 f.pool_blocks, ideal_pool);
-    const RuleIdeal rule = ideal_under_rule(rep);
-    const double ideal_rule = static_cast<double>(rule.hit_tokens) /
-                              static_cast<double>(rep.full_blocks * kBlockTokens);
+    const RuleIdeal rule = ideal_under_rule(rep, model->kv_layout().swa_bounded_replay);
+    const double ideal_rule =
+        static_cast<double>(rule.hit_tokens) / static_cast<double>(rep.full_blocks * kBlockTokens);
     if (hybrid) {
-        std::printf("ideal under S-KV-10 (infinite block and SWA-state caches): %.3f "
-                    "(%lld hit tokens, %lld of the requests planned as a replay)\n",
-                    ideal_rule, static_cast<long long>(rule.hit_tokens),
-                    static_cast<long long>(rule.replays));
+        std::printf(
+            "ideal under S-KV-10 (infinite block and SWA-state caches): %.3f "
+            "(%lld hit tokens, %lld of the requests planned as a replay; block KV "
+            "reused for %lld prompt tokens)\n",
+            ideal_rule, static_cast<long long>(rule.hit_tokens),
+            static_cast<long long>(rule.replays), static_cast<long long>(rule.reused_tokens));
     }
 
     engine::EngineOptions base;
@@ -389,17 +409,18 @@ int main(int argc, char** argv) {
                     static_cast<long long>(s.store_blocks_dropped));
         if (hybrid) {
             const kv::SwaCacheClassCounters w = s.swa.total();
-            std::printf("    S-KV-10: %lld hit tokens (ideal %lld), block KV reused %lld tokens, "
-                        "SWA hits %lld, replays %lld (%lld tokens), computed past the plan "
-                        "%lld tokens, states stored %lld / restored %lld\n",
-                        static_cast<long long>(w.hit_tokens),
-                        static_cast<long long>(rule.hit_tokens),
-                        static_cast<long long>(s.cached_prompt_tokens),
-                        static_cast<long long>(w.swa_hits), static_cast<long long>(w.replays),
-                        static_cast<long long>(w.replay_tokens),
-                        static_cast<long long>(s.swa_fallback_tokens),
-                        static_cast<long long>(s.swa_states_stored),
-                        static_cast<long long>(s.swa_states_restored));
+            std::printf(
+                "    S-KV-10: %lld hit tokens (ideal %lld), block KV reused %lld tokens "
+                "(ideal %lld), "
+                "SWA hits %lld, replays %lld (%lld tokens), computed past the plan "
+                "%lld tokens, states stored %lld / restored %lld\n",
+                static_cast<long long>(w.hit_tokens), static_cast<long long>(rule.hit_tokens),
+                static_cast<long long>(s.cached_prompt_tokens),
+                static_cast<long long>(rule.reused_tokens), static_cast<long long>(w.swa_hits),
+                static_cast<long long>(w.replays), static_cast<long long>(w.replay_tokens),
+                static_cast<long long>(s.swa_fallback_tokens),
+                static_cast<long long>(s.swa_states_stored),
+                static_cast<long long>(s.swa_states_restored));
         }
         std::fflush(stdout);
         if (fetch_pid > 0) {

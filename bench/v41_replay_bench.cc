@@ -244,7 +244,8 @@ Flops shape_hit_flops(const ModelConfig& c, int64_t C) {
                 const int64_t bs = c.v41.candidate_block_size;
                 const int64_t pool = std::min((visible + bs - 1) / bs, c.v41.candidate_topk_blocks);
                 const int64_t candidates = std::min(visible, pool * bs);
-                if (kind == V41AttnKind::kFull) f.indexer += 2 * static_cast<double>(visible) * ih * ihd;
+                if (kind == V41AttnKind::kFull)
+                    f.indexer += 2 * static_cast<double>(visible) * ih * ihd;
                 if (kind == V41AttnKind::kReindex)
                     f.indexer += 2 * static_cast<double>(candidates) * ih * ihd;
                 attended = static_cast<double>(std::min(visible, c.index_topk));
@@ -322,8 +323,8 @@ void flops_figure(const std::vector<int64_t>& contexts) {
         "| model | context C | dense GFLOP | attention GFLOP | indexer GFLOP | total | "
         "indexer share | total / first |\n|---|---|---|---|---|---|---|---|\n");
     for (const auto& [name, c] : {std::pair<const char*, const ModelConfig*>{"V4.1-Flash", &real},
-                                   {"v41-flash-4l", &four},
-                                   {"tiny-v41", &tiny}}) {
+                                  {"v41-flash-4l", &four},
+                                  {"tiny-v41", &tiny}}) {
         double first = 0;
         for (int64_t C : contexts) {
             const Flops f = shape_hit_flops(*c, C);

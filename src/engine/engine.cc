@@ -338,7 +338,8 @@ struct Engine::Impl {
                         std::clamp<int64_t>(s.decoder_begin - s.num_computed, 0, num_new);
                     stats.yoco_decoder_skipped_tokens += skipped;
                     stats.yoco_decoder_tokens += num_new - skipped;
-                    EngineStats::YocoClass& yc = stats.yoco_by_class[static_cast<size_t>(s.traffic)];
+                    EngineStats::YocoClass& yc =
+                        stats.yoco_by_class[static_cast<size_t>(s.traffic)];
                     yc.decoder_skipped_tokens += skipped;
                     yc.decoder_tokens += num_new - skipped;
                 }

@@ -209,9 +209,9 @@ TEST(EngineV41Test, ASwaMissIsServedByBoundedReplay) {
                 << name;
             const auto cls = static_cast<size_t>(round == 1 ? kvstore::TrafficClass::kAgent
                                                             : kvstore::TrafficClass::kChatbot);
-            EXPECT_EQ(after.yoco_by_class[cls].decoder_tokens -
-                          before.yoco_by_class[cls].decoder_tokens,
-                      compact ? 140 : 0)
+            EXPECT_EQ(
+                after.yoco_by_class[cls].decoder_tokens - before.yoco_by_class[cls].decoder_tokens,
+                compact ? 140 : 0)
                 << name;
             EXPECT_EQ(after.yoco_by_class[cls].decoder_skipped_tokens -
                           before.yoco_by_class[cls].decoder_skipped_tokens,

@@ -64,8 +64,8 @@ std::vector<float> raw_values(const ModelConfig& c, const TensorSpec& spec, uint
 }  // namespace
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"tiny",     "tiny-v3",  "small",    "medium",
-            "tiny-v4",  "small-v4", "tiny-v41", "v41-flash-4l"};
+    return {"tiny",    "tiny-v3",  "small",    "medium",
+            "tiny-v4", "small-v4", "tiny-v41", "v41-flash-4l"};
 }
 
 namespace {
