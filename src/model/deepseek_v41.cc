@@ -477,84 +477,46 @@ void DeepseekV41Model::Impl::select(const V41Layer& L, const float* h, const std
         L.idx_wq_b, L.idx_weights, c, pool.get(), qr, h, tk.pos, L.attn.inv_freq, packed());
     const bool candidate_source = L.index == c.v41.candidate_source_layer_id;
     if (candidate_source) sel.candidates.assign(static_cast<size_t>(n), {});
-    // Full layers score every visible entry (§7.2: the hierarchy is the candidates of the
-    // Reindex layers, not a coarse pass before the Full ones). The tokens of one
-    // sequence go in groups of kScoreTokens against tiles of kScoreKeys keys, so a tile
-    // is read (and, packed, decoded) once per group instead of once per token; every
-    // score is still the one iq.score call, so the results do not depend on the grouping.
-    constexpr int64_t kScoreTokens = 16, kScoreKeys = 256;
-    const int64_t ihd = c.index_head_dim;
     pool->parallel_for(n, 1, [&](int64_t begin, int64_t end) {
-        std::vector<std::vector<float>> scores(static_cast<size_t>(kScoreTokens));
-        std::vector<float> key_buf(static_cast<size_t>(kScoreKeys * ihd));
-        std::vector<const float*> keys(static_cast<size_t>(kScoreKeys));
-        for (int64_t g = begin; g < end;) {
-            int64_t ge = g + 1;  // one sequence's tokens, at most kScoreTokens
-            while (ge < end && ge - g < kScoreTokens && tk.cache[ge] == tk.cache[g]) ++ge;
+        std::vector<float> score, buf(static_cast<size_t>(c.index_head_dim));
+        std::vector<int32_t> pool_ids;
+        for (int64_t t = begin; t < end; ++t) {
+            const int64_t visible = (tk.pos[t] + 1) / L.ratio;
+            // The entries scored: every visible one, or (Reindex) the candidates.
             if (L.kind == V41AttnKind::kReindex) {
-                // The candidates of each token (at most candidate_topk_blocks blocks).
-                for (int64_t t = g; t < ge; ++t) {
-                    std::vector<float>& score = scores[static_cast<size_t>(t - g)];
-                    const std::vector<int32_t>& cand = sel.candidates[static_cast<size_t>(t)];
-                    score.resize(cand.size());
-                    for (size_t i = 0; i < cand.size(); ++i) {
-                        score[i] =
-                            iq.score(t, read_key(entry_ptr(L.kv_src, tk.cache[t], cand[i], true),
-                                                 key_buf.data()));
-                    }
-                }
+                pool_ids = sel.candidates[static_cast<size_t>(t)];
             } else {
-                int64_t most = 0;
-                for (int64_t t = g; t < ge; ++t) {
-                    const int64_t visible = (tk.pos[t] + 1) / L.ratio;
-                    scores[static_cast<size_t>(t - g)].resize(static_cast<size_t>(visible));
-                    most = std::max(most, visible);
-                }
-                for (int64_t k0 = 0; k0 < most; k0 += kScoreKeys) {
-                    const int64_t k1 = std::min(most, k0 + kScoreKeys);
-                    for (int64_t k = k0; k < k1; ++k) {
-                        keys[static_cast<size_t>(k - k0)] =
-                            read_key(entry_ptr(L.kv_src, tk.cache[g], k, true),
-                                     key_buf.data() + (k - k0) * ihd);
-                    }
-                    for (int64_t t = g; t < ge; ++t) {
-                        std::vector<float>& score = scores[static_cast<size_t>(t - g)];
-                        const int64_t stop = std::min(k1, static_cast<int64_t>(score.size()));
-                        for (int64_t k = k0; k < stop; ++k) {
-                            score[static_cast<size_t>(k)] =
-                                iq.score(t, keys[static_cast<size_t>(k - k0)]);
-                        }
-                    }
-                }
+                pool_ids.resize(static_cast<size_t>(visible));
+                std::iota(pool_ids.begin(), pool_ids.end(), 0);
             }
-            for (int64_t t = g; t < ge; ++t) {
-                const std::vector<float>& score = scores[static_cast<size_t>(t - g)];
-                const int64_t m = static_cast<int64_t>(score.size());
-                std::vector<int32_t>& ids = chosen[static_cast<size_t>(t)];
-                ids = internal::top_k_ascending(score, std::min(m, c.index_topk));
-                if (L.kind == V41AttnKind::kReindex) {
-                    const std::vector<int32_t>& cand = sel.candidates[static_cast<size_t>(t)];
-                    for (int32_t& id : ids) id = cand[static_cast<size_t>(id)];
-                }
-                if (!candidate_source) continue;
-                // Candidate blocks: the best candidate_topk_blocks blocks of
-                // candidate_block_size entries by their maximum score.
-                const int64_t bs = c.v41.candidate_block_size;
-                const int64_t nb = (m + bs - 1) / bs;
-                std::vector<float> bscore(static_cast<size_t>(nb), -INFINITY);
-                for (int64_t i = 0; i < m; ++i) {
-                    bscore[static_cast<size_t>(i / bs)] = std::max(
-                        bscore[static_cast<size_t>(i / bs)], score[static_cast<size_t>(i)]);
-                }
-                const std::vector<int32_t> blocks =
-                    internal::top_k_ascending(bscore, std::min(nb, c.v41.candidate_topk_blocks));
-                std::vector<int32_t>& cand = sel.candidates[static_cast<size_t>(t)];
-                for (int32_t b : blocks) {
-                    for (int64_t i = b * bs; i < std::min(m, (b + 1) * bs); ++i)
-                        cand.push_back(static_cast<int32_t>(i));
-                }
+            const int64_t m = static_cast<int64_t>(pool_ids.size());
+            score.assign(static_cast<size_t>(m), 0.0f);
+            for (int64_t i = 0; i < m; ++i) {
+                score[static_cast<size_t>(i)] = iq.score(
+                    t, read_key(
+                           entry_ptr(L.kv_src, tk.cache[t], pool_ids[static_cast<size_t>(i)], true),
+                           buf.data()));
             }
-            g = ge;
+            std::vector<int32_t>& ids = chosen[static_cast<size_t>(t)];
+            ids = internal::top_k_ascending(score, std::min(m, c.index_topk));
+            for (int32_t& id : ids) id = pool_ids[static_cast<size_t>(id)];
+            if (!candidate_source) continue;
+            // Candidate blocks: the best candidate_topk_blocks blocks of
+            // candidate_block_size entries by their maximum score.
+            const int64_t bs = c.v41.candidate_block_size;
+            const int64_t nb = (m + bs - 1) / bs;
+            std::vector<float> bscore(static_cast<size_t>(nb), -INFINITY);
+            for (int64_t i = 0; i < m; ++i) {
+                bscore[static_cast<size_t>(i / bs)] =
+                    std::max(bscore[static_cast<size_t>(i / bs)], score[static_cast<size_t>(i)]);
+            }
+            const std::vector<int32_t> blocks =
+                internal::top_k_ascending(bscore, std::min(nb, c.v41.candidate_topk_blocks));
+            std::vector<int32_t>& cand = sel.candidates[static_cast<size_t>(t)];
+            for (int32_t b : blocks) {
+                for (int64_t i = b * bs; i < std::min(m, (b + 1) * bs); ++i)
+                    cand.push_back(static_cast<int32_t>(i));
+            }
         }
     });
     if (trace != nullptr && L.kind == V41AttnKind::kReindex) {
