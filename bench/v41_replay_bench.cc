@@ -173,6 +173,15 @@ struct Flops {
     double total() const { return dense + indexer + attention; }
 };
 
+// One query's index score of one entry (all index heads), and its attention to one key
+// (QK and PV over every head).
+double index_flops_per_entry(const ModelConfig& c) {
+    return 2.0 * static_cast<double>(c.index_n_heads * c.index_head_dim);
+}
+double attention_flops_per_key(const ModelConfig& c) {
+    return 4.0 * static_cast<double>(c.num_attention_heads * c.head_dim);
+}
+
 // Window keys of a query at offset k (0-based) from where its window floor is.
 double window_keys(const ModelConfig& c, int64_t k) {
     return static_cast<double>(std::min<int64_t>(k + 1, c.sliding_window));
@@ -199,23 +208,20 @@ double dense_part(const ModelConfig& c, int64_t n, int64_t tail) {
 // whose replay starts the call).
 Flops trace_flops(const ModelConfig& c, const V41Trace& tr, int64_t n, int64_t tail) {
     const int64_t dec = v41_first_decoder_layer(c);
-    const double ih = static_cast<double>(c.index_n_heads),
-                 ihd = static_cast<double>(c.index_head_dim),
-                 nh = static_cast<double>(c.num_attention_heads),
-                 hd = static_cast<double>(c.head_dim);
+    const double per_entry = index_flops_per_entry(c), per_key = attention_flops_per_key(c);
     Flops f;
     f.dense = dense_part(c, n, tail);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
         const size_t i = static_cast<size_t>(l);
         const V41AttnKind kind = v41_attn_kind(c, l);
         if (kind == V41AttnKind::kFull)
-            f.indexer += 2 * static_cast<double>(tr.visible_entries[i]) * ih * ihd;
+            f.indexer += static_cast<double>(tr.visible_entries[i]) * per_entry;
         if (kind == V41AttnKind::kReindex)
-            f.indexer += 2 * static_cast<double>(tr.candidate_entries[i]) * ih * ihd;
+            f.indexer += static_cast<double>(tr.candidate_entries[i]) * per_entry;
         double window = 0;
         const int64_t first = l < dec ? 0 : n - tail;
         for (int64_t p = first; p < n; ++p) window += window_keys(c, p - first);
-        f.attention += 4 * nh * hd * (static_cast<double>(tr.attended_entries[i]) + window);
+        f.attention += per_key * (static_cast<double>(tr.attended_entries[i]) + window);
     }
     return f;
 }
@@ -226,10 +232,7 @@ Flops trace_flops(const ModelConfig& c, const V41Trace& tr, int64_t n, int64_t t
 // worked out per position.
 Flops shape_hit_flops(const ModelConfig& c, int64_t C) {
     const int64_t n = kUnit + 134, tail = kKeep, dec = v41_first_decoder_layer(c);
-    const double ih = static_cast<double>(c.index_n_heads),
-                 ihd = static_cast<double>(c.index_head_dim),
-                 nh = static_cast<double>(c.num_attention_heads),
-                 hd = static_cast<double>(c.head_dim);
+    const double per_entry = index_flops_per_entry(c), per_key = attention_flops_per_key(c);
     Flops f;
     f.dense = dense_part(c, n, tail);
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -245,12 +248,12 @@ Flops shape_hit_flops(const ModelConfig& c, int64_t C) {
                 const int64_t pool = std::min((visible + bs - 1) / bs, c.v41.candidate_topk_blocks);
                 const int64_t candidates = std::min(visible, pool * bs);
                 if (kind == V41AttnKind::kFull)
-                    f.indexer += 2 * static_cast<double>(visible) * ih * ihd;
+                    f.indexer += static_cast<double>(visible) * per_entry;
                 if (kind == V41AttnKind::kReindex)
-                    f.indexer += 2 * static_cast<double>(candidates) * ih * ihd;
+                    f.indexer += static_cast<double>(candidates) * per_entry;
                 attended = static_cast<double>(std::min(visible, c.index_topk));
             }
-            f.attention += 4 * nh * hd * (attended + window_keys(c, k - first));
+            f.attention += per_key * (attended + window_keys(c, k - first));
         }
     }
     return f;
