@@ -2,9 +2,9 @@
 // tests/data/traces/mooncake_synthetic_trace.jsonl replayed with the KV store off,
 // file://, redis://, shm|file:// and shm|file:// filled by a fetch process (S-KV-5,
 // a forked child running kvstore::FetchService; the pool is kept small, 16 slots, so
-// blocks leave it and the process has to bring them back); prefix hit rate against the trace's ideal
-// (infinite-cache) rate for the same scaled requests, TTFT p50/p99, and the swap-in
-// time hidden behind compute (counted by the engine).
+// blocks leave it and the process has to bring them back); prefix hit rate against the trace's
+// ideal (infinite-cache) rate for the same scaled requests, TTFT p50/p99, and the swap-in time
+// hidden behind compute (counted by the engine).
 //
 // Scaling (a 2-core CPU runs a synthetic model, not a 40K-token prompt per request):
 //   - conversations: requests are grouped by their shared prefix, not their first block
@@ -22,6 +22,14 @@
 // pool and must come from the store. Ideal rate: sim::BlockIdCache (the simulator's cache
 // model) with unlimited capacity over the same chains; "pool only" ideal uses
 // capacity = pool blocks (LRU).
+//
+// V4 and V4.1 presets (`--preset tiny-v4`, `tiny-v41`; issue 16): the hit of a hybrid
+// model follows S-KV-10 (at most L - 134, a stored SWA state in [L1 - 128, L1] or a
+// replay), so the figure is the hit tokens the engine's rule counted
+// (kv::SwaCacheCounters::hit_tokens) against the ideal under the same rule: infinite
+// block and SWA-state caches, states where S-KV-9 stores them (after each prefill at
+// floor((L - 1) / 128) * 128; the 2 output tokens cross no boundary), plan_swa_hit over
+// each request's chain. Both are divided by the full-block tokens as above.
 // Usage: kvstore_trace_bench [--groups 8] [--max-blocks 8] [--pool-blocks 24]
 //                            [--preset tiny-v3] [--modes off,file,mmap,redis,shm,fetch]
 #include <signal.h>
@@ -30,27 +38,30 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <map>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "base/env.h"
 #include "engine/engine.h"
+#include "kv/swa_rules.h"
 #include "kvstore/fetch_service.h"
 #include "kvstore/redis_test_server.h"
 #include "kvstore/shm_store.h"
 #include "kvstore/test_util.h"
+#include "model/causal_lm.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
 #include "sim/block_id_cache.h"
-#include "workload/trace.h"
 #include "support/build_paths.h"
+#include "workload/trace.h"
 
 using namespace dsi;
 
@@ -139,6 +150,57 @@ double ideal_rate(const Replay& rep, int64_t capacity_blocks) {
     return static_cast<double>(hit) / static_cast<double>(rep.full_blocks);
 }
 
+// The ideal under S-KV-10 (see the header): the hit tokens the rule gives with
+// infinite caches, how many of the requests it plans as a replay, and the prompt tokens
+// whose block KV is reused (where the computation starts): L1 with a state at L1 or a
+// bounded replay (V4.1), L1 - 128 with a state there (the catch-up re-runs one unit),
+// and for a replay without bounded replay (V4) the newest state below L1 - 128, else 0
+// (kv::TieredCache's exact fallback).
+struct RuleIdeal {
+    int64_t hit_tokens = 0;
+    int64_t replays = 0;
+    int64_t reused_tokens = 0;
+};
+
+RuleIdeal ideal_under_rule(const Replay& rep, bool bounded_replay) {
+    // Trace hash ids are prefix-chained: an id names its prefix, so it keys both the
+    // block and the state at the end of that block.
+    std::unordered_set<uint64_t> blocks, states;
+    RuleIdeal out;
+    for (size_t i = 0; i < rep.chains.size(); ++i) {
+        const std::vector<uint64_t>& chain = rep.chains[i];
+        const int64_t L = static_cast<int64_t>(rep.prompts[i].size());
+        int64_t k = 0;
+        while (k < static_cast<int64_t>(chain.size()) &&
+               blocks.count(chain[static_cast<size_t>(k)]) != 0) {
+            ++k;
+        }
+        const auto has_state = [&](int64_t p) {
+            return states.count(chain[static_cast<size_t>(p / kBlockTokens - 1)]) != 0;
+        };
+        const kv::SwaHitPlan plan = kv::plan_swa_hit(L, k * kBlockTokens, has_state).value();
+        out.hit_tokens += plan.hit_tokens;
+        int64_t start = plan.compute_begin;
+        if (plan.kind == kv::SwaHitKind::kReplay) {
+            ++out.replays;
+            start = 0;
+            if (bounded_replay) {
+                start = plan.block_hit_tokens;
+            } else {
+                for (int64_t p = plan.hit_tokens - kBlockTokens; p > 0 && start == 0;
+                     p -= kBlockTokens) {
+                    if (has_state(p)) start = p;
+                }
+            }
+        }
+        out.reused_tokens += start;
+        blocks.insert(chain.begin(), chain.end());
+        const int64_t P = kv::prefill_store_position(L).value();
+        if (P > 0) states.insert(chain[static_cast<size_t>(P / kBlockTokens - 1)]);
+    }
+    return out;
+}
+
 double percentile(std::vector<double> v, double q) {
     if (v.empty()) return 0;
     std::sort(v.begin(), v.end());
@@ -185,8 +247,8 @@ pid_t start_fetch_process(const std::string& pool_and_store, const std::string& 
     ::_exit(0);
 }
 
-ModeResult run_mode(DeepseekModel* model, const Replay& rep, const Flags& f,
-                    const std::string& uri, engine::EngineOptions base) {
+ModeResult run_mode(CausalLm* model, const Replay& rep, const Flags& f, const std::string& uri,
+                    engine::EngineOptions base) {
     engine::EngineOptions o = base;
     o.kv_store_uri = uri;
     std::unique_ptr<engine::Engine> e =
@@ -214,7 +276,10 @@ ModeResult run_mode(DeepseekModel* model, const Replay& rep, const Flags& f,
     }
     ModeResult m;
     m.stats = e->stats();
-    m.hit_rate = static_cast<double>(m.stats.cached_prompt_tokens) /
+    // V4 / V4.1: S-KV-10's hit tokens; V2/V3: the reused prompt tokens.
+    const bool hybrid = model->kv_layout().state_snapshot_resumes;
+    m.hit_rate = static_cast<double>(hybrid ? m.stats.swa.total().hit_tokens
+                                            : m.stats.cached_prompt_tokens) /
                  static_cast<double>(rep.full_blocks * kBlockTokens);
     m.p50_ms = percentile(ttft, 0.5);
     m.p99_ms = percentile(ttft, 0.99);
@@ -248,8 +313,17 @@ int main(int argc, char** argv) {
     const Replay rep = build_replay(*trace, f);
     ModelConfig c = synthetic_preset(f.preset).value();
     c.vocab_size = kVocab;
-    std::unique_ptr<DeepseekModel> model =
-        DeepseekModel::load(synthetic_memory_model(c, 7), {2}).value();
+    std::unique_ptr<CausalLm> model;
+    if (c.v4_layout()) {  // V4 and V4.1
+        c.v41.dspark_noise_token_id = kVocab - 12;
+        c.v41.image_token_id = c.is_v41() ? kVocab - 11 : -1;
+        ModelOptions o;
+        o.num_threads = 2;
+        model = load_causal_lm(synthetic_v4_memory_model(c, 7), o).value();
+    } else {
+        model = DeepseekModel::load(synthetic_memory_model(c, 7), {2}).value();
+    }
+    const bool hybrid = model->kv_layout().state_snapshot_resumes;
     int64_t tokens = 0;
     for (const auto& p : rep.prompts) tokens += static_cast<int64_t>(p.size());
     std::printf("trace %s: %d conversations (top root blocks), %zu requests, %lld full blocks, "
@@ -261,6 +335,17 @@ int main(int argc, char** argv) {
     const double ideal_pool = ideal_rate(rep, f.pool_blocks);
     std::printf("ideal hit rate: infinite cache %.3f; LRU cache of %d blocks %.3f\n", ideal_inf,
                 f.pool_blocks, ideal_pool);
+    const RuleIdeal rule = ideal_under_rule(rep, model->kv_layout().swa_bounded_replay);
+    const double ideal_rule =
+        static_cast<double>(rule.hit_tokens) / static_cast<double>(rep.full_blocks * kBlockTokens);
+    if (hybrid) {
+        std::printf(
+            "ideal under S-KV-10 (infinite block and SWA-state caches): %.3f "
+            "(%lld hit tokens, %lld of the requests planned as a replay; block KV "
+            "reused for %lld prompt tokens)\n",
+            ideal_rule, static_cast<long long>(rule.hit_tokens),
+            static_cast<long long>(rule.replays), static_cast<long long>(rule.reused_tokens));
+    }
 
     engine::EngineOptions base;
     base.num_kv_blocks = f.pool_blocks;
@@ -298,7 +383,7 @@ int main(int argc, char** argv) {
             uri = pool + "&fetcher=" + socket + "|" + store;
         }
         ModeResult m = run_mode(model.get(), rep, f, uri, base);
-        const double ideal = mode == "off" ? ideal_pool : ideal_inf;
+        const double ideal = hybrid ? ideal_rule : mode == "off" ? ideal_pool : ideal_inf;
         const engine::EngineStats& s = m.stats;
         const double hidden =
             s.swap_in_sum_ns > 0
@@ -322,6 +407,21 @@ int main(int argc, char** argv) {
                     s.swap_in_count ? s.swap_in_sum_ns / 1e6 / s.swap_in_count : 0.0,
                     s.swap_in_wait_ns / 1e6, static_cast<long long>(s.store_blocks_written),
                     static_cast<long long>(s.store_blocks_dropped));
+        if (hybrid) {
+            const kv::SwaCacheClassCounters w = s.swa.total();
+            std::printf(
+                "    S-KV-10: %lld hit tokens (ideal %lld), block KV reused %lld tokens "
+                "(ideal %lld), "
+                "SWA hits %lld, replays %lld (%lld tokens), computed past the plan "
+                "%lld tokens, states stored %lld / restored %lld\n",
+                static_cast<long long>(w.hit_tokens), static_cast<long long>(rule.hit_tokens),
+                static_cast<long long>(s.cached_prompt_tokens),
+                static_cast<long long>(rule.reused_tokens), static_cast<long long>(w.swa_hits),
+                static_cast<long long>(w.replays), static_cast<long long>(w.replay_tokens),
+                static_cast<long long>(s.swa_fallback_tokens),
+                static_cast<long long>(s.swa_states_stored),
+                static_cast<long long>(s.swa_states_restored));
+        }
         std::fflush(stdout);
         if (fetch_pid > 0) {
             ::kill(fetch_pid, SIGTERM);

@@ -47,6 +47,7 @@ struct Sequence {
     int64_t num_computed = 0;        // KV rows computed or in flight
     int64_t num_confirmed = 0;       // KV rows whose step has completed
     int64_t decoder_begin = 0;       // CED compact prefill: the decoder runs from here, this epoch
+    kvstore::TrafficClass traffic = kvstore::TrafficClass::kChatbot;  // the request's
     int64_t num_sampled = 0;         // output tokens known or in flight
     uint32_t epoch = 0;
     bool running = false;
@@ -337,6 +338,10 @@ struct Engine::Impl {
                         std::clamp<int64_t>(s.decoder_begin - s.num_computed, 0, num_new);
                     stats.yoco_decoder_skipped_tokens += skipped;
                     stats.yoco_decoder_tokens += num_new - skipped;
+                    EngineStats::YocoClass& yc =
+                        stats.yoco_by_class[static_cast<size_t>(s.traffic)];
+                    yc.decoder_skipped_tokens += skipped;
+                    yc.decoder_tokens += num_new - skipped;
                 }
             }
             if (it.sample) ++s.num_sampled;
@@ -823,6 +828,7 @@ Result<RequestId> Engine::add_request(GenerateRequest request, StreamCallback ca
         s.deadline_ns = request.deadline_ns;
         s.tokens = shared->prompt;
         s.num_prompt = static_cast<int64_t>(s.tokens.size());
+        s.traffic = traffic;
         s.gated = i > 0 && m.options.prefix_cache;
         s.export_kv = request.export_kv && shared->sampling.n == 1;
         if (m.options.tokenizer) {

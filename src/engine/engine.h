@@ -293,9 +293,15 @@ struct EngineStats {
     int64_t swa_states_rejected = 0;
     int64_t swa_fallback_tokens = 0;
     // CED compact prefill (S-SWA decoder side): prompt tokens the decoder layers ran
-    // for, and those they skipped (encoder and kv-source projection only).
+    // for, and those they skipped (encoder and kv-source projection only); in total and
+    // per traffic class (kvstore::TrafficClass order, as swa.by_class).
     int64_t yoco_decoder_tokens = 0;
     int64_t yoco_decoder_skipped_tokens = 0;
+    struct YocoClass {
+        int64_t decoder_tokens = 0;
+        int64_t decoder_skipped_tokens = 0;
+    };
+    std::array<YocoClass, kvstore::kNumTrafficClasses> yoco_by_class{};
     // Expert parallelism (model/expert_parallel.h): per-rank expert load, moe_lb of the
     // last measured window, placement changes (live EPLB); nullopt without a group.
     std::optional<ExpertParallelStats> expert_parallel;

@@ -103,10 +103,11 @@ TEST(EngineV41Test, GreedyOutputEqualsTheModelsOwnForward) {
 
 // One greedy request to the end; its completion and the prompt tokens it got cached.
 std::pair<Completion, int64_t> run_one(Harness& h, const std::vector<int32_t>& prompt,
-                                       int64_t max_tokens) {
+                                       int64_t max_tokens, bool agent = false) {
     const int64_t before = h.engine->stats().cached_prompt_tokens;
     GenerateRequest r;
     r.prompt = prompt;
+    r.agent_traffic = agent;
     r.sampling.temperature = 0;
     r.sampling.max_tokens = max_tokens;
     r.sampling.ignore_eos = true;
@@ -189,7 +190,8 @@ TEST(EngineV41Test, ASwaMissIsServedByBoundedReplay) {
         EXPECT_EQ(pool.stats().num_entries, 0);
         for (int round = 0; round < 2; ++round) {
             const EngineStats before = h.engine->stats();
-            auto [got, cached] = run_one(h, head_of(700), 3);
+            // The second round as agent traffic: the per-class counters follow it.
+            auto [got, cached] = run_one(h, head_of(700), 3, round == 1);
             const EngineStats after = h.engine->stats();
             expect_same(got, want, name + " round " + std::to_string(round));
             const kv::SwaCacheClassCounters b = before.swa.total(), a = after.swa.total();
@@ -204,6 +206,21 @@ TEST(EngineV41Test, ASwaMissIsServedByBoundedReplay) {
                 << name;
             // CED compact prefill: the decoder ran over the last 140 prompt tokens only.
             EXPECT_EQ(after.yoco_decoder_tokens - before.yoco_decoder_tokens, compact ? 140 : 0)
+                << name;
+            const auto cls = static_cast<size_t>(round == 1 ? kvstore::TrafficClass::kAgent
+                                                            : kvstore::TrafficClass::kChatbot);
+            EXPECT_EQ(
+                after.yoco_by_class[cls].decoder_tokens - before.yoco_by_class[cls].decoder_tokens,
+                compact ? 140 : 0)
+                << name;
+            EXPECT_EQ(after.yoco_by_class[cls].decoder_skipped_tokens -
+                          before.yoco_by_class[cls].decoder_skipped_tokens,
+                      compact ? 700 - 512 - 140 : 0)
+                << name;
+            EXPECT_EQ(after.yoco_by_class[1 - cls].decoder_tokens,
+                      before.yoco_by_class[1 - cls].decoder_tokens)
+                << name;
+            EXPECT_EQ(after.swa.by_class[cls].replays - before.swa.by_class[cls].replays, 1)
                 << name;
         }
     }

@@ -64,7 +64,8 @@ std::vector<float> raw_values(const ModelConfig& c, const TensorSpec& spec, uint
 }  // namespace
 
 std::vector<std::string> synthetic_preset_names() {
-    return {"tiny", "tiny-v3", "small", "medium", "tiny-v4", "small-v4", "tiny-v41"};
+    return {"tiny",    "tiny-v3",  "small",    "medium",
+            "tiny-v4", "small-v4", "tiny-v41", "v41-flash-4l"};
 }
 
 namespace {
@@ -167,6 +168,50 @@ ModelConfig v41_tiny_preset() {
                 .patch_size = 14,
                 .image_size = 224,
                 .spatial_merge_size = 3};
+    return c;
+}
+
+// v41-flash-4l (bench only: the hit-cost figure of bench/v41_replay_bench.cc, docs/
+// swa_cache.md): V4.1-Flash's real widths (hidden 5120, 64 heads of 512 with rope 64,
+// q_lora 1280, 8 output groups of 1024, index 32 heads x 128 with top-512, candidates
+// 2048 blocks x 8, experts of 2304 with 6 routed + 1 shared per token) on 4 layers: 0
+// encoder Full (ratio 2), 1 encoder Reuse, 2 decoder Full (ratio 1, the kv and candidate
+// source), 3 Reindex. Three of its four layers score index keys (V4.1-Flash: 8 of 40), so
+// the indexer weighs more here than in the real model. 8 routed experts (a token's work is
+// the real one; the memory is not), vocabulary 16,384, no Engram, DSpark or vision:
+// about 1.3 GB as FP8 / FP4.
+ModelConfig v41_flash_4l_preset() {
+    ModelConfig c = v41_tiny_preset();
+    c.vocab_size = 16384;
+    c.hidden_size = 5120;
+    c.num_hidden_layers = 4;
+    c.num_nextn_predict_layers = 0;
+    c.compress_ratios = {2, 2, 1, 1};
+    c.num_attention_heads = 64;
+    c.head_dim = 512;
+    c.qk_rope_head_dim = 64;
+    c.q_lora_rank = 1280;
+    c.o_groups = 8;
+    c.o_lora_rank = 1024;
+    c.index_n_heads = 32;
+    c.index_head_dim = 128;
+    c.index_topk = 512;
+    c.n_routed_experts = 8;
+    c.n_shared_experts = 1;
+    c.num_experts_per_tok = 6;
+    c.moe_intermediate_size = 2304;
+    c.swiglu_limit = 10.0;
+    V41Fields& f = c.v41;
+    f.kv_source_layer_ids = {0, 2};
+    f.index_source_layer_ids = {0, 2, 3};
+    f.candidate_source_layer_id = 2;
+    f.candidate_topk_blocks = 2048;
+    f.candidate_block_size = 8;
+    f.engram_layer_ids.clear();
+    f.engram_num_embeddings.clear();
+    f.dspark_target_layer_ids.clear();
+    f.image_token_id = -1;
+    f.vision = {};
     return c;
 }
 
@@ -323,6 +368,8 @@ Result<ModelConfig> synthetic_preset(std::string_view name) {
         c.swiglu_limit = 10.0;
     } else if (name == "tiny-v41") {
         c = v41_tiny_preset();
+    } else if (name == "v41-flash-4l") {
+        c = v41_flash_4l_preset();
     } else {
         std::string names;
         for (const std::string& n : synthetic_preset_names())

@@ -284,12 +284,26 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
     counter(&out, "dsinfer_swa_states_rejected_total",
             "SWA states refused at admission (damaged or gone: a miss)",
             static_cast<double>(s.engine.swa_states_rejected));
-    counter(&out, "dsinfer_yoco_decoder_tokens_total",
-            "prompt tokens the decoder layers ran for (CED compact prefill: the kept tail)",
-            static_cast<double>(s.engine.yoco_decoder_tokens));
-    counter(&out, "dsinfer_yoco_decoder_skipped_tokens_total",
-            "prompt tokens the decoder layers skipped (CED compact prefill)",
-            static_cast<double>(s.engine.yoco_decoder_skipped_tokens));
+    // CED compact prefill per traffic class (the totals are their sums).
+    using Y = engine::EngineStats::YocoClass;
+    const std::tuple<const char*, const char*, int64_t Y::*> yoco[] = {
+        {"dsinfer_yoco_decoder_tokens_total",
+         "prompt tokens the decoder layers ran for (CED compact prefill: the kept tail)",
+         &Y::decoder_tokens},
+        {"dsinfer_yoco_decoder_skipped_tokens_total",
+         "prompt tokens the decoder layers skipped (CED compact prefill)",
+         &Y::decoder_skipped_tokens},
+    };
+    for (const auto& [name, help, field] : yoco) {
+        header(&out, name, "counter", help);
+        for (int c = 0; c < kvstore::kNumTrafficClasses; ++c) {
+            const auto tc = static_cast<kvstore::TrafficClass>(c);
+            line(&out,
+                 std::string(name) + "{traffic_class=\"" +
+                     std::string(kvstore::traffic_class_name(tc)) + "\"}",
+                 static_cast<double>(s.engine.yoco_by_class[static_cast<size_t>(c)].*field));
+        }
+    }
     return out;
 }
 

@@ -801,8 +801,8 @@ TEST(MetricsTest, RendersSwaCacheCounters) {
     st.engine.swa.by_class[1].replay_tokens = 128;
     st.engine.swa_fallback_tokens = 256;
     st.engine.swa_states_rejected = 1;
-    st.engine.yoco_decoder_tokens = 140;
-    st.engine.yoco_decoder_skipped_tokens = 860;
+    st.engine.yoco_by_class[0] = {.decoder_tokens = 140, .decoder_skipped_tokens = 860};
+    st.engine.yoco_by_class[1] = {.decoder_tokens = 280, .decoder_skipped_tokens = 0};
     const std::string text = Metrics().render(st, 0, true);
     for (const char* want :
          {"# TYPE dsinfer_swa_requests_total counter\n",
@@ -814,8 +814,10 @@ TEST(MetricsTest, RendersSwaCacheCounters) {
           "dsinfer_swa_pool_bytes{traffic_class=\"chatbot\"} 1000\n",
           "dsinfer_swa_replay_tokens_total{traffic_class=\"agent\"} 128\n",
           "dsinfer_swa_fallback_tokens_total 256\n", "dsinfer_swa_states_rejected_total 1\n",
-          "dsinfer_yoco_decoder_tokens_total 140\n",
-          "dsinfer_yoco_decoder_skipped_tokens_total 860\n"}) {
+          "dsinfer_yoco_decoder_tokens_total{traffic_class=\"chatbot\"} 140\n",
+          "dsinfer_yoco_decoder_tokens_total{traffic_class=\"agent\"} 280\n",
+          "dsinfer_yoco_decoder_skipped_tokens_total{traffic_class=\"chatbot\"} 860\n",
+          "dsinfer_yoco_decoder_skipped_tokens_total{traffic_class=\"agent\"} 0\n"}) {
         EXPECT_NE(text.find(want), std::string::npos) << want;
     }
 }
