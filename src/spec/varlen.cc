@@ -319,15 +319,12 @@ void SpecGate::start_bucket(int index, double predicted) {
 
 bool SpecGate::switch_pays(int64_t batch, double predicted, const SwitchPrice& price) const {
     if (price.catchup_ns <= 0 || price.remaining_tokens < 0) return true;
+    if (predicted <= 0) return true;  // nothing to price it with
+    // The predicted gain, not a measured one: a measurement that found speculating slower
+    // must not stop its own re-probing (the probe budget rule prices probes), and a hold
+    // follows the measured rates anyway.
+    const double gain = 1 - o_.min_predicted / predicted;
     const Bucket& b = buckets_[static_cast<size_t>(bucket(batch))];
-    double gain = 0;
-    if (b.rate[0] > 0 && b.rate[1] > 0) {
-        gain = 1 - b.rate[0] / b.rate[1];
-    } else if (predicted > 0) {
-        gain = 1 - o_.min_predicted / predicted;
-    } else {
-        return true;  // nothing to price it with
-    }
     const double token_ns = b.rate[0] > 0 ? 1 / b.rate[0] : price.plain_token_ns;
     if (token_ns <= 0) return true;
     return static_cast<double>(price.remaining_tokens) * token_ns * gain >= price.catchup_ns;

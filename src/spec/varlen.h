@@ -170,10 +170,10 @@ std::vector<double> observed_survival(std::span<const int64_t> drafted,
 // it pays only if the output still to come, sped up, saves more than that:
 //   remaining_tokens * token_ns * gain >= catchup_ns,
 // token_ns: the bucket's measured plain time per token (else `plain_token_ns`, the
-// curve's), gain: 1 - rate off / rate on where both were measured, else
-// 1 - min_predicted / predicted (what the prediction leaves after the drafting and
-// synchronous-loop costs that min_predicted stands for). Nothing to catch up
-// (catchup_ns <= 0), no prediction and no measurement, or remaining_tokens < 0
+// curve's), gain: 1 - min_predicted / predicted (what the prediction leaves after the
+// drafting and synchronous-loop costs that min_predicted stands for; not a measured
+// gain, which could stop the re-probing of a bucket for good after one noisy probe).
+// Nothing to catch up (catchup_ns <= 0), no prediction, or remaining_tokens < 0
 // (unknown): the switch is not priced.
 struct SwitchPrice {
     double catchup_ns = 0;         // deferred catch-up rows x the drafter's cost per row

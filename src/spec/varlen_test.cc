@@ -459,11 +459,11 @@ TEST(SpecGateTest, SwitchPaysWorkedNumbers) {
     EXPECT_FALSE(gate.switch_pays(4, 1.5, {9.5e6, 30, 1.2e6}));
     EXPECT_TRUE(gate.switch_pays(4, 1.5, {0, 136, 1.2e6}));
     EXPECT_TRUE(gate.switch_pays(4, 1.5, {1900 * 26e3, -1, 1.2e6}));
-    EXPECT_TRUE(gate.switch_pays(4, 0, slow));  // no prediction, nothing measured
+    EXPECT_TRUE(gate.switch_pays(4, 0, slow));  // no prediction
 
-    // Measured rates replace the prediction and the curve: plain 1 token per ms (2
-    // tokens every 2 ms), speculating 1.5 (3 every 2 ms): gain 1/3 of 1 ms a token; 60
-    // tokens to go gain 20 ms.
+    // A measured plain rate replaces the curve's time per token: 1 token per ms (2 tokens
+    // every 2 ms); 60 tokens to go at a predicted 1.5 gain 0.2333 x 60 ms = 14 ms. The
+    // measured gain (speculating 1.5x faster here, or slower) does not enter.
     SpecGate measured;
     for (int i = 0; i < 4; ++i) {
         ASSERT_FALSE(measured.speculate(2)) << i;  // the probe of the plain loop
@@ -475,8 +475,8 @@ TEST(SpecGateTest, SwitchPaysWorkedNumbers) {
     measured.observe(true, 2, 3, 2'000'000);
     ASSERT_NEAR(measured.rate(2, false), 1e-6, 1e-12);
     ASSERT_NEAR(measured.rate(2, true), 1.5e-6, 1e-12);
-    EXPECT_FALSE(measured.switch_pays(2, 3.0, {25e6, 60, 9e9}));
-    EXPECT_TRUE(measured.switch_pays(2, 3.0, {15e6, 60, 9e9}));
+    EXPECT_FALSE(measured.switch_pays(2, 1.5, {15e6, 60, 9e9}));
+    EXPECT_TRUE(measured.switch_pays(2, 1.5, {13e6, 60, 9e9}));
 }
 
 // A switch that does not pay is not made: not by a probe (the bucket holds the plain
