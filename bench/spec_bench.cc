@@ -265,9 +265,9 @@ int run(const Flags& f) {
             }
         }
         const double base = tps.count("off") ? median(tps["off"]) : 0.0;
-        std::printf("concurrency %d\n%-8s %10s %8s %8s %8s %10s %9s %9s %8s  %s\n", conc,
-                    "config", "tok/s", "min", "max", "speedup", "acc.len", "verif/seq",
-                    "verif/st", "spec%", "acceptance by draft position");
+        std::printf("concurrency %d\n%-8s %10s %8s %8s %8s %10s %9s %9s %8s  %s\n", conc, "config",
+                    "tok/s", "min", "max", "speedup", "acc.len", "verif/seq", "verif/st", "spec%",
+                    "acceptance by draft position");
         for (const Config& c : configs) {
             const std::vector<double>& v = tps[c.name];
             const engine::EngineStats& st = last[c.name].stats;
@@ -292,9 +292,10 @@ int run(const Flags& f) {
             // Drafts verified per sequence and verifying step (the SPEC's "verified
             // tokens per step": 5.00 for fixed k = 5), and the share of the steps that
             // verified any (DSpark's gate runs the others plain).
-            const double per_seq = st.spec_verify_steps ? static_cast<double>(st.spec_draft_tokens) /
-                                                              st.spec_verify_steps
-                                                        : 0.0;
+            const double per_seq =
+                st.spec_verify_steps
+                    ? static_cast<double>(st.spec_draft_tokens) / st.spec_verify_steps
+                    : 0.0;
             const double spec_share =
                 st.steps ? 100.0 * static_cast<double>(st.spec_steps) / st.steps : 0.0;
             std::printf("%-8s %10.1f %8.1f %8.1f %8.2f %10.2f %9.2f %9.2f %8.1f  %s\n",

@@ -310,7 +310,8 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
         DSI_RETURN_IF_ERROR(drafter_->propose_batch(catchup_in_, catchup_k_, catchup_out_, {}));
         r.deferred_catchup_ns = steady_clock_ns() - t0;
         for (const spec::DraftInput& in : catchup_in_) {
-            r.deferred_catchup_rows += static_cast<int64_t>(in.hidden.size()) / std::max<int64_t>(H, 1);
+            r.deferred_catchup_rows +=
+                static_cast<int64_t>(in.hidden.size()) / std::max<int64_t>(H, 1);
         }
         r.draft_ns += r.deferred_catchup_ns;
         r.draft_catchup_rows += r.deferred_catchup_rows;
@@ -335,7 +336,8 @@ Status Worker::draft(StepPlan& plan, StepResult& r) {
     // counting it would make every draft look cheap next to it — DSpark verified ~55
     // drafts a step at 64 sequences after a switch).
     if (varlen_cost_ != nullptr && drafted) {
-        draft_ns_ = draft_ns_ == 0 ? static_cast<double>(ns) : 0.8 * draft_ns_ + 0.2 * static_cast<double>(ns);
+        draft_ns_ = draft_ns_ == 0 ? static_cast<double>(ns)
+                                   : 0.8 * draft_ns_ + 0.2 * static_cast<double>(ns);
     }
     if (!drafted) return Status::ok();
     for (size_t d = 0; d < draft_item_.size(); ++d) {

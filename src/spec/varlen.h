@@ -176,9 +176,9 @@ std::vector<double> observed_survival(std::span<const int64_t> drafted,
 // Nothing to catch up (catchup_ns <= 0), no prediction, or remaining_tokens < 0
 // (unknown): the switch is not priced.
 struct SwitchPrice {
-    double catchup_ns = 0;         // deferred catch-up rows x the drafter's cost per row
+    double catchup_ns = 0;          // deferred catch-up rows x the drafter's cost per row
     int64_t remaining_tokens = -1;  // sum over decoding sequences of max_tokens - output
-    double plain_token_ns = 0;     // without speculating, time per output token (curve)
+    double plain_token_ns = 0;      // without speculating, time per output token (curve)
 };
 
 // Speculate or not, decided per batch-size bucket (decoding sequences: 1, 2, 3-4, 5-8,

@@ -483,7 +483,7 @@ TEST(SpecGateTest, SwitchPaysWorkedNumbers) {
 // loop and asks again), not by a bucket holding speculation when rows are left to catch
 // up, not by a step with prefill chunks; one that pays is made as before.
 TEST(SpecGateTest, ASwitchThatDoesNotPayIsNotMade) {
-    const SwitchPrice no{50e6, 136, 1.2e6};   // 50 ms against 38 ms
+    const SwitchPrice no{50e6, 136, 1.2e6};  // 50 ms against 38 ms
     const SwitchPrice yes{5e6, 136, 1.2e6};
     SpecGate gate;
     for (int i = 0; i < 200; ++i) {
