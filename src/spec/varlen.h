@@ -216,7 +216,8 @@ public:
         // (predict_speedup; none given: no bound). The prediction leaves out drafting,
         // the synchronous loop and the MTP catch-up of a switch (~5-10 % of a step each
         // at 16-64 sequences on the default model), so a smaller predicted gain cannot
-        // pay for them.
+        // pay for them. A switch's catch-up is also priced on its own (SwitchPrice), with
+        // the gain 1 - min_predicted / predicted.
         double min_predicted = 1.15;
         bool measure = true;  // false: always speculate
     };
