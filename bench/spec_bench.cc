@@ -17,7 +17,11 @@
 // "off" in the same run. Each configuration's tokens are checked equal to "off"'s (the
 // exact rule: the run fails otherwise). Where each configuration's time went (last
 // repetition: decode-only steps per mode, probes, switches, drafter time, MTP catch-up
-// rows) goes to stderr and into the JSON.
+// rows) goes to stderr and into the JSON. Per configuration the table gives what DSpark
+// is compared with fixed k on (issue 24): throughput, mean accepted length (acc.len:
+// tokens per verifying sequence-step), drafts verified per sequence and verifying step
+// (verif/seq), per verifying step over all sequences (verif/st), and the share of steps
+// that verified any (spec%).
 #include <algorithm>
 #include <cctype>
 #include <chrono>
@@ -161,6 +165,9 @@ Result<Run> run_config(DeepseekModel* model, const Config& c,
     r.stats.spec_gate_switches -= warm.spec_gate_switches;
     r.stats.spec_draft_ns -= warm.spec_draft_ns;
     r.stats.spec_catchup_rows -= warm.spec_catchup_rows;
+    r.stats.spec_deferred_catchup_rows -= warm.spec_deferred_catchup_rows;
+    r.stats.spec_deferred_catchup_ns -= warm.spec_deferred_catchup_ns;
+    r.stats.spec_gate_priced_out -= warm.spec_gate_priced_out;
     r.stats.spec_verify_steps -= warm.spec_verify_steps;
     r.stats.spec_draft_tokens -= warm.spec_draft_tokens;
     r.stats.spec_accepted_tokens -= warm.spec_accepted_tokens;
@@ -258,8 +265,8 @@ int run(const Flags& f) {
             }
         }
         const double base = tps.count("off") ? median(tps["off"]) : 0.0;
-        std::printf("concurrency %d\n%-8s %10s %8s %8s %8s %10s %9s  %s\n", conc, "config",
-                    "tok/s", "min", "max", "speedup", "acc.len", "verif/st",
+        std::printf("concurrency %d\n%-8s %10s %8s %8s %8s %10s %9s %9s %8s  %s\n", conc, "config",
+                    "tok/s", "min", "max", "speedup", "acc.len", "verif/seq", "verif/st", "spec%",
                     "acceptance by draft position");
         for (const Config& c : configs) {
             const std::vector<double>& v = tps[c.name];
@@ -282,10 +289,19 @@ int run(const Flags& f) {
             // Drafts verified per step that verified any (S-SPEC's "tokens verified per step").
             const double per_step =
                 st.spec_steps ? static_cast<double>(st.spec_draft_tokens) / st.spec_steps : 0.0;
-            std::printf("%-8s %10.1f %8.1f %8.1f %8.2f %10.2f %9.2f  %s\n", c.name.c_str(), med,
-                        *std::min_element(v.begin(), v.end()),
+            // Drafts verified per sequence and verifying step (the SPEC's "verified
+            // tokens per step": 5.00 for fixed k = 5), and the share of the steps that
+            // verified any (DSpark's gate runs the others plain).
+            const double per_seq =
+                st.spec_verify_steps
+                    ? static_cast<double>(st.spec_draft_tokens) / st.spec_verify_steps
+                    : 0.0;
+            const double spec_share =
+                st.steps ? 100.0 * static_cast<double>(st.spec_steps) / st.steps : 0.0;
+            std::printf("%-8s %10.1f %8.1f %8.1f %8.2f %10.2f %9.2f %9.2f %8.1f  %s\n",
+                        c.name.c_str(), med, *std::min_element(v.begin(), v.end()),
                         *std::max_element(v.begin(), v.end()), base > 0 ? med / base : 0.0, acc_len,
-                        per_step, per.c_str());
+                        per_seq, per_step, spec_share, per.c_str());
             // Where the time went (last repetition): decode-only steps per mode with
             // their wall time and tokens, probe steps, the drafter's time, the rest
             // (steps that ran prefill chunks, the first step after a mode switch is
@@ -294,8 +310,8 @@ int run(const Flags& f) {
             std::fprintf(stderr,
                          "  %-8s time %.0f ms, steps %lld, forward %.0f ms, host gap %.0f ms | "
                          "plain %lld st %.0f ms %lld tok | spec %lld st %.0f ms %lld tok | "
-                         "probes plain %lld spec %lld, switches %lld | drafter %.0f ms, "
-                         "catch-up rows %lld\n",
+                         "probes plain %lld spec %lld, switches %lld, priced out %lld | "
+                         "drafter %.0f ms, catch-up rows %lld (deferred %lld, %.1f ms)\n",
                          c.name.c_str(), last[c.name].seconds * 1e3,
                          static_cast<long long>(st.steps), st.forward_ns * ms, st.host_gap_ns * ms,
                          static_cast<long long>(st.spec_gate_steps[0]), st.spec_gate_ns[0] * ms,
@@ -304,8 +320,11 @@ int run(const Flags& f) {
                          static_cast<long long>(st.spec_gate_tokens[1]),
                          static_cast<long long>(st.spec_gate_probe_steps[0]),
                          static_cast<long long>(st.spec_gate_probe_steps[1]),
-                         static_cast<long long>(st.spec_gate_switches), st.spec_draft_ns * ms,
-                         static_cast<long long>(st.spec_catchup_rows));
+                         static_cast<long long>(st.spec_gate_switches),
+                         static_cast<long long>(st.spec_gate_priced_out), st.spec_draft_ns * ms,
+                         static_cast<long long>(st.spec_catchup_rows),
+                         static_cast<long long>(st.spec_deferred_catchup_rows),
+                         st.spec_deferred_catchup_ns * ms);
             out.push_back({{"concurrency", conc},
                            {"config", c.name},
                            {"tokens_per_s_median", med},
@@ -318,6 +337,8 @@ int run(const Flags& f) {
                            {"accepted_tokens", st.spec_accepted_tokens},
                            {"spec_steps", st.spec_steps},
                            {"drafts_verified_per_step", per_step},
+                           {"drafts_verified_per_seq_step", per_seq},
+                           {"spec_step_share", spec_share / 100.0},
                            {"varlen_cut_tokens", st.spec_varlen_cut_tokens},
                            {"output_tokens", last[c.name].output_tokens},
                            {"seconds", last[c.name].seconds},
@@ -328,7 +349,10 @@ int run(const Flags& f) {
                            {"gate_probe_steps", st.spec_gate_probe_steps},
                            {"gate_switches", st.spec_gate_switches},
                            {"drafter_ns", st.spec_draft_ns},
-                           {"catchup_rows", st.spec_catchup_rows}});
+                           {"catchup_rows", st.spec_catchup_rows},
+                           {"deferred_catchup_rows", st.spec_deferred_catchup_rows},
+                           {"deferred_catchup_ns", st.spec_deferred_catchup_ns},
+                           {"gate_priced_out", st.spec_gate_priced_out}});
         }
     }
     std::printf("%s\n", out.dump().c_str());

@@ -55,6 +55,7 @@ struct Sequence {
     bool gated = false;           // completion > 0 waiting for completion 0's prefill
     bool export_kv = false;       // GenerateRequest::export_kv (completion 0 of n = 1)
     std::vector<int32_t> drafts;  // speculation: proposed after the last step
+    int64_t mtp_pending_rows = 0;  // MTP catch-up deferred on the worker (last result)
     int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0, spec_verify_steps = 0;
     std::unique_ptr<IncrementalDecoder> decoder;
     std::unique_ptr<StopMatcher> stop;
@@ -155,18 +156,34 @@ struct Engine::Impl {
         // without counting as a probe step.
         int64_t decoding = 0;
         bool prefill = seqs.size() > running.size();
+        int64_t pending_rows = 0;
+        spec::SwitchPrice price;
+        price.remaining_tokens = 0;
         for (int64_t id : running) {
             const Sequence& s = seqs.at(id);
             const bool decodes = s.num_computed >= s.prefill_target;
             decoding += decodes ? 1 : 0;
             prefill |= !decodes;
+            pending_rows += s.mtp_pending_rows;
+            if (decodes) price.remaining_tokens += s.req->sampling.max_tokens - s.num_sampled;
         }
         // What the curve predicts at this batch from the acceptance seen so far: where
         // verifying cannot pay, the gate does not even probe it.
         const std::vector<double> survival = spec::observed_survival(
             stats.spec_drafted_at, stats.spec_accepted_at, options.speculative.k());
         const double predicted = spec::predict_speedup(*options.verify_cost, survival, decoding);
-        return gate.speculate(decoding, !prefill, predicted);
+        // What a switch on costs now: the rows plain steps deferred, at the cost per row
+        // the deferred catch-ups took so far (none measured yet: not priced).
+        if (stats.spec_deferred_catchup_rows > 0 && decoding > 0) {
+            price.catchup_ns = static_cast<double>(pending_rows) *
+                               static_cast<double>(stats.spec_deferred_catchup_ns) /
+                               static_cast<double>(stats.spec_deferred_catchup_rows);
+            price.plain_token_ns =
+                options.verify_cost->ns(decoding) / static_cast<double>(decoding);
+        }
+        const bool on = gate.speculate(decoding, !prefill, predicted, price);
+        stats.spec_gate_priced_out = gate.priced_out();
+        return on;
     }
 
     // Schedules one step; false if there is nothing to run.
@@ -405,6 +422,7 @@ struct Engine::Impl {
         s.num_sampled = s.num_output();  // in-flight samples are recomputed
         s.init_sent = false;
         s.drafts.clear();  // proposed from rows the new epoch recomputes or restores
+        s.mtp_pending_rows = 0;  // the worker drops them
         ++s.epoch;
         ++stats.preemptions;
     }
@@ -423,6 +441,8 @@ struct Engine::Impl {
         if (r.speculative) --in_flight_speculative;
         stats.spec_draft_ns += r.draft_ns;
         stats.spec_catchup_rows += r.draft_catchup_rows;
+        stats.spec_deferred_catchup_rows += r.deferred_catchup_rows;
+        stats.spec_deferred_catchup_ns += r.deferred_catchup_ns;
         if (prev_end_ns > 0) observe_rate(r, r.end_ns - prev_end_ns);
         prev_end_ns = r.end_ns;
         if (!r.status.is_ok()) {
@@ -450,6 +470,7 @@ struct Engine::Impl {
             }
             step_verified |= ir.num_drafts > 0;
             s.drafts = std::move(ir.next_drafts);
+            s.mtp_pending_rows = ir.mtp_pending_rows;
             // Publish blocks whose rows are all computed and whose tokens are known (with
             // speculation the accepted drafts' rows are computed: their tokens count).
             const size_t known = s.tokens.size();

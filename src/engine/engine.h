@@ -260,6 +260,14 @@ struct EngineStats {
     int64_t spec_gate_switches = 0;
     int64_t spec_draft_ns = 0;
     int64_t spec_catchup_rows = 0;
+    // Of the catch-up rows, those deferred by plain steps and caught up when the
+    // sequence drafted again (a drafter call of their own: their time, which prices a
+    // switch of the gate, spec::SwitchPrice), and the gate's decisions against switching
+    // speculation on because that catch-up would cost more than the remaining output
+    // (max_tokens) could gain.
+    int64_t spec_deferred_catchup_rows = 0;
+    int64_t spec_deferred_catchup_ns = 0;
+    int64_t spec_gate_priced_out = 0;
     int64_t forward_ns = 0;   // worker busy time
     int64_t host_gap_ns = 0;  // worker idle between consecutive steps while work existed
     kv::BlockPoolStats pool;

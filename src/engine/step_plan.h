@@ -86,6 +86,9 @@ struct ItemResult {
     int32_t num_accepted = 0;          // of which accepted
     std::vector<int32_t> next_drafts;  // proposals for the next step (speculation)
     int32_t drafts_cut = 0;            // varlen: proposals not sent to verification
+    // MTP: rows of this sequence whose catch-up is deferred after the step (run with its
+    // next drafting step: what switching speculation on costs, SpecGate::SwitchPrice).
+    int64_t mtp_pending_rows = 0;
     // StepItem::swa_capture_position: the state slot after the step, as bytes.
     std::vector<uint8_t> swa_state;
 };
@@ -99,6 +102,10 @@ struct StepResult {
     // (target hidden rows through the MTP layer, deferred ones included).
     int64_t draft_ns = 0;
     int64_t draft_catchup_rows = 0;
+    // Of them, the rows deferred by earlier steps that did not draft, and the time of
+    // their catch-up (a drafter call of its own, KV rows only; part of draft_ns).
+    int64_t deferred_catchup_rows = 0;
+    int64_t deferred_catchup_ns = 0;
     int64_t end_ns = 0;
     // Swap-in (S-KV-6) of this step, if any.
     int64_t swap_in_blocks = 0;

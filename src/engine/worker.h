@@ -134,6 +134,10 @@ private:
     std::vector<std::vector<int32_t>> inputs_;  // per item: decode input (+ drafts)
     spec::Verified verified_;
     std::vector<spec::DraftInput> draft_in_;
+    // The deferred catch-up of a drafting step's sequences, run before its drafting.
+    std::vector<spec::DraftInput> catchup_in_;
+    std::vector<int> catchup_k_;
+    std::vector<std::vector<int32_t>> catchup_out_;
     std::vector<int> draft_k_;
     std::vector<size_t> draft_item_;
     std::vector<std::vector<int32_t>> draft_out_;

@@ -148,6 +148,9 @@ struct DeepseekModel::Impl final : ExpertParallelGroup::WeightMover {
                   float* y) const;
     void rope(float* v, int64_t pos) const;
     void attention(const Layer& layer, const float* h, const TokenSlots& slots, float* out);
+    // Writes the layer's KV rows of the normed inputs `h` [T, hidden] at their slots
+    // (kv_a, its norm, rope on the rope part, the cache's dtype): attention's first half.
+    void write_kv_rows(const Layer& layer, const float* h, const TokenSlots& slots);
     // After the KV rows are written: absorbed MLA on kernels/ (attention.h), or the
     // reference loop. q: [T, heads, qk] with rope applied; attn: [T, heads, v].
     void attend_kernels(const Layer& layer, const float* q, const TokenSlots& slots, float* attn);
@@ -354,20 +357,9 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     } else {
         matmul(L.q, h, T, q.data());
     }
-    std::vector<float> kv(static_cast<size_t>(T * (lora + rd)));
-    matmul(L.kv_a, h, T, kv.data());
-    // The new rows are computed in f32 (in place for an f32 cache), then encoded into
-    // the cache's dtype (S-ENG-9).
-    const bool f32_kv = kv_dtype == kernels::KvDtype::kF32;
-    std::vector<float> row_f32(f32_kv ? 0 : static_cast<size_t>(lora + rd));
+    write_kv_rows(L, h, slots);
     if (reference_kernels) {
         for (int64_t t = 0; t < T; ++t) {
-            float* dst = slots.cache[t]->row(L.index, slots.pos[t]);
-            float* row = f32_kv ? dst : row_f32.data();
-            rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
-            std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
-            rope(row + lora, slots.pos[t]);
-            if (!f32_kv) kernels::kv_encode_row(kv_dtype, row, lora + rd, dst);
             for (int64_t hd = 0; hd < nh; ++hd)
                 rope(q.data() + (t * nh + hd) * qk + nope, slots.pos[t]);
         }
@@ -376,14 +368,8 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
         const int64_t pairs = static_cast<int64_t>(inv_freq.size());
         std::vector<float> cc(static_cast<size_t>(2 * pairs)), ss(static_cast<size_t>(2 * pairs));
         for (int64_t t = 0; t < T; ++t) {
-            float* dst = slots.cache[t]->row(L.index, slots.pos[t]);
-            float* row = f32_kv ? dst : row_f32.data();
-            rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
-            std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
             kernels::rope_table(slots.pos[t], inv_freq.data(), pairs, rope_factor, cc.data(),
                                 ss.data());
-            kernels::rope_apply(isa, row + lora, 1, rd, cc.data(), ss.data(), pairs);
-            if (!f32_kv) kernels::kv_encode_row(kv_dtype, row, lora + rd, dst);
             kernels::rope_apply(isa, q.data() + t * nh * qk + nope, nh, qk, cc.data(), ss.data(),
                                 pairs);
         }
@@ -396,6 +382,35 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     }
     (void)H;
     matmul(L.o, attn.data(), T, out);
+}
+
+void DeepseekModel::Impl::write_kv_rows(const Layer& L, const float* h, const TokenSlots& slots) {
+    const int64_t T = slots.size();
+    const MlaDims dims = mla_dims(cfg);
+    const int64_t rd = dims.rd, lora = dims.lora;
+    std::vector<float> kv(static_cast<size_t>(T * (lora + rd)));
+    matmul(L.kv_a, h, T, kv.data());
+    // The new rows are computed in f32 (in place for an f32 cache), then encoded into
+    // the cache's dtype (S-ENG-9).
+    const bool f32_kv = kv_dtype == kernels::KvDtype::kF32;
+    std::vector<float> row_f32(f32_kv ? 0 : static_cast<size_t>(lora + rd));
+    const kernels::Isa isa = kernels::active_isa();
+    const int64_t pairs = static_cast<int64_t>(inv_freq.size());
+    std::vector<float> cc(static_cast<size_t>(2 * pairs)), ss(static_cast<size_t>(2 * pairs));
+    for (int64_t t = 0; t < T; ++t) {
+        float* dst = slots.cache[t]->row(L.index, slots.pos[t]);
+        float* row = f32_kv ? dst : row_f32.data();
+        rms_norm(kv.data() + t * (lora + rd), L.kv_a_norm, 1, lora, row);
+        std::copy_n(kv.data() + t * (lora + rd) + lora, rd, row + lora);
+        if (reference_kernels) {
+            rope(row + lora, slots.pos[t]);
+        } else {
+            kernels::rope_table(slots.pos[t], inv_freq.data(), pairs, rope_factor, cc.data(),
+                                ss.data());
+            kernels::rope_apply(isa, row + lora, 1, rd, cc.data(), ss.data(), pairs);
+        }
+        if (!f32_kv) kernels::kv_encode_row(kv_dtype, row, lora + rd, dst);
+    }
 }
 
 void DeepseekModel::Impl::attend_reference(const Layer& L, const float* q, const TokenSlots& slots,
@@ -1122,6 +1137,7 @@ Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatch
     std::vector<float> hidden;
     TokenSlots slots;
     std::vector<int64_t> logit_tokens;  // batch token index of each logits row
+    std::vector<char> full;             // per row: its output is computed
     out.logit_row.clear();
     for (size_t i = 0; i < steps.size(); ++i) {
         const MtpStep& st = steps[i];
@@ -1144,9 +1160,12 @@ Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatch
             slots.cache.push_back(st.cache);
         }
         out.logit_row.push_back(static_cast<int64_t>(logit_tokens.size()));
-        for (int64_t t = T - std::clamp<int64_t>(st.logit_rows, 0, T); t < T; ++t) {
-            logit_tokens.push_back(first + t);
-        }
+        const int64_t logit_rows = std::clamp<int64_t>(st.logit_rows, 0, T);
+        for (int64_t t = T - logit_rows; t < T; ++t) logit_tokens.push_back(first + t);
+        const int64_t output_rows =
+            st.output_rows < 0 ? T : std::clamp<int64_t>(st.output_rows, logit_rows, T);
+        full.insert(full.end(), static_cast<size_t>(T - output_rows), 0);
+        full.insert(full.end(), static_cast<size_t>(output_rows), 1);
     }
     const int64_t N = slots.size();
     if (N == 0) return invalid_argument("mtp_forward: empty batch");
@@ -1165,7 +1184,39 @@ Status DeepseekModel::mtp_forward_batch(std::span<const MtpStep> steps, MtpBatch
     }
     out.hidden.resize(static_cast<size_t>(N * H));
     m.matmul(mtp.eh_proj, cat.data(), N, out.hidden.data());
-    DSI_RETURN_IF_ERROR(m.block(mtp.block, out.hidden.data(), slots));
+    // Rows without output: their KV rows only (written first: the output rows attend to
+    // them), the very rows block() writes (row-wise norm, batch-invariant kernels).
+    TokenSlots kv_only;
+    std::vector<float> kv_in;
+    std::vector<int64_t> out_rows;
+    TokenSlots out_slots;
+    for (int64_t t = 0; t < N; ++t) {
+        TokenSlots& to = full[t] ? out_slots : kv_only;
+        to.pos.push_back(slots.pos[t]);
+        to.cache.push_back(slots.cache[t]);
+        if (full[t]) {
+            out_rows.push_back(t);
+        } else {
+            kv_in.insert(kv_in.end(), out.hidden.begin() + t * H, out.hidden.begin() + (t + 1) * H);
+        }
+    }
+    if (kv_only.size() > 0) {
+        std::vector<float> h(kv_in.size());
+        m.rms_norm(kv_in.data(), mtp.block.input_norm, kv_only.size(), H, h.data());
+        m.write_kv_rows(mtp.block, h.data(), kv_only);
+    }
+    if (kv_only.size() == 0) {
+        DSI_RETURN_IF_ERROR(m.block(mtp.block, out.hidden.data(), slots));
+    } else if (out_slots.size() > 0) {
+        std::vector<float> x(static_cast<size_t>(out_slots.size() * H));
+        for (size_t r = 0; r < out_rows.size(); ++r) {
+            std::copy_n(out.hidden.data() + out_rows[r] * H, H, x.data() + r * H);
+        }
+        DSI_RETURN_IF_ERROR(m.block(mtp.block, x.data(), out_slots));
+        for (size_t r = 0; r < out_rows.size(); ++r) {
+            std::copy_n(x.data() + r * H, H, out.hidden.data() + out_rows[r] * H);
+        }
+    }
     const int64_t R = static_cast<int64_t>(logit_tokens.size());
     std::vector<float> xn(static_cast<size_t>(R * H));
     for (int64_t r = 0; r < R; ++r) {

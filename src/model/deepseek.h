@@ -53,12 +53,19 @@ struct MtpStep {
     int64_t start_pos = 0;
     KvCache* cache = nullptr;
     int64_t logit_rows = 0;  // logits for the last this many rows
+    // The layer's output (out.hidden, logits) is computed for the last this many rows
+    // (at least logit_rows; -1: all); the rows before them only write their KV rows
+    // (bitwise the rows a full pass writes): a catch-up of positions nothing drafts
+    // from skips their attention and FFN (issue 24: the prompt catch-up of a switch).
+    int64_t output_rows = -1;
 };
 
 struct MtpBatchOutput {
     std::vector<float> logits;       // [rows with logits, vocab]
     std::vector<int64_t> logit_row;  // sequence i's first logits row
-    std::vector<float> hidden;       // MTP output before the head norm [total rows, hidden]
+    // MTP output before the head norm [total rows, hidden]; rows outside a step's
+    // output_rows hold unspecified values.
+    std::vector<float> hidden;
 };
 
 // A restricted MTP head (FR-Spec style draft vocabulary): the MTP head's rows of

@@ -168,6 +168,39 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
     counter(&out, "dsinfer_spec_varlen_cut_tokens_total",
             "drafts not verified: variable-length verification judged them not worth it",
             static_cast<double>(s.engine.spec_varlen_cut_tokens));
+    // The DSpark gate (docs/engine.md "Whether to speculate at all"): decode-only steps
+    // per loop mode, probes, switches, and the MTP catch-up it costs.
+    header(&out, "dsinfer_spec_gate_steps_total", "counter",
+           "decode-only steps by loop mode (plain: asynchronous, no drafts)");
+    header(&out, "dsinfer_spec_gate_probe_steps_total", "counter",
+           "steps planned as probes of a loop mode");
+    for (size_t m = 0; m < 2; ++m) {
+        const std::string mode = m == 0 ? "{mode=\"plain\"}" : "{mode=\"speculating\"}";
+        line(&out, "dsinfer_spec_gate_steps_total" + mode,
+             static_cast<double>(s.engine.spec_gate_steps[m]));
+        line(&out, "dsinfer_spec_gate_probe_steps_total" + mode,
+             static_cast<double>(s.engine.spec_gate_probe_steps[m]));
+    }
+    const engine::EngineStats& e = s.engine;
+    for (const auto& [name, help, value] :
+         {std::tuple{"dsinfer_spec_gate_switches_total", "switches between the loop modes",
+                     static_cast<double>(e.spec_gate_switches)},
+          std::tuple{"dsinfer_spec_gate_priced_out_total",
+                     "switches on not made: the MTP catch-up would cost more than the "
+                     "remaining output could gain",
+                     static_cast<double>(e.spec_gate_priced_out)},
+          std::tuple{"dsinfer_spec_catchup_rows_total",
+                     "target hidden rows run through the MTP layer (catch-up)",
+                     static_cast<double>(e.spec_catchup_rows)},
+          std::tuple{"dsinfer_spec_deferred_catchup_rows_total",
+                     "catch-up rows deferred by plain steps, run when the sequence drafted",
+                     static_cast<double>(e.spec_deferred_catchup_rows)},
+          std::tuple{"dsinfer_spec_deferred_catchup_seconds_total", "time of the deferred catch-up",
+                     static_cast<double>(e.spec_deferred_catchup_ns) * 1e-9},
+          std::tuple{"dsinfer_spec_drafter_seconds_total", "time in the drafter",
+                     static_cast<double>(e.spec_draft_ns) * 1e-9}}) {
+        counter(&out, name, help, value);
+    }
     for (const auto& [name, help, values] :
          {std::tuple{"dsinfer_spec_drafted_at_position_total",
                      "verify steps with a draft at position", &s.engine.spec_drafted_at},

@@ -790,6 +790,35 @@ TEST(MetricsTest, RendersSpeculationCounters) {
     }
 }
 
+// The DSpark gate's counters (issue 24): steps and probes per loop mode, switches,
+// switches priced out, the MTP catch-up rows and times.
+TEST(MetricsTest, RendersSpeculationGateCounters) {
+    ServiceStats st;
+    st.engine.spec_gate_steps = {40, 12};
+    st.engine.spec_gate_probe_steps = {4, 8};
+    st.engine.spec_gate_switches = 3;
+    st.engine.spec_gate_priced_out = 2;
+    st.engine.spec_catchup_rows = 1900;
+    st.engine.spec_deferred_catchup_rows = 1500;
+    st.engine.spec_deferred_catchup_ns = 3'000'000'000;
+    st.engine.spec_draft_ns = 250'000'000;
+    const std::string text = Metrics().render(st, 0, true);
+    for (const char* want :
+         {"# TYPE dsinfer_spec_gate_steps_total counter\n",
+          "dsinfer_spec_gate_steps_total{mode=\"plain\"} 40\n",
+          "dsinfer_spec_gate_steps_total{mode=\"speculating\"} 12\n",
+          "# TYPE dsinfer_spec_gate_probe_steps_total counter\n",
+          "dsinfer_spec_gate_probe_steps_total{mode=\"plain\"} 4\n",
+          "dsinfer_spec_gate_probe_steps_total{mode=\"speculating\"} 8\n",
+          "dsinfer_spec_gate_switches_total 3\n", "dsinfer_spec_gate_priced_out_total 2\n",
+          "dsinfer_spec_catchup_rows_total 1900\n",
+          "dsinfer_spec_deferred_catchup_rows_total 1500\n",
+          "dsinfer_spec_deferred_catchup_seconds_total 3\n",
+          "dsinfer_spec_drafter_seconds_total 0.25\n"}) {
+        EXPECT_NE(text.find(want), std::string::npos) << want;
+    }
+}
+
 // SWA state cache counters (issue 16): per traffic class, and the engine's own.
 TEST(MetricsTest, RendersSwaCacheCounters) {
     ServiceStats st;

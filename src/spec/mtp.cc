@@ -56,8 +56,10 @@ Status MtpDrafter::propose_batch(std::span<const DraftInput> in, std::span<const
                                   std::to_string(d.hidden_pos + rows - 1) + " is not known");
         }
         for (int64_t r = 0; r < rows; ++r) next_[at + r] = d.token_at(d.hidden_pos + 1 + r);
+        // Only the last row drafts: the rows before it need their KV rows alone.
+        const int64_t out_rows = k[i] > 0 ? 1 : 0;
         steps_.push_back({std::span<const int32_t>(next_).subspan(at, rows), d.hidden, d.hidden_pos,
-                          d.cache, k[i] > 0 ? 1 : 0});
+                          d.cache, out_rows, out_rows});
         seq_of_step_.push_back(i);
         at += static_cast<size_t>(rows);
     }

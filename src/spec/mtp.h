@@ -7,6 +7,8 @@
 // greedy (argmax of the MTP head). Recursive rows it writes past the known tokens are
 // rewritten by the next step's catch-up, which starts at the first position that
 // step computes. Drafts stop early where the KV table ends (the next step grows it).
+// Catch-up rows other than a drafting sequence's last write their KV rows only
+// (MtpStep::output_rows): no attention, FFN or head for rows nothing drafts from.
 #pragma once
 
 #include <memory>

@@ -242,6 +242,37 @@ TEST_F(MtpDrafterTest, FirstDraftIsTheMtpHeadAndRecursionFollowsItsOwnHidden) {
     EXPECT_TRUE(std::equal(last_only.begin(), last_only.end(), full.end() - 2 * V));
     ASSERT_TRUE(model_->mtp_forward(next, o2.hidden, 0, *again, last_only, nullptr, 0).is_ok());
     EXPECT_TRUE(last_only.empty());
+    // output_rows: the rows before the last write their KV rows only — bitwise the rows
+    // of a full pass — and the last row's output and logits are bitwise the full pass's.
+    {
+        auto a = model_->new_kv_cache(64);
+        auto b = model_->new_kv_cache(64);
+        const MtpStep all{next, o2.hidden, 0, a.get(), 1};
+        const MtpStep last_row{next, o2.hidden, 0, b.get(), 1, 1};
+        MtpBatchOutput ra, rb;
+        ASSERT_TRUE(model_->mtp_forward_batch(std::span<const MtpStep>(&all, 1), ra).is_ok());
+        ASSERT_TRUE(model_->mtp_forward_batch(std::span<const MtpStep>(&last_row, 1), rb).is_ok());
+        EXPECT_EQ(ra.logits, rb.logits);
+        EXPECT_TRUE(std::equal(ra.hidden.end() - H, ra.hidden.end(), rb.hidden.end() - H));
+        const int64_t mtp_layer = model_->config().num_hidden_layers;
+        const int64_t W = model_->kv_row_floats();
+        for (int64_t pos = 0; pos < P; ++pos) {
+            EXPECT_TRUE(std::equal(a->row(mtp_layer, pos), a->row(mtp_layer, pos) + W,
+                                   b->row(mtp_layer, pos)))
+                << pos;
+        }
+        // None: KV rows only, no logits; the rows are the same.
+        auto c = model_->new_kv_cache(64);
+        const MtpStep none{next, o2.hidden, 0, c.get(), 0, 0};
+        MtpBatchOutput rc;
+        ASSERT_TRUE(model_->mtp_forward_batch(std::span<const MtpStep>(&none, 1), rc).is_ok());
+        EXPECT_TRUE(rc.logits.empty());
+        for (int64_t pos = 0; pos < P; ++pos) {
+            EXPECT_TRUE(std::equal(a->row(mtp_layer, pos), a->row(mtp_layer, pos) + W,
+                                   c->row(mtp_layer, pos)))
+                << pos;
+        }
+    }
     // k = 0 writes the KV rows only; an unknown next token is an error, not a crash.
     ASSERT_TRUE(d.propose(in, 0, drafts).is_ok());
     EXPECT_TRUE(drafts.empty());

@@ -225,9 +225,19 @@ double SpecGate::rate(int64_t batch, bool speculated) const {
 }
 
 void SpecGate::start_run(Bucket& b, bool on, bool probing, int steps) {
+    bool priced_out = false;
+    if (on && !may_switch_on_) {
+        // Switching on would not pay for its catch-up (SwitchPrice): hold the plain loop
+        // and ask again. Not a switch of the loop: the rows to catch up say it was plain.
+        ++priced_out_;
+        priced_out = true;
+        on = false;
+        probing = false;
+        steps = o_.min_hold;
+    }
     if (on != b.on || !b.started) {
         // A new mode: its first step carries the switch; its rate is measured afresh.
-        if (b.started) ++switches_;
+        if (b.started && !priced_out) ++switches_;
         b.fresh = true;
         b.run_tokens = 0;
         b.run_ns = 0;
@@ -307,14 +317,33 @@ void SpecGate::start_bucket(int index, double predicted) {
     start_run(b, on, false, b.hold);
 }
 
-bool SpecGate::speculate(int64_t batch, bool measurable, double predicted) {
+bool SpecGate::switch_pays(int64_t batch, double predicted, const SwitchPrice& price) const {
+    if (price.catchup_ns <= 0 || price.remaining_tokens < 0) return true;
+    if (predicted <= 0) return true;  // nothing to price it with
+    // The predicted gain, not a measured one: a measurement that found speculating slower
+    // must not stop its own re-probing (the probe budget rule prices probes), and a hold
+    // follows the measured rates anyway.
+    const double gain = 1 - o_.min_predicted / predicted;
+    const Bucket& b = buckets_[static_cast<size_t>(bucket(batch))];
+    const double token_ns = b.rate[0] > 0 ? 1 / b.rate[0] : price.plain_token_ns;
+    if (token_ns <= 0) return true;
+    return static_cast<double>(price.remaining_tokens) * token_ns * gain >= price.catchup_ns;
+}
+
+bool SpecGate::speculate(int64_t batch, bool measurable, double predicted,
+                         const SwitchPrice& price) {
     if (!o_.measure) return true;
     if (batch <= 0) return false;  // prefill only: the first drafts come one step later
     const int index = bucket(batch);
     Bucket& b = buckets_[static_cast<size_t>(index)];
-    if (!measurable) return b.has_winner && !b.probing ? b.on : false;
+    // A switch on (the engine has rows to catch up: its last steps were plain) that its
+    // catch-up does not pay for is not made, whatever the bucket's run says.
+    may_switch_on_ = switch_pays(batch, predicted, price);
+    if (!measurable) return b.has_winner && !b.probing && b.on && may_switch_on_;
     if (!b.started) start_bucket(index, predicted);
+    if (b.on && !may_switch_on_) start_run(b, true, false, 0);  // priced out: holds plain
     if (b.left <= 0) decide(b, !(predicted > 0 && predicted < o_.min_predicted));
+    may_switch_on_ = true;
     --b.left;
     probe_steps_[b.on ? 1 : 0] += b.probing ? 1 : 0;
     return b.on;

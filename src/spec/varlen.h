@@ -164,6 +164,23 @@ static constexpr double kSurvivalPrior = 4.0;
 std::vector<double> observed_survival(std::span<const int64_t> drafted,
                                       std::span<const int64_t> accepted, int max_drafts);
 
+// What switching speculation on costs now, and what the sequences can still gain from
+// it (SpecGate::speculate). A switch first runs the MTP catch-up that plain steps
+// deferred (every decoding sequence's rows since it last drafted, prompts included);
+// it pays only if the output still to come, sped up, saves more than that:
+//   remaining_tokens * token_ns * gain >= catchup_ns,
+// token_ns: the bucket's measured plain time per token (else `plain_token_ns`, the
+// curve's), gain: 1 - min_predicted / predicted (what the prediction leaves after the
+// drafting and synchronous-loop costs that min_predicted stands for; not a measured
+// gain, which could stop the re-probing of a bucket for good after one noisy probe).
+// Nothing to catch up (catchup_ns <= 0), no prediction, or remaining_tokens < 0
+// (unknown): the switch is not priced.
+struct SwitchPrice {
+    double catchup_ns = 0;          // deferred catch-up rows x the drafter's cost per row
+    int64_t remaining_tokens = -1;  // sum over decoding sequences of max_tokens - output
+    double plain_token_ns = 0;      // without speculating, time per output token (curve)
+};
+
 // Speculate or not, decided per batch-size bucket (decoding sequences: 1, 2, 3-4, 5-8,
 // ..., 2^k+1 - 2^(k+1)) from measured output rates: tokens emitted per ns of wall time
 // between consecutive step results, which includes drafting, sampling and the host's
@@ -182,7 +199,11 @@ std::vector<double> observed_survival(std::span<const int64_t> drafted,
 // leaves drafting and the synchronous loop out), and a measured gain outranks a
 // predicted loss (the curve may be wrong; the measurement is what the loop does). A mode's rate is
 // that of its latest run, recent steps weighted most (kDecay). The first step of each run of a mode
-// is not measured (it carries the switch: drafts not yet proposed, or the loop refilling). Pure: no
+// is not measured (it carries the switch: drafts not yet proposed, or the loop refilling).
+// Switching on is priced (SwitchPrice): where the catch-up it runs first costs more than
+// the remaining output can gain, the gate does not switch on (a bucket holds not
+// speculating for `min_hold` steps and asks again), even where a measured gain would
+// have it speculate: at the tail of a round the remaining tokens are few. Pure: no
 // clock; the engine passes measured periods. Not thread-safe.
 class SpecGate {
 public:
@@ -195,7 +216,8 @@ public:
         // (predict_speedup; none given: no bound). The prediction leaves out drafting,
         // the synchronous loop and the MTP catch-up of a switch (~5-10 % of a step each
         // at 16-64 sequences on the default model), so a smaller predicted gain cannot
-        // pay for them.
+        // pay for them. A switch's catch-up is also priced on its own (SwitchPrice), with
+        // the gain 1 - min_predicted / predicted.
         double min_predicted = 1.15;
         bool measure = true;  // false: always speculate
     };
@@ -208,7 +230,13 @@ public:
     // speculating before them) and counts nothing; so does batch 0 (not speculating).
     // `predicted`: the cost curve's speed-up of speculating at this batch
     // (predict_speedup; <= 0: none); below Options::min_predicted no probe speculates.
-    bool speculate(int64_t batch, bool measurable = true, double predicted = 0);
+    // `price`: what switching on costs now and may gain (not priced by default); a switch
+    // that does not pay is not made, by a probe, a hold or a prefill step.
+    bool speculate(int64_t batch, bool measurable = true, double predicted = 0,
+                   const SwitchPrice& price = {});
+    // Whether switching on at `batch` pays for its catch-up (SwitchPrice), with the
+    // bucket's measured rates; true where it is not priced.
+    bool switch_pays(int64_t batch, double predicted, const SwitchPrice& price) const;
     // A measured step: planned in mode `speculated`, `batch` decoding sequences (a step
     // that also ran prefill chunks is not passed), `tokens` emitted, `period_ns` since
     // the previous step's result. Steps of a mode the bucket has left are ignored.
@@ -226,6 +254,8 @@ public:
     double rate(int64_t batch, bool speculated) const;
     bool mode(int64_t batch) const { return buckets_[static_cast<size_t>(bucket(batch))].on; }
     int64_t switches() const { return switches_; }
+    // Decisions against switching on because the catch-up would not pay (SwitchPrice).
+    int64_t priced_out() const { return priced_out_; }
     // Planned steps that were probes of speculating (true) or not speculating (false).
     int64_t probe_steps(bool speculated) const { return probe_steps_[speculated ? 1 : 0]; }
 
@@ -253,6 +283,9 @@ private:
     Options o_;
     std::array<Bucket, kBuckets> buckets_{};
     int64_t switches_ = 0;
+    int64_t priced_out_ = 0;
+    // Within speculate(): whether a run of speculation may start (SwitchPrice).
+    bool may_switch_on_ = true;
     std::array<int64_t, 2> probe_steps_{};
 };
 

@@ -437,5 +437,80 @@ TEST(SpecGateTest, ThePredictionBoundsWhatIsProbed) {
     EXPECT_EQ(r.on_steps, 0);  // ... is not taken against a predicted loss
 }
 
+// Pricing a switch on, worked by hand. The tail of a 16-request round (bench/RESULTS.md,
+// issue 24): 4 sequences left with 136 tokens of max_tokens to go, the curve's plain
+// decode at batch 4 1.2 ms a token, a predicted speed-up of 1.5 — after what
+// min_predicted (1.15) stands for, a gain of 1 - 1.15 / 1.5 = 0.2333 of 163.2 ms, i.e.
+// 38.08 ms. Catching up their 1,900 deferred rows at 26 us a row (49.4 ms) does not pay;
+// at 5 us a row (9.5 ms) it does. Nothing to catch up, or unknown remaining tokens: not
+// priced.
+TEST(SpecGateTest, SwitchPaysWorkedNumbers) {
+    SpecGate gate;
+    const SwitchPrice slow{1900 * 26e3, 136, 1.2e6};
+    const SwitchPrice cheap{1900 * 5e3, 136, 1.2e6};
+    EXPECT_FALSE(gate.switch_pays(4, 1.5, slow));
+    EXPECT_TRUE(gate.switch_pays(4, 1.5, cheap));
+    // The break-even: 38.08 ms of gain.
+    EXPECT_TRUE(gate.switch_pays(4, 1.5, {38.0e6, 136, 1.2e6}));
+    EXPECT_FALSE(gate.switch_pays(4, 1.5, {38.2e6, 136, 1.2e6}));
+    // Fewer tokens to go: 40 gain 11.2 ms, more than the cheap catch-up's 9.5 ms; 30
+    // gain 8.4 ms, less.
+    EXPECT_TRUE(gate.switch_pays(4, 1.5, {9.5e6, 40, 1.2e6}));
+    EXPECT_FALSE(gate.switch_pays(4, 1.5, {9.5e6, 30, 1.2e6}));
+    EXPECT_TRUE(gate.switch_pays(4, 1.5, {0, 136, 1.2e6}));
+    EXPECT_TRUE(gate.switch_pays(4, 1.5, {1900 * 26e3, -1, 1.2e6}));
+    EXPECT_TRUE(gate.switch_pays(4, 0, slow));  // no prediction
+
+    // A measured plain rate replaces the curve's time per token: 1 token per ms (2 tokens
+    // every 2 ms); 60 tokens to go at a predicted 1.5 gain 0.2333 x 60 ms = 14 ms. The
+    // measured gain (speculating 1.5x faster here, or slower) does not enter.
+    SpecGate measured;
+    for (int i = 0; i < 4; ++i) {
+        ASSERT_FALSE(measured.speculate(2)) << i;  // the probe of the plain loop
+        measured.observe(false, 2, 2, 2'000'000);
+    }
+    ASSERT_TRUE(measured.speculate(2));
+    measured.observe(true, 2, 3, 2'000'000);  // the run's first step: not measured
+    ASSERT_TRUE(measured.speculate(2));
+    measured.observe(true, 2, 3, 2'000'000);
+    ASSERT_NEAR(measured.rate(2, false), 1e-6, 1e-12);
+    ASSERT_NEAR(measured.rate(2, true), 1.5e-6, 1e-12);
+    EXPECT_FALSE(measured.switch_pays(2, 1.5, {15e6, 60, 9e9}));
+    EXPECT_TRUE(measured.switch_pays(2, 1.5, {13e6, 60, 9e9}));
+}
+
+// A switch that does not pay is not made: not by a probe (the bucket holds the plain
+// loop and asks again), not by a bucket holding speculation when rows are left to catch
+// up, not by a step with prefill chunks; one that pays is made as before.
+TEST(SpecGateTest, ASwitchThatDoesNotPayIsNotMade) {
+    const SwitchPrice no{50e6, 136, 1.2e6};  // 50 ms against 38 ms
+    const SwitchPrice yes{5e6, 136, 1.2e6};
+    SpecGate gate;
+    for (int i = 0; i < 200; ++i) {
+        const bool on = gate.speculate(4, true, 1.5, no);
+        EXPECT_FALSE(on) << i;
+        gate.observe(false, 4, 4, 4'000'000);
+    }
+    EXPECT_GT(gate.priced_out(), 0);
+    EXPECT_EQ(gate.probe_steps(true), 0);
+    SpecGate paying;
+    int first_on = -1;
+    for (int i = 0; i < 20 && first_on < 0; ++i) {
+        if (paying.speculate(4, true, 1.5, yes)) first_on = i;
+        paying.observe(false, 4, 4, 4'000'000);
+    }
+    EXPECT_EQ(first_on, SpecGate::Options{}.probe_steps);  // after the plain probe
+    EXPECT_EQ(paying.priced_out(), 0);
+
+    // Holding speculation (measured faster at 2), then the plain loop ran (e.g. at
+    // another batch) and left rows whose catch-up does not pay: no switch back on.
+    SpecGate held;
+    run_gate(held, 2, 200, [](int, bool on) { return on ? 1.6e-6 : 1e-6; });
+    ASSERT_TRUE(held.mode(2));
+    EXPECT_FALSE(held.speculate(2, false, 1.5, {1e9, 10, 1e6}));  // prefill step
+    EXPECT_FALSE(held.speculate(2, true, 1.5, {1e9, 10, 1e6}));
+    EXPECT_FALSE(held.mode(2));
+}
+
 }  // namespace
 }  // namespace dsi::spec
