@@ -258,6 +258,16 @@ TEST(Matcher, AdditionalPropertiesReproducerMasks) {
     EXPECT_FALSE(bad.advance_bytes(R"({"c":"x"})") && bad.is_accepted());
 }
 
+// `schema` compiled with a table cache of its own; nullptr when it does not compile.
+std::shared_ptr<const CompiledGrammar> compile_with_own_cache(
+    std::string_view schema, const std::shared_ptr<const Vocabulary>& v) {
+    auto g = compile_json_schema(schema);
+    if (!g.is_ok()) return nullptr;
+    MatcherOptions opts;
+    opts.table_cache = std::make_shared<PositionTableCache>();
+    return std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+}
+
 // issue 21's worst mask steps on the real-world corpus: a string with maxLength 1,024
 // (each character moved to a new link O_k of the bounded repetition, and each link
 // built a table of its own: ~10 ms per step) and the e-mail format's domain labels
@@ -286,18 +296,15 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
          R"({"d":")" + words.substr(0, 134) + R"(","e":12})", false, false},
     };
     for (const auto& c : cases) {
-        auto g = compile_json_schema(std::string_view(c.schema));
-        ASSERT_TRUE(g.is_ok()) << c.schema;
-        MatcherOptions opts;
-        opts.table_cache = std::make_shared<PositionTableCache>();
-        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+        auto cg = compile_with_own_cache(c.schema, v);
+        ASSERT_NE(cg, nullptr) << c.schema;
         GrammarMatcher m(cg);
         TokenBitmask a(v->size()), b(v->size());
         const std::vector<int32_t> ids = tok.encode(c.instance);
         ASSERT_GT(ids.size(), 10u);
         PositionTableCache::Stats at_half;
         for (size_t k = 0; k < ids.size(); ++k) {
-            if (k == ids.size() / 2) at_half = opts.table_cache->stats();
+            if (k == ids.size() / 2) at_half = cg->table_cache().stats();
             m.fill_mask_uncached(&a);
             if (k % 4 == 0) {  // the plain walk costs ~10 ms a step here
                 m.plain_walk_mask(&b);
@@ -308,7 +315,7 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
         }
         // The closing quote's step builds the tables after the string.
         ASSERT_TRUE(m.is_accepted()) << c.schema;
-        const PositionTableCache::Stats end = opts.table_cache->stats();
+        const PositionTableCache::Stats end = cg->table_cache().stats();
         if (c.constant_after_half) {
             // Each step's new positions found their tables in the cache.
             EXPECT_LE(end.entries, at_half.entries + 2) << c.schema;
@@ -343,14 +350,12 @@ TEST(Matcher, BoundedStringLinksAreNarrowed) {
     };
     int narrowed_cases = 0;
     for (const auto& c : cases) {
-        auto g = compile_json_schema(std::string_view(c.schema));
-        ASSERT_TRUE(g.is_ok()) << c.schema;
-        MatcherOptions opts;
-        opts.table_cache = std::make_shared<PositionTableCache>();
-        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+        auto cg = compile_with_own_cache(c.schema, v);
+        ASSERT_NE(cg, nullptr) << c.schema;
         // Strings of exactly max_length characters and one more: words, a run of
         // spaces (a single long token), then escapes and multi-byte characters last.
-        for (const std::string& tail : {std::string("x\\u00e9\\\"é"), spaces.substr(0, 7), std::string("ab")}) {
+        for (const std::string& tail :
+             {std::string("x\\u00e9\\\"é"), spaces.substr(0, 7), std::string("ab")}) {
             for (size_t extra : {0, 1}) {
                 std::string body = "lorem ipsum" + spaces;
                 while (body.size() < 200) body += " dolor sit amet";
