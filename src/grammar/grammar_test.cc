@@ -538,6 +538,37 @@ TEST(JsonSchema, IntegerSpellingsOption) {
     for (const char* no : {"1e-1", "1.5", "1e"}) EXPECT_FALSE(full_match(v, no)) << no;
 }
 
+// issue 21's reproducers: maxItems 20,001 had become unbounded and maxLength above
+// 20,000 was ignored. At the limit both hold exactly; above it the schema is rejected
+// naming the keyword and the limit.
+TEST(JsonSchema, CountingLimitsHoldExactlyAtTheBound) {
+    const size_t limit = JsonSchemaOptions().limits.max_repeat;
+    ASSERT_EQ(limit, 20000u);
+    auto items = compile_json_schema(
+        std::string_view(R"({"type":"array","items":{"type":"integer"},"maxItems":20000})"));
+    auto chars = compile_json_schema(std::string_view(R"({"type":"string","maxLength":20000})"));
+    ASSERT_TRUE(items.is_ok() && chars.is_ok());
+    auto a = std::make_shared<CompiledGrammar>(std::move(items).value(), byte_vocab());
+    auto c = std::make_shared<CompiledGrammar>(std::move(chars).value(), byte_vocab());
+    auto array_of = [](size_t n) {
+        std::string t = "[";
+        for (size_t i = 0; i < n; ++i) t += i == 0 ? "1" : ",1";
+        return t + "]";
+    };
+    EXPECT_TRUE(full_match(a, array_of(limit)));
+    EXPECT_FALSE(full_match(a, array_of(limit + 1)));
+    EXPECT_TRUE(full_match(c, "\"" + std::string(limit, 'x') + "\""));
+    EXPECT_FALSE(full_match(c, "\"" + std::string(limit + 1, 'x') + "\""));
+    for (const char* schema : {R"({"type":"array","items":{"type":"integer"},"maxItems":20001})",
+                               R"({"type":"string","maxLength":20001})"}) {
+        auto g = compile_json_schema(std::string_view(schema));
+        ASSERT_FALSE(g.is_ok()) << schema;
+        EXPECT_EQ(g.status().code(), StatusCode::kResourceExhausted) << schema;
+        EXPECT_NE(g.status().message().find("20001 above the limit of 20000"), std::string::npos)
+            << g.status().message();
+    }
+}
+
 // Formats are assertions by default; format_assertion = false makes them annotations.
 TEST(JsonSchema, FormatAssertionOption) {
     const std::string_view schema = R"({"type":"string","format":"hostname"})";

@@ -93,7 +93,7 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
     std::sort(class_positions_.begin(), class_positions_.end());
     for (uint32_t i = 0; i < class_positions_.size(); ++i) slot_of_pos_[class_positions_[i]] = i;
     compute_chains(reached);
-    compute_links();
+    compute_links(reached);
     compute_key_floors();
     table_cache_ = options_.table_cache ? options_.table_cache
                                         : std::make_shared<PositionTableCache>();
@@ -103,26 +103,35 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
 
 CompiledGrammar::~CompiledGrammar() = default;
 
-std::unique_ptr<PositionTokens> CompiledGrammar::build_table(uint32_t pos, size_t levels,
-                                                             int first_byte) const {
-    std::lock_guard<std::mutex> lock(builder_mu_);
+GrammarMatcher& CompiledGrammar::builder() const {
     if (builder_ == nullptr) {
         // Non-owning: the builder lives inside this grammar.
         builder_ = std::make_unique<GrammarMatcher>(
             std::shared_ptr<const CompiledGrammar>(std::shared_ptr<void>(), this));
     }
-    if (!builder_->memo_active_) builder_->memo_begin();
-    return builder_->build_position_tokens(pos, levels, first_byte);
+    return *builder_;
+}
+
+std::unique_ptr<PositionTokens> CompiledGrammar::build_table(uint32_t pos, size_t levels,
+                                                             int first_byte) const {
+    std::lock_guard<std::mutex> lock(builder_mu_);
+    GrammarMatcher& b = builder();
+    if (!b.memo_active_) b.memo_begin();
+    return b.build_position_tokens(pos, levels, first_byte);
 }
 
 std::unique_ptr<PositionTokens> CompiledGrammar::refine_table(uint32_t pos, size_t levels,
                                                               const PositionTokens& fewer) const {
     std::lock_guard<std::mutex> lock(builder_mu_);
-    if (builder_ == nullptr) {
-        builder_ = std::make_unique<GrammarMatcher>(
-            std::shared_ptr<const CompiledGrammar>(std::shared_ptr<void>(), this));
-    }
-    return builder_->refine_position_tokens(pos, levels, fewer);
+    return builder().refine_position_tokens(pos, levels, fewer);
+}
+
+std::unique_ptr<PositionTokens> CompiledGrammar::narrow_table(uint32_t pos, size_t levels,
+                                                              size_t max_bytes,
+                                                              const PositionTokens& longer) const {
+    std::lock_guard<std::mutex> lock(builder_mu_);
+    num_narrowed_.fetch_add(1, std::memory_order_relaxed);
+    return builder().narrow_position_tokens(pos, levels, max_bytes, longer);
 }
 
 void CompiledGrammar::compute_chains(const std::vector<bool>& reached) {
@@ -144,7 +153,15 @@ void CompiledGrammar::compute_chains(const std::vector<bool>& reached) {
                     continue;
                 }
                 uint32_t callee = Grammar::payload(e);
-                if (callee == r && elems[pos + 1] == Grammar::kEnd) continue;
+                const bool tail = elems[pos + 1] == Grammar::kEnd;
+                if (callee == r && tail) continue;
+                // Tail sites of one rule are one site: each returns where that rule
+                // does (a bounded repetition's link O_k ::= c1 O_{k-1} | c2 O_{k-1} | "",
+                // one alternative per kind of JSON string character).
+                if (site[callee] != kNoSite && site[callee] != kMany && tail &&
+                    elems[site[callee] + 1] == Grammar::kEnd && site_rule[callee] == r) {
+                    continue;
+                }
                 site[callee] = site[callee] == kNoSite ? pos : kMany;
                 site_rule[callee] = r;
             }
@@ -202,10 +219,11 @@ void CompiledGrammar::compute_chains(const std::vector<bool>& reached) {
     }
 }
 
-void CompiledGrammar::compute_links() {
+void CompiledGrammar::compute_links(const std::vector<bool>& reached) {
     const auto& elems = grammar_.elements();
     const uint32_t n = static_cast<uint32_t>(grammar_.num_rules());
     link_items_.assign(n, 0);
+    link_longer_.assign(n, kNoRule);
     // A rule's item alternatives: all but one empty alternative, each a run of byte
     // classes optionally ending in a reference to one successor rule (the same for
     // every alternative). Returns false when the rule is not of that shape.
@@ -273,9 +291,39 @@ void CompiledGrammar::compute_links() {
             if (link_items_[next] == 0) continue;
             uint32_t next2 = 0;
             shape(next, &next2, &items_s);
-            if (items_r == items_s) link_items_[r] = link_items_[next] + 1;
+            if (items_r == items_s) {
+                link_items_[r] = link_items_[next] + 1;
+                if (reached[r] && chains_[r] == chains_[next]) link_longer_[next] = r;
+            }
         }
     }
+}
+
+uint32_t CompiledGrammar::longer_link_position(uint32_t pos) const {
+    const uint32_t r = rule_of_slot_[slot_of_pos_[pos]];
+    const uint32_t longer = link_longer_[r];
+    // Links further from the end are keyed as the unbounded loop (position_key()), so
+    // their tables are shared; the first link that is not (its successor is followed)
+    // is narrowed too.
+    if (longer == kNoRule ||
+        link_items_[r] > static_cast<uint32_t>(vocab_->max_token_bytes()) + 2) {
+        return kNoPosition;
+    }
+    // The same item alternative (empty ones skipped: compute_links() compared the
+    // items in order) at the same offset.
+    const auto& elems = grammar_.elements();
+    const auto& alts = grammar_.alternatives(r);
+    const auto& longer_alts = grammar_.alternatives(longer);
+    size_t i = 0, j = 0;
+    for (; i < alts.size(); ++i) {
+        if (elems[alts[i]] == Grammar::kEnd) continue;
+        while (elems[longer_alts[j]] == Grammar::kEnd) ++j;
+        uint32_t end = alts[i];
+        while (Grammar::tag(elems[end]) == Grammar::kTagClass) ++end;
+        if (pos >= alts[i] && pos < end) return longer_alts[j] + (pos - alts[i]);
+        ++j;
+    }
+    return kNoPosition;
 }
 
 void CompiledGrammar::compute_key_floors() {
@@ -560,7 +608,8 @@ CompiledGrammar::TableStats CompiledGrammar::table_stats() const {
     std::lock_guard<std::mutex> lock(mu_);
     return TableStats{static_cast<int64_t>(class_positions_.size()),
                       static_cast<int64_t>(owned_tables_.size()),
-                      static_cast<int64_t>(table_bytes_), table_uncertain_};
+                      static_cast<int64_t>(table_bytes_), table_uncertain_,
+                      num_narrowed_.load(std::memory_order_relaxed)};
 }
 
 bool CompiledGrammar::lookup_mask(const std::string& key, TokenBitmask* out) const {
@@ -1096,14 +1145,14 @@ std::unique_ptr<PositionTokens> GrammarMatcher::build_position_tokens(uint32_t p
     return table;
 }
 
-std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(
-    uint32_t pos, size_t levels, const PositionTokens& fewer) {
-    // Tokens `fewer` accepts or rejects stay so: their paths never leave the rule. Each
-    // uncertain one is stepped from the deeper stack through the memo session's states
-    // (build_position_tokens()'s walk, so its verdicts): alive after its last byte =
-    // accepted; dead after some path returned to the (still unknown) caller =
-    // uncertain; else rejected. Consecutive tokens share prefixes (trie order,
-    // uncertain_lcp).
+void GrammarMatcher::step_candidates(uint32_t pos, size_t levels,
+                                     std::span<const uint32_t> candidates,
+                                     std::span<const uint8_t> lcps, std::vector<int32_t>* accepted,
+                                     PositionTokens* table) {
+    // Each candidate is stepped from the deeper stack through the memo session's
+    // states (build_position_tokens()'s walk, so its verdicts): alive after its last
+    // byte = accepted; dead after some path returned to the (still unknown) caller =
+    // uncertain; else rejected. Consecutive candidates share prefixes (trie order).
     const Vocabulary& vocab = compiled_->vocab();
     const auto& trie_tokens = vocab.trie_tokens();
     if (!memo_active_ || memo_states_.size() > kMaxMemoStates ||
@@ -1112,9 +1161,6 @@ std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(
         memo_begin();
     }
     ensure_levels();
-    auto table = std::make_unique<PositionTokens>();
-    std::vector<int32_t> accepted;
-    append_accepted(fewer, &accepted);
     const uint32_t start = table_start(pos, levels);
     sid_[0] = memo_intern(std::vector<uint32_t>(1, start));
     ctx_[0] = 0;
@@ -1128,11 +1174,11 @@ std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(
         table->uncertain_lcp.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
         prev_uncertain = b;
     };
-    size_t valid = 0;  // sid_[0..valid] hold the previous token's prefix
-    for (size_t u = 0; u < fewer.uncertain.size(); ++u) {
-        const uint32_t k = fewer.uncertain[u];
+    size_t valid = 0;  // sid_[0..valid] hold the previous candidate's prefix
+    for (size_t u = 0; u < candidates.size(); ++u) {
+        const uint32_t k = candidates[u];
         const std::string_view bytes = vocab.token_bytes(trie_tokens[k]);
-        size_t d = std::min<size_t>(valid, fewer.uncertain_lcp[u]);
+        size_t d = std::min<size_t>(valid, lcps[u]);
         for (; d < bytes.size(); ++d) {
             if (sid_[d] == 0) break;  // a shared prefix that died
             const uint32_t r = memo_step(sid_[d], static_cast<uint8_t>(bytes[d]));
@@ -1141,13 +1187,90 @@ std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(
         }
         valid = d;
         if (sid_[d] != 0) {
-            accepted.push_back(trie_tokens[k]);
+            accepted->push_back(trie_tokens[k]);
         } else if (ctx_[d] != 0) {
             add_uncertain(k, bytes);
         }
     }
-    set_accepted(std::move(accepted), vocab.size(), table.get());
+}
+
+std::unique_ptr<PositionTokens> GrammarMatcher::refine_position_tokens(
+    uint32_t pos, size_t levels, const PositionTokens& fewer) {
+    // Tokens `fewer` accepts or rejects stay so: their paths never leave the rule.
+    auto table = std::make_unique<PositionTokens>();
+    std::vector<int32_t> accepted;
+    append_accepted(fewer, &accepted);
+    step_candidates(pos, levels, fewer.uncertain, fewer.uncertain_lcp, &accepted, table.get());
+    set_accepted(std::move(accepted), compiled_->vocab().size(), table.get());
     return table;
+}
+
+std::unique_ptr<PositionTokens> GrammarMatcher::narrow_position_tokens(
+    uint32_t pos, size_t levels, size_t max_bytes, const PositionTokens& longer) {
+    // Tokens of at most max_bytes bytes keep `longer`'s verdicts; those it rejects stay
+    // rejected (pos accepts a subset). The rest -- its uncertain ones and the long ones
+    // it accepts -- are stepped, collected in trie order through a bit per trie token.
+    const Vocabulary& vocab = compiled_->vocab();
+    const auto& trie_tokens = vocab.trie_tokens();
+    const std::span<const uint32_t> long_tokens = vocab.trie_tokens_longer_than(max_bytes);
+    std::vector<uint64_t> picked((trie_tokens.size() + 63) / 64, 0);
+    auto pick = [&](uint32_t k) { picked[k >> 6] |= uint64_t{1} << (k & 63); };
+    for (uint32_t k : longer.uncertain) pick(k);
+    auto table = std::make_unique<PositionTokens>();
+    std::vector<int32_t> accepted;
+    if (!longer.accepted_bits.empty()) {
+        table->accepted_bits = longer.accepted_bits;
+        for (uint32_t k : long_tokens) {
+            const int32_t id = trie_tokens[k];
+            uint64_t& w = table->accepted_bits[id >> 6];
+            const uint64_t bit = uint64_t{1} << (id & 63);
+            if ((w & bit) != 0) {
+                w &= ~bit;
+                pick(k);
+            }
+        }
+    } else {
+        for (uint32_t k : long_tokens) {
+            if (std::binary_search(longer.accepted_ids.begin(), longer.accepted_ids.end(),
+                                   trie_tokens[k])) {
+                pick(k);
+            }
+        }
+        for (int32_t id : longer.accepted_ids) {
+            if (vocab.token_bytes(id).size() <= max_bytes) accepted.push_back(id);
+        }
+    }
+    std::vector<uint32_t> candidates;
+    std::vector<uint8_t> lcps;
+    std::string_view prev;
+    for (size_t w = 0; w < picked.size(); ++w) {
+        for (uint64_t bits = picked[w]; bits != 0; bits &= bits - 1) {
+            const uint32_t k = static_cast<uint32_t>(w * 64 + std::countr_zero(bits));
+            const std::string_view b = vocab.token_bytes(trie_tokens[k]);
+            size_t lcp = 0;
+            while (lcp < prev.size() && lcp < b.size() && prev[lcp] == b[lcp]) ++lcp;
+            candidates.push_back(k);
+            lcps.push_back(static_cast<uint8_t>(std::min<size_t>(lcp, 255)));
+            prev = b;
+        }
+    }
+    step_candidates(pos, levels, candidates, lcps, &accepted, table.get());
+    if (!table->accepted_bits.empty()) {
+        for (int32_t id : accepted) table->accepted_bits[id >> 6] |= uint64_t{1} << (id & 63);
+    } else {
+        set_accepted(std::move(accepted), vocab.size(), table.get());
+    }
+    return table;
+}
+
+std::unique_ptr<PositionTokens> GrammarMatcher::from_longer_link(uint32_t pos) {
+    const uint32_t longer_pos = compiled_->longer_link_position(pos);
+    if (longer_pos == CompiledGrammar::kNoPosition) return nullptr;
+    // Recursive: O_{k+1}'s table comes from O_{k+2}'s, up to the first link whose table
+    // is shared as the unbounded loop's (or the repetition's first link).
+    const PositionTokens* longer = table_for(longer_pos);
+    if (longer == nullptr) return nullptr;
+    return compiled_->narrow_table(pos, SIZE_MAX, compiled_->link_items_at(pos), *longer);
 }
 
 std::shared_ptr<const PositionTokens> GrammarMatcher::cached_or_built(uint32_t pos,
@@ -1275,6 +1398,9 @@ const PositionTokens* GrammarMatcher::table_for(uint32_t pos) {
     // one per character inside a key, were most of the new tables of the p99 steps).
     if (std::unique_ptr<PositionTokens> run = run_tokens(pos)) {
         return compiled_->store_position_tokens(pos, std::move(run));
+    }
+    if (std::unique_ptr<PositionTokens> narrowed = from_longer_link(pos)) {
+        return compiled_->store_position_tokens(pos, std::move(narrowed));
     }
     // First from one level of the position's static continuation (then an unknown
     // caller): such tables are small to key, so they are shared by every grammar with

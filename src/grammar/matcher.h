@@ -206,6 +206,26 @@ public:
     // stepped (through the same builder as build_table).
     std::unique_ptr<PositionTokens> refine_table(uint32_t pos, size_t levels,
                                                  const PositionTokens& fewer) const;
+    // The table of `pos` from `levels` positions of its continuation, given `longer`, a
+    // table of a position that behaves as `pos` for every token of at most `max_bytes`
+    // bytes and accepts a superset of what `pos` accepts: only `longer`'s uncertain
+    // tokens and its accepted ones longer than max_bytes are stepped.
+    std::unique_ptr<PositionTokens> narrow_table(uint32_t pos, size_t levels, size_t max_bytes,
+                                                 const PositionTokens& longer) const;
+    // For a position in the link O_k of a bounded repetition (link_items_) with k at
+    // most max_token_bytes + 1: the same position in O_{k+1} when that link exists and
+    // has the same continuation, else kNoPosition. Within a token of at most k bytes
+    // the two behave alike (neither reaches its bound), and O_k accepts a subset of
+    // what O_{k+1} does, so O_k's table is O_{k+1}'s narrowed by the tokens longer than
+    // k bytes (narrow_table): a bounded string of length N builds its tables from the
+    // unbounded loop's shared one, not one vocabulary walk per character (issue 21:
+    // the last ~128 characters of a maxLength 140 string were the slowest mask steps).
+    static constexpr uint32_t kNoPosition = UINT32_MAX;
+    uint32_t longer_link_position(uint32_t pos) const;
+    // k when `pos` lies in the link O_k of a bounded repetition, else 0.
+    uint32_t link_items_at(uint32_t pos) const {
+        return link_items_[rule_of_slot_[slot_of_pos_[pos]]];
+    }
     // Byte-class element positions (the possible stack tops).
     const std::vector<uint32_t>& class_positions() const { return class_positions_; }
     struct TableStats {
@@ -213,13 +233,17 @@ public:
         int64_t built = 0;      // tables built
         int64_t bytes = 0;      // their memory
         int64_t num_uncertain = 0;
+        int64_t narrowed = 0;  // built by narrow_table() (bounded repetitions)
     };
     TableStats table_stats() const;
 
 private:
     void compute_chains(const std::vector<bool>& reached);
-    // Finds the links of bounded repetitions (see link_items_).
-    void compute_links();
+    // The table builder, made on first use. REQUIRES: builder_mu_ held.
+    GrammarMatcher& builder() const;
+    // Finds the links of bounded repetitions (see link_items_, link_longer_).
+    // REQUIRES: compute_chains() ran.
+    void compute_links(const std::vector<bool>& reached);
     // Sets key_floor_bytes_. REQUIRES: compute_links() ran.
     void compute_key_floors();
 
@@ -238,6 +262,10 @@ private:
     // every such position shares one table: a string with maxLength 1,024 built a
     // new table at each character (~10 ms each; issue 21).
     std::vector<uint32_t> link_items_;
+    // Per link rule O_k: the link O_{k+1} that refers to it with the same items and
+    // continuation (longer_link_position()), else kNoRule.
+    static constexpr uint32_t kNoRule = UINT32_MAX;
+    std::vector<uint32_t> link_longer_;
     // Per rule: a lower bound of the bytes position_key() spends (counted with every
     // class whole, as its caps are) on the rules reachable from it: its own
     // alternatives and those of the heaviest chain of rule components below it. A
@@ -256,6 +284,7 @@ private:
     mutable std::unique_ptr<GrammarMatcher> builder_;  // GUARDED_BY(builder_mu_)
     mutable std::atomic<int64_t> hits_{0};
     mutable std::atomic<int64_t> misses_{0};
+    mutable std::atomic<int64_t> num_narrowed_{0};
 };
 
 class GrammarMatcher {
@@ -345,6 +374,19 @@ private:
     uint32_t table_start(uint32_t pos, size_t levels);
     std::unique_ptr<PositionTokens> refine_position_tokens(uint32_t pos, size_t levels,
                                                            const PositionTokens& fewer);
+    std::unique_ptr<PositionTokens> narrow_position_tokens(uint32_t pos, size_t levels,
+                                                           size_t max_bytes,
+                                                           const PositionTokens& longer);
+    // Steps each candidate (trie_tokens() indices in trie order; lcps[i]: the leading
+    // bytes candidate i shares with candidate i - 1) from the table start of `pos`
+    // through the memo session: alive after its last byte -> *accepted; dead after
+    // some path returned to the unknown caller -> table->uncertain; else rejected.
+    void step_candidates(uint32_t pos, size_t levels, std::span<const uint32_t> candidates,
+                         std::span<const uint8_t> lcps, std::vector<int32_t>* accepted,
+                         PositionTokens* table);
+    // The table of a bounded repetition's link from its longer neighbour's
+    // (CompiledGrammar::longer_link_position), nullptr when `pos` is not such a link.
+    std::unique_ptr<PositionTokens> from_longer_link(uint32_t pos);
     // The table of `pos` from the shared cache, else built (and offered to the cache).
     std::shared_ptr<const PositionTokens> cached_or_built(uint32_t pos, size_t levels);
     // The table of `pos` with an unknown caller right after its rule, put together from

@@ -258,6 +258,16 @@ TEST(Matcher, AdditionalPropertiesReproducerMasks) {
     EXPECT_FALSE(bad.advance_bytes(R"({"c":"x"})") && bad.is_accepted());
 }
 
+// `schema` compiled with a table cache of its own; nullptr when it does not compile.
+std::shared_ptr<const CompiledGrammar> compile_with_own_cache(
+    std::string_view schema, const std::shared_ptr<const Vocabulary>& v) {
+    auto g = compile_json_schema(schema);
+    if (!g.is_ok()) return nullptr;
+    MatcherOptions opts;
+    opts.table_cache = std::make_shared<PositionTableCache>();
+    return std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+}
+
 // issue 21's worst mask steps on the real-world corpus: a string with maxLength 1,024
 // (each character moved to a new link O_k of the bounded repetition, and each link
 // built a table of its own: ~10 ms per step) and the e-mail format's domain labels
@@ -280,24 +290,21 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
         {R"({"type":"string","format":"email"})", R"("XCsgyU4VpkR@zfsFftJyWkh.vcnc-Example.org")",
          false},
         // The last links of a bound in a context (deployment-status's description,
-        // the corpus's slowest steps): each link's table is its own (one per character,
-        // ~5-10 ms each); their masks still equal the plain walk.
+        // the corpus's slowest steps): each link's table is its own, narrowed from
+        // the next longer link's (BoundedStringLinksAreNarrowed below).
         {R"({"type":"object","properties":{"d":{"type":"string","maxLength":140},"e":{"type":"integer"}}})",
          R"({"d":")" + words.substr(0, 134) + R"(","e":12})", false, false},
     };
     for (const auto& c : cases) {
-        auto g = compile_json_schema(std::string_view(c.schema));
-        ASSERT_TRUE(g.is_ok()) << c.schema;
-        MatcherOptions opts;
-        opts.table_cache = std::make_shared<PositionTableCache>();
-        auto cg = std::make_shared<CompiledGrammar>(std::move(g).value(), v, opts);
+        auto cg = compile_with_own_cache(c.schema, v);
+        ASSERT_NE(cg, nullptr) << c.schema;
         GrammarMatcher m(cg);
         TokenBitmask a(v->size()), b(v->size());
         const std::vector<int32_t> ids = tok.encode(c.instance);
         ASSERT_GT(ids.size(), 10u);
         PositionTableCache::Stats at_half;
         for (size_t k = 0; k < ids.size(); ++k) {
-            if (k == ids.size() / 2) at_half = opts.table_cache->stats();
+            if (k == ids.size() / 2) at_half = cg->table_cache().stats();
             m.fill_mask_uncached(&a);
             if (k % 4 == 0) {  // the plain walk costs ~10 ms a step here
                 m.plain_walk_mask(&b);
@@ -308,7 +315,7 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
         }
         // The closing quote's step builds the tables after the string.
         ASSERT_TRUE(m.is_accepted()) << c.schema;
-        const PositionTableCache::Stats end = opts.table_cache->stats();
+        const PositionTableCache::Stats end = cg->table_cache().stats();
         if (c.constant_after_half) {
             // Each step's new positions found their tables in the cache.
             EXPECT_LE(end.entries, at_half.entries + 2) << c.schema;
@@ -317,6 +324,78 @@ TEST(Matcher, BoundedRepetitionsShareTables) {
             EXPECT_LE(cg->table_stats().built, 4 * static_cast<int64_t>(ids.size())) << c.schema;
         }
     }
+}
+
+// A bounded string's last links (O_k with k at most the longest token's bytes): the
+// table of O_k is O_{k+1}'s narrowed by the tokens longer than k bytes, not a walk of
+// the vocabulary per character (issue 21: deployment-status's maxLength 140, the
+// corpus's slowest steps). Masks equal the plain walk at every step, on instances that
+// end exactly at the bound or one character past it (rejected there), with long
+// tokens (runs of spaces), escapes and multi-byte characters near the bound, in an
+// object and alone, and on random walks.
+TEST(Matcher, BoundedStringLinksAreNarrowed) {
+    auto v = real_vocab();
+    const Tokenizer& tok = test_util::real_tokenizer();
+    const std::string spaces(40, ' ');
+    struct Case {
+        std::string schema;
+        std::string prefix, suffix;  // around the string's characters
+        size_t max_length;
+    };
+    const std::vector<Case> cases = {
+        {R"({"type":"object","properties":{"d":{"type":"string","maxLength":140},"e":{"type":"integer"}}})",
+         R"({"d":")", R"(","e":12})", 140},
+        {R"({"type":"string","minLength":3,"maxLength":24})", "\"", "\"", 24},
+        {R"({"type":"array","items":{"type":"string","maxLength":9}})", "[\"", "\"]", 9},
+    };
+    int narrowed_cases = 0;
+    for (const auto& c : cases) {
+        auto cg = compile_with_own_cache(c.schema, v);
+        ASSERT_NE(cg, nullptr) << c.schema;
+        // Strings of exactly max_length characters and one more: words, a run of
+        // spaces (a single long token), then escapes and multi-byte characters last.
+        for (const std::string& tail :
+             {std::string("x\\u00e9\\\"é"), spaces.substr(0, 7), std::string("ab")}) {
+            for (size_t extra : {0, 1}) {
+                std::string body = "lorem ipsum" + spaces;
+                while (body.size() < 200) body += " dolor sit amet";
+                // Characters, not bytes: an escape or a UTF-8 character is one.
+                auto num_chars = [](const std::string& t) {
+                    size_t n = 0;
+                    for (size_t i = 0; i < t.size(); ++i) {
+                        if ((static_cast<uint8_t>(t[i]) & 0xC0) == 0x80) continue;
+                        if (t[i] == '\\') i += t[i + 1] == 'u' ? 5 : 1;
+                        ++n;
+                    }
+                    return n;
+                };
+                const size_t want = c.max_length + extra;
+                const size_t tail_chars = num_chars(tail);
+                if (tail_chars > want) continue;
+                body = body.substr(0, want - tail_chars) + tail;
+                ASSERT_EQ(num_chars(body), want);
+                const std::string inst = c.prefix + body + c.suffix;
+                GrammarMatcher m(cg);
+                TokenBitmask a(v->size()), b(v->size());
+                bool rejected = false;
+                for (int32_t id : tok.encode(inst)) {
+                    m.fill_mask_uncached(&a);
+                    m.plain_walk_mask(&b);
+                    ASSERT_EQ(a, b) << c.schema << " before token " << id << " of " << inst;
+                    if (!a.test(id)) {
+                        rejected = true;
+                        break;
+                    }
+                    ASSERT_TRUE(m.advance(id));
+                }
+                EXPECT_EQ(rejected || !m.is_accepted(), extra == 1) << c.schema << ": " << inst;
+            }
+        }
+        std::mt19937_64 rng(5);
+        for (int walk = 0; walk < 3; ++walk) random_walk_masks_equal(cg, &rng, 12, c.schema);
+        narrowed_cases += cg->table_stats().narrowed > 0;
+    }
+    EXPECT_EQ(narrowed_cases, 3);
 }
 
 // issue 21's slowest mask steps (12-22 ms): the first character of an undeclared key

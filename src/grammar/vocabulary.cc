@@ -120,6 +120,15 @@ void Vocabulary::build() {
         st.push_back(i);
     }
     for (uint32_t i : st) trie_[i].subtree_end = n;
+    by_length_.resize(trie_tokens_.size());
+    for (uint32_t i = 0; i < by_length_.size(); ++i) by_length_[i] = i;
+    auto len = [&](uint32_t i) { return tokens_[trie_tokens_[i]].size(); };
+    std::stable_sort(by_length_.begin(), by_length_.end(),
+                     [&](uint32_t a, uint32_t b) { return len(a) > len(b); });
+    num_longer_.assign(static_cast<size_t>(max_token_bytes_) + 1, 0);
+    for (uint32_t i : by_length_) {
+        for (size_t b = 0; b < len(i); ++b) ++num_longer_[b];
+    }
 }
 
 }  // namespace dsi::grammar

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -47,6 +48,13 @@ public:
     const std::vector<TrieNode>& trie() const { return trie_; }
     const std::vector<int32_t>& trie_tokens() const { return trie_tokens_; }
     int max_token_bytes() const { return max_token_bytes_; }
+    // Indices into trie_tokens() of the tokens longer than `num_bytes` bytes, longest
+    // first (a bounded repetition narrows a table by them; matcher.cc). The view lives
+    // as long as this Vocabulary.
+    std::span<const uint32_t> trie_tokens_longer_than(size_t num_bytes) const {
+        const size_t n = num_bytes < num_longer_.size() ? num_longer_[num_bytes] : 0;
+        return std::span<const uint32_t>(by_length_.data(), n);
+    }
 
 private:
     void build();
@@ -56,6 +64,8 @@ private:
     std::vector<TrieNode> trie_;        // plus one sentinel with token_begin = total
     std::vector<int32_t> trie_tokens_;
     int max_token_bytes_ = 0;
+    std::vector<uint32_t> by_length_;   // trie_tokens_ indices, longest first
+    std::vector<uint32_t> num_longer_;  // [n]: how many tokens are longer than n bytes
     uint64_t fingerprint_ = 0;
 };
 
