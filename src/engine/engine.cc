@@ -691,6 +691,19 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
                              load_cost_model(env, options.cost_model_path));
         options.scheduler.cost =
             fitted ? *fitted : conservative_cpu_cost_model(prefill_shape(model->config()));
+        if (!fitted) {
+            // The conservative estimate assumes a slow CPU; on a large checkpoint it can
+            // leave room for a few tokens a step (prefill one token at a time, one sequence
+            // admitted while another decodes). Say so: the fit takes a minute.
+            const int64_t tokens = options.scheduler.cost.max_chunk_tokens(
+                options.scheduler.step_budget_ns, 0, options.scheduler.max_batched_tokens);
+            if (tokens < 256) {
+                DSI_LOG(kWarning) << "no prefill cost fit at " << options.cost_model_path
+                                  << "; the conservative estimate allows " << tokens
+                                  << " prompt tokens a step: run `dsinfer calibrate --model "
+                                     "<checkpoint>` once for full batches";
+            }
+        }
     }
     DSI_RETURN_IF_ERROR(options.scheduler.validate());
     const KvLayout layout = model->kv_layout();
