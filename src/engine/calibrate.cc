@@ -436,12 +436,23 @@ PrefillShape prefill_shape(const ModelConfig& c) {
     return s;
 }
 
-PrefillCostModel conservative_cpu_cost_model(const PrefillShape& shape) {
+CpuRateScale conservative_rate_scale(kernels::Isa isa) {
+    switch (isa) {
+        case kernels::Isa::kScalar: return {1, 1};
+        case kernels::Isa::kAvx2: return {4, 2};
+        case kernels::Isa::kAvx512: return {8, 2};
+    }
+    return {1, 1};
+}
+
+PrefillCostModel conservative_cpu_cost_model(const PrefillShape& shape, kernels::Isa isa) {
+    const CpuRateScale scale = conservative_rate_scale(isa);
+    const double gemm = kCpuGemmFlopsPerNs * scale.gemm;
     PrefillCostModel m;
-    m.base_ns = kCpuSequenceOverheadNs + shape.head_flops / kCpuGemmFlopsPerNs;
-    m.per_q_ns = shape.dense_flops_per_token / kCpuGemmFlopsPerNs;
+    m.base_ns = kCpuSequenceOverheadNs + shape.head_flops / gemm;
+    m.per_q_ns = shape.dense_flops_per_token / gemm;
     m.per_c_ns = shape.kv_bytes_per_token / kCpuKvBytesPerNs;
-    m.per_qc_ns = shape.attention_flops_per_pair / kCpuAttentionFlopsPerNs;
+    m.per_qc_ns = shape.attention_flops_per_pair / (kCpuAttentionFlopsPerNs * scale.attention);
     m.per_qq_ns = m.per_qc_ns / 2;  // causal: half of the chunk's q x q pairs
     return m;
 }

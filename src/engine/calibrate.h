@@ -29,6 +29,7 @@
 #include "base/env.h"
 #include "base/status.h"
 #include "engine/prefill_cost_model.h"
+#include "kernels/cpu_features.h"
 #include "spec/varlen.h"
 
 namespace dsi {
@@ -80,19 +81,34 @@ struct PrefillShape {
 PrefillShape prefill_shape(const ModelConfig& config);
 
 // Throughputs any CPU the engine runs on reaches at least: the divisor of each term of
-// conservative_cpu_cost_model. On the 2-core development machine (AVX-512) the latent
-// attention of a 16k-token prefill ran at >= 15 GFLOP/s per thread (engine_hol_test's
-// model: 2.1e10 FLOP in 1.4 s of CPU), so these are ~4x below one thread and further below
-// a server CPU; lower = more conservative (smaller chunks, more steps, a tighter decode
-// gap, less prefill throughput).
+// conservative_cpu_cost_model, at the portable (scalar) kernel level. On the 2-core
+// development machine (AVX-512) the latent attention of a 16k-token prefill ran at >= 15
+// GFLOP/s per thread (engine_hol_test's model: 2.1e10 FLOP in 1.4 s of CPU), so these are
+// ~4x below one thread and further below a server CPU; lower = more conservative (smaller
+// chunks, more steps, a tighter decode gap, less prefill throughput).
 inline constexpr double kCpuGemmFlopsPerNs = 4.0;       // dense / MoE matmuls
 inline constexpr double kCpuAttentionFlopsPerNs = 4.0;  // latent attention
 inline constexpr double kCpuKvBytesPerNs = 4.0;         // reading prefix KV
 inline constexpr double kCpuSequenceOverheadNs = 50'000;  // gather + sampling per chunk
 
+// How much faster than the scalar rates above the vector kernels are at least, one
+// thread: {GEMM, attention}. AVX2: x4 / x2, AVX-512: x8 / x2 (32 GFLOP/s GEMM: the
+// slowest weight format, f32, ran at 80-100 GFLOP/s a thread here, int8 VNNI at ~190;
+// the medium preset's prefill does ~390 GFLOP/s on 2 threads; attention measured 15
+// GFLOP/s a thread). At 4 GFLOP/s a 30-layer checkpoint (medium, 5 GFLOP a token)
+// prefilled one token a step without a fit.
+struct CpuRateScale {
+    double gemm = 1;
+    double attention = 1;
+};
+CpuRateScale conservative_rate_scale(kernels::Isa isa);
+
 // S-LB cost model for a checkpoint without a fit: each term of cost(q, c) from the
-// model's sizes at the conservative rates above (per_qq = per_qc / 2: causal).
-PrefillCostModel conservative_cpu_cost_model(const PrefillShape& shape);
+// model's sizes at the conservative rates above for `isa` (per_qq = per_qc / 2: causal).
+// The default, kScalar, is the slowest CPU (the router prices with it: it has no CPU of
+// the engines to go by).
+PrefillCostModel conservative_cpu_cost_model(const PrefillShape& shape,
+                                             kernels::Isa isa = kernels::Isa::kScalar);
 
 // The quick grid of ensure_cost_model (a few seconds on the embedded default model).
 struct QuickCalibration {

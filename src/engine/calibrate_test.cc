@@ -202,6 +202,24 @@ TEST(CalibrateTest, ConservativeCpuCostModelFollowsTheModelSizes) {
     EXPECT_GT(a.cost_ns(1024, 4096), a.cost_ns(1024, 0));
     // Per token, a CPU is slower than the H800-class default charges for attention.
     EXPECT_GT(a.per_qc_ns, PrefillCostModel{}.per_qc_ns);
+    // The vector kernel levels divide the matmul and attention terms by their scales;
+    // reading KV and the per-chunk overhead stay.
+    for (kernels::Isa isa : {kernels::Isa::kAvx2, kernels::Isa::kAvx512}) {
+        const CpuRateScale k = conservative_rate_scale(isa);
+        const PrefillCostModel v = conservative_cpu_cost_model(prefill_shape(small), isa);
+        EXPECT_DOUBLE_EQ(v.per_q_ns * k.gemm, a.per_q_ns);
+        EXPECT_DOUBLE_EQ(v.per_qc_ns * k.attention, a.per_qc_ns);
+        EXPECT_DOUBLE_EQ(v.per_c_ns, a.per_c_ns);
+        EXPECT_GT(k.gemm, 1);
+    }
+    EXPECT_EQ(conservative_rate_scale(kernels::Isa::kAvx512).gemm, 8);
+    // The medium preset (30 layers, ~5 GFLOP a token) at AVX-512 rates: a 2 s step holds
+    // ~12 prompt tokens, at the scalar rates one.
+    const ModelConfig medium = synthetic_preset("medium").value();
+    EXPECT_LE(conservative_cpu_cost_model(prefill_shape(medium)).max_chunk_tokens(2e9, 0, 8192), 1);
+    EXPECT_GE(conservative_cpu_cost_model(prefill_shape(medium), kernels::Isa::kAvx512)
+                  .max_chunk_tokens(2e9, 0, 8192),
+              10);
 }
 
 // First start: no file -> profile the quick grid, write the fit, return it; the next call

@@ -690,7 +690,9 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
         DSI_ASSIGN_OR_RETURN(std::optional<PrefillCostModel> fitted,
                              load_cost_model(env, options.cost_model_path));
         options.scheduler.cost =
-            fitted ? *fitted : conservative_cpu_cost_model(prefill_shape(model->config()));
+            fitted ? *fitted
+                   : conservative_cpu_cost_model(prefill_shape(model->config()),
+                                                 kernels::active_isa());
         if (!fitted) {
             // The conservative estimate assumes a slow CPU; on a large checkpoint it can
             // leave room for a few tokens a step (prefill one token at a time, one sequence

@@ -102,7 +102,9 @@ std::unique_ptr<DeepseekModel> small_model() {
 // long prompt take at least 16 chunks.
 TEST(HeadOfLineTest, DecodingSequenceGetsATokenInEveryStepOfALongPrefill) {
     std::unique_ptr<DeepseekModel> model = small_model();
-    const PrefillCostModel cost = conservative_cpu_cost_model(prefill_shape(model->config()));
+    // What the engine picks without a fit: the estimate at the kernels' level.
+    const PrefillCostModel cost =
+        conservative_cpu_cost_model(prefill_shape(model->config()), kernels::active_isa());
     EngineOptions o;
     o.num_kv_blocks = kv::blocks_for_tokens(kLongPrompt + 64) + 16;
     o.cost_model_path = "/nonexistent/dsinfer_hol_test/" + std::to_string(::getpid()) + ".json";

@@ -20,7 +20,7 @@ namespace dsi::engine {
 inline constexpr int64_t kMaxPrefillChunkTokens = 32768;
 
 struct PrefillCostModel {
-    double base_ns = 50'000.0;     // per sequence in a step (gather, sampling of the last token)
+    double base_ns = 50'000.0;     // per step (the scheduler charges it once a step)
     double per_q_ns = 150'000.0;   // dense + MoE per new token (~6.7K tokens/s)
     double per_c_ns = 1.0;         // reading one prefix token's KV
     double per_qc_ns = 1.2;        // attention: one new token against one prefix token

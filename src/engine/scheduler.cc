@@ -49,9 +49,12 @@ ScheduleDecision Scheduler::schedule(std::span<const SeqView> running,
         }
         return need <= avail;
     };
+    // The cost model's base is a step's fixed part (for a MoE, mostly the experts a
+    // first chunk touches): the first entry of a step pays it, later ones do not.
+    const double base = config_.cost.base_ns;
     auto add = [&](const SeqView& s, int64_t q, int64_t new_blocks, bool admit) {
+        const double c = config_.cost.cost_ns(q, s.num_computed) - (d.scheduled.empty() ? 0 : base);
         d.scheduled.push_back({s.id, q, new_blocks, admit});
-        const double c = config_.cost.cost_ns(q, s.num_computed);
         budget -= c;
         d.cost_ns += c;
         d.num_tokens += q;
@@ -76,7 +79,8 @@ ScheduleDecision Scheduler::schedule(std::span<const SeqView> running,
     auto chunk = [&](const SeqView& s, int64_t c, int64_t held_blocks, int64_t blocks) {
         const int64_t remaining = std::min(s.num_tokens - c, tokens_left);
         if (remaining <= 0) return int64_t{0};
-        int64_t q = config_.cost.max_chunk_tokens(budget, c, remaining);
+        const double paid = d.scheduled.empty() ? 0 : base;  // the base is paid once a step
+        int64_t q = config_.cost.max_chunk_tokens(budget + paid, c, remaining);
         if (q == 0 && d.scheduled.empty()) q = 1;  // progress even on a tiny budget
         q = std::min(q, (held_blocks + blocks) * kv::kBlockTokens - c);
         return std::max<int64_t>(q, 0);

@@ -60,6 +60,43 @@ TEST(SchedulerTest, ChunkIsTheLargestThatFitsTheBudget) {
     EXPECT_LT(q, 100);
 }
 
+// The base is a step's fixed part, paid once: with the medium preset's fitted shape
+// (base 250 ms, 2.5 ms a token, 2 s budget, here in us) 64 decoders still leave room to
+// admit prompts; charged per sequence, the decoders alone would spend 16 s.
+TEST(SchedulerTest, BaseIsChargedOncePerStep) {
+    FakeClockEnv env;
+    SchedulerConfig cfg = linear_config(2'000'000);
+    cfg.cost.base_ns = 250'000;
+    cfg.cost.per_q_ns = 2'500;
+    cfg.cost.per_qc_ns = 0;
+    Scheduler s(cfg, &env);
+    std::vector<SeqView> run;
+    for (int64_t i = 0; i < 60; ++i) run.push_back(decoding(i, 100));
+    std::vector<SeqView> w;
+    for (int64_t i = 0; i < 8; ++i) w.push_back(waiting(100 + i, 32));
+    ScheduleDecision d = s.schedule(run, w, 1000);
+    // 60 decodes: 250 ms + 60 x 2.5 ms = 400 ms; then 32-token prompts at 80 ms each: the
+    // running limit (64) admits 4 of the 8.
+    ASSERT_EQ(d.scheduled.size(), 64u);
+    for (size_t i = 60; i < 64; ++i) {
+        EXPECT_TRUE(d.scheduled[i].admit);
+        EXPECT_EQ(d.scheduled[i].num_new_tokens, 32);
+    }
+    EXPECT_DOUBLE_EQ(d.cost_ns, 250'000 + 2'500.0 * (60 + 4 * 32));
+    // The budget binds with the base counted once: 1,750 ms left after the base buys
+    // 700 tokens, so a lone 1,000-token prompt gets a first chunk of 700.
+    std::vector<SeqView> big = {waiting(7, 1000)};
+    d = s.schedule({}, big, 1000);
+    ASSERT_EQ(d.scheduled.size(), 1u);
+    EXPECT_EQ(d.scheduled[0].num_new_tokens, 700);
+    // After one decoder (base + 2.5 ms) the prompt gets what the base left: 699 tokens.
+    std::vector<SeqView> one = {decoding(1, 100)};
+    d = s.schedule(one, big, 1000);
+    ASSERT_EQ(d.scheduled.size(), 2u);
+    EXPECT_EQ(d.scheduled[1].num_new_tokens, 699);
+    EXPECT_DOUBLE_EQ(d.cost_ns, 250'000 + 2'500.0 * 700);
+}
+
 TEST(SchedulerTest, ChunkCappedAtS_LBLimitAndBatchTokens) {
     FakeClockEnv env;
     SchedulerConfig cfg = linear_config(1e15);
