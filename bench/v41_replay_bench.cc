@@ -456,7 +456,8 @@ void scorer_figure(const std::vector<int64_t>& sizes) {
     internal::IndexQueries iq;
     iq.heads = kHeads;
     iq.dim = kDim;
-    for (int64_t i = 0; i < kHeads * kDim; ++i) iq.q.push_back(static_cast<float>(rng.next_normal()));
+    for (int64_t i = 0; i < kHeads * kDim; ++i)
+        iq.q.push_back(static_cast<float>(rng.next_normal()));
     for (int64_t h = 0; h < kHeads; ++h) iq.w.push_back(static_cast<float>(rng.next_normal()));
     iq.packed_heads = kernels::index_packed_heads(kHeads);
     iq.qt.resize(static_cast<size_t>(kDim * iq.packed_heads));
@@ -465,8 +466,9 @@ void scorer_figure(const std::vector<int64_t>& sizes) {
     std::printf("isa %s, one thread, %lld heads x %lld\n",
                 std::string(kernels::isa_name(kernels::active_isa())).c_str(),
                 static_cast<long long>(kHeads), static_cast<long long>(kDim));
-    std::printf("| keys M | per-head dots ms (min-max) | GFLOP/s | tiled ms (min-max) | GFLOP/s | "
-                "speed-up | max rel. diff |\n|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "| keys M | per-head dots ms (min-max) | GFLOP/s | tiled ms (min-max) | GFLOP/s | "
+        "speed-up | max rel. diff |\n|---|---|---|---|---|---|---|\n");
     for (int64_t M : sizes) {
         std::vector<float> rows(static_cast<size_t>(M * kDim));
         for (float& x : rows) x = static_cast<float>(rng.next_normal());
@@ -475,7 +477,8 @@ void scorer_figure(const std::vector<int64_t>& sizes) {
         std::vector<float> a(static_cast<size_t>(M)), b(static_cast<size_t>(M));
         const auto dots = [&] {
             const int64_t t0 = steady_clock_ns();
-            for (int64_t k = 0; k < M; ++k) a[static_cast<size_t>(k)] = iq.score(0, keys[static_cast<size_t>(k)]);
+            for (int64_t k = 0; k < M; ++k)
+                a[static_cast<size_t>(k)] = iq.score(0, keys[static_cast<size_t>(k)]);
             return ms_since(t0);
         };
         const auto tiled = [&] {
@@ -492,15 +495,17 @@ void scorer_figure(const std::vector<int64_t>& sizes) {
         }
         double diff = 0, mag = 0;
         for (int64_t k = 0; k < M; ++k) {
-            diff = std::max(diff, std::abs(double(a[static_cast<size_t>(k)]) - b[static_cast<size_t>(k)]));
+            diff = std::max(
+                diff, std::abs(double(a[static_cast<size_t>(k)]) - b[static_cast<size_t>(k)]));
             mag = std::max(mag, std::abs(double(a[static_cast<size_t>(k)])));
         }
         const double gflop = 2.0 * kHeads * kDim * static_cast<double>(M) / 1e9;
         std::printf("| %lld | %.2f (%.2f-%.2f) | %.1f | %.2f (%.2f-%.2f) | %.1f | %.2fx | %.1e |\n",
                     static_cast<long long>(M), median(ta), *std::min_element(ta.begin(), ta.end()),
                     *std::max_element(ta.begin(), ta.end()), gflop / median(ta) * 1e3, median(tb),
-                    *std::min_element(tb.begin(), tb.end()), *std::max_element(tb.begin(), tb.end()),
-                    gflop / median(tb) * 1e3, median(ta) / median(tb), diff / mag);
+                    *std::min_element(tb.begin(), tb.end()),
+                    *std::max_element(tb.begin(), tb.end()), gflop / median(tb) * 1e3,
+                    median(ta) / median(tb), diff / mag);
     }
 }
 

@@ -1,18 +1,19 @@
 // Attention and small ops: every ISA variant bitwise equal to the scalar
 // reference on random inputs (odd sizes, tails), accuracy against plain double
 // math, and invariance of attention to head grouping, KV layout and context split.
+#include "kernels/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
 #include <iterator>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/attention.h"
-#include "kernels/ops.h"
 
 namespace dsi::kernels {
 namespace {
@@ -421,7 +422,8 @@ std::vector<float> run_index_scores(Isa isa, const IndexCase& ic) {
 TEST(IndexScoresTest, VariantsMatchScalarBitwiseAndKeysAreIndependent) {
     for (int64_t heads : {1, 3, 16, 17, 32, 48, 64}) {
         for (int64_t dim : {1, 7, 64, 128}) {
-            const IndexCase ic = make_index_case(heads, dim, 37, 100 + static_cast<uint32_t>(heads * dim));
+            const IndexCase ic =
+                make_index_case(heads, dim, 37, 100 + static_cast<uint32_t>(heads * dim));
             const std::vector<float> want = run_index_scores(Isa::kScalar, ic);
             for (Isa isa : supported_isas()) {
                 SCOPED_TRACE(std::string(isa_name(isa)) + " heads=" + std::to_string(heads) +
@@ -435,7 +437,8 @@ TEST(IndexScoresTest, VariantsMatchScalarBitwiseAndKeysAreIndependent) {
                 }
                 std::vector<const float*> rev(ic.keys.rbegin(), ic.keys.rend());
                 std::vector<float> out(static_cast<size_t>(ic.n));
-                index_scores(isa, ic.qt.data(), ic.wt.data(), ic.P, dim, rev.data(), ic.n, out.data());
+                index_scores(isa, ic.qt.data(), ic.wt.data(), ic.P, dim, rev.data(), ic.n,
+                             out.data());
                 std::reverse(out.begin(), out.end());
                 EXPECT_EQ(out, want);
             }
@@ -462,7 +465,8 @@ TEST(IndexScoresTest, WithinTheDerivedBoundOfDouble) {
 std::vector<int32_t> best_ids(const std::vector<double>& scores, int64_t k) {
     std::vector<int32_t> ids(scores.size());
     std::iota(ids.begin(), ids.end(), 0);
-    std::stable_sort(ids.begin(), ids.end(), [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
     ids.resize(static_cast<size_t>(k));
     std::sort(ids.begin(), ids.end());
     return ids;

@@ -208,7 +208,7 @@ void index_scores_ref(const float* qt, const float* wt, int64_t P, int64_t dim,
 
 }  // namespace
 
-const OpsTable kOpsScalar = {mla_ref,      dot_ref,     rms_norm_ref, rope_ref,        silu_mul_ref,
+const OpsTable kOpsScalar = {mla_ref,     dot_ref,    rms_norm_ref, rope_ref,        silu_mul_ref,
                              softmax_ref, argmax_ref, exp_n_ref,    index_scores_ref};
 
 }  // namespace dsi::kernels::internal
