@@ -28,9 +28,15 @@
 //             config (reference deepseek_v4.md §7.1), v41-flash-4l and tiny-v41: the constant
 //             part (projections, MoE, mHC, attention over top-512 + window) and the
 //             indexers' scoring, from the shapes alone (no weights).
+//   scorer M...
+//             the Full layers' index scoring alone at V4.1-Flash's shape (32 heads x 128)
+//             for one token against M keys (f32, random), one thread: the per-head dots
+//             (`IndexQueries::score`, V4) against the register-tiled kernel
+//             (`IndexQueries::score_keys`, kernels::index_scores, V4.1); one warm-up,
+//             then 5 repetitions alternating, medians with min-max and GFLOP/s.
 //
 // Usage: v41_replay_bench hit-cost C... | prefill N... | kl P L | hit-cost-wide DIR T C...
-//        | flops C...
+//        | flops C... | scorer M...
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -41,8 +47,10 @@
 
 #include "base/clock.h"
 #include "base/env.h"
+#include "kernels/ops.h"
 #include "model/checkpoint_writer.h"
 #include "model/deepseek_v41.h"
+#include "model/internal/v4_blocks.h"
 #include "model/synthetic.h"
 #include "model/v41_config.h"
 
@@ -442,6 +450,65 @@ void hit_cost_wide(const std::string& dir, int threads, const std::vector<int64_
     }
 }
 
+void scorer_figure(const std::vector<int64_t>& sizes) {
+    constexpr int64_t kHeads = 32, kDim = 128;
+    SplitMix64 rng(7);
+    internal::IndexQueries iq;
+    iq.heads = kHeads;
+    iq.dim = kDim;
+    for (int64_t i = 0; i < kHeads * kDim; ++i)
+        iq.q.push_back(static_cast<float>(rng.next_normal()));
+    for (int64_t h = 0; h < kHeads; ++h) iq.w.push_back(static_cast<float>(rng.next_normal()));
+    iq.packed_heads = kernels::index_packed_heads(kHeads);
+    iq.qt.resize(static_cast<size_t>(kDim * iq.packed_heads));
+    iq.wt.resize(static_cast<size_t>(iq.packed_heads));
+    kernels::index_pack_queries(iq.q.data(), iq.w.data(), kHeads, kDim, iq.qt.data(), iq.wt.data());
+    std::printf("isa %s, one thread, %lld heads x %lld\n",
+                std::string(kernels::isa_name(kernels::active_isa())).c_str(),
+                static_cast<long long>(kHeads), static_cast<long long>(kDim));
+    std::printf(
+        "| keys M | per-head dots ms (min-max) | GFLOP/s | tiled ms (min-max) | GFLOP/s | "
+        "speed-up | max rel. diff |\n|---|---|---|---|---|---|---|\n");
+    for (int64_t M : sizes) {
+        std::vector<float> rows(static_cast<size_t>(M * kDim));
+        for (float& x : rows) x = static_cast<float>(rng.next_normal());
+        std::vector<const float*> keys(static_cast<size_t>(M));
+        for (int64_t k = 0; k < M; ++k) keys[static_cast<size_t>(k)] = rows.data() + k * kDim;
+        std::vector<float> a(static_cast<size_t>(M)), b(static_cast<size_t>(M));
+        const auto dots = [&] {
+            const int64_t t0 = steady_clock_ns();
+            for (int64_t k = 0; k < M; ++k)
+                a[static_cast<size_t>(k)] = iq.score(0, keys[static_cast<size_t>(k)]);
+            return ms_since(t0);
+        };
+        const auto tiled = [&] {
+            const int64_t t0 = steady_clock_ns();
+            iq.score_keys(0, keys.data(), M, b.data());
+            return ms_since(t0);
+        };
+        dots();
+        tiled();
+        std::vector<double> ta, tb;
+        for (int r = 0; r < 5; ++r) {
+            ta.push_back(dots());
+            tb.push_back(tiled());
+        }
+        double diff = 0, mag = 0;
+        for (int64_t k = 0; k < M; ++k) {
+            diff = std::max(
+                diff, std::abs(double(a[static_cast<size_t>(k)]) - b[static_cast<size_t>(k)]));
+            mag = std::max(mag, std::abs(double(a[static_cast<size_t>(k)])));
+        }
+        const double gflop = 2.0 * kHeads * kDim * static_cast<double>(M) / 1e9;
+        std::printf("| %lld | %.2f (%.2f-%.2f) | %.1f | %.2f (%.2f-%.2f) | %.1f | %.2fx | %.1e |\n",
+                    static_cast<long long>(M), median(ta), *std::min_element(ta.begin(), ta.end()),
+                    *std::max_element(ta.begin(), ta.end()), gflop / median(ta) * 1e3, median(tb),
+                    *std::min_element(tb.begin(), tb.end()),
+                    *std::max_element(tb.begin(), tb.end()), gflop / median(tb) * 1e3,
+                    median(ta) / median(tb), diff / mag);
+    }
+}
+
 // KL(p || q) of two logit rows, and whether their argmax agrees.
 std::pair<double, bool> compare(std::span<const float> p_logits, std::span<const float> q_logits) {
     auto logsoftmax = [](std::span<const float> x) {
@@ -519,7 +586,7 @@ void kl_figure(int64_t prompts, int64_t L) {
 int run(int argc, char** argv) {
     const char* usage =
         "usage: v41_replay_bench hit-cost C... | prefill N... | kl P L | hit-cost-wide DIR T C... "
-        "| flops C...\n";
+        "| flops C... | scorer M...\n";
     if (argc < 3) {
         std::fprintf(stderr, "%s", usage);
         return 2;
@@ -543,6 +610,8 @@ int run(int argc, char** argv) {
         prefill_figure(nums);
     } else if (what == "flops") {
         flops_figure(nums);
+    } else if (what == "scorer") {
+        scorer_figure(nums);
     } else if (what == "kl" && nums.size() == 2) {
         kl_figure(nums[0], nums[1]);
     } else {

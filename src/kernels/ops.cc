@@ -209,6 +209,23 @@ void exp_n(Isa isa, const float* x, int64_t n, float* y) { table(isa).exp(x, n, 
 
 float dot(Isa isa, const float* a, const float* b, int64_t n) { return table(isa).dot(a, b, n); }
 
+int64_t index_packed_heads(int64_t heads) { return (heads + 15) / 16 * 16; }
+
+void index_pack_queries(const float* q, const float* w, int64_t heads, int64_t dim, float* qt,
+                        float* wt) {
+    const int64_t P = index_packed_heads(heads);
+    for (int64_t i = 0; i < dim; ++i) {
+        for (int64_t h = 0; h < P; ++h) qt[i * P + h] = h < heads ? q[h * dim + i] : 0.0f;
+    }
+    for (int64_t h = 0; h < P; ++h) wt[h] = h < heads ? w[h] : 0.0f;
+}
+
+void index_scores(Isa isa, const float* qt, const float* wt, int64_t P, int64_t dim,
+                  const float* const* keys, int64_t n, float* out) {
+    DSI_CHECK(P > 0 && P % 16 == 0 && dim >= 0 && n >= 0);
+    table(isa).index_scores(qt, wt, P, dim, keys, n, out);
+}
+
 void top_k(const float* x, int64_t n, int64_t k, int32_t* ids) {
     DSI_CHECK(k >= 0 && k <= n);
     // Selection by repeated argmax over the remaining entries would be O(nk); a

@@ -1,5 +1,5 @@
 // Vectorised small ops of the forward pass: RMSNorm, RoPE (adjacent pairs),
-// SiLU·mul, softmax, argmax, top-k. Each has a scalar reference and AVX2 /
+// SiLU·mul, softmax, argmax, top-k, the indexer's scores. Each has a scalar reference and AVX2 /
 // AVX-512 variants that give the same bits (internal/ops_abi.h states the
 // reduction orders); each works on one row, so results never depend on the
 // batch.
@@ -36,5 +36,21 @@ void exp_n(Isa isa, const float* x, int64_t n, float* y);
 void top_k(const float* x, int64_t n, int64_t k, int32_t* ids);
 // Dot product in the kernels' lane order (tests).
 float dot(Isa isa, const float* a, const float* b, int64_t n);
+
+// The lightning indexer's scores (V4 / V4.1): for one token's queries q [heads, dim] and
+// head weights w [heads], score(key) = sum_h relu(q_h . key) * w_h, computed as a small
+// matmul (a register tile of keys against all heads; the summation order is in
+// internal/ops_abi.h, index_scores). Each score depends only on its key, never on the
+// other keys of the call.
+//
+// The queries are packed once per token: index_packed_heads(heads) = heads rounded up to
+// 16; index_pack_queries writes qt [dim, P] and wt [P] (zeros past heads).
+int64_t index_packed_heads(int64_t heads);
+void index_pack_queries(const float* q, const float* w, int64_t heads, int64_t dim, float* qt,
+                        float* wt);
+// out[k] = score(keys[k]) for k < n (each key dim floats). REQUIRES: P from
+// index_packed_heads.
+void index_scores(Isa isa, const float* qt, const float* wt, int64_t P, int64_t dim,
+                  const float* const* keys, int64_t n, float* out);
 
 }  // namespace dsi::kernels

@@ -1,17 +1,19 @@
 // Attention and small ops: every ISA variant bitwise equal to the scalar
 // reference on random inputs (odd sizes, tails), accuracy against plain double
 // math, and invariance of attention to head grouping, KV layout and context split.
+#include "kernels/ops.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <cstdio>
 #include <cmath>
+#include <cstdio>
+#include <iterator>
 #include <numeric>
 #include <random>
 #include <vector>
 
 #include "kernels/attention.h"
-#include "kernels/ops.h"
 
 namespace dsi::kernels {
 namespace {
@@ -354,6 +356,187 @@ TEST(MlaAttentionTest, InvariantToHeadGroupingAndLayout) {
                 << isa_name(isa) << " heads from " << h;
         }
     }
+}
+
+// ---- Index scores ----
+
+// One token's indexer queries and n keys, packed as index_scores reads them; `exact` and
+// `bound` are the double score of each key and the rounding-error bound derived from
+// ops_abi.h's order (below).
+struct IndexCase {
+    int64_t heads = 0, dim = 0, n = 0, P = 0;
+    std::vector<float> q, w, qt, wt, key_rows;
+    std::vector<const float*> keys;
+    std::vector<double> exact, bound;
+};
+
+IndexCase make_index_case(int64_t heads, int64_t dim, int64_t n, uint32_t seed) {
+    IndexCase ic;
+    ic.heads = heads;
+    ic.dim = dim;
+    ic.n = n;
+    ic.P = index_packed_heads(heads);
+    ic.q = random_vec(heads * dim, seed, -2.0f, 2.0f);
+    ic.w = random_vec(heads, seed + 1, -0.5f, 1.0f);  // some negative weights
+    ic.key_rows = random_vec(n * dim, seed + 2);
+    ic.qt.resize(static_cast<size_t>(dim * ic.P));
+    ic.wt.resize(static_cast<size_t>(ic.P));
+    index_pack_queries(ic.q.data(), ic.w.data(), heads, dim, ic.qt.data(), ic.wt.data());
+    for (int64_t k = 0; k < n; ++k) ic.keys.push_back(ic.key_rows.data() + k * dim);
+    // Bound (u = 2^-24, gamma(m) = m u / (1 - m u)): a head's dot is a chain of dim fmas,
+    // one rounding each: |a^ - a| <= gamma(dim) sum_i |q_i k_i| =: e_h; relu is
+    // 1-Lipschitz and the product with w one more rounding: |r^ - r| <= |w| e_h + u |r^|;
+    // every r^ then passes through P/16 - 1 sequential additions and 4 tree levels:
+    // gamma(P/16 + 3) sum_h |r^_h|, with |r^_h| <= (|r_h| + |w_h| e_h)(1 + u).
+    const double u = std::ldexp(1.0, -24);
+    auto gamma = [&](double m) { return m * u / (1.0 - m * u); };
+    for (int64_t k = 0; k < n; ++k) {
+        double s = 0, err = 0, mag = 0;
+        for (int64_t h = 0; h < heads; ++h) {
+            double a = 0, abs_sum = 0;
+            for (int64_t i = 0; i < dim; ++i) {
+                const double t = double(ic.q[h * dim + i]) * ic.key_rows[k * dim + i];
+                a += t;
+                abs_sum += std::abs(t);
+            }
+            const double r = std::max(a, 0.0) * ic.w[h];
+            const double e = std::abs(ic.w[h]) * gamma(double(dim)) * abs_sum;
+            s += r;
+            const double r_hat = (std::abs(r) + e) * (1.0 + u);
+            err += e + u * r_hat;
+            mag += r_hat;
+        }
+        ic.exact.push_back(s);
+        // The double sums themselves carry ~1e-16 relative error: a 1e-6 margin covers it.
+        ic.bound.push_back((err + gamma(double(ic.P / 16 + 3)) * mag) * (1.0 + 1e-6));
+    }
+    return ic;
+}
+
+std::vector<float> run_index_scores(Isa isa, const IndexCase& ic) {
+    std::vector<float> out(static_cast<size_t>(ic.n));
+    index_scores(isa, ic.qt.data(), ic.wt.data(), ic.P, ic.dim, ic.keys.data(), ic.n, out.data());
+    return out;
+}
+
+TEST(IndexScoresTest, VariantsMatchScalarBitwiseAndKeysAreIndependent) {
+    for (int64_t heads : {1, 3, 16, 17, 32, 48, 64}) {
+        for (int64_t dim : {1, 7, 64, 128}) {
+            const IndexCase ic =
+                make_index_case(heads, dim, 37, 100 + static_cast<uint32_t>(heads * dim));
+            const std::vector<float> want = run_index_scores(Isa::kScalar, ic);
+            for (Isa isa : supported_isas()) {
+                SCOPED_TRACE(std::string(isa_name(isa)) + " heads=" + std::to_string(heads) +
+                             " dim=" + std::to_string(dim));
+                EXPECT_EQ(run_index_scores(isa, ic), want);
+                // Every key alone, and the keys reversed (other tile positions, tails).
+                for (int64_t k = 0; k < ic.n; ++k) {
+                    float one = NAN;
+                    index_scores(isa, ic.qt.data(), ic.wt.data(), ic.P, dim, &ic.keys[k], 1, &one);
+                    EXPECT_EQ(one, want[k]) << k;
+                }
+                std::vector<const float*> rev(ic.keys.rbegin(), ic.keys.rend());
+                std::vector<float> out(static_cast<size_t>(ic.n));
+                index_scores(isa, ic.qt.data(), ic.wt.data(), ic.P, dim, rev.data(), ic.n,
+                             out.data());
+                std::reverse(out.begin(), out.end());
+                EXPECT_EQ(out, want);
+            }
+        }
+    }
+}
+
+TEST(IndexScoresTest, WithinTheDerivedBoundOfDouble) {
+    for (int64_t heads : {3, 32, 64}) {
+        const IndexCase ic = make_index_case(heads, 128, 300, 7 + static_cast<uint32_t>(heads));
+        const std::vector<float> got = run_index_scores(Isa::kScalar, ic);
+        double worst = 0;  // largest error as a fraction of its bound
+        for (int64_t k = 0; k < ic.n; ++k) {
+            const double err = std::abs(double(got[k]) - ic.exact[k]);
+            EXPECT_LE(err, ic.bound[k]) << "heads " << heads << " key " << k;
+            worst = std::max(worst, err / ic.bound[k]);
+        }
+        std::printf("index scores, %lld heads x 128: worst error %.3f of the bound\n",
+                    static_cast<long long>(heads), worst);
+    }
+}
+
+// The k best of scores (ties: the lower index) as a sorted id list.
+std::vector<int32_t> best_ids(const std::vector<double>& scores, int64_t k) {
+    std::vector<int32_t> ids(scores.size());
+    std::iota(ids.begin(), ids.end(), 0);
+    std::stable_sort(ids.begin(), ids.end(),
+                     [&](int32_t a, int32_t b) { return scores[a] > scores[b]; });
+    ids.resize(static_cast<size_t>(k));
+    std::sort(ids.begin(), ids.end());
+    return ids;
+}
+
+// Ids in one selection and not the other. The documented ties: when computed scores
+// are within b_k of the exact ones, an id can enter or leave the k best only if its exact
+// score is within b_k + max_j b_j of the k-th best exact score (an id chosen in place of
+// a better one j: x_k + b_k >= x_j - b_j >= x_(K) - b_j, and x_k <= x_(K); and the same
+// the other way round). Returns the ids outside that band (must be none).
+std::vector<int32_t> selection_differences_outside_ties(const std::vector<int32_t>& got,
+                                                        const std::vector<int32_t>& want,
+                                                        const std::vector<double>& exact,
+                                                        const std::vector<double>& bound,
+                                                        int64_t* num_diff) {
+    std::vector<int32_t> diff;
+    std::set_symmetric_difference(got.begin(), got.end(), want.begin(), want.end(),
+                                  std::back_inserter(diff));
+    *num_diff = static_cast<int64_t>(diff.size());
+    double kth = INFINITY;
+    for (int32_t id : want) kth = std::min(kth, exact[id]);
+    const double bmax = *std::max_element(bound.begin(), bound.end());
+    std::vector<int32_t> outside;
+    for (int32_t id : diff) {
+        if (std::abs(exact[id] - kth) > bound[id] + bmax) outside.push_back(id);
+    }
+    return outside;
+}
+
+// V4.1-Flash's indexer shapes: the top 512 of 4096 entries and the candidate blocks (the
+// 64 best of 512 blocks of 8 by their best score) from the kernel's scores equal those
+// of the exact scores except at the documented ties; equal keys score equal bits
+// wherever they sit, so the tie rule (lower id) decides between them.
+TEST(IndexScoresTest, SelectionsMatchTheExactOnesExceptAtTies) {
+    IndexCase ic = make_index_case(32, 128, 4096, 41);
+    // Duplicates: key 4000 repeats key 5, key 2049 repeats key 2048.
+    std::copy_n(ic.key_rows.begin() + 5 * 128, 128, ic.key_rows.begin() + 4000 * 128);
+    std::copy_n(ic.key_rows.begin() + 2048 * 128, 128, ic.key_rows.begin() + 2049 * 128);
+    for (auto [dst, src] : {std::pair{4000, 5}, std::pair{2049, 2048}}) {
+        ic.exact[dst] = ic.exact[src];
+        ic.bound[dst] = ic.bound[src];
+    }
+    const std::vector<float> got = run_index_scores(active_isa(), ic);
+    EXPECT_EQ(got[4000], got[5]);
+    EXPECT_EQ(got[2049], got[2048]);
+    const std::vector<double> got_d(got.begin(), got.end());
+    int64_t num_diff = 0;
+    std::vector<int32_t> top(512);
+    top_k(got.data(), ic.n, 512, top.data());
+    std::sort(top.begin(), top.end());
+    EXPECT_EQ(top, best_ids(got_d, 512));
+    EXPECT_TRUE(selection_differences_outside_ties(top, best_ids(ic.exact, 512), ic.exact, ic.bound,
+                                                   &num_diff)
+                    .empty());
+    std::printf("top 512 of 4096: %lld ids differ from the exact selection (all at ties)\n",
+                static_cast<long long>(num_diff));
+    // Candidate blocks: a block's score is its best entry's, its bound the largest there.
+    constexpr int64_t kBlock = 8;
+    std::vector<double> bgot(ic.n / kBlock, -INFINITY), bexact(ic.n / kBlock, -INFINITY),
+        bbound(ic.n / kBlock, 0.0);
+    for (int64_t k = 0; k < ic.n; ++k) {
+        bgot[k / kBlock] = std::max(bgot[k / kBlock], got_d[k]);
+        bexact[k / kBlock] = std::max(bexact[k / kBlock], ic.exact[k]);
+        bbound[k / kBlock] = std::max(bbound[k / kBlock], ic.bound[k]);
+    }
+    EXPECT_TRUE(selection_differences_outside_ties(best_ids(bgot, 64), best_ids(bexact, 64), bexact,
+                                                   bbound, &num_diff)
+                    .empty());
+    std::printf("candidate blocks, 64 of 512: %lld differ (all at ties)\n",
+                static_cast<long long>(num_diff));
 }
 
 }  // namespace

@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <numeric>
 #include <utility>
 
 #include "base/env.h"
@@ -477,46 +476,80 @@ void DeepseekV41Model::Impl::select(const V41Layer& L, const float* h, const std
         L.idx_wq_b, L.idx_weights, c, pool.get(), qr, h, tk.pos, L.attn.inv_freq, packed());
     const bool candidate_source = L.index == c.v41.candidate_source_layer_id;
     if (candidate_source) sel.candidates.assign(static_cast<size_t>(n), {});
+    const int64_t ihd = c.index_head_dim;
     pool->parallel_for(n, 1, [&](int64_t begin, int64_t end) {
-        std::vector<float> score, buf(static_cast<size_t>(c.index_head_dim));
-        std::vector<int32_t> pool_ids;
-        for (int64_t t = begin; t < end; ++t) {
-            const int64_t visible = (tk.pos[t] + 1) / L.ratio;
-            // The entries scored: every visible one, or (Reindex) the candidates.
-            if (L.kind == V41AttnKind::kReindex) {
-                pool_ids = sel.candidates[static_cast<size_t>(t)];
-            } else {
-                pool_ids.resize(static_cast<size_t>(visible));
-                std::iota(pool_ids.begin(), pool_ids.end(), 0);
+        // Keys are scored kScoreChunk at a time (stored compactly: decoded into buf first);
+        // in a Full layer a chunk serves up to kTokenGroup consecutive tokens of one
+        // sequence, which score the same entries in the same order, so it is read (and
+        // decoded) once per group, not per token. A key's score does not depend on the
+        // chunk or the group it is scored in (kernels::index_scores), so neither changes
+        // a selection.
+        constexpr int64_t kScoreChunk = 256, kTokenGroup = 16;
+        std::vector<std::vector<float>> scores(static_cast<size_t>(kTokenGroup));
+        std::vector<float> buf(static_cast<size_t>(kScoreChunk * ihd));
+        std::vector<const float*> keys(static_cast<size_t>(kScoreChunk));
+        for (int64_t g0 = begin; g0 < end;) {
+            int64_t g1 = g0 + 1;
+            while (L.kind != V41AttnKind::kReindex && g1 < end && g1 - g0 < kTokenGroup &&
+                   tk.cache[g1] == tk.cache[g0]) {
+                ++g1;
             }
-            const int64_t m = static_cast<int64_t>(pool_ids.size());
-            score.assign(static_cast<size_t>(m), 0.0f);
-            for (int64_t i = 0; i < m; ++i) {
-                score[static_cast<size_t>(i)] = iq.score(
-                    t, read_key(
-                           entry_ptr(L.kv_src, tk.cache[t], pool_ids[static_cast<size_t>(i)], true),
-                           buf.data()));
+            // The entries each token scores: its visible ones, or (Reindex) its candidates.
+            const auto scored = [&](int64_t t) {
+                return L.kind == V41AttnKind::kReindex
+                           ? static_cast<int64_t>(sel.candidates[static_cast<size_t>(t)].size())
+                           : (tk.pos[t] + 1) / L.ratio;
+            };
+            const auto entry_id = [&](int64_t t, int64_t i) {
+                return L.kind == V41AttnKind::kReindex
+                           ? sel.candidates[static_cast<size_t>(t)][static_cast<size_t>(i)]
+                           : static_cast<int32_t>(i);
+            };
+            int64_t widest = 0;
+            for (int64_t t = g0; t < g1; ++t) {
+                scores[static_cast<size_t>(t - g0)].assign(static_cast<size_t>(scored(t)), 0.0f);
+                widest = std::max(widest, scored(t));
             }
-            std::vector<int32_t>& ids = chosen[static_cast<size_t>(t)];
-            ids = internal::top_k_ascending(score, std::min(m, c.index_topk));
-            for (int32_t& id : ids) id = pool_ids[static_cast<size_t>(id)];
-            if (!candidate_source) continue;
-            // Candidate blocks: the best candidate_topk_blocks blocks of
-            // candidate_block_size entries by their maximum score.
-            const int64_t bs = c.v41.candidate_block_size;
-            const int64_t nb = (m + bs - 1) / bs;
-            std::vector<float> bscore(static_cast<size_t>(nb), -INFINITY);
-            for (int64_t i = 0; i < m; ++i) {
-                bscore[static_cast<size_t>(i / bs)] =
-                    std::max(bscore[static_cast<size_t>(i / bs)], score[static_cast<size_t>(i)]);
+            for (int64_t i0 = 0; i0 < widest; i0 += kScoreChunk) {
+                const int64_t cnt = std::min(kScoreChunk, widest - i0);
+                for (int64_t i = 0; i < cnt; ++i) {
+                    keys[static_cast<size_t>(i)] =
+                        read_key(entry_ptr(L.kv_src, tk.cache[g0], entry_id(g0, i0 + i), true),
+                                 buf.data() + i * ihd);
+                }
+                for (int64_t t = g0; t < g1; ++t) {
+                    const int64_t m = std::min(cnt, scored(t) - i0);
+                    if (m > 0) {
+                        iq.score_keys(t, keys.data(), m,
+                                      scores[static_cast<size_t>(t - g0)].data() + i0);
+                    }
+                }
             }
-            const std::vector<int32_t> blocks =
-                internal::top_k_ascending(bscore, std::min(nb, c.v41.candidate_topk_blocks));
-            std::vector<int32_t>& cand = sel.candidates[static_cast<size_t>(t)];
-            for (int32_t b : blocks) {
-                for (int64_t i = b * bs; i < std::min(m, (b + 1) * bs); ++i)
-                    cand.push_back(static_cast<int32_t>(i));
+            for (int64_t t = g0; t < g1; ++t) {
+                const std::vector<float>& score = scores[static_cast<size_t>(t - g0)];
+                const int64_t m = static_cast<int64_t>(score.size());
+                std::vector<int32_t>& ids = chosen[static_cast<size_t>(t)];
+                ids = internal::top_k_ascending(score, std::min(m, c.index_topk));
+                for (int32_t& id : ids) id = entry_id(t, id);
+                if (!candidate_source) continue;
+                // Candidate blocks: the best candidate_topk_blocks blocks of
+                // candidate_block_size entries by their maximum score.
+                const int64_t bs = c.v41.candidate_block_size;
+                const int64_t nb = (m + bs - 1) / bs;
+                std::vector<float> bscore(static_cast<size_t>(nb), -INFINITY);
+                for (int64_t i = 0; i < m; ++i) {
+                    bscore[static_cast<size_t>(i / bs)] = std::max(
+                        bscore[static_cast<size_t>(i / bs)], score[static_cast<size_t>(i)]);
+                }
+                const std::vector<int32_t> blocks =
+                    internal::top_k_ascending(bscore, std::min(nb, c.v41.candidate_topk_blocks));
+                std::vector<int32_t>& cand = sel.candidates[static_cast<size_t>(t)];
+                for (int32_t b : blocks) {
+                    for (int64_t i = b * bs; i < std::min(m, (b + 1) * bs); ++i)
+                        cand.push_back(static_cast<int32_t>(i));
+                }
             }
+            g0 = g1;
         }
     });
     if (trace != nullptr && L.kind == V41AttnKind::kReindex) {

@@ -21,6 +21,14 @@
 //   KV dtypes: a cached value c is read as a float first (f32 as is; bf16 exactly;
 //     e4m3 as float(code) * scale of its 16-value group, one f32 rounding), then
 //     used as above.
+//   index_scores (the lightning indexer's score of one key for one token; a matmul of
+//     the token's heads x dim queries against the key, so the heads are the lanes): with
+//     P = heads rounded up to 16 (queries and weights packed as index_pack_queries
+//     writes them, zero past the heads), per head h: a = 0, a = fma(qt[i * P + h],
+//     key[i], a) for i = 0 .. dim - 1 in increasing i; r[h] = (a > 0 ? a : 0) * wt[h].
+//     Then s[j] = 0, s[j] = s[j] + r[16 g + j] for g = 0 .. P / 16 - 1 in increasing g;
+//     then s[j] += s[j + w] for w = 8, 4, 2, 1; the score is s[0]. Every key alone: a
+//     score never depends on the other keys of the call, their number or order.
 #pragma once
 
 #include <cstdint>
@@ -84,6 +92,10 @@ struct OpsTable {
     int64_t (*argmax)(const float* x, int64_t n);
     // exp of n floats (tests).
     void (*exp)(const float* x, int64_t n, float* y);
+    // out[k] = the index score of keys[k] (dim floats each) for packed queries qt
+    // [dim, P] and weights wt [P]; REQUIRES P % 16 == 0.
+    void (*index_scores)(const float* qt, const float* wt, int64_t P, int64_t dim,
+                         const float* const* keys, int64_t n, float* out);
 };
 
 extern const OpsTable kOpsScalar;

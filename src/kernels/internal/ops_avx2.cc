@@ -18,6 +18,9 @@ struct V {
 constexpr int kTileRows = 2;
 constexpr int kTileQueries = 2;
 constexpr int kTileOut = 4;
+// Index-score register tile: 2 keys x 2 groups of 16 heads (8 ymm accumulators, 4 for
+// the queries).
+constexpr int kIndexKeys = 2;
 
 inline __m256i isplat(int32_t x) { return _mm256_set1_epi32(x); }
 // Lane masks for the first n lanes of an 8-lane half.

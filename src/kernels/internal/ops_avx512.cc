@@ -15,6 +15,8 @@ typedef __m512 V;
 constexpr int kTileRows = 4;
 constexpr int kTileQueries = 4;
 constexpr int kTileOut = 8;
+// Index-score register tile: 8 keys x 2 groups of 16 heads (16 zmm accumulators).
+constexpr int kIndexKeys = 8;
 
 inline __mmask16 mask_n(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 inline __m512i isplat(int32_t x) { return _mm512_set1_epi32(x); }

@@ -185,9 +185,30 @@ void exp_n_ref(const float* x, int64_t n, float* y) {
     for (int64_t i = 0; i < n; ++i) y[i] = exp_ref(x[i]);
 }
 
+void index_scores_ref(const float* qt, const float* wt, int64_t P, int64_t dim,
+                      const float* const* keys, int64_t n, float* out) {
+    for (int64_t k = 0; k < n; ++k) {
+        const float* key = keys[k];
+        float s[kLanes] = {};
+        for (int64_t g = 0; g < P / kLanes; ++g) {
+            for (int j = 0; j < kLanes; ++j) {
+                const int64_t h = g * kLanes + j;
+                float a = 0.0f;
+                for (int64_t i = 0; i < dim; ++i) a = fma_ref(qt[i * P + h], key[i], a);
+                const float r = (a > 0.0f ? a : 0.0f) * wt[h];
+                s[j] = s[j] + r;
+            }
+        }
+        for (int w = kLanes / 2; w > 0; w /= 2) {
+            for (int j = 0; j < w; ++j) s[j] = s[j] + s[j + w];
+        }
+        out[k] = s[0];
+    }
+}
+
 }  // namespace
 
-const OpsTable kOpsScalar = {mla_ref,     dot_ref,    rms_norm_ref, rope_ref,
-                             silu_mul_ref, softmax_ref, argmax_ref,  exp_n_ref};
+const OpsTable kOpsScalar = {mla_ref,     dot_ref,    rms_norm_ref, rope_ref,        silu_mul_ref,
+                             softmax_ref, argmax_ref, exp_n_ref,    index_scores_ref};
 
 }  // namespace dsi::kernels::internal

@@ -307,6 +307,11 @@ float IndexQueries::score(int64_t t, const float* key) const {
     return s;
 }
 
+void IndexQueries::score_keys(int64_t t, const float* const* keys, int64_t n, float* out) const {
+    kernels::index_scores(kernels::active_isa(), qt.data() + t * dim * packed_heads,
+                          wt.data() + t * packed_heads, packed_heads, dim, keys, n, out);
+}
+
 IndexQueries index_queries(const Linear& wq_b, const Linear& weights_proj, const ModelConfig& c,
                            ThreadPool* pool, const std::vector<float>& qr, const float* h,
                            std::span<const int64_t> pos, const std::vector<double>& inv_freq,
@@ -331,6 +336,14 @@ IndexQueries index_queries(const Linear& wq_b, const Linear& weights_proj, const
             hadamard_rotate(iq.q.data() + v * ihd, ihd);
             v4_fp4_simulate(iq.q.data() + v * ihd, ihd);
         }
+    }
+    iq.packed_heads = kernels::index_packed_heads(ih);
+    iq.qt.resize(static_cast<size_t>(n * ihd * iq.packed_heads));
+    iq.wt.resize(static_cast<size_t>(n * iq.packed_heads));
+    for (int64_t t = 0; t < n; ++t) {
+        kernels::index_pack_queries(iq.q.data() + t * ih * ihd, iq.w.data() + t * ih, ih, ihd,
+                                    iq.qt.data() + t * ihd * iq.packed_heads,
+                                    iq.wt.data() + t * iq.packed_heads);
     }
     return iq;
 }

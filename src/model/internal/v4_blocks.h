@@ -143,8 +143,17 @@ void attend(const AttnCore& a, const ModelConfig& c, ThreadPool* pool, const Tok
 struct IndexQueries {
     std::vector<float> q, w;
     int64_t heads = 0, dim = 0;
-    // sum_h relu(q_h . key) * w_h for token t.
+    // The same queries packed for kernels::index_scores: per token qt [dim, packed_heads]
+    // and wt [packed_heads].
+    std::vector<float> qt, wt;
+    int64_t packed_heads = 0;
+    // sum_h relu(q_h . key) * w_h for token t, one kernels::dot per head (V4).
     float score(int64_t t, const float* key) const;
+    // The same sum for n keys at once in kernels::index_scores' order (V4.1; a register
+    // tile of keys against all heads, ~10x the per-head dots on AVX-512 with the keys in
+    // cache: bench/RESULTS.md; the bits differ from score()'s). Each key's score is
+    // independent of the others in the call.
+    void score_keys(int64_t t, const float* const* keys, int64_t n, float* out) const;
 };
 IndexQueries index_queries(const Linear& wq_b, const Linear& weights_proj, const ModelConfig& c,
                            ThreadPool* pool, const std::vector<float>& qr, const float* h,
