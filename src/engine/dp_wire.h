@@ -11,8 +11,11 @@
 //                                              while no request runs there (benchmarks)
 //   rank r -> rank 0   "ev"    {id, event}     one TokenEvent of request id
 //                      "err"   {id, code, msg} add_request refused it (nothing ran)
-//                      "load"  {running, used, blocks}  the rank's sequences and KV
-//                                              blocks in use, sent when they change
+//                      "load"  {running, used, blocks[, ep]}  the rank's sequences and
+//                                              KV blocks in use, sent when they change;
+//                                              `ep`: the group's ExpertParallelStats
+//                                              (rank 0 of a front with no model, after
+//                                              every group step: /metrics)
 // Every GenerateRequest field travels except the ones a request that may leave rank 0
 // cannot have (mask, export_kv: DpFront keeps those requests on rank 0) and deadline_ns is
 // passed as is (Env clocks are CLOCK_MONOTONIC, one per host). A field added to
@@ -21,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +49,7 @@ struct Message {
     std::vector<std::pair<int32_t, float>> top_logprobs;
     Status error;
     RankLoad load;
+    std::optional<ExpertParallelStats> ep;  // kLoad
     bool async = true;  // kReset
 };
 
@@ -54,7 +59,7 @@ std::string encode_end();
 std::string encode_reset(bool async);
 std::string encode_event(RequestId id, const TokenEvent& event);
 std::string encode_error(RequestId id, const Status& error);
-std::string encode_load(const RankLoad& load);
+std::string encode_load(const RankLoad& load, const ExpertParallelStats* ep = nullptr);
 // INVALID_ARGUMENT on a message that is not one of the above.
 Result<Message> decode(const std::string& text);
 
