@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -118,6 +120,53 @@ Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, b
 }
 
 }  // namespace
+
+// Runs jobs (the forks of a restart) on its own thread, one at a time.
+class ForkThread {
+public:
+    ForkThread() : thread_([this] { loop(); }) {}
+    ~ForkThread() {
+        {
+            MutexLock lock(&mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    Result<Spawned> run(std::function<Result<Spawned>()> job) DSI_EXCLUDES(mu_) {
+        MutexLock lock(&mu_);
+        job_ = std::move(job);
+        result_.reset();
+        cv_.notify_all();
+        while (!result_) cv_.wait(&mu_);
+        Result<Spawned> out = std::move(*result_);
+        result_.reset();
+        return out;
+    }
+
+private:
+    void loop() DSI_EXCLUDES(mu_) {
+        MutexLock lock(&mu_);
+        for (;;) {
+            while (!job_ && !stop_) cv_.wait(&mu_);
+            if (!job_) return;  // stopping
+            std::function<Result<Spawned>()> job = std::move(job_);
+            job_ = nullptr;
+            result_.emplace(job());  // the caller waits for it anyway
+            cv_.notify_all();
+        }
+    }
+
+    Mutex mu_;
+    CondVar cv_;
+    std::function<Result<Spawned>()> job_ DSI_GUARDED_BY(mu_);
+    std::optional<Result<Spawned>> result_ DSI_GUARDED_BY(mu_);
+    bool stop_ DSI_GUARDED_BY(mu_) = false;
+    std::thread thread_;  // last: starts once the members above exist
+};
+
+EpLaunch::Group::Group() : forker(std::make_unique<ForkThread>()) {}
+EpLaunch::Group::~Group() = default;
 
 void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep", f->ep,
@@ -368,8 +417,10 @@ Result<EpRestart> EpLaunch::start_healthy(Group& g, const std::vector<bool>& hea
     Spawned spawned;
     // A front starts every rank of the new group (even one alone); rank 0 starts the others.
     if (g.front || next.num_ranks > 1) {
-        DSI_ASSIGN_OR_RETURN(spawned, spawn(next.num_ranks, next.group, /*restarted=*/true,
-                                            g.data_parallel, /*first_rank=*/g.front ? 0 : 1));
+        DSI_ASSIGN_OR_RETURN(spawned, g.forker->run([&g, &next] {
+            return spawn(next.num_ranks, next.group, /*restarted=*/true, g.data_parallel,
+                         /*first_rank=*/g.front ? 0 : 1);
+        }));
     }
     g.pids = std::move(spawned.pids);
     // A new generation for the DpFront: it relays what the old pipes still hold, then

@@ -32,6 +32,8 @@
 
 namespace dsi {
 
+class ForkThread;  // ep_launch.cc
+
 struct EpFlags {
     int ep = 1;
     int rank = 0;       // set by rank 0 for the ranks it starts
@@ -118,6 +120,13 @@ private:
     // options (shared_ptr: the launcher and that callback both use it; one thread at a
     // time, the model's forward passes or, after the engine stopped, finish()).
     struct Group final : engine::DpRankLink {
+        Group();
+        ~Group() override;
+        // A restart's ranks are forked here, on a thread as long-lived as the launch: a
+        // started rank gets SIGTERM when the thread that forked it ends
+        // (PR_SET_PDEATHSIG), and a failover runs on the thread that steps the front or
+        // rank 0's model (serve: the engine thread, which ends before the drain does).
+        std::unique_ptr<ForkThread> forker;
         bool front = false;       // every rank started (0..N-1), this process has no model
         bool failover = true;     // --ep-failover on
         std::vector<pid_t> pids;  // the started ranks of the current group, not yet reaped

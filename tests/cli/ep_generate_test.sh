@@ -3,11 +3,12 @@
 # model instance and print exactly the text one process prints (greedy and sampled, a
 # batch of prompts); bad --ep values are refused before any rank starts; a rank that
 # cannot attach its group fails with an error instead of hanging; a rank killed mid-run
-# fails rank 0 with an error (--ep-failover off) or, with failover, rank 0 restarts with
-# the healthy ranks and prints the same text (S-DEPLOY); live EPLB moves experts
-# mid-generation without changing the text; `serve --ep 2` answers as `serve` does and
-# stops cleanly. With attention data parallelism (--ep-attention dp, the default) the
-# prompts / requests are spread over the ranks and the results do not change.
+# fails the instance with an error (--ep-failover off) or, with failover, the front (the
+# process the user started, no model) restarts the group with the healthy ranks and
+# prints the same text (S-DEPLOY; rank 0's death: ep_front_failover_test.sh); live EPLB
+# moves experts mid-generation without changing the text; `serve --ep 2` answers as
+# `serve` does and stops cleanly. With attention data parallelism (--ep-attention dp, the
+# default) the prompts / requests are spread over the ranks and the results do not change.
 # usage: ep_generate_test.sh <dsinfer binary> <source dir>
 set -euo pipefail
 bin=$1
@@ -83,25 +84,28 @@ expect_error "did not appear" --ep 2 --ep-rank 1 --ep-group dsinfer-ep-test-nobo
     --ep-attach-timeout-ms 500
 
 # Rank 1 killed -9 once tokens stream, failover off: rank 0 fails with an error (the dead
-# peer is seen). (the binary itself in the background, not the gen function's subshell:
-# $! is rank 0)
+# peer is seen) and so does the front. (the binary itself in the background, not the gen
+# function's subshell: $! is the front)
 "$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
     --max-tokens 6000 --ep 2 --ep-failover off >"$tmp/kill.out" 2>"$tmp/kill.err" &
 leader=$!
 rank1=""
 for _ in $(seq 600); do
-    rank1=$(pgrep -P "$leader" || true)
+    rank1=$(pgrep -P "$leader" -f -- "--ep-rank 1" || true)
     [[ -n $rank1 && $(wc -c <"$tmp/kill.out") -gt 40 ]] && break
     sleep 0.1
 done
 [[ -n $rank1 ]] || { kill -9 "$leader"; cat "$tmp/kill.err"; fail "no rank 1 / no tokens"; }
 kill -9 "$rank1"
-if wait "$leader"; then fail "rank 0 succeeded without its peer"; fi
+if wait "$leader"; then fail "the front succeeded without rank 1"; fi
 grep -q "UNAVAILABLE.*rank 1 (pid $rank1) is gone" "$tmp/kill.err" ||
     { cat "$tmp/kill.err"; fail "rank 0's error"; }
+grep -q "UNAVAILABLE: --ep: rank 1 was killed by signal 9 (--ep-failover off)" "$tmp/kill.err" ||
+    { cat "$tmp/kill.err"; fail "the front's error"; }
 
-# EP failover (S-DEPLOY): rank 2 of 4 killed -9 mid-generation: rank 0 restarts the group
-# with the 3 healthy ranks, re-runs the step, and prints exactly one process's text.
+# EP failover (S-DEPLOY): rank 2 of 4 killed -9 mid-generation: the front restarts the
+# group with the 3 healthy ranks, re-runs the request as a continuation, and prints exactly
+# one process's text.
 gen --prompt "The experts" --max-tokens 100 >"$tmp/fo1.out" 2>/dev/null || fail "generate (100)"
 "$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
     --max-tokens 100 --ep 4 >"$tmp/fo.out" 2>"$tmp/fo.err" &
@@ -114,15 +118,15 @@ for _ in $(seq 600); do
 done
 [[ -n $rank2 ]] || { kill -9 "$leader"; cat "$tmp/fo.err"; fail "no rank 2 / no tokens"; }
 kill -9 "$rank2"
-wait "$leader" || { cat "$tmp/fo.err"; fail "rank 0 failed after its rank 2 was killed"; }
+wait "$leader" || { cat "$tmp/fo.err"; fail "the front failed after rank 2 was killed"; }
 grep -q -- "--ep failover: 3 of 4 ranks healthy" "$tmp/fo.err" || { cat "$tmp/fo.err"; fail "no failover"; }
 grep -Eq "expert parallelism: 3 ranks, .*, 1 failovers" "$tmp/fo.err" ||
     { cat "$tmp/fo.err"; fail "failover not counted"; }
 cmp -s "$tmp/fo1.out" "$tmp/fo.out" ||
     { diff "$tmp/fo1.out" "$tmp/fo.out" || true; fail "text differs after the failover"; }
 
-# serve --ep 2: rank 0 serves HTTP with rank 1's experts; the same completions as a server
-# without --ep (greedy and seeded), several concurrent; SIGTERM ends both ranks cleanly.
+# serve --ep 2: the front serves HTTP over ranks 0 and 1; the same completions as a server
+# without --ep (greedy and seeded), several concurrent; SIGTERM ends every rank cleanly.
 serve_pid=""
 trap '[[ -n $serve_pid ]] && kill -9 $serve_pid 2>/dev/null; rm -rf "$tmp"' EXIT
 serve_completions() {  # serve_completions NAME ARGS...: prints the completions' texts
@@ -167,7 +171,7 @@ serve_completions() {  # serve_completions NAME ARGS...: prints the completions'
 serve_completions serve1 >"$tmp/serve1.txt"
 serve_completions serve2 --ep 2 >"$tmp/serve2.txt"
 [[ $(grep -c . "$tmp/serve1.txt") -eq 3 ]] || { cat "$tmp"/serve1.*.json; fail "serve: no completions"; }
-[[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 1 ]] || fail "serve --ep 2 started no rank 1"
+[[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 2 ]] || fail "serve --ep 2 did not start ranks 0 and 1"
 # /metrics under --ep: rank 1's and rank 0's expert rows, moe_lb, placement changes.
 for m in 'dsinfer_ep_expert_rows_total{rank="1"}' dsinfer_ep_moe_lb dsinfer_ep_placement_changes_total \
     dsinfer_ep_failovers_total 'dsinfer_ep_ranks 2'; do
@@ -175,8 +179,8 @@ for m in 'dsinfer_ep_expert_rows_total{rank="1"}' dsinfer_ep_moe_lb dsinfer_ep_p
 done
 ! grep -q dsinfer_ep_ "$tmp/serve1.metrics" || fail "serve without --ep shows EP metrics"
 # Attention data parallelism under serve: the three concurrent requests landed on both ranks
-# (rank 0's HTTP front sends each to the rank with the fewest sequences), and each rank's
-# KV blocks are free again once they finished.
+# (the HTTP front sends each to the rank with the fewest sequences), and each rank's KV
+# blocks are free again once they finished.
 for r in 0 1; do
     grep -Eq "^dsinfer_dp_rank_requests_total\{rank=\"$r\"\} [1-9]" "$tmp/serve2.metrics" ||
         { cat "$tmp/serve2.metrics"; fail "serve --ep 2: no request on rank $r"; }
@@ -195,8 +199,8 @@ cmp -s "$tmp/serve3.txt" "$tmp/serve4.txt" ||
 for m in 'dsinfer_ep_failovers_total 1' 'dsinfer_ep_ranks 3'; do
     grep -qF "$m" "$tmp/serve4.metrics" || { cat "$tmp/serve4.metrics"; fail "serve failover /metrics: $m"; }
 done
-# The three requests ran on ranks 0, 1 and 2: the killed rank's request (and rank 1's,
-# whose process the restart replaced) were re-run on the healthy ranks as continuations.
+# The three requests ran on ranks 0, 1 and 2: every one (the restart replaced every rank's
+# process) was re-run on the healthy ranks as a continuation.
 grep -Eq "^dsinfer_dp_reruns_total [1-9]" "$tmp/serve4.metrics" ||
     { cat "$tmp/serve4.metrics"; fail "serve failover: no request re-run"; }
 # bench offline --ep 2: both attention modes measure; with dp (the default) the four
