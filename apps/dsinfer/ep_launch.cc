@@ -199,10 +199,10 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
                 "dp | rank0: with --ep, every rank runs its own requests with its own KV "
                 "(attention data parallelism; rank 0 spreads the requests), or only rank 0 "
                 "holds requests and the other ranks lend it their experts");
-    cmd.add_option("--ep-pipe-fd", f->pipe_fd)->group("");      // set by rank 0 (dp)
+    cmd.add_option("--ep-pipe-fd", f->pipe_fd)->group("");          // set by rank 0 (dp)
     cmd.add_flag("--ep-report-group", f->report_group)->group("");  // set by the front
-    cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");  // set by rank 0 at a restart
-    cmd.add_option("--ep-rank", f->rank)->group("");            // set by rank 0 only
+    cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");      // set by rank 0 at a restart
+    cmd.add_option("--ep-rank", f->rank)->group("");                // set by rank 0 only
     cmd.add_option("--ep-group", f->group)->group("");
 }
 
@@ -437,8 +437,8 @@ Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
     auto exited = [this] {
         for (size_t r = 0; r < pids.size(); ++r) {
             siginfo_t info{};
-            if (::waitid(P_PID, static_cast<id_t>(pids[r]), &info,
-                         WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            if (::waitid(P_PID, static_cast<id_t>(pids[r]), &info, WEXITED | WNOHANG | WNOWAIT) ==
+                    0 &&
                 info.si_pid == pids[r]) {
                 return static_cast<int>(r);
             }

@@ -50,7 +50,9 @@ Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback c
             DSI_RETURN_IF_ERROR(validate_request(request, limits));
         }
         ++remote_requests_;
-        if (request.sampling.n > 1) run.finished.assign(static_cast<size_t>(request.sampling.n), false);
+        if (request.sampling.n > 1) {
+            run.finished.assign(static_cast<size_t>(request.sampling.n), false);
+        }
         remote_prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
         run.request = request;
     }
@@ -377,7 +379,7 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
         int32_t live = 1;  // completions not finished (n)
     };
     std::unordered_map<RequestId, Local> engine_id;  // by front id
-    bool ended = false;                                  // rank 0 sent the end, or is gone
+    bool ended = false;                              // rank 0 sent the end, or is gone
     auto send = [&](const std::string& message) {
         if (!pipe.send(message).is_ok()) ended = true;  // rank 0 is gone
     };

@@ -145,7 +145,7 @@ private:
     CausalLm* model_ = nullptr;
     DpRankLink* link_;
     Env* env_;
-    int first_piped_ = 1;  // the first rank behind a pipe: 0 for a front
+    int first_piped_ = 1;   // the first rank behind a pipe: 0 for a front
     RequestLimits limits_;  // a front's request checks
     bool spread_ = true;
     int64_t failovers_ = 0;                           // a front's group restarts

@@ -94,16 +94,18 @@ std::string encode_error(RequestId id, const Status& error) {
 }
 
 std::string encode_load(const RankLoad& l, const ExpertParallelStats* ep) {
-    json j = {{"t", "load"}, {"running", l.running_seqs}, {"used", l.kv_blocks_used},
+    json j = {{"t", "load"},
+              {"running", l.running_seqs},
+              {"used", l.kv_blocks_used},
               {"blocks", l.kv_blocks}};
     if (ep != nullptr) {
         json windows = json::array();
         for (const ExpertParallelStats::Window& w : ep->windows) {
             windows.push_back({w.end_step, w.placement, w.moe_lb, w.placed_moe_lb});
         }
-        j["ep"] = {{"ranks", ep->num_ranks},         {"failovers", ep->failovers},
-                   {"steps", ep->steps},             {"changes", ep->placement_changes},
-                   {"rows", ep->rank_rows},          {"windows", std::move(windows)},
+        j["ep"] = {{"ranks", ep->num_ranks},     {"failovers", ep->failovers},
+                   {"steps", ep->steps},         {"changes", ep->placement_changes},
+                   {"rows", ep->rank_rows},      {"windows", std::move(windows)},
                    {"placed", ep->placed_moe_lb}};
     }
     return pack(j);
