@@ -12,6 +12,9 @@ namespace {
 constexpr int64_t kAllIdlePauseNs = 200'000;
 // A front with no model waits this long at most for its ranks' events in one step.
 constexpr int64_t kFrontWaitNs = 2'000'000;
+// After a finish on another rank, how long the front waits for that rank's report of its
+// freed KV blocks (settling()).
+constexpr int64_t kSettleNs = 1'000'000'000;
 
 }  // namespace
 
@@ -111,6 +114,7 @@ void DpFront::deliver(RequestId id, const TokenEvent& ev) {
     StreamCallback callback = std::move(run.callback);
     balancer_.on_finish(run.rank, run.kv_tokens);
     if (piped(run.rank)) {
+        settle_until_ns_ = env_->now_ns() + kSettleNs;
         --num_remote_;
         ++remote_finished_;
         remote_cached_tokens_ += ev.cached_prompt_tokens;
@@ -270,8 +274,13 @@ Status DpFront::poll_pipes(bool* ended, bool* received) {
 
 bool DpFront::settling() const {
     const std::span<const DpBalancer::RankLoad> loads = balancer_.loads();
-    for (size_t r = 1; r < reports_.size() && r < loads.size(); ++r) {
+    const bool freeing = settle_until_ns_ > 0 && env_->now_ns() < settle_until_ns_;
+    for (size_t r = static_cast<size_t>(first_piped_); r < reports_.size() && r < loads.size();
+         ++r) {
         if (reports_[r].running_seqs != loads[r].running_seqs) return true;
+        if (freeing && reports_[r].running_seqs == 0 && reports_[r].kv_blocks_used > 0) {
+            return true;
+        }
     }
     return false;
 }

@@ -139,6 +139,8 @@ private:
     // A rank's last load report does not show the sequences rank 0 knows run there yet
     // (a finish or a start not reported): keep stepping (and joining the group, where a
     // dead rank is seen) until it does, so /metrics shows every rank's KV as it is.
+    // Also, for a short while after a finish on another rank, while a rank that runs
+    // nothing still reports KV blocks in use (an async engine frees them a step later).
     bool settling() const;
 
     Engine* local_ = nullptr;  // null: a front with no model
@@ -148,6 +150,8 @@ private:
     int first_piped_ = 1;   // the first rank behind a pipe: 0 for a front
     RequestLimits limits_;  // a front's request checks
     bool spread_ = true;
+    // Until when settling() waits for freed KV blocks (a finish on another rank).
+    int64_t settle_until_ns_ = 0;
     int64_t failovers_ = 0;                           // a front's group restarts
     std::optional<ExpertParallelStats> group_stats_;  // a front's, from rank 0's reports
     int64_t generation_ = -1;
