@@ -107,7 +107,7 @@ Result<engine::Engine*> fresh_engine(serving::Replica* replica, bool async) {
 // `dp` (--ep N --ep-attention dp): the requests go through an engine::DpFront over rank 0's
 // fresh engine, spread over the ranks, each of which starts a fresh engine too.
 Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t n, bool async,
-                       const engine::DpRankLink* dp, Env* env) {
+                       engine::DpRankLink* dp, Env* env) {
     DSI_ASSIGN_OR_RETURN(engine::Engine * local, fresh_engine(replica, async));
     std::unique_ptr<engine::DpFront> front;
     engine::StepEngine* eng = local;

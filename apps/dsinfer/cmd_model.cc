@@ -203,8 +203,10 @@ int run_generate(const GenerateFlags& f) {
     }
     Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
     if (!options.is_ok()) return fail(options.status());
-    // --ep N: rank 0 starts the other ranks here (and kills them when it fails).
-    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/false);
+    // --ep N: this process becomes a front with no model and starts the N ranks here (and
+    // kills them when it fails).
+    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/false,
+                                          /*front=*/true);
     if (!ep.is_ok()) return fail(ep.status());
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
@@ -216,11 +218,12 @@ int run_generate(const GenerateFlags& f) {
     }
     const Tokenizer& tk = *(*replica)->tokenizer();
     engine::StepEngine* eng = (*replica)->engine();
-    // --ep-attention dp: the prompts are spread over the ranks (engine/dp_front.h).
+    // --ep: the prompts go to the ranks (spread over them with --ep-attention dp,
+    // engine/dp_front.h).
     std::unique_ptr<engine::DpFront> front;
-    if (const engine::DpRankLink* link = ep->dp_link()) {
-        front =
-            std::make_unique<engine::DpFront>((*replica)->engine(), (*replica)->model(), link, env);
+    if (ep->front()) {
+        front = std::make_unique<engine::DpFront>(ep->dp_link(), ep->front_limits(**replica),
+                                                  ep->spread(), env);
         eng = front.get();
     }
     const bool stream = !f.prompt.empty();

@@ -170,8 +170,15 @@ int run_serve(const ServeFlags& f) {
     if (!options.is_ok()) return fail(options.status());
     const bool receives_kv = (f.role == "decode" || f.role == "both") && f.kv_transfer_port >= 0;
     if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
-    // --ep N: rank 0 serves HTTP; the ranks it starts lend it their experts.
-    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/true);
+    // --ep N: this process serves HTTP as a front with no model; the N ranks it starts run
+    // the requests (ep_launch.h).
+    if (f.ep.ep > 1 && f.ep.group.empty() && !f.role.empty()) {
+        return fail(invalid_argument(
+            "--ep does not run with --role yet (the KV hand-over needs the engine in the "
+            "serving process)"));
+    }
+    Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/true,
+                                          /*front=*/true);
     if (!ep.is_ok()) return fail(ep.status());
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
@@ -205,8 +212,9 @@ int run_serve(const ServeFlags& f) {
     // front goes after the service that steps it.
     std::unique_ptr<engine::DpFront> front;
     engine::StepEngine* stepped = rep.engine();
-    if (const engine::DpRankLink* link = ep->dp_link()) {
-        front = std::make_unique<engine::DpFront>(rep.engine(), rep.model(), link, env);
+    if (ep->front()) {
+        front = std::make_unique<engine::DpFront>(ep->dp_link(), ep->front_limits(rep),
+                                                  ep->spread(), env);
         stepped = front.get();
     }
     auto engine_service = std::make_unique<server::EngineService>(stepped);

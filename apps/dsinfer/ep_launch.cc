@@ -11,6 +11,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstring>
+#include <functional>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -42,9 +44,9 @@ Result<std::vector<std::string>> own_command_line() {
     return args;
 }
 
-// Waits for the ranks (killing them first when `kill_first`); UNAVAILABLE names the first
-// that did not exit 0.
-Status reap(std::vector<pid_t>& pids, bool kill_first) {
+// Waits for the ranks `first_rank`, ... (killing them first when `kill_first`); UNAVAILABLE
+// names the first that did not exit 0.
+Status reap(std::vector<pid_t>& pids, bool kill_first, int first_rank = 1) {
     Status first = Status::ok();
     for (size_t i = 0; i < pids.size(); ++i) {
         if (kill_first) ::kill(pids[i], SIGTERM);
@@ -56,7 +58,8 @@ Status reap(std::vector<pid_t>& pids, bool kill_first) {
             const std::string how =
                 WIFEXITED(status) ? "exited with status " + std::to_string(WEXITSTATUS(status))
                                   : "was killed by signal " + std::to_string(WTERMSIG(status));
-            first = unavailable("--ep: rank " + std::to_string(i + 1) + " " + how);
+            first = unavailable("--ep: rank " + std::to_string(static_cast<int>(i) + first_rank) +
+                                " " + how);
         }
     }
     pids.clear();
@@ -68,14 +71,18 @@ struct Spawned {
     std::vector<std::shared_ptr<comm::RankPipe>> pipes;  // data_parallel: rank r at [r - 1]
 };
 
-Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, bool data_parallel) {
+// Starts ranks `first_rank`..num_ranks-1 (a front: 0, its rank 0 reporting the group's
+// stats; rank 0 itself: 1).
+Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, bool data_parallel,
+                      int first_rank) {
     DSI_ASSIGN_OR_RETURN(std::vector<std::string> args, own_command_line());
     const pid_t parent = ::getpid();
     Spawned out;
-    for (int r = 1; r < num_ranks; ++r) {
+    for (int r = first_rank; r < num_ranks; ++r) {
         std::vector<std::string> a = args;
         a.insert(a.end(), {"--ep-rank", std::to_string(r), "--ep-group", group});
         if (restarted) a.insert(a.end(), {"--ep-ranks-now", std::to_string(num_ranks)});
+        if (first_rank == 0 && r == 0) a.push_back("--ep-report-group");
         int child_fd = -1;
         if (data_parallel) {
             Result<comm::RankPipe::Pair> pair = comm::RankPipe::create_pair();
@@ -114,6 +121,53 @@ Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, b
 
 }  // namespace
 
+// Runs jobs (the forks of a restart) on its own thread, one at a time.
+class ForkThread {
+public:
+    ForkThread() : thread_([this] { loop(); }) {}
+    ~ForkThread() {
+        {
+            MutexLock lock(&mu_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    Result<Spawned> run(std::function<Result<Spawned>()> job) DSI_EXCLUDES(mu_) {
+        MutexLock lock(&mu_);
+        job_ = std::move(job);
+        result_.reset();
+        cv_.notify_all();
+        while (!result_) cv_.wait(&mu_);
+        Result<Spawned> out = std::move(*result_);
+        result_.reset();
+        return out;
+    }
+
+private:
+    void loop() DSI_EXCLUDES(mu_) {
+        MutexLock lock(&mu_);
+        for (;;) {
+            while (!job_ && !stop_) cv_.wait(&mu_);
+            if (!job_) return;  // stopping
+            std::function<Result<Spawned>()> job = std::move(job_);
+            job_ = nullptr;
+            result_.emplace(job());  // the caller waits for it anyway
+            cv_.notify_all();
+        }
+    }
+
+    Mutex mu_;
+    CondVar cv_;
+    std::function<Result<Spawned>()> job_ DSI_GUARDED_BY(mu_);
+    std::optional<Result<Spawned>> result_ DSI_GUARDED_BY(mu_);
+    bool stop_ DSI_GUARDED_BY(mu_) = false;
+    std::thread thread_;  // last: starts once the members above exist
+};
+
+EpLaunch::Group::Group() : forker(std::make_unique<ForkThread>()) {}
+EpLaunch::Group::~Group() = default;
+
 void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep", f->ep,
                 "expert parallelism: N rank processes on this host share the routed experts "
@@ -133,8 +187,8 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
                 "steps between placement changes (-1: phase default)");
     cmd.add_flag("--eplb-wait-weights", f->eplb_wait_weights)->group("");
     add_setting(cmd, "--ep-failover", f->failover,
-                "on | off: when an --ep rank dies, restart the group with the healthy ranks "
-                "and re-run its step (S-DEPLOY), or fail");
+                "on | off: when an --ep rank dies (rank 0 included), restart the group with "
+                "the healthy ranks and re-run its requests (S-DEPLOY), or fail");
     add_setting(cmd, "--ep-numa", f->numa,
                 "off | auto | on: pin each --ep rank to a NUMA node's CPUs (ranks in blocks "
                 "over the nodes, a node's CPUs split among its ranks) and prefer that node's "
@@ -145,9 +199,10 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
                 "dp | rank0: with --ep, every rank runs its own requests with its own KV "
                 "(attention data parallelism; rank 0 spreads the requests), or only rank 0 "
                 "holds requests and the other ranks lend it their experts");
-    cmd.add_option("--ep-pipe-fd", f->pipe_fd)->group("");      // set by rank 0 (dp)
-    cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");  // set by rank 0 at a restart
-    cmd.add_option("--ep-rank", f->rank)->group("");            // set by rank 0 only
+    cmd.add_option("--ep-pipe-fd", f->pipe_fd)->group("");          // set by rank 0 (dp)
+    cmd.add_flag("--ep-report-group", f->report_group)->group("");  // set by the front
+    cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");      // set by rank 0 at a restart
+    cmd.add_option("--ep-rank", f->rank)->group("");                // set by rank 0 only
     cmd.add_option("--ep-group", f->group)->group("");
 }
 
@@ -206,11 +261,12 @@ Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep) {
 }
 
 Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOptions& o,
-                                 bool long_idle) {
+                                 bool long_idle, bool front) {
     EpLaunch launch;
-    if (f.ep == 1 && f.rank == 0) return launch;
+    const bool started = !f.group.empty();
+    if (f.ep == 1 && !started) return launch;
     if (f.ep < 1) return invalid_argument("--ep must be >= 1, got " + std::to_string(f.ep));
-    if (f.rank < 0 || f.rank >= f.ep || (f.rank > 0 && f.group.empty())) {
+    if (f.rank < 0 || f.rank >= f.ep || (f.rank > 0 && !started)) {
         return invalid_argument("--ep-rank / --ep-group are set by rank 0 for the ranks it starts");
     }
     if (o.engine.speculative.enabled()) {
@@ -224,22 +280,30 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     if (f.attention != "dp" && f.attention != "rank0") {
         return invalid_argument("--ep-attention must be dp or rank0, not '" + f.attention + "'");
     }
-    ExpertParallelOptions& ep = o.expert_parallel;
-    ep.num_ranks = f.rank > 0 && f.ranks_now > 0 ? f.ranks_now : f.ep;
+    // A front keeps its model options unset: it has no model.
+    ExpertParallelOptions front_ep;
+    const bool is_front = front && !started;
+    ExpertParallelOptions& ep = is_front ? front_ep : o.expert_parallel;
+    ep.num_ranks = started && f.ranks_now > 0 ? f.ranks_now : f.ep;
     ep.rank = f.rank;
     std::random_device rd;
-    ep.group = f.rank > 0 ? f.group
-                          : "dsinfer-ep-" + std::to_string(::getpid()) + "-" +
-                                std::to_string(rd() % 1'000'000);
+    ep.group = started ? f.group
+                       : "dsinfer-ep-" + std::to_string(::getpid()) + "-" +
+                             std::to_string(rd() % 1'000'000);
     ep.attach_timeout_ms = f.attach_timeout_ms;
     DSI_RETURN_IF_ERROR(apply_eplb_flags(f, ep));
-    // Rank 0 may wait for its next request indefinitely; its death is still seen at once.
+    // The ranks may wait for the next request indefinitely; a death is still seen at once.
     if (long_idle) ep.idle_timeout_ms = int64_t{365} * 24 * 3600 * 1000;
-    DSI_RETURN_IF_ERROR(pin_rank_process(f, ep.rank, ep.num_ranks, o.num_threads));
-    if (o.num_threads == 0) o.num_threads = std::max(1, env->num_cpus() / f.ep);  // cores shared
+    launch.started_ = started;
     launch.rank_ = f.rank;
     launch.pipe_fd_ = f.pipe_fd;
-    if (f.rank > 0) return launch;
+    launch.report_group_ = f.report_group;
+    launch.spread_ = f.attention == "dp";
+    if (!is_front) {
+        DSI_RETURN_IF_ERROR(pin_rank_process(f, ep.rank, ep.num_ranks, o.num_threads));
+        if (o.num_threads == 0) o.num_threads = std::max(1, env->num_cpus() / f.ep);  // shared
+    }
+    if (started) return launch;
     serving::ReplicaOptions probe = o;
     probe.load_tokenizer = false;
     probe.load_model = false;
@@ -248,21 +312,37 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     DSI_RETURN_IF_ERROR(validate_expert_parallel(ep, r->config()));
     launch.group_ = std::make_shared<Group>();
     Group& g = *launch.group_;
+    g.front = is_front;
+    g.failover = f.failover == "on";
     g.name = ep.group;
     g.num_experts = static_cast<int>(r->config().n_routed_experts);
     g.redundant_per_rank = ep.redundant_experts_per_rank;
-    g.data_parallel = f.attention == "dp";
-    DSI_ASSIGN_OR_RETURN(Spawned spawned,
-                         spawn(f.ep, ep.group, /*restarted=*/false, g.data_parallel));
+    g.data_parallel = is_front || f.attention == "dp";
+    if (is_front) {
+        // Tokenizer and config only: the ranks hold the weights and the engines.
+        o.load_model = false;
+        o.create_engine = false;
+    }
+    DSI_ASSIGN_OR_RETURN(Spawned spawned, spawn(f.ep, ep.group, /*restarted=*/false,
+                                                g.data_parallel, /*first_rank=*/is_front ? 0 : 1));
     g.pids = std::move(spawned.pids);
     {
         MutexLock lock(&g.mu);
         g.pipes = std::move(spawned.pipes);
     }
-    if (f.failover == "on") {
+    if (!is_front && g.failover) {
         ep.restart = [group = launch.group_](const Status&) { return restart(*group); };
     }
     return launch;
+}
+
+engine::RequestLimits EpLaunch::front_limits(const serving::Replica& replica) const {
+    engine::RequestLimits limits;
+    limits.vocab = replica.config().vocab_size;
+    const int64_t max_len = replica.engine_options().max_model_len;
+    limits.max_model_len = max_len > 0 ? max_len : replica.config().max_position_embeddings;
+    limits.has_tokenizer = replica.tokenizer() != nullptr;
+    return limits;
 }
 
 EpLaunch::~EpLaunch() {
@@ -274,15 +354,17 @@ int EpLaunch::started_rank_exit_code(const Status& s) {
     return s.code() == StatusCode::kUnavailable ? kPeerLost : 1;
 }
 
-Result<EpRestart> EpLaunch::restart(Group& g) {
-    // The old group's ranks see its end (the dead peer, or rank 0 leaving) at once and exit
-    // with kPeerLost: those are healthy. One that is dead, failed otherwise or does not
-    // exit within the deadline is not.
+namespace {
+
+// Reaps the old group's ranks and says which were healthy. They see the group's end (the
+// dead peer, or rank 0 leaving) at once and exit with kPeerLost: those are healthy. One
+// that is dead, failed otherwise or does not exit within the deadline is not.
+std::vector<bool> reap_for_restart(std::vector<pid_t>& pids) {
     constexpr int64_t kReapDeadlineMs = 20'000;
-    std::vector<bool> healthy = {true};  // rank 0: this process
+    std::vector<bool> healthy;
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(kReapDeadlineMs);
-    for (pid_t pid : g.pids) {
+    for (pid_t pid : pids) {
         int status = 0;
         pid_t got = 0;
         while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 &&
@@ -296,9 +378,33 @@ Result<EpRestart> EpLaunch::restart(Group& g) {
             healthy.push_back(false);
             continue;
         }
-        healthy.push_back(WIFEXITED(status) && WEXITSTATUS(status) == kPeerLost);
+        healthy.push_back(WIFEXITED(status) && WEXITSTATUS(status) == EpLaunch::kPeerLost);
     }
-    g.pids.clear();
+    pids.clear();
+    return healthy;
+}
+
+// "exited with status 1" / "was killed by signal 9" / "is gone" (a closed pipe).
+std::string exit_description(pid_t pid) {
+    siginfo_t info{};
+    if (::waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+        info.si_pid != pid) {
+        return "closed its pipe";
+    }
+    return info.si_code == CLD_EXITED ? "exited with status " + std::to_string(info.si_status)
+                                      : "was killed by signal " + std::to_string(info.si_status);
+}
+
+}  // namespace
+
+Result<EpRestart> EpLaunch::restart(Group& g) {
+    std::vector<bool> healthy = {true};  // rank 0: this process
+    const std::vector<bool> started = reap_for_restart(g.pids);
+    healthy.insert(healthy.end(), started.begin(), started.end());
+    return start_healthy(g, healthy);
+}
+
+Result<EpRestart> EpLaunch::start_healthy(Group& g, const std::vector<bool>& healthy) {
     // S-DEPLOY: EP = the healthy ranks, the slots re-counted by the S-EPLB rounding.
     DSI_ASSIGN_OR_RETURN(
         cluster::EpRestartPlan plan,
@@ -309,9 +415,12 @@ Result<EpRestart> EpLaunch::restart(Group& g) {
     DSI_LOG(kWarning) << "--ep failover: " << plan.ep_size << " of " << healthy.size()
                       << " ranks healthy; restarting the group as " << next.group;
     Spawned spawned;
-    if (next.num_ranks > 1) {
-        DSI_ASSIGN_OR_RETURN(
-            spawned, spawn(next.num_ranks, next.group, /*restarted=*/true, g.data_parallel));
+    // A front starts every rank of the new group (even one alone); rank 0 starts the others.
+    if (g.front || next.num_ranks > 1) {
+        DSI_ASSIGN_OR_RETURN(spawned, g.forker->run([&g, &next] {
+            return spawn(next.num_ranks, next.group, /*restarted=*/true, g.data_parallel,
+                         /*first_rank=*/g.front ? 0 : 1);
+        }));
     }
     g.pids = std::move(spawned.pids);
     // A new generation for the DpFront: it relays what the old pipes still hold, then
@@ -322,12 +431,49 @@ Result<EpRestart> EpLaunch::restart(Group& g) {
     return next;
 }
 
+Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
+    // A rank that exited (not reaped here: WNOWAIT), or the one whose pipe ended (its exit
+    // follows at once: wait a little for it, to name it).
+    auto exited = [this] {
+        for (size_t r = 0; r < pids.size(); ++r) {
+            siginfo_t info{};
+            if (::waitid(P_PID, static_cast<id_t>(pids[r]), &info, WEXITED | WNOHANG | WNOWAIT) ==
+                    0 &&
+                info.si_pid == pids[r]) {
+                return static_cast<int>(r);
+            }
+        }
+        return -1;
+    };
+    int lost = exited();
+    for (int i = 0; lost < 0 && pipe_ended && i < 100; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(2));
+        lost = exited();
+    }
+    if (lost < 0 && !pipe_ended) return false;
+    const std::string which =
+        lost >= 0 ? "rank " + std::to_string(lost) + " " + exit_description(pids[lost])
+                  : "a rank closed its pipe";
+    if (!failover) {
+        // The other ranks see the loss and exit with their own error (printed).
+        (void)reap_for_restart(pids);
+        return unavailable("--ep: " + which + " (--ep-failover off)");
+    }
+    DSI_LOG(kWarning) << "--ep failover: " << which;
+    const std::vector<bool> healthy = reap_for_restart(pids);
+    if (std::find(healthy.begin(), healthy.end(), true) == healthy.end()) {
+        return unavailable("--ep: no healthy rank left after " + which);
+    }
+    DSI_RETURN_IF_ERROR(start_healthy(*this, healthy).status());
+    return true;
+}
+
 engine::DpRankLink::Ranks EpLaunch::Group::current() const {
     MutexLock lock(&mu);
     return {generation, pipes};
 }
 
-const engine::DpRankLink* EpLaunch::dp_link() const {
+engine::DpRankLink* EpLaunch::dp_link() const {
     return group_ != nullptr && group_->data_parallel ? group_.get() : nullptr;
 }
 
@@ -346,7 +492,8 @@ Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
         DSI_RETURN_IF_ERROR(replica.reset_engine(std::move(eo)));
         return replica.engine();
     };
-    return engine::run_dp_rank(*replica.engine(), *replica.model(), *pipe, env, reset)
+    return engine::run_dp_rank(*replica.engine(), *replica.model(), *pipe, env, reset,
+                               report_group_)
         .with_context(context);
 }
 
@@ -360,6 +507,22 @@ Status EpLaunch::finish(serving::Replica& replica) {
         }
     }
     std::vector<pid_t>& pids = group_->pids;
+    if (group_->front) {
+        // The ranks leave once idle and exit; what the pipes still queue goes out first.
+        for (bool pending = true; pending;) {
+            pending = false;
+            {
+                MutexLock lock(&group_->mu);
+                for (const std::shared_ptr<comm::RankPipe>& pipe : group_->pipes) {
+                    // A rank gone (the flush fails) takes nothing more.
+                    const bool open = pipe->flush().is_ok();
+                    pending = pending || (open && pipe->has_pending_output());
+                }
+            }
+            if (pending) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        return reap(pids, /*kill_first=*/false, /*first_rank=*/0);
+    }
     for (;;) {
         {
             MutexLock lock(&group_->mu);

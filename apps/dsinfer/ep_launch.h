@@ -1,13 +1,19 @@
-// `--ep N` launch scheme (issue 19; docs/comm.md "Expert parallelism in the engine"): the
-// process the user started is rank 0; it starts ranks 1..N-1 as copies of itself (the same
-// binary and arguments plus `--ep-rank R --ep-group NAME`), which join the group's
-// shared-memory segment and exit when rank 0 ends the group. With `--ep-attention dp`
-// (the default for generate and serve) each started rank also gets a comm::RankPipe
-// (`--ep-pipe-fd`) and runs the requests rank 0's engine::DpFront sends it, with its own
-// sequences and KV (attention data parallelism, engine/dp_front.h); with `rank0` the
-// started ranks serve no requests of their own and only lend their experts to rank 0's
-// forward passes. A started rank dies with rank 0 (PR_SET_PDEATHSIG), and rank 0 reports a
-// rank that failed.
+// `--ep N` launch scheme (issue 19; docs/comm.md "Expert parallelism in the engine").
+//
+// Front (serve, generate): the process the user started is a front with no model — HTTP,
+// tokenizer, the engine::DpFront's request table, this launcher — and starts N compute
+// ranks 0..N-1 as copies of itself (the same binary and arguments plus `--ep-rank R
+// --ep-group NAME --ep-pipe-fd FD`). Each joins the group's shared-memory segment (rank 0
+// creates it) and runs the requests the front sends over its comm::RankPipe
+// (engine::run_dp_rank): over every rank with `--ep-attention dp`, all on rank 0 with
+// `rank0`. A rank that dies — rank 0 included — is seen by the front (its pipe ends, or
+// waitpid), which restarts the group with the healthy ranks (S-DEPLOY; check_ranks) and
+// re-runs every request as a continuation; only the front's own death ends the instance.
+//
+// In-process rank 0 (bench offline): the process the user started is rank 0 with its
+// model and starts ranks 1..N-1; with dp they get pipes and rank 0's DpFront runs its own
+// share locally; rank 0's model restarts the group when a rank dies (ExpertParallelOptions
+// ::restart). A started rank dies with the process that started it (PR_SET_PDEATHSIG).
 #pragma once
 
 #include <sys/types.h>
@@ -26,6 +32,8 @@
 
 namespace dsi {
 
+class ForkThread;  // ep_launch.cc
+
 struct EpFlags {
     int ep = 1;
     int rank = 0;       // set by rank 0 for the ranks it starts
@@ -39,8 +47,9 @@ struct EpFlags {
     int64_t eplb_window_steps = -1;
     int64_t eplb_interval_steps = -1;
     bool eplb_wait_weights = false;  // benchmarks: switch at the next step (hidden flag)
-    // EP failover (S-DEPLOY): on | off. On: a rank that dies makes rank 0 restart the group
-    // with the healthy ranks and re-run the step (nothing lost); off: rank 0 fails.
+    // EP failover (S-DEPLOY): on | off. On: a rank that dies makes the front (or rank 0)
+    // restart the group with the healthy ranks and re-run its requests (nothing lost);
+    // off: the instance fails.
     std::string failover = "on";
     int ranks_now = 0;  // hidden: the group size of a restarted group's started ranks
     // NUMA pinning (comm/numa_pinning.h): off | auto | on; a faked topology for tests.
@@ -49,7 +58,10 @@ struct EpFlags {
     // Where attention runs: dp (every rank its own requests, sequences and KV; rank 0
     // spreads the requests) | rank0 (only rank 0 holds requests). bench offline: rank0.
     std::string attention = "dp";
-    int pipe_fd = -1;  // hidden: a started rank's end of its RankPipe (dp)
+    int pipe_fd = -1;  // hidden: a started rank's end of its RankPipe
+    // Hidden: a started rank whose load reports carry the group's stats (the front's
+    // rank 0).
+    bool report_group = false;
 };
 
 // The expert-parallel options --ep's EPLB flags give (placement policy, redundant slots,
@@ -63,23 +75,33 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f);
 class EpLaunch {
 public:
     // Before open_replica: fills options.expert_parallel from `f` (a no-op for --ep 1);
-    // rank 0 checks --ep against the checkpoint's config (so a bad --ep starts nothing)
-    // and starts ranks 1..N-1. `long_idle`: the ranks may wait for rank 0's next request
-    // without limit (serve) rather than the default idle deadline. INVALID_ARGUMENT
-    // naming the flag; INTERNAL when a rank cannot be started.
+    // the started process checks --ep against the checkpoint's config (so a bad --ep
+    // starts nothing) and starts the ranks. `front`: the started process becomes a
+    // front (options then load no model and make no engine) and starts ranks 0..N-1;
+    // else it is rank 0 and starts 1..N-1. `long_idle`: the ranks may wait for the next
+    // request without limit (serve) rather than the default idle deadline.
+    // INVALID_ARGUMENT naming the flag; INTERNAL when a rank cannot be started.
     static Result<EpLaunch> start(const EpFlags& f, Env* env, serving::ReplicaOptions& options,
-                                  bool long_idle);
+                                  bool long_idle, bool front = false);
     EpLaunch() = default;
     EpLaunch(EpLaunch&&) = default;
     EpLaunch& operator=(EpLaunch&&) = default;
     ~EpLaunch();  // kills and reaps the started ranks not reaped yet
 
-    // A rank rank 0 started (run_started_rank is its whole run).
-    bool started_rank() const { return rank_ > 0; }
-    // Rank 0 with --ep-attention dp: the pipes to the started ranks, for an
+    // A started rank (run_started_rank is its whole run).
+    bool started_rank() const { return started_; }
+    // A front (--ep > 1 with `front`): it holds no model; make its engine::DpFront with
+    // dp_link(), front_limits() and spread().
+    bool front() const { return group_ != nullptr && group_->front; }
+    // The front, or rank 0 with --ep-attention dp: the pipes to the started ranks, for an
     // engine::DpFront (they change at an EP failover). nullptr otherwise. Lives as long as
     // this launch.
-    const engine::DpRankLink* dp_link() const;
+    engine::DpRankLink* dp_link() const;
+    // A front: the checks its ranks' engines make on a request (their options are the
+    // front's: same flags), from the front's replica (config and tokenizer only).
+    engine::RequestLimits front_limits(const serving::Replica& replica) const;
+    // A front: requests over every rank (--ep-attention dp) or all on rank 0.
+    bool spread() const { return spread_; }
     // The exit status of a started rank whose run ended with `s`: 0, kPeerLost when its
     // group failed because a peer died or left (this rank is healthy: rank 0 counts it
     // for the restarted group, S-DEPLOY), else 1.
@@ -88,9 +110,9 @@ public:
     // A started rank's whole run until rank 0 ends the group: the requests its pipe
     // brings (dp, engine::run_dp_rank) and its peers' MoE exchanges.
     Status run_started_rank(serving::Replica& replica, Env* env);
-    // Rank 0, after its engine is done: tells the started ranks no request will come (dp),
-    // leaves the group (waiting for the other ranks to be idle), then reaps them;
-    // UNAVAILABLE naming the first rank that failed.
+    // The front or rank 0, after its engine is done: tells the started ranks no request
+    // will come, (rank 0) leaves the group, waiting for the other ranks to be idle, then
+    // reaps them; UNAVAILABLE naming the first rank that failed.
     Status finish(serving::Replica& replica);
 
 private:
@@ -98,6 +120,15 @@ private:
     // options (shared_ptr: the launcher and that callback both use it; one thread at a
     // time, the model's forward passes or, after the engine stopped, finish()).
     struct Group final : engine::DpRankLink {
+        Group();
+        ~Group() override;
+        // A restart's ranks are forked here, on a thread as long-lived as the launch: a
+        // started rank gets SIGTERM when the thread that forked it ends
+        // (PR_SET_PDEATHSIG), and a failover runs on the thread that steps the front or
+        // rank 0's model (serve: the engine thread, which ends before the drain does).
+        std::unique_ptr<ForkThread> forker;
+        bool front = false;       // every rank started (0..N-1), this process has no model
+        bool failover = true;     // --ep-failover on
         std::vector<pid_t> pids;  // the started ranks of the current group, not yet reaped
         std::string name;         // the first group's name; restarts append -f<n>
         int num_experts = 0;
@@ -110,9 +141,19 @@ private:
         int64_t generation DSI_GUARDED_BY(mu) = 0;
         std::vector<std::shared_ptr<comm::RankPipe>> pipes DSI_GUARDED_BY(mu);
         Ranks current() const override DSI_EXCLUDES(mu);
+        // The front's failover (engine/dp_front.h): a rank that exited or whose pipe
+        // ended restarts the group with the healthy ranks.
+        Result<bool> check_ranks(bool pipe_ended) override DSI_EXCLUDES(mu);
     };
+    // Rank 0's failover: reaps the started ranks, starts the group of the healthy ones.
     static Result<EpRestart> restart(Group& g);
+    // Both: `healthy` ranks (of the old group, by rank) → the new group started, the
+    // link's next generation.
+    static Result<EpRestart> start_healthy(Group& g, const std::vector<bool>& healthy);
 
+    bool started_ = false;
+    bool spread_ = true;
+    bool report_group_ = false;
     int rank_ = 0;
     int pipe_fd_ = -1;              // a started rank's pipe (dp)
     std::shared_ptr<Group> group_;  // rank 0

@@ -139,4 +139,14 @@ void RankPipe::wait_readable(int64_t timeout_ns) const {
     (void)::ppoll(&p, 1, &t, nullptr);
 }
 
+void RankPipe::wait_any_readable(std::span<const std::shared_ptr<RankPipe>> pipes,
+                                 int64_t timeout_ns) {
+    std::vector<pollfd> p;
+    p.reserve(pipes.size());
+    for (const std::shared_ptr<RankPipe>& pipe : pipes) p.push_back({pipe->fd_, POLLIN, 0});
+    const timespec t{static_cast<time_t>(timeout_ns / 1'000'000'000),
+                     static_cast<long>(timeout_ns % 1'000'000'000)};
+    (void)::ppoll(p.data(), p.size(), &t, nullptr);
+}
+
 }  // namespace dsi::comm

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -62,6 +63,10 @@ public:
     Result<bool> receive(std::vector<std::string>& messages);
     // Waits up to `timeout_ns` for input (or the peer closing). For idle loops.
     void wait_readable(int64_t timeout_ns) const;
+    // The same over several pipes: returns when any has input (or closed), or after
+    // `timeout_ns` (a front waiting for its ranks' events).
+    static void wait_any_readable(std::span<const std::shared_ptr<RankPipe>> pipes,
+                                  int64_t timeout_ns);
 
 private:
     explicit RankPipe(int fd) : fd_(fd) {}

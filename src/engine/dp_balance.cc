@@ -39,11 +39,17 @@ void DpBalancer::on_finish(int rank, int64_t tokens) {
     DSI_CHECK(l.running_seqs >= 0 && l.kv_tokens >= 0, "a rank finished more than it ran");
 }
 
-void DpBalancer::resize(int num_ranks) {
+void DpBalancer::resize(int num_ranks, bool keep_rank0) {
     DSI_CHECK(num_ranks >= 1, "a group has at least rank 0");
     const RankLoad zero = loads_[0];
-    loads_.assign(static_cast<size_t>(num_ranks), RankLoad{});
-    loads_[0] = zero;
+    std::vector<RankLoad> next(static_cast<size_t>(num_ranks));
+    if (!keep_rank0) {
+        for (size_t r = 0; r < next.size() && r < loads_.size(); ++r) {
+            next[r].requests = loads_[r].requests;
+        }
+    }
+    loads_ = std::move(next);
+    if (keep_rank0) loads_[0] = zero;
 }
 
 }  // namespace dsi::engine

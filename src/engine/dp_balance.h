@@ -37,9 +37,10 @@ public:
     void on_start(int rank, int64_t prompt_tokens);
     void on_token(int rank);
     void on_finish(int rank, int64_t tokens);
-    // The group restarted with `num_ranks` (EP failover): rank 0 keeps its load, the
-    // other ranks start empty (their sequences are re-run and counted again).
-    void resize(int num_ranks);
+    // The group restarted with `num_ranks` (EP failover): rank 0 keeps its load when
+    // `keep_rank0` (it lives in the front's process), the other ranks start empty (their
+    // sequences are re-run and counted again); a rank that stays keeps its requests count.
+    void resize(int num_ranks, bool keep_rank0 = true);
     std::span<const RankLoad> loads() const { return loads_; }
 
 private:

@@ -10,28 +10,52 @@ namespace {
 
 // Every rank idle while a request is on its way to a rank: poll again after this long.
 constexpr int64_t kAllIdlePauseNs = 200'000;
+// A front with no model waits this long at most for its ranks' events in one step.
+constexpr int64_t kFrontWaitNs = 2'000'000;
+// After a finish on another rank, how long the front waits for that rank's report of its
+// freed KV blocks (settling()).
+constexpr int64_t kSettleNs = 1'000'000'000;
 
 }  // namespace
 
-DpFront::DpFront(Engine* local, CausalLm* model, const DpRankLink* link, Env* env)
+DpFront::DpFront(Engine* local, CausalLm* model, DpRankLink* link, Env* env)
     : local_(local), model_(model), link_(link), env_(env) {}
+
+DpFront::DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env)
+    : link_(link), env_(env), first_piped_(0), limits_(limits), spread_(spread) {}
 
 DpFront::~DpFront() = default;
 
 Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback callback) {
     DSI_RETURN_IF_ERROR(sync_link());
+    if (local_ == nullptr && (request.mask != nullptr || request.export_kv)) {
+        return unimplemented(
+            "--ep: a grammar mask (response format) or a KV export needs the engine in the "
+            "process that serves the request, and the --ep front holds no model");
+    }
     // A grammar mask, n > 1 and a KV export keep their state in rank 0's process.
-    const bool any_rank =
-        !pipes_.empty() && request.sampling.n == 1 && request.mask == nullptr && !request.export_kv;
+    const bool any_rank = local_ == nullptr ? spread_
+                                            : !pipes_.empty() && request.sampling.n == 1 &&
+                                                  request.mask == nullptr && !request.export_kv;
     Running run;
     run.rank = balancer_.pick(any_rank);
     run.callback = std::move(callback);
     run.live = request.sampling.n;
     const RequestId id = next_id_++;
-    if (run.rank > 0) {
+    if (piped(run.rank)) {
         // The same checks the rank would make (same options): errors now, as one engine.
-        DSI_RETURN_IF_ERROR(local_->validate_request(request));
+        if (local_ != nullptr) {
+            DSI_RETURN_IF_ERROR(local_->validate_request(request));
+        } else {
+            RequestLimits limits = limits_;
+            const int64_t blocks = reports_[static_cast<size_t>(run.rank)].kv_blocks;
+            if (limits.num_pool_blocks < 0 && blocks > 0) limits.num_pool_blocks = blocks;
+            DSI_RETURN_IF_ERROR(validate_request(request, limits));
+        }
         ++remote_requests_;
+        if (request.sampling.n > 1) {
+            run.finished.assign(static_cast<size_t>(request.sampling.n), false);
+        }
         remote_prompt_tokens_ += static_cast<int64_t>(request.prompt.size());
         run.request = request;
     }
@@ -46,13 +70,12 @@ Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
                                  run.delivered.end());
     const int64_t kv_tokens =
         static_cast<int64_t>(request.prompt.size() + request.resume_output.size());
-    if (run.rank == 0) {
+    if (!piped(run.rank)) {
         DSI_ASSIGN_OR_RETURN(run.local_id,
                              local_->add_request(std::move(request), local_callback(id)));
     } else {
         // A send to a rank that just died fails; the failover re-runs the request.
-        Status s =
-            pipes_[static_cast<size_t>(run.rank - 1)]->send(dp_wire::encode_request(id, request));
+        Status s = pipe(run.rank).send(dp_wire::encode_request(id, request));
         if (!s.is_ok()) {
             DSI_LOG(kDebug) << "dp: rank " << run.rank << ": " << s.to_string();
         }
@@ -76,10 +99,13 @@ void DpFront::deliver(RequestId id, const TokenEvent& ev) {
     if (ev.token >= 0) {
         balancer_.on_token(run.rank);
         ++run.kv_tokens;
-        if (run.rank > 0) {
+        if (piped(run.rank)) {
             run.delivered.push_back(ev.token);
             ++remote_output_tokens_;
         }
+    }
+    if (ev.finished && static_cast<size_t>(ev.index) < run.finished.size()) {
+        run.finished[static_cast<size_t>(ev.index)] = true;
     }
     if (!ev.finished || --run.live > 0) {
         if (run.callback) run.callback(e);
@@ -87,7 +113,8 @@ void DpFront::deliver(RequestId id, const TokenEvent& ev) {
     }
     StreamCallback callback = std::move(run.callback);
     balancer_.on_finish(run.rank, run.kv_tokens);
-    if (run.rank > 0) {
+    if (piped(run.rank)) {
+        settle_until_ns_ = env_->now_ns() + kSettleNs;
         --num_remote_;
         ++remote_finished_;
         remote_cached_tokens_ += ev.cached_prompt_tokens;
@@ -100,10 +127,10 @@ Status DpFront::abort(RequestId id) {
     auto it = running_.find(id);
     if (it == running_.end()) return not_found("request " + std::to_string(id) + " is not live");
     Running& run = it->second;
-    if (run.rank == 0) return local_->abort(run.local_id);
+    if (!piped(run.rank)) return local_->abort(run.local_id);
     if (!run.abort_sent) {
         run.abort_sent = true;
-        Status s = pipes_[static_cast<size_t>(run.rank - 1)]->send(dp_wire::encode_abort(id));
+        Status s = pipe(run.rank).send(dp_wire::encode_abort(id));
         if (!s.is_ok()) {
             DSI_LOG(kDebug) << "dp: rank " << run.rank << ": " << s.to_string();
         }
@@ -127,29 +154,50 @@ Status DpFront::sync_link() {
             }
             for (const std::string& text : messages) {
                 Result<dp_wire::Message> m = dp_wire::decode(text);
-                if (m.is_ok()) DSI_RETURN_IF_ERROR(on_message(static_cast<int>(i + 1), *m));
+                if (m.is_ok()) {
+                    DSI_RETURN_IF_ERROR(on_message(static_cast<int>(i) + first_piped_, *m));
+                }
             }
         }
     }
     generation_ = now.generation;
     pipes_ = std::move(now.pipes);
-    const int num_ranks = static_cast<int>(pipes_.size()) + 1;
-    reports_.assign(static_cast<size_t>(num_ranks), dp_wire::RankLoad{});
+    const int ranks = num_ranks();
+    reports_.assign(static_cast<size_t>(ranks), dp_wire::RankLoad{});
     if (!restarted) {
-        balancer_ = DpBalancer(num_ranks);
+        balancer_ = DpBalancer(ranks);
         return Status::ok();
     }
-    balancer_.resize(num_ranks);
-    // S-DEPLOY: every request that ran on another rank is re-run on the healthy ranks.
+    ++failovers_;
+    group_stats_.reset();  // the old group's; the new rank 0 reports its own
+    balancer_.resize(ranks, /*keep_rank0=*/local_ != nullptr);
+    // S-DEPLOY: every request that ran on a lost rank is re-run on the healthy ranks.
     std::vector<RequestId> rerun;
     for (const auto& [id, run] : running_) {
-        if (run.rank > 0) rerun.push_back(id);
+        if (piped(run.rank)) rerun.push_back(id);
     }
     for (RequestId id : rerun) {
         Running& run = running_.at(id);
-        --num_remote_;
         // Its rank is gone and the resized balancer has forgotten its load.
         run.kv_tokens = 0;
+        --num_remote_;
+        if (run.request.sampling.n > 1 && !run.delivered.empty()) {
+            // Its completions cannot continue one by one: the unfinished ones end here.
+            StreamCallback callback = std::move(run.callback);
+            const std::vector<bool> finished = run.finished;
+            ++remote_finished_;
+            running_.erase(id);
+            for (size_t i = 0; i < finished.size(); ++i) {
+                if (finished[i] || !callback) continue;
+                TokenEvent failed;
+                failed.request_id = id;
+                failed.index = static_cast<int32_t>(i);
+                failed.finished = true;
+                failed.reason = FinishReason::kError;
+                callback(failed);
+            }
+            continue;
+        }
         const bool all_delivered =
             static_cast<int64_t>(run.request.resume_output.size() + run.delivered.size()) >=
             run.request.sampling.max_tokens;
@@ -165,13 +213,14 @@ Status DpFront::sync_link() {
             if (callback) callback(done);
             continue;
         }
-        run.rank = balancer_.pick(!pipes_.empty());
-        run.live = 1;
+        run.rank = balancer_.pick(local_ == nullptr ? spread_ : !pipes_.empty());
+        run.live = run.request.sampling.n;
+        run.finished.assign(run.finished.size(), false);
         ++reruns_;
-        if (run.rank == 0) ++remote_finished_;  // rank 0's engine counts it from now on
+        if (!piped(run.rank)) ++remote_finished_;  // rank 0's engine counts it from now on
         DSI_RETURN_IF_ERROR(start(id, run, run.request));
     }
-    DSI_LOG(kWarning) << "dp: the group restarted with " << num_ranks << " ranks; " << rerun.size()
+    DSI_LOG(kWarning) << "dp: the group restarted with " << ranks << " ranks; " << rerun.size()
                       << " requests of the lost ranks re-run";
     return Status::ok();
 }
@@ -200,21 +249,24 @@ Status DpFront::on_message(int rank, dp_wire::Message& m) {
         case dp_wire::Message::Kind::kLoad:
             if (static_cast<size_t>(rank) < reports_.size())
                 reports_[static_cast<size_t>(rank)] = m.load;
+            if (m.ep) group_stats_ = std::move(m.ep);
             return Status::ok();
         default:
             return internal_error("dp: rank " + std::to_string(rank) + " sent a rank-0 message");
     }
 }
 
-Status DpFront::poll_pipes() {
+Status DpFront::poll_pipes(bool* ended, bool* received) {
     for (size_t i = 0; i < pipes_.size(); ++i) {
-        comm::RankPipe& pipe = *pipes_[i];
-        (void)pipe.flush();  // a dead rank is the failover's business
+        comm::RankPipe& p = *pipes_[i];
+        if (!p.flush().is_ok()) *ended = true;  // a dead rank is the failover's business
         std::vector<std::string> messages;
-        DSI_RETURN_IF_ERROR(pipe.receive(messages).status());
+        DSI_ASSIGN_OR_RETURN(bool open, p.receive(messages));
+        if (!open) *ended = true;
+        if (!messages.empty()) *received = true;
         for (const std::string& text : messages) {
             DSI_ASSIGN_OR_RETURN(dp_wire::Message m, dp_wire::decode(text));
-            DSI_RETURN_IF_ERROR(on_message(static_cast<int>(i + 1), m));
+            DSI_RETURN_IF_ERROR(on_message(static_cast<int>(i) + first_piped_, m));
         }
     }
     return Status::ok();
@@ -222,15 +274,29 @@ Status DpFront::poll_pipes() {
 
 bool DpFront::settling() const {
     const std::span<const DpBalancer::RankLoad> loads = balancer_.loads();
-    for (size_t r = 1; r < reports_.size() && r < loads.size(); ++r) {
+    const bool freeing = settle_until_ns_ > 0 && env_->now_ns() < settle_until_ns_;
+    for (size_t r = static_cast<size_t>(first_piped_); r < reports_.size() && r < loads.size();
+         ++r) {
         if (reports_[r].running_seqs != loads[r].running_seqs) return true;
+        if (freeing && reports_[r].running_seqs == 0 && reports_[r].kv_blocks_used > 0) {
+            return true;
+        }
     }
     return false;
 }
 
 Status DpFront::step() {
     DSI_RETURN_IF_ERROR(sync_link());
-    DSI_RETURN_IF_ERROR(poll_pipes());
+    bool ended = false, received = false;
+    DSI_RETURN_IF_ERROR(poll_pipes(&ended, &received));
+    if (local_ == nullptr) {
+        // S-DEPLOY: a lost rank — rank 0 included — restarts the group; its requests
+        // are re-run at once (sync_link).
+        DSI_ASSIGN_OR_RETURN(bool restarted, link_->check_ranks(ended));
+        if (restarted) return sync_link();
+        if (!received) comm::RankPipe::wait_any_readable(pipes_, kFrontWaitNs);
+        return Status::ok();
+    }
     if (local_->has_work()) return local_->step();
     if (num_remote_ == 0 && !settling()) return Status::ok();
     // Requests run elsewhere: join the peers' forward passes (their MoE layers need this
@@ -261,28 +327,46 @@ Status DpFront::reset_ranks(bool async) {
         return failed_precondition("dp: reset_ranks while " + std::to_string(running_.size()) +
                                    " requests run");
     }
-    for (const std::shared_ptr<comm::RankPipe>& pipe : pipes_) {
-        DSI_RETURN_IF_ERROR(pipe->send(dp_wire::encode_reset(async)));
+    for (const std::shared_ptr<comm::RankPipe>& p : pipes_) {
+        DSI_RETURN_IF_ERROR(p->send(dp_wire::encode_reset(async)));
     }
     return Status::ok();
 }
 
-bool DpFront::has_work() const { return local_->has_work() || num_remote_ > 0 || settling(); }
+bool DpFront::has_work() const {
+    return (local_ != nullptr && local_->has_work()) || num_remote_ > 0 || settling();
+}
 
 EngineStats DpFront::stats() const {
-    EngineStats s = local_->stats();
+    EngineStats s;
+    if (local_ != nullptr) {
+        s = local_->stats();
+    } else {
+        // A front: the group's numbers come from rank 0's reports; the ranks now and the
+        // restarts are the front's own.
+        ExpertParallelStats& ep = s.expert_parallel.emplace();
+        if (group_stats_) ep = *group_stats_;
+        ep.num_ranks = num_ranks();
+        ep.failovers = failovers_;
+        for (size_t r = 0; r < reports_.size(); ++r) {
+            s.num_live_seqs += reports_[r].running_seqs;
+            s.pool.num_used += reports_[r].kv_blocks_used;
+            s.pool.num_blocks += reports_[r].kv_blocks;
+        }
+    }
     s.num_requests += remote_requests_;
     s.num_finished += remote_finished_;
     s.prompt_tokens += remote_prompt_tokens_;
     s.cached_prompt_tokens += remote_cached_tokens_;
     s.output_tokens += remote_output_tokens_;
     s.dp_reruns = reruns_;
+    if (!spread_) return s;  // --ep-attention rank0: no per-rank spread to show
     const std::span<const DpBalancer::RankLoad> loads = balancer_.loads();
     s.dp_ranks.resize(loads.size());
     for (size_t r = 0; r < loads.size(); ++r) {
         EngineStats::DpRank& d = s.dp_ranks[r];
         d.requests = loads[r].requests;
-        if (r == 0) {
+        if (!piped(static_cast<int>(r))) {
             d.running_seqs = s.num_live_seqs;
             d.kv_blocks_used = s.pool.num_used;
             d.kv_blocks = s.pool.num_blocks;
@@ -296,16 +380,21 @@ EngineStats DpFront::stats() const {
 }
 
 Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, Env* env,
-                   const ResetEngine& reset_engine) {
+                   const ResetEngine& reset_engine, bool report_group_stats) {
     (void)env;
     Engine* engine = &first_engine;
-    std::unordered_map<RequestId, RequestId> engine_id;  // front id -> this engine's id
-    bool ended = false;                                  // rank 0 sent the end, or is gone
+    struct Local {
+        RequestId id = 0;  // this engine's
+        int32_t live = 1;  // completions not finished (n)
+    };
+    std::unordered_map<RequestId, Local> engine_id;  // by front id
+    bool ended = false;                              // rank 0 sent the end, or is gone
     auto send = [&](const std::string& message) {
         if (!pipe.send(message).is_ok()) ended = true;  // rank 0 is gone
     };
     dp_wire::RankLoad reported{-1, -1, -1};
-    bool changed = true;  // report the load at the start
+    int64_t reported_steps = -1;  // report_group_stats: the group steps last reported
+    bool changed = true;          // report the load at the start
     for (;;) {
         std::vector<std::string> messages;
         DSI_ASSIGN_OR_RETURN(bool open, pipe.receive(messages));
@@ -316,13 +405,17 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
             const RequestId front_id = m.id;
             switch (m.kind) {
                 case dp_wire::Message::Kind::kRequest: {
+                    const int32_t n = m.request.sampling.n;
                     Result<RequestId> id = engine->add_request(
                         std::move(m.request), [&, front_id](const TokenEvent& ev) {
                             send(dp_wire::encode_event(front_id, ev));
-                            if (ev.finished) engine_id.erase(front_id);  // n = 1 here
+                            auto it = engine_id.find(front_id);
+                            if (ev.finished && it != engine_id.end() && --it->second.live <= 0) {
+                                engine_id.erase(it);
+                            }
                         });
                     if (id.is_ok()) {
-                        engine_id[front_id] = *id;
+                        engine_id[front_id] = {*id, n};
                     } else {
                         send(dp_wire::encode_error(front_id, id.status()));
                     }
@@ -331,7 +424,7 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
                 case dp_wire::Message::Kind::kAbort: {
                     auto it = engine_id.find(front_id);
                     if (it != engine_id.end()) {
-                        const RequestId id = it->second;  // the abort's callback erases it
+                        const RequestId id = it->second.id;  // the abort's callback erases it
                         (void)engine->abort(id);
                     }
                     break;
@@ -360,9 +453,13 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
         if (changed) {
             const EngineStats st = engine->stats();
             const dp_wire::RankLoad load{st.num_live_seqs, st.pool.num_used, st.pool.num_blocks};
-            if (!(load == reported)) {
-                send(dp_wire::encode_load(load));
+            std::optional<ExpertParallelStats> group;
+            if (report_group_stats) group = model.expert_parallel_stats(1);
+            const bool group_changed = group && group->steps != reported_steps;
+            if (!(load == reported) || group_changed) {
+                send(dp_wire::encode_load(load, group ? &*group : nullptr));
                 reported = load;
+                if (group) reported_steps = group->steps;
             }
             changed = false;
         }
@@ -375,13 +472,17 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
         DSI_ASSIGN_OR_RETURN(CausalLm::GroupStep step, model.group_idle_step(ended));
         switch (step) {
             case CausalLm::GroupStep::kNotGrouped:
-                return failed_precondition("dp: this rank's model is not in a group");
+                // The group shrank to this rank (a failover): it runs its requests alone.
+                if (ended) return Status::ok();
+                pipe.wait_readable(kAllIdlePauseNs);
+                break;
             case CausalLm::GroupStep::kStopped:
                 return Status::ok();
             case CausalLm::GroupStep::kAllIdle:
                 pipe.wait_readable(kAllIdlePauseNs);
                 break;
             case CausalLm::GroupStep::kJoinedPeers:
+                changed = changed || report_group_stats;  // the group stepped
                 break;
         }
     }

@@ -19,15 +19,24 @@
 // sums a token's experts in fixed k order on its home rank, sampling is keyed by (seed,
 // position); a request's tokens and logprobs are bitwise those one process gives.
 //
-// EP failover (S-DEPLOY): when a rank dies, rank 0's model restarts the group with the
-// healthy ranks (apps/ ep_launch: new processes, new pipes, a new generation of the
-// DpRankLink); the ranks of the old group are gone with their sequences. At its next
-// step DpFront reads what the old pipes still hold (events sent before the end), then
-// re-runs every request that was on another rank: as a continuation
+// A front with no model (`serve` / `generate --ep N`, docs/comm.md "Rank 0's death"):
+// the process the user started holds no weights; every rank, rank 0 included, is a
+// started process with a pipe, and DpFront (constructed without a local engine) sends
+// every request over one. Any rank may then die without taking the requests with it.
+//
+// EP failover (S-DEPLOY). With a front: a pipe that ends or a rank process that exits
+// makes the front ask the link to restart the group (DpRankLink::check_ranks: the
+// launcher reaps the old ranks, sizes the new group with the healthy ones and starts it:
+// a new generation); without one (bench offline), rank 0's model restarts the group when a
+// rank dies. Either way the ranks of the old group are gone with their sequences. At its
+// next step DpFront reads what the old pipes still hold (events sent before the end),
+// then re-runs every request that was on a lost rank: as a continuation
 // (GenerateRequest::resume_output = the tokens already delivered), so the tokens that
 // follow are those the first run would have given and nothing is sent twice or lost.
 // Requests that must stay on rank 0 (a grammar mask, n > 1, KV export: their state does
-// not travel) run there; so do all requests when the group has one rank.
+// not travel) run there; so do all requests when the group has one rank. A front refuses
+// the first and last (UNIMPLEMENTED); an n > 1 request goes to one rank and is re-run
+// only while none of its tokens was delivered (else its completions end with kError).
 //
 // Thread model: DpFront is used by one owner thread (Engine's contract); the link may be
 // changed by the thread that runs rank 0's forward passes (the failover), hence its
@@ -37,6 +46,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <unordered_map>
 #include <vector>
 
@@ -50,25 +60,39 @@
 
 namespace dsi::engine {
 
-// The pipes to the group's other ranks, as the launcher (apps/) keeps them.
+// The pipes to the group's ranks, as the launcher (apps/) keeps them.
 class DpRankLink {
 public:
     struct Ranks {
         int64_t generation = 0;  // bumped at every group restart
-        // Rank r's pipe at [r - 1]. shared_ptr: the launcher and the front both hold the
-        // pipes of a generation; the front still reads the old ones after a restart.
+        // Rank r's pipe at [r - 1] (a front's rank r at [r]). shared_ptr: the launcher
+        // and the front both hold the pipes of a generation; the front still reads the
+        // old ones after a restart.
         std::vector<std::shared_ptr<comm::RankPipe>> pipes;
     };
     virtual ~DpRankLink() = default;
     // Any thread.
     virtual Ranks current() const = 0;
+    // A front's step (its thread): whether a rank is lost — `pipe_ended` (a pipe reached
+    // its end), or a rank process that exited. If so the link restarts the group with the
+    // healthy ranks (a new generation; true), or fails with UNAVAILABLE naming the rank
+    // (failover off, or no healthy rank). false: every rank is running.
+    virtual Result<bool> check_ranks(bool pipe_ended) {
+        (void)pipe_ended;
+        return false;
+    }
 };
 
 class DpFront final : public StepEngine {
 public:
     // REQUIRES: `local` runs over `model` (rank 0 of the group), everything outlives the
     // front, and nobody else uses `local`.
-    DpFront(Engine* local, CausalLm* model, const DpRankLink* link, Env* env);
+    DpFront(Engine* local, CausalLm* model, DpRankLink* link, Env* env);
+    // A front with no model: every rank (rank 0 included) behind a pipe of `link`.
+    // `limits`: the checks the ranks' engines make (num_pool_blocks -1: taken from the
+    // ranks' load reports once they arrive). `spread`: requests over all ranks (the
+    // balancer), or all on rank 0 (--ep-attention rank0; no per-rank stats then).
+    DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env);
     ~DpFront() override;
 
     Result<RequestId> add_request(GenerateRequest request, StreamCallback callback) override;
@@ -94,12 +118,17 @@ private:
         StreamCallback callback;
         int32_t live = 1;                // completions not finished (n)
         std::vector<int32_t> delivered;  // tokens relayed (another rank)
+        std::vector<bool> finished;      // per completion (n > 1 on another rank)
         int64_t kv_tokens = 0;           // counted in the balancer
         bool abort_sent = false;
     };
     // Relays the events of a restarted group's old ranks, then re-runs their requests.
     Status sync_link();
-    Status poll_pipes();
+    // Relays every pipe's events; `ended`: a pipe reached its end (a rank died).
+    Status poll_pipes(bool* ended, bool* received);
+    bool piped(int rank) const { return rank >= first_piped_; }
+    comm::RankPipe& pipe(int rank) { return *pipes_[static_cast<size_t>(rank - first_piped_)]; }
+    int num_ranks() const { return static_cast<int>(pipes_.size()) + first_piped_; }
     Status on_message(int rank, dp_wire::Message& m);
     // Runs `request` (run.request or the added one) on run.rank, continuing after the
     // tokens already delivered.
@@ -110,12 +139,21 @@ private:
     // A rank's last load report does not show the sequences rank 0 knows run there yet
     // (a finish or a start not reported): keep stepping (and joining the group, where a
     // dead rank is seen) until it does, so /metrics shows every rank's KV as it is.
+    // Also, for a short while after a finish on another rank, while a rank that runs
+    // nothing still reports KV blocks in use (an async engine frees them a step later).
     bool settling() const;
 
-    Engine* local_;
-    CausalLm* model_;
-    const DpRankLink* link_;
+    Engine* local_ = nullptr;  // null: a front with no model
+    CausalLm* model_ = nullptr;
+    DpRankLink* link_;
     Env* env_;
+    int first_piped_ = 1;   // the first rank behind a pipe: 0 for a front
+    RequestLimits limits_;  // a front's request checks
+    bool spread_ = true;
+    // Until when settling() waits for freed KV blocks (a finish on another rank).
+    int64_t settle_until_ns_ = 0;
+    int64_t failovers_ = 0;                           // a front's group restarts
+    std::optional<ExpertParallelStats> group_stats_;  // a front's, from rank 0's reports
     int64_t generation_ = -1;
     std::vector<std::shared_ptr<comm::RankPipe>> pipes_;
     std::vector<dp_wire::RankLoad> reports_;  // [num ranks], index 0 unused
@@ -136,7 +174,10 @@ using ResetEngine = std::function<Result<Engine*>(bool async)>;
 // until rank 0 sends the end (or is gone) and every rank has left. Errors: the group's
 // (UNAVAILABLE when a peer died), a broken pipe message (INTERNAL; also a reset while a
 // request runs, or without `reset_engine`). REQUIRES: `engine` runs over `model`.
+// `report_group_stats` (rank 0 of a front's group): its load reports carry the group's
+// ExpertParallelStats after every group step (the front has no model to ask). A rank
+// whose group shrank to itself (no group) runs its requests alone.
 Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* env,
-                   const ResetEngine& reset_engine = nullptr);
+                   const ResetEngine& reset_engine = nullptr, bool report_group_stats = false);
 
 }  // namespace dsi::engine

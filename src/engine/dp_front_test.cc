@@ -6,6 +6,9 @@
 #include "engine/dp_front.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -46,6 +49,14 @@ TEST(DpBalancerTest, FewestSequencesThenFewestKvTokensThenLowestRank) {
     ASSERT_EQ(b.num_ranks(), 2);
     EXPECT_EQ(b.loads()[0].requests, 1);
     EXPECT_EQ(b.loads()[1].running_seqs, 0);
+    // A front's failover: rank 0 is a lost process too; the ranks that stay keep their
+    // requests count only.
+    b.on_start(0, 30);
+    b.resize(1, /*keep_rank0=*/false);
+    ASSERT_EQ(b.num_ranks(), 1);
+    EXPECT_EQ(b.loads()[0].requests, 2);
+    EXPECT_EQ(b.loads()[0].running_seqs, 0);
+    EXPECT_EQ(b.loads()[0].kv_tokens, 0);
 }
 
 TEST(DpWireTest, ARequestWithEveryFieldRoundTrips) {
@@ -134,6 +145,30 @@ TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
     m = dp_wire::decode(dp_wire::encode_load({3, 12, 64}));
     ASSERT_TRUE(m.is_ok());
     EXPECT_EQ(m->load, (dp_wire::RankLoad{3, 12, 64}));
+    EXPECT_FALSE(m->ep.has_value());
+    // A front's rank 0 adds the group's stats (the front has no model to ask).
+    ExpertParallelStats ep;
+    ep.num_ranks = 3;
+    ep.failovers = 1;
+    ep.steps = 41;
+    ep.placement_changes = 2;
+    ep.rank_rows = {10, 20, 30};
+    ep.windows = {{40, 2, 1.25, 1.03125}};
+    ep.placed_moe_lb = 1.03125;
+    m = dp_wire::decode(dp_wire::encode_load({1, 2, 64}, &ep));
+    ASSERT_TRUE(m.is_ok());
+    ASSERT_TRUE(m->ep.has_value());
+    EXPECT_EQ(m->ep->num_ranks, 3);
+    EXPECT_EQ(m->ep->failovers, 1);
+    EXPECT_EQ(m->ep->steps, 41);
+    EXPECT_EQ(m->ep->placement_changes, 2);
+    EXPECT_EQ(m->ep->rank_rows, ep.rank_rows);
+    ASSERT_EQ(m->ep->windows.size(), 1u);
+    EXPECT_EQ(m->ep->windows[0].end_step, 40);
+    EXPECT_EQ(m->ep->windows[0].placement, 2);
+    EXPECT_EQ(m->ep->windows[0].moe_lb, 1.25);
+    EXPECT_EQ(m->ep->windows[0].placed_moe_lb, 1.03125);
+    EXPECT_EQ(m->ep->placed_moe_lb, 1.03125);
     EXPECT_EQ(dp_wire::decode(dp_wire::encode_abort(9))->id, 9);
     EXPECT_EQ(dp_wire::decode(dp_wire::encode_end())->kind, dp_wire::Message::Kind::kEnd);
     for (bool async : {false, true}) {
@@ -347,6 +382,140 @@ TEST_P(DpFrontTest, RequestsSpreadOverTheRanksGetOneEnginesTokensBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DpFrontTest, ::testing::Values(2, 4));
+
+// A front with no model (serve / generate --ep): every rank, rank 0 included, is a forked
+// process behind a pipe; the link restarts the group with the healthy ranks when one is
+// lost, as apps/ ep_launch does (a rank whose group broke under it exits with 13 here).
+struct ForkingLink final : DpRankLink {
+    std::string name;
+    std::vector<pid_t> pids;
+    std::vector<std::shared_ptr<comm::RankPipe>> pipes;
+    int64_t generation = 0;
+    int restarts = 0;
+    int last_healthy = 0;
+
+    Ranks current() const override { return {generation, pipes}; }
+    void start(int ranks, const std::string& group) {
+        name = group;
+        pids.clear();
+        pipes.clear();
+        for (int r = 0; r < ranks; ++r) {
+            comm::RankPipe::Pair p = comm::RankPipe::create_pair().value();
+            const pid_t pid = ::fork();
+            DSI_CHECK(pid >= 0, "fork");
+            if (pid == 0) ::_exit(serving_rank(group, r, ranks, p.child_fd));
+            ::close(p.child_fd);
+            pids.push_back(pid);
+            pipes.push_back(std::move(p.parent));
+        }
+    }
+    Result<bool> check_ranks(bool pipe_ended) override {
+        bool lost = pipe_ended;
+        for (pid_t pid : pids) {
+            siginfo_t info{};
+            lost = lost || (::waitid(P_PID, static_cast<id_t>(pid), &info,
+                                     WEXITED | WNOHANG | WNOWAIT) == 0 &&
+                            info.si_pid == pid);
+        }
+        if (!lost) return false;
+        last_healthy = 0;
+        for (pid_t pid : pids) {
+            int status = 0;
+            if (::waitpid(pid, &status, 0) == pid && WIFEXITED(status)) ++last_healthy;
+        }
+        ++restarts;
+        start(last_healthy, name + "-f" + std::to_string(restarts));
+        ++generation;
+        return true;
+    }
+    // The end: every rank leaves once idle and exits 0.
+    bool finish() {
+        for (const auto& pipe : pipes) (void)pipe->send(dp_wire::encode_end());
+        for (const auto& pipe : pipes) {
+            while (pipe->has_pending_output() && pipe->flush().is_ok()) ::usleep(1000);
+        }
+        bool ok = true;
+        for (pid_t pid : pids) {
+            int status = 0;
+            ok = ::waitpid(pid, &status, 0) == pid && WIFEXITED(status) &&
+                 WEXITSTATUS(status) == 0 && ok;
+        }
+        return ok;
+    }
+};
+
+struct AllowAll : TokenMaskProvider {
+    void fill(std::span<const int32_t>, TokenMask&) override {}
+};
+
+TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
+    constexpr int kRanks = 3;
+    constexpr int kFrontRequests = 3;  // one per rank
+    auto request_of = [](int i) {
+        GenerateRequest r = request(i);
+        r.sampling.max_tokens = 30;
+        return r;
+    };
+    ModelConfig config = synthetic_preset("tiny-v3").value();
+    const RequestLimits limits{512, config.max_position_embeddings, -1, false};
+    ForkingLink link;
+    link.start(kRanks, unique_group());
+    DpFront front(&link, limits, /*spread=*/true, Env::default_env());
+    // The ranks' checks, made by the front with no engine: at once, as one engine.
+    GenerateRequest bad = request_of(0);
+    bad.prompt.push_back(512);
+    EXPECT_EQ(front.add_request(bad, nullptr).status().code(), StatusCode::kInvalidArgument);
+    bad = request_of(0);
+    bad.mask = std::make_shared<AllowAll>();
+    EXPECT_EQ(front.add_request(bad, nullptr).status().code(), StatusCode::kUnimplemented);
+
+    auto res = std::make_unique<Results>();
+    std::memset(res.get(), 0, sizeof(Results));
+    for (int i = 0; i < kFrontRequests; ++i) {
+        Result<RequestId> id = front.add_request(request_of(i), recorder(res.get(), i));
+        ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+        EXPECT_EQ(front.rank_of(*id), i);
+    }
+    const pid_t rank0 = link.pids[0];
+    bool killed = false;
+    while (front.has_work()) {
+        Status s = front.step();
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        if (!killed && res->num_tokens[0] >= 5) {
+            ASSERT_LT(res->num_tokens[0], 30);  // killed mid-stream
+            ::kill(rank0, SIGKILL);
+            killed = true;
+        }
+    }
+    ASSERT_TRUE(killed);
+    EXPECT_EQ(link.restarts, 1);
+    EXPECT_EQ(link.last_healthy, kRanks - 1);
+    const EngineStats st = front.stats();
+    ASSERT_TRUE(st.expert_parallel.has_value());
+    EXPECT_EQ(st.expert_parallel->num_ranks, kRanks - 1);
+    EXPECT_EQ(st.expert_parallel->failovers, 1);
+    EXPECT_GE(st.dp_reruns, 1);
+    EXPECT_EQ(st.num_finished, kFrontRequests);
+    EXPECT_TRUE(link.finish());
+
+    // One engine, the whole model, the same requests: the same tokens, bitwise.
+    auto ref = std::make_unique<Results>();
+    std::memset(ref.get(), 0, sizeof(Results));
+    auto one = Engine::create(&shared_model(), rank_options(), Env::default_env()).value();
+    for (int i = 0; i < kFrontRequests; ++i) {
+        ASSERT_TRUE(one->add_request(request_of(i), recorder(ref.get(), i)).is_ok());
+    }
+    ASSERT_TRUE(one->run().is_ok());
+    for (int i = 0; i < kFrontRequests; ++i) {
+        ASSERT_EQ(res->num_tokens[i], 30) << "request " << i;
+        ASSERT_EQ(ref->num_tokens[i], 30);
+        for (int t = 0; t < 30; ++t) {
+            EXPECT_EQ(res->tokens[i][t], ref->tokens[i][t]) << "request " << i << " token " << t;
+            EXPECT_EQ(res->logprob_bits[i][t], ref->logprob_bits[i][t]) << "request " << i;
+        }
+        EXPECT_EQ(res->reason[i], static_cast<int32_t>(FinishReason::kLength));
+    }
+}
 
 }  // namespace
 }  // namespace dsi::engine

@@ -93,11 +93,22 @@ std::string encode_error(RequestId id, const Status& error) {
                  {"msg", error.message()}});
 }
 
-std::string encode_load(const RankLoad& l) {
-    return pack({{"t", "load"},
-                 {"running", l.running_seqs},
-                 {"used", l.kv_blocks_used},
-                 {"blocks", l.kv_blocks}});
+std::string encode_load(const RankLoad& l, const ExpertParallelStats* ep) {
+    json j = {{"t", "load"},
+              {"running", l.running_seqs},
+              {"used", l.kv_blocks_used},
+              {"blocks", l.kv_blocks}};
+    if (ep != nullptr) {
+        json windows = json::array();
+        for (const ExpertParallelStats::Window& w : ep->windows) {
+            windows.push_back({w.end_step, w.placement, w.moe_lb, w.placed_moe_lb});
+        }
+        j["ep"] = {{"ranks", ep->num_ranks},     {"failovers", ep->failovers},
+                   {"steps", ep->steps},         {"changes", ep->placement_changes},
+                   {"rows", ep->rank_rows},      {"windows", std::move(windows)},
+                   {"placed", ep->placed_moe_lb}};
+    }
+    return pack(j);
 }
 
 Result<Message> decode(const std::string& text) {
@@ -153,6 +164,20 @@ Result<Message> decode(const std::string& text) {
             m.load.running_seqs = j.at("running").get<int64_t>();
             m.load.kv_blocks_used = j.at("used").get<int64_t>();
             m.load.kv_blocks = j.at("blocks").get<int64_t>();
+            if (j.contains("ep")) {
+                const json& e = j.at("ep");
+                ExpertParallelStats& ep = m.ep.emplace();
+                ep.num_ranks = e.at("ranks").get<int>();
+                ep.failovers = e.at("failovers").get<int64_t>();
+                ep.steps = e.at("steps").get<int64_t>();
+                ep.placement_changes = e.at("changes").get<int64_t>();
+                ep.rank_rows = e.at("rows").get<std::vector<int64_t>>();
+                for (const json& w : e.at("windows")) {
+                    ep.windows.push_back({w.at(0).get<int64_t>(), w.at(1).get<int64_t>(),
+                                          w.at(2).get<double>(), w.at(3).get<double>()});
+                }
+                ep.placed_moe_lb = e.at("placed").get<double>();
+            }
         } else {
             return invalid_argument("dp message: unknown kind '" + t + "'");
         }

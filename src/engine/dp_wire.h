@@ -1,26 +1,31 @@
-// The messages between rank 0's DpFront and the ranks of its --ep group (attention data
-// parallelism, issue 19; engine/dp_front.h). One object per comm::RankPipe message, in
-// MessagePack (nlohmann::json::to_msgpack: bytes of text travel as they are, floats as
-// IEEE doubles, so logprobs arrive bitwise and -inf survives),
-// its kind in "t":
-//   rank 0 -> rank r   "req"   {id, request}   run this request (front id)
+// The messages between the DpFront (the --ep front, or rank 0 itself) and the ranks of its
+// --ep group (attention data parallelism, issue 19; engine/dp_front.h). One object per
+// comm::RankPipe message, in MessagePack (nlohmann::json::to_msgpack: bytes of text travel
+// as they are, floats as IEEE doubles, so logprobs arrive bitwise and -inf survives), its
+// kind in "t":
+//   front -> rank r    "req"   {id, request}   run this request (front id)
 //                      "abort" {id}            abort it (its finish event follows)
 //                      "end"   {}              no more requests: leave when idle
 //                      "reset" {async}         start a fresh engine (empty prefix cache,
 //                                              the async step loop on or off); sent only
 //                                              while no request runs there (benchmarks)
-//   rank r -> rank 0   "ev"    {id, event}     one TokenEvent of request id
+//   rank r -> front    "ev"    {id, event}     one TokenEvent of request id
 //                      "err"   {id, code, msg} add_request refused it (nothing ran)
-//                      "load"  {running, used, blocks}  the rank's sequences and KV
-//                                              blocks in use, sent when they change
-// Every GenerateRequest field travels except the ones a request that may leave rank 0
-// cannot have (mask, export_kv: DpFront keeps those requests on rank 0) and deadline_ns is
+//                      "load"  {running, used, blocks[, ep]}  the rank's sequences and
+//                                              KV blocks in use, sent when they change;
+//                                              `ep`: the group's ExpertParallelStats
+//                                              (rank 0 of a front with no model, after
+//                                              every group step: /metrics)
+// Every GenerateRequest field travels except the ones a request that may leave the front's
+// process cannot have (mask, export_kv: DpFront keeps those requests on rank 0's own
+// engine, or refuses them when it has none) and deadline_ns is
 // passed as is (Env clocks are CLOCK_MONOTONIC, one per host). A field added to
 // GenerateRequest or SamplingParams must be added here: dp_front_test round-trips a
 // request with every field set.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,7 +50,8 @@ struct Message {
     std::vector<std::pair<int32_t, float>> top_logprobs;
     Status error;
     RankLoad load;
-    bool async = true;  // kReset
+    std::optional<ExpertParallelStats> ep;  // kLoad
+    bool async = true;                      // kReset
 };
 
 std::string encode_request(RequestId id, const GenerateRequest& request);
@@ -54,7 +60,7 @@ std::string encode_end();
 std::string encode_reset(bool async);
 std::string encode_event(RequestId id, const TokenEvent& event);
 std::string encode_error(RequestId id, const Status& error);
-std::string encode_load(const RankLoad& load);
+std::string encode_load(const RankLoad& load, const ExpertParallelStats* ep = nullptr);
 // INVALID_ARGUMENT on a message that is not one of the above.
 Result<Message> decode(const std::string& text);
 

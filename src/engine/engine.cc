@@ -799,17 +799,25 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Engine::~Engine() = default;
 
-Status Engine::validate_request(const GenerateRequest& request) const {
+RequestLimits Engine::request_limits() const {
     const Impl& m = *impl_;
+    return {m.vocab, m.max_model_len, m.cache->num_pool_blocks(), m.options.tokenizer != nullptr};
+}
+
+Status Engine::validate_request(const GenerateRequest& request) const {
+    return engine::validate_request(request, request_limits());
+}
+
+Status validate_request(const GenerateRequest& request, const RequestLimits& limits) {
     if (request.prompt.empty()) return invalid_argument("prompt is empty");
     for (int32_t t : request.prompt) {
-        if (t < 0 || t >= m.vocab) {
+        if (t < 0 || t >= limits.vocab) {
             return invalid_argument("prompt token id " + std::to_string(t) +
                                     " outside the vocabulary");
         }
     }
-    DSI_RETURN_IF_ERROR(validate_sampling(request.sampling, m.vocab));
-    if (!request.sampling.stop.empty() && m.options.tokenizer == nullptr) {
+    DSI_RETURN_IF_ERROR(validate_sampling(request.sampling, limits.vocab));
+    if (!request.sampling.stop.empty() && !limits.has_tokenizer) {
         return invalid_argument("stop strings need the engine to have a tokenizer");
     }
     if (request.deadline_ns < 0) return invalid_argument("deadline must be >= 0");
@@ -819,23 +827,23 @@ Status Engine::validate_request(const GenerateRequest& request) const {
             return invalid_argument("resume_output must be shorter than max_tokens");
         }
         for (int32_t t : request.resume_output) {
-            if (t < 0 || t >= m.vocab) {
+            if (t < 0 || t >= limits.vocab) {
                 return invalid_argument("resume_output token id " + std::to_string(t) +
                                         " outside the vocabulary");
             }
         }
     }
     const int64_t len = static_cast<int64_t>(request.prompt.size()) + request.sampling.max_tokens;
-    if (len > m.max_model_len) {
+    if (len > limits.max_model_len) {
         return out_of_range("prompt (" + std::to_string(request.prompt.size()) +
                             " tokens) + max_tokens (" +
                             std::to_string(request.sampling.max_tokens) +
-                            ") exceeds the model length " + std::to_string(m.max_model_len));
+                            ") exceeds the model length " + std::to_string(limits.max_model_len));
     }
-    if (blocks_for_tokens(len) > m.cache->num_pool_blocks()) {
+    if (limits.num_pool_blocks >= 0 && blocks_for_tokens(len) > limits.num_pool_blocks) {
         return resource_exhausted("request needs " + std::to_string(blocks_for_tokens(len)) +
                                   " KV blocks; the pool has " +
-                                  std::to_string(m.cache->num_pool_blocks()));
+                                  std::to_string(limits.num_pool_blocks));
     }
     return Status::ok();
 }

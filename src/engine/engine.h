@@ -360,6 +360,18 @@ public:
     virtual EngineStats stats() const = 0;
 };
 
+// What add_request checks a request against (Engine::validate_request). A front with
+// no model (engine/dp_front.h) checks the requests it sends to its ranks with the same
+// rules: every rank has the same options.
+struct RequestLimits {
+    int64_t vocab = 0;
+    int64_t max_model_len = 0;
+    int64_t num_pool_blocks = -1;  // -1: not known (the pool check is left to the engine)
+    bool has_tokenizer = false;    // stop strings need one
+};
+// The errors of Engine::add_request below for `limits`.
+Status validate_request(const GenerateRequest& request, const RequestLimits& limits);
+
 class Engine final : public StepEngine {
 public:
     // REQUIRES: model and env outlive the engine.
@@ -374,6 +386,7 @@ public:
     // data-parallel group has the same options, so rank 0 checks a request it sends to
     // another rank here and refuses it at once (engine/dp_front.h).
     Status validate_request(const GenerateRequest& request) const;
+    RequestLimits request_limits() const;
     // Finishes the request now (callback gets a finish event with kAbort) and frees
     // its blocks. NOT_FOUND if unknown or already finished.
     Status abort(RequestId id) override;

