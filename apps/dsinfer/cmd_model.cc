@@ -225,6 +225,11 @@ int run_generate(const GenerateFlags& f) {
         front = std::make_unique<engine::DpFront>(ep->dp_link(), ep->front_limits(**replica),
                                                   ep->spread(), env);
         eng = front.get();
+    } else if (engine::DpRankLink* link = ep->dp_link()) {
+        // --ep-front off with --ep-attention dp: rank 0 (this process) spreads the prompts.
+        front = std::make_unique<engine::DpFront>((*replica)->engine(), (*replica)->model(),
+                                                  link, env);
+        eng = front.get();
     }
     const bool stream = !f.prompt.empty();
     if (stream) std::fputs(f.prompt.c_str(), stdout);

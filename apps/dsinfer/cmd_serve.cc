@@ -172,10 +172,10 @@ int run_serve(const ServeFlags& f) {
     if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
     // --ep N: this process serves HTTP as a front with no model; the N ranks it starts run
     // the requests (ep_launch.h).
-    if (f.ep.ep > 1 && f.ep.group.empty() && !f.role.empty()) {
+    if (f.ep.ep > 1 && f.ep.group.empty() && !f.role.empty() && f.ep.front == "on") {
         return fail(invalid_argument(
-            "--ep does not run with --role yet (the KV hand-over needs the engine in the "
-            "serving process)"));
+            "--ep does not run with --role and --ep-front on (the KV hand-over needs the "
+            "engine in the serving process): use --ep-front off"));
     }
     Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/true,
                                           /*front=*/true);
@@ -215,6 +215,10 @@ int run_serve(const ServeFlags& f) {
     if (ep->front()) {
         front = std::make_unique<engine::DpFront>(ep->dp_link(), ep->front_limits(rep),
                                                   ep->spread(), env);
+        stepped = front.get();
+    } else if (engine::DpRankLink* link = ep->dp_link()) {
+        // --ep-front off with --ep-attention dp: rank 0 (this process) spreads the requests.
+        front = std::make_unique<engine::DpFront>(rep.engine(), rep.model(), link, env);
         stepped = front.get();
     }
     auto engine_service = std::make_unique<server::EngineService>(stepped);

@@ -189,6 +189,11 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep-failover", f->failover,
                 "on | off: when an --ep rank dies (rank 0 included), restart the group with "
                 "the healthy ranks and re-run its requests (S-DEPLOY), or fail");
+    add_setting(cmd, "--ep-front", f->front,
+                "on | off (serve, generate): the started process is a front with no model "
+                "and every rank's death is survived, or it is rank 0 with its model (needed "
+                "for response formats and KV export under --ep; rank 0's death then ends "
+                "the instance)");
     add_setting(cmd, "--ep-numa", f->numa,
                 "off | auto | on: pin each --ep rank to a NUMA node's CPUs (ranks in blocks "
                 "over the nodes, a node's CPUs split among its ranks) and prefer that node's "
@@ -277,12 +282,15 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     if (f.failover != "on" && f.failover != "off") {
         return invalid_argument("--ep-failover must be on or off, not '" + f.failover + "'");
     }
+    if (f.front != "on" && f.front != "off") {
+        return invalid_argument("--ep-front must be on or off, not '" + f.front + "'");
+    }
     if (f.attention != "dp" && f.attention != "rank0") {
         return invalid_argument("--ep-attention must be dp or rank0, not '" + f.attention + "'");
     }
     // A front keeps its model options unset: it has no model.
     ExpertParallelOptions front_ep;
-    const bool is_front = front && !started;
+    const bool is_front = front && f.front == "on" && !started;
     ExpertParallelOptions& ep = is_front ? front_ep : o.expert_parallel;
     ep.num_ranks = started && f.ranks_now > 0 ? f.ranks_now : f.ep;
     ep.rank = f.rank;

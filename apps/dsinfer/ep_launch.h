@@ -51,6 +51,10 @@ struct EpFlags {
     // restart the group with the healthy ranks and re-run its requests (nothing lost);
     // off: the instance fails.
     std::string failover = "on";
+    // serve / generate: on — the started process is a front with no model (any rank's
+    // death, rank 0's included, is survived); off — the started process is rank 0 with its
+    // model (response formats and KV export run there; rank 0's death ends the instance).
+    std::string front = "on";
     int ranks_now = 0;  // hidden: the group size of a restarted group's started ranks
     // NUMA pinning (comm/numa_pinning.h): off | auto | on; a faked topology for tests.
     std::string numa = "auto";

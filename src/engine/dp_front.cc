@@ -31,7 +31,8 @@ Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback c
     if (local_ == nullptr && (request.mask != nullptr || request.export_kv)) {
         return unimplemented(
             "--ep: a grammar mask (response format) or a KV export needs the engine in the "
-            "process that serves the request, and the --ep front holds no model");
+            "process that serves the request, and the --ep front holds no model (start "
+            "the server with --ep-front off to serve them from rank 0)");
     }
     // A grammar mask, n > 1 and a KV export keep their state in rank 0's process.
     const bool any_rank = local_ == nullptr ? spread_

@@ -22,5 +22,36 @@ source "$src/tests/cli/ep_lib.sh"
 # serve --ep 3: three concurrent requests (one per rank); rank 0 killed -9 once the group
 # has stepped a little (the front maps no weights, rank 0 does).
 serve_failover 0 3
+# A response format needs the engine in the serving process: the front refuses it with 501
+# naming --ep-front off, and with --ep-front off (rank 0 serves, holding its model) it runs.
+json_format() {
+    local name=$1 port=""
+    shift
+    "$bin" serve --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --port 0 --ep 2 "$@" \
+        >"$tmp/$name.out" 2>"$tmp/$name.err" &
+    serve_pid=$!
+    for _ in $(seq 600); do
+        port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/$name.out")
+        [[ -n $port ]] && break
+        kill -0 "$serve_pid" 2>/dev/null || break
+        sleep 0.05
+    done
+    [[ -n $port ]] || { cat "$tmp/$name.err"; fail "$name did not start"; }
+    curl -sS --max-time 120 -o "$tmp/$name.json" -w '%{http_code}' \
+        "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
+        -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":16,"response_format":{"type":"json_object"}}' \
+        >"$tmp/$name.code"
+    kill -TERM "$serve_pid"
+    wait "$serve_pid" || { cat "$tmp/$name.err"; fail "$name exit status after SIGTERM"; }
+    serve_pid=""
+}
+json_format fmt_front
+[[ $(cat "$tmp/fmt_front.code") == 501 ]] && grep -q -- "--ep-front off" "$tmp/fmt_front.json" ||
+    { cat "$tmp/fmt_front.json"; fail "front: a response format is not refused with 501"; }
+json_format fmt_rank0 --ep-front off
+[[ $(cat "$tmp/fmt_rank0.code") == 200 ]] && grep -q '"finish_reason"' "$tmp/fmt_rank0.json" ||
+    { cat "$tmp/fmt_rank0.json"; fail "--ep-front off: the response format did not run"; }
+
 echo "rank 0 of --ep 3 killed -9: serve (3 requests) gives one process's completions; the"
 echo "  group goes on with 2 ranks (counted in /metrics); the front maps no weights"
+echo "a response format: 501 from the front (naming --ep-front off), 200 with --ep-front off"
