@@ -647,47 +647,62 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
     const ModelConfig& c = cfg;
     const int64_t H = c.hidden_size;
     const int64_t E = c.n_routed_experts;
+    const int64_t k = c.num_experts_per_tok;
     std::vector<std::vector<int32_t>> ids(static_cast<size_t>(T));
     std::vector<std::vector<float>> weights(static_cast<size_t>(T));
     std::vector<float> gate_logits(static_cast<size_t>(T * E));
     matmul(L.gate, h, T, gate_logits.data());
     for (int64_t t = 0; t < T; ++t) route(gate_logits.data() + t * E, L, ids[t], weights[t]);
-    // Group tokens by expert; accumulate each token's routed outputs in expert-id
-    // order (ids are sorted), so a token's result does not depend on its batch.
-    std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
+    // Group tokens by expert: expert e's rows are [first[e], first[e + 1]) of one
+    // expert-major buffer, its tokens in increasing order; row_of[t * k + j] is the row
+    // holding token t's j-th expert (ids are sorted, so each token's routed outputs are
+    // summed in expert-id order and its result does not depend on its batch).
+    std::vector<int64_t> first(static_cast<size_t>(E + 1), 0);
     for (int64_t t = 0; t < T; ++t) {
-        for (int32_t e : ids[t]) tokens_of[e].push_back(t);
+        for (int32_t e : ids[t]) ++first[e + 1];
     }
-    std::vector<float> expert_out(static_cast<size_t>(T * c.num_experts_per_tok * H));
-    std::vector<int64_t> slot_of(static_cast<size_t>(T * E), -1);
+    for (int64_t e = 0; e < E; ++e) first[e + 1] += first[e];
+    std::vector<int64_t> row_of(static_cast<size_t>(T * k));
+    std::vector<int64_t> token_of_row(static_cast<size_t>(T * k));
+    {
+        std::vector<int64_t> next(first.begin(), first.end() - 1);
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t j = 0; j < k; ++j) {
+                const int64_t r = next[ids[t][j]]++;
+                row_of[t * k + j] = r;
+                token_of_row[r] = t;
+            }
+        }
+    }
+    // Gather, the experts' MLPs, then each token's weighted sum: copies and sums are
+    // spread over the pool by row / token (each element's operations stay the same).
+    std::vector<float> xin(static_cast<size_t>(T * k * H));
+    std::vector<float> y(static_cast<size_t>(T * k * H));
+    pool->parallel_for(T * k, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) std::copy_n(h + token_of_row[r] * H, H, xin.data() + r * H);
+    });
     for (int64_t e = 0; e < E; ++e) {
-        const auto& toks = tokens_of[e];
-        if (toks.empty()) continue;
-        std::vector<float> xin(toks.size() * H);
-        for (size_t i = 0; i < toks.size(); ++i) {
-            std::copy_n(h + toks[i] * H, H, xin.data() + i * H);
-        }
-        std::vector<float> y(toks.size() * H);
-        mlp(L.experts[e], xin.data(), static_cast<int64_t>(toks.size()), y.data());
-        for (size_t i = 0; i < toks.size(); ++i) {
-            const int64_t t = toks[i];
-            const int64_t j = std::find(ids[t].begin(), ids[t].end(), e) - ids[t].begin();
-            std::copy_n(y.data() + i * H, H,
-                        expert_out.data() + (t * c.num_experts_per_tok + j) * H);
-        }
+        const int64_t n = first[e + 1] - first[e];
+        if (n == 0) continue;
+        mlp(L.experts[e], xin.data() + first[e] * H, n, y.data() + first[e] * H);
     }
-    std::fill(out, out + T * H, 0.0f);
-    for (int64_t t = 0; t < T; ++t) {
-        for (int64_t j = 0; j < c.num_experts_per_tok; ++j) {
-            axpy(weights[t][j], expert_out.data() + (t * c.num_experts_per_tok + j) * H,
-                 out + t * H, H);
-        }
-    }
+    std::vector<float> s;
     if (L.has_shared) {
-        std::vector<float> s(static_cast<size_t>(T * H));
+        s.resize(static_cast<size_t>(T * H));
         mlp(L.shared, h, T, s.data());
-        for (int64_t i = 0; i < T * H; ++i) out[i] += s[i];
     }
+    pool->parallel_for(T, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            float* o = out + t * H;
+            std::fill(o, o + H, 0.0f);
+            for (int64_t j = 0; j < k; ++j) {
+                axpy(weights[t][j], y.data() + row_of[t * k + j] * H, o, H);
+            }
+            if (!s.empty()) {
+                for (int64_t i = 0; i < H; ++i) o[i] += s[t * H + i];
+            }
+        }
+    });
 }
 
 void DeepseekModel::Impl::begin_move(std::vector<int> next_local) {

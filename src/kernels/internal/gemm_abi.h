@@ -87,6 +87,9 @@ struct Q8Acts {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* s128 = nullptr;
+    // -s128 (wrapping): the AVX-512 q8 kernel starts each block's int32 sum there, so
+    // the sum ends at the exact isum_b without a subtraction per (row group, token).
+    const int32_t* neg_s128 = nullptr;
 };
 
 // y[t * w.rows + r] for t < m and rows of groups [g_begin, g_end). x is [m,

@@ -102,10 +102,12 @@ void tile_q8(const PackedView& w, const Q8Acts& xq, int64_t g0, int64_t t0, floa
             acc[g][t] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; ++b) {
+        // Start at -128·Σx: dpbusd adds Σ(w + 128)·x, so ia ends at the exact block sum
+        // isum_b (the same integer the reference's `isum − s128` gives).
         __m512i ia[NR][MT];
         for (int g = 0; g < NR; ++g) {
             for (int t = 0; t < MT; ++t)
-                ia[g][t] = _mm512_setzero_si512();
+                ia[g][t] = _mm512_set1_epi32(xq.neg_s128[(t0 + t) * nb + b]);
         }
         const int64_t boff = b * kQ8BlockBytes;
         for (int qd = 0; qd < kQ8Block / 4; ++qd) {
@@ -125,8 +127,7 @@ void tile_q8(const PackedView& w, const Q8Acts& xq, int64_t g0, int64_t t0, floa
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp[g] + boff)));
             for (int t = 0; t < MT; ++t) {
                 const int64_t xb = (t0 + t) * nb + b;
-                const __m512 f =
-                    _mm512_cvtepi32_ps(_mm512_sub_epi32(ia[g][t], _mm512_set1_epi32(xq.s128[xb])));
+                const __m512 f = _mm512_cvtepi32_ps(ia[g][t]);
                 const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(xq.d[xb]));
                 acc[g][t] = _mm512_fmadd_ps(f, d, acc[g][t]);
             }
