@@ -251,10 +251,12 @@ void quantize_act_q8_isa(Isa isa, const float* x, int64_t k, int8_t* q, float* d
     } else {
         internal::q8_block_amax_avx2(x, nb, amax);
     }
-    // The reference's scalar scale and multiplier per block (in place: amax -> id).
-    for (int64_t b = 0; b < nb; ++b) {
-        d[b] = f16_to_f32(f32_to_f16(amax[b] / 127.0f));
-        amax[b] = amax[b] != 0.0f ? 127.0f / amax[b] : 0.0f;
+    // The reference's scale and multiplier per block (in place: amax -> id), vectorised
+    // with the same IEEE divisions and f16 rounding.
+    if (isa == Isa::kAvx512) {
+        internal::q8_scales_avx512(amax, nb, d);
+    } else {
+        internal::q8_scales_avx2(amax, nb, d);
     }
     if (isa == Isa::kAvx512) {
         internal::q8_quantize_blocks_avx512(x, nb, amax, q, s128);
