@@ -511,17 +511,37 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
                                    vd = dims.vd, lora = dims.lora;
     // Absorb W_kb into the queries, one batch-invariant matmul per head:
     // q_lat[t, h] = W_kb[h]^T q_nope[t, h].
+    // Head-major staging ([head][token][...]): each head's matmul reads and writes
+    // contiguous rows; the copies in and out run over the pool, all heads at once.
     const ScratchBuf q_lat = scratch(Scratch::kQLat, T * nh * lora);
-    const ScratchBuf xin = scratch(Scratch::kHeadIn, T * std::max(nope, lora));
-    const ScratchBuf yout = scratch(Scratch::kHeadOut, T * std::max(lora, vd));
+    const ScratchBuf xin = scratch(Scratch::kHeadIn, nh * T * std::max(nope, lora));
+    const ScratchBuf yout = scratch(Scratch::kHeadOut, nh * T * std::max(lora, vd));
+    // Rows of n floats: src[t * token_stride + hd * head_stride] -> dst[(hd * T + t) * n].
+    auto to_heads = [&](const float* src, int64_t token_stride, int64_t head_stride, int64_t n,
+                        float* dst) {
+        pool->parallel_for(T, 16, [&](int64_t tb, int64_t te) {
+            for (int64_t t = tb; t < te; ++t) {
+                for (int64_t hd = 0; hd < nh; ++hd)
+                    std::copy_n(src + t * token_stride + hd * head_stride, n,
+                                dst + (hd * T + t) * n);
+            }
+        });
+    };
+    // And back: src[(hd * T + t) * n] -> dst[(t * nh + hd) * n].
+    auto from_heads = [&](const float* src, int64_t n, float* dst) {
+        pool->parallel_for(T, 16, [&](int64_t tb, int64_t te) {
+            for (int64_t t = tb; t < te; ++t) {
+                for (int64_t hd = 0; hd < nh; ++hd)
+                    std::copy_n(src + (hd * T + t) * n, n, dst + (t * nh + hd) * n);
+            }
+        });
+    };
+    to_heads(q, nh * qk, qk, nope, xin.data());
     for (int64_t hd = 0; hd < nh; ++hd) {
-        for (int64_t t = 0; t < T; ++t)
-            std::copy_n(q + (t * nh + hd) * qk, nope, xin.data() + t * nope);
-        kernels::matmul(L.kb_t[hd], xin.data(), T, yout.data(), pool.get());
-        for (int64_t t = 0; t < T; ++t) {
-            std::copy_n(yout.data() + t * lora, lora, q_lat.data() + (t * nh + hd) * lora);
-        }
+        kernels::matmul(L.kb_t[hd], xin.data() + hd * T * nope, T, yout.data() + hd * T * lora,
+                        pool.get());
     }
+    from_heads(yout.data(), lora, q_lat.data());
     // One block table per sequence (tokens of a sequence share its cache), covering
     // the furthest position any of its tokens attends to.
     std::vector<KvCache*> caches;
@@ -593,14 +613,12 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
         }
     });
     // Value up-projection per head: attn[t, h] = W_vb[h] o_lat[t, h].
+    to_heads(o_lat.data(), nh * lora, lora, lora, xin.data());
     for (int64_t hd = 0; hd < nh; ++hd) {
-        for (int64_t t = 0; t < T; ++t) {
-            std::copy_n(o_lat.data() + (t * nh + hd) * lora, lora, xin.data() + t * lora);
-        }
-        kernels::matmul(L.vb[hd], xin.data(), T, yout.data(), pool.get());
-        for (int64_t t = 0; t < T; ++t)
-            std::copy_n(yout.data() + t * vd, vd, attn + (t * nh + hd) * vd);
+        kernels::matmul(L.vb[hd], xin.data() + hd * T * lora, T, yout.data() + hd * T * vd,
+                        pool.get());
     }
+    from_heads(yout.data(), vd, attn);
 }
 
 void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* out) {
