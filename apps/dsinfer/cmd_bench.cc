@@ -527,8 +527,8 @@ double median_call_seconds(F fn) {
 // activations per call; oneDNN's starts from u8 activations and writes s32.
 // Per shape and in total (weighted by count): seconds and the ratio oneDNN / ours,
 // medians over the repetitions with min and max.
-Result<json> gemm_same_shapes(const WeightCost& w, const std::string& weight_format,
-                              int threads, int reps) {
+Result<json> gemm_same_shapes(const WeightCost& w, const std::string& weight_format, int threads,
+                              int reps) {
     std::mt19937 rng(11);
     std::normal_distribution<float> nd(0.0f, 1.0f);
     std::vector<double> ours_total(static_cast<size_t>(reps), 0.0);
@@ -562,9 +562,13 @@ Result<json> gemm_same_shapes(const WeightCost& w, const std::string& weight_for
         }
         const double ops = 2.0 * static_cast<double>(m * n * k);
         const json so = bench::summarize_runs(ours), sd = bench::summarize_runs(dnn);
-        shapes.push_back({{"m", m}, {"n", n}, {"k", k}, {"count", count},
+        shapes.push_back({{"m", m},
+                          {"n", n},
+                          {"k", k},
+                          {"count", count},
                           {"format", std::string(kernels::weight_format_name(fmt))},
-                          {"dsinfer_s", so}, {"onednn_s8_s", sd},
+                          {"dsinfer_s", so},
+                          {"onednn_s8_s", sd},
                           {"dsinfer_gop_s", ops / so["median"].get<double>() / 1e9},
                           {"onednn_s8_gop_s", ops / sd["median"].get<double>() / 1e9},
                           {"onednn_over_dsinfer", bench::summarize_runs(ratio)}});
@@ -773,10 +777,10 @@ int run_bench_model(const ModelFlags& f) {
             return std::string(buf);
         };
         table += "| " + std::to_string(threads) + " | " + cell(s["dsinfer_pp"]) + " | " +
-                 (have_l ? cell(s["llama_cpp_pp"]) : "-") + " | " + ratio("dsinfer_pp", "llama_cpp_pp") +
-                 " | " + pp_roof + " | " + gemm_roof + " | " + cell(s["dsinfer_tg"]) + " | " +
-                 (have_l ? cell(s["llama_cpp_tg"]) : "-") + " | " + ratio("dsinfer_tg", "llama_cpp_tg") +
-                 " | " + tg_roof + " |\n";
+                 (have_l ? cell(s["llama_cpp_pp"]) : "-") + " | " +
+                 ratio("dsinfer_pp", "llama_cpp_pp") + " | " + pp_roof + " | " + gemm_roof + " | " +
+                 cell(s["dsinfer_tg"]) + " | " + (have_l ? cell(s["llama_cpp_tg"]) : "-") + " | " +
+                 ratio("dsinfer_tg", "llama_cpp_tg") + " | " + tg_roof + " |\n";
         out["threads"][std::to_string(threads)] = r;
         std::fprintf(stderr, "threads %d: %s\n", threads, r["summary"].dump().c_str());
     }

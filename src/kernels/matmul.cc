@@ -115,11 +115,10 @@ struct Q8Scratch {
 // when there is enough work (each row's bits depend on that row only). Rows m up to a
 // multiple of 16 are zero: an AMX tile holds 16 token rows. The result points into this
 // thread's scratch and lives until its next call.
-internal::Q8Acts quantize_q8_rows(Isa isa, const float* x, int64_t m, int64_t K,
-                                  ThreadPool* pool) {
+internal::Q8Acts quantize_q8_rows(Isa isa, const float* x, int64_t m, int64_t K, ThreadPool* pool) {
     const int64_t nb = K / kQ8Block;
-    const int64_t padded = (m + internal::kAmxTokenPad - 1) / internal::kAmxTokenPad *
-                           internal::kAmxTokenPad;
+    const int64_t padded =
+        (m + internal::kAmxTokenPad - 1) / internal::kAmxTokenPad * internal::kAmxTokenPad;
     static thread_local Q8Scratch scratch;
     int8_t* q = grown_aligned(scratch.q, padded * K);  // tile rows start on a line
     float* d = grown(scratch.d, padded * nb);

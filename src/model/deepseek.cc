@@ -47,8 +47,22 @@ using internal::WeightClass;
 // are not zeroed (every use writes its whole range before reading it). The buffers keep
 // their largest size for the thread's lifetime (tens of MB for a 256-token prefill).
 enum class Scratch : int {
-    kBlockH, kBlockY, kAttnQ, kAttnQa, kAttnOut, kKvA, kQLat, kHeadIn, kHeadOut, kOLat,
-    kMlpGate, kMlpUp, kMoeIn, kMoeOut, kMoeShared, kCount
+    kBlockH,
+    kBlockY,
+    kAttnQ,
+    kAttnQa,
+    kAttnOut,
+    kKvA,
+    kQLat,
+    kHeadIn,
+    kHeadOut,
+    kOLat,
+    kMlpGate,
+    kMlpUp,
+    kMoeIn,
+    kMoeOut,
+    kMoeShared,
+    kCount
 };
 
 // A view of one slot, used like the std::vector it replaces.
@@ -521,9 +535,10 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
                         float* dst) {
         pool->parallel_for(T, 16, [&](int64_t tb, int64_t te) {
             for (int64_t t = tb; t < te; ++t) {
-                for (int64_t hd = 0; hd < nh; ++hd)
+                for (int64_t hd = 0; hd < nh; ++hd) {
                     std::copy_n(src + t * token_stride + hd * head_stride, n,
                                 dst + (hd * T + t) * n);
+                }
             }
         });
     };
@@ -531,8 +546,9 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
     auto from_heads = [&](const float* src, int64_t n, float* dst) {
         pool->parallel_for(T, 16, [&](int64_t tb, int64_t te) {
             for (int64_t t = tb; t < te; ++t) {
-                for (int64_t hd = 0; hd < nh; ++hd)
+                for (int64_t hd = 0; hd < nh; ++hd) {
                     std::copy_n(src + (hd * T + t) * n, n, dst + (t * nh + hd) * n);
+                }
             }
         });
     };
@@ -631,8 +647,8 @@ void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* ou
         // Element-wise: any split over the pool gives the same bits.
         const kernels::Isa isa = kernels::active_isa();
         pool->parallel_for(T, 8, [&](int64_t tb, int64_t te) {
-            kernels::silu_mul(isa, g.data() + tb * inter, u.data() + tb * inter,
-                              (te - tb) * inter, g.data() + tb * inter);
+            kernels::silu_mul(isa, g.data() + tb * inter, u.data() + tb * inter, (te - tb) * inter,
+                              g.data() + tb * inter);
         });
     } else {
         for (size_t i = 0; i < g.size(); ++i) {
@@ -744,7 +760,9 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
     const ScratchBuf xin = scratch(Scratch::kMoeIn, T * k * H);
     const ScratchBuf y = scratch(Scratch::kMoeOut, T * k * H);
     pool->parallel_for(T * k, 16, [&](int64_t begin, int64_t end) {
-        for (int64_t r = begin; r < end; ++r) std::copy_n(h + token_of_row[r] * H, H, xin.data() + r * H);
+        for (int64_t r = begin; r < end; ++r) {
+            std::copy_n(h + token_of_row[r] * H, H, xin.data() + r * H);
+        }
     });
     for (int64_t e = 0; e < E; ++e) {
         const int64_t n = first[e + 1] - first[e];

@@ -275,8 +275,8 @@ void q8_quantize_blocks_avx512(const float* x, int64_t nb, const float* id, int8
                          _mm512_cvtepi32_epi8(c1));
         // Vector adds wrap like wrap_add, and a sum mod 2^32 does not depend on order.
         const __m512i s16 = _mm512_add_epi32(c0, c1);
-        const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(s16),
-                                            _mm512_extracti64x4_epi64(s16, 1));
+        const __m256i s8 =
+            _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
         __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
         h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
@@ -287,8 +287,8 @@ void q8_quantize_blocks_avx512(const float* x, int64_t nb, const float* id, int8
 void q8_scales_avx512(float* amax_id, int64_t nb, float* d) {
     const __m512 k127 = _mm512_set1_ps(127.0f);
     for (int64_t b = 0; b < nb; b += 16) {
-        const __mmask16 live =
-            nb - b >= 16 ? static_cast<__mmask16>(0xffff) : static_cast<__mmask16>((1u << (nb - b)) - 1);
+        const __mmask16 live = nb - b >= 16 ? static_cast<__mmask16>(0xffff)
+                                            : static_cast<__mmask16>((1u << (nb - b)) - 1);
         const __m512 a = _mm512_maskz_loadu_ps(live, amax_id + b);
         const __m256i h = _mm512_cvtps_ph(_mm512_div_ps(a, k127), _MM_FROUND_TO_NEAREST_INT);
         _mm512_mask_storeu_ps(d + b, live, _mm512_cvtph_ps(h));
