@@ -9,7 +9,8 @@
 //   R alternating runs of each side (both warmed up), medians and spread; beside them the
 //   roofline of the same run: decode weight bytes per token / time as a share of the
 //   STREAM read figure, and prefill GEMM work / time as a share of oneDNN s8 on the
-//   model's own GEMM shapes (issue 20).
+//   model's own GEMM shapes (issue 20); beside it dsinfer's own matmul vs oneDNN s8 on
+//   exactly those shapes (gemm_same_shapes; --gemm-only runs only that).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
