@@ -290,8 +290,15 @@ json dnnl_case(const Dnnl& d, dnnl_engine_t eng, dnnl_stream_t st, dnnl_data_typ
             d.stream_wait(st);
         };
         run();  // warm-up: JIT, thread start, page faults
-        const double t = best_seconds(reps, run);
+        std::vector<double> times;
+        const double t = best_seconds(reps, [&] {
+            const auto t0 = Clock::now();
+            run();
+            times.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+        });
         out["gflop_s"] = 2.0 * static_cast<double>(m * n * k) / t / 1e9;
+        std::sort(times.begin(), times.end());
+        out["median_s"] = times[times.size() / 2];
     } else {
         out["error"] = "primitive creation failed";
     }
@@ -305,7 +312,7 @@ json dnnl_case(const Dnnl& d, dnnl_engine_t eng, dnnl_stream_t st, dnnl_data_typ
 
 }  // namespace
 
-json onednn_matmul(int threads, int64_t m, int64_t n, int64_t k, int reps) {
+json onednn_matmul(int threads, int64_t m, int64_t n, int64_t k, int reps, bool s8_only) {
     const Dnnl* d = load_dnnl();
     if (!d) return {{"error", "libdnnl.so.2 not found"}};
     d->omp_set_num_threads(threads);
@@ -317,7 +324,9 @@ json onednn_matmul(int threads, int64_t m, int64_t n, int64_t k, int reps) {
     }
     json out;
     out["threads"] = threads;
-    out["bf16"] = dnnl_case(*d, eng, st, dnnl_bf16, dnnl_bf16, dnnl_f32, m, n, k, reps);
+    if (!s8_only) {
+        out["bf16"] = dnnl_case(*d, eng, st, dnnl_bf16, dnnl_bf16, dnnl_f32, m, n, k, reps);
+    }
     out["s8"] = dnnl_case(*d, eng, st, dnnl_u8, dnnl_s8, dnnl_s32, m, n, k, reps);
     d->stream_destroy(st);
     d->engine_destroy(eng);
@@ -325,7 +334,7 @@ json onednn_matmul(int threads, int64_t m, int64_t n, int64_t k, int reps) {
     return out;
 }
 #else
-json onednn_matmul(int, int64_t, int64_t, int64_t, int) {
+json onednn_matmul(int, int64_t, int64_t, int64_t, int, bool) {
     return {{"error", "built without oneapi/dnnl/dnnl.h (libdnnl-dev)"}};
 }
 #endif

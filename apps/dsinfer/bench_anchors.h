@@ -34,7 +34,9 @@ nlohmann::json openblas_sgemm(int threads, int64_t m, int64_t n, int64_t k, int 
 
 // oneDNN matmul of the same shape, weights reordered once to the layout oneDNN picks:
 // "bf16" (bf16 x bf16 -> f32) and "s8" (u8 x s8 -> s32), GFLOP/s (GOP/s for s8) and the
-// implementation oneDNN chose. {"error": ...} when the library is absent.
-nlohmann::json onednn_matmul(int threads, int64_t m, int64_t n, int64_t k, int reps);
+// implementation oneDNN chose; "median_s": the median of the `reps` timed calls (after the
+// warm-up). `s8_only`: skip the bf16 case. {"error": ...} when the library is absent.
+nlohmann::json onednn_matmul(int threads, int64_t m, int64_t n, int64_t k, int reps,
+                             bool s8_only = false);
 
 }  // namespace dsi::bench

@@ -9,7 +9,8 @@
 //   R alternating runs of each side (both warmed up), medians and spread; beside them the
 //   roofline of the same run: decode weight bytes per token / time as a share of the
 //   STREAM read figure, and prefill GEMM work / time as a share of oneDNN s8 on the
-//   model's own GEMM shapes (issue 20).
+//   model's own GEMM shapes (issue 20); beside it dsinfer's own matmul vs oneDNN s8 on
+//   exactly those shapes (gemm_same_shapes; --gemm-only runs only that).
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -357,6 +358,8 @@ struct ModelFlags {
     std::string llamacpp_amx = "on";
     std::string llamacpp_flash_attn = "off";
     bool skip_llamacpp = false;
+    // Only the per-shape GEMM comparison (reads the GGUF's header, loads no model).
+    bool gemm_only = false;
     int repetitions = 3;
     bool roofline = true;
     int64_t stream_bytes = 512ll << 20;
@@ -424,7 +427,8 @@ json compare_logits(const ModelFlags& f, const std::vector<int32_t>& prompt) {
 struct WeightCost {
     double decode_bytes_per_token = 0;
     double head_bytes = 0;
-    std::map<std::tuple<int64_t, int64_t, int64_t>, int64_t> prefill_gemms;
+    // (m, n, k, stored dtype) -> count.
+    std::map<std::tuple<int64_t, int64_t, int64_t, DType>, int64_t> prefill_gemms;
 };
 
 Result<WeightCost> weight_cost(const std::string& path, int64_t prompt_tokens) {
@@ -448,9 +452,9 @@ Result<WeightCost> weight_cost(const std::string& path, int64_t prompt_tokens) {
         }
         if (expert && t.shape.size() == 3) {
             const int64_t m = std::max<int64_t>(1, prompt_tokens * c.num_experts_per_tok / c.n_routed_experts);
-            w.prefill_gemms[{m, t.shape[1], t.shape[2]}] += t.shape[0];
+            w.prefill_gemms[{m, t.shape[1], t.shape[2], t.dtype}] += t.shape[0];
         } else if (t.shape.size() == 2 && t.shape[0] > 64) {  // matrices, not the router
-            w.prefill_gemms[{prompt_tokens, t.shape[0], t.shape[1]}] += 1;
+            w.prefill_gemms[{prompt_tokens, t.shape[0], t.shape[1], t.dtype}] += 1;
         }
     }
     if (c.is_v4()) {
@@ -478,7 +482,7 @@ Result<WeightCost> weight_cost(const std::string& path, int64_t prompt_tokens) {
 Result<double> onednn_prefill_seconds(const WeightCost& w, int threads) {
     double secs = 0;
     for (const auto& [shape, count] : w.prefill_gemms) {
-        const auto [m, n, k] = shape;
+        const auto [m, n, k, dtype] = shape;
         json r = bench::onednn_matmul(threads, m, n, k, 3);
         if (!r.contains("s8") || !r["s8"].contains("gflop_s")) {
             return unavailable("oneDNN s8 matmul not available: " + r.dump());
@@ -487,6 +491,98 @@ Result<double> onednn_prefill_seconds(const WeightCost& w, int threads) {
                 (r["s8"]["gflop_s"].get<double>() * 1e9);
     }
     return secs;
+}
+
+// The packed format `--weight-format` gives a matrix stored as `dtype`: one format for
+// every class when it names one, else the stored format (`auto`; class lists are not
+// resolved here and count as `auto`).
+kernels::WeightFormat bench_format(const std::string& weight_format, DType dtype) {
+    kernels::WeightFormat f;
+    if (weight_format != "auto" && kernels::parse_weight_format(weight_format, &f)) return f;
+    return kernels::native_weight_format(dtype);
+}
+
+// Seconds per call of `fn` on this thread: one warm-up call, then the median of enough
+// calls to fill ~0.2 s (at least 3, at most 50).
+template <typename F>
+double median_call_seconds(F fn) {
+    auto t0 = Clock::now();
+    fn();
+    const double warm = std::max(seconds_since(t0), 1e-6);
+    const int calls = static_cast<int>(std::clamp(0.2 / warm, 3.0, 50.0));
+    std::vector<double> times;
+    for (int i = 0; i < calls; ++i) {
+        t0 = Clock::now();
+        fn();
+        times.push_back(seconds_since(t0));
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+}
+
+// dsinfer's matmul against oneDNN s8 on exactly the shapes of `w.prefill_gemms` (issue
+// 20: "dsinfer GEMM / oneDNN s8 on the same shapes"): per shape, random weights packed
+// once as the model's default path packs that dtype (bench_format), then `reps`
+// alternating repetitions of ours (a fresh pool, warm-up, median call) and oneDNN's (a
+// fresh primitive, warm-up, median of 5 calls). Ours includes quantising the f32
+// activations per call; oneDNN's starts from u8 activations and writes s32.
+// Per shape and in total (weighted by count): seconds and the ratio oneDNN / ours,
+// medians over the repetitions with min and max.
+Result<json> gemm_same_shapes(const WeightCost& w, const std::string& weight_format, int threads,
+                              int reps) {
+    std::mt19937 rng(11);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::vector<double> ours_total(static_cast<size_t>(reps), 0.0);
+    std::vector<double> dnn_total(static_cast<size_t>(reps), 0.0);
+    json shapes = json::array();
+    for (const auto& [shape, count] : w.prefill_gemms) {
+        const auto [m, n, k, dtype] = shape;
+        std::vector<float> wf(static_cast<size_t>(n * k));
+        for (float& v : wf) v = nd(rng) * 0.02f;
+        std::vector<float> x(static_cast<size_t>(m * k)), y(static_cast<size_t>(m * n));
+        for (float& v : x) v = nd(rng);
+        const kernels::WeightFormat fmt = bench_format(weight_format, dtype);
+        const kernels::SourceMatrix src{DType::kF32, n, k,
+                                        reinterpret_cast<const uint8_t*>(wf.data())};
+        DSI_ASSIGN_OR_RETURN(kernels::PackedMatrix packed, kernels::pack_matrix(src, fmt));
+        std::vector<double> ours, dnn, ratio;
+        for (int rep = 0; rep < reps; ++rep) {
+            {
+                ThreadPool pool(threads);
+                ours.push_back(median_call_seconds(
+                    [&] { kernels::matmul(packed, x.data(), m, y.data(), &pool); }));
+            }
+            json r = bench::onednn_matmul(threads, m, n, k, 5, /*s8_only=*/true);
+            if (!r.contains("s8") || !r["s8"].contains("median_s")) {
+                return unavailable("oneDNN s8 matmul not available: " + r.dump());
+            }
+            dnn.push_back(r["s8"]["median_s"].get<double>());
+            ratio.push_back(dnn.back() / ours.back());
+            ours_total[rep] += static_cast<double>(count) * ours.back();
+            dnn_total[rep] += static_cast<double>(count) * dnn.back();
+        }
+        const double ops = 2.0 * static_cast<double>(m * n * k);
+        const json so = bench::summarize_runs(ours), sd = bench::summarize_runs(dnn);
+        shapes.push_back({{"m", m},
+                          {"n", n},
+                          {"k", k},
+                          {"count", count},
+                          {"format", std::string(kernels::weight_format_name(fmt))},
+                          {"dsinfer_s", so},
+                          {"onednn_s8_s", sd},
+                          {"dsinfer_gop_s", ops / so["median"].get<double>() / 1e9},
+                          {"onednn_s8_gop_s", ops / sd["median"].get<double>() / 1e9},
+                          {"onednn_over_dsinfer", bench::summarize_runs(ratio)}});
+        std::fprintf(stderr, "gemm %lldx%lldx%lld x%lld: %s\n", static_cast<long long>(m),
+                     static_cast<long long>(n), static_cast<long long>(k),
+                     static_cast<long long>(count), shapes.back().dump().c_str());
+    }
+    std::vector<double> total_ratio;
+    for (int rep = 0; rep < reps; ++rep) total_ratio.push_back(dnn_total[rep] / ours_total[rep]);
+    return json{{"shapes", shapes},
+                {"dsinfer_total_s", bench::summarize_runs(ours_total)},
+                {"onednn_s8_total_s", bench::summarize_runs(dnn_total)},
+                {"onednn_over_dsinfer", bench::summarize_runs(total_ratio)}};
 }
 
 // One dsinfer repetition at `threads`: load (any family, through the engine's model seam
@@ -583,16 +679,42 @@ int run_bench_model(const ModelFlags& f) {
             out["roofline"] = "unavailable: " + w.status().to_string();
         }
     }
-    std::string table =
-        "| threads | dsinfer pp tok/s | llama.cpp pp | pp ratio | pp / oneDNN s8 | dsinfer tg "
-        "tok/s | llama.cpp tg | tg ratio | tg bytes / STREAM |\n"
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     auto cell = [](const json& s) {
         char b[64];
         std::snprintf(b, sizeof b, "%.2f (%.2f-%.2f)", s["median"].get<double>(),
                       s["min"].get<double>(), s["max"].get<double>());
         return std::string(b);
     };
+    if (f.gemm_only) {
+        if (!cost) {
+            std::fprintf(stderr, "dsinfer: --gemm-only needs the GGUF's shapes: %s\n",
+                         out["roofline"].dump().c_str());
+            return 1;
+        }
+        std::string table =
+            "| threads | dsinfer GEMM s | oneDNN s8 s | dsinfer GEMM / oneDNN s8 (same shapes) |\n"
+            "|---:|---:|---:|---:|\n";
+        for (int threads = 1; threads <= f.max_threads; ++threads) {
+            Result<json> g = gemm_same_shapes(*cost, f.weight_format, threads, f.repetitions);
+            if (!g.is_ok()) {
+                std::fprintf(stderr, "dsinfer: %s\n", g.status().to_string().c_str());
+                return 1;
+            }
+            table += "| " + std::to_string(threads) + " | " + cell((*g)["dsinfer_total_s"]) +
+                     " | " + cell((*g)["onednn_s8_total_s"]) + " | " +
+                     cell((*g)["onednn_over_dsinfer"]) + " |\n";
+            out["threads"][std::to_string(threads)]["gemm_same_shapes"] = *g;
+        }
+        out["table"] = table;
+        std::fprintf(stderr, "%s", table.c_str());
+        std::printf("%s\n", out.dump(f.json ? 2 : -1).c_str());
+        return 0;
+    }
+    std::string table =
+        "| threads | dsinfer pp tok/s | llama.cpp pp | pp ratio | pp GEMM work / oneDNN s8 | "
+        "dsinfer GEMM / oneDNN s8 (same shapes) | dsinfer tg tok/s | llama.cpp tg | tg ratio | "
+        "tg bytes / STREAM |\n"
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (int threads = 1; threads <= f.max_threads; ++threads) {
         json r;
         std::map<std::string, std::vector<double>> runs;
@@ -617,7 +739,7 @@ int run_bench_model(const ModelFlags& f) {
         }
         for (const auto& [k, v] : runs) r["summary"][k] = bench::summarize_runs(v);
         const json& s = r["summary"];
-        std::string pp_roof = "-", tg_roof = "-";
+        std::string pp_roof = "-", tg_roof = "-", gemm_roof = "-";
         if (cost) {
             // Same run: STREAM read and oneDNN on this thread count, right after the reps.
             ThreadPool pool(threads);
@@ -640,6 +762,13 @@ int run_bench_model(const ModelFlags& f) {
             } else {
                 r["roofline"]["onednn"] = dnn.status().to_string();
             }
+            Result<json> g = gemm_same_shapes(*cost, f.weight_format, threads, f.repetitions);
+            if (g.is_ok()) {
+                r["roofline"]["gemm_same_shapes"] = *g;
+                gemm_roof = cell((*g)["onednn_over_dsinfer"]);
+            } else {
+                r["roofline"]["gemm_same_shapes"] = g.status().to_string();
+            }
         }
         const bool have_l = s.contains("llama_cpp_pp");
         auto ratio = [&](const char* a, const char* b) {
@@ -649,10 +778,10 @@ int run_bench_model(const ModelFlags& f) {
             return std::string(buf);
         };
         table += "| " + std::to_string(threads) + " | " + cell(s["dsinfer_pp"]) + " | " +
-                 (have_l ? cell(s["llama_cpp_pp"]) : "-") + " | " + ratio("dsinfer_pp", "llama_cpp_pp") +
-                 " | " + pp_roof + " | " + cell(s["dsinfer_tg"]) + " | " +
-                 (have_l ? cell(s["llama_cpp_tg"]) : "-") + " | " + ratio("dsinfer_tg", "llama_cpp_tg") +
-                 " | " + tg_roof + " |\n";
+                 (have_l ? cell(s["llama_cpp_pp"]) : "-") + " | " +
+                 ratio("dsinfer_pp", "llama_cpp_pp") + " | " + pp_roof + " | " + gemm_roof + " | " +
+                 cell(s["dsinfer_tg"]) + " | " + (have_l ? cell(s["llama_cpp_tg"]) : "-") + " | " +
+                 ratio("dsinfer_tg", "llama_cpp_tg") + " | " + tg_roof + " |\n";
         out["threads"][std::to_string(threads)] = r;
         std::fprintf(stderr, "threads %d: %s\n", threads, r["summary"].dump().c_str());
     }
@@ -691,6 +820,8 @@ void register_bench_commands(CLI::App& app) {
     add_switch(*m, "--roofline", mf->roofline, "STREAM and oneDNN shares beside tokens/s");
     add_setting(*m, "--stream-bytes", mf->stream_bytes, "STREAM array size of the roofline");
     m->add_flag("--skip-llamacpp", mf->skip_llamacpp, "dsinfer only");
+    m->add_flag("--gemm-only", mf->gemm_only,
+                "only dsinfer's matmul vs oneDNN s8 on the GGUF's prefill GEMM shapes");
     add_setting(*m, "--compare-format", mf->compare_format,
                 "also report the prompt logits' max |diff| vs this weight format");
     m->callback([mf] {

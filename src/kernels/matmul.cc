@@ -102,6 +102,60 @@ int8_t* grown_aligned(std::vector<int8_t>& v, int64_t n) {
     return reinterpret_cast<int8_t*>((p + 63) & ~uintptr_t{63});
 }
 
+// Per-thread scratch of the q8_0 / mxfp4 activations, reused across calls like
+// I8cScratch (the caller's; pool workers fill disjoint rows of it).
+struct Q8Scratch {
+    std::vector<int8_t> q;
+    std::vector<float> d;
+    std::vector<int32_t> s128;
+    std::vector<int32_t> neg_s128;
+};
+
+// Quantises the m rows of x (K columns) to Q8_0 per 32 values, rows spread over the pool
+// when there is enough work (each row's bits depend on that row only). Rows m up to a
+// multiple of 16 are zero: an AMX tile holds 16 token rows. The result points into this
+// thread's scratch and lives until its next call.
+internal::Q8Acts quantize_q8_rows(Isa isa, const float* x, int64_t m, int64_t K, ThreadPool* pool) {
+    const int64_t nb = K / kQ8Block;
+    const int64_t padded =
+        (m + internal::kAmxTokenPad - 1) / internal::kAmxTokenPad * internal::kAmxTokenPad;
+    static thread_local Q8Scratch scratch;
+    int8_t* q = grown_aligned(scratch.q, padded * K);  // tile rows start on a line
+    float* d = grown(scratch.d, padded * nb);
+    int32_t* s = grown(scratch.s128, padded * nb);
+    int32_t* ns = grown(scratch.neg_s128, padded * nb);
+    std::memset(q + m * K, 0, static_cast<size_t>((padded - m) * K));
+    std::fill(d + m * nb, d + padded * nb, 0.0f);
+    std::fill(s + m * nb, s + padded * nb, 0);
+    std::fill(ns + m * nb, ns + padded * nb, 0);
+    auto rows = [&](int64_t tb, int64_t te) {
+        for (int64_t t = tb; t < te; ++t) {
+            quantize_act_q8_isa(isa, x + t * K, K, q + t * K, d + t * nb, s + t * nb);
+            for (int64_t b = t * nb; b < (t + 1) * nb; ++b) {
+                ns[b] = static_cast<int32_t>(0u - static_cast<uint32_t>(s[b]));
+            }
+        }
+    };
+    // A parallel_for costs a few microseconds: worth it from ~16 K values up.
+    constexpr int64_t kParallelValues = 16384;
+    const int64_t threads = pool ? pool->num_threads() : 1;
+    if (threads > 1 && m >= threads && m * K >= kParallelValues) {
+        pool->parallel_for(m, 1, rows);
+    } else {
+        rows(0, m);
+    }
+    return {q, d, s, ns};
+}
+
+// Groups per parallel_for unit. Chunks are static (ThreadPool), so a coarse grain can
+// leave one thread a whole unit more (88 groups in units of 8: 48 vs 40); GEMM kernels
+// tile pairs of groups, so units of 2 split evenly. The GEMV (m = 1) keeps its old
+// grain (its AVX-512 tiles are 4 groups wide).
+int64_t group_grain(int64_t groups, int64_t m, int64_t threads) {
+    if (m > 1) return 2;
+    return std::max<int64_t>(1, std::min<int64_t>(8, groups / threads));
+}
+
 // i8c: quantise each token row over all of K (row-local: batch-invariant), in tiles of
 // 16 rows over the pool; with AMX straight into the A tile layout (gemm_i8c.h).
 void matmul_i8c(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float* y,
@@ -196,10 +250,12 @@ void quantize_act_q8_isa(Isa isa, const float* x, int64_t k, int8_t* q, float* d
     } else {
         internal::q8_block_amax_avx2(x, nb, amax);
     }
-    // The reference's scalar scale and multiplier per block (in place: amax -> id).
-    for (int64_t b = 0; b < nb; ++b) {
-        d[b] = f16_to_f32(f32_to_f16(amax[b] / 127.0f));
-        amax[b] = amax[b] != 0.0f ? 127.0f / amax[b] : 0.0f;
+    // The reference's scale and multiplier per block (in place: amax -> id), vectorised
+    // with the same IEEE divisions and f16 rounding.
+    if (isa == Isa::kAvx512) {
+        internal::q8_scales_avx512(amax, nb, d);
+    } else {
+        internal::q8_scales_avx2(amax, nb, d);
     }
     if (isa == Isa::kAvx512) {
         internal::q8_quantize_blocks_avx512(x, nb, amax, q, s128);
@@ -219,26 +275,10 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     }
     const bool mxfp4 = v.format == internal::PackFormat::kMXFP4;
     internal::GemmFn fn = mxfp4 ? gemm_mxfp4_for(isa) : gemm_for(isa);
+    const int64_t threads = pool ? pool->num_threads() : 1;
     internal::Q8Acts xq;
-    std::vector<int8_t> q;
-    std::vector<float> d;
-    std::vector<int32_t> s;
     if (v.format == internal::PackFormat::kQ8 || mxfp4) {
-        const int64_t K = v.cols;
-        const int64_t nb = K / kQ8Block;
-        // Zero rows up to a multiple of 16: an AMX tile holds 16 token rows.
-        const int64_t padded = (m + internal::kAmxTokenPad - 1) / internal::kAmxTokenPad *
-                               internal::kAmxTokenPad;
-        q.resize(static_cast<size_t>(padded * K + 63));
-        int8_t* qa = reinterpret_cast<int8_t*>(
-            (reinterpret_cast<uintptr_t>(q.data()) + 63) & ~uintptr_t{63});  // tile rows
-        d.resize(static_cast<size_t>(padded * nb));
-        s.resize(static_cast<size_t>(padded * nb));
-        for (int64_t t = 0; t < m; ++t) {
-            quantize_act_q8_isa(isa, x + t * K, K, qa + t * K, d.data() + t * nb,
-                                s.data() + t * nb);
-        }
-        xq = {qa, d.data(), s.data()};
+        xq = quantize_q8_rows(isa, x, m, v.cols, pool);
     }
     if (amx && v.format == internal::PackFormat::kQ8) {
         DSI_CHECK(isa == Isa::kAvx512 && amx_supported());
@@ -246,13 +286,12 @@ void matmul_isa(Isa isa, const PackedMatrix& w, const float* x, int64_t m, float
     }
     // Chunks of whole groups: which thread computes a row never changes its bits.
     const int64_t groups = v.num_groups;
-    const int64_t threads = pool ? pool->num_threads() : 1;
     if (threads <= 1 || groups < 2) {
         fn(v, x, xq, m, y, 0, groups);
         return;
     }
-    const int64_t grain = std::max<int64_t>(1, std::min<int64_t>(8, groups / threads));
-    pool->parallel_for(groups, grain, [&](int64_t gb, int64_t ge) { fn(v, x, xq, m, y, gb, ge); });
+    pool->parallel_for(groups, group_grain(groups, m, threads),
+                       [&](int64_t gb, int64_t ge) { fn(v, x, xq, m, y, gb, ge); });
 }
 
 void matmul(const PackedMatrix& w, const float* x, int64_t m, float* y, ThreadPool* pool) {

@@ -40,6 +40,47 @@ void axpy(float a, const float* x, float* y, int64_t n) {
 using internal::Linear;
 using internal::WeightClass;
 
+// Per-thread scratch for a forward pass's large intermediates, reused across layers and
+// calls. A fresh std::vector per layer meant fresh pages (page faults, zero fill): 13 % of
+// a 256-token prefill of `medium` under load (bench/RESULTS.md, issue 20). Each function
+// has its own slots and never holds one across a call that uses the same slot; contents
+// are not zeroed (every use writes its whole range before reading it). The buffers keep
+// their largest size for the thread's lifetime (tens of MB for a 256-token prefill).
+enum class Scratch : int {
+    kBlockH,
+    kBlockY,
+    kAttnQ,
+    kAttnQa,
+    kAttnOut,
+    kKvA,
+    kQLat,
+    kHeadIn,
+    kHeadOut,
+    kOLat,
+    kMlpGate,
+    kMlpUp,
+    kMoeIn,
+    kMoeOut,
+    kMoeShared,
+    kCount
+};
+
+// A view of one slot, used like the std::vector it replaces.
+struct ScratchBuf {
+    float* p = nullptr;
+    int64_t n = 0;
+    float* data() const { return p; }
+    size_t size() const { return static_cast<size_t>(n); }
+    float& operator[](size_t i) const { return p[i]; }
+};
+
+ScratchBuf scratch(Scratch slot, int64_t n) {
+    static thread_local std::vector<float> bufs[static_cast<int>(Scratch::kCount)];
+    std::vector<float>& v = bufs[static_cast<int>(slot)];
+    if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+    return {v.data(), n};
+}
+
 struct Mlp {
     Linear gate, up, down;
 };
@@ -164,6 +205,8 @@ struct DeepseekModel::Impl final : ExpertParallelGroup::WeightMover {
     void route(const float* logits, const Layer& layer, std::vector<int32_t>& ids,
                std::vector<float>& weights);
     Status block(const Layer& layer, float* x, const TokenSlots& slots);
+    // x[t * H + i] += y[t * H + i] for t < T, rows over the pool.
+    void add_rows(float* x, const float* y, int64_t T, int64_t H);
 };
 
 Status DeepseekModel::Impl::pack(WeightClass cls, Linear& lin) {
@@ -309,10 +352,13 @@ void DeepseekModel::Impl::rms_norm(const float* x, const std::vector<float>& w, 
                                    int64_t dim, float* y) const {
     const float eps = static_cast<float>(cfg.rms_norm_eps);
     if (!reference_kernels) {
+        // Row by row, rows over the pool (each row's bits depend on that row only).
         const kernels::Isa isa = kernels::active_isa();
-        for (int64_t t = 0; t < num_tokens; ++t) {
-            kernels::rms_norm(isa, x + t * dim, w.data(), dim, eps, y + t * dim);
-        }
+        pool->parallel_for(num_tokens, 8, [&](int64_t tb, int64_t te) {
+            for (int64_t t = tb; t < te; ++t) {
+                kernels::rms_norm(isa, x + t * dim, w.data(), dim, eps, y + t * dim);
+            }
+        });
         return;
     }
     for (int64_t t = 0; t < num_tokens; ++t) {
@@ -348,9 +394,9 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
     [[maybe_unused]] const int64_t nh = dims.nh, nope = dims.nope, rd = dims.rd, qk = dims.qk,
                                    vd = dims.vd, lora = dims.lora;
 
-    std::vector<float> q(static_cast<size_t>(T * nh * qk));
+    const ScratchBuf q = scratch(Scratch::kAttnQ, T * nh * qk);
     if (c.q_lora_rank > 0) {
-        std::vector<float> qa(static_cast<size_t>(T * c.q_lora_rank));
+        const ScratchBuf qa = scratch(Scratch::kAttnQa, T * c.q_lora_rank);
         matmul(L.q_a, h, T, qa.data());
         rms_norm(qa.data(), L.q_a_norm, T, c.q_lora_rank, qa.data());
         matmul(L.q_b, qa.data(), T, q.data());
@@ -374,7 +420,7 @@ void DeepseekModel::Impl::attention(const Layer& L, const float* h, const TokenS
                                 pairs);
         }
     }
-    std::vector<float> attn(static_cast<size_t>(T * nh * vd));
+    const ScratchBuf attn = scratch(Scratch::kAttnOut, T * nh * vd);
     if (reference_kernels) {
         attend_reference(L, q.data(), slots, attn.data());
     } else {
@@ -388,7 +434,7 @@ void DeepseekModel::Impl::write_kv_rows(const Layer& L, const float* h, const To
     const int64_t T = slots.size();
     const MlaDims dims = mla_dims(cfg);
     const int64_t rd = dims.rd, lora = dims.lora;
-    std::vector<float> kv(static_cast<size_t>(T * (lora + rd)));
+    const ScratchBuf kv = scratch(Scratch::kKvA, T * (lora + rd));
     matmul(L.kv_a, h, T, kv.data());
     // The new rows are computed in f32 (in place for an f32 cache), then encoded into
     // the cache's dtype (S-ENG-9).
@@ -479,17 +525,39 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
                                    vd = dims.vd, lora = dims.lora;
     // Absorb W_kb into the queries, one batch-invariant matmul per head:
     // q_lat[t, h] = W_kb[h]^T q_nope[t, h].
-    std::vector<float> q_lat(static_cast<size_t>(T * nh * lora));
-    std::vector<float> xin(static_cast<size_t>(T * std::max(nope, lora)));
-    std::vector<float> yout(static_cast<size_t>(T * std::max(lora, vd)));
+    // Head-major staging ([head][token][...]): each head's matmul reads and writes
+    // contiguous rows; the copies in and out run over the pool, all heads at once.
+    const ScratchBuf q_lat = scratch(Scratch::kQLat, T * nh * lora);
+    const ScratchBuf xin = scratch(Scratch::kHeadIn, nh * T * std::max(nope, lora));
+    const ScratchBuf yout = scratch(Scratch::kHeadOut, nh * T * std::max(lora, vd));
+    // Rows of n floats: src[t * token_stride + hd * head_stride] -> dst[(hd * T + t) * n].
+    auto to_heads = [&](const float* src, int64_t token_stride, int64_t head_stride, int64_t n,
+                        float* dst) {
+        pool->parallel_for(T, 16, [&](int64_t tb, int64_t te) {
+            for (int64_t t = tb; t < te; ++t) {
+                for (int64_t hd = 0; hd < nh; ++hd) {
+                    std::copy_n(src + t * token_stride + hd * head_stride, n,
+                                dst + (hd * T + t) * n);
+                }
+            }
+        });
+    };
+    // And back: src[(hd * T + t) * n] -> dst[(t * nh + hd) * n].
+    auto from_heads = [&](const float* src, int64_t n, float* dst) {
+        pool->parallel_for(T, 16, [&](int64_t tb, int64_t te) {
+            for (int64_t t = tb; t < te; ++t) {
+                for (int64_t hd = 0; hd < nh; ++hd) {
+                    std::copy_n(src + (hd * T + t) * n, n, dst + (t * nh + hd) * n);
+                }
+            }
+        });
+    };
+    to_heads(q, nh * qk, qk, nope, xin.data());
     for (int64_t hd = 0; hd < nh; ++hd) {
-        for (int64_t t = 0; t < T; ++t)
-            std::copy_n(q + (t * nh + hd) * qk, nope, xin.data() + t * nope);
-        kernels::matmul(L.kb_t[hd], xin.data(), T, yout.data(), pool.get());
-        for (int64_t t = 0; t < T; ++t) {
-            std::copy_n(yout.data() + t * lora, lora, q_lat.data() + (t * nh + hd) * lora);
-        }
+        kernels::matmul(L.kb_t[hd], xin.data() + hd * T * nope, T, yout.data() + hd * T * lora,
+                        pool.get());
     }
+    from_heads(yout.data(), lora, q_lat.data());
     // One block table per sequence (tokens of a sequence share its cache), covering
     // the furthest position any of its tokens attends to.
     std::vector<KvCache*> caches;
@@ -530,10 +598,20 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
     }
     std::vector<int64_t> num_positions(static_cast<size_t>(T));
     for (int64_t t = 0; t < T; ++t) num_positions[t] = slots.pos[t] + 1;
-    std::vector<float> o_lat(static_cast<size_t>(T * nh * lora));
-    pool->parallel_for(static_cast<int64_t>(items.size()), 1, [&](int64_t begin, int64_t end) {
+    const ScratchBuf o_lat = scratch(Scratch::kOLat, T * nh * lora);
+    // Items alternate early and late tokens (0, n-1, 1, n-2, ...): a causal item costs
+    // about its position, and the pool's chunks are static and contiguous, so in token
+    // order one thread would get the cheap half (2 threads: 1/4 vs 3/4 of the work).
+    const int64_t num_items = static_cast<int64_t>(items.size());
+    std::vector<int64_t> order;
+    order.reserve(items.size());
+    for (int64_t lo = 0, hi = num_items - 1; lo <= hi; ++lo, --hi) {
+        order.push_back(lo);
+        if (hi != lo) order.push_back(hi);
+    }
+    pool->parallel_for(num_items, 1, [&](int64_t begin, int64_t end) {
         for (int64_t i = begin; i < end; ++i) {
-            const Item& it = items[static_cast<size_t>(i)];
+            const Item& it = items[static_cast<size_t>(order[static_cast<size_t>(i)])];
             const size_t si = static_cast<size_t>(seq_of[it.t0]);
             const kernels::LatentKvView view{blocks[si].data(), strides[si], kv_dtype};
             kernels::MlaTokens tk;
@@ -551,24 +629,27 @@ void DeepseekModel::Impl::attend_kernels(const Layer& L, const float* q, const T
         }
     });
     // Value up-projection per head: attn[t, h] = W_vb[h] o_lat[t, h].
+    to_heads(o_lat.data(), nh * lora, lora, lora, xin.data());
     for (int64_t hd = 0; hd < nh; ++hd) {
-        for (int64_t t = 0; t < T; ++t) {
-            std::copy_n(o_lat.data() + (t * nh + hd) * lora, lora, xin.data() + t * lora);
-        }
-        kernels::matmul(L.vb[hd], xin.data(), T, yout.data(), pool.get());
-        for (int64_t t = 0; t < T; ++t)
-            std::copy_n(yout.data() + t * vd, vd, attn + (t * nh + hd) * vd);
+        kernels::matmul(L.vb[hd], xin.data() + hd * T * lora, T, yout.data() + hd * T * vd,
+                        pool.get());
     }
+    from_heads(yout.data(), vd, attn);
 }
 
 void DeepseekModel::Impl::mlp(const Mlp& m, const float* h, int64_t T, float* out) {
     const int64_t inter = m.gate.rows();
-    std::vector<float> g(static_cast<size_t>(T * inter));
-    std::vector<float> u(static_cast<size_t>(T * inter));
+    const ScratchBuf g = scratch(Scratch::kMlpGate, T * inter);
+    const ScratchBuf u = scratch(Scratch::kMlpUp, T * inter);
     matmul(m.gate, h, T, g.data());
     matmul(m.up, h, T, u.data());
     if (!reference_kernels) {
-        kernels::silu_mul(kernels::active_isa(), g.data(), u.data(), T * inter, g.data());
+        // Element-wise: any split over the pool gives the same bits.
+        const kernels::Isa isa = kernels::active_isa();
+        pool->parallel_for(T, 8, [&](int64_t tb, int64_t te) {
+            kernels::silu_mul(isa, g.data() + tb * inter, u.data() + tb * inter, (te - tb) * inter,
+                              g.data() + tb * inter);
+        });
     } else {
         for (size_t i = 0; i < g.size(); ++i) {
             float x = g[i];
@@ -647,47 +728,61 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
     const ModelConfig& c = cfg;
     const int64_t H = c.hidden_size;
     const int64_t E = c.n_routed_experts;
+    const int64_t k = c.num_experts_per_tok;
     std::vector<std::vector<int32_t>> ids(static_cast<size_t>(T));
     std::vector<std::vector<float>> weights(static_cast<size_t>(T));
     std::vector<float> gate_logits(static_cast<size_t>(T * E));
     matmul(L.gate, h, T, gate_logits.data());
     for (int64_t t = 0; t < T; ++t) route(gate_logits.data() + t * E, L, ids[t], weights[t]);
-    // Group tokens by expert; accumulate each token's routed outputs in expert-id
-    // order (ids are sorted), so a token's result does not depend on its batch.
-    std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
+    // Group tokens by expert: expert e's rows are [first[e], first[e + 1]) of one
+    // expert-major buffer, its tokens in increasing order; row_of[t * k + j] is the row
+    // holding token t's j-th expert (ids are sorted, so each token's routed outputs are
+    // summed in expert-id order and its result does not depend on its batch).
+    std::vector<int64_t> first(static_cast<size_t>(E + 1), 0);
     for (int64_t t = 0; t < T; ++t) {
-        for (int32_t e : ids[t]) tokens_of[e].push_back(t);
+        for (int32_t e : ids[t]) ++first[e + 1];
     }
-    std::vector<float> expert_out(static_cast<size_t>(T * c.num_experts_per_tok * H));
-    std::vector<int64_t> slot_of(static_cast<size_t>(T * E), -1);
+    for (int64_t e = 0; e < E; ++e) first[e + 1] += first[e];
+    std::vector<int64_t> row_of(static_cast<size_t>(T * k));
+    std::vector<int64_t> token_of_row(static_cast<size_t>(T * k));
+    {
+        std::vector<int64_t> next(first.begin(), first.end() - 1);
+        for (int64_t t = 0; t < T; ++t) {
+            for (int64_t j = 0; j < k; ++j) {
+                const int64_t r = next[ids[t][j]]++;
+                row_of[t * k + j] = r;
+                token_of_row[r] = t;
+            }
+        }
+    }
+    // Gather, the experts' MLPs, then each token's weighted sum: copies and sums are
+    // spread over the pool by row / token (each element's operations stay the same).
+    const ScratchBuf xin = scratch(Scratch::kMoeIn, T * k * H);
+    const ScratchBuf y = scratch(Scratch::kMoeOut, T * k * H);
+    pool->parallel_for(T * k, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; ++r) {
+            std::copy_n(h + token_of_row[r] * H, H, xin.data() + r * H);
+        }
+    });
     for (int64_t e = 0; e < E; ++e) {
-        const auto& toks = tokens_of[e];
-        if (toks.empty()) continue;
-        std::vector<float> xin(toks.size() * H);
-        for (size_t i = 0; i < toks.size(); ++i) {
-            std::copy_n(h + toks[i] * H, H, xin.data() + i * H);
-        }
-        std::vector<float> y(toks.size() * H);
-        mlp(L.experts[e], xin.data(), static_cast<int64_t>(toks.size()), y.data());
-        for (size_t i = 0; i < toks.size(); ++i) {
-            const int64_t t = toks[i];
-            const int64_t j = std::find(ids[t].begin(), ids[t].end(), e) - ids[t].begin();
-            std::copy_n(y.data() + i * H, H,
-                        expert_out.data() + (t * c.num_experts_per_tok + j) * H);
-        }
+        const int64_t n = first[e + 1] - first[e];
+        if (n == 0) continue;
+        mlp(L.experts[e], xin.data() + first[e] * H, n, y.data() + first[e] * H);
     }
-    std::fill(out, out + T * H, 0.0f);
-    for (int64_t t = 0; t < T; ++t) {
-        for (int64_t j = 0; j < c.num_experts_per_tok; ++j) {
-            axpy(weights[t][j], expert_out.data() + (t * c.num_experts_per_tok + j) * H,
-                 out + t * H, H);
+    const ScratchBuf s = L.has_shared ? scratch(Scratch::kMoeShared, T * H) : ScratchBuf{};
+    if (L.has_shared) mlp(L.shared, h, T, s.data());
+    pool->parallel_for(T, 4, [&](int64_t begin, int64_t end) {
+        for (int64_t t = begin; t < end; ++t) {
+            float* o = out + t * H;
+            std::fill(o, o + H, 0.0f);
+            for (int64_t j = 0; j < k; ++j) {
+                axpy(weights[t][j], y.data() + row_of[t * k + j] * H, o, H);
+            }
+            if (s.data() != nullptr) {
+                for (int64_t i = 0; i < H; ++i) o[i] += s[t * H + i];
+            }
         }
-    }
-    if (L.has_shared) {
-        std::vector<float> s(static_cast<size_t>(T * H));
-        mlp(L.shared, h, T, s.data());
-        for (int64_t i = 0; i < T * H; ++i) out[i] += s[i];
-    }
+    });
 }
 
 void DeepseekModel::Impl::begin_move(std::vector<int> next_local) {
@@ -824,12 +919,12 @@ Status DeepseekModel::Impl::moe_ep(const Layer& L, const float* h, int64_t T, fl
 Status DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& slots) {
     const int64_t T = slots.size();
     const int64_t H = cfg.hidden_size;
-    std::vector<float> h(static_cast<size_t>(T * H));
-    std::vector<float> y(static_cast<size_t>(T * H));
+    const ScratchBuf h = scratch(Scratch::kBlockH, T * H);
+    const ScratchBuf y = scratch(Scratch::kBlockY, T * H);
     if (T > 0) {
         rms_norm(x, L.input_norm, T, H, h.data());
         attention(L, h.data(), slots, y.data());
-        for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+        add_rows(x, y.data(), T, H);
         rms_norm(x, L.post_norm, T, H, h.data());
     }
     if (L.moe && ep != nullptr) {
@@ -839,8 +934,14 @@ Status DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& sl
     } else if (T > 0) {
         mlp(L.dense, h.data(), T, y.data());
     }
-    for (int64_t i = 0; i < T * H; ++i) x[i] += y[i];
+    add_rows(x, y.data(), T, H);
     return Status::ok();
+}
+
+void DeepseekModel::Impl::add_rows(float* x, const float* y, int64_t T, int64_t H) {
+    pool->parallel_for(T, 8, [&](int64_t tb, int64_t te) {
+        for (int64_t i = tb * H; i < te * H; ++i) x[i] += y[i];
+    });
 }
 
 DeepseekModel::DeepseekModel(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

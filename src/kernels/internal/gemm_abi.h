@@ -87,6 +87,9 @@ struct Q8Acts {
     const int8_t* q = nullptr;
     const float* d = nullptr;
     const int32_t* s128 = nullptr;
+    // -s128 (wrapping): the AVX-512 q8 kernel starts each block's int32 sum there, so
+    // the sum ends at the exact isum_b without a subtraction per (row group, token).
+    const int32_t* neg_s128 = nullptr;
 };
 
 // y[t * w.rows + r] for t < m and rows of groups [g_begin, g_end). x is [m,
@@ -107,6 +110,11 @@ void gemm_avx512(const PackedView& w, const float* x, const Q8Acts& xq, int64_t 
 // q[32 b + j] = rne(x * id[b]) and s128[b] = 128 * sum of block b's q.
 void q8_block_amax_avx512(const float* x, int64_t nb, float* amax);
 void q8_block_amax_avx2(const float* x, int64_t nb, float* amax);
+// d[b] = f16-rounded amax[b] / 127 (F16C, nearest even: the bits of the scalar
+// f32_to_f16 for every finite input) and, in place, amax[b] -> id[b] = 127 / amax[b]
+// (0 where amax is 0).
+void q8_scales_avx512(float* amax_id, int64_t nb, float* d);
+void q8_scales_avx2(float* amax_id, int64_t nb, float* d);
 void q8_quantize_blocks_avx512(const float* x, int64_t nb, const float* id, int8_t* q,
                                int32_t* s128);
 void q8_quantize_blocks_avx2(const float* x, int64_t nb, const float* id, int8_t* q,

@@ -226,6 +226,26 @@ void q8_block_amax_avx2(const float* x, int64_t nb, float* amax) {
     }
 }
 
+void q8_scales_avx2(float* amax_id, int64_t nb, float* d) {
+    const __m256 k127 = _mm256_set1_ps(127.0f);
+    const __m256 zero = _mm256_setzero_ps();
+    int64_t b = 0;
+    for (; b + 8 <= nb; b += 8) {
+        const __m256 a = _mm256_loadu_ps(amax_id + b);
+        const __m128i h = _mm256_cvtps_ph(_mm256_div_ps(a, k127), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_ps(d + b, _mm256_cvtph_ps(h));
+        // `amax != 0` in the reference is true for NaN too (unordered compare).
+        const __m256 nonzero = _mm256_cmp_ps(a, zero, _CMP_NEQ_UQ);
+        _mm256_storeu_ps(amax_id + b, _mm256_and_ps(nonzero, _mm256_div_ps(k127, a)));
+    }
+    for (; b < nb; ++b) {
+        const float a = amax_id[b];
+        const __m128i h = _mm_cvtps_ph(_mm_set_ss(a / 127.0f), _MM_FROUND_TO_NEAREST_INT);
+        d[b] = _mm_cvtss_f32(_mm_cvtph_ps(h));
+        amax_id[b] = a != 0.0f ? 127.0f / a : 0.0f;
+    }
+}
+
 void q8_quantize_blocks_avx2(const float* x, int64_t nb, const float* id, int8_t* q,
                              int32_t* s128) {
     const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);

@@ -102,10 +102,12 @@ void tile_q8(const PackedView& w, const Q8Acts& xq, int64_t g0, int64_t t0, floa
             acc[g][t] = _mm512_setzero_ps();
     }
     for (int64_t b = 0; b < nb; ++b) {
+        // Start at -128·Σx: dpbusd adds Σ(w + 128)·x, so ia ends at the exact block sum
+        // isum_b (the same integer the reference's `isum − s128` gives).
         __m512i ia[NR][MT];
         for (int g = 0; g < NR; ++g) {
             for (int t = 0; t < MT; ++t)
-                ia[g][t] = _mm512_setzero_si512();
+                ia[g][t] = _mm512_set1_epi32(xq.neg_s128[(t0 + t) * nb + b]);
         }
         const int64_t boff = b * kQ8BlockBytes;
         for (int qd = 0; qd < kQ8Block / 4; ++qd) {
@@ -125,8 +127,7 @@ void tile_q8(const PackedView& w, const Q8Acts& xq, int64_t g0, int64_t t0, floa
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(grp[g] + boff)));
             for (int t = 0; t < MT; ++t) {
                 const int64_t xb = (t0 + t) * nb + b;
-                const __m512 f =
-                    _mm512_cvtepi32_ps(_mm512_sub_epi32(ia[g][t], _mm512_set1_epi32(xq.s128[xb])));
+                const __m512 f = _mm512_cvtepi32_ps(ia[g][t]);
                 const __m512 d = _mm512_mul_ps(dw, _mm512_set1_ps(xq.d[xb]));
                 acc[g][t] = _mm512_fmadd_ps(f, d, acc[g][t]);
             }
@@ -272,9 +273,28 @@ void q8_quantize_blocks_avx512(const float* x, int64_t nb, const float* id, int8
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block), _mm512_cvtepi32_epi8(c0));
         _mm_storeu_si128(reinterpret_cast<__m128i*>(q + b * kQ8Block + 16),
                          _mm512_cvtepi32_epi8(c1));
-        int32_t lanes[16];
-        _mm512_storeu_si512(lanes, _mm512_add_epi32(c0, c1));
-        s128[b] = wrap_times128(wrap_sum(lanes, 16));
+        // Vector adds wrap like wrap_add, and a sum mod 2^32 does not depend on order.
+        const __m512i s16 = _mm512_add_epi32(c0, c1);
+        const __m256i s8 =
+            _mm256_add_epi32(_mm512_castsi512_si256(s16), _mm512_extracti64x4_epi64(s16, 1));
+        __m128i h = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+        h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+        s128[b] = wrap_times128(_mm_cvtsi128_si32(h));
+    }
+}
+
+void q8_scales_avx512(float* amax_id, int64_t nb, float* d) {
+    const __m512 k127 = _mm512_set1_ps(127.0f);
+    for (int64_t b = 0; b < nb; b += 16) {
+        const __mmask16 live = nb - b >= 16 ? static_cast<__mmask16>(0xffff)
+                                            : static_cast<__mmask16>((1u << (nb - b)) - 1);
+        const __m512 a = _mm512_maskz_loadu_ps(live, amax_id + b);
+        const __m256i h = _mm512_cvtps_ph(_mm512_div_ps(a, k127), _MM_FROUND_TO_NEAREST_INT);
+        _mm512_mask_storeu_ps(d + b, live, _mm512_cvtph_ps(h));
+        // `amax != 0` in the reference is true for NaN too (unordered compare).
+        const __mmask16 nonzero = _mm512_cmp_ps_mask(a, _mm512_setzero_ps(), _CMP_NEQ_UQ);
+        _mm512_mask_storeu_ps(amax_id + b, live, _mm512_maskz_div_ps(nonzero, k127, a));
     }
 }
 
