@@ -228,6 +228,9 @@ Status ClusterDescription::validate() const {
     if (store_capacity_tokens < 0 || store_ttl_ns < 0) {
         return invalid_argument("cluster: store capacity and TTL must be >= 0");
     }
+    if (!(prefill_time_scale > 0) || !std::isfinite(prefill_time_scale)) {
+        return invalid_argument("cluster: prefill_time_scale must be > 0");
+    }
     if (decode_join_recompute_block < 0) {
         return invalid_argument("cluster: decode_join_recompute_block must be >= 0");
     }
@@ -235,11 +238,15 @@ Status ClusterDescription::validate() const {
 }
 
 Result<ClusterDescription> parse_cluster_description(std::string_view json) {
+    return apply_cluster_description(json, ClusterDescription{});
+}
+
+Result<ClusterDescription> apply_cluster_description(std::string_view json,
+                                                     ClusterDescription c) {
     nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
         return invalid_argument("cluster description: not a JSON object");
     }
-    ClusterDescription c;
     for (const auto& [key, v] : j.items()) {
         if (key == "device") {
             if (!v.is_string()) {
@@ -250,6 +257,8 @@ Result<ClusterDescription> parse_cluster_description(std::string_view json) {
             DSI_RETURN_IF_ERROR(num(v, key, c.num_prefill));
         } else if (key == "num_decode") {
             DSI_RETURN_IF_ERROR(num(v, key, c.num_decode));
+        } else if (key == "prefill_time_scale") {
+            DSI_RETURN_IF_ERROR(num(v, key, c.prefill_time_scale));
         } else if (key == "prefill_step_overhead_ns") {
             DSI_RETURN_IF_ERROR(num(v, key, c.prefill_step_overhead_ns));
         } else if (key == "decode_base_ns") {

@@ -19,7 +19,7 @@ constexpr int64_t kKvBlockTokens = 128;
 // Ideal per-request work on a perfectly balanced, fully batched cluster.
 double ideal_prefill_ns(const ClusterDescription& c, const cluster::PrefillLbSettings& lb,
                         int64_t input, int64_t hit) {
-    const double w = c.prefill_cost.cost_ns(input - hit, hit);
+    const double w = c.prefill_time_scale * c.prefill_cost.cost_ns(input - hit, hit);
     int b = cluster::kNumPrefillBuckets - 1;
     for (int i = 0; i < cluster::kNumPrefillBuckets - 1; ++i) {
         if (input < lb.bucket_upper_tokens[i]) {
@@ -221,7 +221,9 @@ void Sim::try_start_prefill(int e) {
             break;
         }
     }
-    const double duration = c_.prefill_step_overhead_ns + total;
+    // The chunks are sized by the cost model (as the engines size them) and take
+    // prefill_time_scale times its cost (a fit to live steps, sim/step_fit.h).
+    const double duration = c_.prefill_step_overhead_ns + c_.prefill_time_scale * total;
     pe.busy = true;
     pe.busy_ns += duration;
     if (o_.timeline_bin_ns > 0) {

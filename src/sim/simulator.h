@@ -91,6 +91,11 @@ struct ClusterDescription {
     int num_prefill = 64;
     int num_decode = 64;
     engine::PrefillCostModel prefill_cost;
+    // A prefill step's chunks are sized by prefill_cost and take prefill_time_scale x
+    // its cost: 1 when prefill_cost is the device's own fit; a fit to live step records
+    // (sim/step_fit.h) says how much slower the engines' steps run than the calibration
+    // they chunk by.
+    double prefill_time_scale = 1.0;
     double prefill_step_overhead_ns = 1e6;
     double decode_base_ns = 15e6;
     double decode_per_request_ns = 100e3;
@@ -122,6 +127,10 @@ struct ClusterDescription {
 // "instance", "devices"}], "autoscaler": {the AutoscalerSettings fields, intervals as
 // scale_out_interval_s / scale_in_interval_s}). Unknown keys are an error.
 Result<ClusterDescription> parse_cluster_description(std::string_view json);
+// The same keys applied over `base` (the keys absent keep base's values): an overlay such
+// as a step fit (sim/step_fit.h) on a calibrated description.
+Result<ClusterDescription> apply_cluster_description(std::string_view json,
+                                                     ClusterDescription base);
 
 enum class PrefillRouting { kDeepSeek, kRoundRobin, kLeastLoaded, kPrefixAffinity };
 enum class DecodeRouting { kDeepSeek, kRoundRobin, kLeastLoaded };
