@@ -13,8 +13,16 @@ namespace {
 constexpr int kMaxColumns = 3;
 using Row = std::array<double, kMaxColumns>;
 
-// Least squares y ~ X b over the columns in `mask` (the others fixed at 0), by the normal
-// equations and Gaussian elimination with partial pivoting. False when singular.
+// The squared weight of a step of y ns in the relative fit (steps under 1 us count as 1 us).
+double weight(double y_ns) {
+    const double y = std::max(y_ns, 1e3);
+    return 1.0 / (y * y);
+}
+
+// Relative least squares, y ~ X b minimising sum ((X b - y) / y)^2, over the columns in
+// `mask` (the others fixed at 0), by the normal equations and Gaussian elimination with
+// partial pivoting. Relative: a 5 ms step counts as much as a 500 ms one (TTFT percentiles
+// are made of both). False when singular.
 bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_cols,
                   unsigned mask, Row& b) {
     int cols[kMaxColumns];
@@ -24,9 +32,10 @@ bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_col
     }
     double a[kMaxColumns][kMaxColumns + 1] = {};
     for (size_t i = 0; i < x.size(); ++i) {
+        const double w = weight(y[i]);
         for (int r = 0; r < k; ++r) {
-            for (int c = 0; c < k; ++c) a[r][c] += x[i][cols[r]] * x[i][cols[c]];
-            a[r][k] += x[i][cols[r]] * y[i];
+            for (int c = 0; c < k; ++c) a[r][c] += w * x[i][cols[r]] * x[i][cols[c]];
+            a[r][k] += w * x[i][cols[r]] * y[i];
         }
     }
     double scale = 0;
@@ -49,7 +58,7 @@ bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_col
     return true;
 }
 
-// Non-negative least squares for up to 3 columns: the subset of columns whose
+// Non-negative relative least squares for up to 3 columns: the subset of columns whose
 // unconstrained solution is all >= 0 with the smallest residual (exact for so few).
 Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y, int num_cols) {
     Row best{};
@@ -62,7 +71,7 @@ Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y, int 
         for (size_t i = 0; i < x.size(); ++i) {
             double f = 0;
             for (int j = 0; j < num_cols; ++j) f += b[j] * x[i][j];
-            sse += (f - y[i]) * (f - y[i]);
+            sse += weight(y[i]) * (f - y[i]) * (f - y[i]);
         }
         if (sse < best_sse) {
             best_sse = sse;
@@ -196,9 +205,8 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
     if (b[1] <= 0) {
         // The steps do not grow with their chunks' cost (all alike): a scale through the
         // origin, so the simulator's chunks still cost by their size.
-        double sy = 0;
-        for (double v : y) sy += v;
-        b = {0.0, cost_sum > 0 ? sy / cost_sum : 1.0, 0.0};
+        b = Row{};
+        if (!solve_subset(x, y, 2, 2u, b) || !(b[1] > 0)) b = {0.0, 1.0, 0.0};
     }
     fit.prefill_step_overhead_ns = b[0];
     fit.prefill_time_scale = b[1];
