@@ -36,7 +36,8 @@
 # simulator gives for LOAD. SVL_REPS=K replays the predicted slice K times live (fresh
 # engines, router and membership prefix each time: no prefix cache carries over) and
 # prints each run's sim / live and the medians. SVL_KEEP=DIR keeps the calibration, the
-# fit, the step logs and the results there. Every live run prints its engines' steps
+# fit, the step logs, the engines' /metrics and the results there. SVL_FIT_REPS=K fits
+# to K live runs of the fit slice pooled. Every live run prints its engines' steps
 # against the calibration (prefill steps by prompts in the step: wall and worker CPU
 # time over the calibrated cost; the host gap before back-to-back steps).
 set -euo pipefail
@@ -212,6 +213,11 @@ for name, path in zip(("prefill", "decode"), sys.argv[1:]):
           f"{1000 * fwd / steps if steps else 0:.2f} ms a step, "
           f"output tokens {m.get('dsinfer_engine_output_tokens_total', 0):.0f}, "
           f"prompt tokens {m.get('dsinfer_engine_prompt_tokens_total', 0):.0f}")
+    sent = m.get("dsinfer_kv_handoff_sent_total", 0)
+    if sent:
+        print(f"  KV hand-overs: {sent:.0f} sent, {m.get('dsinfer_kv_handoff_failed_total', 0):.0f} "
+              f"failed, export -> Ack mean "
+              f"{m.get('dsinfer_kv_handoff_sent_microseconds_total', 0) / sent / 1000:.2f} ms")
 PY
   step_report "$work/steps_p_$name.jsonl" "$work/steps_d_$name.jsonl"
   for p in "${run_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
@@ -221,10 +227,18 @@ PY
 step_fit=()
 if [[ -n "$fit_offset" ]]; then
   fit_scale="$(sim_scale "$work/fit_slice.jsonl" "$work/fit_sim.json")"
-  live_run fit "$work/fit_slice.jsonl" "$fit_scale"
-  echo "== step fit (slice at offset $fit_offset)"
-  "$bin" sim --cluster "$work/cluster.json" --fit-prefill-steps "$work/steps_p_fit.jsonl" \
-    --fit-decode-steps "$work/steps_d_fit.jsonl" --fit-out "$work/step_fit.json" \
+  # The engines' speed moves between identical runs (bench/RESULTS.md): the fit pools
+  # SVL_FIT_REPS runs' steps (steady-clock times: the runs never overlap).
+  : > "$work/steps_p_fit_all.jsonl"
+  : > "$work/steps_d_fit_all.jsonl"
+  for rep in $(seq "${SVL_FIT_REPS:-1}"); do
+    live_run "fit$rep" "$work/fit_slice.jsonl" "$fit_scale"
+    cat "$work/steps_p_fit$rep.jsonl" >> "$work/steps_p_fit_all.jsonl"
+    cat "$work/steps_d_fit$rep.jsonl" >> "$work/steps_d_fit_all.jsonl"
+  done
+  echo "== step fit (slice at offset $fit_offset, ${SVL_FIT_REPS:-1} runs)"
+  "$bin" sim --cluster "$work/cluster.json" --fit-prefill-steps "$work/steps_p_fit_all.jsonl" \
+    --fit-decode-steps "$work/steps_d_fit_all.jsonl" --fit-out "$work/step_fit.json" \
     > "$work/step_fit_report.json" 2> "$work/step_fit.err" || fail "step fit failed: $(cat "$work/step_fit.err")"
   python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$work/step_fit_report.json"
   step_fit=(--step-fit "$work/step_fit.json")
@@ -266,7 +280,7 @@ PY
 if [[ -n "$keep" ]]; then
   mkdir -p "$keep"
   cp "$work"/cost.json "$work"/verify.json "$work"/cluster.json "$work"/sim*.json "$work"/live_*.json \
-    "$work"/steps_*.jsonl "$work"/*slice.jsonl "$keep"/ 2>/dev/null || true
+    "$work"/steps_*.jsonl "$work"/*slice.jsonl "$work"/metrics_*.txt "$keep"/ 2>/dev/null || true
   [[ -f "$work/step_fit.json" ]] && cp "$work/step_fit.json" "$work/step_fit_report.json" "$keep"/
   echo "kept in $keep"
 fi

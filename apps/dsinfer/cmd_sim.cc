@@ -99,6 +99,12 @@ nlohmann::json result_json(const sim::SimResult& r) {
                {r.min_online_decode_instances, r.max_online_decode_instances}}}}};
 }
 
+// Prints `s` to stderr; returns `rc`.
+int report(const Status& s, int rc) {
+    std::fprintf(stderr, "%s\n", s.to_string().c_str());
+    return rc;
+}
+
 // --cluster (defaults without), then the --step-fit overlay over it.
 Result<sim::ClusterDescription> load_cluster(Env* env, const SimFlags& f) {
     sim::ClusterDescription c;
@@ -123,23 +129,14 @@ int run_fit(Env* env, const SimFlags& f, const sim::ClusterDescription& cluster)
         Result<std::vector<engine::StepRecord>> r =
             text.is_ok() ? sim::parse_step_log(*text)
                          : Result<std::vector<engine::StepRecord>>(text.status());
-        if (!r.is_ok()) {
-            std::fprintf(stderr, "%s\n", r.status().with_context(*paths[i]).to_string().c_str());
-            return 2;
-        }
+        if (!r.is_ok()) return report(r.status().with_context(*paths[i]), 2);
         logs[i] = std::move(r).value();
     }
     Result<sim::StepCostFit> fit = sim::fit_step_costs(logs[0], logs[1], cluster.prefill_cost);
-    if (!fit.is_ok()) {
-        std::fprintf(stderr, "%s\n", fit.status().to_string().c_str());
-        return 2;
-    }
+    if (!fit.is_ok()) return report(fit.status(), 2);
     if (!f.fit_out.empty()) {
         Status st = env->write_file(f.fit_out, sim::step_fit_overlay_json(*fit));
-        if (!st.is_ok()) {
-            std::fprintf(stderr, "%s\n", st.to_string().c_str());
-            return 1;
-        }
+        if (!st.is_ok()) return report(st, 1);
     }
     const nlohmann::json out = {
         {"prefill",
@@ -164,10 +161,7 @@ int run_fit(Env* env, const SimFlags& f, const sim::ClusterDescription& cluster)
 int run_sim(const SimFlags& f) {
     Env* env = Env::default_env();
     Result<sim::ClusterDescription> loaded = load_cluster(env, f);
-    if (!loaded.is_ok()) {
-        std::fprintf(stderr, "%s\n", loaded.status().to_string().c_str());
-        return 2;
-    }
+    if (!loaded.is_ok()) return report(loaded.status(), 2);
     sim::ClusterDescription cluster = std::move(loaded).value();
     if (!f.fit_prefill_steps.empty() || !f.fit_decode_steps.empty()) {
         return run_fit(env, f, cluster);
