@@ -44,10 +44,10 @@ struct SimFlags {
     int fail_devices = 1;
     bool autoscale = false;
     // Step costs fitted to live engines' step records (sim/step_fit.h).
-    std::string step_fit;             // overlay applied over --cluster
-    std::string fit_prefill_steps;    // fit mode: a prefill engine's --step-log
-    std::string fit_decode_steps;     // and a decode engine's
-    std::string fit_out;              // where the fitted overlay goes
+    std::string step_fit;           // overlay applied over --cluster
+    std::string fit_prefill_steps;  // fit mode: a prefill engine's --step-log
+    std::string fit_decode_steps;   // and a decode engine's
+    std::string fit_out;            // where the fitted overlay goes
 };
 
 nlohmann::json dist_json(const sim::Distribution& d) {
@@ -138,22 +138,21 @@ int run_fit(Env* env, const SimFlags& f, const sim::ClusterDescription& cluster)
         Status st = env->write_file(f.fit_out, sim::step_fit_overlay_json(*fit));
         if (!st.is_ok()) return report(st, 1);
     }
-    const nlohmann::json out = {
-        {"prefill",
-         {{"steps", fit->num_prefill_steps},
-          {"time_scale", fit->prefill_time_scale},
-          {"step_overhead_ns", fit->prefill_step_overhead_ns},
-          {"cpu_scale", fit->prefill_cpu_scale},
-          {"wall_over_cpu", fit->prefill_wall_over_cpu},
-          {"mean_rel_error", fit->prefill_mean_rel_error}}},
-        {"decode",
-         {{"steps", fit->num_decode_steps},
-          {"base_ns", fit->decode_base_ns},
-          {"per_request_ns", fit->decode_per_request_ns},
-          {"per_kv_token_ns", fit->decode_per_kv_token_ns},
-          {"wall_over_cpu", fit->decode_wall_over_cpu},
-          {"mean_rel_error", fit->decode_mean_rel_error}}},
-        {"out", f.fit_out}};
+    const nlohmann::json out = {{"prefill",
+                                 {{"steps", fit->num_prefill_steps},
+                                  {"time_scale", fit->prefill_time_scale},
+                                  {"step_overhead_ns", fit->prefill_step_overhead_ns},
+                                  {"cpu_scale", fit->prefill_cpu_scale},
+                                  {"wall_over_cpu", fit->prefill_wall_over_cpu},
+                                  {"mean_rel_error", fit->prefill_mean_rel_error}}},
+                                {"decode",
+                                 {{"steps", fit->num_decode_steps},
+                                  {"base_ns", fit->decode_base_ns},
+                                  {"per_request_ns", fit->decode_per_request_ns},
+                                  {"per_kv_token_ns", fit->decode_per_kv_token_ns},
+                                  {"wall_over_cpu", fit->decode_wall_over_cpu},
+                                  {"mean_rel_error", fit->decode_mean_rel_error}}},
+                                {"out", f.fit_out}};
     std::printf("%s\n", out.dump(2).c_str());
     return 0;
 }

@@ -241,8 +241,7 @@ Result<ClusterDescription> parse_cluster_description(std::string_view json) {
     return apply_cluster_description(json, ClusterDescription{});
 }
 
-Result<ClusterDescription> apply_cluster_description(std::string_view json,
-                                                     ClusterDescription c) {
+Result<ClusterDescription> apply_cluster_description(std::string_view json, ClusterDescription c) {
     nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
         return invalid_argument("cluster description: not a JSON object");

@@ -23,8 +23,8 @@ double weight(double y_ns) {
 // `mask` (the others fixed at 0), by the normal equations and Gaussian elimination with
 // partial pivoting. Relative: a 5 ms step counts as much as a 500 ms one (TTFT percentiles
 // are made of both). False when singular.
-bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_cols,
-                  unsigned mask, Row& b) {
+bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_cols, unsigned mask,
+                  Row& b) {
     int cols[kMaxColumns];
     int k = 0;
     for (int j = 0; j < num_cols; ++j) {

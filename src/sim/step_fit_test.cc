@@ -36,8 +36,8 @@ std::vector<engine::StepRecord> prefill_steps() {
         step(0, 200'000, {{100, 0}}),  // 50k + 1.5 x 100k
         // Starts 500 ns after the last ended: the host's planning, counted (349.5k + 0.5k).
         step(200'500, 550'000, {{200, 0}}),
-        step(600'000, 600'100, {}),                        // no items: not a forward pass
-        step(10'000'000, 10'500'000, {{300, 0}}),          // idle before: 50k + 450k
+        step(600'000, 600'100, {}),                            // no items: not a forward pass
+        step(10'000'000, 10'500'000, {{300, 0}}),              // idle before: 50k + 450k
         step(20'000'000, 20'425'000, {{100, 0}, {150, 100}}),  // two prompts: 50k + 375k
     };
 }
@@ -45,8 +45,8 @@ std::vector<engine::StepRecord> prefill_steps() {
 std::vector<engine::StepRecord> decode_steps() {
     // Far apart: no gap counts.
     return {
-        step(0, 2'101'000, {{1, 99}}),                              // 1 seq, 100 KV
-        step(10'000'000, 12'203'000, {{1, 99}, {1, 199}}),          // 2 seqs, 300 KV
+        step(0, 2'101'000, {{1, 99}}),                                           // 1 seq, 100 KV
+        step(10'000'000, 12'203'000, {{1, 99}, {1, 199}}),                       // 2 seqs, 300 KV
         step(20'000'000, 22'410'000, {{1, 249}, {1, 249}, {1, 249}, {1, 249}}),  // 4, 1000
         // A request joins with 20 tokens to recompute (20 us at the calibration):
         // 2 seqs, 100 + 148 KV tokens.
@@ -97,8 +97,7 @@ TEST(StepFitTest, TooFewStepsIsAnError) {
     const auto d = decode_steps();
     EXPECT_EQ(fit_step_costs(p, std::span(d).first(2), per_token_us()).status().code(),
               StatusCode::kInvalidArgument);
-    EXPECT_EQ(fit_step_costs({}, d, per_token_us()).status().code(),
-              StatusCode::kInvalidArgument);
+    EXPECT_EQ(fit_step_costs({}, d, per_token_us()).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(StepFitTest, ParsesTheServeStepLog) {
