@@ -10,7 +10,7 @@ namespace dsi::sim {
 
 namespace {
 
-constexpr int kMaxColumns = 3;
+constexpr int kMaxColumns = 4;
 using Row = std::array<double, kMaxColumns>;
 
 // The squared weight of a step of y ns in the relative fit (steps under 1 us count as 1 us).
@@ -58,7 +58,7 @@ bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_col
     return true;
 }
 
-// Non-negative relative least squares for up to 3 columns: the subset of columns whose
+// Non-negative relative least squares for up to 4 columns: the subset of columns whose
 // unconstrained solution is all >= 0 with the smallest residual (exact for so few).
 Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y, int num_cols) {
     Row best{};
@@ -184,36 +184,45 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
     }
     StepCostFit fit;
 
-    // Prefill: columns [1, sum of calibrated chunk costs].
+    // Prefill: columns [1, items, sum q, sum q^2]; the calibration's context terms
+    // (per_c, per_qc) taken out first and kept.
     std::vector<Row> x;
     std::vector<double> y;
     double cost_sum = 0;
+    double wall_sum = 0;
     double cpu_sum = 0;
     bool have_cpu = true;
     for (const Timed& t : p) {
         double cost = 0;
+        double context_ns = 0;
+        Row r = {1.0, 0.0, 0.0, 0.0};
         for (const engine::StepRecord::Item& it : t.record->items) {
             cost += calibrated.cost_ns(it.q, it.c);
+            const double q = static_cast<double>(it.q);
+            const double c = static_cast<double>(it.c);
+            context_ns += calibrated.per_c_ns * c + calibrated.per_qc_ns * q * c;
+            r[1] += 1;
+            r[2] += q;
+            r[3] += q * q;
         }
-        x.push_back({1.0, cost, 0.0});
-        y.push_back(t.cost_ns);
+        x.push_back(r);
+        y.push_back(std::max(1.0, t.cost_ns - context_ns));
         cost_sum += cost;
+        wall_sum += static_cast<double>(t.record->end_ns - t.record->start_ns);
         have_cpu = have_cpu && t.cpu_ns >= 0;
         cpu_sum += static_cast<double>(t.cpu_ns);
     }
-    Row b = nonneg_least_squares(x, y, 2);
-    if (b[1] <= 0) {
-        // The steps do not grow with their chunks' cost (all alike): a scale through the
-        // origin, so the simulator's chunks still cost by their size.
-        b = Row{};
-        if (!solve_subset(x, y, 2, 2u, b) || !(b[1] > 0)) b = {0.0, 1.0, 0.0};
-    }
+    Row b = nonneg_least_squares(x, y, 4);
     fit.prefill_step_overhead_ns = b[0];
-    fit.prefill_time_scale = b[1];
+    fit.prefill_time_cost = calibrated;
+    fit.prefill_time_cost.base_ns = b[1];
+    fit.prefill_time_cost.per_q_ns = b[2];
+    fit.prefill_time_cost.per_qq_ns = b[3];
     fit.num_prefill_steps = static_cast<int64_t>(p.size());
-    fit.prefill_cpu_scale = have_cpu && cost_sum > 0 ? cpu_sum / cost_sum : 0;
+    fit.prefill_wall_over_calibration = cost_sum > 0 ? wall_sum / cost_sum : 0;
+    fit.prefill_cpu_over_calibration = have_cpu && cost_sum > 0 ? cpu_sum / cost_sum : 0;
     fit.prefill_wall_over_cpu = wall_over_cpu(p);
-    fit.prefill_mean_rel_error = mean_rel_error(x, y, b, 2);
+    fit.prefill_mean_rel_error = mean_rel_error(x, y, b, 4);
 
     // Decode: columns [1, items, KV tokens], the join items' calibrated cost taken out.
     x.clear();
@@ -225,7 +234,7 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
             if (it.q > 1) join_ns += calibrated.cost_ns(it.q, it.c);
             kv_tokens += static_cast<double>(it.c + it.q);
         }
-        x.push_back({1.0, static_cast<double>(t.record->items.size()), kv_tokens});
+        x.push_back({1.0, static_cast<double>(t.record->items.size()), kv_tokens, 0.0});
         y.push_back(std::max(0.0, t.cost_ns - join_ns));
     }
     b = nonneg_least_squares(x, y, 3);
@@ -239,7 +248,13 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
 }
 
 std::string step_fit_overlay_json(const StepCostFit& fit) {
-    const nlohmann::json j = {{"prefill_time_scale", fit.prefill_time_scale},
+    const engine::PrefillCostModel& m = fit.prefill_time_cost;
+    const nlohmann::json j = {{"prefill_time_cost",
+                               {{"base_ns", m.base_ns},
+                                {"per_q_ns", m.per_q_ns},
+                                {"per_c_ns", m.per_c_ns},
+                                {"per_qc_ns", m.per_qc_ns},
+                                {"per_qq_ns", m.per_qq_ns}}},
                               {"prefill_step_overhead_ns", fit.prefill_step_overhead_ns},
                               {"decode_base_ns", fit.decode_base_ns},
                               {"decode_per_request_ns", fit.decode_per_request_ns},

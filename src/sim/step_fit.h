@@ -7,10 +7,13 @@
 // What a step costs, live: the worker's wall time from start to end, plus the host's gap
 // before it when the gap is short enough to be the host planning back-to-back steps
 // (StepFitOptions::max_gap_ns; a longer gap is an engine with nothing to do).
-//  - Prefill: step = overhead + time_scale x sum over its items of the calibrated
-//    PrefillCostModel::cost_ns(q, c) (`dsinfer calibrate`). The calibration keeps its
-//    shape (the engines chunk by it); the fit says how much slower the live steps run
-//    than the calibration's single-prompt points, and the fixed cost of a step.
+//  - Prefill: step = overhead + sum over its items of cost(q, c), cost a PrefillCostModel
+//    whose base (per sequence), per-token and q^2 terms are fitted to the steps and whose
+//    context terms (per_c, per_qc) are the calibration's (`dsinfer calibrate`): the live
+//    steps run from a few tokens to whole prompts of thousands, past the calibration's
+//    points, and small steps carry a fixed cost the calibration does not see. The
+//    simulator still sizes chunks by the calibration, as the engines do
+//    (ClusterDescription::prefill_time_cost).
 //  - Decode: step = base + per_request x items + per_kv_token x sum of (c + q), after
 //    taking the calibrated prefill cost of any item with q > 1 (a joining request's
 //    recomputed partial block, ClusterDescription::decode_join_recompute_block) out.
@@ -41,15 +44,16 @@ struct StepFitOptions {
 };
 
 struct StepCostFit {
-    // Prefill: step = prefill_step_overhead_ns + prefill_time_scale x sum cost_ns(q, c).
-    double prefill_time_scale = 1.0;
+    // Prefill: step = prefill_step_overhead_ns + sum prefill_time_cost.cost_ns(q, c).
+    engine::PrefillCostModel prefill_time_cost;
     double prefill_step_overhead_ns = 0;
     int64_t num_prefill_steps = 0;
-    // Diagnostics: the worker thread's CPU time over the calibrated cost (the compute
-    // itself against the calibration), and wall over CPU (> 1: the worker waited for
-    // its core, e.g. for the engine's other threads on a pinned core). 0 when the
-    // records carry no CPU time.
-    double prefill_cpu_scale = 0;
+    // Diagnostics: the steps' wall time and the worker thread's CPU time over the
+    // calibrated cost of their items, and wall over CPU (> 1: the worker waited for its
+    // core, e.g. for the engine's other threads on a pinned core). CPU: 0 when the
+    // records carry none.
+    double prefill_wall_over_calibration = 0;
+    double prefill_cpu_over_calibration = 0;
     double prefill_wall_over_cpu = 0;
     double prefill_mean_rel_error = 0;  // mean |fit - step| / step over the records
     // Decode: step = decode_base_ns + decode_per_request_ns x items +
@@ -74,7 +78,7 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
                                    const StepFitOptions& options = {});
 
 // The fit as a cluster-description overlay (the keys parse_cluster_description reads:
-// prefill_time_scale, prefill_step_overhead_ns, decode_base_ns, decode_per_request_ns,
+// prefill_time_cost, prefill_step_overhead_ns, decode_base_ns, decode_per_request_ns,
 // decode_per_kv_token_ns).
 std::string step_fit_overlay_json(const StepCostFit& fit);
 

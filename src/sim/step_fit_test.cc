@@ -18,27 +18,33 @@ engine::StepRecord step(int64_t start_ns, int64_t end_ns, std::vector<Item> item
     return r;
 }
 
-// A calibration of 1 us a prompt token and nothing else, so a chunk of q costs q us.
+// A calibration of 1 us a prompt token and 2 ns a (new token x context token), so a
+// chunk of q at context c costs q us + 2 q c ns.
 engine::PrefillCostModel per_token_us() {
     engine::PrefillCostModel m;
     m.base_ns = 0;
     m.per_q_ns = 1000;
     m.per_c_ns = 0;
-    m.per_qc_ns = 0;
+    m.per_qc_ns = 2;
     m.per_qq_ns = 0;
     return m;
 }
 
-// Live prefill steps take 50 us + 1.5x the calibration; decode steps 2 ms + 100 us a
-// sequence + 10 ns a KV token. The fit finds exactly those numbers.
+// Live prefill steps take 50 us a step + per sequence 10 us + 1 us a token + 0.5 ns x
+// q^2, and the calibration's 2 ns x q x c; decode steps 2 ms + 100 us a sequence + 10 ns
+// a KV token. The fit finds exactly those numbers.
 std::vector<engine::StepRecord> prefill_steps() {
     return {
-        step(0, 200'000, {{100, 0}}),  // 50k + 1.5 x 100k
-        // Starts 500 ns after the last ended: the host's planning, counted (349.5k + 0.5k).
-        step(200'500, 550'000, {{200, 0}}),
-        step(600'000, 600'100, {}),                            // no items: not a forward pass
-        step(10'000'000, 10'500'000, {{300, 0}}),              // idle before: 50k + 450k
-        step(20'000'000, 20'425'000, {{100, 0}, {150, 100}}),  // two prompts: 50k + 375k
+        step(0, 165'000, {{100, 0}}),  // 50k + 10k + 100k + 5k
+        // Starts 500 ns after the last ended: the host's planning, counted (279.5k + 0.5k
+        // = 50k + 10k + 200k + 20k).
+        step(165'500, 445'000, {{200, 0}}),
+        step(500'000, 500'100, {}),                // no items: not a forward pass
+        step(10'000'000, 10'405'000, {{300, 0}}),  // idle before: 50k + 10k + 300k + 45k
+        // Two prompts, one at context 100: 50k + (10k + 100k + 5k) + (10k + 150k +
+        // 11.25k) + 2 x 150 x 100.
+        step(20'000'000, 20'366'250, {{100, 0}, {150, 100}}),
+        step(30'000'000, 30'202'400, {{40, 0}, {40, 0}, {40, 0}}),  // 50k + 3 x 50.8k
     };
 }
 
@@ -48,9 +54,9 @@ std::vector<engine::StepRecord> decode_steps() {
         step(0, 2'101'000, {{1, 99}}),                                           // 1 seq, 100 KV
         step(10'000'000, 12'203'000, {{1, 99}, {1, 199}}),                       // 2 seqs, 300 KV
         step(20'000'000, 22'410'000, {{1, 249}, {1, 249}, {1, 249}, {1, 249}}),  // 4, 1000
-        // A request joins with 20 tokens to recompute (20 us at the calibration):
-        // 2 seqs, 100 + 148 KV tokens.
-        step(30'000'000, 32'222'480, {{1, 99}, {20, 128}}),
+        // A request joins with 20 tokens to recompute at context 128 (20 us + 2 x 20 x
+        // 128 ns at the calibration): 2 seqs, 100 + 148 KV tokens.
+        step(30'000'000, 32'227'600, {{1, 99}, {20, 128}}),
     };
 }
 
@@ -59,12 +65,18 @@ TEST(StepFitTest, RecoversTheStepCostsOfWorkedRecords) {
     const auto d = decode_steps();
     Result<StepCostFit> f = fit_step_costs(p, d, per_token_us());
     ASSERT_TRUE(f.is_ok()) << f.status().to_string();
-    EXPECT_NEAR(f->prefill_time_scale, 1.5, 1e-9);
     EXPECT_NEAR(f->prefill_step_overhead_ns, 50'000, 1e-3);
-    EXPECT_EQ(f->num_prefill_steps, 4);
+    EXPECT_NEAR(f->prefill_time_cost.base_ns, 10'000, 1e-3);
+    EXPECT_NEAR(f->prefill_time_cost.per_q_ns, 1000, 1e-6);
+    EXPECT_NEAR(f->prefill_time_cost.per_qq_ns, 0.5, 1e-9);
+    EXPECT_EQ(f->prefill_time_cost.per_qc_ns, 2);  // the calibration's context terms
+    EXPECT_EQ(f->prefill_time_cost.per_c_ns, 0);
+    EXPECT_EQ(f->num_prefill_steps, 5);
     EXPECT_NEAR(f->prefill_mean_rel_error, 0, 1e-9);
-    // CPU: half of the walls (200k + 349.5k + 500k + 425k) over 850k of calibrated cost.
-    EXPECT_NEAR(f->prefill_cpu_scale, 737'250.0 / 850'000.0, 1e-9);
+    // Walls 165k + 279.5k + 405k + 366.25k + 202.4k (CPU half of them) over 1,000k of
+    // calibrated cost (100k + 200k + 300k + 280k + 120k).
+    EXPECT_NEAR(f->prefill_wall_over_calibration, 1.41815, 1e-9);
+    EXPECT_NEAR(f->prefill_cpu_over_calibration, 0.709075, 1e-9);
     EXPECT_NEAR(f->prefill_wall_over_cpu, 2.0, 1e-9);
     EXPECT_NEAR(f->decode_base_ns, 2e6, 1e-3);
     EXPECT_NEAR(f->decode_per_request_ns, 1e5, 1e-3);
@@ -73,8 +85,6 @@ TEST(StepFitTest, RecoversTheStepCostsOfWorkedRecords) {
     EXPECT_NEAR(f->decode_mean_rel_error, 0, 1e-9);
 }
 
-// Steps that get cheaper with more KV would fit a negative KV slope; the fit keeps every
-// coefficient >= 0 and puts the time where it fits best (relatively) without it.
 TEST(StepFitTest, CoefficientsStayNonNegative) {
     const std::vector<engine::StepRecord> d = {
         step(0, 3'000'000, {{1, 99}}),
@@ -129,8 +139,8 @@ TEST(StepFitTest, ParsesTheServeStepLog) {
 }
 
 // The fit as an overlay: its keys replace the calibrated description's, the rest stays;
-// the simulator then charges a prefill step overhead + scale x the chunks' cost.
-TEST(StepFitTest, OverlayScalesTheSimulatedPrefill) {
+// the simulator then charges a prefill step the overhead + the fitted chunks' cost.
+TEST(StepFitTest, OverlayTimesTheSimulatedPrefill) {
     const auto p = prefill_steps();
     const auto d = decode_steps();
     Result<StepCostFit> f = fit_step_costs(p, d, per_token_us());
@@ -144,10 +154,13 @@ TEST(StepFitTest, OverlayScalesTheSimulatedPrefill) {
     ASSERT_TRUE(c.is_ok()) << c.status().to_string();
     EXPECT_EQ(c->num_prefill, 1);
     EXPECT_EQ(c->prefill_cost.per_q_ns, 1000);
-    EXPECT_NEAR(c->prefill_time_scale, 1.5, 1e-9);
+    ASSERT_TRUE(c->prefill_time_cost.has_value());
+    EXPECT_NEAR(c->prefill_time_cost->per_qq_ns, 0.5, 1e-9);
+    EXPECT_NEAR(c->prefill_step_overhead_ns, 50'000, 1e-3);
     EXPECT_NEAR(c->decode_per_request_ns, 1e5, 1e-3);
 
-    // One 1,000-token request (one chunk): 1 ms calibrated, 50 us + 1.5 ms fitted.
+    // One 1,000-token request (one chunk): 1 ms calibrated; fitted 50 us + 10 us + 1 ms
+    // + 0.5 ms (q^2).
     workload::Trace t;
     t.block_tokens = 512;
     t.blocks = {1, 2};
@@ -156,8 +169,9 @@ TEST(StepFitTest, OverlayScalesTheSimulatedPrefill) {
     Result<SimResult> after = simulate(t, *c, SimOptions{});
     ASSERT_TRUE(before.is_ok()) << before.status().to_string();
     ASSERT_TRUE(after.is_ok()) << after.status().to_string();
-    EXPECT_NEAR(after->ttft_ms.p50 - before->ttft_ms.p50, 0.05 + 0.5, 1e-3);
-    EXPECT_FALSE(parse_cluster_description(R"({"prefill_time_scale": 0})").is_ok());
+    EXPECT_NEAR(after->ttft_ms.p50 - before->ttft_ms.p50, 0.05 + 0.01 + 0.5, 1e-3);
+    EXPECT_FALSE(parse_cluster_description(R"({"prefill_time_cost": {"per_q_ns": -1}})").is_ok());
+    EXPECT_FALSE(parse_cluster_description(R"({"prefill_time_cost": {"x": 1}})").is_ok());
 }
 
 }  // namespace
