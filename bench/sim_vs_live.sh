@@ -24,15 +24,35 @@
 # live run must see the same machine. SVL_PIN=1 pins the prefill engine (and the
 # calibration) to CPU 0 and the decode engine to CPU 1 (taskset), as the simulator
 # gives each engine a device of its own; the router, etcd and the client float.
+# SVL_PIN=2 also puts the router, etcd and the client on CPU 1.
+#
+# Step-record fit (SVL_FIT_OFFSET=N): first a live run on the slice of REQUESTS at
+# offset N (apart from the predicted one), each engine writing its steps (`serve
+# --step-log`); `dsinfer sim --fit-prefill-steps/--fit-decode-steps` fits the
+# simulator's prefill time scale and step overhead and its decode step model to them
+# (sim/step_fit.h) into step_fit.json beside the calibration's cost.json; the predicted
+# slice is then simulated with `--step-fit step_fit.json` over the calibrated
+# description (and without it, for comparison), at the arrival scale the fitted
+# simulator gives for LOAD. SVL_REPS=K replays the predicted slice K times live (fresh
+# engines, router and membership prefix each time: no prefix cache carries over) and
+# prints each run's sim / live and the medians. SVL_KEEP=DIR keeps the calibration, the
+# fit, the step logs, the engines' /metrics and the results there. SVL_FIT_REPS=K fits
+# to K live runs of the fit slice pooled. Every live run prints its engines' steps
+# against the calibration (prefill steps by prompts in the step: wall and worker CPU
+# time over the calibrated cost; the host gap before back-to-back steps).
 set -euo pipefail
 build="$(cd "${1:-build}" && pwd)"
 requests="${2:-80}"
 load="${3:-0.6}"
 offset="${4:-0}"
+fit_offset="${SVL_FIT_OFFSET:-}"
+reps="${SVL_REPS:-1}"
+keep="${SVL_KEEP:-}"
 source "$(dirname "$0")/../tests/cluster/lib.sh"
 trace_src="$src/tests/data/traces/azure2023_conv.csv"
 
-python3 - "$trace_src" "$offset" "$requests" "$work/slice.jsonl" <<'PY'
+make_slice() {  # make_slice OFFSET OUT
+  python3 - "$trace_src" "$1" "$requests" "$2" <<'PY'
 import csv, datetime, json, sys
 src, offset, n, out = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 rows = list(csv.DictReader(open(src)))[offset:offset + n]
@@ -50,6 +70,9 @@ with open(out, "w") as f:
         f.write(json.dumps({"timestamp": round(ms, 3), "input_length": inp,
                             "output_length": outp, "hash_ids": ids}) + "\n")
 PY
+}
+make_slice "$offset" "$work/slice.jsonl"
+[[ -n "$fit_offset" ]] && make_slice "$fit_offset" "$work/fit_slice.jsonl"
 
 # The decode curve is timed as plain decode steps (one row per sequence) at the slice's
 # mean context in decode (prompt + half the output).
@@ -58,7 +81,7 @@ pin_p="" pin_d=""
 pin_r=""
 if [[ "${SVL_PIN:-0}" != 0 ]]; then pin_p="taskset -c 0" pin_d="taskset -c 1"; fi
 if [[ "${SVL_PIN:-0}" == 2 ]]; then pin_r="taskset -c 1"; taskset -pc 1 "$etcd_pid" > /dev/null; fi
-echo "== calibrating (1 thread) ${pin_p:+pinned: $pin_p}"
+echo "== $(date -u +%H:%M:%S) calibrating (1 thread) ${pin_p:+pinned: $pin_p}; load average $(cut -d' ' -f1-3 /proc/loadavg)"
 $pin_p "$bin" calibrate --threads 1 --out "$work/cost.json" --verify-out "$work/verify.json" \
   --verify-tokens 1,2,4,8,16,32 --verify-tokens-per-seq 1 --verify-context "$ctx" > "$work/calibrate.out" 2>&1 || fail "calibrate failed"
 grep -E "^(q |wrote)" "$work/calibrate.out"
@@ -89,33 +112,94 @@ json.dump(desc, open(out, "w"), indent=1)
 print("cluster description:", json.dumps(desc))
 PY
 
-"$bin" sim --trace "$work/slice.jsonl" --cluster "$work/cluster.json" --load "$load" \
-  > "$work/sim.json" 2> "$work/sim.err" || fail "sim failed"
-scale="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["runs"][0]["time_scale"])' "$work/sim.json")"
-echo "== arrival scale at load $load: $scale"
+sim_scale() {  # sim_scale TRACE OUT [--step-fit F]: simulate at LOAD, print the arrival scale
+  local trace="$1" out="$2"
+  shift 2
+  "$bin" sim --trace "$trace" --cluster "$work/cluster.json" "$@" --load "$load" \
+    > "$out" 2> "$out.err" || fail "sim failed: $(tail -3 "$out.err")"
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["runs"][0]["time_scale"])' "$out"
+}
 
-echo "== live cluster"
-m="etcd://127.0.0.1:$ecp/svl/"
-START_PREFIX="$pin_p" start p serve --threads 1 --role prefill --membership "$m" --node-id p --cost-model "$work/cost.json"
-pport=$last_port
-START_PREFIX="$pin_d" start d serve --threads 1 --role decode --membership "$m" --node-id d --cost-model "$work/cost.json"
-dport=$last_port
-START_PREFIX="$pin_r" start r router --membership "$m"
-rport=$last_port
-for _ in $(seq 100); do
-  [[ "$(curl -sf "http://127.0.0.1:$rport/metrics" | sed -n 's/^dsinfer_router_engines \([0-9]*\).*/\1/p')" == 2 ]] && break
-  sleep 0.1
-done
-$pin_r "$bin" bench serve --base-url "http://127.0.0.1:$rport" --model dsinfer-default \
-  --endpoint completions --dataset trace --trace "$work/slice.jsonl" --num-prompts 0 \
-  --trace-time-scale "$scale" --concurrency 100000 --out-json "$work/live.json" \
-  --fail-on-error > "$work/live.out" 2>&1 || fail "the live replay failed: $(tail -5 "$work/live.out")"
-grep -E "^[0-9]" "$work/live.out" | head -3 || true
-# The engines' own step counts and forward time: what the live run's steps cost.
-for e in p:$pport d:$dport; do
-  curl -sf "http://127.0.0.1:${e#*:}/metrics" > "$work/metrics_${e%%:*}.txt" || true
-done
-python3 - "$work/metrics_p.txt" "$work/metrics_d.txt" <<'PY'
+# The engines' steps against the calibration: prefill steps grouped by the prompts in
+# them (wall and worker-CPU time over the calibrated cost of their chunks), the host gap
+# before back-to-back steps, decode steps' wall over CPU.
+step_report() {  # step_report PREFILL_LOG DECODE_LOG
+  python3 - "$work/cost.json" "$1" "$2" <<'PY'
+import json, statistics, sys
+cost = json.load(open(sys.argv[1]))
+def cal(q, c):
+    if q == 0:
+        return 0.0
+    return (cost["base_ns"] + cost["per_q_ns"] * q + cost["per_c_ns"] * c +
+            cost["per_qc_ns"] * q * c + cost["per_qq_ns"] * q * q)
+def load(path):
+    steps = [json.loads(l) for l in open(path) if l.strip()]
+    steps.sort(key=lambda s: s["start_ns"])
+    prev = None
+    for s in steps:
+        s["gap"] = s["start_ns"] - prev if prev is not None else None
+        prev = s["end_ns"]
+    return [s for s in steps if s["items"]]
+p, d = load(sys.argv[2]), load(sys.argv[3])
+groups = {}
+for s in p:
+    k = min(len(s["items"]), 3)
+    groups.setdefault(k, []).append(s)
+print("prefill steps by prompts in the step: steps, tokens, wall / calibrated, CPU / calibrated, wall / CPU (sums)")
+for k in sorted(groups):
+    g = groups[k]
+    c = sum(cal(q, ctx) for s in g for q, ctx in s["items"])
+    w = sum(s["end_ns"] - s["start_ns"] for s in g)
+    u = sum(s["cpu_ns"] for s in g)
+    toks = sum(q for s in g for q, _ in s["items"])
+    print(f"  {k if k < 3 else '3+'} prompts: {len(g)} steps, {toks} tokens, "
+          f"wall/cal {w / c:.2f}, cpu/cal {u / c:.2f}, wall/cpu {w / u:.2f}")
+allc = sum(cal(q, ctx) for s in p for q, ctx in s["items"])
+allw = sum(s["end_ns"] - s["start_ns"] for s in p)
+allu = sum(s["cpu_ns"] for s in p)
+gaps = [s["gap"] for s in p if s["gap"] is not None and s["gap"] <= 1e6]
+print(f"  all: {len(p)} steps, wall/cal {allw / allc:.2f}, cpu/cal {allu / allc:.2f}, "
+      f"wall/cpu {allw / allu:.2f}; back-to-back host gap median "
+      f"{statistics.median(gaps) / 1e3 if gaps else 0:.0f} us ({len(gaps)} steps)")
+dw = sum(s["end_ns"] - s["start_ns"] for s in d)
+du = sum(s["cpu_ns"] for s in d)
+sizes = [len(s["items"]) for s in d]
+print(f"decode steps: {len(d)}, batch median {statistics.median(sizes) if sizes else 0}, "
+      f"wall median {statistics.median([s['end_ns'] - s['start_ns'] for s in d]) / 1e6:.2f} ms, "
+      f"wall/cpu {dw / du if du else 0:.2f}")
+PY
+}
+
+# One live run: fresh engines (writing their steps), router and membership prefix.
+live_run() {  # live_run NAME TRACE SCALE
+  local name="$1" trace="$2" scale="$3"
+  local m="etcd://127.0.0.1:$ecp/svl_$name/"
+  local run_pids=()
+  START_PREFIX="$pin_p" start "p_$name" serve --threads 1 --role prefill --membership "$m" \
+    --node-id "p_$name" --cost-model "$work/cost.json" --step-log "$work/steps_p_$name.jsonl"
+  local pport=$last_port
+  run_pids+=("$last_pid")
+  START_PREFIX="$pin_d" start "d_$name" serve --threads 1 --role decode --membership "$m" \
+    --node-id "d_$name" --cost-model "$work/cost.json" --step-log "$work/steps_d_$name.jsonl"
+  local dport=$last_port
+  run_pids+=("$last_pid")
+  START_PREFIX="$pin_r" start "r_$name" router --membership "$m"
+  local rport=$last_port
+  run_pids+=("$last_pid")
+  for _ in $(seq 100); do
+    [[ "$(curl -sf "http://127.0.0.1:$rport/metrics" | sed -n 's/^dsinfer_router_engines \([0-9]*\).*/\1/p')" == 2 ]] && break
+    sleep 0.1
+  done
+  echo "== $(date -u +%H:%M:%S) live run $name (arrival scale $scale); load average $(cut -d' ' -f1-3 /proc/loadavg)"
+  $pin_r "$bin" bench serve --base-url "http://127.0.0.1:$rport" --model dsinfer-default \
+    --endpoint completions --dataset trace --trace "$trace" --num-prompts 0 \
+    --trace-time-scale "$scale" --concurrency 100000 --out-json "$work/live_$name.json" \
+    --fail-on-error > "$work/live_$name.out" 2>&1 || fail "the live replay failed: $(tail -5 "$work/live_$name.out")"
+  # The engines' own step counts and forward time: what the live run's steps cost.
+  for e in p:$pport d:$dport; do
+    curl -sf "http://127.0.0.1:${e#*:}/metrics" > "$work/metrics_${e%%:*}_$name.txt" || true
+  done
+  python3 - "$work/metrics_p_$name.txt" "$work/metrics_d_$name.txt" <<'PY'
 import sys
 for name, path in zip(("prefill", "decode"), sys.argv[1:]):
     m = {}
@@ -129,17 +213,74 @@ for name, path in zip(("prefill", "decode"), sys.argv[1:]):
           f"{1000 * fwd / steps if steps else 0:.2f} ms a step, "
           f"output tokens {m.get('dsinfer_engine_output_tokens_total', 0):.0f}, "
           f"prompt tokens {m.get('dsinfer_engine_prompt_tokens_total', 0):.0f}")
+    sent = m.get("dsinfer_kv_handoff_sent_total", 0)
+    if sent:
+        print(f"  KV hand-overs: {sent:.0f} sent, {m.get('dsinfer_kv_handoff_failed_total', 0):.0f} "
+              f"failed, export -> Ack mean "
+              f"{m.get('dsinfer_kv_handoff_sent_microseconds_total', 0) / sent / 1000:.2f} ms")
+PY
+  step_report "$work/steps_p_$name.jsonl" "$work/steps_d_$name.jsonl"
+  for p in "${run_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
+  for p in "${run_pids[@]}"; do wait "$p" 2>/dev/null || true; done
+}
+
+step_fit=()
+if [[ -n "$fit_offset" ]]; then
+  fit_scale="$(sim_scale "$work/fit_slice.jsonl" "$work/fit_sim.json")"
+  # The engines' speed moves between identical runs (bench/RESULTS.md): the fit pools
+  # SVL_FIT_REPS runs' steps (steady-clock times: the runs never overlap).
+  : > "$work/steps_p_fit_all.jsonl"
+  : > "$work/steps_d_fit_all.jsonl"
+  for rep in $(seq "${SVL_FIT_REPS:-1}"); do
+    live_run "fit$rep" "$work/fit_slice.jsonl" "$fit_scale"
+    cat "$work/steps_p_fit$rep.jsonl" >> "$work/steps_p_fit_all.jsonl"
+    cat "$work/steps_d_fit$rep.jsonl" >> "$work/steps_d_fit_all.jsonl"
+  done
+  echo "== step fit (slice at offset $fit_offset, ${SVL_FIT_REPS:-1} runs)"
+  "$bin" sim --cluster "$work/cluster.json" --fit-prefill-steps "$work/steps_p_fit_all.jsonl" \
+    --fit-decode-steps "$work/steps_d_fit_all.jsonl" --fit-out "$work/step_fit.json" \
+    > "$work/step_fit_report.json" 2> "$work/step_fit.err" || fail "step fit failed: $(cat "$work/step_fit.err")"
+  python3 -c 'import json,sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$work/step_fit_report.json"
+  step_fit=(--step-fit "$work/step_fit.json")
+fi
+scale="$(sim_scale "$work/slice.jsonl" "$work/sim.json" "${step_fit[@]}")"
+echo "== arrival scale at load $load: $scale"
+if [[ -n "$fit_offset" ]]; then  # for comparison: the calibration alone, same arrivals
+  "$bin" sim --trace "$work/slice.jsonl" --cluster "$work/cluster.json" --time-scale "$scale" \
+    > "$work/sim_calibration_only.json" 2> /dev/null || fail "sim (calibration only) failed"
+fi
+
+for rep in $(seq "$reps"); do
+  live_run "$rep" "$work/slice.jsonl" "$scale"
+done
+
+python3 - "$work" "$reps" <<'PY'
+import json, os, statistics, sys
+work, reps = sys.argv[1], int(sys.argv[2])
+sims = {"sim": json.load(open(f"{work}/sim.json"))["runs"][0]}
+if os.path.exists(f"{work}/sim_calibration_only.json"):
+    sims["sim, calibration only"] = json.load(open(f"{work}/sim_calibration_only.json"))["runs"][0]
+lives = [json.load(open(f"{work}/live_{r}.json"))["runs"][0] for r in range(1, reps + 1)]
+print(f"requests: sim {sims['sim']['requests']}, live " +
+      ", ".join(f"{l['num_ok']} ok / {l['num_errors']} failed" for l in lives))
+keys = [(n, k, p) for n, k in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")) for p in ("p50", "p90", "p99")]
+for label, sim in sims.items():
+    print(f"\n{label} vs live, ms (sim / live per run; median of the ratios)")
+    print("| metric | sim | " + " | ".join(f"live {r}" for r in range(1, reps + 1)) +
+          " | live median (min-max) | sim / live median |")
+    print("|---|---:|" + "---:|" * reps + "---:|---:|")
+    for n, k, p in keys:
+        s = sim[k][p]
+        ls = [l[k][p] for l in lives]
+        ratios = [s / l if l else float("nan") for l in ls]
+        print(f"| {n} {p} | {s:.1f} | " + " | ".join(f"{l:.1f} ({r:.2f})" for l, r in zip(ls, ratios)) +
+              f" | {statistics.median(ls):.1f} ({min(ls):.1f}-{max(ls):.1f}) | **{statistics.median(ratios):.2f}** |")
 PY
 
-python3 - "$work/sim.json" "$work/live.json" <<'PY'
-import json, sys
-sim = json.load(open(sys.argv[1]))["runs"][0]
-live = json.load(open(sys.argv[2]))["runs"][0]
-print(f"requests: sim {sim['requests']}, live {live['num_ok']} ok, {live['num_errors']} failed")
-print("| metric | sim ms | live ms | sim / live |")
-print("|---|---:|---:|---:|")
-for name, key in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")):
-    for p in ("p50", "p90", "p99"):
-        s, l = sim[key][p], live[key][p]
-        print(f"| {name} {p} | {s:.1f} | {l:.1f} | {s / l if l else float('nan'):.2f} |")
-PY
+if [[ -n "$keep" ]]; then
+  mkdir -p "$keep"
+  cp "$work"/cost.json "$work"/verify.json "$work"/cluster.json "$work"/sim*.json "$work"/live_*.json \
+    "$work"/steps_*.jsonl "$work"/*slice.jsonl "$work"/metrics_*.txt "$keep"/ 2>/dev/null || true
+  [[ -f "$work/step_fit.json" ]] && cp "$work/step_fit.json" "$work/step_fit_report.json" "$keep"/
+  echo "kept in $keep"
+fi

@@ -62,11 +62,34 @@ struct ServeFlags {
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
     EpFlags ep;  // serve: expert parallelism (issue 19, ep_launch.h)
+    std::string step_log;  // serve: one JSON line per engine step ("" = none)
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
     std::fprintf(stderr, "dsinfer %s: %s\n", cmd, s.to_string().c_str());
     return 1;
+}
+
+// --step-log: each engine step as one JSON line, {"start_ns", "end_ns", "cpu_ns",
+// "items": [[q, c], ...]} (engine::StepRecord; read by sim/step_fit.h). Written on the
+// engine thread and flushed per line (a line is ~100 bytes, a step milliseconds), so a
+// process killed mid-run leaves every finished step.
+struct FileCloser {
+    void operator()(std::FILE* f) const { std::fclose(f); }
+};
+using StepLog = std::unique_ptr<std::FILE, FileCloser>;
+
+void write_step(std::FILE* out, const engine::StepRecord& r) {
+    std::string line = "{\"start_ns\":" + std::to_string(r.start_ns) +
+                       ",\"end_ns\":" + std::to_string(r.end_ns) +
+                       ",\"cpu_ns\":" + std::to_string(r.cpu_ns) + ",\"items\":[";
+    for (size_t i = 0; i < r.items.size(); ++i) {
+        if (i > 0) line += ',';
+        line += "[" + std::to_string(r.items[i].q) + "," + std::to_string(r.items[i].c) + "]";
+    }
+    line += "]}\n";
+    std::fwrite(line.data(), 1, line.size(), out);
+    std::fflush(out);
 }
 
 // The server's own record for --membership.
@@ -168,6 +191,16 @@ int run_serve(const ServeFlags& f) {
     if (!keys.is_ok()) return fail(keys.status());
     Result<serving::ReplicaOptions> options = to_replica_options(f.replica);
     if (!options.is_ok()) return fail(options.status());
+    StepLog step_log;  // outlives the replica, whose engine writes it
+    if (!f.step_log.empty()) {
+        step_log.reset(std::fopen(f.step_log.c_str(), "w"));
+        if (step_log == nullptr) {
+            return fail(unavailable("--step-log: cannot open " + f.step_log));
+        }
+        options->engine.on_step = [out = step_log.get()](const engine::StepRecord& r) {
+            write_step(out, r);
+        };
+    }
     const bool receives_kv = (f.role == "decode" || f.role == "both") && f.kv_transfer_port >= 0;
     if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
     // --ep N: this process serves HTTP as a front with no model; the N ranks it starts run
@@ -472,6 +505,9 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--kv-inbox-mb", f->kv_inbox_mb,
                 "decode / both engines: MiB of the in-process shm tier handed-over KV lands in")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    add_setting(*cmd, "--step-log", f->step_log,
+                "write each engine step as a JSON line to this file: wall and worker CPU ns, "
+                "[new tokens, context] per sequence (`dsinfer sim --fit-prefill-steps` reads it)");
     add_ep_flags(*cmd, &f->ep);
     cmd->callback([f] { throw CLI::RuntimeError(run_serve(*f)); });
 

@@ -11,6 +11,7 @@
 #include "base/settings.h"
 #include "cluster/capacity.h"
 #include "sim/simulator.h"
+#include "sim/step_fit.h"
 #include "workload/trace.h"
 
 namespace dsi {
@@ -42,6 +43,11 @@ struct SimFlags {
     int fail_instance = 0;
     int fail_devices = 1;
     bool autoscale = false;
+    // Step costs fitted to live engines' step records (sim/step_fit.h).
+    std::string step_fit;           // overlay applied over --cluster
+    std::string fit_prefill_steps;  // fit mode: a prefill engine's --step-log
+    std::string fit_decode_steps;   // and a decode engine's
+    std::string fit_out;            // where the fitted overlay goes
 };
 
 nlohmann::json dist_json(const sim::Distribution& d) {
@@ -93,8 +99,75 @@ nlohmann::json result_json(const sim::SimResult& r) {
                {r.min_online_decode_instances, r.max_online_decode_instances}}}}};
 }
 
+// Prints `s` to stderr; returns `rc`.
+int report(const Status& s, int rc) {
+    std::fprintf(stderr, "%s\n", s.to_string().c_str());
+    return rc;
+}
+
+// --cluster (defaults without), then the --step-fit overlay over it.
+Result<sim::ClusterDescription> load_cluster(Env* env, const SimFlags& f) {
+    sim::ClusterDescription c;
+    for (const std::string& path : {f.cluster, f.step_fit}) {
+        if (path.empty()) continue;
+        Result<std::string> text = env->read_file(path);
+        if (!text.is_ok()) return text.status();
+        Result<sim::ClusterDescription> r = sim::apply_cluster_description(*text, c);
+        if (!r.is_ok()) return r.status().with_context(path);
+        c = std::move(r).value();
+    }
+    return c;
+}
+
+// Fit mode: the step costs of a live prefill and decode engine (their --step-log), with
+// --cluster's prefill_cost as the calibration the prefill steps are scaled against.
+int run_fit(Env* env, const SimFlags& f, const sim::ClusterDescription& cluster) {
+    std::vector<engine::StepRecord> logs[2];
+    const std::string* paths[2] = {&f.fit_prefill_steps, &f.fit_decode_steps};
+    for (int i = 0; i < 2; ++i) {
+        Result<std::string> text = env->read_file(*paths[i]);
+        Result<std::vector<engine::StepRecord>> r =
+            text.is_ok() ? sim::parse_step_log(*text)
+                         : Result<std::vector<engine::StepRecord>>(text.status());
+        if (!r.is_ok()) return report(r.status().with_context(*paths[i]), 2);
+        logs[i] = std::move(r).value();
+    }
+    Result<sim::StepCostFit> fit = sim::fit_step_costs(logs[0], logs[1], cluster.prefill_cost);
+    if (!fit.is_ok()) return report(fit.status(), 2);
+    if (!f.fit_out.empty()) {
+        Status st = env->write_file(f.fit_out, sim::step_fit_overlay_json(*fit));
+        if (!st.is_ok()) return report(st, 1);
+    }
+    const nlohmann::json out = {{"prefill",
+                                 {{"steps", fit->num_prefill_steps},
+                                  {"step_overhead_ns", fit->prefill_step_overhead_ns},
+                                  {"base_ns", fit->prefill_time_cost.base_ns},
+                                  {"per_q_ns", fit->prefill_time_cost.per_q_ns},
+                                  {"per_qq_ns", fit->prefill_time_cost.per_qq_ns},
+                                  {"wall_over_calibration", fit->prefill_wall_over_calibration},
+                                  {"cpu_over_calibration", fit->prefill_cpu_over_calibration},
+                                  {"wall_over_cpu", fit->prefill_wall_over_cpu},
+                                  {"mean_rel_error", fit->prefill_mean_rel_error}}},
+                                {"decode",
+                                 {{"steps", fit->num_decode_steps},
+                                  {"base_ns", fit->decode_base_ns},
+                                  {"per_request_ns", fit->decode_per_request_ns},
+                                  {"per_kv_token_ns", fit->decode_per_kv_token_ns},
+                                  {"wall_over_cpu", fit->decode_wall_over_cpu},
+                                  {"mean_rel_error", fit->decode_mean_rel_error}}},
+                                {"out", f.fit_out}};
+    std::printf("%s\n", out.dump(2).c_str());
+    return 0;
+}
+
 int run_sim(const SimFlags& f) {
     Env* env = Env::default_env();
+    Result<sim::ClusterDescription> loaded = load_cluster(env, f);
+    if (!loaded.is_ok()) return report(loaded.status(), 2);
+    sim::ClusterDescription cluster = std::move(loaded).value();
+    if (!f.fit_prefill_steps.empty() || !f.fit_decode_steps.empty()) {
+        return run_fit(env, f, cluster);
+    }
     Result<workload::Trace> trace = invalid_argument("sim: give --trace PATH or --synthetic-requests N");
     if (!f.trace.empty()) {
         trace = workload::load_trace(env, f.trace);
@@ -116,17 +189,6 @@ int run_sim(const SimFlags& f) {
             std::fprintf(stderr, "%s\n", st.to_string().c_str());
             return 1;
         }
-    }
-    sim::ClusterDescription cluster;
-    if (!f.cluster.empty()) {
-        auto text = env->read_file(f.cluster);
-        auto parsed = text.is_ok() ? sim::parse_cluster_description(*text)
-                                   : Result<sim::ClusterDescription>(text.status());
-        if (!parsed.is_ok()) {
-            std::fprintf(stderr, "%s\n", parsed.status().with_context(f.cluster).to_string().c_str());
-            return 2;
-        }
-        cluster = *parsed;
     }
     if (f.num_prefill > 0) cluster.num_prefill = f.num_prefill;
     if (f.num_decode > 0) cluster.num_decode = f.num_decode;
@@ -285,6 +347,16 @@ void register_sim_commands(CLI::App& app) {
                 "fail devices of a decode instance at this simulated second (-1 = none)");
     add_setting(*sim, "--fail-instance", sf->fail_instance, "decode instance --fail-at-s hits");
     add_setting(*sim, "--fail-devices", sf->fail_devices, "devices that fail at --fail-at-s");
+    add_setting(*sim, "--step-fit", sf->step_fit,
+                "step costs fitted to live engines (`--fit-out`), applied over --cluster");
+    add_setting(*sim, "--fit-prefill-steps", sf->fit_prefill_steps,
+                "fit mode: a live prefill engine's `serve --step-log`; the step costs are fitted "
+                "against --cluster's prefill_cost and printed (no simulation)");
+    add_setting(*sim, "--fit-decode-steps", sf->fit_decode_steps,
+                "fit mode: a live decode engine's `serve --step-log`");
+    add_setting(*sim, "--fit-out", sf->fit_out,
+                "fit mode: write the fitted step costs here (a cluster-description overlay for "
+                "--step-fit)");
     add_switch(*sim, "--autoscale", sf->autoscale,
                "autoscale prefill engines and decode instances (settings: --cluster "
                "operations.autoscaler)");

@@ -450,11 +450,23 @@ struct Engine::Impl {
             return;
         }
         bool step_verified = false;
+        StepRecord record;
+        if (options.on_step) {
+            record.start_ns = r.start_ns;
+            record.end_ns = r.end_ns;
+            record.cpu_ns = r.cpu_ns;
+            record.items.reserve(r.items.size());
+        }
         for (ItemResult& ir : r.items) {
             auto sit = seqs.find(ir.seq_id);
-            if (sit == seqs.end() || sit->second.epoch != ir.epoch) continue;  // ended/preempted
+            if (sit == seqs.end() || sit->second.epoch != ir.epoch) {
+                // Ended or preempted: its rows ran, the context is no longer known.
+                if (options.on_step) record.items.push_back({ir.num_tokens, 0});
+                continue;
+            }
             Sequence& s = sit->second;
             const int64_t step_begin = s.num_confirmed;
+            if (options.on_step) record.items.push_back({ir.num_tokens, step_begin});
             s.num_confirmed += ir.num_kept;
             if (ir.num_kept < ir.num_tokens) {
                 // Speculation: the rejected drafts' rows are rolled back, and blocks that
@@ -495,6 +507,7 @@ struct Engine::Impl {
             }
         }
         stats.spec_steps += step_verified ? 1 : 0;
+        if (options.on_step) options.on_step(record);
     }
 
     // The gate's measurement: output tokens over the time since the previous result, of

@@ -98,6 +98,21 @@ using RequestId = int64_t;
 enum class FinishReason : uint8_t { kNone, kStop, kLength, kAbort, kDeadline, kError };
 const char* finish_reason_name(FinishReason r);
 
+// One step as the worker ran it (EngineOptions::on_step): the worker's wall time and its
+// thread's CPU time over the step (with --threads 1 the forward runs on that thread, so
+// wall - CPU is the time the worker was descheduled), and per item the tokens run and the
+// context before them. The simulator's step costs are fitted from these (sim/step_fit.h).
+struct StepRecord {
+    struct Item {
+        int64_t q = 0;  // tokens run through the model (a prefill chunk, or 1 + drafts)
+        int64_t c = 0;  // the sequence's rows computed before this step
+    };
+    int64_t start_ns = 0;  // steady clock (base/clock.h)
+    int64_t end_ns = 0;
+    int64_t cpu_ns = 0;  // the worker thread's CPU time in the step; -1: unknown
+    std::vector<Item> items;
+};
+
 struct EngineOptions {
     bool async = true;  // S-ENG-5: overlap host work with the forward pass
     bool prefix_cache = true;
@@ -140,6 +155,9 @@ struct EngineOptions {
     // false speculates always, for tests of the verification choice alone).
     spec::SpecGate::Options spec_gate;
     bool record_logits = false;            // pass each sampled row's logits to the callback (tests)
+    // Called with each step's record after its result is processed, on the thread that
+    // calls step(); must not block (the serving loop waits). Empty: no records are made.
+    std::function<void(const StepRecord&)> on_step;
     const Tokenizer* tokenizer = nullptr;  // needed for text and stop strings
     // KV block store below the pool (S-KV-4..7): "" = none; else a kvstore URI
     // ("file:///path", "redis://..."). An unreachable store is not an error: serving

@@ -187,6 +187,42 @@ TEST(EngineTest, PrefixCacheComputesOnlyTheSuffix) {
     ASSERT_TRUE(h.engine->check_invariants().is_ok());
 }
 
+// EngineOptions::on_step: a record per step with each sequence's tokens and the context
+// before them: the prompt in one chunk at 0, then one token a step after it; a second
+// prompt sharing 512 tokens of prefix starts at its cache hit.
+TEST(EngineTest, StepRecordsNameTokensAndContext) {
+    std::vector<int32_t> prompt = random_prompt(4 * 128 + 10, 7, 500);
+    std::vector<StepRecord> records;
+    EngineOptions o = base_options();
+    o.on_step = [&records](const StepRecord& r) { records.push_back(r); };
+    Harness h(o);
+    GenerateRequest r;
+    r.prompt = prompt;
+    r.sampling.max_tokens = 4;
+    r.sampling.ignore_eos = true;
+    h.add(r);
+    ASSERT_TRUE(h.engine->run().is_ok());
+    ASSERT_GE(records.size(), 4u);
+    const std::vector<std::pair<int64_t, int64_t>> want = {{522, 0}, {1, 522}, {1, 523}, {1, 524}};
+    for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(records[i].items.size(), 1u) << i;
+        EXPECT_EQ(records[i].items[0].q, want[i].first) << i;
+        EXPECT_EQ(records[i].items[0].c, want[i].second) << i;
+        EXPECT_GE(records[i].end_ns, records[i].start_ns);
+        EXPECT_GE(records[i].cpu_ns, 0);  // Linux has a thread CPU clock
+    }
+    EXPECT_EQ(static_cast<int64_t>(records.size()), h.engine->stats().steps);
+    records.clear();
+    r.prompt.resize(4 * 128 + 5);
+    for (int i = 0; i < 20; ++i) r.prompt.push_back(2 + i);
+    h.add(r);
+    ASSERT_TRUE(h.engine->run().is_ok());
+    ASSERT_FALSE(records.empty());
+    ASSERT_EQ(records[0].items.size(), 1u);
+    EXPECT_EQ(records[0].items[0].c, 512);  // the cached blocks
+    EXPECT_EQ(records[0].items[0].q, 4 * 128 + 5 + 20 - 512);
+}
+
 TEST(EngineTest, NCompletionsShareThePromptBlocks) {
     GenerateRequest r;
     for (int i = 0; i < 300; ++i) r.prompt.push_back(i % 512);

@@ -107,6 +107,7 @@ struct StepResult {
     int64_t deferred_catchup_rows = 0;
     int64_t deferred_catchup_ns = 0;
     int64_t end_ns = 0;
+    int64_t cpu_ns = -1;  // the worker thread's CPU time from start_ns to end_ns
     // Swap-in (S-KV-6) of this step, if any.
     int64_t swap_in_blocks = 0;
     int64_t swap_in_bytes = 0;

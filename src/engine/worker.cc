@@ -92,6 +92,7 @@ void Worker::loop() {
 StepResult Worker::execute(StepPlan& plan) {
     StepResult r;
     r.start_ns = steady_clock_ns();
+    const int64_t cpu_start_ns = thread_cpu_ns();
     for (int64_t id : plan.release) seqs_.erase(id);
     // Preemption by swapping: save the victims' rows before anything in this step
     // can overwrite their blocks, then restore the resumed sequences' rows.
@@ -204,6 +205,8 @@ StepResult Worker::execute(StepPlan& plan) {
                                                   [](const StepItem& it) { return !it.drafts.empty(); });
     }
     r.end_ns = steady_clock_ns();
+    const int64_t cpu_end_ns = thread_cpu_ns();
+    r.cpu_ns = cpu_start_ns >= 0 && cpu_end_ns >= 0 ? cpu_end_ns - cpu_start_ns : -1;
     return r;
 }
 

@@ -41,6 +41,27 @@ Status seconds_to_ns(const nlohmann::json& v, const std::string& key, int64_t& o
     return Status::ok();
 }
 
+// {"base_ns", "per_q_ns", "per_c_ns", "per_qc_ns", "per_qq_ns"}, any of them, over `m`.
+Status parse_cost_model(const nlohmann::json& v, const std::string& name,
+                        engine::PrefillCostModel& m) {
+    if (!v.is_object()) {
+        return invalid_argument("cluster description: \"" + name + "\" must be an object");
+    }
+    for (const auto& [k, v2] : v.items()) {
+        double* dst = k == "base_ns"     ? &m.base_ns
+                      : k == "per_q_ns"  ? &m.per_q_ns
+                      : k == "per_c_ns"  ? &m.per_c_ns
+                      : k == "per_qc_ns" ? &m.per_qc_ns
+                      : k == "per_qq_ns" ? &m.per_qq_ns
+                                         : nullptr;
+        if (dst == nullptr) {
+            return invalid_argument("cluster description: unknown key " + name + "." + k);
+        }
+        DSI_RETURN_IF_ERROR(num(v2, name + "." + k, *dst));
+    }
+    return Status::ok();
+}
+
 Status parse_autoscaler(const nlohmann::json& j, cluster::AutoscalerSettings& a) {
     if (!j.is_object()) {
         return invalid_argument("cluster description: \"operations.autoscaler\" must be an object");
@@ -228,6 +249,9 @@ Status ClusterDescription::validate() const {
     if (store_capacity_tokens < 0 || store_ttl_ns < 0) {
         return invalid_argument("cluster: store capacity and TTL must be >= 0");
     }
+    if (prefill_time_cost.has_value()) {
+        DSI_RETURN_IF_ERROR(prefill_time_cost->validate());
+    }
     if (decode_join_recompute_block < 0) {
         return invalid_argument("cluster: decode_join_recompute_block must be >= 0");
     }
@@ -235,11 +259,14 @@ Status ClusterDescription::validate() const {
 }
 
 Result<ClusterDescription> parse_cluster_description(std::string_view json) {
+    return apply_cluster_description(json, ClusterDescription{});
+}
+
+Result<ClusterDescription> apply_cluster_description(std::string_view json, ClusterDescription c) {
     nlohmann::json j = nlohmann::json::parse(json, nullptr, /*allow_exceptions=*/false);
     if (j.is_discarded() || !j.is_object()) {
         return invalid_argument("cluster description: not a JSON object");
     }
-    ClusterDescription c;
     for (const auto& [key, v] : j.items()) {
         if (key == "device") {
             if (!v.is_string()) {
@@ -277,21 +304,12 @@ Result<ClusterDescription> parse_cluster_description(std::string_view json) {
         } else if (key == "price_per_device_hour") {
             DSI_RETURN_IF_ERROR(num(v, key, c.price_per_device_hour));
         } else if (key == "prefill_cost") {
-            if (!v.is_object()) {
-                return invalid_argument("cluster description: \"prefill_cost\" must be an object");
-            }
-            for (const auto& [k2, v2] : v.items()) {
-                double* dst = k2 == "base_ns"     ? &c.prefill_cost.base_ns
-                              : k2 == "per_q_ns"  ? &c.prefill_cost.per_q_ns
-                              : k2 == "per_c_ns"  ? &c.prefill_cost.per_c_ns
-                              : k2 == "per_qc_ns" ? &c.prefill_cost.per_qc_ns
-                              : k2 == "per_qq_ns" ? &c.prefill_cost.per_qq_ns
-                                                  : nullptr;
-                if (dst == nullptr) {
-                    return invalid_argument("cluster description: unknown key prefill_cost." + k2);
-                }
-                DSI_RETURN_IF_ERROR(num(v2, "prefill_cost." + k2, *dst));
-            }
+            DSI_RETURN_IF_ERROR(parse_cost_model(v, key, c.prefill_cost));
+        } else if (key == "prefill_time_cost") {
+            // Over the chunking model's coefficients: an overlay may give some only.
+            engine::PrefillCostModel m = c.prefill_time_cost.value_or(c.prefill_cost);
+            DSI_RETURN_IF_ERROR(parse_cost_model(v, key, m));
+            c.prefill_time_cost = m;
         } else if (key == "operations") {
             DSI_RETURN_IF_ERROR(parse_operations(v, c.operations));
         } else {

@@ -19,7 +19,7 @@ constexpr int64_t kKvBlockTokens = 128;
 // Ideal per-request work on a perfectly balanced, fully batched cluster.
 double ideal_prefill_ns(const ClusterDescription& c, const cluster::PrefillLbSettings& lb,
                         int64_t input, int64_t hit) {
-    const double w = c.prefill_cost.cost_ns(input - hit, hit);
+    const double w = c.prefill_time_cost.value_or(c.prefill_cost).cost_ns(input - hit, hit);
     int b = cluster::kNumPrefillBuckets - 1;
     for (int i = 0; i < cluster::kNumPrefillBuckets - 1; ++i) {
         if (input < lb.bucket_upper_tokens[i]) {
@@ -216,11 +216,13 @@ void Sim::try_start_prefill(int e) {
         const double cost = c_.prefill_cost.cost_ns(n, c);
         pe.step.push_back({r, n});
         left -= cost;
-        total += cost;
+        total += c_.prefill_time_cost ? c_.prefill_time_cost->cost_ns(n, c) : cost;
         if (n < remaining || left <= 0) {
             break;
         }
     }
+    // The chunks are sized by prefill_cost (as the engines size them) and take
+    // prefill_time_cost's time when there is one (a fit to live steps, sim/step_fit.h).
     const double duration = c_.prefill_step_overhead_ns + total;
     pe.busy = true;
     pe.busy_ns += duration;

@@ -22,6 +22,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -91,6 +92,10 @@ struct ClusterDescription {
     int num_prefill = 64;
     int num_decode = 64;
     engine::PrefillCostModel prefill_cost;
+    // A prefill step's chunks are sized by prefill_cost (as the engines size them, by
+    // their calibration) and take prefill_time_cost's time when set (a fit to the live
+    // engines' step records, sim/step_fit.h), else prefill_cost's.
+    std::optional<engine::PrefillCostModel> prefill_time_cost;
     double prefill_step_overhead_ns = 1e6;
     double decode_base_ns = 15e6;
     double decode_per_request_ns = 100e3;
@@ -116,12 +121,16 @@ struct ClusterDescription {
     Status validate() const;
 };
 
-// JSON object with any of the fields above (same names; "prefill_cost" is an object with
-// base_ns, per_q_ns, per_c_ns, per_qc_ns, per_qq_ns; "operations" an object with the
-// fields of OperationsSettings, "drains": [{"at_s", "instance"}], "failures": [{"at_s",
-// "instance", "devices"}], "autoscaler": {the AutoscalerSettings fields, intervals as
-// scale_out_interval_s / scale_in_interval_s}). Unknown keys are an error.
+// JSON object with any of the fields above (same names; "prefill_cost" and
+// "prefill_time_cost" are objects with base_ns, per_q_ns, per_c_ns, per_qc_ns, per_qq_ns;
+// "operations" an object with the fields of OperationsSettings, "drains": [{"at_s", "instance"}],
+// "failures": [{"at_s", "instance", "devices"}], "autoscaler": {the AutoscalerSettings fields,
+// intervals as scale_out_interval_s / scale_in_interval_s}). Unknown keys are an error.
 Result<ClusterDescription> parse_cluster_description(std::string_view json);
+// The same keys applied over `base` (the keys absent keep base's values): an overlay such
+// as a step fit (sim/step_fit.h) on a calibrated description.
+Result<ClusterDescription> apply_cluster_description(std::string_view json,
+                                                     ClusterDescription base);
 
 enum class PrefillRouting { kDeepSeek, kRoundRobin, kLeastLoaded, kPrefixAffinity };
 enum class DecodeRouting { kDeepSeek, kRoundRobin, kLeastLoaded };
