@@ -27,16 +27,7 @@ serve_failover 0 3
 json_format() {
     local name=$1 port=""
     shift
-    "$bin" serve --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --port 0 --ep 2 "$@" \
-        >"$tmp/$name.out" 2>"$tmp/$name.err" &
-    serve_pid=$!
-    for _ in $(seq 600); do
-        port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/$name.out")
-        [[ -n $port ]] && break
-        kill -0 "$serve_pid" 2>/dev/null || break
-        sleep 0.05
-    done
-    [[ -n $port ]] || { cat "$tmp/$name.err"; fail "$name did not start"; }
+    serve_start "$name" --ep 2 "$@"
     curl -sS --max-time 120 -o "$tmp/$name.json" -w '%{http_code}' \
         "http://127.0.0.1:$port/v1/chat/completions" -H 'Content-Type: application/json' \
         -d '{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":16,"response_format":{"type":"json_object"}}' \

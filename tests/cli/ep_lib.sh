@@ -43,9 +43,12 @@ generate_kill_rank() {
 # $tmp/NAME.metrics (after them) and $tmp/NAME.ranks (the ranks it started); SIGTERM ends
 # it, exit 0. KILL_RANK=R: rank R is killed -9 once the group has stepped a little (and
 # the front is checked to map no weights while that rank does).
-serve_completions() {
-    local name=$1 port="" victim
+# serve_start NAME ARGS...: starts `serve ARGS` on the tiny model (stdout/stderr in
+# $tmp/NAME.out/.err), sets serve_pid and port once it listens.
+serve_start() {
+    local name=$1
     shift
+    port=""
     "$bin" serve --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --port 0 "$@" \
         >"$tmp/$name.out" 2>"$tmp/$name.err" &
     serve_pid=$!
@@ -56,6 +59,12 @@ serve_completions() {
         sleep 0.05
     done
     [[ -n $port ]] || { cat "$tmp/$name.err"; fail "$name did not start"; }
+}
+
+serve_completions() {
+    local name=$1 port="" victim
+    shift
+    serve_start "$name" "$@"
     pgrep -P "$serve_pid" -f -- "--ep-rank" | wc -l >"$tmp/$name.ranks" || true  # started ranks
     for i in 1 2 3; do
         curl -sS --max-time 300 "http://127.0.0.1:$port/v1/completions" \
