@@ -20,7 +20,10 @@ namespace dsi::engine {
 inline constexpr int64_t kMaxPrefillChunkTokens = 32768;
 
 struct PrefillCostModel {
-    double base_ns = 50'000.0;     // per step (the scheduler charges it once a step)
+    // A step's fixed part: the engine's scheduler charges it once a step; the prefill LB
+    // (router and simulator) prices each request with it, and the simulator also sizes
+    // chunks with it per chunk (more conservative than the engine).
+    double base_ns = 50'000.0;
     double per_q_ns = 150'000.0;   // dense + MoE per new token (~6.7K tokens/s)
     double per_c_ns = 1.0;         // reading one prefix token's KV
     double per_qc_ns = 1.2;        // attention: one new token against one prefix token
