@@ -455,7 +455,7 @@ void add_http_flags(CLI::App* cmd, ServeFlags* f) {
     add_setting(*cmd, "--header-timeout-ms", f->limits.header_timeout_ms,
                 "deadline for a request's head once it started; 408 after it");
     add_setting(*cmd, "--idle-timeout-ms", f->limits.idle_timeout_ms,
-                "keep-alive connection idle deadline (closed quietly after it)");
+                "deadline for a connection with no request byte yet (new or kept alive); closed quietly");
     add_setting(*cmd, "--body-timeout-ms", f->limits.body_timeout_ms,
                 "deadline for the body; 408 after it");
     add_setting(*cmd, "--write-timeout-ms", f->limits.write_timeout_ms,

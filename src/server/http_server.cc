@@ -151,8 +151,9 @@ private:
     const ApiContext& ctx() const { return *server_->ctx; }
 
     // ---- deadlines: one timer; every phase that waits on the client arms it ----
-    // kIdle: between keep-alive requests (expiry closes quietly); kHead / kBody: a request
-    // that started but did not arrive in time (expiry answers 408 and closes); kWrite: a
+    // kIdle: a connection with no request byte yet -- new, or between keep-alive requests
+    // (expiry closes quietly); kHead / kBody: a request whose first byte came but which
+    // did not arrive in time (expiry answers 408 and closes); kWrite: a
     // reply the client does not read (expiry ends the connection, aborting a generation);
     // kLinger: the closing connection's last reads.
     enum class Deadline { kIdle, kHead, kBody, kWrite, kLinger };
@@ -168,11 +169,6 @@ private:
         if (what == Deadline::kBody && phase_ == Phase::kDrop && !writing_) {
             server_->metrics->on_timeout("body");
             return answer_refusal();  // the refusal the dropped body was waiting for
-        }
-        if (what == Deadline::kHead && phase_ == Phase::kHead && !head_bytes_) {
-            // A new connection that sent nothing: nothing to answer, close quietly.
-            server_->metrics->on_timeout("idle");
-            return close();
         }
         if ((what == Deadline::kHead || what == Deadline::kBody) && !writing_ &&
             (phase_ == Phase::kHead || phase_ == Phase::kBody)) {
@@ -197,6 +193,12 @@ private:
         timer_.cancel();
     }
     static std::chrono::milliseconds ms(int64_t v) { return std::chrono::milliseconds(v); }
+    // The idle deadline as the Keep-Alive header tells it (whole seconds, rounded down,
+    // at least 1): a client that reads it (Node's undici does) closes an
+    // idle connection before the server does instead of sending a request into the close.
+    std::string keep_alive_value() const {
+        return "timeout=" + std::to_string(std::max<int64_t>(1, ctx().limits.idle_timeout_ms / 1000));
+    }
 
     // ---- reading ----
     // Waits for the next request; one already buffered (pipelined) is parsed at once.
@@ -206,7 +208,12 @@ private:
         start_parser(*parser_);
         verdict_ = HeadVerdict{};
         phase_ = Phase::kHead;
-        head_started_ = buffer_.size() > 0 || num_requests_ == 0;
+        // A new connection is idle until its first byte, like one between requests:
+        // clients open connections ahead of their requests (undici's pool, a browser's
+        // preconnect), and one cut at the head deadline before it is used fails the
+        // request sent on it as the close arrives ("other side closed"). A slow head
+        // still meets its deadline: it starts at the head's first byte.
+        head_started_ = buffer_.size() > 0;
         head_bytes_ = buffer_.size() > 0;
         if (head_started_) {
             arm(ms(ctx().limits.header_timeout_ms), Deadline::kHead);
@@ -295,7 +302,6 @@ private:
     }
 
     void on_head() {
-        ++num_requests_;
         head_ = head_of(*parser_);
         keep_alive_ = parser_->get().keep_alive();
         HeadPolicy policy;
@@ -562,8 +568,8 @@ private:
             chunked_ = head_.version >= 11;
             if (!chunked_) keep_alive_ = false;
             if (chunked_) pending_ += "Transfer-Encoding: chunked\r\n";
-            pending_ +=
-                keep_alive_ ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
+            pending_ += keep_alive_ ? "Connection: keep-alive\r\nKeep-Alive: " + keep_alive_value() + "\r\n\r\n"
+                                    : std::string("Connection: close\r\n\r\n");
         }
         if (rpc_mode_) {
             // Errors after the head travel inside the line (Update::error).
@@ -651,6 +657,7 @@ private:
         const bool keep = keep_alive_ && !server_->draining.load();
         // An HTTP/1.0 client keeps the connection only when told so explicitly.
         res->set(http::field::connection, keep ? "keep-alive" : "close");
+        if (keep) res->set(http::field::keep_alive, keep_alive_value());
         res->body() = std::move(r.body);
         res->prepare_payload();
         // Serialise into pending_ so streaming and plain replies share one writer.
@@ -719,7 +726,6 @@ private:
     uint64_t drop_left_ = 0;
     uint64_t lingered_bytes_ = 0;
     bool keep_alive_ = true;
-    int64_t num_requests_ = 0;
     // The generation in flight (one per connection).
     std::unique_ptr<Renderer> renderer_;
     uint64_t ticket_ = 0;

@@ -6,9 +6,11 @@
 // Per connection (at most max_connections; past it a connection gets 503 +
 // Retry-After and is closed): bytes are read into a bounded buffer and parsed from
 // there, so a request that arrived while the previous reply was written (pipelined)
-// is answered next, in order. Every read has a deadline: idle_timeout_ms between
-// keep-alive requests (the connection is then closed quietly), header_timeout_ms for a
-// request's head and body_timeout_ms for its body (408 Request Timeout, then close); a
+// is answered next, in order. Every read has a deadline: idle_timeout_ms before a
+// request's first byte -- on a new connection and between keep-alive requests (the
+// connection is then closed quietly; replies say `Keep-Alive: timeout=` so clients close
+// first) --, header_timeout_ms from that byte for the request's head and body_timeout_ms
+// for its body (408 Request Timeout, then close); a
 // write the client does not take within write_timeout_ms ends the connection (and
 // aborts its generation).
 // Once the head is parsed, http_rules.h's check_head decides before any body byte is

@@ -22,7 +22,19 @@ export function startServer(bin, flags, children) {
   const child = spawn(bin, ['serve', ...Object.entries(flags).flat()],
     { stdio: ['ignore', 'pipe', 'pipe'] });
   children.push(child);
-  child.stderr.on('data', (d) => { if (process.env.VERBOSE) process.stderr.write(d); });
+  // The last 64 KiB of the server's stderr, printed by runTests when a test fails or the
+  // server dies: a CI failure then says what the server did.
+  child.stderrTail = '';
+  child.stderr.on('data', (d) => {
+    if (process.env.VERBOSE) process.stderr.write(d);
+    child.stderrTail = (child.stderrTail + d).slice(-65536);
+  });
+  child.on('exit', (code, signal) => {
+    // A drain (SIGTERM) exits 0; the tests' own kills are SIGTERM / SIGKILL.
+    if ((code !== null && code !== 0) || (signal && signal !== 'SIGTERM' && signal !== 'SIGKILL')) {
+      console.log(`[harness] server pid ${child.pid} exited: code ${code} signal ${signal}`);
+    }
+  });
   return withTimeout(new Promise((resolve, reject) => {
     let out = '';
     child.stdout.on('data', (d) => {
@@ -46,6 +58,13 @@ export async function runTests(tests, log, server) {
     } catch (e) {
       failed++;
       log(`FAIL ${t.name}: ${e.stack ?? e}`);
+      // A connection error's cause (undici: 'other side closed', ECONNRESET, ...).
+      for (let c = e.cause, depth = 0; c && depth < 4; c = c.cause, depth++) {
+        log(`  caused by: ${c.stack ?? c}${c.code ? ` (code ${c.code})` : ''}`);
+      }
+      const c = server.child;
+      log(`server (pid ${c.pid}, ${c.exitCode === null && c.signalCode === null ? 'running' :
+        `exited: code ${c.exitCode} signal ${c.signalCode}`}) stderr tail:\n${c.stderrTail}`);
     }
   }
   server.child.kill('SIGTERM');
