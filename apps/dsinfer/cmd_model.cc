@@ -272,7 +272,10 @@ int run_generate(const GenerateFlags& f) {
     if (s.is_ok()) s = ep->finish(**replica);
     if (!s.is_ok()) return fail(s);
     const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
-    if (stream) std::fputc('\n', stdout);
+    if (stream) {
+        std::fputc('\n', stdout);
+        std::fflush(stdout);  // before the summary on stderr
+    }
     if (!f.output.empty()) {
         std::string out;
         for (const Job& job : jobs) {
@@ -298,12 +301,17 @@ int run_generate(const GenerateFlags& f) {
                  st.forward_ns ? 100.0 * st.host_gap_ns / st.forward_ns : 0.0);
     if (st.expert_parallel) {  // --ep (issue 19)
         const ExpertParallelStats& ep_st = *st.expert_parallel;
+        char lb[64];
+        if (ep_st.windows.empty()) {
+            std::snprintf(lb, sizeof lb, "moe_lb n/a (no window complete)");
+        } else {
+            std::snprintf(lb, sizeof lb, "moe_lb %.3f (last window)", ep_st.windows.back().moe_lb);
+        }
         std::fprintf(stderr,
                      "expert parallelism: %d ranks, %lld group steps, %lld placement changes, "
-                     "moe_lb %.3f (last window), %lld failovers\n",
+                     "%s, %lld failovers\n",
                      ep_st.num_ranks, static_cast<long long>(ep_st.steps),
-                     static_cast<long long>(ep_st.placement_changes),
-                     ep_st.windows.empty() ? 0.0 : ep_st.windows.back().moe_lb,
+                     static_cast<long long>(ep_st.placement_changes), lb,
                      static_cast<long long>(ep_st.failovers));
     }
     if (!st.dp_ranks.empty()) {  // --ep-attention dp

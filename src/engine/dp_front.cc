@@ -165,6 +165,7 @@ Status DpFront::sync_link() {
     pipes_ = std::move(now.pipes);
     const int ranks = num_ranks();
     reports_.assign(static_cast<size_t>(ranks), dp_wire::RankLoad{});
+    counters_.assign(static_cast<size_t>(ranks), dp_wire::RankCounters{});
     if (!restarted) {
         balancer_ = DpBalancer(ranks);
         return Status::ok();
@@ -248,8 +249,10 @@ Status DpFront::on_message(int rank, dp_wire::Message& m) {
             return Status::ok();
         }
         case dp_wire::Message::Kind::kLoad:
-            if (static_cast<size_t>(rank) < reports_.size())
+            if (static_cast<size_t>(rank) < reports_.size()) {
                 reports_[static_cast<size_t>(rank)] = m.load;
+                counters_[static_cast<size_t>(rank)] = m.counters;
+            }
             if (m.ep) group_stats_ = std::move(m.ep);
             return Status::ok();
         default:
@@ -361,6 +364,12 @@ EngineStats DpFront::stats() const {
     s.cached_prompt_tokens += remote_cached_tokens_;
     s.output_tokens += remote_output_tokens_;
     s.dp_reruns = reruns_;
+    // The ranks' engine steps: summed (each rank steps its own engine).
+    for (size_t r = static_cast<size_t>(first_piped_); r < counters_.size(); ++r) {
+        s.steps += counters_[r].steps;
+        s.forward_ns += counters_[r].forward_ns;
+        s.host_gap_ns += counters_[r].host_gap_ns;
+    }
     if (!spread_) return s;  // --ep-attention rank0: no per-rank spread to show
     const std::span<const DpBalancer::RankLoad> loads = balancer_.loads();
     s.dp_ranks.resize(loads.size());
@@ -454,11 +463,12 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
         if (changed) {
             const EngineStats st = engine->stats();
             const dp_wire::RankLoad load{st.num_live_seqs, st.pool.num_used, st.pool.num_blocks};
+            const dp_wire::RankCounters counters{st.steps, st.forward_ns, st.host_gap_ns};
             std::optional<ExpertParallelStats> group;
             if (report_group_stats) group = model.expert_parallel_stats(1);
             const bool group_changed = group && group->steps != reported_steps;
             if (!(load == reported) || group_changed) {
-                send(dp_wire::encode_load(load, group ? &*group : nullptr));
+                send(dp_wire::encode_load(load, counters, group ? &*group : nullptr));
                 reported = load;
                 if (group) reported_steps = group->steps;
             }

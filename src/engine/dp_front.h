@@ -157,6 +157,7 @@ private:
     int64_t generation_ = -1;
     std::vector<std::shared_ptr<comm::RankPipe>> pipes_;
     std::vector<dp_wire::RankLoad> reports_;  // [num ranks], index 0 unused
+    std::vector<dp_wire::RankCounters> counters_;  // [num ranks], as reports_
     DpBalancer balancer_{1};
     RequestId next_id_ = 1;
     std::unordered_map<RequestId, Running> running_;

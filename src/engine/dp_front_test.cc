@@ -142,9 +142,10 @@ TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
     EXPECT_EQ(m->kind, dp_wire::Message::Kind::kError);
     EXPECT_EQ(m->error.code(), StatusCode::kResourceExhausted);
     EXPECT_EQ(m->error.message(), "pool too small");
-    m = dp_wire::decode(dp_wire::encode_load({3, 12, 64}));
+    m = dp_wire::decode(dp_wire::encode_load({3, 12, 64}, {7, 9'000'000, 125'000}));
     ASSERT_TRUE(m.is_ok());
     EXPECT_EQ(m->load, (dp_wire::RankLoad{3, 12, 64}));
+    EXPECT_EQ(m->counters, (dp_wire::RankCounters{7, 9'000'000, 125'000}));
     EXPECT_FALSE(m->ep.has_value());
     // A front's rank 0 adds the group's stats (the front has no model to ask).
     ExpertParallelStats ep;
@@ -155,7 +156,7 @@ TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
     ep.rank_rows = {10, 20, 30};
     ep.windows = {{40, 2, 1.25, 1.03125}};
     ep.placed_moe_lb = 1.03125;
-    m = dp_wire::decode(dp_wire::encode_load({1, 2, 64}, &ep));
+    m = dp_wire::decode(dp_wire::encode_load({1, 2, 64}, {}, &ep));
     ASSERT_TRUE(m.is_ok());
     ASSERT_TRUE(m->ep.has_value());
     EXPECT_EQ(m->ep->num_ranks, 3);
@@ -496,6 +497,10 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
     EXPECT_EQ(st.expert_parallel->failovers, 1);
     EXPECT_GE(st.dp_reruns, 1);
     EXPECT_EQ(st.num_finished, kFrontRequests);
+    // The ranks' engine steps reach the front through their load reports (generate
+    // --ep printed "0 steps" before).
+    EXPECT_GT(st.steps, 0);
+    EXPECT_GT(st.forward_ns, 0);
     EXPECT_TRUE(link.finish());
 
     // One engine, the whole model, the same requests: the same tokens, bitwise.

@@ -93,11 +93,14 @@ std::string encode_error(RequestId id, const Status& error) {
                  {"msg", error.message()}});
 }
 
-std::string encode_load(const RankLoad& l, const ExpertParallelStats* ep) {
+std::string encode_load(const RankLoad& l, const RankCounters& c, const ExpertParallelStats* ep) {
     json j = {{"t", "load"},
               {"running", l.running_seqs},
               {"used", l.kv_blocks_used},
-              {"blocks", l.kv_blocks}};
+              {"blocks", l.kv_blocks},
+              {"steps", c.steps},
+              {"fwd_ns", c.forward_ns},
+              {"gap_ns", c.host_gap_ns}};
     if (ep != nullptr) {
         json windows = json::array();
         for (const ExpertParallelStats::Window& w : ep->windows) {
@@ -164,6 +167,9 @@ Result<Message> decode(const std::string& text) {
             m.load.running_seqs = j.at("running").get<int64_t>();
             m.load.kv_blocks_used = j.at("used").get<int64_t>();
             m.load.kv_blocks = j.at("blocks").get<int64_t>();
+            m.counters.steps = j.at("steps").get<int64_t>();
+            m.counters.forward_ns = j.at("fwd_ns").get<int64_t>();
+            m.counters.host_gap_ns = j.at("gap_ns").get<int64_t>();
             if (j.contains("ep")) {
                 const json& e = j.at("ep");
                 ExpertParallelStats& ep = m.ep.emplace();

@@ -41,6 +41,17 @@ struct RankLoad {
     bool operator==(const RankLoad&) const = default;
 };
 
+// A rank's engine counters so far (EngineStats' steps, forward_ns, host_gap_ns): they
+// ride on every load report, which is sent when the load changes -- the last one, when
+// the rank's last sequence ends, carries the counters of every step it ran. A front
+// with no engine of its own sums them over the ranks (generate's step summary).
+struct RankCounters {
+    int64_t steps = 0;
+    int64_t forward_ns = 0;
+    int64_t host_gap_ns = 0;
+    bool operator==(const RankCounters&) const = default;
+};
+
 // A decoded message. `event.top_logprobs` points into `top_logprobs`.
 struct Message {
     enum class Kind { kRequest, kAbort, kEnd, kReset, kEvent, kError, kLoad } kind = Kind::kEnd;
@@ -50,6 +61,7 @@ struct Message {
     std::vector<std::pair<int32_t, float>> top_logprobs;
     Status error;
     RankLoad load;
+    RankCounters counters;                  // kLoad
     std::optional<ExpertParallelStats> ep;  // kLoad
     bool async = true;                      // kReset
 };
@@ -60,7 +72,8 @@ std::string encode_end();
 std::string encode_reset(bool async);
 std::string encode_event(RequestId id, const TokenEvent& event);
 std::string encode_error(RequestId id, const Status& error);
-std::string encode_load(const RankLoad& load, const ExpertParallelStats* ep = nullptr);
+std::string encode_load(const RankLoad& load, const RankCounters& counters = {},
+                        const ExpertParallelStats* ep = nullptr);
 // INVALID_ARGUMENT on a message that is not one of the above.
 Result<Message> decode(const std::string& text);
 
