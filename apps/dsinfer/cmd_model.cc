@@ -210,7 +210,12 @@ int run_generate(const GenerateFlags& f) {
     if (!ep.is_ok()) return fail(ep.status());
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
-    if (!replica.is_ok()) return fail(replica.status());
+    if (!replica.is_ok()) {
+        // A started rank whose group never formed (a peer lost before it attached) is
+        // healthy: its exit status says so to the failover.
+        const int code = fail(replica.status());
+        return ep->started_rank() ? EpLaunch::started_rank_exit_code(replica.status()) : code;
+    }
     if (ep->started_rank()) {
         Status s = ep->run_started_rank(**replica, env);
         if (!s.is_ok()) (void)fail(s);

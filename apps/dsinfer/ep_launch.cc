@@ -322,6 +322,7 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     Group& g = *launch.group_;
     g.front = is_front;
     g.failover = f.failover == "on";
+    g.reap_deadline_ms = std::max<int64_t>(20'000, f.attach_timeout_ms + 5'000);
     g.name = ep.group;
     g.num_experts = static_cast<int>(r->config().n_routed_experts);
     g.redundant_per_rank = ep.redundant_experts_per_rank;
@@ -359,7 +360,12 @@ EpLaunch::~EpLaunch() {
 
 int EpLaunch::started_rank_exit_code(const Status& s) {
     if (s.is_ok()) return 0;
-    return s.code() == StatusCode::kUnavailable ? kPeerLost : 1;
+    // A peer gone (UNAVAILABLE) or a peer that never came or stopped answering
+    // (DEADLINE_EXCEEDED: the attach or a collective step timed out) is the group's loss,
+    // not this rank's: it is healthy.
+    return s.code() == StatusCode::kUnavailable || s.code() == StatusCode::kDeadlineExceeded
+               ? kPeerLost
+               : 1;
 }
 
 namespace {
@@ -367,11 +373,10 @@ namespace {
 // Reaps the old group's ranks and says which were healthy. They see the group's end (the
 // dead peer, or rank 0 leaving) at once and exit with kPeerLost: those are healthy. One
 // that is dead, failed otherwise or does not exit within the deadline is not.
-std::vector<bool> reap_for_restart(std::vector<pid_t>& pids) {
-    constexpr int64_t kReapDeadlineMs = 20'000;
+std::vector<bool> reap_for_restart(std::vector<pid_t>& pids, int64_t deadline_ms) {
     std::vector<bool> healthy;
     const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::milliseconds(kReapDeadlineMs);
+        std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline_ms);
     for (pid_t pid : pids) {
         int status = 0;
         pid_t got = 0;
@@ -407,7 +412,7 @@ std::string exit_description(pid_t pid) {
 
 Result<EpRestart> EpLaunch::restart(Group& g) {
     std::vector<bool> healthy = {true};  // rank 0: this process
-    const std::vector<bool> started = reap_for_restart(g.pids);
+    const std::vector<bool> started = reap_for_restart(g.pids, g.reap_deadline_ms);
     healthy.insert(healthy.end(), started.begin(), started.end());
     return start_healthy(g, healthy);
 }
@@ -453,6 +458,7 @@ Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
         }
         return -1;
     };
+    if (!broken.is_ok()) return broken;  // (said once, when it broke)
     int lost = exited();
     for (int i = 0; lost < 0 && pipe_ended && i < 100; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -464,13 +470,13 @@ Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
                   : "a rank closed its pipe";
     if (!failover) {
         // The other ranks see the loss and exit with their own error (printed).
-        (void)reap_for_restart(pids);
-        return unavailable("--ep: " + which + " (--ep-failover off)");
+        (void)reap_for_restart(pids, reap_deadline_ms);
+        return broken = unavailable("--ep: " + which + " (--ep-failover off)");
     }
     DSI_LOG(kWarning) << "--ep failover: " << which;
-    const std::vector<bool> healthy = reap_for_restart(pids);
+    const std::vector<bool> healthy = reap_for_restart(pids, reap_deadline_ms);
     if (std::find(healthy.begin(), healthy.end(), true) == healthy.end()) {
-        return unavailable("--ep: no healthy rank left after " + which);
+        return broken = unavailable("--ep: no healthy rank left after " + which);
     }
     DSI_RETURN_IF_ERROR(start_healthy(*this, healthy).status());
     return true;

@@ -107,8 +107,8 @@ public:
     // A front: requests over every rank (--ep-attention dp) or all on rank 0.
     bool spread() const { return spread_; }
     // The exit status of a started rank whose run ended with `s`: 0, kPeerLost when its
-    // group failed because a peer died or left (this rank is healthy: rank 0 counts it
-    // for the restarted group, S-DEPLOY), else 1.
+    // group failed because a peer died, left, never attached or stopped answering (this
+    // rank is healthy: rank 0 counts it for the restarted group, S-DEPLOY), else 1.
     static constexpr int kPeerLost = 75;
     static int started_rank_exit_code(const Status& s);
     // A started rank's whole run until rank 0 ends the group: the requests its pipe
@@ -133,6 +133,11 @@ private:
         std::unique_ptr<ForkThread> forker;
         bool front = false;       // every rank started (0..N-1), this process has no model
         bool failover = true;     // --ep-failover on
+        // How long a failover waits for the old group's other ranks to see the loss and
+        // exit: past --ep-attach-timeout-ms, since a rank lost before the group attached
+        // leaves the others waiting that long.
+        int64_t reap_deadline_ms = 20'000;
+        Status broken;  // no healthy rank was left: every later check returns this
         std::vector<pid_t> pids;  // the started ranks of the current group, not yet reaped
         std::string name;         // the first group's name; restarts append -f<n>
         int num_experts = 0;

@@ -294,10 +294,7 @@ Status DpFront::step() {
     bool ended = false, received = false;
     DSI_RETURN_IF_ERROR(poll_pipes(&ended, &received));
     if (local_ == nullptr) {
-        // S-DEPLOY: a lost rank — rank 0 included — restarts the group; its requests
-        // are re-run at once (sync_link).
-        DSI_ASSIGN_OR_RETURN(bool restarted, link_->check_ranks(ended));
-        if (restarted) return sync_link();
+        DSI_RETURN_IF_ERROR(check_front_ranks(ended));
         if (!received) comm::RankPipe::wait_any_readable(pipes_, kFrontWaitNs);
         return Status::ok();
     }
@@ -318,6 +315,22 @@ Status DpFront::step() {
     }
     return internal_error("dp: the group stopped with " + std::to_string(num_remote_) +
                           " requests on other ranks");
+}
+
+Status DpFront::check_front_ranks(bool pipe_ended) {
+    // S-DEPLOY: a lost rank — rank 0 included — restarts the group; its requests are
+    // re-run at once (sync_link).
+    DSI_ASSIGN_OR_RETURN(bool restarted, link_->check_ranks(pipe_ended));
+    if (restarted) return sync_link();
+    return Status::ok();
+}
+
+Status DpFront::idle_check() {
+    if (local_ != nullptr) return Status::ok();
+    DSI_RETURN_IF_ERROR(sync_link());
+    bool ended = false, received = false;
+    DSI_RETURN_IF_ERROR(poll_pipes(&ended, &received));
+    return check_front_ranks(ended);
 }
 
 int DpFront::rank_of(RequestId id) const {

@@ -103,6 +103,10 @@ public:
     // Also while a rank's load report still lags what runs there (settling()).
     bool has_work() const override;
     EngineStats stats() const override;
+    // A front with no model: reads the pipes and asks the link whether every rank runs
+    // (a rank that died while idle restarts the group now). With rank 0 here: nothing
+    // (its group steps find a lost peer).
+    Status idle_check() override;
     // The rank running request `id` now; -1 once it finished (logs, tests).
     int rank_of(RequestId id) const;
     // Benchmarks (`bench offline --ep N`): every other rank starts a fresh engine (empty
@@ -126,6 +130,9 @@ private:
     Status sync_link();
     // Relays every pipe's events; `ended`: a pipe reached its end (a rank died).
     Status poll_pipes(bool* ended, bool* received);
+    // A front: asks the link whether a rank died (`pipe_ended`: a pipe reached its end)
+    // and, if the group restarted, re-runs the lost requests.
+    Status check_front_ranks(bool pipe_ended);
     bool piped(int rank) const { return rank >= first_piped_; }
     comm::RankPipe& pipe(int rank) { return *pipes_[static_cast<size_t>(rank - first_piped_)]; }
     int num_ranks() const { return static_cast<int>(pipes_.size()) + first_piped_; }

@@ -376,6 +376,10 @@ public:
     virtual Status step() = 0;
     virtual bool has_work() const = 0;
     virtual EngineStats stats() const = 0;
+    // Called by a serving loop while the engine has no work (every ~50 ms): an engine
+    // whose parts live in other processes checks on them here, so a part that died while
+    // nothing ran is replaced now, not when the next request arrives (DpFront).
+    virtual Status idle_check() { return Status::ok(); }
 };
 
 // What add_request checks a request against (Engine::validate_request). A front with

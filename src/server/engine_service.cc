@@ -161,6 +161,7 @@ void EngineService::publish_stats() {
 }
 
 void EngineService::loop() {
+    std::string idle_error;  // the last idle check's error, logged once
     for (;;) {
         std::deque<Command> batch;
         bool stopping = false;
@@ -173,6 +174,14 @@ void EngineService::loop() {
             stopping = stopping_;
         }
         for (Command& c : batch) apply(c);
+        if (batch.empty() && !stopping && !engine_->has_work()) {
+            // Idle: an engine with parts in other processes (--ep's front) checks them.
+            Status s = engine_->idle_check();
+            if (!s.is_ok() && s.to_string() != idle_error) {
+                DSI_LOG(kError) << "engine idle check failed: " << s.to_string();
+            }
+            idle_error = s.is_ok() ? std::string() : s.to_string();
+        }
         if (stopping) {
             Command all;
             all.kind = Command::Kind::kAbortAll;

@@ -22,6 +22,33 @@ source "$src/tests/cli/ep_lib.sh"
 # serve --ep 3: three concurrent requests (one per rank); rank 0 killed -9 once the group
 # has stepped a little (the front maps no weights, rank 0 does).
 serve_failover 0 3
+# A rank that dies while nothing runs -- here as soon as it is started, before the group
+# attached (the others give up at --ep-attach-timeout-ms and count as healthy; if it
+# attached already, they see the loss at once): the front's idle check restarts the group
+# without a request (/metrics), and the next request is answered.
+serve_start idle --ep 3 --ep-attach-timeout-ms 3000
+victim=""
+for _ in $(seq 200); do
+    victim=$(pgrep -P "$serve_pid" -f -- "--ep-rank 1" || true)
+    [[ -n $victim ]] && break
+    sleep 0.01
+done
+[[ -n $victim ]] || fail "idle: no rank 1"
+kill -9 "$victim"
+for _ in $(seq 300); do
+    curl -sS --max-time 30 "http://127.0.0.1:$port/metrics" >"$tmp/idle.metrics" || true
+    grep -qF 'dsinfer_ep_failovers_total 1' "$tmp/idle.metrics" && break
+    sleep 0.05
+done
+for m in 'dsinfer_ep_failovers_total 1' 'dsinfer_ep_ranks 2'; do
+    grep -qF "$m" "$tmp/idle.metrics" || { cat "$tmp/idle.err"; fail "idle rank death: $m"; }
+done
+[[ $(curl -sS --max-time 120 -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/v1/completions" \
+    -H 'Content-Type: application/json' -d '{"model":"tiny","prompt":"hi","max_tokens":4}') == 200 ]] ||
+    { cat "$tmp/idle.err"; fail "idle rank death: no 200 after the restart"; }
+kill -TERM "$serve_pid"
+wait "$serve_pid" || { cat "$tmp/idle.err"; fail "idle exit status after SIGTERM"; }
+serve_pid=""
 # A response format needs the engine in the serving process: the front refuses it with 501
 # naming --ep-front off, and with --ep-front off (rank 0 serves, holding its model) it runs.
 json_format() {
@@ -45,4 +72,5 @@ json_format fmt_rank0 --ep-front off
 
 echo "rank 0 of --ep 3 killed -9: serve (3 requests) gives one process's completions; the"
 echo "  group goes on with 2 ranks (counted in /metrics); the front maps no weights"
+echo "rank 1 killed -9 while idle: the group restarts with 2 ranks before any request"
 echo "a response format: 501 from the front (naming --ep-front off), 200 with --ep-front off"
