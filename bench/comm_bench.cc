@@ -1,28 +1,41 @@
 // EP dispatch + combine throughput across 2 processes (issue 19 figure: goal >= 0.7 of
 // a memcpy of the same bytes), through comm::ShmMoeCommunicator.
 //
-// Two ranks (forked processes) of one shared-memory group. Each rank has TOKENS tokens of
+// Two ranks (forked processes, rank r pinned to the r-th allowed CPU) of one shared-memory
+// group. Each rank has TOKENS tokens of
 // HIDDEN f32, routed uniformly at random to TOP_K distinct experts of 2 x EXPERTS_PER_RANK
 // (about half the rows stay on the rank, half go to the peer; both go through the
 // segment). One iteration = layout + dispatch + combine (the expert step is left out: the
 // outputs are whatever the buffer holds). Bytes per iteration per rank: the dispatched
 // rows TOKENS x TOP_K x HIDDEN x 4 plus the same again for the combined expert outputs.
-// Baseline in the same run: each rank memcpy's the same number of bytes (two copies of
-// TOKENS x TOP_K x HIDDEN x 4 between private buffers of that size) at the same time as
-// the other rank, the same number of iterations per repetition as the comm side. Both
-// sides are warmed up (20 iterations, then a quarter of a repetition each), then the
-// repetitions alternate memcpy, comm, memcpy, ... (REPS each); each figure is the median
-// over repetitions (min-max) of each rank's bytes/s; the ratio is the ratio of medians.
+// Baseline in the same run (the goal's reference): each rank memcpy's the same number of
+// bytes (two copies of TOKENS x TOP_K x HIDDEN x 4 between private buffers of that size)
+// at the same time as the other rank, the same number of iterations per repetition as the
+// comm side. Second reference, what two cores can do at best: a cross-core copy of the
+// same bytes — each rank copies TOKENS x TOP_K x HIDDEN x 4 from a private buffer into its
+// half of a shared buffer, publishes it (a release store to its own flag line), waits for
+// the peer's flag and copies the peer's half out into a private buffer (two copies per
+// rank, the second one reading lines the other core wrote; two halves alternate by
+// iteration). All three sides are warmed up (20 iterations, then a quarter of a repetition
+// each), then the repetitions alternate memcpy, cross-core, comm, memcpy, ... (REPS each);
+// each figure is the median over repetitions (min-max) of each rank's bytes/s; a ratio is
+// the ratio of medians (the goal: comm / memcpy >= 0.7).
 // Usage: comm_bench [TOKENS=128] [HIDDEN=2048] [TOP_K=8] [EXPERTS_PER_RANK=8] [REPS=5]
-//                   [SECONDS_PER_REP=0.5] [STREAMING_MIN_BYTES=-1 (automatic)]
+//                   [SECONDS_PER_REP=0.5] [STREAMING_MIN_BYTES=-1 (automatic)] [EXPERT=0]
+// EXPERT=1: a stand-in expert step between dispatch and combine (each received row copied
+// to its output row), its time left out: the comm steps then find the caches as a real
+// MoE layer leaves them (outputs dirty in the serving core's cache, received rows read).
+#include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <new>
 #include <numeric>
 #include <random>
 #include <string>
@@ -44,6 +57,7 @@ struct Config {
     int reps = 5;
     double seconds_per_rep = 0.5;
     int64_t streaming_min_bytes = -1;  // ShmOptions::streaming_min_bytes (-1: automatic)
+    bool expert = false;  // run a stand-in expert step between dispatch and combine (untimed)
 };
 
 constexpr int kRanks = 2;
@@ -52,11 +66,26 @@ constexpr int kMaxReps = 64;
 // Per-rank results, in memory shared with the parent.
 struct Shared {
     double memcpy_gbps[kRanks][kMaxReps];
+    double xcore_gbps[kRanks][kMaxReps];
     double comm_gbps[kRanks][kMaxReps];
     double comm_us_per_iter[kRanks][kMaxReps];
     int64_t iterations[kRanks][kMaxReps];
     double phase_us[kRanks][3];  // mean layout / dispatch / combine per call
     int64_t iters;               // per repetition, both sides: agreed by rank 0 after the warm-up
+};
+
+// The cross-core reference's shared buffers: per rank two halves (by iteration parity) of
+// `bytes` each, and each rank's published iteration on its own cache line.
+struct CrossCore {
+    struct alignas(64) Flag {
+        std::atomic<int64_t> published{0};
+    };
+    Flag flags[kRanks];
+    char* buffers = nullptr;  // [kRanks][2][bytes]
+    size_t bytes = 0;
+    char* half(int rank, int64_t iteration) {
+        return buffers + (static_cast<size_t>(rank) * 2 + static_cast<size_t>(iteration % 2)) * bytes;
+    }
 };
 
 volatile float g_sink = 0;
@@ -71,7 +100,27 @@ MoeShape shape_of(const Config& c) {
     return shape;
 }
 
-int run_rank(const Config& c, int rank, Shared* out) {
+// Rank r runs on the r-th CPU this process may use (when there are two): unpinned, the
+// scheduler at times put both ranks on one core, where every wait spins out its time
+// slice (runs bimodal by 5-10x), and the cross-core reference would not cross cores.
+void pin_to_cpu(int rank) {
+    cpu_set_t allowed;
+    if (::sched_getaffinity(0, sizeof(allowed), &allowed) != 0 || CPU_COUNT(&allowed) < kRanks) {
+        return;
+    }
+    for (int cpu = 0, seen = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &allowed) && seen++ == rank) {
+            cpu_set_t one;
+            CPU_ZERO(&one);
+            CPU_SET(cpu, &one);
+            (void)::sched_setaffinity(0, sizeof(one), &one);
+            return;
+        }
+    }
+}
+
+int run_rank(const Config& c, int rank, Shared* out, CrossCore* xc) {
+    pin_to_cpu(rank);
     ShmOptions options;
     options.name = "dsi_comm_bench_" + std::to_string(::getppid());
     options.rank = rank;
@@ -110,6 +159,7 @@ int run_rank(const Config& c, int rank, Shared* out) {
     const double bytes_per_iter = 2.0 * static_cast<double>(copy_bytes);
 
     int64_t phase_ns[3] = {0, 0, 0};  // layout, dispatch, combine (each incl. its barrier)
+    int64_t expert_ns = 0;            // the stand-in expert step (EXPERT=1), left out
     auto one_comm = [&](int64_t i) -> bool {
         const int64_t t0 = steady_clock_ns();
         auto layout = (*comm)->layout(placement, routings[static_cast<size_t>(i % 8)], c.tokens,
@@ -122,7 +172,18 @@ int run_rank(const Config& c, int rank, Shared* out) {
         if (!view.is_ok()) {
             return false;
         }
-        const int64_t t2 = steady_clock_ns();
+        int64_t t2 = steady_clock_ns();
+        if (c.expert) {
+            // Stand-in expert: reads every received row and writes its output row (a copy),
+            // so that combine finds the outputs where a real expert leaves them (in the
+            // serving core's cache) and dispatch's rows have been read by their receiver.
+            // Not counted in the comm time.
+            const std::span<float> y = (*comm)->expert_output_buffer(*layout);
+            std::memcpy(y.data(), view->rows.data(), view->rows.size_bytes());
+            const int64_t t2e = steady_clock_ns();
+            expert_ns += t2e - t2;
+            t2 = t2e;
+        }
         const bool ok =
             (*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, combined)
                 .is_ok();
@@ -131,6 +192,27 @@ int run_rank(const Config& c, int rank, Shared* out) {
         phase_ns[1] += t2 - t1;
         phase_ns[2] += t3 - t2;
         return ok;
+    };
+    // Cross-core copy: iteration s writes this rank's half s % 2; the peer reads it after
+    // seeing s published. The peer is done reading half s % 2 of iteration s - 2 once it has
+    // published s - 1 (it publishes only after its copy-out), which this rank waited for.
+    int64_t xcore_seq = 0;
+    auto one_xcore = [&](int64_t) -> bool {
+        const int64_t s = ++xcore_seq;
+        std::memcpy(xc->half(rank, s), src.data(), copy_bytes);
+        xc->flags[rank].published.store(s, std::memory_order_release);
+        const int64_t give_up = steady_clock_ns() + 10'000'000'000;
+        for (int spins = 0; xc->flags[1 - rank].published.load(std::memory_order_acquire) < s;) {
+            if (++spins % 1024 == 0 && steady_clock_ns() > give_up) {
+                return false;  // the peer failed
+            }
+#if defined(__x86_64__)
+            __builtin_ia32_pause();
+#endif
+        }
+        std::memcpy(dst2.data(), xc->half(1 - rank, s), copy_bytes);
+        g_sink = g_sink + static_cast<float>(dst2[copy_bytes / 3]);
+        return true;
     };
     auto one_memcpy = [&](int64_t) -> bool {
         std::memcpy(dst.data(), src.data(), copy_bytes);
@@ -145,17 +227,19 @@ int run_rank(const Config& c, int rank, Shared* out) {
             return -1;
         }
         const int64_t t0 = steady_clock_ns();
+        const int64_t expert0 = expert_ns;
         for (int64_t i = 0; i < iters; ++i) {
             if (!one(i)) {
                 return -1;
             }
         }
-        return static_cast<double>(steady_clock_ns() - t0) * 1e-9;
+        return static_cast<double>(steady_clock_ns() - t0 - (expert_ns - expert0)) * 1e-9;
     };
     // Warm-up of both sides; sizes the repetitions the same way on both ranks.
     const double warm_comm = timed(one_comm, 20);
     const double warm_copy = timed(one_memcpy, 20);
-    if (warm_comm < 0 || warm_copy < 0) {
+    const double warm_xcore = timed(one_xcore, 20);
+    if (warm_comm < 0 || warm_copy < 0 || warm_xcore < 0) {
         return 2;
     }
     // Collective steps need the same iteration count on both ranks: rank 0's, from its
@@ -169,17 +253,20 @@ int run_rank(const Config& c, int rank, Shared* out) {
     }
     const int64_t agreed_comm_iters = out->iters;
     const int64_t copy_iters = agreed_comm_iters;
-    if (timed(one_comm, agreed_comm_iters / 4) < 0 || timed(one_memcpy, copy_iters / 4) < 0) {
+    if (timed(one_comm, agreed_comm_iters / 4) < 0 || timed(one_memcpy, copy_iters / 4) < 0 ||
+        timed(one_xcore, copy_iters / 4) < 0) {
         return 2;
     }
     std::fill(phase_ns, phase_ns + 3, 0);
     for (int r = 0; r < c.reps; ++r) {
         const double copy_s = timed(one_memcpy, copy_iters);
+        const double xcore_s = timed(one_xcore, copy_iters);
         const double comm_s = timed(one_comm, agreed_comm_iters);
-        if (copy_s < 0 || comm_s < 0) {
+        if (copy_s < 0 || xcore_s < 0 || comm_s < 0) {
             return 3;
         }
         out->memcpy_gbps[rank][r] = bytes_per_iter * static_cast<double>(copy_iters) / copy_s / 1e9;
+        out->xcore_gbps[rank][r] = bytes_per_iter * static_cast<double>(copy_iters) / xcore_s / 1e9;
         out->comm_gbps[rank][r] =
             bytes_per_iter * static_cast<double>(agreed_comm_iters) / comm_s / 1e9;
         out->comm_us_per_iter[rank][r] = comm_s * 1e6 / static_cast<double>(agreed_comm_iters);
@@ -212,6 +299,7 @@ int main(int argc, char** argv) {
     if (argc > 5) c.reps = std::clamp(std::atoi(argv[5]), 3, kMaxReps);
     if (argc > 6) c.seconds_per_rep = std::atof(argv[6]);
     if (argc > 7) c.streaming_min_bytes = std::atoll(argv[7]);
+    if (argc > 8) c.expert = std::atoi(argv[8]) != 0;
     auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
                                                MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     if (shared == MAP_FAILED) {
@@ -219,17 +307,28 @@ int main(int argc, char** argv) {
         return 1;
     }
     std::memset(shared, 0, sizeof(Shared));
+    const size_t xcore_bytes = static_cast<size_t>(c.tokens) * c.top_k * c.hidden * sizeof(float);
+    void* xmem = ::mmap(nullptr, sizeof(CrossCore) + xcore_bytes * kRanks * 2,
+                        PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (xmem == MAP_FAILED) {
+        std::perror("mmap");
+        return 1;
+    }
+    auto* xc = new (xmem) CrossCore;
+    xc->bytes = xcore_bytes;
+    xc->buffers = static_cast<char*>(xmem) + sizeof(CrossCore);
     const MoeShape shape = shape_of(c);
     std::printf("comm_bench: 2 ranks, %d tokens/rank, hidden %d, top_k %d, %d experts/rank, "
-                "%d reps, segment %.1f MiB\n",
+                "%d reps, segment %.1f MiB%s\n",
                 c.tokens, c.hidden, c.top_k, c.experts_per_rank, c.reps,
-                static_cast<double>(ShmMoeCommunicator::segment_bytes(shape)) / (1 << 20));
+                static_cast<double>(ShmMoeCommunicator::segment_bytes(shape)) / (1 << 20),
+                c.expert ? ", stand-in expert step (untimed)" : "");
     std::fflush(stdout);
     std::vector<pid_t> pids;
     for (int r = 0; r < kRanks; ++r) {
         pid_t pid = ::fork();
         if (pid == 0) {
-            ::_exit(run_rank(c, r, shared));
+            ::_exit(run_rank(c, r, shared, xc));
         }
         pids.push_back(pid);
     }
@@ -246,15 +345,19 @@ int main(int argc, char** argv) {
     }
     for (int rank = 0; rank < kRanks; ++rank) {
         std::vector<double> copy(shared->memcpy_gbps[rank], shared->memcpy_gbps[rank] + c.reps);
+        std::vector<double> xcore(shared->xcore_gbps[rank], shared->xcore_gbps[rank] + c.reps);
         std::vector<double> comm(shared->comm_gbps[rank], shared->comm_gbps[rank] + c.reps);
         std::vector<double> us(shared->comm_us_per_iter[rank],
                                shared->comm_us_per_iter[rank] + c.reps);
-        const Stat sc = stat(copy), sm = stat(comm), su = stat(us);
-        std::printf("rank %d: memcpy %.2f GB/s (%.2f-%.2f) | dispatch+combine %.2f GB/s "
-                    "(%.2f-%.2f), %.1f us/call (%.1f-%.1f), %lld calls/rep | ratio %.2f\n",
-                    rank, sc.median, sc.min, sc.max, sm.median, sm.min, sm.max, su.median, su.min,
-                    su.max, static_cast<long long>(shared->iterations[rank][0]),
-                    sm.median / sc.median);
+        const Stat sc = stat(copy), sx = stat(xcore), sm = stat(comm), su = stat(us);
+        std::printf("rank %d: memcpy %.2f GB/s (%.2f-%.2f) | cross-core copy %.2f GB/s "
+                    "(%.2f-%.2f) | dispatch+combine %.2f GB/s (%.2f-%.2f), %.1f us/call "
+                    "(%.1f-%.1f), %lld calls/rep | ratio %.2f (goal >= 0.7), vs cross-core "
+                    "%.2f\n",
+                    rank, sc.median, sc.min, sc.max, sx.median, sx.min, sx.max, sm.median, sm.min,
+                    sm.max, su.median, su.min, su.max,
+                    static_cast<long long>(shared->iterations[rank][0]), sm.median / sc.median,
+                    sm.median / sx.median);
         std::printf("rank %d: per call (mean, incl. barriers): layout %.1f us, dispatch %.1f us, "
                     "combine %.1f us\n",
                     rank, shared->phase_us[rank][0], shared->phase_us[rank][1],

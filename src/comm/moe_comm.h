@@ -50,6 +50,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "comm/combine_kernel.h"
 
 namespace dsi::comm {
 
@@ -165,44 +166,25 @@ Status route_tokens(const MoeShape& shape, const PlacementTable& placement, int 
                     std::span<const int32_t> topk_ids, int num_tokens, ReplicaChoice choice,
                     MoeLayout& layout);
 
-// acc[h] += w * y[h] for h < n: element by element (no reduction, so vectorising it does
-// not change the result). Blocks of 8 so that -O2's basic-block vectoriser packs them (a
-// plain loop stays scalar at -O2).
-inline void add_scaled_row(float* __restrict acc, const float* __restrict y, float w, int n) {
-    int h = 0;
-    for (; h + 8 <= n; h += 8) {
-        for (int j = 0; j < 8; ++j) {
-            acc[h + j] += w * y[h + j];
-        }
-    }
-    for (; h < n; ++h) {
-        acc[h] += w * y[h];
-    }
-}
-
 // Pure part of combine(): out[t] = sum_k gate[t][k] * y(t, k) in fixed k order from
 // +0.0f, where y(t, k) = row_of(t, k) (a pointer to `hidden` floats). Every transport
-// calls this, so the summation is one piece of code. The row is summed in blocks of
-// kCombineBlock floats, all k over one block before the next: the block of `out` stays in
-// L1 instead of going through the cache once per k (top_k passes over a 28 KB row at
-// hidden 7168), and every element still gets the same additions in the same order.
-inline constexpr int kCombineBlock = 512;
-
+// calls this, so the summation is one piece of code. Each token's row goes through the
+// best combine kernel of this CPU (combine_kernel.h: every variant gives the same bits;
+// the accumulators stay in registers over the k rows).
 template <typename RowOf>
 void combine_in_order(int num_tokens, int top_k, int hidden, std::span<const float> gate,
                       std::span<float> out, RowOf&& row_of) {
+    const CombineRowFn fn = combine_kernels().front().fn;
+    constexpr int kMaxStackK = 32;
+    const float* stack_rows[kMaxStackK];
+    std::vector<const float*> heap_rows(top_k > kMaxStackK ? static_cast<size_t>(top_k) : 0);
+    const float** rows = top_k > kMaxStackK ? heap_rows.data() : stack_rows;
     for (int t = 0; t < num_tokens; ++t) {
-        float* acc = out.data() + static_cast<size_t>(t) * hidden;
-        const float* w = gate.data() + static_cast<size_t>(t) * top_k;
-        for (int h0 = 0; h0 < hidden; h0 += kCombineBlock) {
-            const int n = std::min(kCombineBlock, hidden - h0);
-            for (int h = 0; h < n; ++h) {
-                acc[h0 + h] = 0.0f;
-            }
-            for (int k = 0; k < top_k; ++k) {
-                add_scaled_row(acc + h0, row_of(t, k) + h0, w[k], n);
-            }
+        for (int k = 0; k < top_k; ++k) {
+            rows[k] = row_of(t, k);
         }
+        fn(out.data() + static_cast<size_t>(t) * hidden,
+           rows, gate.data() + static_cast<size_t>(t) * top_k, top_k, hidden);
     }
 }
 

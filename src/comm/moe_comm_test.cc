@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "cluster/eplb.h"
@@ -96,6 +98,46 @@ TEST(CombineInOrderTest, SumsInTopKOrderFromZero) {
                      [&](int t, int k) { return rows.data() + (t * 2 + k) * 2; });
     EXPECT_EQ(out,
               (std::vector<float>{0.5f * 1 + 0.25f * 3, 0.5f * 2 + 0.25f * 4, 5 - 7.0f, 6 - 8.0f}));
+}
+
+// Every combine kernel this CPU runs gives the bits of the plain loop (one multiply and
+// one add per element, k in order, from +0.0f), at widths that hit each variant's vector
+// body and scalar tail, with values whose sums round.
+TEST(CombineKernelTest, EveryVariantGivesThePlainLoopsBits) {
+    std::mt19937 rng(3);
+    std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+    for (const int hidden : {1, 7, 63, 64, 100, 7168}) {
+        for (const int top_k : {1, 3, 8}) {
+            std::vector<std::vector<float>> rows(static_cast<size_t>(top_k),
+                                                 std::vector<float>(static_cast<size_t>(hidden)));
+            std::vector<const float*> ptrs;
+            std::vector<float> w(static_cast<size_t>(top_k));
+            for (int k = 0; k < top_k; ++k) {
+                for (float& v : rows[static_cast<size_t>(k)]) {
+                    v = u(rng);
+                }
+                rows[static_cast<size_t>(k)][0] = -0.0f;  // -0 products: the sum starts at +0
+                ptrs.push_back(rows[static_cast<size_t>(k)].data());
+                w[static_cast<size_t>(k)] = u(rng);
+            }
+            std::vector<float> want(static_cast<size_t>(hidden));
+            for (int h = 0; h < hidden; ++h) {
+                volatile float acc = 0.0f;  // volatile: no contraction into an FMA
+                for (int k = 0; k < top_k; ++k) {
+                    volatile float p = w[static_cast<size_t>(k)] * ptrs[static_cast<size_t>(k)][h];
+                    acc = acc + p;
+                }
+                want[static_cast<size_t>(h)] = acc;
+            }
+            for (const CombineKernel& kernel : combine_kernels()) {
+                std::vector<float> got(static_cast<size_t>(hidden), 42.0f);
+                kernel.fn(got.data(), ptrs.data(), w.data(), top_k, hidden);
+                EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size() * sizeof(float)), 0)
+                    << kernel.isa << ", hidden " << hidden << ", top_k " << top_k;
+            }
+        }
+    }
+    EXPECT_STREQ(combine_kernels().back().isa, "generic");
 }
 
 TEST(ExpertLoadTest, CountsFeedTheEplbControllerAndItsPlacementFeedsLayout) {
