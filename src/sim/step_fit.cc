@@ -81,8 +81,11 @@ Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y, int 
     return best;
 }
 
-// One engine's steps in start order: each step's cost (wall + a back-to-back host gap)
-// and CPU time; steps without items are skipped (their time is not a forward pass).
+// One engine's steps in start order: each step's cost (wall + the host's gap before it)
+// and CPU time; steps without items are skipped (their time is not a forward pass). The
+// gap is the host's when it is short (StepFitOptions::max_gap_ns) or when a sequence of
+// the step before runs on in this one (an item [q', c + q] after [q, c]: the engine
+// was not idle, its host was late: post-processing, or waiting for its core).
 struct Timed {
     const engine::StepRecord* record;
     double cost_ns;
@@ -97,11 +100,23 @@ std::vector<Timed> timed_steps(std::span<const engine::StepRecord> records,
                      [](const auto* a, const auto* b) { return a->start_ns < b->start_ns; });
     std::vector<Timed> out;
     int64_t prev_end_ns = -1;
+    const engine::StepRecord* prev = nullptr;
+    auto runs_on = [](const engine::StepRecord& a, const engine::StepRecord& b) {
+        for (const engine::StepRecord::Item& x : a.items) {
+            for (const engine::StepRecord::Item& y : b.items) {
+                if (y.c == x.c + x.q) return true;
+            }
+        }
+        return false;
+    };
     for (const engine::StepRecord* r : sorted) {
         double cost = static_cast<double>(r->end_ns - r->start_ns);
         const int64_t gap = prev_end_ns < 0 ? -1 : r->start_ns - prev_end_ns;
-        if (gap >= 0 && gap <= o.max_gap_ns) cost += static_cast<double>(gap);
+        if (gap >= 0 && (gap <= o.max_gap_ns || runs_on(*prev, *r))) {
+            cost += static_cast<double>(gap);
+        }
         prev_end_ns = r->end_ns;
+        prev = r;
         if (!r->items.empty()) out.push_back({r, cost, r->cpu_ns});
     }
     return out;

@@ -6,7 +6,9 @@
 //
 // What a step costs, live: the worker's wall time from start to end, plus the host's gap
 // before it when the gap is short enough to be the host planning back-to-back steps
-// (StepFitOptions::max_gap_ns; a longer gap is an engine with nothing to do).
+// (StepFitOptions::max_gap_ns) or when a sequence of the step before runs on in it (an
+// item [q', c + q] after [q, c]: the engine had work, its host was late); any other
+// longer gap is an engine with nothing to do.
 //  - Prefill: step = overhead + sum over its items of cost(q, c), cost a PrefillCostModel
 //    whose base (per sequence), per-token and q^2 terms are fitted to the steps and whose
 //    context terms (per_c, per_qc) are the calibration's (`dsinfer calibrate`): the live
@@ -39,7 +41,8 @@ namespace dsi::sim {
 
 struct StepFitOptions {
     // A gap between a step's start and the previous step's end up to this long is the
-    // host's per-step work and counts as step time; longer gaps are idle time.
+    // host's per-step work and counts as step time; longer gaps are idle time unless a
+    // sequence runs on across them.
     int64_t max_gap_ns = 1'000'000;
 };
 

@@ -85,6 +85,24 @@ TEST(StepFitTest, RecoversTheStepCostsOfWorkedRecords) {
     EXPECT_NEAR(f->decode_mean_rel_error, 0, 1e-9);
 }
 
+// A gap longer than max_gap_ns counts as step time when a sequence runs on across it
+// (its item [1, 100] follows [1, 99]): the engine had work, its host was late. Step 2's
+// wall is 0.70301 ms after a 1.5 ms gap: 2 ms + 2 x 100 us + 10 ns x 301 KV tokens.
+TEST(StepFitTest, AGapASequenceRunsOnAcrossIsStepTime) {
+    const std::vector<engine::StepRecord> d = {
+        step(0, 2'101'000, {{1, 99}}),
+        step(3'601'000, 4'304'010, {{1, 100}, {1, 199}}),
+        step(20'000'000, 22'410'000, {{1, 249}, {1, 249}, {1, 249}, {1, 249}}),
+        step(30'000'000, 32'227'600, {{1, 99}, {20, 128}}),
+    };
+    Result<StepCostFit> f = fit_step_costs(prefill_steps(), d, per_token_us());
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    EXPECT_NEAR(f->decode_base_ns, 2e6, 1e-3);
+    EXPECT_NEAR(f->decode_per_request_ns, 1e5, 1e-3);
+    EXPECT_NEAR(f->decode_per_kv_token_ns, 10, 1e-6);
+    EXPECT_NEAR(f->decode_mean_rel_error, 0, 1e-9);
+}
+
 TEST(StepFitTest, CoefficientsStayNonNegative) {
     const std::vector<engine::StepRecord> d = {
         step(0, 3'000'000, {{1, 99}}),
