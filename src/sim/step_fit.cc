@@ -138,8 +138,8 @@ double wall_over_cpu(std::span<const Timed> steps) {
 }
 
 // Mean |fit - y| / t: each step's error over its measured time.
-double mean_rel_error(std::span<const Row> x, std::span<const double> y,
-                      std::span<const double> t, const Row& b, int num_cols) {
+double mean_rel_error(std::span<const Row> x, std::span<const double> y, std::span<const double> t,
+                      const Row& b, int num_cols) {
     double sum = 0;
     for (size_t i = 0; i < x.size(); ++i) {
         double f = 0;

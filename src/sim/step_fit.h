@@ -21,9 +21,9 @@
 //    recomputed partial block, ClusterDescription::decode_join_recompute_block) out.
 // Coefficients are relative least squares (each step's error over its own measured time,
 // so short steps weigh as much as long ones; not over the time left after the parts taken
-// out, which is near 0 for a join step the calibration overprices) with every coefficient >= 0 (the best of the column
-// subsets whose solution is non-negative), so a collinear record set gives a usable
-// model rather than a negative slope.
+// out, which is near 0 for a join step the calibration overprices) with every
+// coefficient >= 0 (the best of the column subsets whose solution is non-negative), so a
+// collinear record set gives a usable model rather than a negative slope.
 //
 // Thread model: pure functions of their inputs.
 #pragma once
