@@ -208,13 +208,32 @@ busy = [y - x for x, y in zip(b["cpus"], a["cpus"])]
 ours = a["pids"].get(pid, 0) - b["pids"].get(pid, 0)
 print("  CPU busy during the run: " + ", ".join(f"cpu{i} {t:.2f} s" for i, t in enumerate(busy)) +
       f"; the prefill engine {ours:.2f} s (cpu0 less the prefill engine: {busy[0] - ours:.2f} s)")
+open(sys.argv[4], "w").write(f"{busy[0] - ours:.3f}\n")
 PY
+}
+
+# A live run whose CPU 0 others used for more than SVL_MAX_FOREIGN_CPU_S (default 1 s:
+# a quiet run leaves 0.2-0.5 s there) measured the machine, not dsinfer: it is run again,
+# up to twice (SVL_PIN=2 only: unpinned, CPU 0 carries the run's own processes).
+live_run_checked() {  # live_run_checked NAME TRACE SCALE
+  local try
+  for try in 1 2 3; do
+    live_run "$@"
+    [[ "${SVL_PIN:-0}" == 2 ]] || return 0
+    if python3 -c 'import sys; sys.exit(float(open(sys.argv[1]).read()) > float(sys.argv[2]))' \
+      "$work/foreign_cpu_$1.txt" "${SVL_MAX_FOREIGN_CPU_S:-1}"; then
+      return 0
+    fi
+    echo "  (others used CPU 0 for $(cat "$work/foreign_cpu_$1.txt") s: run $1 again)"
+  done
+  echo "  (run $1 kept after 3 tries: the machine is not quiet)"
 }
 
 # One live run: fresh engines (writing their steps), router and membership prefix.
 live_run() {  # live_run NAME TRACE SCALE
   local name="$1" trace="$2" scale="$3"
-  local m="etcd://127.0.0.1:$ecp/svl_$name/"
+  live_seq=$((${live_seq:-0} + 1))  # a run again gets a fresh membership prefix too
+  local m="etcd://127.0.0.1:$ecp/svl_${name}_$live_seq/"
   local run_pids=()
   START_PREFIX="$pin_p" start "p_$name" serve --threads 1 --role prefill --membership "$m" \
     --node-id "p_$name" --cost-model "$work/cost.json" --step-log "$work/steps_p_$name.jsonl"
@@ -264,7 +283,8 @@ for name, path in zip(("prefill", "decode"), sys.argv[1:]):
 PY
   step_report "$work/steps_p_$name.jsonl" "$work/steps_d_$name.jsonl"
   cpu_snapshot "${run_pids[@]}" > "$work/cpu_after_$name.txt"
-  cpu_report "$work/cpu_before_$name.txt" "$work/cpu_after_$name.txt" "${run_pids[0]}"
+  cpu_report "$work/cpu_before_$name.txt" "$work/cpu_after_$name.txt" "${run_pids[0]}" \
+    "$work/foreign_cpu_$name.txt"
   for p in "${run_pids[@]}"; do kill -9 "$p" 2>/dev/null || true; done
   for p in "${run_pids[@]}"; do wait "$p" 2>/dev/null || true; done
 }
@@ -280,7 +300,7 @@ if [[ -n "$fit_offset" ]]; then
   : > "$work/steps_p_fit_all.jsonl"
   : > "$work/steps_d_fit_all.jsonl"
   for rep in $(seq "${SVL_FIT_REPS:-1}"); do
-    live_run "fit$rep" "$work/fit_slice.jsonl" "$fit_scale"
+    live_run_checked "fit$rep" "$work/fit_slice.jsonl" "$fit_scale"
     cat "$work/steps_p_fit$rep.jsonl" >> "$work/steps_p_fit_all.jsonl"
     cat "$work/steps_d_fit$rep.jsonl" >> "$work/steps_d_fit_all.jsonl"
   done
@@ -317,7 +337,7 @@ if [[ -n "$fit_offset" ]]; then  # for comparison, same arrivals: the step fit w
 fi
 
 for rep in $(seq "$reps"); do
-  live_run "$rep" "$work/slice.jsonl" "$scale"
+  live_run_checked "$rep" "$work/slice.jsonl" "$scale"
 done
 
 python3 - "$work" "$reps" <<'PY'
