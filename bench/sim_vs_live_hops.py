@@ -13,13 +13,14 @@ sim/simulator.h that describe them (a `dsinfer sim --step-fit` overlay):
 - prefill_dispatch_ns: the median, over requests that found the prefill engine idle (its
   last step ended >= 20 ms before they were sent), of their first prefill step's start
   minus their send time (the client -> router -> engine hop).
-- prefill_release_ns: the median, over requests that waited for the one before them, of
-  the prefill engine's idle gap between that one's step and theirs, minus
-  prefill_dispatch_ns: the time after a prefill before the router releases its quota
-  (the hand-over's Ack, the end of the engine's stream) and pulls the next.
+- p2d_bytes_per_s and prefill_release_ns: over requests that waited for the one before
+  them, the prefill engine's idle gap between that one's step and theirs grows with the
+  full blocks that one handed over (the router releases the quota and pulls the next
+  after the hand-over's Ack): gap = a + s x tokens sent (L - L mod 128), s the median of
+  the pairwise slopes (Theil-Sen), a the median of gap - s x tokens; p2d_bytes_per_s =
+  kv_bytes_per_token / s (CLUSTER_JSON's), prefill_release_ns = a - prefill_dispatch_ns.
 - p2d_latency_ns: from a request's last prefill step to its arrival at the decode
-  engine's scheduler, less the simulator's transfer time (prompt x kv_bytes_per_token /
-  p2d_bytes_per_s, from the cluster description CLUSTER_JSON). The decode
+  engine's scheduler, less the transfer time of its full blocks at that rate. The decode
   engine plans step N+1 while step N runs (decode_async_join), so the step that took a
   request in (its first item with c + q = prompt + 1) says when it arrived: if the
   engine was idle just before that step (a gap > 1 ms), at the step's start; else during
@@ -44,8 +45,16 @@ def steps(path):
     return [x for x in s if x["items"]]
 
 
+def theil_sen(points):
+    """Median pairwise slope and the median intercept of (x, y) points."""
+    slopes = [(y2 - y1) / (x2 - x1) for i, (x1, y1) in enumerate(points)
+              for x2, y2 in points[i + 1:] if x2 != x1]
+    s = max(0.0, statistics.median(slopes)) if slopes else 0.0
+    return s, statistics.median(y - s * x for x, y in points) if points else 0.0
+
+
 def fit(work, runs, cluster):
-    dispatch, gaps, p2d = [], [], []
+    dispatch, gaps, joins = [], [], []
     lb_cost = None
     for run in runs:
         P = steps(f"{work}/steps_p_{run}.jsonl")
@@ -66,8 +75,9 @@ def fit(work, runs, cluster):
             if k > 0 and P[k - 1]["end_ns"] <= sent - 20e6:
                 dispatch.append(first - sent)
             elif (k > 0 and prev_step == k - 1 and P[k - 1]["end_ns"] > sent
-                  and len(step["items"]) == 1):
-                gaps.append(first - P[k - 1]["end_ns"])
+                  and len(step["items"]) == 1 and len(P[k - 1]["items"]) == 1):
+                q, c = P[k - 1]["items"][0]
+                gaps.append(((q + c) - (q + c) % 128, first - P[k - 1]["end_ns"]))
             prev_step = k
             if L % 128 == 0:
                 continue
@@ -76,14 +86,13 @@ def fit(work, runs, cluster):
                       and any(q + c == L + 1 and q > 1 for q, c in x["items"])), None)
             if j is None:
                 continue
-            transfer = L * cluster["kv_bytes_per_token"] / cluster["p2d_bytes_per_s"] * 1e9
             if j == 0 or D[j - 1]["end_ns"] < D[j]["start_ns"] - 1e6:
                 at = D[j]["start_ns"]
             elif j >= 3:
                 at = (max(D[j - 3]["end_ns"], end) + D[j - 2]["end_ns"]) / 2
             else:
                 continue
-            p2d.append(max(0.0, at - end - transfer))
+            joins.append((L - L % 128, at - end))
         text = open(f"{work}/r_{run}.out").read()
         m = re.search(r"prefill quota priced by base_ns (\S+) per_q_ns (\S+) per_c_ns (\S+) "
                       r"per_qc_ns (\S+) per_qq_ns (\S+)", text)
@@ -92,14 +101,17 @@ def fit(work, runs, cluster):
                                map(float, m.groups())))
     med = lambda v: statistics.median(v) if v else 0.0
     d = med(dispatch)
+    ns_per_token, a = theil_sen(gaps)
     out = {"prefill_dispatch_ns": d,
-           "prefill_release_ns": max(0.0, med(gaps) - d),
-           "p2d_latency_ns": med(p2d),
+           "prefill_release_ns": max(0.0, a - d),
+           "p2d_latency_ns": med([max(0.0, t - ns_per_token * n) for n, t in joins]),
            "decode_async_join": True}
+    if ns_per_token > 0:
+        out["p2d_bytes_per_s"] = cluster["kv_bytes_per_token"] / ns_per_token * 1e9
     if lb_cost:
         out["prefill_lb_cost"] = lb_cost
     info = {"dispatch_samples": len(dispatch), "release_samples": len(gaps),
-            "p2d_samples": len(p2d)}
+            "p2d_samples": len(joins)}
     return out, info
 
 

@@ -259,13 +259,20 @@ void Sim::on_prefill_done(int e) {
         }
         DSI_CHECK(pe.queue.front() == ch.req, "prefill FIFO order broken");
         pe.queue.pop_front();
+        // The KV hand-over: the prompt's KV at p2d_bytes_per_s; with
+        // decode_join_recompute_block B, its full blocks only (the join recomputes the rest).
+        const int64_t b = c_.decode_join_recompute_block;
+        const int64_t sent_tokens =
+            b > 0 ? q.context_tokens - q.context_tokens % b : q.context_tokens;
+        const double transfer_ns =
+            static_cast<double>(sent_tokens) * c_.kv_bytes_per_token / c_.p2d_bytes_per_s * 1e9;
         if (c_.prefill_release_ns > 0) {
-            // The router releases the quota when the engine's part ends (after the
-            // hand-over's Ack).
+            // The router releases the quota when the engine's part ends: after the
+            // hand-over's Ack.
             ++pe.pending_releases;
             releases_.emplace_back(e, q.cost_ns);
-            push(now_ + static_cast<int64_t>(c_.prefill_release_ns), Ev::kPrefillRelease,
-                 static_cast<uint32_t>(releases_.size() - 1));
+            push(now_ + static_cast<int64_t>(transfer_ns + c_.prefill_release_ns),
+                 Ev::kPrefillRelease, static_cast<uint32_t>(releases_.size() - 1));
         } else {
             pe.held_cost_ns =
                 pe.queue.empty() && pe.pending_releases == 0 ? 0.0 : pe.held_cost_ns - q.cost_ns;
@@ -281,11 +288,8 @@ void Sim::on_prefill_done(int e) {
         BlockIdCache* store = shared_store_ ? shared_store_.get() : pe.store.get();
         store->insert(trace_.blocks_of(tr), now_);
         res_.kv_moved_tokens += q.context_tokens;
-        const int64_t transfer_ns =
-            static_cast<int64_t>(static_cast<double>(q.context_tokens) * c_.kv_bytes_per_token /
-                                     c_.p2d_bytes_per_s * 1e9 +
-                                 c_.p2d_latency_ns);
-        push(out_ns + transfer_ns, Ev::kDecodeArrive, ch.req);
+        push(out_ns + static_cast<int64_t>(transfer_ns + c_.p2d_latency_ns), Ev::kDecodeArrive,
+             ch.req);
     }
     pe.step.clear();
     if (pe.stopping && pe.queue.empty()) {

@@ -253,6 +253,39 @@ TEST(SimulatorTest, RouterPricingDispatchReleaseAndHandOverLatency) {
     EXPECT_TRUE(parsed->decode_async_join);
 }
 
+// The hand-over carries full blocks (decode_join_recompute_block 128): a 300-token
+// prompt sends 256 tokens of 1,000 B at 100 MB/s, 2.56 ms. The quota is released 3 ms
+// after that (prefill_release_ns), the request reaches decode 4 ms after it
+// (p2d_latency_ns). Prompt 0 runs 0..30 ms, is released at 35.56, prompt 1 (sent at 1
+// ms) runs 35.56..65.56. Each reaches decode 6.56 ms after its prefill and takes one
+// step of 1 ms + its join's recompute (300 mod 128 = 44 tokens at 0.1 ms): TPOT 11.96 ms.
+TEST(SimulatorTest, TheQuotaIsReleasedAfterTheFullBlocksAreSent) {
+    workload::Trace t;
+    t.block_tokens = 512;
+    t.blocks = {1, 2};
+    t.requests.push_back({0, 300, 2, 0, 1});
+    t.requests.push_back({1'000'000, 300, 2, 1, 1});
+    ClusterDescription c;
+    c.num_prefill = 1;
+    c.num_decode = 1;
+    c.prefill_cost = engine::PrefillCostModel{0, 1e5, 0, 0, 0};
+    c.prefill_lb_cost = engine::PrefillCostModel{0, 1e7, 0, 0, 0};  // one at a time
+    c.prefill_step_overhead_ns = 0;
+    c.decode_base_ns = 1e6;
+    c.decode_per_request_ns = 0;
+    c.decode_per_kv_token_ns = 0;
+    c.decode_join_recompute_block = 128;
+    c.kv_bytes_per_token = 1000;
+    c.p2d_bytes_per_s = 1e8;
+    c.prefill_release_ns = 3e6;
+    c.p2d_latency_ns = 4e6;
+    auto r = simulate(t, c, SimOptions{});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_NEAR(r->ttft_ms.mean, (30 + 64.56) / 2, 1e-3);
+    EXPECT_NEAR(r->tpot_ms.mean, 2.56 + 4 + 1 + 4.4, 1e-3);
+    EXPECT_NEAR(r->tpot_ms.max, 2.56 + 4 + 1 + 4.4, 1e-3);
+}
+
 // decode_async_join: the engine planned its next step when the running one began, so a
 // request arriving during a step joins the step after the next one. Request 0 decodes
 // in 10 ms steps from t = 1 ms (steps start at 1, 11, 21, 31, ...); request 1 reaches
