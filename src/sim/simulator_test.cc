@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <initializer_list>
 
 namespace dsi::sim {
 namespace {
@@ -21,6 +23,34 @@ ClusterDescription small_cluster() {
     c.num_prefill = 8;
     c.num_decode = 8;
     return c;
+}
+
+// One prefill and one decode engine with the given prefill cost (ns a prompt token),
+// no step overhead, decode steps of `decode_step_ns` flat, no transfer time; the
+// worked-number tests of the hops start from it.
+ClusterDescription one_and_one(double prefill_ns_per_token, double decode_step_ns) {
+    ClusterDescription c;
+    c.num_prefill = 1;
+    c.num_decode = 1;
+    c.prefill_cost = engine::PrefillCostModel{0, prefill_ns_per_token, 0, 0, 0};
+    c.prefill_step_overhead_ns = 0;
+    c.decode_base_ns = decode_step_ns;
+    c.decode_per_request_ns = 0;
+    c.decode_per_kv_token_ns = 0;
+    c.p2d_bytes_per_s = 1e18;
+    return c;
+}
+
+// A trace of (arrival ns, prompt tokens, output tokens), each request its own block.
+workload::Trace requests_at(std::initializer_list<std::array<int64_t, 3>> rs) {
+    workload::Trace t;
+    t.block_tokens = 512;
+    for (const auto& [at, input, output] : rs) {
+        const auto i = static_cast<uint32_t>(t.blocks.size());
+        t.blocks.push_back(i + 1);
+        t.requests.push_back({at, static_cast<int32_t>(input), static_cast<int32_t>(output), i, 1});
+    }
+    return t;
 }
 
 TEST(SimulatorTest, DeterministicAndConserving) {
@@ -199,21 +229,8 @@ TEST(SimulatorTest, DecodeJoinRecomputesThePartialBlock) {
 // and 1 ms to one prefill engine computing 0.1 ms a token (10 ms a prompt), one decode
 // engine of 1 ms steps, the LB's bucket quota 1 s.
 TEST(SimulatorTest, RouterPricingDispatchReleaseAndHandOverLatency) {
-    workload::Trace t;
-    t.block_tokens = 512;
-    t.blocks = {1, 2, 3};
-    t.requests.push_back({0, 100, 2, 0, 1});
-    t.requests.push_back({1'000'000, 100, 2, 1, 1});
-    t.requests.push_back({1'000'000, 100, 2, 2, 1});
-    ClusterDescription c;
-    c.num_prefill = 1;
-    c.num_decode = 1;
-    c.prefill_cost = engine::PrefillCostModel{0, 1e5, 0, 0, 0};
-    c.prefill_step_overhead_ns = 0;
-    c.decode_base_ns = 1e6;
-    c.decode_per_request_ns = 0;
-    c.decode_per_kv_token_ns = 0;
-    c.p2d_bytes_per_s = 1e18;  // no transfer time
+    const workload::Trace t = requests_at({{0, 100, 2}, {1'000'000, 100, 2}, {1'000'000, 100, 2}});
+    const ClusterDescription c = one_and_one(1e5, 1e6);
     auto run = [&](const ClusterDescription& cc) {
         auto r = simulate(t, cc, SimOptions{});
         EXPECT_TRUE(r.is_ok()) << r.status().to_string();
@@ -260,20 +277,9 @@ TEST(SimulatorTest, RouterPricingDispatchReleaseAndHandOverLatency) {
 // ms) runs 35.56..65.56. Each reaches decode 6.56 ms after its prefill and takes one
 // step of 1 ms + its join's recompute (300 mod 128 = 44 tokens at 0.1 ms): TPOT 11.96 ms.
 TEST(SimulatorTest, TheQuotaIsReleasedAfterTheFullBlocksAreSent) {
-    workload::Trace t;
-    t.block_tokens = 512;
-    t.blocks = {1, 2};
-    t.requests.push_back({0, 300, 2, 0, 1});
-    t.requests.push_back({1'000'000, 300, 2, 1, 1});
-    ClusterDescription c;
-    c.num_prefill = 1;
-    c.num_decode = 1;
-    c.prefill_cost = engine::PrefillCostModel{0, 1e5, 0, 0, 0};
+    const workload::Trace t = requests_at({{0, 300, 2}, {1'000'000, 300, 2}});
+    ClusterDescription c = one_and_one(1e5, 1e6);
     c.prefill_lb_cost = engine::PrefillCostModel{0, 1e7, 0, 0, 0};  // one at a time
-    c.prefill_step_overhead_ns = 0;
-    c.decode_base_ns = 1e6;
-    c.decode_per_request_ns = 0;
-    c.decode_per_kv_token_ns = 0;
     c.decode_join_recompute_block = 128;
     c.kv_bytes_per_token = 1000;
     c.p2d_bytes_per_s = 1e8;
@@ -293,20 +299,8 @@ TEST(SimulatorTest, TheQuotaIsReleasedAfterTheFullBlocksAreSent) {
 // ms), or asynchronously at 31 (token at 41, TPOT 26 ms). An idle engine takes a
 // request at once either way (request 0).
 TEST(SimulatorTest, AsyncDecodeJoinsTheStepAfterTheNext) {
-    workload::Trace t;
-    t.block_tokens = 512;
-    t.blocks = {1, 2};
-    t.requests.push_back({0, 100, 20, 0, 1});
-    t.requests.push_back({14'000'000, 100, 2, 1, 1});
-    ClusterDescription c;
-    c.num_prefill = 1;
-    c.num_decode = 1;
-    c.prefill_cost = engine::PrefillCostModel{0, 1e4, 0, 0, 0};  // 1 ms a prompt
-    c.prefill_step_overhead_ns = 0;
-    c.decode_base_ns = 10e6;
-    c.decode_per_request_ns = 0;
-    c.decode_per_kv_token_ns = 0;
-    c.p2d_bytes_per_s = 1e18;
+    const workload::Trace t = requests_at({{0, 100, 20}, {14'000'000, 100, 2}});
+    const ClusterDescription c = one_and_one(1e4, 10e6);  // 1 ms a prompt
     auto tpot_max = [&](bool async) {
         ClusterDescription cc = c;
         cc.decode_async_join = async;
