@@ -60,6 +60,7 @@ struct BenchServeFlags {
     uint64_t seed = 1;
     std::string label;
     std::string out_json;
+    std::string records_out;
     bool fail_on_error = false;
 };
 
@@ -132,6 +133,7 @@ int run_bench_serve(const BenchServeFlags& f) {
     std::signal(SIGINT, on_sigint);
     net::HttpClient client(*target);
     json runs = json::array();
+    std::string records;
     int64_t total_errors = 0;
     std::printf("%-6s %-8s %6s %6s %9s %9s %9s %9s %9s %9s %9s\n", "conc", "rate", "ok", "err",
                 "req/s", "out_tok/s", "ttft_p50", "ttft_p99", "tpot_p50", "itl_p50", "itl_p99");
@@ -147,6 +149,7 @@ int run_bench_serve(const BenchServeFlags& f) {
             if (!dataset.is_ok()) return fail(dataset.status());
             loadgen::LoadResult result = loadgen::run_load(client, ls, *dataset, &g_cancel);
             loadgen::LoadSummary s = loadgen::summarize(result);
+            records += loadgen::records_jsonl(result, static_cast<int>(runs.size()));
             total_errors += s.num_errors;
             std::printf("%-6d %-8s %6lld %6lld %9.2f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n",
                         ls.max_concurrency, std::isinf(rate) ? "inf" : std::to_string(rate).c_str(),
@@ -177,6 +180,9 @@ int run_bench_serve(const BenchServeFlags& f) {
                    {"runs", std::move(runs)}};
     if (!f.out_json.empty() && !write_file(f.out_json, report.dump(2) + "\n")) {
         return fail(internal_error("cannot write " + f.out_json));
+    }
+    if (!f.records_out.empty() && !write_file(f.records_out, records)) {
+        return fail(internal_error("cannot write " + f.records_out));
     }
     if (!f.out_json.empty()) {
         // The figure is drawn by matplotlib, outside the binary (docs/server.md).
@@ -227,6 +233,9 @@ void register_bench_serve_command(CLI::App& bench) {
     add_setting(*s, "--label", f->label, "report title");
     add_setting(*s, "--out-json", f->out_json,
                 "write the JSON report here (tools/plots/plot.py draws it)");
+    add_setting(*s, "--records-out", f->records_out,
+                "write one JSON line per request here (run, dataset index, steady-clock start, "
+                "TTFT, e2e, tokens, inter-token gaps)");
     add_switch(*s, "--fail-on-error", f->fail_on_error, "exit 1 when a request failed");
     s->callback([f] {
         if (int rc = run_bench_serve(*f); rc != 0) throw CLI::RuntimeError(rc);

@@ -394,6 +394,11 @@ int run_router(const ServeFlags& f) {
     const engine::PrefillCostModel cost =
         engine::conservative_cpu_cost_model(engine::prefill_shape(rep.config()));
     ro.prefill_cost_ns = [cost](int64_t miss, int64_t hit) { return cost.cost_ns(miss, hit); };
+    // bench/sim_vs_live.sh gives the simulator the same pricing (prefill_lb_cost).
+    std::printf(
+        "dsinfer router: prefill quota priced by base_ns %.9g per_q_ns %.9g per_c_ns %.9g "
+        "per_qc_ns %.9g per_qq_ns %.9g\n",
+        cost.base_ns, cost.per_q_ns, cost.per_c_ns, cost.per_qc_ns, cost.per_qq_ns);
     const double quota_ns = f.prefill_quota_ms * 1e6;
     ro.prefill_lb.bucket_quota_ns = {quota_ns, 2 * quota_ns, 4 * quota_ns, 5 * quota_ns};
     if (kvstore::BlockStore* store = rep.kv_store()) {

@@ -34,6 +34,7 @@ struct SimFlags {
     double store_ttl_s = -1;
     double load = 0;
     double time_scale = 1.0;
+    double prefill_quota_ms = 0;  // 0: SimOptions' bucket quotas
     double price = -1;
     // Operations (S-DEPLOY); the cluster file's "operations" section says more.
     int decode_ep_size = 0;
@@ -237,6 +238,11 @@ int run_sim(const SimFlags& f) {
         o.store = store == "shared" ? sim::StoreKind::kShared : sim::StoreKind::kPerEngine;
         o.target_load = f.load;
         o.time_scale = f.time_scale;
+        if (f.prefill_quota_ms > 0) {
+            // As `dsinfer router --prefill-quota-ms`: the buckets' quotas are q, 2q, 4q, 5q.
+            const double q = f.prefill_quota_ms * 1e6;
+            o.prefill_lb.bucket_quota_ns = {q, 2 * q, 4 * q, 5 * q};
+        }
         const int64_t t0 = env->now_ns();
         auto r = sim::simulate(*trace, cluster, o);
         const double wall_s = (env->now_ns() - t0) / 1e9;
@@ -336,6 +342,9 @@ void register_sim_commands(CLI::App& app) {
     add_setting(*sim, "--load", sf->load,
                 "scale arrivals so the busier stage sees this share of ideal capacity (0 = off)");
     add_setting(*sim, "--time-scale", sf->time_scale, "multiply arrival times (when --load is 0)");
+    add_setting(*sim, "--prefill-quota-ms", sf->prefill_quota_ms,
+                "S-LB prefill quota of the shortest-prompt bucket, as `dsinfer router "
+                "--prefill-quota-ms` (the others 2x, 4x, 5x; 0: the simulator's 1 / 2 / 4 / 5 s)");
     add_setting(*sim, "--price", sf->price, "USD per device-hour (-1 = from --cluster)");
     add_setting(*sim, "--decode-ep-size", sf->decode_ep_size,
                 "decode ranks per EP instance (0 = from --cluster; default all in one)");

@@ -177,11 +177,14 @@ LoadResult run_load(HttpClient& client, const LoadSettings& settings, const Data
     LoadResult result;
 
     const auto t0 = Clock::now();
+    result.start_steady_ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t0.time_since_epoch()).count();
     auto elapsed_ns = [&] { return ns_between(t0, Clock::now()); };
     auto start_one = [&](size_t i) {
         const PlannedRequest& r = dataset.requests[i];
         auto call = std::make_unique<Call>();
         call->index = i;
+        call->rec.index = static_cast<int64_t>(i);
         call->rec.conversation = r.conversation;
         call->rec.turn = r.turn;
         static const std::vector<Turn> kNoHistory;

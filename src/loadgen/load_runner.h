@@ -52,6 +52,7 @@ struct LoadSettings {
 };
 
 struct RequestRecord {
+    int64_t index = -1;  // the request's position in the dataset
     bool ok = false;
     std::string error;
     int32_t conversation = -1;
@@ -66,8 +67,11 @@ struct RequestRecord {
 };
 
 struct LoadResult {
-    std::vector<RequestRecord> records;  // requests that were started, in start order
+    std::vector<RequestRecord> records;  // requests that were started, in finishing order
     double duration_s = 0;
+    // The run's start on the steady clock (std::chrono::steady_clock, as
+    // base/clock.h's steady_clock_ns): lines records up with other processes' logs.
+    int64_t start_steady_ns = 0;
     bool cancelled = false;
 };
 

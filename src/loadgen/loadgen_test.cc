@@ -457,6 +457,28 @@ TEST(Runner, TimesTokensAndCountsErrors) {
         EXPECT_TRUE(j[key].contains("p50") && j[key].contains("p99")) << key;
     }
     EXPECT_TRUE(j.contains("output_token_throughput") && j.contains("total_token_throughput"));
+    // --records-out: one line per request, each dataset index once, on the steady clock.
+    const std::string lines = records_jsonl(r, 3);
+    std::vector<bool> seen(6, false);
+    size_t begin = 0;
+    int ok_lines = 0;
+    for (size_t end; (end = lines.find('\n', begin)) != std::string::npos; begin = end + 1) {
+        const nlohmann::json rec = nlohmann::json::parse(lines.substr(begin, end - begin));
+        EXPECT_EQ(rec["run"], 3);
+        const int64_t index = rec["index"].get<int64_t>();
+        ASSERT_TRUE(index >= 0 && index < 6);
+        EXPECT_FALSE(seen[index]);
+        seen[index] = true;
+        EXPECT_GE(rec["start_steady_ns"].get<int64_t>(), r.start_steady_ns);
+        if (rec["ok"].get<bool>()) {
+            ++ok_lines;
+            EXPECT_LE(rec["ttft_ns"].get<int64_t>(), rec["e2e_ns"].get<int64_t>());
+            EXPECT_EQ(rec["itl_ns"].size(), 2u);
+        }
+    }
+    EXPECT_EQ(begin, lines.size());
+    EXPECT_EQ(ok_lines, 2);
+    EXPECT_GT(r.start_steady_ns, 0);
 }
 
 TEST(Runner, MultiTurnCarriesRepliesAndStreamCutIsAnError) {

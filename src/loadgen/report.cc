@@ -34,4 +34,22 @@ json summary_json(const LoadSummary& s) {
             {"ttft_later_turns_ms", stats_json(s.ttft_later_turns)}};
 }
 
+std::string records_jsonl(const LoadResult& r, int run) {
+    std::string out;
+    for (const RequestRecord& rec : r.records) {
+        out += json{{"run", run},
+                    {"index", rec.index},
+                    {"ok", rec.ok},
+                    {"start_steady_ns", r.start_steady_ns + rec.start_ns},
+                    {"ttft_ns", rec.ttft_ns},
+                    {"e2e_ns", rec.e2e_ns},
+                    {"prompt_tokens", rec.prompt_tokens},
+                    {"output_tokens", rec.output_tokens},
+                    {"itl_ns", rec.itl_ns}}
+                   .dump();
+        out += '\n';
+    }
+    return out;
+}
+
 }  // namespace dsi::loadgen

@@ -11,4 +11,9 @@ namespace dsi::loadgen {
 
 nlohmann::json summary_json(const LoadSummary& s);
 
+// One JSON line per request of `r` (`bench serve --records-out`): {"run", "index" (the
+// dataset's), "ok", "start_steady_ns" (steady clock, as base/clock.h: comparable with an
+// engine's --step-log), "ttft_ns", "e2e_ns", "prompt_tokens", "output_tokens", "itl_ns"}.
+std::string records_jsonl(const LoadResult& r, int run);
+
 }  // namespace dsi::loadgen

@@ -31,6 +31,14 @@ Status num(const nlohmann::json& v, const std::string& key, T& out) {
     return Status::ok();
 }
 
+Status boolean(const nlohmann::json& v, const std::string& key, bool& out) {
+    if (!v.is_boolean()) {
+        return invalid_argument("cluster description: \"" + key + "\" must be true or false");
+    }
+    out = v.get<bool>();
+    return Status::ok();
+}
+
 Status seconds_to_ns(const nlohmann::json& v, const std::string& key, int64_t& out_ns) {
     double s = 0;
     DSI_RETURN_IF_ERROR(num(v, key, s));
@@ -156,10 +164,7 @@ Status parse_operations(const nlohmann::json& j, OperationsSettings& o) {
         } else if (k == "initial_spare") {
             DSI_RETURN_IF_ERROR(num(v, key, o.initial_spare));
         } else if (k == "autoscale") {
-            if (!v.is_boolean()) {
-                return invalid_argument("cluster description: \"" + key + "\" must be true or false");
-            }
-            o.autoscale = v.get<bool>();
+            DSI_RETURN_IF_ERROR(boolean(v, key, o.autoscale));
         } else if (k == "autoscaler") {
             DSI_RETURN_IF_ERROR(parse_autoscaler(v, o.autoscaler));
         } else if (k == "drains") {
@@ -255,6 +260,16 @@ Status ClusterDescription::validate() const {
     if (decode_join_recompute_block < 0) {
         return invalid_argument("cluster: decode_join_recompute_block must be >= 0");
     }
+    if (prefill_lb_cost.has_value()) {
+        DSI_RETURN_IF_ERROR(prefill_lb_cost->validate());
+    }
+    for (double v : {prefill_dispatch_ns, prefill_release_ns, p2d_latency_ns}) {
+        if (!(v >= 0) || v > 1e12) {
+            return invalid_argument(
+                "cluster: prefill_dispatch_ns, prefill_release_ns and p2d_latency_ns must be in "
+                "0..1e12");
+        }
+    }
     return operations.validate(num_prefill, num_decode);
 }
 
@@ -310,6 +325,18 @@ Result<ClusterDescription> apply_cluster_description(std::string_view json, Clus
             engine::PrefillCostModel m = c.prefill_time_cost.value_or(c.prefill_cost);
             DSI_RETURN_IF_ERROR(parse_cost_model(v, key, m));
             c.prefill_time_cost = m;
+        } else if (key == "prefill_lb_cost") {
+            engine::PrefillCostModel m = c.prefill_lb_cost.value_or(c.prefill_cost);
+            DSI_RETURN_IF_ERROR(parse_cost_model(v, key, m));
+            c.prefill_lb_cost = m;
+        } else if (key == "prefill_dispatch_ns") {
+            DSI_RETURN_IF_ERROR(num(v, key, c.prefill_dispatch_ns));
+        } else if (key == "prefill_release_ns") {
+            DSI_RETURN_IF_ERROR(num(v, key, c.prefill_release_ns));
+        } else if (key == "p2d_latency_ns") {
+            DSI_RETURN_IF_ERROR(num(v, key, c.p2d_latency_ns));
+        } else if (key == "decode_async_join") {
+            DSI_RETURN_IF_ERROR(boolean(v, key, c.decode_async_join));
         } else if (key == "operations") {
             DSI_RETURN_IF_ERROR(parse_operations(v, c.operations));
         } else {

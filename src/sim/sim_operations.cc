@@ -92,8 +92,10 @@ std::vector<uint32_t> Sim::take_requests(int d) {
         reqs_[r].decode_left = fin - de.step;
         out.push_back(r);
     }
+    out.insert(out.end(), de.planned.begin(), de.planned.end());
     out.insert(out.end(), de.joining.begin(), de.joining.end());
     std::sort(out.begin(), out.end());  // a deterministic order, independent of the heap
+    de.planned.clear();
     de.joining.clear();
     de.running = 0;
     de.evacuate_after_step = false;

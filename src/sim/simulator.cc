@@ -151,7 +151,7 @@ void Sim::route_prefill(uint32_t r, bool reroute) {
         q.first_hit_tokens = q.hit_tokens;
         res_.hit_tokens += q.hit_tokens;
     }
-    q.cost_ns = c_.prefill_cost.cost_ns(miss, q.hit_tokens);
+    q.cost_ns = c_.prefill_lb_cost.value_or(c_.prefill_cost).cost_ns(miss, q.hit_tokens);
     q.ready_ns = now_ + static_cast<int64_t>(q.hit_tokens * c_.kv_bytes_per_token /
                                              c_.store_read_bytes_per_s * 1e9);
     if (prefill_lb_) {
@@ -169,6 +169,7 @@ void Sim::route_prefill(uint32_t r, bool reroute) {
     }
     PrefillEngine& pe = prefill_[engine];
     q.prefill_engine = engine;
+    q.at_engine_ns = now_ + static_cast<int64_t>(c_.prefill_dispatch_ns);
     pe.queue.push_back(r);
     pe.held_cost_ns += q.cost_ns;
     pe.queued_tokens += miss;
@@ -187,12 +188,21 @@ void Sim::try_start_prefill(int e) {
         for (const cluster::PrefillWork& w : prefill_lb_->pull(e, pe.held_cost_ns)) {
             const uint32_t r = static_cast<uint32_t>(w.id);
             reqs_[r].prefill_engine = e;
+            reqs_[r].at_engine_ns = now_ + static_cast<int64_t>(c_.prefill_dispatch_ns);
             pe.queue.push_back(r);
             pe.held_cost_ns += w.cost_ns;
             pe.queued_tokens += reqs_[r].context_tokens - reqs_[r].hit_tokens;
         }
     }
     if (pe.queue.empty()) {
+        return;
+    }
+    if (const int64_t at = reqs_[pe.queue.front()].at_engine_ns; at > now_) {
+        // The router's hop (prefill_dispatch_ns): the engine waits for the request.
+        if (!pe.wake_pending) {
+            pe.wake_pending = true;
+            push(at, Ev::kPrefillWake, static_cast<uint32_t>(e));
+        }
         return;
     }
     // S-LB: the step's time budget is the bucket's quota; each chunk is the largest the
@@ -204,6 +214,9 @@ void Sim::try_start_prefill(int e) {
     pe.step.clear();
     for (uint32_t r : pe.queue) {
         const Req& q = reqs_[r];
+        if (q.at_engine_ns > now_) {
+            break;  // not at the engine yet: the next step takes it (FIFO)
+        }
         const int64_t c = q.hit_tokens + q.done_tokens;
         const int64_t remaining = q.context_tokens - c;
         int64_t n = c_.prefill_cost.max_chunk_tokens(left, c, remaining);
@@ -246,7 +259,24 @@ void Sim::on_prefill_done(int e) {
         }
         DSI_CHECK(pe.queue.front() == ch.req, "prefill FIFO order broken");
         pe.queue.pop_front();
-        pe.held_cost_ns = pe.queue.empty() ? 0.0 : pe.held_cost_ns - q.cost_ns;
+        // The KV hand-over: the prompt's KV at p2d_bytes_per_s; with
+        // decode_join_recompute_block B, its full blocks only (the join recomputes the rest).
+        const int64_t b = c_.decode_join_recompute_block;
+        const int64_t sent_tokens =
+            b > 0 ? q.context_tokens - q.context_tokens % b : q.context_tokens;
+        const double transfer_ns =
+            static_cast<double>(sent_tokens) * c_.kv_bytes_per_token / c_.p2d_bytes_per_s * 1e9;
+        if (c_.prefill_release_ns > 0) {
+            // The router releases the quota when the engine's part ends: after the
+            // hand-over's Ack.
+            ++pe.pending_releases;
+            releases_.emplace_back(e, q.cost_ns);
+            push(now_ + static_cast<int64_t>(transfer_ns + c_.prefill_release_ns),
+                 Ev::kPrefillRelease, static_cast<uint32_t>(releases_.size() - 1));
+        } else {
+            pe.held_cost_ns =
+                pe.queue.empty() && pe.pending_releases == 0 ? 0.0 : pe.held_cost_ns - q.cost_ns;
+        }
         q.prefill_done_ns = now_;
         // The first token comes out of prefill; the store read overlapped the queueing. A
         // re-routed request's first token came out long ago.
@@ -258,15 +288,26 @@ void Sim::on_prefill_done(int e) {
         BlockIdCache* store = shared_store_ ? shared_store_.get() : pe.store.get();
         store->insert(trace_.blocks_of(tr), now_);
         res_.kv_moved_tokens += q.context_tokens;
-        const int64_t transfer_ns = static_cast<int64_t>(
-            static_cast<double>(q.context_tokens) * c_.kv_bytes_per_token / c_.p2d_bytes_per_s * 1e9);
-        push(out_ns + transfer_ns, Ev::kDecodeArrive, ch.req);
+        push(out_ns + static_cast<int64_t>(transfer_ns + c_.p2d_latency_ns), Ev::kDecodeArrive,
+             ch.req);
     }
     pe.step.clear();
     if (pe.stopping && pe.queue.empty()) {
         account_devices();
         pe.stopping = false;  // scaled in: its queue is done, the machine goes
     }
+    if (prefill_lb_) {
+        prefill_lb_->tick(now_);
+    }
+    try_start_prefill(e);
+}
+
+void Sim::on_prefill_release(uint32_t release) {
+    const auto [e, cost_ns] = releases_[release];
+    PrefillEngine& pe = prefill_[e];
+    --pe.pending_releases;
+    pe.held_cost_ns =
+        pe.queue.empty() && pe.pending_releases == 0 ? 0.0 : pe.held_cost_ns - cost_ns;
     if (prefill_lb_) {
         prefill_lb_->tick(now_);
     }
@@ -315,10 +356,21 @@ void Sim::on_decode_arrive(uint32_t r) {
     }
 }
 
-void Sim::start_decode(int d) {
+void Sim::start_decode(int d, bool after_step) {
     DecodeEngine& de = decode_[d];
+    // Who joins this step: every arrival, or with decode_async_join after a step those in
+    // its plan (arrived before the step that just ended began); the rest join the next.
+    std::vector<uint32_t> join;
+    if (c_.decode_async_join && after_step && (!de.planned.empty() || de.running > 0)) {
+        join.swap(de.planned);
+        de.planned.swap(de.joining);
+    } else {
+        join.swap(de.planned);
+        join.insert(join.end(), de.joining.begin(), de.joining.end());
+    }
+    de.joining.clear();
     double join_ns = 0;  // the joining requests' partial last blocks (decode_join_recompute_block)
-    for (uint32_t r : de.joining) {
+    for (uint32_t r : join) {
         de.finishing.push({de.step + reqs_[r].decode_left, r});
         ++de.running;
         if (const int64_t b = c_.decode_join_recompute_block; b > 0) {
@@ -327,7 +379,6 @@ void Sim::start_decode(int d) {
             if (q > 0) join_ns += c_.prefill_cost.cost_ns(q, input - q);
         }
     }
-    de.joining.clear();
     if (de.running == 0) {
         return;
     }
@@ -369,7 +420,7 @@ void Sim::on_decode_done(int d) {
     }
     place_pending();
     if (!de.busy) {
-        start_decode(d);
+        start_decode(d, /*after_step=*/true);
     }
 }
 
@@ -419,6 +470,13 @@ SimResult Sim::run() {
                 break;
             case Ev::kDecodeDone:
                 on_decode_done(static_cast<int>(ev.id));
+                break;
+            case Ev::kPrefillWake:
+                prefill_[ev.id].wake_pending = false;
+                try_start_prefill(static_cast<int>(ev.id));
+                break;
+            case Ev::kPrefillRelease:
+                on_prefill_release(ev.id);
                 break;
             default:
                 on_operation(ev);

@@ -102,10 +102,33 @@ struct ClusterDescription {
     double decode_per_kv_token_ns = 10;  // ~35 KB of KV per token at ~3.3 TB/s
     int decode_max_batch = 128;
     // 0: a request joins decode with its whole prompt's KV (DeepSeek's hand-over). B > 0:
-    // the hand-over carries full blocks of B tokens only, so the joining step also
-    // computes the prompt's last L mod B tokens (prefill_cost at c = the rest), as
-    // dsinfer's live hand-over does (serving/kv_handoff.h, B = 128).
+    // the hand-over carries full blocks of B tokens only (the transfer time is theirs),
+    // so the joining step also computes the prompt's last L mod B tokens (prefill_cost at
+    // c = the rest), as dsinfer's live hand-over does (serving/kv_handoff.h, B = 128).
     int64_t decode_join_recompute_block = 0;
+    // The live system's hops and admission (bench/sim_vs_live.sh fits them to a live
+    // cluster's records; all 0 / unset / false: the idealised cluster of the figures).
+    //  - prefill_lb_cost: what the entrypoint prices a request with for the prefill quota
+    //    pull (S-LB); unset: prefill_cost. dsinfer's router has no measured fit and prices
+    //    with the conservative CPU estimate of the checkpoint, so on a CPU its quota
+    //    admits one or two prompts an engine at a time.
+    //  - prefill_dispatch_ns: from the pull (or the arrival, with room in the quota) to
+    //    the request at its prefill engine: the router's hop.
+    //  - prefill_release_ns: from the end of a request's KV transfer (its last prefill
+    //    step + the transfer time below) to the release of its quota (the router releases
+    //    it when the prefill engine's part ends: after the KV hand-over's Ack).
+    //  - p2d_latency_ns: from the last prefill step to the request at the decode
+    //    engine's scheduler, beyond kv_bytes_per_token x prompt / p2d_bytes_per_s (the
+    //    hand-over's Ack, the router's continuation hop, the decode engine's fetch of
+    //    the handed-over blocks from its store tier).
+    //  - decode_async_join: the decode engine plans step N+1 while step N runs (S-ASYNC),
+    //    so a request that arrives during a step joins the step after the next one (an
+    //    idle engine takes it at once).
+    std::optional<engine::PrefillCostModel> prefill_lb_cost;
+    double prefill_dispatch_ns = 0;
+    double prefill_release_ns = 0;
+    double p2d_latency_ns = 0;
+    bool decode_async_join = false;
     int64_t decode_kv_capacity_tokens = 1'500'000;
     double kv_bytes_per_token = 35'136;  // MLA latent 576 x 61 layers, e4m3 (S-ENG-9)
     double p2d_bytes_per_s = 50e9;

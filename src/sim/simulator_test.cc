@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
+#include <initializer_list>
 
 namespace dsi::sim {
 namespace {
@@ -21,6 +23,34 @@ ClusterDescription small_cluster() {
     c.num_prefill = 8;
     c.num_decode = 8;
     return c;
+}
+
+// One prefill and one decode engine with the given prefill cost (ns a prompt token),
+// no step overhead, decode steps of `decode_step_ns` flat, no transfer time; the
+// worked-number tests of the hops start from it.
+ClusterDescription one_and_one(double prefill_ns_per_token, double decode_step_ns) {
+    ClusterDescription c;
+    c.num_prefill = 1;
+    c.num_decode = 1;
+    c.prefill_cost = engine::PrefillCostModel{0, prefill_ns_per_token, 0, 0, 0};
+    c.prefill_step_overhead_ns = 0;
+    c.decode_base_ns = decode_step_ns;
+    c.decode_per_request_ns = 0;
+    c.decode_per_kv_token_ns = 0;
+    c.p2d_bytes_per_s = 1e18;
+    return c;
+}
+
+// A trace of (arrival ns, prompt tokens, output tokens), each request its own block.
+workload::Trace requests_at(std::initializer_list<std::array<int64_t, 3>> rs) {
+    workload::Trace t;
+    t.block_tokens = 512;
+    for (const auto& [at, input, output] : rs) {
+        const auto i = static_cast<uint32_t>(t.blocks.size());
+        t.blocks.push_back(i + 1);
+        t.requests.push_back({at, static_cast<int32_t>(input), static_cast<int32_t>(output), i, 1});
+    }
+    return t;
 }
 
 TEST(SimulatorTest, DeterministicAndConserving) {
@@ -192,6 +222,95 @@ TEST(SimulatorTest, DecodeJoinRecomputesThePartialBlock) {
     EXPECT_NEAR(tpot(200, 128) - tpot(200, 0), 72.0 / 4, 0.5);
     EXPECT_NEAR(tpot(256, 128), tpot(256, 0), 1e-9);
     EXPECT_FALSE(parse_cluster_description(R"({"decode_join_recompute_block": -1})").is_ok());
+}
+
+// The live system's hops (ClusterDescription::prefill_lb_cost, prefill_dispatch_ns,
+// prefill_release_ns, p2d_latency_ns) on worked numbers: 100-token prompts sent at 0, 1
+// and 1 ms to one prefill engine computing 0.1 ms a token (10 ms a prompt), one decode
+// engine of 1 ms steps, the LB's bucket quota 1 s.
+TEST(SimulatorTest, RouterPricingDispatchReleaseAndHandOverLatency) {
+    const workload::Trace t = requests_at({{0, 100, 2}, {1'000'000, 100, 2}, {1'000'000, 100, 2}});
+    const ClusterDescription c = one_and_one(1e5, 1e6);
+    auto run = [&](const ClusterDescription& cc) {
+        auto r = simulate(t, cc, SimOptions{});
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        return r.is_ok() ? *r : SimResult{};
+    };
+    // Priced by prefill_cost (10 ms each), the engine pulls prompts 1 and 2 together
+    // when prompt 0 (0..10 ms) is done: one 20 ms step, first tokens at 10, 30, 30.
+    SimResult r = run(c);
+    EXPECT_NEAR(r.ttft_ms.mean, (10 + 29 + 29) / 3.0, 1e-3);
+    // Priced at 1 s each (a router's conservative estimate), the quota holds one at a
+    // time: 0..10, 10..20, 20..30.
+    ClusterDescription lb = c;
+    lb.prefill_lb_cost = engine::PrefillCostModel{0, 1e7, 0, 0, 0};
+    r = run(lb);
+    EXPECT_NEAR(r.ttft_ms.mean, (10 + 19 + 29) / 3.0, 1e-3);
+    EXPECT_NEAR(r.ttft_ms.max, 29, 1e-3);
+    // Dispatch 2 ms, release 3 ms: prompt 0 runs 2..12; released at 15, prompt 1 is at
+    // the engine at 17 and runs 17..27; prompt 2 at 32..42. Each reaches decode 4 ms
+    // after its prefill and takes one idle 1 ms step: TPOT 5 ms.
+    lb.prefill_dispatch_ns = 2e6;
+    lb.prefill_release_ns = 3e6;
+    lb.p2d_latency_ns = 4e6;
+    r = run(lb);
+    EXPECT_NEAR(r.ttft_ms.mean, (12 + 26 + 41) / 3.0, 1e-3);
+    EXPECT_NEAR(r.ttft_ms.max, 41, 1e-3);
+    EXPECT_NEAR(r.tpot_ms.mean, 5, 1e-3);
+    EXPECT_NEAR(r.tpot_ms.max, 5, 1e-3);
+    EXPECT_TRUE(r.conservation_ok);
+    EXPECT_FALSE(parse_cluster_description(R"({"p2d_latency_ns": -1})").is_ok());
+    EXPECT_FALSE(parse_cluster_description(R"({"decode_async_join": 1})").is_ok());
+    auto parsed = parse_cluster_description(
+        R"({"prefill_lb_cost": {"per_q_ns": 7}, "prefill_dispatch_ns": 1, "prefill_release_ns": 2,
+            "p2d_latency_ns": 3, "decode_async_join": true})");
+    ASSERT_TRUE(parsed.is_ok()) << parsed.status().to_string();
+    EXPECT_EQ(parsed->prefill_lb_cost->per_q_ns, 7);
+    EXPECT_EQ(parsed->prefill_lb_cost->base_ns, parsed->prefill_cost.base_ns);
+    EXPECT_TRUE(parsed->decode_async_join);
+}
+
+// The hand-over carries full blocks (decode_join_recompute_block 128): a 300-token
+// prompt sends 256 tokens of 1,000 B at 100 MB/s, 2.56 ms. The quota is released 3 ms
+// after that (prefill_release_ns), the request reaches decode 4 ms after it
+// (p2d_latency_ns). Prompt 0 runs 0..30 ms, is released at 35.56, prompt 1 (sent at 1
+// ms) runs 35.56..65.56. Each reaches decode 6.56 ms after its prefill and takes one
+// step of 1 ms + its join's recompute (300 mod 128 = 44 tokens at 0.1 ms): TPOT 11.96 ms.
+TEST(SimulatorTest, TheQuotaIsReleasedAfterTheFullBlocksAreSent) {
+    const workload::Trace t = requests_at({{0, 300, 2}, {1'000'000, 300, 2}});
+    ClusterDescription c = one_and_one(1e5, 1e6);
+    c.prefill_lb_cost = engine::PrefillCostModel{0, 1e7, 0, 0, 0};  // one at a time
+    c.decode_join_recompute_block = 128;
+    c.kv_bytes_per_token = 1000;
+    c.p2d_bytes_per_s = 1e8;
+    c.prefill_release_ns = 3e6;
+    c.p2d_latency_ns = 4e6;
+    auto r = simulate(t, c, SimOptions{});
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    EXPECT_NEAR(r->ttft_ms.mean, (30 + 64.56) / 2, 1e-3);
+    EXPECT_NEAR(r->tpot_ms.mean, 2.56 + 4 + 1 + 4.4, 1e-3);
+    EXPECT_NEAR(r->tpot_ms.max, 2.56 + 4 + 1 + 4.4, 1e-3);
+}
+
+// decode_async_join: the engine planned its next step when the running one began, so a
+// request arriving during a step joins the step after the next one. Request 0 decodes
+// in 10 ms steps from t = 1 ms (steps start at 1, 11, 21, 31, ...); request 1 reaches
+// decode at 15 ms, during the step of 11..21: it joins at 21 (its token at 31, TPOT 16
+// ms), or asynchronously at 31 (token at 41, TPOT 26 ms). An idle engine takes a
+// request at once either way (request 0).
+TEST(SimulatorTest, AsyncDecodeJoinsTheStepAfterTheNext) {
+    const workload::Trace t = requests_at({{0, 100, 20}, {14'000'000, 100, 2}});
+    const ClusterDescription c = one_and_one(1e4, 10e6);  // 1 ms a prompt
+    auto tpot_max = [&](bool async) {
+        ClusterDescription cc = c;
+        cc.decode_async_join = async;
+        auto r = simulate(t, cc, SimOptions{});
+        EXPECT_TRUE(r.is_ok()) << r.status().to_string();
+        EXPECT_TRUE(r.is_ok() && r->conservation_ok);
+        return r.is_ok() ? r->tpot_ms.max : -1.0;
+    };
+    EXPECT_NEAR(tpot_max(false), 16, 1e-3);
+    EXPECT_NEAR(tpot_max(true), 26, 1e-3);
 }
 
 TEST(SimulatorTest, ClusterDescriptionParsing) {

@@ -13,18 +13,21 @@ namespace {
 constexpr int kMaxColumns = 4;
 using Row = std::array<double, kMaxColumns>;
 
-// The squared weight of a step of y ns in the relative fit (steps under 1 us count as 1 us).
-double weight(double y_ns) {
-    const double y = std::max(y_ns, 1e3);
-    return 1.0 / (y * y);
+// The squared weight of a step that took t ns in the relative fit (steps under 1 us count
+// as 1 us).
+double weight(double t_ns) {
+    const double t = std::max(t_ns, 1e3);
+    return 1.0 / (t * t);
 }
 
-// Relative least squares, y ~ X b minimising sum ((X b - y) / y)^2, over the columns in
-// `mask` (the others fixed at 0), by the normal equations and Gaussian elimination with
-// partial pivoting. Relative: a 5 ms step counts as much as a 500 ms one (TTFT percentiles
-// are made of both). False when singular.
-bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_cols, unsigned mask,
-                  Row& b) {
+// Relative least squares, y ~ X b minimising sum ((X b - y) / t)^2 with t the step's
+// measured time (y is t less the parts taken out at the calibration: context terms, a
+// join's recompute; weighing by y would let a step whose y is near 0 outweigh thousands),
+// over the columns in `mask` (the others fixed at 0), by the normal equations and
+// Gaussian elimination with partial pivoting. Relative: a 5 ms step counts as much as a
+// 500 ms one (TTFT percentiles are made of both). False when singular.
+bool solve_subset(std::span<const Row> x, std::span<const double> y, std::span<const double> t,
+                  int num_cols, unsigned mask, Row& b) {
     int cols[kMaxColumns];
     int k = 0;
     for (int j = 0; j < num_cols; ++j) {
@@ -32,7 +35,7 @@ bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_col
     }
     double a[kMaxColumns][kMaxColumns + 1] = {};
     for (size_t i = 0; i < x.size(); ++i) {
-        const double w = weight(y[i]);
+        const double w = weight(t[i]);
         for (int r = 0; r < k; ++r) {
             for (int c = 0; c < k; ++c) a[r][c] += w * x[i][cols[r]] * x[i][cols[c]];
             a[r][k] += w * x[i][cols[r]] * y[i];
@@ -60,18 +63,19 @@ bool solve_subset(std::span<const Row> x, std::span<const double> y, int num_col
 
 // Non-negative relative least squares for up to 4 columns: the subset of columns whose
 // unconstrained solution is all >= 0 with the smallest residual (exact for so few).
-Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y, int num_cols) {
+Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y,
+                         std::span<const double> t, int num_cols) {
     Row best{};
     double best_sse = std::numeric_limits<double>::infinity();
     for (unsigned mask = 1; mask < (1u << num_cols); ++mask) {
         Row b;
-        if (!solve_subset(x, y, num_cols, mask, b)) continue;
+        if (!solve_subset(x, y, t, num_cols, mask, b)) continue;
         if (std::any_of(b.begin(), b.end(), [](double v) { return v < 0; })) continue;
         double sse = 0;
         for (size_t i = 0; i < x.size(); ++i) {
             double f = 0;
             for (int j = 0; j < num_cols; ++j) f += b[j] * x[i][j];
-            sse += weight(y[i]) * (f - y[i]) * (f - y[i]);
+            sse += weight(t[i]) * (f - y[i]) * (f - y[i]);
         }
         if (sse < best_sse) {
             best_sse = sse;
@@ -81,8 +85,11 @@ Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y, int 
     return best;
 }
 
-// One engine's steps in start order: each step's cost (wall + a back-to-back host gap)
-// and CPU time; steps without items are skipped (their time is not a forward pass).
+// One engine's steps in start order: each step's cost (wall + the host's gap before it)
+// and CPU time; steps without items are skipped (their time is not a forward pass). The
+// gap is the host's when it is short (StepFitOptions::max_gap_ns) or when a sequence of
+// the step before runs on in this one (an item [q', c + q] after [q, c]: the engine
+// was not idle, its host was late: post-processing, or waiting for its core).
 struct Timed {
     const engine::StepRecord* record;
     double cost_ns;
@@ -97,11 +104,23 @@ std::vector<Timed> timed_steps(std::span<const engine::StepRecord> records,
                      [](const auto* a, const auto* b) { return a->start_ns < b->start_ns; });
     std::vector<Timed> out;
     int64_t prev_end_ns = -1;
+    const engine::StepRecord* prev = nullptr;
+    auto runs_on = [](const engine::StepRecord& a, const engine::StepRecord& b) {
+        for (const engine::StepRecord::Item& x : a.items) {
+            for (const engine::StepRecord::Item& y : b.items) {
+                if (y.c == x.c + x.q) return true;
+            }
+        }
+        return false;
+    };
     for (const engine::StepRecord* r : sorted) {
         double cost = static_cast<double>(r->end_ns - r->start_ns);
         const int64_t gap = prev_end_ns < 0 ? -1 : r->start_ns - prev_end_ns;
-        if (gap >= 0 && gap <= o.max_gap_ns) cost += static_cast<double>(gap);
+        if (gap >= 0 && (gap <= o.max_gap_ns || runs_on(*prev, *r))) {
+            cost += static_cast<double>(gap);
+        }
         prev_end_ns = r->end_ns;
+        prev = r;
         if (!r->items.empty()) out.push_back({r, cost, r->cpu_ns});
     }
     return out;
@@ -118,13 +137,14 @@ double wall_over_cpu(std::span<const Timed> steps) {
     return cpu > 0 ? wall / cpu : 0;
 }
 
-double mean_rel_error(std::span<const Row> x, std::span<const double> y, const Row& b,
-                      int num_cols) {
+// Mean |fit - y| / t: each step's error over its measured time.
+double mean_rel_error(std::span<const Row> x, std::span<const double> y, std::span<const double> t,
+                      const Row& b, int num_cols) {
     double sum = 0;
     for (size_t i = 0; i < x.size(); ++i) {
         double f = 0;
         for (int j = 0; j < num_cols; ++j) f += b[j] * x[i][j];
-        sum += y[i] > 0 ? std::abs(f - y[i]) / y[i] : 0;
+        sum += t[i] > 0 ? std::abs(f - y[i]) / t[i] : 0;
     }
     return x.empty() ? 0 : sum / static_cast<double>(x.size());
 }
@@ -188,6 +208,7 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
     // (per_c, per_qc) taken out first and kept.
     std::vector<Row> x;
     std::vector<double> y;
+    std::vector<double> step_ns;  // each step's measured time (the fit's relative scale)
     double cost_sum = 0;
     double wall_sum = 0;
     double cpu_sum = 0;
@@ -207,12 +228,13 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
         }
         x.push_back(r);
         y.push_back(std::max(1.0, t.cost_ns - context_ns));
+        step_ns.push_back(t.cost_ns);
         cost_sum += cost;
         wall_sum += static_cast<double>(t.record->end_ns - t.record->start_ns);
         have_cpu = have_cpu && t.cpu_ns >= 0;
         cpu_sum += static_cast<double>(t.cpu_ns);
     }
-    Row b = nonneg_least_squares(x, y, 4);
+    Row b = nonneg_least_squares(x, y, step_ns, 4);
     fit.prefill_step_overhead_ns = b[0];
     fit.prefill_time_cost = calibrated;
     fit.prefill_time_cost.base_ns = b[1];
@@ -222,11 +244,12 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
     fit.prefill_wall_over_calibration = cost_sum > 0 ? wall_sum / cost_sum : 0;
     fit.prefill_cpu_over_calibration = have_cpu && cost_sum > 0 ? cpu_sum / cost_sum : 0;
     fit.prefill_wall_over_cpu = wall_over_cpu(p);
-    fit.prefill_mean_rel_error = mean_rel_error(x, y, b, 4);
+    fit.prefill_mean_rel_error = mean_rel_error(x, y, step_ns, b, 4);
 
     // Decode: columns [1, items, KV tokens], the join items' calibrated cost taken out.
     x.clear();
     y.clear();
+    step_ns.clear();
     for (const Timed& t : d) {
         double join_ns = 0;
         double kv_tokens = 0;
@@ -236,14 +259,15 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
         }
         x.push_back({1.0, static_cast<double>(t.record->items.size()), kv_tokens, 0.0});
         y.push_back(std::max(0.0, t.cost_ns - join_ns));
+        step_ns.push_back(t.cost_ns);
     }
-    b = nonneg_least_squares(x, y, 3);
+    b = nonneg_least_squares(x, y, step_ns, 3);
     fit.decode_base_ns = b[0];
     fit.decode_per_request_ns = b[1];
     fit.decode_per_kv_token_ns = b[2];
     fit.num_decode_steps = static_cast<int64_t>(d.size());
     fit.decode_wall_over_cpu = wall_over_cpu(d);
-    fit.decode_mean_rel_error = mean_rel_error(x, y, b, 3);
+    fit.decode_mean_rel_error = mean_rel_error(x, y, step_ns, b, 3);
     return fit;
 }
 

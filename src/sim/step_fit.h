@@ -6,7 +6,9 @@
 //
 // What a step costs, live: the worker's wall time from start to end, plus the host's gap
 // before it when the gap is short enough to be the host planning back-to-back steps
-// (StepFitOptions::max_gap_ns; a longer gap is an engine with nothing to do).
+// (StepFitOptions::max_gap_ns) or when a sequence of the step before runs on in it (an
+// item [q', c + q] after [q, c]: the engine had work, its host was late); any other
+// longer gap is an engine with nothing to do.
 //  - Prefill: step = overhead + sum over its items of cost(q, c), cost a PrefillCostModel
 //    whose base (per sequence), per-token and q^2 terms are fitted to the steps and whose
 //    context terms (per_c, per_qc) are the calibration's (`dsinfer calibrate`): the live
@@ -17,10 +19,11 @@
 //  - Decode: step = base + per_request x items + per_kv_token x sum of (c + q), after
 //    taking the calibrated prefill cost of any item with q > 1 (a joining request's
 //    recomputed partial block, ClusterDescription::decode_join_recompute_block) out.
-// Coefficients are relative least squares (each step's error over its own time, so short
-// steps weigh as much as long ones) with every coefficient >= 0 (the best of the column
-// subsets whose solution is non-negative), so a collinear record set gives a usable
-// model rather than a negative slope.
+// Coefficients are relative least squares (each step's error over its own measured time,
+// so short steps weigh as much as long ones; not over the time left after the parts taken
+// out, which is near 0 for a join step the calibration overprices) with every
+// coefficient >= 0 (the best of the column subsets whose solution is non-negative), so a
+// collinear record set gives a usable model rather than a negative slope.
 //
 // Thread model: pure functions of their inputs.
 #pragma once
@@ -39,7 +42,8 @@ namespace dsi::sim {
 
 struct StepFitOptions {
     // A gap between a step's start and the previous step's end up to this long is the
-    // host's per-step work and counts as step time; longer gaps are idle time.
+    // host's per-step work and counts as step time; longer gaps are idle time unless a
+    // sequence runs on across them.
     int64_t max_gap_ns = 1'000'000;
 };
 

@@ -85,6 +85,43 @@ TEST(StepFitTest, RecoversTheStepCostsOfWorkedRecords) {
     EXPECT_NEAR(f->decode_mean_rel_error, 0, 1e-9);
 }
 
+// A gap longer than max_gap_ns counts as step time when a sequence runs on across it
+// (its item [1, 100] follows [1, 99]): the engine had work, its host was late. Step 2's
+// wall is 0.70301 ms after a 1.5 ms gap: 2 ms + 2 x 100 us + 10 ns x 301 KV tokens.
+TEST(StepFitTest, AGapASequenceRunsOnAcrossIsStepTime) {
+    const std::vector<engine::StepRecord> d = {
+        step(0, 2'101'000, {{1, 99}}),
+        step(3'601'000, 4'304'010, {{1, 100}, {1, 199}}),
+        step(20'000'000, 22'410'000, {{1, 249}, {1, 249}, {1, 249}, {1, 249}}),
+        step(30'000'000, 32'227'600, {{1, 99}, {20, 128}}),
+    };
+    Result<StepCostFit> f = fit_step_costs(prefill_steps(), d, per_token_us());
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    EXPECT_NEAR(f->decode_base_ns, 2e6, 1e-3);
+    EXPECT_NEAR(f->decode_per_request_ns, 1e5, 1e-3);
+    EXPECT_NEAR(f->decode_per_kv_token_ns, 10, 1e-6);
+    EXPECT_NEAR(f->decode_mean_rel_error, 0, 1e-9);
+}
+
+// A join step the calibration overprices (its recompute at 2.512 ms of a 2.612 ms step:
+// 0.1 ms left) weighs as one step of 2.612 ms among the others, not as one of 0.1 ms
+// (which would outweigh the rest ~700 times and pull the base towards it).
+TEST(StepFitTest, AnOverpricedJoinDoesNotOutweighTheOtherSteps) {
+    std::vector<engine::StepRecord> d;
+    for (int64_t k = 0; k < 6; ++k) {
+        std::vector<Item> items(static_cast<size_t>(k + 1), Item{1, 99});
+        d.push_back(step(k * 10'000'000, k * 10'000'000 + 2'000'000 + (k + 1) * 101'000, items));
+    }
+    d.push_back(step(60'000'000, 62'612'000, {{1, 99}, {2000, 128}}));
+    Result<StepCostFit> f = fit_step_costs(prefill_steps(), d, per_token_us());
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    // The six steps say 2 ms + 100 us a sequence + 10 ns a KV token; the join step pulls
+    // the fit down a little, not to it.
+    EXPECT_GT(f->decode_base_ns + f->decode_per_request_ns, 1.5e6);  // 2.1e6 without it
+    EXPECT_NEAR(f->decode_base_ns + 6 * f->decode_per_request_ns + 600 * f->decode_per_kv_token_ns,
+                2.606e6, 0.26e6);
+}
+
 TEST(StepFitTest, CoefficientsStayNonNegative) {
     const std::vector<engine::StepRecord> d = {
         step(0, 3'000'000, {{1, 99}}),

@@ -25,6 +25,8 @@ enum class Ev : uint8_t {
     kPrefillDone,
     kDecodeArrive,
     kDecodeDone,
+    kPrefillWake,     // id: engine; a pulled request reached it (prefill_dispatch_ns)
+    kPrefillRelease,  // id: index into Sim::releases_ (prefill_release_ns)
     // Operations (id: index into drains / failures, or an instance, or a request).
     kDrainStart,
     kDrainDue,
@@ -54,6 +56,7 @@ struct Req {
     int32_t prefill_engine = -1;
     int32_t decode_engine = -1;
     int64_t ready_ns = 0;  // arrival + store read
+    int64_t at_engine_ns = 0;  // at its prefill engine (after the router's dispatch hop)
     int64_t prefill_done_ns = -1;
     int64_t first_token_ns = -1;
     int64_t decode_arrive_ns = -1;
@@ -74,6 +77,8 @@ struct Chunk {
 struct PrefillEngine {
     std::deque<uint32_t> queue;  // FIFO (S-LB)
     double held_cost_ns = 0;
+    int64_t pending_releases = 0;  // finished prefills whose quota is not released yet
+    bool wake_pending = false;     // a kPrefillWake is scheduled
     int64_t queued_tokens = 0;  // missed tokens not yet computed
     bool busy = false;
     double busy_ns = 0;
@@ -85,6 +90,9 @@ struct PrefillEngine {
 
 struct DecodeEngine {
     std::vector<uint32_t> joining;
+    // decode_async_join: arrived before the step in flight began (in the plan of the
+    // next step); `joining` then holds those that arrived during it.
+    std::vector<uint32_t> planned;
     std::priority_queue<std::pair<int64_t, uint32_t>, std::vector<std::pair<int64_t, uint32_t>>,
                         std::greater<>>
         finishing;  // (finish step, request)
@@ -152,7 +160,9 @@ private:
     void on_prefill_done(int e);
     void on_decode_arrive(uint32_t r);
     bool place_decode(uint32_t r);
-    void start_decode(int d);
+    // after_step: called when the rank's step ended (else: it was idle).
+    void start_decode(int d, bool after_step = false);
+    void on_prefill_release(uint32_t release);
     void on_decode_done(int d);
     void place_pending();
     // KV of a request in decode: prompt + tokens generated so far.
@@ -236,6 +246,8 @@ private:
     std::unique_ptr<BlockIdCache> shared_store_;
     std::priority_queue<Event, std::vector<Event>, Later> events_;
     std::deque<uint32_t> decode_pending_;
+    // Quota releases in flight (prefill_release_ns): (prefill engine, cost).
+    std::vector<std::pair<int, double>> releases_;
     uint64_t seq_ = 0;
     int64_t now_ = 0;
     int64_t num_finished_ = 0;
