@@ -71,7 +71,9 @@ std::unique_ptr<Transport> make_tcp_transport();
 
 // UCX (ucp stream API; one context per transport, one worker per connection, progressed
 // on the caller's thread inside each call; UCX_TLS defaults to "tcp"). kFailedPrecondition
-// when built without UCX (DSI_HAVE_UCX), UCX's error when it cannot start.
+// when built without UCX (DSI_HAVE_UCX), UCX's error when it cannot start. Unlike TCP,
+// a connect completes only while the server is in accept (no kernel backlog), and close
+// waits up to 1 s for the peer to take the end of stream (docs/transfer.md).
 Result<std::unique_ptr<Transport>> make_ucx_transport();
 
 // "tcp" or "ucx"; kInvalidArgument for any other name.

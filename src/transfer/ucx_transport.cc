@@ -236,6 +236,8 @@ constexpr uint64_t kEndOfStreamSegment = 0;                 // shutdown_write
 constexpr uint64_t kEndOfStreamAckSegment = ~uint64_t{1};   // the reader saw it (close)
 constexpr uint64_t kConnectedSegment = ~uint64_t{0};        // client_handshake
 constexpr uint64_t kAcceptedSegment = ~uint64_t{2};         // server_handshake
+// The least time accept gives a client that has come to finish the handshake.
+constexpr Timeout kHandshakeTimeout{2000};
 // How long close() lets a clean disconnect (the end-of-stream segment, the flush) take
 // before it drops the endpoint.
 constexpr Timeout kCloseTimeout{1000};
@@ -678,7 +680,13 @@ public:
         params.field_mask = UCP_EP_PARAM_FIELD_CONN_REQUEST;
         params.conn_request = request;
         DSI_RETURN_IF_ERROR(conn->start(params));
-        DSI_RETURN_IF_ERROR(conn->server_handshake(timeout));
+        // `timeout` bounds the wait for a client; a client that has come gets at least
+        // kHandshakeTimeout to finish (a poll-style accept loop uses short timeouts). A
+        // failed handshake is kUnavailable, not "nobody came" (kDeadlineExceeded).
+        const Status handshake = conn->server_handshake(std::max(timeout, kHandshakeTimeout));
+        if (!handshake.is_ok()) {
+            return unavailable(handshake.message());
+        }
         return std::unique_ptr<Connection>(std::move(conn));
     }
 
