@@ -238,8 +238,8 @@ constexpr uint64_t kConnectedSegment = ~uint64_t{0};        // client_handshake
 constexpr uint64_t kAcceptedSegment = ~uint64_t{2};         // server_handshake
 // The least time accept gives a client that has come to finish the handshake.
 constexpr Timeout kHandshakeTimeout{2000};
-// How long close() lets a clean disconnect (the end-of-stream segment, the flush) take
-// before it drops the endpoint.
+// How long close() waits for the peer's ack of its end of stream before it drops the
+// endpoint (and a forced close for its requests to finish).
 constexpr Timeout kCloseTimeout{1000};
 
 class UcxConnection : public Connection {
