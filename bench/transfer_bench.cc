@@ -95,8 +95,8 @@ struct Data {
 };
 
 // One pass through dsi_transfer; returns seconds.
-double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t pass,
-                     bool zero_copy, const char* transport_name) {
+double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t pass, bool zero_copy,
+                     const char* transport_name) {
     auto transport = make_transport(transport_name);
     DSI_CHECK(transport.is_ok(), transport.status().to_string());
     auto listener = (*transport)->listen("127.0.0.1", 0);
@@ -252,10 +252,9 @@ int main(int argc, char** argv) {
     // the zero-copy transfer over UCX where it is built.
     enum Side { kZeroCopy, kCopy, kRaw, kUcx, kMaxSides };
     const int kNumSides = make_transport("ucx").is_ok() ? 4 : 3;
-    const char* kSideNames[kMaxSides] = {"dsi_transfer, zero-copy receive",
-                                         "dsi_transfer, write-only destination (copy)",
-                                         "raw loopback TCP stream",
-                                         "dsi_transfer over UCX (UCX_TLS=tcp), zero-copy receive"};
+    const char* kSideNames[kMaxSides] = {
+        "dsi_transfer, zero-copy receive", "dsi_transfer, write-only destination (copy)",
+        "raw loopback TCP stream", "dsi_transfer over UCX (UCX_TLS=tcp), zero-copy receive"};
     auto run_side = [&](int side) {
         return side == kRaw ? raw_pass(d, chunk_bytes)
                             : transfer_pass(d, chunk_bytes, peers, pass++, side != kCopy,
@@ -304,10 +303,11 @@ int main(int argc, char** argv) {
     std::printf("ratio copy / raw (medians): %.3f\n", median(gbs[kCopy]) / median(gbs[kRaw]));
     std::printf("CPU per GB, zero-copy / raw: %.3f\n", median(cpu[kZeroCopy]) / median(cpu[kRaw]));
     if (kNumSides > kUcx) {
-        std::printf("ratio UCX / raw (medians): %.3f; UCX / TCP transfer: %.3f; CPU per GB UCX / raw: "
-                    "%.3f\n",
-                    median(gbs[kUcx]) / median(gbs[kRaw]), median(gbs[kUcx]) / median(gbs[kZeroCopy]),
-                    median(cpu[kUcx]) / median(cpu[kRaw]));
+        std::printf(
+            "ratio UCX / raw (medians): %.3f; UCX / TCP transfer: %.3f; CPU per GB UCX / raw: "
+            "%.3f\n",
+            median(gbs[kUcx]) / median(gbs[kRaw]), median(gbs[kUcx]) / median(gbs[kZeroCopy]),
+            median(cpu[kUcx]) / median(cpu[kRaw]));
     }
     std::printf("# uptime after: %s", run_command("uptime").c_str());
     return 0;

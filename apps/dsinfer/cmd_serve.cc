@@ -62,8 +62,8 @@ struct ServeFlags {
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
     std::string kv_transport = "tcp";  // tcp | ucx: KV hand-over (sender and inbox)
-    EpFlags ep;  // serve: expert parallelism (issue 19, ep_launch.h)
-    std::string step_log;  // serve: one JSON line per engine step ("" = none)
+    EpFlags ep;                        // serve: expert parallelism (issue 19, ep_launch.h)
+    std::string step_log;              // serve: one JSON line per engine step ("" = none)
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
@@ -335,8 +335,7 @@ int run_serve(const ServeFlags& f) {
             io.swa_state_bytes = rep.kv_block_shape()->swa_state_bytes;
             io.swa_pool = rep.swa_pool();
             Result<std::unique_ptr<serving::KvInbox>> in =
-                serving::KvInbox::start(std::move(io), rep.kv_inbox(),
-                                        std::move(inbox_transport));
+                serving::KvInbox::start(std::move(io), rep.kv_inbox(), std::move(inbox_transport));
             if (!in.is_ok()) return fail(in.status().with_context("--kv-transfer-port"));
             inbox = std::move(in).value();
             const std::string& a = self.address;

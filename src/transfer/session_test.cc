@@ -346,7 +346,8 @@ TEST_P(TransferTest, ConnectAndAcceptFailCleanly) {
     ASSERT_TRUE(l.is_ok());
     auto none = (*l)->accept(50ms);
     EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
-    EXPECT_EQ(transport_->listen("not an address", 0).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(transport_->listen("not an address", 0).status().code(),
+              StatusCode::kInvalidArgument);
 }
 
 INSTANTIATE_TEST_SUITE_P(Transports, TransferTest, ::testing::ValuesIn(testing::transport_names()),

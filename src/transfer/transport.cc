@@ -20,8 +20,7 @@ Result<std::unique_ptr<Transport>> make_transport(std::string_view name) {
     if (name == "ucx") {
         return make_ucx_transport();
     }
-    return invalid_argument("unknown transport '" + std::string(name) +
-                            "' (expected tcp or ucx)");
+    return invalid_argument("unknown transport '" + std::string(name) + "' (expected tcp or ucx)");
 }
 
 Status write_frame(Connection& conn, const EncodedFrame& frame, Timeout timeout) {

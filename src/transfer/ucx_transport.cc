@@ -232,10 +232,10 @@ Clock::time_point deadline_after(Timeout timeout) {
 
 constexpr size_t kSegmentHeaderBytes = 8;
 // Control segments: headers with these lengths carry no data.
-constexpr uint64_t kEndOfStreamSegment = 0;                 // shutdown_write
-constexpr uint64_t kEndOfStreamAckSegment = ~uint64_t{1};   // the reader saw it (close)
-constexpr uint64_t kConnectedSegment = ~uint64_t{0};        // client_handshake
-constexpr uint64_t kAcceptedSegment = ~uint64_t{2};         // server_handshake
+constexpr uint64_t kEndOfStreamSegment = 0;                // shutdown_write
+constexpr uint64_t kEndOfStreamAckSegment = ~uint64_t{1};  // the reader saw it (close)
+constexpr uint64_t kConnectedSegment = ~uint64_t{0};       // client_handshake
+constexpr uint64_t kAcceptedSegment = ~uint64_t{2};        // server_handshake
 // The least time accept gives a client that has come to finish the handshake.
 constexpr Timeout kHandshakeTimeout{2000};
 // How long close() waits for the peer's ack of its end of stream before it drops the
@@ -344,9 +344,8 @@ public:
             if (ep_ == nullptr) {
                 return unavailable("read: connection closed");
             }
-            const bool ready =
-                worker_->progress_until([this] { return next_data() || end_of_stream_ || failed_; },
-                                        deadline);
+            const bool ready = worker_->progress_until(
+                [this] { return next_data() || end_of_stream_ || failed_; }, deadline);
             if (!ready) {
                 return deadline_exceeded("read from " + peer_ + ": timed out");
             }
@@ -542,7 +541,8 @@ private:
         if (ep_ == nullptr || failed_) {
             return;
         }
-        static const std::array<uint8_t, kSegmentHeaderBytes> kAck = encoded(kEndOfStreamAckSegment);
+        static const std::array<uint8_t, kSegmentHeaderBytes> kAck =
+            encoded(kEndOfStreamAckSegment);
         static const std::array<uint8_t, kSegmentHeaderBytes> kEnd = encoded(kEndOfStreamSegment);
         static const std::array<uint8_t, kSegmentHeaderBytes> kConn = encoded(kConnectedSegment);
         static const std::array<uint8_t, kSegmentHeaderBytes> kAcc = encoded(kAcceptedSegment);
@@ -629,10 +629,11 @@ public:
 
     Status open(const sockaddr_storage& address, const std::string& name) {
         ucp_listener_params_t params{};
-        params.field_mask = UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
+        params.field_mask =
+            UCP_LISTENER_PARAM_FIELD_SOCK_ADDR | UCP_LISTENER_PARAM_FIELD_CONN_HANDLER;
         params.sockaddr.addr = reinterpret_cast<const sockaddr*>(&address);
-        params.sockaddr.addrlen = address.ss_family == AF_INET6 ? sizeof(sockaddr_in6)
-                                                               : sizeof(sockaddr_in);
+        params.sockaddr.addrlen =
+            address.ss_family == AF_INET6 ? sizeof(sockaddr_in6) : sizeof(sockaddr_in);
         params.conn_handler.cb = &UcxListener::on_connection;
         params.conn_handler.arg = this;
         ucs_status_t st = ucp_listener_create(worker_->get(), &params, &listener_);
