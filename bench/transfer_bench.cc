@@ -12,7 +12,9 @@
 // measures the copy path (a paged destination's) beside the zero-copy one. CPU seconds (user + sys
 // of the process, both ends) per GB are printed too: less sensitive than wall time to the machine's
 // load. Fairness: one warm-up pass of each side, then REPS rounds rotating which side goes first;
-// figures are medians with (min-max); the ratio is of medians. Usage: transfer_bench [LAYERS=30]
+// figures are medians with (min-max); the ratio is of medians. Where UCX is built,
+// a fourth side sends the same transfer (zero-copy receive) over the UCX transport
+// (make_transport("ucx"), UCX_TLS=tcp unless set). Usage: transfer_bench [LAYERS=30]
 // [LAYER_KB=8192] [REPS=5] [CHUNK_KB=1024]
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -93,10 +95,11 @@ struct Data {
 };
 
 // One pass through dsi_transfer; returns seconds.
-double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t pass,
-                     bool zero_copy) {
-    auto tcp = make_tcp_transport();
-    auto listener = tcp->listen("127.0.0.1", 0);
+double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t pass, bool zero_copy,
+                     const char* transport_name) {
+    auto transport = make_transport(transport_name);
+    DSI_CHECK(transport.is_ok(), transport.status().to_string());
+    auto listener = (*transport)->listen("127.0.0.1", 0);
     DSI_CHECK(listener.is_ok(), listener.status().to_string());
     ReceiveOptions ro;
     ro.self = {"decode-bench", PeerRole::kDecode, 1};
@@ -120,7 +123,7 @@ double transfer_pass(Data& d, uint64_t chunk_bytes, PeerTable& peers, uint64_t p
     std::vector<std::span<const uint8_t>> layers(d.src_layers.begin(), d.src_layers.end());
     SpanSource source(std::move(layers), {std::span<const uint8_t>(d.src_state)});
     const auto t0 = Clock::now();
-    auto conn = tcp->connect("127.0.0.1", (*listener)->port(), std::chrono::seconds(30));
+    auto conn = (*transport)->connect("127.0.0.1", (*listener)->port(), std::chrono::seconds(30));
     DSI_CHECK(conn.is_ok(), conn.status().to_string());
     auto sent = send_sequence(**conn, so, d.begin, source);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -245,14 +248,17 @@ int main(int argc, char** argv) {
     PeerTable peers;
     uint64_t pass = 1;
     // Three sides: dsi_transfer into exposed memory (zero-copy), dsi_transfer into a
-    // write-only destination (each chunk copied from the decoder's buffer), raw TCP.
-    enum Side { kZeroCopy, kCopy, kRaw, kNumSides };
-    const char* kSideNames[kNumSides] = {"dsi_transfer, zero-copy receive",
-                                         "dsi_transfer, write-only destination (copy)",
-                                         "raw loopback TCP stream"};
+    // write-only destination (each chunk copied from the decoder's buffer), raw TCP; and
+    // the zero-copy transfer over UCX where it is built.
+    enum Side { kZeroCopy, kCopy, kRaw, kUcx, kMaxSides };
+    const int kNumSides = make_transport("ucx").is_ok() ? 4 : 3;
+    const char* kSideNames[kMaxSides] = {
+        "dsi_transfer, zero-copy receive", "dsi_transfer, write-only destination (copy)",
+        "raw loopback TCP stream", "dsi_transfer over UCX (UCX_TLS=tcp), zero-copy receive"};
     auto run_side = [&](int side) {
         return side == kRaw ? raw_pass(d, chunk_bytes)
-                            : transfer_pass(d, chunk_bytes, peers, pass++, side == kZeroCopy);
+                            : transfer_pass(d, chunk_bytes, peers, pass++, side != kCopy,
+                                            side == kUcx ? "ucx" : "tcp");
     };
     // Warm-up (every side), and the bit-exact check of each.
     for (int side = 0; side < kNumSides; ++side) {
@@ -270,7 +276,7 @@ int main(int argc, char** argv) {
         return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
                1e-6 * static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
     };
-    std::vector<double> gbs[kNumSides], cpu[kNumSides];
+    std::vector<double> gbs[kMaxSides], cpu[kMaxSides];
     const double gb = static_cast<double>(d.total_bytes) / 1e9;
     for (int r = 0; r < reps; ++r) {
         // Rotate which side goes first.
@@ -296,6 +302,13 @@ int main(int argc, char** argv) {
                 median(gbs[kZeroCopy]) / median(gbs[kRaw]));
     std::printf("ratio copy / raw (medians): %.3f\n", median(gbs[kCopy]) / median(gbs[kRaw]));
     std::printf("CPU per GB, zero-copy / raw: %.3f\n", median(cpu[kZeroCopy]) / median(cpu[kRaw]));
+    if (kNumSides > kUcx) {
+        std::printf(
+            "ratio UCX / raw (medians): %.3f; UCX / TCP transfer: %.3f; CPU per GB UCX / raw: "
+            "%.3f\n",
+            median(gbs[kUcx]) / median(gbs[kRaw]), median(gbs[kUcx]) / median(gbs[kZeroCopy]),
+            median(cpu[kUcx]) / median(cpu[kRaw]));
+    }
     std::printf("# uptime after: %s", run_command("uptime").c_str());
     return 0;
 }

@@ -12,6 +12,7 @@ DEB_PACKAGES=(
   libicu-dev
   libopenblas-dev libdnnl-dev
   liburing-dev libhiredis-dev libisal-dev redis-server
+  libucx-dev   # transfer: the UCX transport (--kv-transport ucx, issue 18)
   libnuma-dev  # --ep ranks pinned to NUMA nodes (issue 19)
   etcd-server  # membership_test, the cluster drills (issue 18)
   iproute2     # netns_drill_test: ip netns, veth, bridge

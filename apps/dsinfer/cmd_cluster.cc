@@ -60,6 +60,7 @@ struct ClusterFlags {
     int threads = 0;  // per engine; 0: cores / engines
     std::string run_dir;  // "" = a temp dir (logs of every process)
     int64_t lease_ttl_s = 5;
+    std::string kv_transport = "tcp";  // every engine's --kv-transport
 };
 
 volatile sig_atomic_t g_stop = 0;
@@ -316,7 +317,8 @@ int run_cluster_up(const ClusterFlags& f) {
         std::vector<std::string> argv = {self, "serve", "--role", role, "--membership",
                                          membership, "--node-id", e.name, "--port", "0",
                                          "--threads", std::to_string(threads), "--lease-ttl-s",
-                                         std::to_string(f.lease_ttl_s)};
+                                         std::to_string(f.lease_ttl_s), "--kv-transport",
+                                         f.kv_transport};
         argv.insert(argv.end(), model_args.begin(), model_args.end());
         e.pid = spawn(argv, e.log);
         e.port = wait_listening(e, 600);
@@ -445,6 +447,9 @@ void register_cluster_commands(CLI::App& app) {
     add_setting(*up, "--model", f->model, "checkpoint for every process ('' = the default model)");
     add_setting(*up, "--threads", f->threads, "threads per engine (0: cores / engines)");
     add_setting(*up, "--run-dir", f->run_dir, "logs of every process ('' = a temp dir, removed)");
+    add_setting(*up, "--kv-transport", f->kv_transport,
+                "KV hand-over transport of every engine: tcp | ucx (serve --kv-transport)")
+        ->check(CLI::IsMember({"tcp", "ucx"}));
     add_setting(*up, "--lease-ttl-s", f->lease_ttl_s, "membership lease of every process")
         ->check(CLI::Range(2, 3600));
     up->callback([f] { throw CLI::RuntimeError(run_cluster_up(*f)); });

@@ -61,8 +61,9 @@ struct ServeFlags {
     int kv_transfer_port = 0;
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
-    EpFlags ep;  // serve: expert parallelism (issue 19, ep_launch.h)
-    std::string step_log;  // serve: one JSON line per engine step ("" = none)
+    std::string kv_transport = "tcp";  // tcp | ucx: KV hand-over (sender and inbox)
+    EpFlags ep;                        // serve: expert parallelism (issue 19, ep_launch.h)
+    std::string step_log;              // serve: one JSON line per engine step ("" = none)
 };
 
 int fail(const Status& s, const char* cmd = "serve") {
@@ -203,6 +204,20 @@ int run_serve(const ServeFlags& f) {
     }
     const bool receives_kv = (f.role == "decode" || f.role == "both") && f.kv_transfer_port >= 0;
     if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
+    // The KV hand-over's transports (sender, inbox), made before the model loads: a
+    // build without UCX refuses --kv-transport ucx at once.
+    std::unique_ptr<transfer::Transport> handoff_transport;
+    std::unique_ptr<transfer::Transport> inbox_transport;
+    if (!f.role.empty()) {
+        Result<std::unique_ptr<transfer::Transport>> t = transfer::make_transport(f.kv_transport);
+        if (!t.is_ok()) return fail(t.status().with_context("--kv-transport"));
+        handoff_transport = std::move(t).value();
+        if (receives_kv) {
+            t = transfer::make_transport(f.kv_transport);
+            if (!t.is_ok()) return fail(t.status().with_context("--kv-transport"));
+            inbox_transport = std::move(t).value();
+        }
+    }
     // --ep N: this process serves HTTP as a front with no model; the N ranks it starts run
     // the requests (ep_launch.h).
     if (f.ep.ep > 1 && f.ep.group.empty() && !f.role.empty() && f.ep.front == "on") {
@@ -288,7 +303,8 @@ int run_serve(const ServeFlags& f) {
                 {"kv_inbox_bytes_total", "KV bytes stored by hand-overs", s.bytes_received});
             return c;
         };
-        handoff = std::make_unique<server::HandoffService>(service, std::move(ho));
+        handoff = std::make_unique<server::HandoffService>(service, std::move(ho),
+                                                           std::move(handoff_transport));
         service = handoff.get();
     }
     server::ServerOptions so = server_options(f, std::move(keys).value());
@@ -319,7 +335,7 @@ int run_serve(const ServeFlags& f) {
             io.swa_state_bytes = rep.kv_block_shape()->swa_state_bytes;
             io.swa_pool = rep.swa_pool();
             Result<std::unique_ptr<serving::KvInbox>> in =
-                serving::KvInbox::start(std::move(io), rep.kv_inbox());
+                serving::KvInbox::start(std::move(io), rep.kv_inbox(), std::move(inbox_transport));
             if (!in.is_ok()) return fail(in.status().with_context("--kv-transfer-port"));
             inbox = std::move(in).value();
             const std::string& a = self.address;
@@ -512,6 +528,10 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--kv-transfer-advertise", f->kv_transfer_advertise,
                 "decode / both engines: host:port prefill engines reach the inbox at (behind "
                 "NAT or a proxy; '' = the advertise host and the inbox's port)");
+    add_setting(*cmd, "--kv-transport", f->kv_transport,
+                "--role engines: transport of the KV hand-over, tcp (framed TCP) | ucx (UCX "
+                "stream API; UCX_TLS defaults to tcp; every engine of a cluster uses the same)")
+        ->check(CLI::IsMember({"tcp", "ucx"}));
     add_setting(*cmd, "--kv-inbox-mb", f->kv_inbox_mb,
                 "decode / both engines: MiB of the in-process shm tier handed-over KV lands in")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));

@@ -1,4 +1,5 @@
-// Transfers over real loopback TCP, plain and through the fault-injecting transport.
+// Transfers over real loopback connections, on every transport built (TCP, and UCX where
+// present), plain and through the fault-injecting transport.
 // No timed assertions: timeouts only bound how long a failing case waits.
 #include "transfer/session.h"
 
@@ -53,13 +54,14 @@ private:
     std::optional<Result<ReceivedSequence>> result_;
 };
 
-class TransferTcpTest : public ::testing::Test {
+class TransferTest : public ::testing::TestWithParam<std::string> {
 protected:
     void SetUp() override {
         ASSERT_EQ(live_destinations().load(), 0);
-        auto l = tcp_->listen("127.0.0.1", 0);
-        ASSERT_TRUE(l.is_ok()) << l.status().to_string();
-        listener_ = std::move(l).value();
+        auto loopback = testing::open_loopback(GetParam());
+        ASSERT_TRUE(loopback.is_ok()) << loopback.status().to_string();
+        transport_ = std::move(loopback->transport);
+        listener_ = std::move(loopback->listener);
         ASSERT_GT(listener_->port(), 0);
         send_.transfer_id = kId;
         send_.self = kPrefill;
@@ -71,7 +73,7 @@ protected:
     }
     void TearDown() override { EXPECT_EQ(live_destinations().load(), 0) << "a destination leaked"; }
 
-    // Sends `seq` through `transport` (the plain TCP one unless a test wraps it) while a
+    // Sends `seq` through `transport` (the plain one unless a test wraps it) while a
     // receiver thread takes it; returns both sides' results.
     std::pair<Result<SendReport>, Result<ReceivedSequence>> run(const TestSequence& seq,
                                                                 Transport* transport = nullptr) {
@@ -79,7 +81,7 @@ protected:
         auto source = seq.source();
         Result<SendReport> sent = unavailable("not connected");
         auto conn =
-            (transport ? transport : tcp_.get())->connect("127.0.0.1", listener_->port(), 5s);
+            (transport ? transport : transport_.get())->connect("127.0.0.1", listener_->port(), 5s);
         if (conn.is_ok()) {
             sent = send_sequence(**conn, send_, seq.begin, source);
         } else {
@@ -110,7 +112,7 @@ protected:
         return plan;
     }
 
-    std::unique_ptr<Transport> tcp_ = make_tcp_transport();
+    std::unique_ptr<Transport> transport_;
     DestinationFactory factory_ = counting_factory();
     std::unique_ptr<Listener> listener_;
     PeerTable peers_;
@@ -118,7 +120,7 @@ protected:
     ReceiveOptions receive_;
 };
 
-TEST_F(TransferTcpTest, ThirtyLayersAndV4StateArriveBitExact) {
+TEST_P(TransferTest, ThirtyLayersAndV4StateArriveBitExact) {
     const auto seq = TestSequence::make(30, 300 << 10, /*v4=*/true, 100);
     std::vector<uint32_t> ready;
     receive_.on_layers_ready = [&ready](uint32_t n) { ready.push_back(n); };
@@ -143,7 +145,7 @@ TEST_F(TransferTcpTest, ThirtyLayersAndV4StateArriveBitExact) {
     got->destination.reset();
 }
 
-TEST_F(TransferTcpTest, ReceiverWithoutAnIdTakesTheSendersAndLayersOfZeroBytesAreFine) {
+TEST_P(TransferTest, ReceiverWithoutAnIdTakesTheSendersAndLayersOfZeroBytesAreFine) {
     auto seq = TestSequence::make(4, 1000, false, 101);
     seq.layers[2].clear();
     seq.begin.layer_bytes[2] = 0;
@@ -163,7 +165,7 @@ public:
     std::span<uint8_t> layer_memory(uint32_t, uint64_t, uint64_t) override { return {}; }
 };
 
-TEST_F(TransferTcpTest, ADestinationWithoutMemoryTakesEveryChunkAsAWrite) {
+TEST_P(TransferTest, ADestinationWithoutMemoryTakesEveryChunkAsAWrite) {
     const auto seq = TestSequence::make(5, 200 << 10, true, 110);
     factory_ = [](const TransferId&,
                   const BeginMessage& b) -> Result<std::unique_ptr<Destination>> {
@@ -177,13 +179,13 @@ TEST_F(TransferTcpTest, ADestinationWithoutMemoryTakesEveryChunkAsAWrite) {
     got->destination.reset();
 }
 
-TEST_F(TransferTcpTest, ACorruptedByteIsADigestFailureOnBothSides) {
+TEST_P(TransferTest, ACorruptedByteIsADigestFailureOnBothSides) {
     const auto seq = TestSequence::make(8, 200 << 10, true, 102);
     FaultPlan plan;
     plan.seed = 3;
     plan.corrupt_rate = 1.0;
     plan.spare_first_writes = 5;  // Hello, Begin and three state chunks go through
-    FaultInjectingTransport faulty(tcp_.get(), plan);
+    FaultInjectingTransport faulty(transport_.get(), plan);
     auto [sent, got] = run(seq, &faulty);
     EXPECT_GE(faulty.counts().num_corrupted, 1u);
     expect_both_failed(sent, got, StatusCode::kDataLoss, "digest mismatch", StatusCode::kDataLoss);
@@ -191,11 +193,11 @@ TEST_F(TransferTcpTest, ACorruptedByteIsADigestFailureOnBothSides) {
     EXPECT_NE(sent.status().message().find("receiver failed"), std::string::npos);
 }
 
-TEST_F(TransferTcpTest, ACutConnectionFailsBothSidesAndReleasesTheBuffers) {
+TEST_P(TransferTest, ACutConnectionFailsBothSidesAndReleasesTheBuffers) {
     const auto seq = TestSequence::make(10, 200 << 10, true, 103);
     FaultPlan plan;
     plan.cut_after_bytes = 700'000;
-    FaultInjectingTransport faulty(tcp_.get(), plan);
+    FaultInjectingTransport faulty(transport_.get(), plan);
     auto [sent, got] = run(seq, &faulty);
     EXPECT_EQ(faulty.counts().num_cuts, 1u);
     ASSERT_FALSE(sent.is_ok());
@@ -207,20 +209,20 @@ TEST_F(TransferTcpTest, ACutConnectionFailsBothSidesAndReleasesTheBuffers) {
         << got.status().to_string();
 }
 
-TEST_F(TransferTcpTest, ADroppedFrameIsALossOnBothSides) {
+TEST_P(TransferTest, ADroppedFrameIsALossOnBothSides) {
     const auto seq = TestSequence::make(12, 100 << 10, false, 104);
-    FaultInjectingTransport faulty(tcp_.get(), drop_one_in_ten());
+    FaultInjectingTransport faulty(transport_.get(), drop_one_in_ten());
     auto [sent, got] = run(seq, &faulty);
     EXPECT_GE(faulty.counts().num_dropped, 1u);
     expect_both_failed(sent, got, StatusCode::kDataLoss, "lost", StatusCode::kDataLoss);
 }
 
-TEST_F(TransferTcpTest, DroppingEverythingAfterBeginIsATimeout) {
+TEST_P(TransferTest, DroppingEverythingAfterBeginIsATimeout) {
     const auto seq = TestSequence::make(4, 10 << 10, false, 105);
     FaultPlan plan;
     plan.drop_rate = 1.0;
     plan.spare_first_writes = 2;
-    FaultInjectingTransport faulty(tcp_.get(), plan);
+    FaultInjectingTransport faulty(transport_.get(), plan);
     receive_.io_timeout = 300ms;
     send_.io_timeout = 3s;
     auto [sent, got] = run(seq, &faulty);
@@ -229,12 +231,12 @@ TEST_F(TransferTcpTest, DroppingEverythingAfterBeginIsATimeout) {
                        StatusCode::kDeadlineExceeded);
 }
 
-TEST_F(TransferTcpTest, DelayedWritesStillArriveBitExact) {
+TEST_P(TransferTest, DelayedWritesStillArriveBitExact) {
     const auto seq = TestSequence::make(6, 50 << 10, true, 106);
     FaultPlan plan;
     plan.seed = 9;
     plan.max_delay = 3ms;
-    FaultInjectingTransport faulty(tcp_.get(), plan);
+    FaultInjectingTransport faulty(transport_.get(), plan);
     auto [sent, got] = run(seq, &faulty);
     EXPECT_GT(faulty.counts().num_delayed, 0u);
     ASSERT_TRUE(sent.is_ok()) << sent.status().to_string();
@@ -243,18 +245,18 @@ TEST_F(TransferTcpTest, DelayedWritesStillArriveBitExact) {
     got->destination.reset();
 }
 
-TEST_F(TransferTcpTest, FaultsFromOneSeedAreTheSameEveryRun) {
+TEST_P(TransferTest, FaultsFromOneSeedAreTheSameEveryRun) {
     const auto seq = TestSequence::make(12, 100 << 10, false, 107);
     std::vector<std::string> outcomes;
     for (int run_no = 0; run_no < 2; ++run_no) {
-        FaultInjectingTransport faulty(tcp_.get(), drop_one_in_ten());
+        FaultInjectingTransport faulty(transport_.get(), drop_one_in_ten());
         auto [sent, got] = run(seq, &faulty);
         outcomes.push_back(got.status().to_string());
     }
     EXPECT_EQ(outcomes[0], outcomes[1]);
 }
 
-TEST_F(TransferTcpTest, AStaleSenderIsRefusedAndTold) {
+TEST_P(TransferTest, AStaleSenderIsRefusedAndTold) {
     ASSERT_TRUE(peers_.observe("prefill-0", 12).is_ok());  // it restarted since
     const auto seq = TestSequence::make(3, 10 << 10, false, 108);
     auto [sent, got] = run(seq);
@@ -263,7 +265,7 @@ TEST_F(TransferTcpTest, AStaleSenderIsRefusedAndTold) {
     EXPECT_NE(sent.status().message().find("stale incarnation 11"), std::string::npos);
 }
 
-TEST_F(TransferTcpTest, AbortFromEitherSideEndsBothAndReleasesTheBuffers) {
+TEST_P(TransferTest, AbortFromEitherSideEndsBothAndReleasesTheBuffers) {
     const auto seq = TestSequence::make(10, 100 << 10, false, 109);
     {
         std::atomic<int> frames{0};
@@ -288,7 +290,7 @@ TEST_F(TransferTcpTest, AbortFromEitherSideEndsBothAndReleasesTheBuffers) {
 
 // ReceiveOptions::commit runs before the Ack: its OK is the sender's OK, its error
 // is the sender's error, and a refused destination is released.
-TEST_F(TransferTcpTest, TheAckComesOnlyAfterTheCommitAndARefusedCommitFailsBothSides) {
+TEST_P(TransferTest, TheAckComesOnlyAfterTheCommitAndARefusedCommitFailsBothSides) {
     const auto seq = TestSequence::make(5, 40 << 10, /*v4=*/true, 110);
     int commits = 0;
     receive_.commit = [&commits, &seq](const TransferId& id, const BeginMessage& begin,
@@ -320,32 +322,36 @@ TEST_F(TransferTcpTest, TheAckComesOnlyAfterTheCommitAndARefusedCommitFailsBothS
     EXPECT_EQ(live_destinations().load(), 0);
 }
 
-TEST_F(TransferTcpTest, BytesThatAreNotFramesAreRefused) {
+TEST_P(TransferTest, BytesThatAreNotFramesAreRefused) {
     ReceiverThread receiver(listener_.get(), receive_, &peers_);
-    auto conn = tcp_->connect("127.0.0.1", listener_->port(), 5s);
+    auto conn = transport_->connect("127.0.0.1", listener_->port(), 5s);
     ASSERT_TRUE(conn.is_ok()) << conn.status().to_string();
     const std::string http = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
     const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(http.data()),
                                          http.size());
     ASSERT_TRUE((*conn)->write(std::span(&bytes, 1), 5s).is_ok());
     auto got = receiver.join();
-    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(got.status().code(), StatusCode::kInvalidArgument) << got.status().to_string();
     EXPECT_NE(got.status().message().find("bad magic"), std::string::npos);
 }
 
-TEST_F(TransferTcpTest, ConnectAndAcceptFailCleanly) {
+TEST_P(TransferTest, ConnectAndAcceptFailCleanly) {
     const uint16_t port = listener_->port();
     listener_->close();
-    auto refused = tcp_->connect("127.0.0.1", port, 2s);
+    auto refused = transport_->connect("127.0.0.1", port, 2s);
     ASSERT_FALSE(refused.is_ok());
     EXPECT_EQ(refused.status().code(), StatusCode::kUnavailable) << refused.status().to_string();
 
-    auto l = tcp_->listen("127.0.0.1", 0);
+    auto l = transport_->listen("127.0.0.1", 0);
     ASSERT_TRUE(l.is_ok());
     auto none = (*l)->accept(50ms);
     EXPECT_EQ(none.status().code(), StatusCode::kDeadlineExceeded);
-    EXPECT_EQ(tcp_->listen("not an address", 0).status().code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(transport_->listen("not an address", 0).status().code(),
+              StatusCode::kInvalidArgument);
 }
+
+INSTANTIATE_TEST_SUITE_P(Transports, TransferTest, ::testing::ValuesIn(testing::transport_names()),
+                         [](const auto& param_info) { return param_info.param; });
 
 }  // namespace
 }  // namespace dsi::transfer

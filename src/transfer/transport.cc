@@ -5,6 +5,24 @@
 
 namespace dsi::transfer {
 
+#ifndef DSI_HAVE_UCX
+Result<std::unique_ptr<Transport>> make_ucx_transport() {
+    return failed_precondition(
+        "the UCX transport is not available: built without UCX (install libucx-dev and "
+        "configure again)");
+}
+#endif
+
+Result<std::unique_ptr<Transport>> make_transport(std::string_view name) {
+    if (name == "tcp") {
+        return make_tcp_transport();
+    }
+    if (name == "ucx") {
+        return make_ucx_transport();
+    }
+    return invalid_argument("unknown transport '" + std::string(name) + "' (expected tcp or ucx)");
+}
+
 Status write_frame(Connection& conn, const EncodedFrame& frame, Timeout timeout) {
     const std::array<std::span<const uint8_t>, 2> pieces{std::span<const uint8_t>(frame.head),
                                                          frame.body};

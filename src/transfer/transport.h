@@ -2,9 +2,10 @@
 //
 // Transport makes Listeners and Connections; a Connection moves bytes in order, with a
 // timeout on every call, and is closed explicitly (or by its destructor). The default
-// is framed TCP on Boost.Asio (make_tcp_transport, tcp_transport.cc); the
-// fault-injecting decorator for tests is in fault_transport.h. A UCX transport would be
-// a third implementation of the same three classes (not built; docs/transfer.md).
+// is framed TCP on Boost.Asio (make_tcp_transport, tcp_transport.cc); UCX's stream API
+// is the option (make_ucx_transport, ucx_transport.cc, built where libucx is present);
+// the fault-injecting decorator for tests is in fault_transport.h. make_transport picks
+// one by name (the --kv-transport flag).
 //
 // FrameReader / write_frame put frames (frame.h) on a Connection: one write() per
 // frame (header + payload prefix + the body view, gathered, never copied), and reads
@@ -20,6 +21,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -66,6 +68,16 @@ public:
 // TCP on Boost.Asio (TCP_NODELAY; one io_context per connection, run on the caller's
 // thread for the duration of each call).
 std::unique_ptr<Transport> make_tcp_transport();
+
+// UCX (ucp stream API; one context per transport, one worker per connection, progressed
+// on the caller's thread inside each call; UCX_TLS defaults to "tcp"). kFailedPrecondition
+// when built without UCX (DSI_HAVE_UCX), UCX's error when it cannot start. Unlike TCP,
+// a connect completes only while the server is in accept (no kernel backlog), and close
+// waits up to 1 s for the peer to take the end of stream (docs/transfer.md).
+Result<std::unique_ptr<Transport>> make_ucx_transport();
+
+// "tcp" or "ucx"; kInvalidArgument for any other name.
+Result<std::unique_ptr<Transport>> make_transport(std::string_view name);
 
 // Writes one encoded frame (head, then body).
 Status write_frame(Connection& conn, const EncodedFrame& frame, Timeout timeout);

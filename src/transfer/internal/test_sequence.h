@@ -11,6 +11,7 @@
 
 #include "base/env.h"
 #include "transfer/transfer_state.h"
+#include "transfer/transport.h"
 
 namespace dsi::transfer::testing {
 
@@ -53,6 +54,27 @@ struct TestSequence {
         return SpanSource(std::move(l), std::move(st));
     }
 };
+
+// The transports this build has, by make_transport name: the network tests run on each.
+inline std::vector<std::string> transport_names() {
+#ifdef DSI_HAVE_UCX
+    return {"tcp", "ucx"};
+#else
+    return {"tcp"};
+#endif
+}
+
+// The named transport and a listener on a loopback port it picked.
+struct Loopback {
+    std::unique_ptr<Transport> transport;
+    std::unique_ptr<Listener> listener;
+};
+inline Result<Loopback> open_loopback(const std::string& transport_name) {
+    Loopback out;
+    DSI_ASSIGN_OR_RETURN(out.transport, make_transport(transport_name));
+    DSI_ASSIGN_OR_RETURN(out.listener, out.transport->listen("127.0.0.1", 0));
+    return out;
+}
 
 inline std::atomic<int>& live_destinations() {
     static std::atomic<int> n{0};
