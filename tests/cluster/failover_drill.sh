@@ -135,7 +135,8 @@ cluster_up() {  # cluster_up NAME ARGS... : starts `cluster up`, sets up_pid and
   done
   fail "cluster up ($name) did not start"
 }
-cluster_up up --prefill 1 --decode 1
+# Its KV hand-over over UCX (--kv-transport ucx, issue 18); drills 6-9 use TCP.
+cluster_up up --prefill 1 --decode 1 --kv-transport ucx
 answer="$(curl -sf "http://127.0.0.1:$up_port/v1/chat/completions" -H 'Content-Type: application/json' \
   -d '{"model":"dsinfer-default","messages":[{"role":"user","content":"Hi"}],"max_tokens":8}')" ||
   fail "cluster up: no answer"
@@ -152,7 +153,7 @@ children="$(pgrep -P "$up_pid" | tr '\n' ' ')"
 kill -INT "$up_pid"
 wait "$up_pid" || fail "cluster up exited with status $?"
 for c in $children; do kill -0 "$c" 2>/dev/null && fail "cluster up left process $c running"; done
-echo "drill 5: cluster up --prefill 1 --decode 1 answered through its router (KV hand-overs: $up_handoffs); Ctrl-C stopped its 4 processes"
+echo "drill 5: cluster up --prefill 1 --decode 1 --kv-transport ucx answered through its router (KV hand-overs over UCX: $up_handoffs); Ctrl-C stopped its 4 processes"
 
 # 6. Prefill and decode engines.
 pd="etcd://127.0.0.1:$ecp/pd/"
