@@ -214,7 +214,6 @@ private:
         // request sent on it as the close arrives ("other side closed"). A slow head
         // still meets its deadline: it starts at the head's first byte.
         head_started_ = buffer_.size() > 0;
-        head_bytes_ = buffer_.size() > 0;
         if (head_started_) {
             arm(ms(ctx().limits.header_timeout_ms), Deadline::kHead);
         } else {
@@ -261,7 +260,6 @@ private:
             if (lingered_bytes_ > kLingerLimitBytes) return close();
             return read_more();
         }
-        if (phase_ == Phase::kHead && n > 0) head_bytes_ = true;
         auto dst = buffer_.prepare(n);
         std::memcpy(dst.data(), read_buf_.data(), n);
         buffer_.commit(n);
@@ -719,7 +717,6 @@ private:
     std::optional<Parser> parser_;
     Phase phase_ = Phase::kHead;
     bool head_started_ = false;
-    bool head_bytes_ = false;  // a byte of the current request's head has arrived
     RequestHead head_;
     HeadVerdict verdict_;
     int64_t body_reserved_bytes_ = 0;
