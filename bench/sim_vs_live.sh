@@ -41,6 +41,9 @@
 # against the calibration (prefill steps by prompts in the step: wall and worker CPU
 # time over the calibrated cost; the host gap before back-to-back steps) and the CPU
 # busy time beside it (CPU 0 less the prefill engine: what others took from it).
+# SVL_INTERLEAVE=1 alternates fit and predicted runs (fit 1, predicted 1, fit 2, ...) and
+# pools every fit run: the machine's speed drifts over a batch, and a fit made before all
+# predicted runs carries its own moment's speed into them.
 # The live hops (bench/sim_vs_live_hops.py: the router's quota pricing, its dispatch and
 # quota release, the hand-over's latency to the decode scheduler, the async join) are
 # fitted from the fit runs' request records (`bench serve --records-out`) and step logs
@@ -292,19 +295,17 @@ PY
 # The router's S-LB quota (`dsinfer router --prefill-quota-ms`, its default): the
 # simulator's prefill LB gets the same.
 quota_ms=250
-step_fit=()
-if [[ -n "$fit_offset" ]]; then
-  fit_scale="$(sim_scale "$work/fit_slice.jsonl" "$work/fit_sim.json")"
-  # The engines' speed moves between identical runs (bench/RESULTS.md): the fit pools
-  # SVL_FIT_REPS runs' steps (steady-clock times: the runs never overlap).
+# fit_from RUN...: the step fit and the hops fit pooled over the named live runs of the
+# fit slice, into $work/step_fit.json (steps only) and $work/step_fit_hops.json.
+fit_from() {
   : > "$work/steps_p_fit_all.jsonl"
   : > "$work/steps_d_fit_all.jsonl"
-  for rep in $(seq "${SVL_FIT_REPS:-1}"); do
-    live_run_checked "fit$rep" "$work/fit_slice.jsonl" "$fit_scale"
-    cat "$work/steps_p_fit$rep.jsonl" >> "$work/steps_p_fit_all.jsonl"
-    cat "$work/steps_d_fit$rep.jsonl" >> "$work/steps_d_fit_all.jsonl"
+  local r
+  for r in "$@"; do
+    cat "$work/steps_p_$r.jsonl" >> "$work/steps_p_fit_all.jsonl"
+    cat "$work/steps_d_$r.jsonl" >> "$work/steps_d_fit_all.jsonl"
   done
-  echo "== step fit (slice at offset $fit_offset, ${SVL_FIT_REPS:-1} runs)"
+  echo "== step fit (slice at offset $fit_offset; runs $*)"
   "$bin" sim --cluster "$work/cluster.json" --fit-prefill-steps "$work/steps_p_fit_all.jsonl" \
     --fit-decode-steps "$work/steps_d_fit_all.jsonl" --fit-out "$work/step_fit.json" \
     > "$work/step_fit_report.json" 2> "$work/step_fit.err" || fail "step fit failed: $(cat "$work/step_fit.err")"
@@ -312,9 +313,7 @@ if [[ -n "$fit_offset" ]]; then
   # The live hops and admission (the router's pricing, dispatch and quota release, the
   # hand-over's latency to the decode scheduler, the async join), fitted from the same
   # runs' request records and step logs, over the step fit.
-  fit_runs=()
-  for rep in $(seq "${SVL_FIT_REPS:-1}"); do fit_runs+=("fit$rep"); done
-  python3 "$src/bench/sim_vs_live_hops.py" "$work" "$work/cluster.json" "${fit_runs[@]}" \
+  python3 "$src/bench/sim_vs_live_hops.py" "$work" "$work/cluster.json" "$@" \
     > "$work/hops.json" 2> "$work/hops.err" || fail "hops fit failed: $(cat "$work/hops.err")"
   echo "hops fit: $(cat "$work/hops.json") $(cat "$work/hops.err")"
   python3 - "$work/step_fit.json" "$work/hops.json" "$work/step_fit_hops.json" <<'PY'
@@ -322,10 +321,54 @@ import json, sys
 fit, hops = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
 json.dump({**fit, **hops}, open(sys.argv[3], "w"), indent=1)
 PY
+}
+
+step_fit=()
+fit_reps="${SVL_FIT_REPS:-1}"
+if [[ -n "$fit_offset" && "${SVL_INTERLEAVE:-0}" != 0 ]]; then
+  # Interleaved (SVL_INTERLEAVE=1): the machine's speed drifts by ~10 % over a batch
+  # (bench/RESULTS.md), so fit runs and predicted runs alternate -- fit 1, predicted 1,
+  # fit 2, predicted 2, ... -- and the fit pools every fit run. The arrival scale must be
+  # fixed before the first predicted run: it is the one the simulator fitted to fit run 1
+  # gives for LOAD; the final simulation replays the slice at that same scale with the
+  # fit pooled over all fit runs.
+  fit_scale="$(sim_scale "$work/fit_slice.jsonl" "$work/fit_sim.json")"
+  live_run_checked fit1 "$work/fit_slice.jsonl" "$fit_scale"
+  fit_from fit1
+  scale="$(sim_scale "$work/slice.jsonl" "$work/sim_fit1.json" --step-fit "$work/step_fit_hops.json")"
+  echo "== arrival scale at load $load (fit run 1): $scale"
+  fit_runs=(fit1)
+  for rep in $(seq "$reps"); do
+    live_run_checked "$rep" "$work/slice.jsonl" "$scale"
+    if (( rep < fit_reps )); then
+      live_run_checked "fit$((rep + 1))" "$work/fit_slice.jsonl" "$fit_scale"
+      fit_runs+=("fit$((rep + 1))")
+    fi
+  done
+  fit_from "${fit_runs[@]}"
   step_fit=(--step-fit "$work/step_fit_hops.json")
+  "$bin" sim --trace "$work/slice.jsonl" --cluster "$work/cluster.json" "${step_fit[@]}" \
+    --time-scale "$scale" --prefill-quota-ms "$quota_ms" > "$work/sim.json" 2> "$work/sim.json.err" ||
+    fail "sim failed: $(tail -3 "$work/sim.json.err")"
+else
+  if [[ -n "$fit_offset" ]]; then
+    fit_scale="$(sim_scale "$work/fit_slice.jsonl" "$work/fit_sim.json")"
+    # The engines' speed moves between identical runs (bench/RESULTS.md): the fit pools
+    # SVL_FIT_REPS runs' steps (steady-clock times: the runs never overlap).
+    fit_runs=()
+    for rep in $(seq "$fit_reps"); do
+      live_run_checked "fit$rep" "$work/fit_slice.jsonl" "$fit_scale"
+      fit_runs+=("fit$rep")
+    done
+    fit_from "${fit_runs[@]}"
+    step_fit=(--step-fit "$work/step_fit_hops.json")
+  fi
+  scale="$(sim_scale "$work/slice.jsonl" "$work/sim.json" "${step_fit[@]}")"
+  echo "== arrival scale at load $load: $scale"
+  for rep in $(seq "$reps"); do
+    live_run_checked "$rep" "$work/slice.jsonl" "$scale"
+  done
 fi
-scale="$(sim_scale "$work/slice.jsonl" "$work/sim.json" "${step_fit[@]}")"
-echo "== arrival scale at load $load: $scale"
 if [[ -n "$fit_offset" ]]; then  # for comparison, same arrivals: the step fit without the
   # hops, and the calibration alone
   "$bin" sim --trace "$work/slice.jsonl" --cluster "$work/cluster.json" --step-fit "$work/step_fit.json" \
@@ -335,10 +378,6 @@ if [[ -n "$fit_offset" ]]; then  # for comparison, same arrivals: the step fit w
     --prefill-quota-ms "$quota_ms" > "$work/sim_calibration_only.json" 2> /dev/null ||
     fail "sim (calibration only) failed"
 fi
-
-for rep in $(seq "$reps"); do
-  live_run_checked "$rep" "$work/slice.jsonl" "$scale"
-done
 
 python3 - "$work" "$reps" <<'PY'
 import json, os, statistics, sys
