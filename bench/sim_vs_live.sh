@@ -325,6 +325,14 @@ PY
 
 step_fit=()
 fit_reps="${SVL_FIT_REPS:-1}"
+# fit_run_scale N: the arrival scale of fit run N: the fit slice's scale at LOAD times the
+# N-th factor of SVL_FIT_SCALES (comma separated, cycled; default 1). Factors below 1
+# send the same requests closer together: the decode engine then runs the larger batches
+# a burstier predicted slice meets, and the pooled fit covers them.
+fit_run_scale() {
+  python3 -c 'import sys; f=[float(x) for x in sys.argv[2].split(",")]; print(float(sys.argv[1]) * f[(int(sys.argv[3]) - 1) % len(f)])' \
+    "$fit_scale" "${SVL_FIT_SCALES:-1}" "$1"
+}
 if [[ -n "$fit_offset" && "${SVL_INTERLEAVE:-0}" != 0 ]]; then
   # Interleaved (SVL_INTERLEAVE=1): the machine's speed drifts by ~10 % over a batch
   # (bench/RESULTS.md), so fit runs and predicted runs alternate -- fit 1, predicted 1,
@@ -333,7 +341,7 @@ if [[ -n "$fit_offset" && "${SVL_INTERLEAVE:-0}" != 0 ]]; then
   # gives for LOAD; the final simulation replays the slice at that same scale with the
   # fit pooled over all fit runs.
   fit_scale="$(sim_scale "$work/fit_slice.jsonl" "$work/fit_sim.json")"
-  live_run_checked fit1 "$work/fit_slice.jsonl" "$fit_scale"
+  live_run_checked fit1 "$work/fit_slice.jsonl" "$(fit_run_scale 1)"
   fit_from fit1
   scale="$(sim_scale "$work/slice.jsonl" "$work/sim_fit1.json" --step-fit "$work/step_fit_hops.json")"
   echo "== arrival scale at load $load (fit run 1): $scale"
@@ -341,7 +349,7 @@ if [[ -n "$fit_offset" && "${SVL_INTERLEAVE:-0}" != 0 ]]; then
   for rep in $(seq "$reps"); do
     live_run_checked "$rep" "$work/slice.jsonl" "$scale"
     if (( rep < fit_reps )); then
-      live_run_checked "fit$((rep + 1))" "$work/fit_slice.jsonl" "$fit_scale"
+      live_run_checked "fit$((rep + 1))" "$work/fit_slice.jsonl" "$(fit_run_scale $((rep + 1)))"
       fit_runs+=("fit$((rep + 1))")
     fi
   done
@@ -357,7 +365,7 @@ else
     # SVL_FIT_REPS runs' steps (steady-clock times: the runs never overlap).
     fit_runs=()
     for rep in $(seq "$fit_reps"); do
-      live_run_checked "fit$rep" "$work/fit_slice.jsonl" "$fit_scale"
+      live_run_checked "fit$rep" "$work/fit_slice.jsonl" "$(fit_run_scale "$rep")"
       fit_runs+=("fit$rep")
     done
     fit_from "${fit_runs[@]}"
