@@ -236,6 +236,13 @@ int run_generate(const GenerateFlags& f) {
                                                   link, env);
         eng = front.get();
     }
+    if (ep->front()) {
+        // The ranks load the model and attach after the front started them: wait for every
+        // rank's first report so the figures below time generation, not loading.
+        Status ready = Status::ok();
+        while (ready.is_ok() && !front->ranks_ready()) ready = front->step();
+        if (!ready.is_ok()) return fail(ready);
+    }
     const bool stream = !f.prompt.empty();
     if (stream) std::fputs(f.prompt.c_str(), stdout);
     size_t done = 0;
@@ -274,9 +281,10 @@ int run_generate(const GenerateFlags& f) {
         s = engine::run_ep_rank(
             *(*replica)->engine(), *(*replica)->model(), [] { return true; }, env);
     }
+    // Ending the group (the ranks' exit) is not generation time.
+    const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
     if (s.is_ok()) s = ep->finish(**replica);
     if (!s.is_ok()) return fail(s);
-    const double secs = static_cast<double>(env->now_ns() - t0) * 1e-9;
     if (stream) {
         std::fputc('\n', stdout);
         std::fflush(stdout);  // before the summary on stderr

@@ -289,6 +289,16 @@ bool DpFront::settling() const {
     return false;
 }
 
+bool DpFront::ranks_ready() const {
+    // Before the first step() has synced with the link there are no reports at all.
+    if (reports_.empty() || reports_.size() < static_cast<size_t>(num_ranks())) return false;
+    // A rank's pool always has blocks: kv_blocks stays 0 only until its first report.
+    for (size_t r = static_cast<size_t>(first_piped_); r < reports_.size(); ++r) {
+        if (reports_[r].kv_blocks <= 0) return false;
+    }
+    return true;
+}
+
 Status DpFront::step() {
     DSI_RETURN_IF_ERROR(sync_link());
     bool ended = false, received = false;

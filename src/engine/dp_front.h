@@ -107,6 +107,10 @@ public:
     // (a rank that died while idle restarts the group now). With rank 0 here: nothing
     // (its group steps find a lost peer).
     Status idle_check() override;
+    // Every rank with a pipe has sent its first load report: its model is loaded, its
+    // group attached and its engine runs. `generate --ep` steps the front until then
+    // before it starts its clock (the ranks load in parallel after the front starts them).
+    bool ranks_ready() const;
     // The rank running request `id` now; -1 once it finished (logs, tests).
     int rank_of(RequestId id) const;
     // Benchmarks (`bench offline --ep N`): every other rank starts a fresh engine (empty
