@@ -246,7 +246,7 @@ live_run() {  # live_run NAME TRACE SCALE
     --node-id "d_$name" --cost-model "$work/cost.json" --step-log "$work/steps_d_$name.jsonl"
   local dport=$last_port
   run_pids+=("$last_pid")
-  START_PREFIX="$pin_r" start "r_$name" router --membership "$m"
+  START_PREFIX="$pin_r" start "r_$name" router --membership "$m" --cost-model "$work/cost.json"
   local rport=$last_port
   run_pids+=("$last_pid")
   for _ in $(seq 100); do

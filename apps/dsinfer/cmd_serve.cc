@@ -390,6 +390,7 @@ int run_router(const ServeFlags& f) {
     if (!options.is_ok()) return fail(options.status(), "router");
     options->load_model = false;
     options->create_engine = false;
+    const std::string cost_flag = options->engine.cost_model_path;  // --cost-model
     Result<std::unique_ptr<serving::Replica>> replica =
         serving::open_replica(std::move(options).value(), env);
     if (!replica.is_ok()) return fail(replica.status(), "router");
@@ -405,16 +406,28 @@ int run_router(const ServeFlags& f) {
     router::RemoteServiceOptions ro;
     ro.engine_api_key = f.engine_api_key;
     ro.no_engine_wait_ms = f.no_engine_wait_ms;
-    // S-LB prices a prefill by the engines' cost model; the router has no measured fit, so
-    // the conservative CPU model of the checkpoint's sizes (what an engine without one uses).
+    // S-LB prices a prefill by the engines' cost model: --cost-model (a `dsinfer calibrate`
+    // fit of the engines' machine and threads), else the fit beside the checkpoint when this
+    // host has one (what engines started here from the same checkpoint read), else the
+    // conservative CPU model of the checkpoint's sizes (what an engine without a fit uses:
+    // it prices a prompt several times too high, so each prefill engine pulls one at a time).
+    const std::string cost_path =
+        cost_flag.empty() ? engine::cost_model_path_for(rep.model_path()) : cost_flag;
+    Result<std::optional<engine::PrefillCostModel>> fitted =
+        engine::load_cost_model(env, cost_path);
+    if (!fitted.is_ok()) return fail(fitted.status(), "router");
+    if (!cost_flag.empty() && !*fitted) {
+        return fail(not_found("--cost-model " + cost_flag + " does not exist"), "router");
+    }
     const engine::PrefillCostModel cost =
-        engine::conservative_cpu_cost_model(engine::prefill_shape(rep.config()));
+        *fitted ? **fitted : engine::conservative_cpu_cost_model(engine::prefill_shape(rep.config()));
     ro.prefill_cost_ns = [cost](int64_t miss, int64_t hit) { return cost.cost_ns(miss, hit); };
     // bench/sim_vs_live.sh gives the simulator the same pricing (prefill_lb_cost).
     std::printf(
         "dsinfer router: prefill quota priced by base_ns %.9g per_q_ns %.9g per_c_ns %.9g "
-        "per_qc_ns %.9g per_qq_ns %.9g\n",
-        cost.base_ns, cost.per_q_ns, cost.per_c_ns, cost.per_qc_ns, cost.per_qq_ns);
+        "per_qc_ns %.9g per_qq_ns %.9g (%s)\n",
+        cost.base_ns, cost.per_q_ns, cost.per_c_ns, cost.per_qc_ns, cost.per_qq_ns,
+        *fitted ? cost_path.c_str() : "conservative CPU estimate");
     const double quota_ns = f.prefill_quota_ms * 1e6;
     ro.prefill_lb.bucket_quota_ns = {quota_ns, 2 * quota_ns, 4 * quota_ns, 5 * quota_ns};
     if (kvstore::BlockStore* store = rep.kv_store()) {

@@ -46,6 +46,17 @@ e2_pid=$last_pid e2_port=$last_port
 start router router --membership "$membership" --lease-ttl-s 3
 router_port=$last_port
 grep -q "2 engine(s)" "$work/router.out" || fail "router does not list both engines"
+# The router prices the S-LB quota with the engines' fit (the embedded default model's,
+# beside it in the shared model cache), not the conservative estimate; a --cost-model
+# that does not exist is an error before it serves.
+grep -q "prefill quota priced by .*dsinfer_prefill_cost.json)" "$work/router.out" ||
+  fail "router does not price with the engines' cost fit: $(grep 'priced by' "$work/router.out")"
+if "$bin" router --membership "$membership" --port 0 --cost-model "$work/none.json" \
+  > "$work/router_bad.out" 2>&1; then
+  fail "router started with a missing --cost-model"
+fi
+grep -q "NOT_FOUND: --cost-model .*none.json does not exist" "$work/router_bad.out" ||
+  fail "router's --cost-model error: $(cat "$work/router_bad.out")"
 
 body='{"model":"dsinfer-default","messages":[{"role":"user","content":"Tell me a story about a cat."}],
        "stream":true,"max_tokens":160,"temperature":0.8,"seed":4242,"ignore_eos":true}'
