@@ -195,7 +195,10 @@ void RemoteService::add_engine_locked(const membership::Member& m) {
         if (call->engine_id != m.id) continue;
         ++e.num_requests;
         e.kv_tokens += call->kv_charged;
-        e.prefill_held_ns += call->prefill_cost_ns;
+        if (call->prefill_cost_ns != 0) {
+            e.prefill_held_ns += call->prefill_cost_ns;
+            ++e.prefill_held_calls;
+        }
     }
     DSI_LOG(kInfo) << "engine " << m.id << " (" << membership::role_name(m.role) << ", "
                    << m.address << ", incarnation " << m.incarnation << ") joined";
@@ -392,7 +395,10 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
     Engine& e = engines_.at(id);
     if (on_prefill) {
         call->prefill_cost_ns = prefill_cost_locked(*call);
-        e.prefill_held_ns += call->prefill_cost_ns;
+        if (call->prefill_cost_ns != 0) {
+            e.prefill_held_ns += call->prefill_cost_ns;
+            ++e.prefill_held_calls;
+        }
     }
     call->engine_id = id;
     call->client = e.client;
@@ -493,8 +499,17 @@ void RemoteService::release_engine_locked(Call& call) {
     if (it != engines_.end()) {
         --it->second.num_requests;
         it->second.kv_tokens -= call.kv_charged;
-        it->second.prefill_held_ns =
-            std::max(0.0, it->second.prefill_held_ns - call.prefill_cost_ns);
+        if (call.prefill_cost_ns != 0) {
+            // Exactly 0 once the engine holds nothing: a sum of fractional costs taken
+            // off in another order leaves a rounding residue (0.1 + 0.2 + 0.3 less each
+            // is 5.6e-17, not 0), and an engine that is not empty never pulls a prompt
+            // that costs more than its whole quota -- the router stalled behind one.
+            Engine& e = it->second;
+            e.prefill_held_ns = --e.prefill_held_calls <= 0
+                                    ? 0.0
+                                    : std::max(0.0, e.prefill_held_ns - call.prefill_cost_ns);
+            e.prefill_held_calls = std::max<int64_t>(0, e.prefill_held_calls);
+        }
     }
     call.engine_id.clear();
     call.kv_charged = 0;

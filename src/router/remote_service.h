@@ -154,6 +154,7 @@ private:
         int64_t avoid_until_ns = 0;  // after a broken stream
         int64_t last_bytes_ns = 0;   // the last stream bytes from it
         double prefill_held_ns = 0;  // prefill cost of its generations still on it
+        int64_t prefill_held_calls = 0;  // how many generations that cost is of
     };
     // Calls that must be told they failed, after mu_ is released.
     using Failures = std::vector<std::pair<std::shared_ptr<Call>, Status>>;

@@ -771,6 +771,51 @@ TEST(Router, PrefillEnginesPullWaitingGenerationsWithinTheirQuota) {
     EXPECT_LT(p.service->stats_snapshot().engine.output_tokens, 12);
 }
 
+// A prefill engine that held several generations and finished them all is empty again,
+// exactly: costs 0.1 + 0.2 + 0.3 taken off in any order leave a rounding residue, and an
+// engine that is not empty never pulls a prompt that costs more than its whole quota (the
+// live router stalled with 273 generations waiting behind one). Here the fourth prompt
+// costs 5 against a quota of 1: it runs only once the engine counts as empty.
+TEST(Router, APrefillEngineThatFinishedEverythingPullsAPromptLargerThanItsQuota) {
+    Engine p, d;
+    RemoteServiceOptions o;
+    o.prefill_lb.bucket_quota_ns = {1, 1, 1, 1};
+    // By prompt length: 4, 5 and 6 tokens cost 0.1, 0.2 and 0.3; 7 tokens cost 5.
+    o.prefill_cost_ns = [](int64_t miss, int64_t) {
+        return miss == 4 ? 0.1 : miss == 5 ? 0.2 : miss == 6 ? 0.3 : 5.0;
+    };
+    o.pump_interval_ms = 10;
+    RemoteService remote(o);
+    remote.set_engines({member("p", p.http->port(), membership::Role::kPrefill),
+                        member("d", d.http->port(), membership::Role::kDecode)});
+    struct Client {
+        std::promise<server::Update> done;
+    };
+    std::map<server::Ticket, Client> clients;
+    for (server::Ticket t : {1, 2, 3, 4}) {
+        server::Generation g = long_generation();
+        g.request.prompt.resize(3 + t, 13);  // 4, 5, 6, 7 tokens
+        g.request.sampling.max_tokens = 4;
+        g.request.sampling.seed = t;
+        // Fails the test (not hangs it) if the fourth is never pulled.
+        g.request.deadline_ns = steady_clock_ns() + 20'000'000'000;
+        Client& c = clients[t];
+        remote.start(t, std::move(g), [&c](server::Update u) {
+            if (u.finished) c.done.set_value(std::move(u));
+        });
+    }
+    EXPECT_EQ(remote.router_stats().num_routed, 3);  // 0.1 + 0.2 + 0.3 within the quota
+    for (server::Ticket t : {1, 2, 3, 4}) {
+        server::Update last = clients[t].done.get_future().get();
+        EXPECT_TRUE(last.error.is_ok()) << t << ": " << last.error.to_string();
+        EXPECT_EQ(last.reason, engine::FinishReason::kLength) << t;
+    }
+    const RouterStats s = remote.router_stats();
+    EXPECT_EQ(s.num_routed, 4);
+    EXPECT_EQ(s.prefill_waiting, 0);
+    EXPECT_EQ(s.num_failed, 0);
+}
+
 // The KV hand-over: the prefill engine sends the prompt's full blocks to the decode
 // engine's inbox (its shm store tier) before the router continues there, so the decode
 // engine computes only the partial last block and the first token; the client's tokens
