@@ -21,10 +21,13 @@
 // each figure is the median over repetitions (min-max) of each rank's bytes/s; a ratio is
 // the ratio of medians (the goal: comm / memcpy >= 0.7).
 // Usage: comm_bench [TOKENS=128] [HIDDEN=2048] [TOP_K=8] [EXPERTS_PER_RANK=8] [REPS=5]
-//                   [SECONDS_PER_REP=0.5] [STREAMING_MIN_BYTES=-1 (automatic)] [EXPERT=0]
+//                   [SECONDS_PER_REP=0.5] [STREAMING_MIN_BYTES=-1 (automatic)] [EXPERT=0] [UCX=1]
 // EXPERT=1: a stand-in expert step between dispatch and combine (each received row copied
 // to its output row), its time left out: the comm steps then find the caches as a real
 // MoE layer leaves them (outputs dirty in the serving core's cache, received rows read).
+// [UCX=1]: also the same calls through comm::UcxMoeCommunicator (ucx_group.h; TCP over
+// loopback unless UCX_TLS says otherwise), a fourth side in the alternation with its own
+// iteration count (rank 0's, from its warm-up); UCX=0 leaves it out.
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/wait.h>
@@ -43,6 +46,7 @@
 
 #include "base/clock.h"
 #include "comm/shm_group.h"
+#include "comm/ucx_group.h"
 
 using namespace dsi;
 using namespace dsi::comm;
@@ -58,6 +62,8 @@ struct Config {
     double seconds_per_rep = 0.5;
     int64_t streaming_min_bytes = -1;  // ShmOptions::streaming_min_bytes (-1: automatic)
     bool expert = false;  // run a stand-in expert step between dispatch and combine (untimed)
+    bool ucx = true;      // also measure the UCX communicator
+    int ucx_port = 0;     // its coordinator's port on 127.0.0.1 (picked by the parent)
 };
 
 constexpr int kRanks = 2;
@@ -69,8 +75,12 @@ struct Shared {
     double xcore_gbps[kRanks][kMaxReps];
     double comm_gbps[kRanks][kMaxReps];
     double comm_us_per_iter[kRanks][kMaxReps];
+    double ucx_gbps[kRanks][kMaxReps];
+    double ucx_us_per_iter[kRanks][kMaxReps];
+    int64_t ucx_iters;
     int64_t iterations[kRanks][kMaxReps];
     double phase_us[kRanks][3];  // mean layout / dispatch / combine per call
+    double ucx_phase_us[kRanks][3];
     int64_t iters;               // per repetition, both sides: agreed by rank 0 after the warm-up
 };
 
@@ -131,6 +141,19 @@ int run_rank(const Config& c, int rank, Shared* out, CrossCore* xc) {
         std::fprintf(stderr, "rank %d: %s\n", rank, comm.status().to_string().c_str());
         return 1;
     }
+    std::unique_ptr<MoeCommunicator> ucx;
+    if (c.ucx) {
+        UcxGroupOptions uo;
+        uo.coordinator = "127.0.0.1:" + std::to_string(c.ucx_port);
+        uo.rank = rank;
+        uo.shape = shape_of(c);
+        auto made = create_ucx_communicator(uo);
+        if (!made.is_ok()) {
+            std::fprintf(stderr, "rank %d: %s\n", rank, made.status().to_string().c_str());
+            return 1;
+        }
+        ucx = std::move(*made);
+    }
     const int experts = kRanks * c.experts_per_rank;
     const PlacementTable placement =
         PlacementTable::identity(experts, kRanks, c.experts_per_rank).value();
@@ -159,16 +182,17 @@ int run_rank(const Config& c, int rank, Shared* out, CrossCore* xc) {
     const double bytes_per_iter = 2.0 * static_cast<double>(copy_bytes);
 
     int64_t phase_ns[3] = {0, 0, 0};  // layout, dispatch, combine (each incl. its barrier)
+    int64_t ucx_phase_ns[3] = {0, 0, 0};
     int64_t expert_ns = 0;            // the stand-in expert step (EXPERT=1), left out
-    auto one_comm = [&](int64_t i) -> bool {
+    auto one_call = [&](MoeCommunicator* m, int64_t* phases, int64_t i) -> bool {
         const int64_t t0 = steady_clock_ns();
-        auto layout = (*comm)->layout(placement, routings[static_cast<size_t>(i % 8)], c.tokens,
-                                      ReplicaChoice::kFirst);
+        auto layout = m->layout(placement, routings[static_cast<size_t>(i % 8)], c.tokens,
+                                ReplicaChoice::kFirst);
         if (!layout.is_ok()) {
             return false;
         }
         const int64_t t1 = steady_clock_ns();
-        auto view = (*comm)->dispatch(*layout, x);
+        auto view = m->dispatch(*layout, x);
         if (!view.is_ok()) {
             return false;
         }
@@ -178,21 +202,22 @@ int run_rank(const Config& c, int rank, Shared* out, CrossCore* xc) {
             // so that combine finds the outputs where a real expert leaves them (in the
             // serving core's cache) and dispatch's rows have been read by their receiver.
             // Not counted in the comm time.
-            const std::span<float> y = (*comm)->expert_output_buffer(*layout);
+            const std::span<float> y = m->expert_output_buffer(*layout);
             std::memcpy(y.data(), view->rows.data(), view->rows.size_bytes());
             const int64_t t2e = steady_clock_ns();
             expert_ns += t2e - t2;
             t2 = t2e;
         }
         const bool ok =
-            (*comm)->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, combined)
-                .is_ok();
+            m->combine(*layout, m->expert_output_buffer(*layout), gate, combined).is_ok();
         const int64_t t3 = steady_clock_ns();
-        phase_ns[0] += t1 - t0;
-        phase_ns[1] += t2 - t1;
-        phase_ns[2] += t3 - t2;
+        phases[0] += t1 - t0;
+        phases[1] += t2 - t1;
+        phases[2] += t3 - t2;
         return ok;
     };
+    auto one_comm = [&](int64_t i) { return one_call(comm->get(), phase_ns, i); };
+    auto one_ucx = [&](int64_t i) { return one_call(ucx.get(), ucx_phase_ns, i); };
     // Cross-core copy: iteration s writes this rank's half s % 2; the peer reads it after
     // seeing s published. The peer is done reading half s % 2 of iteration s - 2 once it has
     // published s - 1 (it publishes only after its copy-out), which this rank waited for.
@@ -239,7 +264,8 @@ int run_rank(const Config& c, int rank, Shared* out, CrossCore* xc) {
     const double warm_comm = timed(one_comm, 20);
     const double warm_copy = timed(one_memcpy, 20);
     const double warm_xcore = timed(one_xcore, 20);
-    if (warm_comm < 0 || warm_copy < 0 || warm_xcore < 0) {
+    const double warm_ucx = c.ucx ? timed(one_ucx, 20) : 1.0;
+    if (warm_comm < 0 || warm_copy < 0 || warm_xcore < 0 || warm_ucx < 0) {
         return 2;
     }
     // Collective steps need the same iteration count on both ranks: rank 0's, from its
@@ -247,24 +273,31 @@ int run_rank(const Config& c, int rank, Shared* out, CrossCore* xc) {
     if (rank == 0) {
         out->iters =
             std::max<int64_t>(10, static_cast<int64_t>(c.seconds_per_rep / (warm_comm / 20)));
+        out->ucx_iters =
+            std::max<int64_t>(10, static_cast<int64_t>(c.seconds_per_rep / (warm_ucx / 20)));
     }
     if (!(*comm)->barrier().is_ok()) {
         return 2;
     }
     const int64_t agreed_comm_iters = out->iters;
     const int64_t copy_iters = agreed_comm_iters;
+    const int64_t ucx_iters = out->ucx_iters;
     if (timed(one_comm, agreed_comm_iters / 4) < 0 || timed(one_memcpy, copy_iters / 4) < 0 ||
-        timed(one_xcore, copy_iters / 4) < 0) {
+        timed(one_xcore, copy_iters / 4) < 0 || (c.ucx && timed(one_ucx, ucx_iters / 4) < 0)) {
         return 2;
     }
     std::fill(phase_ns, phase_ns + 3, 0);
+    std::fill(ucx_phase_ns, ucx_phase_ns + 3, 0);
     for (int r = 0; r < c.reps; ++r) {
         const double copy_s = timed(one_memcpy, copy_iters);
         const double xcore_s = timed(one_xcore, copy_iters);
         const double comm_s = timed(one_comm, agreed_comm_iters);
-        if (copy_s < 0 || xcore_s < 0 || comm_s < 0) {
+        const double ucx_s = c.ucx ? timed(one_ucx, ucx_iters) : 1.0;
+        if (copy_s < 0 || xcore_s < 0 || comm_s < 0 || ucx_s < 0) {
             return 3;
         }
+        out->ucx_gbps[rank][r] = bytes_per_iter * static_cast<double>(ucx_iters) / ucx_s / 1e9;
+        out->ucx_us_per_iter[rank][r] = ucx_s * 1e6 / static_cast<double>(ucx_iters);
         out->memcpy_gbps[rank][r] = bytes_per_iter * static_cast<double>(copy_iters) / copy_s / 1e9;
         out->xcore_gbps[rank][r] = bytes_per_iter * static_cast<double>(copy_iters) / xcore_s / 1e9;
         out->comm_gbps[rank][r] =
@@ -275,6 +308,8 @@ int run_rank(const Config& c, int rank, Shared* out, CrossCore* xc) {
     for (int p = 0; p < 3; ++p) {
         out->phase_us[rank][p] =
             static_cast<double>(phase_ns[p]) / 1e3 / static_cast<double>(agreed_comm_iters * c.reps);
+        out->ucx_phase_us[rank][p] =
+            static_cast<double>(ucx_phase_ns[p]) / 1e3 / static_cast<double>(ucx_iters * c.reps);
     }
     return 0;
 }
@@ -300,6 +335,15 @@ int main(int argc, char** argv) {
     if (argc > 6) c.seconds_per_rep = std::atof(argv[6]);
     if (argc > 7) c.streaming_min_bytes = std::atoll(argv[7]);
     if (argc > 8) c.expert = std::atoi(argv[8]) != 0;
+    if (argc > 9) c.ucx = std::atoi(argv[9]) != 0;
+    if (c.ucx) {
+        auto port = pick_free_port("127.0.0.1");
+        if (!port.is_ok()) {
+            std::fprintf(stderr, "comm_bench: %s\n", port.status().to_string().c_str());
+            return 1;
+        }
+        c.ucx_port = *port;
+    }
     auto* shared = static_cast<Shared*>(::mmap(nullptr, sizeof(Shared), PROT_READ | PROT_WRITE,
                                                MAP_SHARED | MAP_ANONYMOUS, -1, 0));
     if (shared == MAP_FAILED) {
@@ -362,6 +406,20 @@ int main(int argc, char** argv) {
                     "combine %.1f us\n",
                     rank, shared->phase_us[rank][0], shared->phase_us[rank][1],
                     shared->phase_us[rank][2]);
+        if (c.ucx) {
+            const Stat ug =
+                stat(std::vector<double>(shared->ucx_gbps[rank], shared->ucx_gbps[rank] + c.reps));
+            const Stat uu = stat(std::vector<double>(shared->ucx_us_per_iter[rank],
+                                                     shared->ucx_us_per_iter[rank] + c.reps));
+            std::printf(
+                "rank %d: ucx dispatch+combine %.2f GB/s (%.2f-%.2f), %.1f us/call "
+                "(%.1f-%.1f), %lld calls/rep | vs memcpy %.3f, vs shm %.3f | layout %.1f "
+                "us, dispatch %.1f us, combine %.1f us\n",
+                rank, ug.median, ug.min, ug.max, uu.median, uu.min, uu.max,
+                static_cast<long long>(shared->ucx_iters), ug.median / sc.median,
+                ug.median / sm.median, shared->ucx_phase_us[rank][0], shared->ucx_phase_us[rank][1],
+                shared->ucx_phase_us[rank][2]);
+        }
     }
     return 0;
 }

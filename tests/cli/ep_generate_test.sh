@@ -34,6 +34,12 @@ for args in "--temperature 0" "--temperature 0.9 --seed 7"; do
     done
 done
 [[ $(wc -c <"$tmp/one.out") -gt 20 ]] || fail "no generated text"
+# The all-to-all over UCX (TCP over loopback, the front picks the coordinator's port):
+# the same text as one process (sampled, the last $args).
+gen --prompt "The experts" --max-tokens 24 $args --ep 2 --ep-comm ucx >"$tmp/ucx.out" 2>"$tmp/ucx.err" ||
+    { cat "$tmp/ucx.err"; fail "generate --ep 2 --ep-comm ucx"; }
+cmp -s "$tmp/one.out" "$tmp/ucx.out" ||
+    { diff "$tmp/one.out" "$tmp/ucx.out" || true; fail "--ep 2 --ep-comm ucx printed other text"; }
 
 # A batch (one engine step holds several sequences): the same results file.
 for i in 1 2 3; do echo "{\"prompt\": \"prompt number $i\", \"max_tokens\": $((8 + 4 * i))}"; done >"$tmp/in.jsonl"
@@ -78,6 +84,8 @@ expect_error "9 redundant experts per rank, more than the 8 routed experts" --ep
 expect_error "--eplb must be off, prefill or decode" --ep 2 --eplb sometimes
 expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
 expect_error "--ep-attention must be dp or rank0" --ep 2 --ep-attention some
+expect_error "--ep-comm must be shm or ucx" --ep 2 --ep-comm mpi
+expect_error "expected host:port" --ep 2 --ep-comm ucx --ep-coordinator nowhere --ep-attach-timeout-ms 2000
 expect_error "--ep must be >= 1" --ep 0
 expect_error "does not run with --speculative" --ep 2 --speculative ngram
 # A rank whose group never forms: an error at its attach deadline, not a hang.
@@ -146,7 +154,7 @@ done
 tr -d ' \n' <"$tmp/offline_dp.json" | grep -q '"dp_rank_requests":\[2,2\]' ||
     { cat "$tmp/offline_dp.json"; fail "bench offline --ep 2 (dp): requests not spread 2 + 2"; }
 ! grep -q dp_rank_requests "$tmp/offline_rank0.json" || fail "bench offline rank0 shows DP ranks"
-echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
+echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4, EP 2 over UCX; bad values refused;"
 echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
 echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
 echo "  under serve: every request completes with one process's text"
