@@ -72,14 +72,15 @@ struct Spawned {
     std::vector<std::shared_ptr<comm::RankPipe>> pipes;  // data_parallel: rank r at [r - 1]
 };
 
-// Starts ranks `first_rank`..num_ranks-1 (a front: 0, its rank 0 reporting the group's
-// stats; rank 0 itself: 1).
+// Starts ranks `first_rank`..end-1 (a front: 0, its rank 0 reporting the group's stats;
+// rank 0 itself: 1) of a group of `num_ranks`; `end` -1: num_ranks (--ep-local-ranks: the
+// others are started by hand on other hosts).
 Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, bool data_parallel,
-                      int first_rank, const std::vector<std::string>& extra_args) {
+                      int first_rank, const std::vector<std::string>& extra_args, int end = -1) {
     DSI_ASSIGN_OR_RETURN(std::vector<std::string> args, own_command_line());
     const pid_t parent = ::getpid();
     Spawned out;
-    for (int r = first_rank; r < num_ranks; ++r) {
+    for (int r = first_rank; r < (end < 0 ? num_ranks : end); ++r) {
         std::vector<std::string> a = args;
         a.insert(a.end(), {"--ep-rank", std::to_string(r), "--ep-group", group});
         a.insert(a.end(), extra_args.begin(), extra_args.end());
@@ -212,6 +213,10 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep-coordinator", f->coordinator,
                 "HOST:PORT where --ep-comm ucx's rank 0 listens and the others join (empty: "
                 "a free port on 127.0.0.1)");
+    add_setting(cmd, "--ep-local-ranks", f->local_ranks,
+                "ranks 0..K-1 of --ep start on this host (0: all); ranks K..N-1 are started by "
+                "hand on other hosts with --ep-rank R --ep-group NAME (docs/comm.md); needs "
+                "--ep-comm ucx, --ep-front off, --ep-attention rank0, --ep-failover off");
     cmd.add_option("--ep-pipe-fd", f->pipe_fd)->group("");          // set by rank 0 (dp)
     cmd.add_flag("--ep-report-group", f->report_group)->group("");  // set by the front
     cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");      // set by rank 0 at a restart
@@ -307,6 +312,21 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
             return invalid_argument("--ep-coordinator: " + s.message());
         }
     }
+    if (f.local_ranks < 0 || f.local_ranks > f.ep) {
+        return invalid_argument("--ep-local-ranks must be in [0, --ep], got " +
+                                std::to_string(f.local_ranks));
+    }
+    if (f.local_ranks > 0 && f.local_ranks < f.ep && !started) {
+        // Ranks on other hosts join by hand (docs/comm.md "A group over several hosts"):
+        // no pipe reaches them and this process does not know their pids.
+        if (f.comm != "ucx" || f.coordinator.empty() || f.front != "off" ||
+            f.attention != "rank0" || f.failover != "off") {
+            return invalid_argument(
+                "--ep-local-ranks < --ep (ranks on other hosts) needs --ep-comm ucx, "
+                "--ep-coordinator HOST:PORT, --ep-front off, --ep-attention rank0 and "
+                "--ep-failover off");
+        }
+    }
     // A front keeps its model options unset: it has no model.
     ExpertParallelOptions front_ep;
     const bool is_front = front && f.front == "on" && !started;
@@ -365,7 +385,8 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     }
     DSI_ASSIGN_OR_RETURN(Spawned spawned,
                          spawn(f.ep, ep.group, /*restarted=*/false, g.data_parallel,
-                               /*first_rank=*/is_front ? 0 : 1, g.extra_args));
+                               /*first_rank=*/is_front ? 0 : 1, g.extra_args,
+                               f.local_ranks > 0 ? f.local_ranks : -1));
     g.pids = std::move(spawned.pids);
     {
         MutexLock lock(&g.mu);

@@ -66,6 +66,9 @@ struct EpFlags {
     // empty: the started process picks a free port on 127.0.0.1 for its local ranks).
     std::string comm = "shm";
     std::string coordinator;
+    // Ranks 0..local_ranks-1 start on this host (0: all --ep); the others are started by
+    // hand on other hosts (--ep-rank R --ep-group NAME): UCX, rank0 attention, no failover.
+    int local_ranks = 0;
     int pipe_fd = -1;  // hidden: a started rank's end of its RankPipe
     // Hidden: a started rank whose load reports carry the group's stats (the front's
     // rank 0).

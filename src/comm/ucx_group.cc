@@ -766,53 +766,61 @@ void UcxMoeCommunicator::shut_down(bool flush) {
         for (const Pending& p : pending_) {
             ucp_request_cancel(worker_, p.request);
         }
-        // A clean close flushes first, so a peer still receiving our last message gets it;
-        // a broken group closes at once (the peers then fail now, not at their deadline).
-        std::vector<void*> closing;
+        // Progresses until every request of `reqs` is done or `deadline`; frees the done.
+        auto drain = [this](std::vector<void*>& reqs, int64_t deadline) {
+            for (;;) {
+                while (ucp_worker_progress(worker_) != 0) {
+                }
+                std::erase_if(reqs, [](void* req) {
+                    if (ucp_request_check_status(req) == UCS_INPROGRESS) {
+                        return false;
+                    }
+                    ucp_request_free(req);
+                    return true;
+                });
+                if (reqs.empty() || steady_clock_ns() > deadline) {
+                    return;
+                }
+                ::usleep(200);
+            }
+        };
+        std::vector<void*> waiting;
+        for (const Pending& p : pending_) {
+            waiting.push_back(p.request);
+        }
+        pending_.clear();
+        // A clean close first pushes out what this rank still queues (a peer may still be
+        // receiving our last message); that needs no peer to progress, unlike a flushing
+        // close, which waits for each peer's answer — and a peer may be busy elsewhere
+        // (rank 0 reaping its ranks) while holding its communicator. Then every endpoint
+        // is closed at once; a broken group skips the flush (the peers fail now).
+        if (flush) {
+            ucp_request_param_t param{};
+            void* req = ucp_worker_flush_nbx(worker_, &param);
+            if (UCS_PTR_IS_PTR(req)) {
+                waiting.push_back(req);
+            }
+        }
+        drain(waiting, steady_clock_ns() + kCloseTimeoutNs);
         for (Peer& p : peers_) {
             if (p.ep == nullptr) {
                 continue;
             }
             ucp_request_param_t param{};
             param.op_attr_mask = UCP_OP_ATTR_FIELD_FLAGS;
-            param.flags = flush && !p.failed ? 0 : UCP_EP_CLOSE_FLAG_FORCE;
+            param.flags = UCP_EP_CLOSE_FLAG_FORCE;
             void* req = ucp_ep_close_nbx(p.ep, &param);
             p.ep = nullptr;
             if (UCS_PTR_IS_PTR(req)) {
-                closing.push_back(req);
+                waiting.push_back(req);
             }
         }
-        const int64_t deadline = steady_clock_ns() + kCloseTimeoutNs;
-        for (;;) {
-            while (ucp_worker_progress(worker_) != 0) {
-            }
-            std::erase_if(pending_, [](const Pending& p) {
-                if (ucp_request_check_status(p.request) == UCS_INPROGRESS) {
-                    return false;
-                }
-                ucp_request_free(p.request);
-                return true;
-            });
-            std::erase_if(closing, [](void* req) {
-                if (ucp_request_check_status(req) == UCS_INPROGRESS) {
-                    return false;
-                }
-                ucp_request_free(req);
-                return true;
-            });
-            if ((closing.empty() && pending_.empty()) || steady_clock_ns() > deadline) {
-                break;
-            }
-            ::usleep(200);
+        drain(waiting, steady_clock_ns() + kCloseTimeoutNs);
+        // What is still in flight is released now (UCX frees it when it completes, which
+        // a forced close of every endpoint makes immediate), then the worker goes.
+        for (void* req : waiting) {
+            ucp_request_free(req);
         }
-    }
-    if (!pending_.empty()) {
-        // Requests that never finished: the worker cannot go safely (UCX may still touch
-        // their buffers); leak it rather than risk a use after free (a broken group only).
-        pending_.clear();
-        return;
-    }
-    if (worker_ != nullptr) {
         ucp_worker_destroy(worker_);
         worker_ = nullptr;
     }

@@ -40,6 +40,19 @@ gen --prompt "The experts" --max-tokens 24 $args --ep 2 --ep-comm ucx >"$tmp/ucx
     { cat "$tmp/ucx.err"; fail "generate --ep 2 --ep-comm ucx"; }
 cmp -s "$tmp/one.out" "$tmp/ucx.out" ||
     { diff "$tmp/one.out" "$tmp/ucx.out" || true; fail "--ep 2 --ep-comm ucx printed other text"; }
+# A group over several hosts, here one: ranks 0 and 1 started by this generate
+# (--ep-local-ranks 2), rank 2 started by hand as on another host (docs/comm.md "A group
+# over several hosts"); the same text.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+hosts=(--ep 3 --ep-comm ucx --ep-coordinator "127.0.0.1:$port" --ep-attention rank0 --ep-failover off)
+gen --prompt "The experts" --max-tokens 24 $args "${hosts[@]}" --ep-front off --ep-local-ranks 2 \
+    >"$tmp/hosts.out" 2>"$tmp/hosts.err" &
+hosts_pid=$!
+gen --prompt x "${hosts[@]}" --ep-rank 2 --ep-group by-hand >/dev/null 2>"$tmp/rank2.err" ||
+    { cat "$tmp/rank2.err"; fail "the rank started by hand"; }
+wait $hosts_pid || { cat "$tmp/hosts.err"; fail "generate --ep 3 --ep-local-ranks 2"; }
+cmp -s "$tmp/one.out" "$tmp/hosts.out" ||
+    { diff "$tmp/one.out" "$tmp/hosts.out" || true; fail "--ep-local-ranks 2 of 3 printed other text"; }
 
 # A batch (one engine step holds several sequences): the same results file.
 for i in 1 2 3; do echo "{\"prompt\": \"prompt number $i\", \"max_tokens\": $((8 + 4 * i))}"; done >"$tmp/in.jsonl"
@@ -86,6 +99,7 @@ expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
 expect_error "--ep-attention must be dp or rank0" --ep 2 --ep-attention some
 expect_error "--ep-comm must be shm or ucx" --ep 2 --ep-comm mpi
 expect_error "expected host:port" --ep 2 --ep-comm ucx --ep-coordinator nowhere --ep-attach-timeout-ms 2000
+expect_error "--ep-local-ranks < --ep (ranks on other hosts) needs --ep-comm ucx" --ep 2 --ep-local-ranks 1
 expect_error "--ep must be >= 1" --ep 0
 expect_error "does not run with --speculative" --ep 2 --speculative ngram
 # A rank whose group never forms: an error at its attach deadline, not a hang.
