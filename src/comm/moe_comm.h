@@ -235,8 +235,7 @@ void combine_in_order(int num_tokens, int top_k, int hidden, std::span<const flo
 }
 
 // The MoE all-to-all of one EP group. Implementations: ShmMoeCommunicator (shm_group.h,
-// processes of one host). Between hosts an implementation over an existing transport
-// (docs/comm.md: UCX) would fill the same three steps.
+// processes of one host) and UcxMoeCommunicator (ucx_group.h, processes on any hosts).
 class MoeCommunicator {
 public:
     virtual ~MoeCommunicator() = default;
