@@ -20,11 +20,6 @@
 namespace dsi::comm {
 namespace {
 
-using internal::FrameReader;
-using internal::FrameWriter;
-
-constexpr uint32_t kJoinMagic = 0x4d435855;  // "UXCM"
-constexpr uint32_t kJoinVersion = 1;
 constexpr int64_t kSleepSliceMs = 5;  // liveness and deadline checks between sleeps
 constexpr int64_t kSpinNs = 50'000;   // progress without sleeping first
 constexpr int64_t kCloseTimeoutNs = 1'000'000'000;
@@ -49,179 +44,6 @@ void set_global_defaults() {
             (void)ucs_global_opts_set_value("LOG_LEVEL", "error");
         }
     });
-}
-
-std::vector<uint8_t> encode_shape(int rank, const MoeShape& s,
-                                  const std::vector<uint8_t>& address) {
-    FrameWriter w;
-    w.u32(kJoinMagic);
-    w.u32(kJoinVersion);
-    w.u32(static_cast<uint32_t>(rank));
-    w.i64(s.num_ranks);
-    w.i64(s.hidden);
-    w.i64(s.top_k);
-    w.i64(s.max_tokens_per_rank);
-    w.i64(s.slots_per_rank);
-    w.i64(s.recv_capacity());
-    w.bytes(address.data(), address.size());
-    return std::move(w.data());
-}
-
-// FAILED_PRECONDITION naming the first field that differs ("hidden 32 at rank 1, 64 at
-// rank 0").
-Status compare_shapes(int rank, const std::vector<int64_t>& theirs, const MoeShape& s) {
-    const char* names[] = {"ranks",          "hidden",          "top_k", "max tokens per rank",
-                           "slots per rank", "receive capacity"};
-    const int64_t ours[] = {s.num_ranks,           s.hidden,         s.top_k,
-                            s.max_tokens_per_rank, s.slots_per_rank, s.recv_capacity()};
-    for (size_t i = 0; i < 6; ++i) {
-        if (theirs[i] != ours[i]) {
-            return failed_precondition("ucx group: layout differs: " + std::string(names[i]) + " " +
-                                       std::to_string(theirs[i]) + " at rank " +
-                                       std::to_string(rank) + ", " + std::to_string(ours[i]) +
-                                       " at rank 0");
-        }
-    }
-    return Status::ok();
-}
-
-std::vector<uint8_t> encode_status(const Status& s) {
-    FrameWriter w;
-    w.u32(static_cast<uint32_t>(s.code()));
-    w.bytes(s.message().data(), s.message().size());
-    return std::move(w.data());
-}
-
-struct FdCloser {
-    std::vector<int> fds;
-    ~FdCloser() {
-        for (int fd : fds) {
-            ::close(fd);
-        }
-    }
-};
-
-// Rank 0: accept every other rank's join frame, check its shape, answer each with the
-// table of worker addresses (or the error every rank then returns).
-Result<std::vector<std::vector<uint8_t>>> coordinate(const UcxGroupOptions& o,
-                                                     const internal::HostPort& at,
-                                                     std::vector<uint8_t> own_address,
-                                                     int64_t deadline) {
-    DSI_ASSIGN_OR_RETURN(int listen_fd, internal::listen_on(at));
-    FdCloser closer;
-    closer.fds.push_back(listen_fd);
-    const int n = o.shape.num_ranks;
-    std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(n));
-    std::vector<int> fds(static_cast<size_t>(n), -1);
-    addresses[0] = std::move(own_address);
-    Status failure;
-    for (int joined = 1; joined < n && failure.is_ok();) {
-        Result<int> fd = internal::accept_until(listen_fd, deadline);
-        if (!fd.is_ok()) {
-            std::string missing;
-            for (int r = 1; r < n; ++r) {
-                if (fds[static_cast<size_t>(r)] < 0) {
-                    missing += (missing.empty() ? "" : ",") + std::to_string(r);
-                }
-            }
-            failure = fd.status().code() == StatusCode::kDeadlineExceeded
-                          ? deadline_exceeded("ucx group " + o.coordinator + ": ranks " + missing +
-                                              " did not join within " +
-                                              std::to_string(o.attach_timeout_ms) + " ms")
-                          : fd.status();
-            break;
-        }
-        closer.fds.push_back(*fd);
-        Result<std::vector<uint8_t>> frame = internal::recv_frame(*fd, deadline, 1 << 20);
-        if (!frame.is_ok()) {
-            continue;  // not one of ours, or it died: the deadline names the missing rank
-        }
-        FrameReader r(*frame);
-        uint32_t magic = 0, version = 0, rank = 0;
-        std::vector<int64_t> shape(6);
-        std::vector<uint8_t> address;
-        bool ok = r.u32(magic) && r.u32(version) && r.u32(rank);
-        for (int64_t& v : shape) {
-            ok = ok && r.i64(v);
-        }
-        ok = ok && r.bytes(address);
-        if (!ok || magic != kJoinMagic) {
-            continue;
-        }
-        if (version != kJoinVersion) {
-            failure = failed_precondition("ucx group: rank " + std::to_string(rank) +
-                                          " speaks protocol version " + std::to_string(version) +
-                                          ", rank 0 " + std::to_string(kJoinVersion));
-        } else if (rank == 0 || rank >= static_cast<uint32_t>(n)) {
-            failure = invalid_argument("ucx group: a process joined as rank " +
-                                       std::to_string(rank) + " of " + std::to_string(n));
-        } else if (fds[rank] >= 0) {
-            failure = Status(StatusCode::kAlreadyExists,
-                             "ucx group: two processes joined as rank " + std::to_string(rank));
-        } else {
-            failure = compare_shapes(static_cast<int>(rank), shape, o.shape);
-        }
-        if (rank > 0 && rank < static_cast<uint32_t>(n) && fds[rank] < 0) {
-            fds[rank] = *fd;
-            addresses[rank] = std::move(address);
-            ++joined;
-        } else if (!failure.is_ok()) {
-            (void)internal::send_frame(*fd, encode_status(failure), deadline);
-        }
-    }
-    // Everyone who joined hears the outcome: the table or the error.
-    FrameWriter table;
-    table.u32(0);
-    table.bytes("", 0);
-    for (const auto& a : addresses) {
-        table.bytes(a.data(), a.size());
-    }
-    const std::vector<uint8_t> answer = failure.is_ok() ? table.data() : encode_status(failure);
-    for (int r = 1; r < n; ++r) {
-        if (fds[static_cast<size_t>(r)] >= 0) {
-            const Status sent = internal::send_frame(fds[static_cast<size_t>(r)], answer, deadline);
-            if (failure.is_ok() && !sent.is_ok()) {
-                failure = unavailable("ucx group: rank " + std::to_string(r) +
-                                      " left while joining: " + sent.message());
-            }
-        }
-    }
-    DSI_RETURN_IF_ERROR(failure);
-    return addresses;
-}
-
-// Ranks > 0: join at the coordinator, get the table.
-Result<std::vector<std::vector<uint8_t>>> join(const UcxGroupOptions& o,
-                                               const internal::HostPort& at,
-                                               const std::vector<uint8_t>& own_address,
-                                               int64_t deadline) {
-    DSI_ASSIGN_OR_RETURN(int fd, internal::connect_with_retry(at, deadline));
-    FdCloser closer;
-    closer.fds.push_back(fd);
-    DSI_RETURN_IF_ERROR(
-        internal::send_frame(fd, encode_shape(o.rank, o.shape, own_address), deadline));
-    Result<std::vector<uint8_t>> frame = internal::recv_frame(fd, deadline, 64 << 20);
-    if (!frame.is_ok()) {
-        const Status& s = frame.status();
-        return Status(s.code(), "ucx group: no answer from the coordinator " + o.coordinator +
-                                    ": " + s.message());
-    }
-    FrameReader r(*frame);
-    uint32_t code = 0;
-    std::vector<uint8_t> message;
-    if (!r.u32(code) || !r.bytes(message)) {
-        return internal_error("ucx group: bad answer from the coordinator");
-    }
-    if (code != 0) {
-        return Status(static_cast<StatusCode>(code), std::string(message.begin(), message.end()));
-    }
-    std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(o.shape.num_ranks));
-    for (auto& a : addresses) {
-        if (!r.bytes(a)) {
-            return internal_error("ucx group: short address table from the coordinator");
-        }
-    }
-    return addresses;
 }
 
 class UcxMoeCommunicator final : public MoeCommunicator {
@@ -358,12 +180,9 @@ Status UcxMoeCommunicator::start() {
                              reinterpret_cast<uint8_t*>(address) + address_bytes);
     ucp_worker_release_address(worker_, address);
 
-    std::vector<std::vector<uint8_t>> addresses;
-    if (rank_ == 0) {
-        DSI_ASSIGN_OR_RETURN(addresses, coordinate(options_, at, std::move(own), deadline));
-    } else {
-        DSI_ASSIGN_OR_RETURN(addresses, join(options_, at, own, deadline));
-    }
+    DSI_ASSIGN_OR_RETURN(
+        std::vector<std::vector<uint8_t>> addresses,
+        internal::exchange_worker_addresses(options_, at, std::move(own), deadline));
 
     peers_.resize(static_cast<size_t>(n));
     for (int r = 0; r < n; ++r) {

@@ -1,7 +1,7 @@
 // Bootstrap of a UCX EP group (ucx_group.h): plain TCP sockets with deadlines, used once
-// while the group forms. Rank 0 listens on the coordinator address; every other rank
-// connects and sends one frame; rank 0 answers each with one frame. Frames are
-// [u32 little-endian length][bytes]. Not used on the data path.
+// while the group forms (exchange_worker_addresses, at the end). Rank 0 listens on the coordinator
+// address; every other rank connects and sends one frame; rank 0 answers each with one frame.
+// Frames are [u32 little-endian length][bytes]. Not used on the data path.
 //
 // Thread model: free functions, blocking the caller until their deadline (steady clock, ns).
 #pragma once
@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/status.h"
+#include "comm/ucx_group.h"
 
 namespace dsi::comm::internal {
 
@@ -68,5 +69,15 @@ private:
     size_t pos_ = 0;
     bool ok_ = true;
 };
+
+// The group's formation (ucx_group.h "Bootstrap"): rank 0 (o.rank == 0) listens on `at`,
+// accepts every other rank's join frame (rank, MoeShape, worker address), checks it and
+// answers each with the table of all worker addresses [num_ranks] (`own` at [o.rank]) or
+// the error every rank then returns; the others connect, join and read the answer.
+// Errors as create_ucx_communicator's.
+Result<std::vector<std::vector<uint8_t>>> exchange_worker_addresses(const UcxGroupOptions& o,
+                                                                    const HostPort& at,
+                                                                    std::vector<uint8_t> own,
+                                                                    int64_t deadline_ns);
 
 }  // namespace dsi::comm::internal
