@@ -20,6 +20,7 @@
 #include "cluster/ep_failover.h"
 #include "cluster/eplb_live.h"
 #include "comm/numa_pinning.h"
+#include "comm/ucx_group.h"
 #include "engine/ep_rank.h"
 
 namespace dsi {
@@ -71,16 +72,18 @@ struct Spawned {
     std::vector<std::shared_ptr<comm::RankPipe>> pipes;  // data_parallel: rank r at [r - 1]
 };
 
-// Starts ranks `first_rank`..num_ranks-1 (a front: 0, its rank 0 reporting the group's
-// stats; rank 0 itself: 1).
+// Starts ranks `first_rank`..end-1 (a front: 0, its rank 0 reporting the group's stats;
+// rank 0 itself: 1) of a group of `num_ranks`; `end` -1: num_ranks (--ep-local-ranks: the
+// others are started by hand on other hosts).
 Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, bool data_parallel,
-                      int first_rank) {
+                      int first_rank, const std::vector<std::string>& extra_args, int end = -1) {
     DSI_ASSIGN_OR_RETURN(std::vector<std::string> args, own_command_line());
     const pid_t parent = ::getpid();
     Spawned out;
-    for (int r = first_rank; r < num_ranks; ++r) {
+    for (int r = first_rank; r < (end < 0 ? num_ranks : end); ++r) {
         std::vector<std::string> a = args;
         a.insert(a.end(), {"--ep-rank", std::to_string(r), "--ep-group", group});
+        a.insert(a.end(), extra_args.begin(), extra_args.end());
         if (restarted) a.insert(a.end(), {"--ep-ranks-now", std::to_string(num_ranks)});
         if (first_rank == 0 && r == 0) a.push_back("--ep-report-group");
         int child_fd = -1;
@@ -204,6 +207,16 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
                 "dp | rank0: with --ep, every rank runs its own requests with its own KV "
                 "(attention data parallelism; rank 0 spreads the requests), or only rank 0 "
                 "holds requests and the other ranks lend it their experts");
+    add_setting(cmd, "--ep-comm", f->comm,
+                "shm | ucx: the --ep ranks' all-to-all over one shared-memory segment, or over "
+                "UCX (TCP unless UCX_TLS says otherwise; ranks may be on other hosts)");
+    add_setting(cmd, "--ep-coordinator", f->coordinator,
+                "HOST:PORT where --ep-comm ucx's rank 0 listens and the others join (empty: "
+                "a free port on 127.0.0.1)");
+    add_setting(cmd, "--ep-local-ranks", f->local_ranks,
+                "ranks 0..K-1 of --ep start on this host (0: all); ranks K..N-1 are started by "
+                "hand on other hosts with --ep-rank R --ep-group NAME (docs/comm.md); needs "
+                "--ep-comm ucx, --ep-front off, --ep-attention rank0, --ep-failover off");
     cmd.add_option("--ep-pipe-fd", f->pipe_fd)->group("");          // set by rank 0 (dp)
     cmd.add_flag("--ep-report-group", f->report_group)->group("");  // set by the front
     cmd.add_option("--ep-ranks-now", f->ranks_now)->group("");      // set by rank 0 at a restart
@@ -288,6 +301,32 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     if (f.attention != "dp" && f.attention != "rank0") {
         return invalid_argument("--ep-attention must be dp or rank0, not '" + f.attention + "'");
     }
+    if (f.comm != "shm" && f.comm != "ucx") {
+        return invalid_argument("--ep-comm must be shm or ucx, not '" + f.comm + "'");
+    }
+    if (f.comm == "ucx" && !comm::ucx_available()) {
+        return unimplemented("--ep-comm ucx: this build has no UCX (libucx-dev)");
+    }
+    if (!f.coordinator.empty()) {
+        if (Status s = comm::check_coordinator_address(f.coordinator); !s.is_ok()) {
+            return invalid_argument("--ep-coordinator: " + s.message());
+        }
+    }
+    if (f.local_ranks < 0 || f.local_ranks > f.ep) {
+        return invalid_argument("--ep-local-ranks must be in [0, --ep], got " +
+                                std::to_string(f.local_ranks));
+    }
+    if (f.local_ranks > 0 && f.local_ranks < f.ep && !started) {
+        // Ranks on other hosts join by hand (docs/comm.md "A group over several hosts"):
+        // no pipe reaches them and this process does not know their pids.
+        if (f.comm != "ucx" || f.coordinator.empty() || f.front != "off" ||
+            f.attention != "rank0" || f.failover != "off") {
+            return invalid_argument(
+                "--ep-local-ranks < --ep (ranks on other hosts) needs --ep-comm ucx, "
+                "--ep-coordinator HOST:PORT, --ep-front off, --ep-attention rank0 and "
+                "--ep-failover off");
+        }
+    }
     // A front keeps its model options unset: it has no model.
     ExpertParallelOptions front_ep;
     const bool is_front = front && f.front == "on" && !started;
@@ -299,6 +338,15 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
                        : "dsinfer-ep-" + std::to_string(::getpid()) + "-" +
                              std::to_string(rd() % 1'000'000);
     ep.attach_timeout_ms = f.attach_timeout_ms;
+    if (f.comm == "ucx") {
+        ep.transport = EpTransport::kUcx;
+        ep.coordinator = f.coordinator;
+        if (ep.coordinator.empty() && !started) {
+            // Ranks of this host over loopback: a port free now (passed to every rank).
+            DSI_ASSIGN_OR_RETURN(int port, comm::pick_free_port("127.0.0.1"));
+            ep.coordinator = "127.0.0.1:" + std::to_string(port);
+        }
+    }
     DSI_RETURN_IF_ERROR(apply_eplb_flags(f, ep));
     // The ranks may wait for the next request indefinitely; a death is still seen at once.
     if (long_idle) ep.idle_timeout_ms = int64_t{365} * 24 * 3600 * 1000;
@@ -332,8 +380,13 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
         o.load_model = false;
         o.create_engine = false;
     }
-    DSI_ASSIGN_OR_RETURN(Spawned spawned, spawn(f.ep, ep.group, /*restarted=*/false,
-                                                g.data_parallel, /*first_rank=*/is_front ? 0 : 1));
+    if (ep.transport == EpTransport::kUcx && f.coordinator.empty()) {
+        g.extra_args = {"--ep-coordinator", ep.coordinator};  // the port picked above
+    }
+    DSI_ASSIGN_OR_RETURN(Spawned spawned,
+                         spawn(f.ep, ep.group, /*restarted=*/false, g.data_parallel,
+                               /*first_rank=*/is_front ? 0 : 1, g.extra_args,
+                               f.local_ranks > 0 ? f.local_ranks : -1));
     g.pids = std::move(spawned.pids);
     {
         MutexLock lock(&g.mu);
@@ -432,7 +485,7 @@ Result<EpRestart> EpLaunch::start_healthy(Group& g, const std::vector<bool>& hea
     if (g.front || next.num_ranks > 1) {
         DSI_ASSIGN_OR_RETURN(spawned, g.forker->run([&g, &next] {
             return spawn(next.num_ranks, next.group, /*restarted=*/true, g.data_parallel,
-                         /*first_rank=*/g.front ? 0 : 1);
+                         /*first_rank=*/g.front ? 0 : 1, g.extra_args);
         }));
     }
     g.pids = std::move(spawned.pids);

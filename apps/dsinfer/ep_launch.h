@@ -62,6 +62,13 @@ struct EpFlags {
     // Where attention runs: dp (every rank its own requests, sequences and KV; rank 0
     // spreads the requests) | rank0 (only rank 0 holds requests). bench offline: rank0.
     std::string attention = "dp";
+    // The all-to-all: shm | ucx (comm/ucx_group.h), and UCX's rank 0 address ("host:port";
+    // empty: the started process picks a free port on 127.0.0.1 for its local ranks).
+    std::string comm = "shm";
+    std::string coordinator;
+    // Ranks 0..local_ranks-1 start on this host (0: all --ep); the others are started by
+    // hand on other hosts (--ep-rank R --ep-group NAME): UCX, rank0 attention, no failover.
+    int local_ranks = 0;
     int pipe_fd = -1;  // hidden: a started rank's end of its RankPipe
     // Hidden: a started rank whose load reports carry the group's stats (the front's
     // rank 0).
@@ -140,6 +147,8 @@ private:
         Status broken;  // no healthy rank was left: every later check returns this
         std::vector<pid_t> pids;  // the started ranks of the current group, not yet reaped
         std::string name;         // the first group's name; restarts append -f<n>
+        // Given to every started rank (a restart's too): --ep-coordinator when picked here.
+        std::vector<std::string> extra_args;
         int num_experts = 0;
         int redundant_per_rank = 0;
         int num_restarts = 0;

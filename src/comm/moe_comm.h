@@ -47,6 +47,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "base/status.h"
@@ -166,6 +167,51 @@ Status route_tokens(const MoeShape& shape, const PlacementTable& placement, int 
                     std::span<const int32_t> topk_ids, int num_tokens, ReplicaChoice choice,
                     MoeLayout& layout);
 
+// Pure part of layout() after the counts are exchanged, shared by every transport.
+// `count(src, dst, s)`: the rows rank src sends to local slot s of rank dst. Fills, for
+// this `rank`: L.slot_offsets (its receive side), L.slot_rows (every physical slot of the
+// group) and L.dst_row (each (token, k) of L.dst_rank / L.dst_slot in its destination's
+// receive order: slot, then source rank, then (token, k)). Every rank computes every
+// destination's order from the same counts, so a capacity error is seen by all alike:
+// RESOURCE_EXHAUSTED "<who>: rank 1 would receive 70 rows, capacity 64".
+template <typename CountOf>
+Status order_receives(const MoeShape& shape, int rank, const char* who, CountOf&& count,
+                      MoeLayout& L) {
+    const int n = shape.num_ranks;
+    const int slots = shape.slots_per_rank;
+    std::vector<int64_t> next(static_cast<size_t>(n) * slots);
+    L.slot_offsets.clear();
+    L.slot_rows.assign(static_cast<size_t>(n) * slots, 0);
+    for (int dst = 0; dst < n; ++dst) {
+        int64_t offset = 0;
+        for (int s = 0; s < slots; ++s) {
+            if (dst == rank) {
+                L.slot_offsets.push_back(offset);
+            }
+            const int64_t slot_begin = offset;
+            for (int src = 0; src < n; ++src) {
+                if (src == rank) {
+                    next[static_cast<size_t>(dst) * slots + s] = offset;
+                }
+                offset += count(src, dst, s);
+            }
+            L.slot_rows[static_cast<size_t>(dst) * slots + s] = offset - slot_begin;
+        }
+        if (dst == rank) {
+            L.slot_offsets.push_back(offset);
+        }
+        if (offset > shape.recv_capacity()) {
+            return resource_exhausted(std::string(who) + ": rank " + std::to_string(dst) +
+                                      " would receive " + std::to_string(offset) +
+                                      " rows, capacity " + std::to_string(shape.recv_capacity()));
+        }
+    }
+    for (size_t i = 0; i < L.dst_rank.size(); ++i) {
+        L.dst_row[i] = next[static_cast<size_t>(L.dst_rank[i]) * slots + L.dst_slot[i]]++;
+    }
+    return Status::ok();
+}
+
 // Pure part of combine(): out[t] = sum_k gate[t][k] * y(t, k) in fixed k order from
 // +0.0f, where y(t, k) = row_of(t, k) (a pointer to `hidden` floats). Every transport
 // calls this, so the summation is one piece of code. Each token's row goes through the
@@ -189,8 +235,7 @@ void combine_in_order(int num_tokens, int top_k, int hidden, std::span<const flo
 }
 
 // The MoE all-to-all of one EP group. Implementations: ShmMoeCommunicator (shm_group.h,
-// processes of one host). Between hosts an implementation over an existing transport
-// (docs/comm.md: UCX) would fill the same three steps.
+// processes of one host) and UcxMoeCommunicator (ucx_group.h, processes on any hosts).
 class MoeCommunicator {
 public:
     virtual ~MoeCommunicator() = default;

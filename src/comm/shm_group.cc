@@ -629,39 +629,12 @@ Result<MoeLayout> ShmMoeCommunicator::layout(const PlacementTable& placement,
                                        " gave invalid routing input for this call");
         }
     }
-    // Receive order of every destination: slot, then source rank, then (token, k). Each
-    // rank computes every destination's table the same way, so a capacity error is seen
-    // by all ranks alike.
-    std::vector<int64_t> next(static_cast<size_t>(n) * slots);
-    L.slot_rows.assign(static_cast<size_t>(n) * slots, 0);
-    for (int dst = 0; dst < n; ++dst) {
-        const int32_t* c = seg_->counts(dst, call);
-        int64_t offset = 0;
-        for (int s = 0; s < slots; ++s) {
-            if (dst == rank_) {
-                L.slot_offsets.push_back(offset);
-            }
-            const int64_t slot_begin = offset;
-            for (int src = 0; src < n; ++src) {
-                if (src == rank_) {
-                    next[static_cast<size_t>(dst) * slots + s] = offset;
-                }
-                offset += c[static_cast<size_t>(src) * row_len + 1 + s];
-            }
-            L.slot_rows[static_cast<size_t>(dst) * slots + s] = offset - slot_begin;
-        }
-        if (dst == rank_) {
-            L.slot_offsets.push_back(offset);
-        }
-        if (offset > shape_.recv_capacity()) {
-            return resource_exhausted("shm group: rank " + std::to_string(dst) + " would receive " +
-                                      std::to_string(offset) + " rows, capacity " +
-                                      std::to_string(shape_.recv_capacity()));
-        }
-    }
-    for (size_t i = 0; i < L.dst_rank.size(); ++i) {
-        L.dst_row[i] = next[static_cast<size_t>(L.dst_rank[i]) * slots + L.dst_slot[i]]++;
-    }
+    DSI_RETURN_IF_ERROR(order_receives(
+        shape_, rank_, "shm group",
+        [&](int src, int dst, int s) {
+            return seg_->counts(dst, call)[static_cast<size_t>(src) * row_len + 1 + s];
+        },
+        L));
     phase_ = Phase::kLaidOut;
     return L;
 }

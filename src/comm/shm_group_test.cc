@@ -24,76 +24,13 @@
 #include "base/clock.h"
 #include "cluster/eplb.h"
 #include "comm/expert_load.h"
+#include "comm/moe_test_calls.h"
 #include "comm/test_ranks.h"
 
 namespace dsi::comm {
 namespace {
 
-constexpr int kHidden = 32;
-constexpr int kExperts = 16;
-constexpr int kTopK = 4;
-constexpr int kGlobalTokens = 48;  // split over the ranks: EP 1, 2 and 4 divide it
-constexpr int kCalls = 3;          // MoE calls per run (alternating buffer sets)
-
-// Deterministic inputs for call c: hidden rows, distinct top-k ids and gate weights.
-struct CallInput {
-    std::vector<float> hidden;  // [kGlobalTokens * kHidden]
-    std::vector<int32_t> ids;   // [kGlobalTokens * kTopK]
-    std::vector<float> gate;    // [kGlobalTokens * kTopK]
-};
-
-CallInput make_input(int call) {
-    std::mt19937 rng(1234 + call);
-    std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-    CallInput in;
-    for (int i = 0; i < kGlobalTokens * kHidden; ++i) {
-        in.hidden.push_back(u(rng));
-    }
-    // Skewed routing: experts 0 and 1 are hot (what redundant replicas are for).
-    std::vector<int> perm(kExperts);
-    for (int t = 0; t < kGlobalTokens; ++t) {
-        std::iota(perm.begin(), perm.end(), 0);
-        std::shuffle(perm.begin(), perm.end(), rng);
-        if (t % 2 == 0) {
-            std::swap(*std::find(perm.begin(), perm.end(), 0), perm[0]);
-        }
-        for (int k = 0; k < kTopK; ++k) {
-            in.ids.push_back(perm[static_cast<size_t>(k)]);
-            in.gate.push_back(u(rng));
-        }
-    }
-    return in;
-}
-
-// Expert e: y = W_e x, W_e[i][j] from a fixed formula, summed over j in order.
-void expert_forward(int e, const float* x, float* y) {
-    for (int i = 0; i < kHidden; ++i) {
-        float acc = 0.0f;
-        for (int j = 0; j < kHidden; ++j) {
-            const float w = static_cast<float>(((e * 131 + i * 31 + j * 7) % 97) - 48) / 64.0f;
-            acc += w * x[j];
-        }
-        y[i] = acc;
-    }
-}
-
-// The single-process reference: out[t] = sum_k gate * expert(x) in k order from 0.
-std::vector<float> reference(const CallInput& in) {
-    std::vector<float> out(static_cast<size_t>(kGlobalTokens) * kHidden);
-    std::vector<float> y(kHidden);
-    for (int t = 0; t < kGlobalTokens; ++t) {
-        float* acc = out.data() + static_cast<size_t>(t) * kHidden;
-        for (int k = 0; k < kTopK; ++k) {
-            expert_forward(in.ids[static_cast<size_t>(t) * kTopK + k],
-                           in.hidden.data() + static_cast<size_t>(t) * kHidden, y.data());
-            const float w = in.gate[static_cast<size_t>(t) * kTopK + k];
-            for (int h = 0; h < kHidden; ++h) {
-                acc[h] += w * y[h];
-            }
-        }
-    }
-    return out;
-}
+using namespace moe_test;
 
 std::string unique_name() {
     static std::atomic<int> counter{0};
@@ -147,68 +84,12 @@ PlacementTable make_placement(PlacementKind kind, int ranks) {
     return layer_placement(p.value().phy_to_log, physical, 0, kExperts, ranks).value();
 }
 
-// One rank of an EP run: kCalls MoE calls; writes its tokens' outputs to `out`
-// ([kCalls][kGlobalTokens][kHidden]). Exit codes: 0 ok, 2 create, 3 layout, 4 dispatch,
-// 5 a received row differs from its origin's input, 6 combine, 7 the layout's global
-// expert load differs from the inputs'.
+// One rank of an EP run (run_calls); exit code 2: create failed.
 int run_rank(const std::string& name, int rank, int ranks, PlacementKind kind, ReplicaChoice choice,
              float* out) {
     const PlacementTable placement = make_placement(kind, ranks);
-    ShmOptions options = rank_options(name, rank, ranks, placement);
-    auto comm = ShmMoeCommunicator::create(options);
-    if (!comm.is_ok()) {
-        return 2;
-    }
-    const int tokens = kGlobalTokens / ranks;
-    const int first = rank * tokens;
-    for (int c = 0; c < kCalls; ++c) {
-        const CallInput in = make_input(c);
-        std::span<const int32_t> ids(in.ids.data() + static_cast<size_t>(first) * kTopK,
-                                     static_cast<size_t>(tokens) * kTopK);
-        auto layout = (*comm)->layout(placement, ids, tokens, choice);
-        if (!layout.is_ok()) {
-            return 3;
-        }
-        // The layout's per-slot rows give every rank the global expert load of the call.
-        ExpertLoadCounter group_load(1, kExperts), want(1, kExperts);
-        if (!group_load.add_slot_rows(0, placement, layout->slot_rows).is_ok() ||
-            !want.add(0, in.ids).is_ok() ||
-            !std::equal(group_load.step_loads().begin(), group_load.step_loads().end(),
-                        want.step_loads().begin())) {
-            return 7;
-        }
-        auto view = (*comm)->dispatch(
-            *layout, std::span<const float>(in.hidden.data() + static_cast<size_t>(first) * kHidden,
-                                            static_cast<size_t>(tokens) * kHidden));
-        if (!view.is_ok()) {
-            return 4;
-        }
-        std::span<float> y = (*comm)->expert_output_buffer(*layout);
-        for (int s = 0; s < placement.slots_per_rank(); ++s) {
-            const int e =
-                placement.slot_expert()[static_cast<size_t>(rank) * placement.slots_per_rank() + s];
-            for (int64_t row = view->slot_offsets[s]; row < view->slot_offsets[s + 1]; ++row) {
-                const RowOrigin o = view->origins[row];
-                const size_t global = static_cast<size_t>(o.rank) * tokens + o.token;
-                const float* x = view->rows.data() + row * kHidden;
-                if (std::memcmp(x, in.hidden.data() + global * kHidden, kHidden * sizeof(float)) !=
-                        0 ||
-                    in.ids[global * kTopK + o.k] != e) {
-                    return 5;
-                }
-                expert_forward(e, x, y.data() + row * kHidden);
-            }
-        }
-        std::span<float> mine(out + (static_cast<size_t>(c) * kGlobalTokens + first) * kHidden,
-                              static_cast<size_t>(tokens) * kHidden);
-        std::span<const float> gate(in.gate.data() + static_cast<size_t>(first) * kTopK,
-                                    static_cast<size_t>(tokens) * kTopK);
-        if (Status s = (*comm)->combine(*layout, y, gate, mine); !s.is_ok()) {
-            std::fprintf(stderr, "rank %d combine: %s\n", rank, s.to_string().c_str());
-            return 6;
-        }
-    }
-    return 0;
+    auto comm = ShmMoeCommunicator::create(rank_options(name, rank, ranks, placement));
+    return comm.is_ok() ? run_calls(**comm, placement, choice, out) : 2;
 }
 
 TEST_F(ShmGroupTest, BitwiseEqualToSingleProcessForEverySizePlacementAndReplicaRule) {
@@ -270,33 +151,7 @@ TEST_F(ShmGroupTest, RankKilledMidDispatchFailsTheOthersFast) {
         if (!comm.is_ok()) {
             return 90;
         }
-        const int tokens = kGlobalTokens / ranks;
-        const CallInput in = make_input(0);
-        std::span<const int32_t> ids(in.ids.data() + static_cast<size_t>(r) * tokens * kTopK,
-                                     static_cast<size_t>(tokens) * kTopK);
-        std::span<const float> x(in.hidden.data() + static_cast<size_t>(r) * tokens * kHidden,
-                                 static_cast<size_t>(tokens) * kHidden);
-        std::vector<float> out(static_cast<size_t>(tokens) * kHidden);
-        std::span<const float> gate(in.gate.data() + static_cast<size_t>(r) * tokens * kTopK,
-                                    static_cast<size_t>(tokens) * kTopK);
-        for (int c = 0; c < 2; ++c) {
-            auto layout = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kSpread);
-            if (!layout.is_ok()) {
-                return 91;
-            }
-            auto view = (*comm)->dispatch(*layout, x);
-            if (!view.is_ok()) {
-                // Later calls keep failing the same way, without waiting.
-                auto again = (*comm)->layout(placement, ids, tokens, ReplicaChoice::kSpread);
-                return again.status().code() == view.status().code() ? code_of(view.status()) : 92;
-            }
-            if (!(*comm)
-                     ->combine(*layout, (*comm)->expert_output_buffer(*layout), gate, out)
-                     .is_ok()) {
-                return 93;
-            }
-        }
-        return 0;
+        return run_until_failure(**comm, placement, 2);
     });
     for (int r = 0; r < ranks; ++r) {
         if (r == 2) {

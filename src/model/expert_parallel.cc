@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "comm/shm_group.h"
+#include "comm/ucx_group.h"
 
 namespace dsi {
 namespace {
@@ -91,6 +92,9 @@ Status validate_expert_parallel(const ExpertParallelOptions& o, const ModelConfi
     if (o.group.empty()) {
         return invalid_argument(ep + ": no group name");
     }
+    if (o.transport == EpTransport::kUcx && o.coordinator.empty()) {
+        return invalid_argument(ep + ": UCX needs a coordinator address (host:port)");
+    }
     return Status::ok();
 }
 
@@ -111,18 +115,31 @@ Result<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::create(
         DSI_ASSIGN_OR_RETURN(policy,
                              options.placement_policy(moe_layers, experts, options.num_ranks));
     }
-    comm::ShmOptions shm;
-    shm.name = options.group;
-    shm.rank = options.rank;
-    shm.shape.num_ranks = options.num_ranks;
-    shm.shape.hidden = static_cast<int>(config.hidden_size);
-    shm.shape.top_k = static_cast<int>(config.num_experts_per_tok);
-    shm.shape.max_tokens_per_rank = options.max_tokens_per_call;
-    shm.shape.slots_per_rank = slots;
-    shm.attach_timeout_ms = options.attach_timeout_ms;
-    shm.op_timeout_ms = options.op_timeout_ms;
-    DSI_ASSIGN_OR_RETURN(std::unique_ptr<comm::ShmMoeCommunicator> comm,
-                         comm::ShmMoeCommunicator::create(shm));
+    comm::MoeShape shape;
+    shape.num_ranks = options.num_ranks;
+    shape.hidden = static_cast<int>(config.hidden_size);
+    shape.top_k = static_cast<int>(config.num_experts_per_tok);
+    shape.max_tokens_per_rank = options.max_tokens_per_call;
+    shape.slots_per_rank = slots;
+    // The fields both transports' options share.
+    auto common = [&](auto& o) {
+        o.rank = options.rank;
+        o.shape = shape;
+        o.attach_timeout_ms = options.attach_timeout_ms;
+        o.op_timeout_ms = options.op_timeout_ms;
+    };
+    std::unique_ptr<comm::MoeCommunicator> comm;
+    if (options.transport == EpTransport::kUcx) {
+        comm::UcxGroupOptions ucx;
+        common(ucx);
+        ucx.coordinator = options.coordinator;
+        DSI_ASSIGN_OR_RETURN(comm, comm::create_ucx_communicator(ucx));
+    } else {
+        comm::ShmOptions shm;
+        common(shm);
+        shm.name = options.group;
+        DSI_ASSIGN_OR_RETURN(comm, comm::ShmMoeCommunicator::create(shm));
+    }
     std::vector<comm::PlacementTable> placements(static_cast<size_t>(moe_layers), placement);
     return std::unique_ptr<ExpertParallelGroup>(new ExpertParallelGroup(
         options, std::move(placements), std::move(comm), std::move(policy)));

@@ -58,11 +58,19 @@ struct EpRestart {
     std::string group;  // the new group's segment name (num_ranks > 1)
 };
 
+// The all-to-all a group runs on: shared memory (ranks of one host) or UCX (ranks on any
+// hosts; docs/comm.md "Between hosts: UCX").
+enum class EpTransport { kShm, kUcx };
+
 struct ExpertParallelOptions {
     int num_ranks = 1;  // 1: no expert parallelism (below ignored), unless placement_policy
     int rank = 0;
     // The group's shared-memory segment name (comm::ShmOptions::name); every rank the same.
     std::string group;
+    EpTransport transport = EpTransport::kShm;
+    // kUcx: "host:port" where rank 0 listens and the others join (comm::UcxGroupOptions::
+    // coordinator); every rank the same. A restarted group binds it again.
+    std::string coordinator;
     // Spare slots per rank holding replicas of experts 0, 1, ... (comm::PlacementTable::
     // identity); results do not change with them, only where rows are computed.
     int redundant_experts_per_rank = 0;

@@ -34,6 +34,25 @@ for args in "--temperature 0" "--temperature 0.9 --seed 7"; do
     done
 done
 [[ $(wc -c <"$tmp/one.out") -gt 20 ]] || fail "no generated text"
+# The all-to-all over UCX (TCP over loopback, the front picks the coordinator's port):
+# the same text as one process (sampled, the last $args).
+gen --prompt "The experts" --max-tokens 24 $args --ep 2 --ep-comm ucx >"$tmp/ucx.out" 2>"$tmp/ucx.err" ||
+    { cat "$tmp/ucx.err"; fail "generate --ep 2 --ep-comm ucx"; }
+cmp -s "$tmp/one.out" "$tmp/ucx.out" ||
+    { diff "$tmp/one.out" "$tmp/ucx.out" || true; fail "--ep 2 --ep-comm ucx printed other text"; }
+# A group over several hosts, here one: ranks 0 and 1 started by this generate
+# (--ep-local-ranks 2), rank 2 started by hand as on another host (docs/comm.md "A group
+# over several hosts"); the same text.
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+hosts=(--ep 3 --ep-comm ucx --ep-coordinator "127.0.0.1:$port" --ep-attention rank0 --ep-failover off)
+gen --prompt "The experts" --max-tokens 24 $args "${hosts[@]}" --ep-front off --ep-local-ranks 2 \
+    >"$tmp/hosts.out" 2>"$tmp/hosts.err" &
+hosts_pid=$!
+gen --prompt x "${hosts[@]}" --ep-rank 2 --ep-group by-hand >/dev/null 2>"$tmp/rank2.err" ||
+    { cat "$tmp/rank2.err"; fail "the rank started by hand"; }
+wait $hosts_pid || { cat "$tmp/hosts.err"; fail "generate --ep 3 --ep-local-ranks 2"; }
+cmp -s "$tmp/one.out" "$tmp/hosts.out" ||
+    { diff "$tmp/one.out" "$tmp/hosts.out" || true; fail "--ep-local-ranks 2 of 3 printed other text"; }
 
 # A batch (one engine step holds several sequences): the same results file.
 for i in 1 2 3; do echo "{\"prompt\": \"prompt number $i\", \"max_tokens\": $((8 + 4 * i))}"; done >"$tmp/in.jsonl"
@@ -78,6 +97,9 @@ expect_error "9 redundant experts per rank, more than the 8 routed experts" --ep
 expect_error "--eplb must be off, prefill or decode" --ep 2 --eplb sometimes
 expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
 expect_error "--ep-attention must be dp or rank0" --ep 2 --ep-attention some
+expect_error "--ep-comm must be shm or ucx" --ep 2 --ep-comm mpi
+expect_error "expected host:port" --ep 2 --ep-comm ucx --ep-coordinator nowhere --ep-attach-timeout-ms 2000
+expect_error "--ep-local-ranks < --ep (ranks on other hosts) needs --ep-comm ucx" --ep 2 --ep-local-ranks 1
 expect_error "--ep must be >= 1" --ep 0
 expect_error "does not run with --speculative" --ep 2 --speculative ngram
 # A rank whose group never forms: an error at its attach deadline, not a hang.
@@ -146,7 +168,7 @@ done
 tr -d ' \n' <"$tmp/offline_dp.json" | grep -q '"dp_rank_requests":\[2,2\]' ||
     { cat "$tmp/offline_dp.json"; fail "bench offline --ep 2 (dp): requests not spread 2 + 2"; }
 ! grep -q dp_rank_requests "$tmp/offline_rank0.json" || fail "bench offline rank0 shows DP ranks"
-echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4; bad values refused;"
+echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4, EP 2 over UCX; bad values refused;"
 echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
 echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
 echo "  under serve: every request completes with one process's text"

@@ -1,0 +1,507 @@
+#include "comm/internal/bootstrap.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "base/clock.h"
+#include "comm/ucx_group.h"
+
+namespace dsi::comm::internal {
+namespace {
+
+std::string errno_text(const char* what) { return std::string(what) + ": " + std::strerror(errno); }
+
+// Milliseconds left until `deadline_ns` for poll(), at least 0, at most 100 (a poll that
+// ends early only loops).
+int poll_ms(int64_t deadline_ns) {
+    const int64_t left = (deadline_ns - steady_clock_ns()) / 1'000'000;
+    return static_cast<int>(std::clamp<int64_t>(left + 1, 0, 100));
+}
+
+Result<addrinfo*> resolve(const HostPort& hp, bool passive) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    hints.ai_flags = passive ? AI_PASSIVE : 0;
+    addrinfo* found = nullptr;
+    const int rc = ::getaddrinfo(hp.host.c_str(), std::to_string(hp.port).c_str(), &hints, &found);
+    if (rc != 0 || found == nullptr) {
+        return invalid_argument("address '" + hp.host + ":" + std::to_string(hp.port) +
+                                "' does not resolve: " + ::gai_strerror(rc));
+    }
+    return found;
+}
+
+// Waits for `events` on fd; false at the deadline.
+bool wait_fd(int fd, short events, int64_t deadline_ns) {
+    for (;;) {
+        pollfd p{fd, events, 0};
+        const int rc = ::poll(&p, 1, poll_ms(deadline_ns));
+        if (rc > 0) {
+            return true;
+        }
+        if (steady_clock_ns() >= deadline_ns) {
+            return false;
+        }
+    }
+}
+
+}  // namespace
+
+Result<HostPort> parse_host_port(const std::string& text, bool allow_zero) {
+    HostPort hp;
+    std::string port;
+    if (!text.empty() && text[0] == '[') {
+        const size_t close = text.find(']');
+        if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+            return invalid_argument("coordinator '" + text + "': expected [v6 address]:port");
+        }
+        hp.host = text.substr(1, close - 1);
+        port = text.substr(close + 2);
+    } else {
+        const size_t colon = text.rfind(':');
+        if (colon == std::string::npos || colon == 0) {
+            return invalid_argument("coordinator '" + text + "': expected host:port");
+        }
+        hp.host = text.substr(0, colon);
+        port = text.substr(colon + 1);
+    }
+    if (port.empty() || port.size() > 5 ||
+        !std::all_of(port.begin(), port.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+        return invalid_argument("coordinator '" + text + "': bad port");
+    }
+    hp.port = std::stoi(port);
+    if (hp.port > 65535 || (hp.port == 0 && !allow_zero)) {
+        return invalid_argument("coordinator '" + text + "': port out of range");
+    }
+    return hp;
+}
+
+Result<int> listen_on(const HostPort& at) {
+    DSI_ASSIGN_OR_RETURN(addrinfo * found, resolve(at, true));
+    Status last = unavailable("listen on " + at.host + ": no address");
+    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) {
+            last = internal_error(errno_text("socket"));
+            continue;
+        }
+        const int one = 1;
+        (void)::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (::bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
+            ::freeaddrinfo(found);
+            return fd;
+        }
+        const std::string what =
+            "listen on " + at.host + ":" + std::to_string(at.port) + ": " + std::strerror(errno);
+        last = errno == EADDRINUSE ? Status(StatusCode::kAlreadyExists, what) : unavailable(what);
+        ::close(fd);
+    }
+    ::freeaddrinfo(found);
+    return last;
+}
+
+Result<int> bound_port(int fd) {
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) {
+        return internal_error(errno_text("getsockname"));
+    }
+    if (ss.ss_family == AF_INET6) {
+        return static_cast<int>(ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port));
+    }
+    return static_cast<int>(ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port));
+}
+
+Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns) {
+    DSI_ASSIGN_OR_RETURN(addrinfo * found, resolve(to, false));
+    std::string last = "no answer";
+    for (;;) {
+        for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+            const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
+                                    a->ai_protocol);
+            if (fd < 0) {
+                last = errno_text("socket");
+                continue;
+            }
+            int err = 0;
+            if (::connect(fd, a->ai_addr, a->ai_addrlen) != 0) {
+                err = errno;
+                if (err == EINPROGRESS) {
+                    err = ETIMEDOUT;
+                    if (wait_fd(fd, POLLOUT, deadline_ns)) {
+                        socklen_t len = sizeof err;
+                        (void)::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len);
+                    }
+                }
+            }
+            if (err == 0) {
+                ::freeaddrinfo(found);
+                const int one = 1;
+                (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                return fd;
+            }
+            last = std::strerror(err);
+            ::close(fd);
+        }
+        if (steady_clock_ns() >= deadline_ns) {
+            ::freeaddrinfo(found);
+            return deadline_exceeded("coordinator " + to.host + ":" + std::to_string(to.port) +
+                                     " did not answer in time (" + last + ")");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+}
+
+Result<int> accept_until(int listen_fd, int64_t deadline_ns) {
+    if (!wait_fd(listen_fd, POLLIN, deadline_ns)) {
+        return deadline_exceeded("");
+    }
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+    if (fd < 0) {
+        return internal_error(errno_text("accept"));
+    }
+    return fd;
+}
+
+Status send_frame(int fd, const std::vector<uint8_t>& bytes, int64_t deadline_ns) {
+    std::vector<uint8_t> frame(4 + bytes.size());
+    const uint32_t n = static_cast<uint32_t>(bytes.size());
+    for (int i = 0; i < 4; ++i) {
+        frame[static_cast<size_t>(i)] = static_cast<uint8_t>(n >> (8 * i));
+    }
+    std::copy(bytes.begin(), bytes.end(), frame.begin() + 4);
+    size_t done = 0;
+    while (done < frame.size()) {
+        const ssize_t w = ::send(fd, frame.data() + done, frame.size() - done, MSG_NOSIGNAL);
+        if (w > 0) {
+            done += static_cast<size_t>(w);
+            continue;
+        }
+        if (w < 0 && errno != EAGAIN && errno != EINTR) {
+            return unavailable(errno_text("bootstrap send"));
+        }
+        if (!wait_fd(fd, POLLOUT, deadline_ns)) {
+            return deadline_exceeded("bootstrap send timed out");
+        }
+    }
+    return Status::ok();
+}
+
+Result<std::vector<uint8_t>> recv_frame(int fd, int64_t deadline_ns, size_t max_bytes) {
+    std::vector<uint8_t> out(4);
+    size_t want = 4, done = 0;
+    bool header = true;
+    for (;;) {
+        while (done < want) {
+            const ssize_t r = ::recv(fd, out.data() + done, want - done, 0);
+            if (r > 0) {
+                done += static_cast<size_t>(r);
+                continue;
+            }
+            if (r == 0) {
+                return unavailable("bootstrap peer closed the connection");
+            }
+            if (errno != EAGAIN && errno != EINTR) {
+                return unavailable(errno_text("bootstrap recv"));
+            }
+            if (!wait_fd(fd, POLLIN, deadline_ns)) {
+                return deadline_exceeded("bootstrap answer timed out");
+            }
+        }
+        if (!header) {
+            return out;
+        }
+        const size_t n =
+            out[0] | (size_t{out[1]} << 8) | (size_t{out[2]} << 16) | (size_t{out[3]} << 24);
+        if (n > max_bytes) {
+            return invalid_argument("bootstrap frame of " + std::to_string(n) + " bytes");
+        }
+        header = false;
+        out.assign(n, 0);
+        want = n;
+        done = 0;
+        if (n == 0) {
+            return out;
+        }
+    }
+}
+
+void FrameWriter::u32(uint32_t v) {
+    for (int i = 0; i < 4; ++i) {
+        data_.push_back(static_cast<uint8_t>(v >> (8 * i)));
+    }
+}
+
+void FrameWriter::i64(int64_t v) {
+    const auto u = static_cast<uint64_t>(v);
+    for (int i = 0; i < 8; ++i) {
+        data_.push_back(static_cast<uint8_t>(u >> (8 * i)));
+    }
+}
+
+void FrameWriter::bytes(const void* p, size_t n) {
+    u32(static_cast<uint32_t>(n));
+    const auto* b = static_cast<const uint8_t*>(p);
+    data_.insert(data_.end(), b, b + n);
+}
+
+bool FrameReader::take(void* p, size_t n) {
+    if (!ok_ || data_.size() - pos_ < n) {
+        ok_ = false;
+        return false;
+    }
+    std::memcpy(p, data_.data() + pos_, n);
+    pos_ += n;
+    return true;
+}
+
+bool FrameReader::u32(uint32_t& v) {
+    uint8_t b[4];
+    if (!take(b, 4)) {
+        return false;
+    }
+    v = b[0] | (uint32_t{b[1]} << 8) | (uint32_t{b[2]} << 16) | (uint32_t{b[3]} << 24);
+    return true;
+}
+
+bool FrameReader::i64(int64_t& v) {
+    uint8_t b[8];
+    if (!take(b, 8)) {
+        return false;
+    }
+    uint64_t u = 0;
+    for (int i = 7; i >= 0; --i) {
+        u = (u << 8) | b[i];
+    }
+    v = static_cast<int64_t>(u);
+    return true;
+}
+
+bool FrameReader::bytes(std::vector<uint8_t>& out) {
+    uint32_t n = 0;
+    if (!u32(n) || data_.size() - pos_ < n) {
+        ok_ = false;
+        return false;
+    }
+    out.assign(data_.begin() + static_cast<ptrdiff_t>(pos_),
+               data_.begin() + static_cast<ptrdiff_t>(pos_ + n));
+    pos_ += n;
+    return true;
+}
+
+namespace {
+
+constexpr uint32_t kJoinMagic = 0x4d435855;  // "UXCM"
+constexpr uint32_t kJoinVersion = 1;
+
+std::vector<uint8_t> encode_shape(int rank, const MoeShape& s,
+                                  const std::vector<uint8_t>& address) {
+    FrameWriter w;
+    w.u32(kJoinMagic);
+    w.u32(kJoinVersion);
+    w.u32(static_cast<uint32_t>(rank));
+    w.i64(s.num_ranks);
+    w.i64(s.hidden);
+    w.i64(s.top_k);
+    w.i64(s.max_tokens_per_rank);
+    w.i64(s.slots_per_rank);
+    w.i64(s.recv_capacity());
+    w.bytes(address.data(), address.size());
+    return std::move(w.data());
+}
+
+// FAILED_PRECONDITION naming the first field that differs ("hidden 32 at rank 1, 64 at
+// rank 0").
+Status compare_shapes(int rank, const std::vector<int64_t>& theirs, const MoeShape& s) {
+    const char* names[] = {"ranks",          "hidden",          "top_k", "max tokens per rank",
+                           "slots per rank", "receive capacity"};
+    const int64_t ours[] = {s.num_ranks,           s.hidden,         s.top_k,
+                            s.max_tokens_per_rank, s.slots_per_rank, s.recv_capacity()};
+    for (size_t i = 0; i < 6; ++i) {
+        if (theirs[i] != ours[i]) {
+            return failed_precondition("ucx group: layout differs: " + std::string(names[i]) + " " +
+                                       std::to_string(theirs[i]) + " at rank " +
+                                       std::to_string(rank) + ", " + std::to_string(ours[i]) +
+                                       " at rank 0");
+        }
+    }
+    return Status::ok();
+}
+
+std::vector<uint8_t> encode_status(const Status& s) {
+    FrameWriter w;
+    w.u32(static_cast<uint32_t>(s.code()));
+    w.bytes(s.message().data(), s.message().size());
+    return std::move(w.data());
+}
+
+struct FdCloser {
+    std::vector<int> fds;
+    ~FdCloser() {
+        for (int fd : fds) {
+            ::close(fd);
+        }
+    }
+};
+
+// Rank 0: accept every other rank's join frame, check its shape, answer each with the
+// table of worker addresses (or the error every rank then returns).
+Result<std::vector<std::vector<uint8_t>>> coordinate(const UcxGroupOptions& o, const HostPort& at,
+                                                     std::vector<uint8_t> own_address,
+                                                     int64_t deadline) {
+    DSI_ASSIGN_OR_RETURN(int listen_fd, listen_on(at));
+    FdCloser closer;
+    closer.fds.push_back(listen_fd);
+    const int n = o.shape.num_ranks;
+    std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(n));
+    std::vector<int> fds(static_cast<size_t>(n), -1);
+    addresses[0] = std::move(own_address);
+    Status failure;
+    for (int joined = 1; joined < n && failure.is_ok();) {
+        Result<int> fd = accept_until(listen_fd, deadline);
+        if (!fd.is_ok()) {
+            std::string missing;
+            for (int r = 1; r < n; ++r) {
+                if (fds[static_cast<size_t>(r)] < 0) {
+                    missing += (missing.empty() ? "" : ",") + std::to_string(r);
+                }
+            }
+            failure = fd.status().code() == StatusCode::kDeadlineExceeded
+                          ? deadline_exceeded("ucx group " + o.coordinator + ": ranks " + missing +
+                                              " did not join within " +
+                                              std::to_string(o.attach_timeout_ms) + " ms")
+                          : fd.status();
+            break;
+        }
+        closer.fds.push_back(*fd);
+        Result<std::vector<uint8_t>> frame = recv_frame(*fd, deadline, 1 << 20);
+        if (!frame.is_ok()) {
+            continue;  // not one of ours, or it died: the deadline names the missing rank
+        }
+        FrameReader r(*frame);
+        uint32_t magic = 0, version = 0, rank = 0;
+        std::vector<int64_t> shape(6);
+        std::vector<uint8_t> address;
+        bool ok = r.u32(magic) && r.u32(version) && r.u32(rank);
+        for (int64_t& v : shape) {
+            ok = ok && r.i64(v);
+        }
+        ok = ok && r.bytes(address);
+        if (!ok || magic != kJoinMagic) {
+            continue;
+        }
+        if (version != kJoinVersion) {
+            failure = failed_precondition("ucx group: rank " + std::to_string(rank) +
+                                          " speaks protocol version " + std::to_string(version) +
+                                          ", rank 0 " + std::to_string(kJoinVersion));
+        } else if (rank == 0 || rank >= static_cast<uint32_t>(n)) {
+            failure = invalid_argument("ucx group: a process joined as rank " +
+                                       std::to_string(rank) + " of " + std::to_string(n));
+        } else if (fds[rank] >= 0) {
+            failure = Status(StatusCode::kAlreadyExists,
+                             "ucx group: two processes joined as rank " + std::to_string(rank));
+        } else {
+            failure = compare_shapes(static_cast<int>(rank), shape, o.shape);
+        }
+        if (rank > 0 && rank < static_cast<uint32_t>(n) && fds[rank] < 0) {
+            fds[rank] = *fd;
+            addresses[rank] = std::move(address);
+            ++joined;
+        } else if (!failure.is_ok()) {
+            (void)send_frame(*fd, encode_status(failure), deadline);
+        }
+    }
+    // Everyone who joined hears the outcome: the table or the error.
+    FrameWriter table;
+    table.u32(0);
+    table.bytes("", 0);
+    for (const auto& a : addresses) {
+        table.bytes(a.data(), a.size());
+    }
+    const std::vector<uint8_t> answer = failure.is_ok() ? table.data() : encode_status(failure);
+    for (int r = 1; r < n; ++r) {
+        if (fds[static_cast<size_t>(r)] >= 0) {
+            const Status sent = send_frame(fds[static_cast<size_t>(r)], answer, deadline);
+            if (failure.is_ok() && !sent.is_ok()) {
+                failure = unavailable("ucx group: rank " + std::to_string(r) +
+                                      " left while joining: " + sent.message());
+            }
+        }
+    }
+    DSI_RETURN_IF_ERROR(failure);
+    return addresses;
+}
+
+// Ranks > 0: join at the coordinator, get the table.
+Result<std::vector<std::vector<uint8_t>>> join(const UcxGroupOptions& o, const HostPort& at,
+                                               const std::vector<uint8_t>& own_address,
+                                               int64_t deadline) {
+    DSI_ASSIGN_OR_RETURN(int fd, connect_with_retry(at, deadline));
+    FdCloser closer;
+    closer.fds.push_back(fd);
+    DSI_RETURN_IF_ERROR(send_frame(fd, encode_shape(o.rank, o.shape, own_address), deadline));
+    Result<std::vector<uint8_t>> frame = recv_frame(fd, deadline, 64 << 20);
+    if (!frame.is_ok()) {
+        const Status& s = frame.status();
+        return Status(s.code(), "ucx group: no answer from the coordinator " + o.coordinator +
+                                    ": " + s.message());
+    }
+    FrameReader r(*frame);
+    uint32_t code = 0;
+    std::vector<uint8_t> message;
+    if (!r.u32(code) || !r.bytes(message)) {
+        return internal_error("ucx group: bad answer from the coordinator");
+    }
+    if (code != 0) {
+        return Status(static_cast<StatusCode>(code), std::string(message.begin(), message.end()));
+    }
+    std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(o.shape.num_ranks));
+    for (auto& a : addresses) {
+        if (!r.bytes(a)) {
+            return internal_error("ucx group: short address table from the coordinator");
+        }
+    }
+    return addresses;
+}
+
+}  // namespace
+
+Result<std::vector<std::vector<uint8_t>>> exchange_worker_addresses(const UcxGroupOptions& o,
+                                                                    const HostPort& at,
+                                                                    std::vector<uint8_t> own,
+                                                                    int64_t deadline_ns) {
+    if (o.rank == 0) {
+        return coordinate(o, at, std::move(own), deadline_ns);
+    }
+    return join(o, at, own, deadline_ns);
+}
+
+}  // namespace dsi::comm::internal
+
+namespace dsi::comm {
+
+Status check_coordinator_address(const std::string& coordinator) {
+    return internal::parse_host_port(coordinator).status();
+}
+
+Result<int> pick_free_port(const std::string& host) {
+    DSI_ASSIGN_OR_RETURN(int fd, internal::listen_on(internal::HostPort{host, 0}));
+    Result<int> port = internal::bound_port(fd);
+    ::close(fd);
+    return port;
+}
+
+}  // namespace dsi::comm

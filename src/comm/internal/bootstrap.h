@@ -1,0 +1,83 @@
+// Bootstrap of a UCX EP group (ucx_group.h): plain TCP sockets with deadlines, used once
+// while the group forms (exchange_worker_addresses, at the end). Rank 0 listens on the coordinator
+// address; every other rank connects and sends one frame; rank 0 answers each with one frame.
+// Frames are [u32 little-endian length][bytes]. Not used on the data path.
+//
+// Thread model: free functions, blocking the caller until their deadline (steady clock, ns).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "base/status.h"
+#include "comm/ucx_group.h"
+
+namespace dsi::comm::internal {
+
+struct HostPort {
+    std::string host;
+    int port = 0;
+};
+
+// "host:port", "[v6]:port". INVALID_ARGUMENT on anything else or a port outside 1..65535
+// (`allow_zero`: 0 too).
+Result<HostPort> parse_host_port(const std::string& text, bool allow_zero = false);
+
+// A listening socket bound to `at` (SO_REUSEADDR). ALREADY_EXISTS when the port is taken,
+// UNAVAILABLE when the address is not local, INVALID_ARGUMENT when it does not resolve.
+// Returns the fd.
+Result<int> listen_on(const HostPort& at);
+// The port a bound socket listens on.
+Result<int> bound_port(int fd);
+// Connects to `to`, retrying a refused connection every 20 ms until `deadline_ns`
+// (the coordinator may not listen yet). DEADLINE_EXCEEDED then; INVALID_ARGUMENT when
+// the host does not resolve.
+Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns);
+// Accepts one connection, or DEADLINE_EXCEEDED (an empty status message: the caller
+// names who is missing).
+Result<int> accept_until(int listen_fd, int64_t deadline_ns);
+
+Status send_frame(int fd, const std::vector<uint8_t>& bytes, int64_t deadline_ns);
+// UNAVAILABLE when the peer closes first, DEADLINE_EXCEEDED at the deadline,
+// INVALID_ARGUMENT on a frame longer than `max_bytes`.
+Result<std::vector<uint8_t>> recv_frame(int fd, int64_t deadline_ns, size_t max_bytes);
+
+// Little-endian encoding of the frames' fields.
+class FrameWriter {
+public:
+    void u32(uint32_t v);
+    void i64(int64_t v);
+    void bytes(const void* p, size_t n);  // length-prefixed (u32)
+    std::vector<uint8_t>& data() { return data_; }
+
+private:
+    std::vector<uint8_t> data_;
+};
+
+class FrameReader {
+public:
+    explicit FrameReader(const std::vector<uint8_t>& data) : data_(data) {}
+    // false once a read ran past the end (every later read fails too).
+    bool u32(uint32_t& v);
+    bool i64(int64_t& v);
+    bool bytes(std::vector<uint8_t>& out);
+
+private:
+    bool take(void* p, size_t n);
+    const std::vector<uint8_t>& data_;
+    size_t pos_ = 0;
+    bool ok_ = true;
+};
+
+// The group's formation (ucx_group.h "Bootstrap"): rank 0 (o.rank == 0) listens on `at`,
+// accepts every other rank's join frame (rank, MoeShape, worker address), checks it and
+// answers each with the table of all worker addresses [num_ranks] (`own` at [o.rank]) or
+// the error every rank then returns; the others connect, join and read the answer.
+// Errors as create_ucx_communicator's.
+Result<std::vector<std::vector<uint8_t>>> exchange_worker_addresses(const UcxGroupOptions& o,
+                                                                    const HostPort& at,
+                                                                    std::vector<uint8_t> own,
+                                                                    int64_t deadline_ns);
+
+}  // namespace dsi::comm::internal
