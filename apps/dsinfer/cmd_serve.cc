@@ -241,7 +241,7 @@ int run_serve(const ServeFlags& f) {
     }
     serving::Replica& rep = **replica;
     if (ep->started_rank()) {
-        Status s = ep->run_started_rank(rep, env);
+        Status s = ep->run_started_rank(rep, env, /*grammars=*/true);
         if (!s.is_ok()) (void)fail(s);
         return EpLaunch::started_rank_exit_code(s);
     }

@@ -560,7 +560,7 @@ engine::DpRankLink* EpLaunch::dp_link() const {
     return group_ != nullptr && group_->data_parallel ? group_.get() : nullptr;
 }
 
-Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
+Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env, bool grammars) {
     const std::string context = "--ep rank " + std::to_string(rank_);
     if (pipe_fd_ < 0) {  // --ep-attention rank0: experts only
         return engine::run_ep_rank(
@@ -578,7 +578,7 @@ Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
     // S-SO under the front: the grammars it compiled arrive serialised and are rebuilt
     // here over this rank's vocabulary (the same tokenizer: the same masks).
     std::unique_ptr<grammar::PortableMaskBuilder> masks;
-    if (replica.tokenizer() != nullptr) {
+    if (grammars && replica.tokenizer() != nullptr) {
         grammar::CompileServiceOptions mo;
         mo.num_workers = 1;
         masks = std::make_unique<grammar::PortableMaskBuilder>(*replica.tokenizer(), mo);

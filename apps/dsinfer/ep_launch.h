@@ -114,8 +114,9 @@ public:
     static constexpr int kPeerLost = 75;
     static int started_rank_exit_code(const Status& s);
     // A started rank's whole run until rank 0 ends the group: the requests its pipe
-    // brings (dp, engine::run_dp_rank) and its peers' MoE exchanges.
-    Status run_started_rank(serving::Replica& replica, Env* env);
+    // brings (dp, engine::run_dp_rank) and its peers' MoE exchanges. `grammars` (serve):
+    // requests may bring grammar masks, rebuilt here (its vocabulary built at the start).
+    Status run_started_rank(serving::Replica& replica, Env* env, bool grammars = false);
     // The front or rank 0, after its engine is done: tells the started ranks no request
     // will come, (rank 0) leaves the group, waiting for the other ranks to be idle, then
     // reaps them; UNAVAILABLE naming the first rank that failed.

@@ -102,11 +102,16 @@ PortableMaskBuilder::PortableMaskBuilder(std::shared_ptr<const Vocabulary> vocab
     : vocab_(std::move(vocab)), service_(deserialising(std::move(options))) {}
 
 PortableMaskBuilder::PortableMaskBuilder(const Tokenizer& tokenizer, CompileServiceOptions options)
-    : tokenizer_(&tokenizer), service_(deserialising(std::move(options))) {}
+    : vocab_thread_([this, &tokenizer] { vocab_ = Vocabulary::from_tokenizer(tokenizer); }),
+      service_(deserialising(std::move(options))) {}
+
+PortableMaskBuilder::~PortableMaskBuilder() {
+    if (vocab_thread_.joinable()) vocab_thread_.join();
+}
 
 Result<std::unique_ptr<CompileHandle>> PortableMaskBuilder::submit(const std::string& portable) {
     std::call_once(vocab_once_, [this] {
-        if (vocab_ == nullptr) vocab_ = Vocabulary::from_tokenizer(*tokenizer_);
+        if (vocab_thread_.joinable()) vocab_thread_.join();
     });
     // The kind only keys the cache (text taken as given); the compile function above
     // deserialises whatever the kind.

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "grammar/compile_service.h"
@@ -92,9 +93,11 @@ public:
     // REQUIRES: vocab != nullptr (the tokenizer's, as the compiling process's).
     explicit PortableMaskBuilder(std::shared_ptr<const Vocabulary> vocab,
                                  CompileServiceOptions options = {});
-    // Over `tokenizer`'s vocabulary, built at the first submit (a rank that never sees a
-    // grammar does not build it). REQUIRES: `tokenizer` outlives this.
+    // Over `tokenizer`'s vocabulary, built on a thread started here (tens of ms at the V3
+    // vocabulary; a submit waits for it), so a rank's first grammar does not stall its
+    // group's steps. REQUIRES: `tokenizer` outlives this.
     explicit PortableMaskBuilder(const Tokenizer& tokenizer, CompileServiceOptions options = {});
+    ~PortableMaskBuilder();  // joins the vocabulary's thread
     // Starts rebuilding (or finds cached) the grammar of `portable`; bytes that are not a
     // serialised Grammar are DATA_LOSS at the handle.
     Result<std::unique_ptr<CompileHandle>> submit(const std::string& portable);
@@ -103,9 +106,9 @@ public:
         std::shared_ptr<const CompiledGrammar> grammar);
 
 private:
-    const Tokenizer* tokenizer_ = nullptr;  // builds vocab_ at the first submit
+    std::shared_ptr<const Vocabulary> vocab_;  // written by vocab_thread_, then read
+    std::thread vocab_thread_;                 // joined once (vocab_once_) before a read
     std::once_flag vocab_once_;
-    std::shared_ptr<const Vocabulary> vocab_;
     CompileService service_;
 };
 
