@@ -220,10 +220,13 @@ int run_serve(const ServeFlags& f) {
     }
     // --ep N: this process serves HTTP as a front with no model; the N ranks it starts run
     // the requests (ep_launch.h).
-    if (f.ep.ep > 1 && f.ep.group.empty() && !f.role.empty() && f.ep.front == "on") {
+    // A prefill engine's KV export comes back from its rank with the finishing event and
+    // is sent from here; received blocks would have to reach the ranks' pools, which
+    // the front does not hold (docs/comm.md "KV hand-over under --ep").
+    if (f.ep.ep > 1 && f.ep.group.empty() && receives_kv && f.ep.front == "on") {
         return fail(invalid_argument(
-            "--ep does not run with --role and --ep-front on (the KV hand-over needs the "
-            "engine in the serving process): use --ep-front off"));
+            "--ep with --ep-front on does not receive KV hand-overs (--role " + f.role +
+            " with --kv-transfer-port): use --role prefill, or --ep-front off"));
     }
     Result<EpLaunch> ep = EpLaunch::start(f.ep, env, *options, /*long_idle=*/true,
                                           /*front=*/true);
@@ -238,7 +241,7 @@ int run_serve(const ServeFlags& f) {
     }
     serving::Replica& rep = **replica;
     if (ep->started_rank()) {
-        Status s = ep->run_started_rank(rep, env);
+        Status s = ep->run_started_rank(rep, env, /*grammars=*/true);
         if (!s.is_ok()) (void)fail(s);
         return EpLaunch::started_rank_exit_code(s);
     }

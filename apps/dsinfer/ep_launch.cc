@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
@@ -24,6 +25,13 @@
 #include "engine/ep_rank.h"
 
 namespace dsi {
+
+// The ranks a spawn started.
+struct Spawned {
+    std::vector<pid_t> pids;
+    std::vector<std::shared_ptr<comm::RankPipe>> pipes;  // data_parallel: rank r at [r - 1]
+};
+
 namespace {
 
 Result<std::vector<std::string>> own_command_line() {
@@ -66,11 +74,6 @@ Status reap(std::vector<pid_t>& pids, bool kill_first, int first_rank = 1) {
     pids.clear();
     return first;
 }
-
-struct Spawned {
-    std::vector<pid_t> pids;
-    std::vector<std::shared_ptr<comm::RankPipe>> pipes;  // data_parallel: rank r at [r - 1]
-};
 
 // Starts ranks `first_rank`..end-1 (a front: 0, its rank 0 reporting the group's stats;
 // rank 0 itself: 1) of a group of `num_ranks`; `end` -1: num_ranks (--ep-local-ranks: the
@@ -124,7 +127,8 @@ Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, b
 
 }  // namespace
 
-// Runs jobs (the forks of a restart) on its own thread, one at a time.
+// Runs jobs (the forks of a restart, and a front's whole restart with its reap) on its
+// own thread, one at a time.
 class ForkThread {
 public:
     ForkThread() : thread_([this] { loop(); }) {}
@@ -136,11 +140,27 @@ public:
         cv_.notify_all();
         thread_.join();
     }
+    // REQUIRES: no job started and not yet waited for.
     Result<Spawned> run(std::function<Result<Spawned>()> job) DSI_EXCLUDES(mu_) {
+        start(std::move(job));
+        return wait();
+    }
+    // Starts `job` and returns at once; poll() or wait() hands its result back.
+    void start(std::function<Result<Spawned>()> job) DSI_EXCLUDES(mu_) {
         MutexLock lock(&mu_);
         job_ = std::move(job);
         result_.reset();
         cv_.notify_all();
+    }
+    // The started job's result once it is done (once), else nullopt.
+    std::optional<Result<Spawned>> poll() DSI_EXCLUDES(mu_) {
+        MutexLock lock(&mu_);
+        std::optional<Result<Spawned>> out = std::move(result_);
+        result_.reset();
+        return out;
+    }
+    Result<Spawned> wait() DSI_EXCLUDES(mu_) {
+        MutexLock lock(&mu_);
         while (!result_) cv_.wait(&mu_);
         Result<Spawned> out = std::move(*result_);
         result_.reset();
@@ -169,7 +189,7 @@ private:
 };
 
 EpLaunch::Group::Group() : forker(std::make_unique<ForkThread>()) {}
-EpLaunch::Group::~Group() = default;
+EpLaunch::Group::~Group() { abandon_restart(); }
 
 void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep", f->ep,
@@ -195,8 +215,8 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
     add_setting(cmd, "--ep-front", f->front,
                 "on | off (serve, generate): the started process is a front with no model "
                 "and every rank's death is survived, or it is rank 0 with its model (needed "
-                "for response formats and KV export under --ep; rank 0's death then ends "
-                "the instance)");
+                "to receive KV hand-overs, --role decode|both, under --ep; rank 0's death "
+                "then ends the instance)");
     add_setting(cmd, "--ep-numa", f->numa,
                 "off | auto | on: pin each --ep rank to a NUMA node's CPUs (ranks in blocks "
                 "over the nodes, a node's CPUs split among its ranks) and prefer that node's "
@@ -408,7 +428,9 @@ engine::RequestLimits EpLaunch::front_limits(const serving::Replica& replica) co
 }
 
 EpLaunch::~EpLaunch() {
-    if (group_ != nullptr) (void)reap(group_->pids, /*kill_first=*/true);
+    if (group_ == nullptr) return;
+    group_->abandon_restart();
+    (void)reap(group_->pids, /*kill_first=*/true);
 }
 
 int EpLaunch::started_rank_exit_code(const Status& s) {
@@ -425,8 +447,10 @@ namespace {
 
 // Reaps the old group's ranks and says which were healthy. They see the group's end (the
 // dead peer, or rank 0 leaving) at once and exit with kPeerLost: those are healthy. One
-// that is dead, failed otherwise or does not exit within the deadline is not.
-std::vector<bool> reap_for_restart(std::vector<pid_t>& pids, int64_t deadline_ms) {
+// that is dead, failed otherwise or does not exit within the deadline (or once `cancel`
+// is set: the instance ends) is not.
+std::vector<bool> reap_for_restart(std::vector<pid_t>& pids, int64_t deadline_ms,
+                                   const std::atomic<bool>* cancel = nullptr) {
     std::vector<bool> healthy;
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::milliseconds(deadline_ms);
@@ -434,7 +458,8 @@ std::vector<bool> reap_for_restart(std::vector<pid_t>& pids, int64_t deadline_ms
         int status = 0;
         pid_t got = 0;
         while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 &&
-               std::chrono::steady_clock::now() < deadline) {
+               std::chrono::steady_clock::now() < deadline &&
+               !(cancel != nullptr && cancel->load())) {
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
         if (got != pid) {
@@ -461,6 +486,18 @@ std::string exit_description(pid_t pid) {
                                       : "was killed by signal " + std::to_string(info.si_status);
 }
 
+// S-DEPLOY: the size of the new group of the `healthy` ranks (EP = their count, the slots
+// re-counted by the S-EPLB rounding), to be started as `group`.
+Result<int> restart_size(const std::vector<bool>& healthy, int num_experts, int redundant_per_rank,
+                         const std::string& group) {
+    DSI_ASSIGN_OR_RETURN(
+        cluster::EpRestartPlan plan,
+        cluster::plan_ep_restart(healthy, num_experts, redundant_per_rank, /*min_ep_size=*/1));
+    DSI_LOG(kWarning) << "--ep failover: " << plan.ep_size << " of " << healthy.size()
+                      << " ranks healthy; restarting the group as " << group;
+    return plan.ep_size;
+}
+
 }  // namespace
 
 Result<EpRestart> EpLaunch::restart(Group& g) {
@@ -471,30 +508,47 @@ Result<EpRestart> EpLaunch::restart(Group& g) {
 }
 
 Result<EpRestart> EpLaunch::start_healthy(Group& g, const std::vector<bool>& healthy) {
-    // S-DEPLOY: EP = the healthy ranks, the slots re-counted by the S-EPLB rounding.
-    DSI_ASSIGN_OR_RETURN(
-        cluster::EpRestartPlan plan,
-        cluster::plan_ep_restart(healthy, g.num_experts, g.redundant_per_rank, /*min_ep_size=*/1));
     EpRestart next;
-    next.num_ranks = plan.ep_size;
     next.group = g.name + "-f" + std::to_string(++g.num_restarts);
-    DSI_LOG(kWarning) << "--ep failover: " << plan.ep_size << " of " << healthy.size()
-                      << " ranks healthy; restarting the group as " << next.group;
+    DSI_ASSIGN_OR_RETURN(next.num_ranks,
+                         restart_size(healthy, g.num_experts, g.redundant_per_rank, next.group));
     Spawned spawned;
-    // A front starts every rank of the new group (even one alone); rank 0 starts the others.
-    if (g.front || next.num_ranks > 1) {
+    // Rank 0 starts the others (a front restarts asynchronously: check_ranks).
+    if (next.num_ranks > 1) {
         DSI_ASSIGN_OR_RETURN(spawned, g.forker->run([&g, &next] {
             return spawn(next.num_ranks, next.group, /*restarted=*/true, g.data_parallel,
-                         /*first_rank=*/g.front ? 0 : 1, g.extra_args);
+                         /*first_rank=*/1, g.extra_args);
         }));
     }
-    g.pids = std::move(spawned.pids);
+    g.install(std::move(spawned));
+    return next;
+}
+
+void EpLaunch::Group::install(Spawned spawned) {
+    pids = std::move(spawned.pids);
     // A new generation for the DpFront: it relays what the old pipes still hold, then
     // re-runs the old ranks' requests on these (engine/dp_front.h).
-    MutexLock lock(&g.mu);
-    g.pipes = std::move(spawned.pipes);
-    ++g.generation;
-    return next;
+    MutexLock lock(&mu);
+    pipes = std::move(spawned.pipes);
+    ++generation;
+}
+
+Result<bool> EpLaunch::Group::poll_restart() {
+    std::optional<Result<Spawned>> done = forker->poll();
+    if (!done) return false;
+    restarting_ = false;
+    if (!done->is_ok()) return broken = done->status();
+    install(std::move(*done).value());
+    return true;
+}
+
+void EpLaunch::Group::abandon_restart() {
+    if (!restarting_) return;
+    cancel_restart_ = true;
+    Result<Spawned> r = forker->wait();
+    restarting_ = false;
+    // Ranks started before the cancel was seen: the instance is ending.
+    if (r.is_ok()) (void)reap(r->pids, /*kill_first=*/true);
 }
 
 Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
@@ -512,6 +566,7 @@ Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
         return -1;
     };
     if (!broken.is_ok()) return broken;  // (said once, when it broke)
+    if (restarting_) return poll_restart();
     int lost = exited();
     for (int i = 0; lost < 0 && pipe_ended && i < 100; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(2));
@@ -527,12 +582,26 @@ Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
         return broken = unavailable("--ep: " + which + " (--ep-failover off)");
     }
     DSI_LOG(kWarning) << "--ep failover: " << which;
-    const std::vector<bool> healthy = reap_for_restart(pids, reap_deadline_ms);
-    if (std::find(healthy.begin(), healthy.end(), true) == healthy.end()) {
-        return broken = unavailable("--ep: no healthy rank left after " + which);
-    }
-    DSI_RETURN_IF_ERROR(start_healthy(*this, healthy).status());
-    return true;
+    // The reap (up to reap_deadline_ms: a rank lost before the group attached leaves the
+    // others waiting at the attach) and the new group's start run on the fork thread; the
+    // caller (the server's engine loop) goes on serving /metrics and taking requests, and
+    // polls the restart at its next check.
+    const std::string group = name + "-f" + std::to_string(++num_restarts);
+    forker->start([old = std::move(pids), group, which, deadline_ms = reap_deadline_ms,
+                   experts = num_experts, redundant = redundant_per_rank, dp = data_parallel,
+                   extra = extra_args, cancel = &cancel_restart_]() mutable -> Result<Spawned> {
+        const std::vector<bool> healthy = reap_for_restart(old, deadline_ms, cancel);
+        if (cancel->load()) return cancelled("--ep: the instance ended during a failover");
+        if (std::find(healthy.begin(), healthy.end(), true) == healthy.end()) {
+            return unavailable("--ep: no healthy rank left after " + which);
+        }
+        DSI_ASSIGN_OR_RETURN(int ranks, restart_size(healthy, experts, redundant, group));
+        // A front starts every rank of the new group (even one alone).
+        return spawn(ranks, group, /*restarted=*/true, dp, /*first_rank=*/0, extra);
+    });
+    pids.clear();
+    restarting_ = true;
+    return false;
 }
 
 engine::DpRankLink::Ranks EpLaunch::Group::current() const {
@@ -544,7 +613,7 @@ engine::DpRankLink* EpLaunch::dp_link() const {
     return group_ != nullptr && group_->data_parallel ? group_.get() : nullptr;
 }
 
-Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
+Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env, bool grammars) {
     const std::string context = "--ep rank " + std::to_string(rank_);
     if (pipe_fd_ < 0) {  // --ep-attention rank0: experts only
         return engine::run_ep_rank(
@@ -559,13 +628,23 @@ Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env) {
         DSI_RETURN_IF_ERROR(replica.reset_engine(std::move(eo)));
         return replica.engine();
     };
+    // S-SO under the front: the grammars it compiled arrive serialised and are rebuilt
+    // here over this rank's vocabulary (the same tokenizer: the same masks).
+    std::unique_ptr<grammar::PortableMaskBuilder> masks;
+    if (grammars && replica.tokenizer() != nullptr) {
+        grammar::CompileServiceOptions mo;
+        mo.num_workers = 1;
+        masks = std::make_unique<grammar::PortableMaskBuilder>(*replica.tokenizer(), mo);
+    }
     return engine::run_dp_rank(*replica.engine(), *replica.model(), *pipe, env, reset,
-                               report_group_)
+                               report_group_, masks.get())
         .with_context(context);
 }
 
 Status EpLaunch::finish(serving::Replica& replica) {
     if (group_ == nullptr) return Status::ok();  // no --ep
+    // A failover still reaping: the instance ends, the new group is not started.
+    group_->abandon_restart();
     {
         // dp: no more requests; the ranks leave once idle.
         MutexLock lock(&group_->mu);

@@ -18,6 +18,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 namespace dsi {
 
 class ForkThread;  // ep_launch.cc
+struct Spawned;    // ep_launch.cc
 
 struct EpFlags {
     int ep = 1;
@@ -119,8 +121,9 @@ public:
     static constexpr int kPeerLost = 75;
     static int started_rank_exit_code(const Status& s);
     // A started rank's whole run until rank 0 ends the group: the requests its pipe
-    // brings (dp, engine::run_dp_rank) and its peers' MoE exchanges.
-    Status run_started_rank(serving::Replica& replica, Env* env);
+    // brings (dp, engine::run_dp_rank) and its peers' MoE exchanges. `grammars` (serve):
+    // requests may bring grammar masks, rebuilt here (its vocabulary built at the start).
+    Status run_started_rank(serving::Replica& replica, Env* env, bool grammars = false);
     // The front or rank 0, after its engine is done: tells the started ranks no request
     // will come, (rank 0) leaves the group, waiting for the other ranks to be idle, then
     // reaps them; UNAVAILABLE naming the first rank that failed.
@@ -160,13 +163,24 @@ private:
         std::vector<std::shared_ptr<comm::RankPipe>> pipes DSI_GUARDED_BY(mu);
         Ranks current() const override DSI_EXCLUDES(mu);
         // The front's failover (engine/dp_front.h): a rank that exited or whose pipe
-        // ended restarts the group with the healthy ranks.
+        // ended restarts the group with the healthy ranks. The restart (reap, then start)
+        // runs on `forker`; the calls that follow poll it (false until it is done).
         Result<bool> check_ranks(bool pipe_ended) override DSI_EXCLUDES(mu);
+        bool restarting() const override { return restarting_; }
+        // The new group's ranks and pipes: the link's next generation.
+        void install(Spawned spawned) DSI_EXCLUDES(mu);
+        Result<bool> poll_restart() DSI_EXCLUDES(mu);
+        // The instance ends: a restart in flight stops reaping (the old ranks are
+        // killed) and starts nothing. Waits for it.
+        void abandon_restart();
+        // The front's thread (check_ranks), or the owner's after the engine stopped.
+        bool restarting_ = false;
+        std::atomic<bool> cancel_restart_{false};
     };
     // Rank 0's failover: reaps the started ranks, starts the group of the healthy ones.
     static Result<EpRestart> restart(Group& g);
-    // Both: `healthy` ranks (of the old group, by rank) → the new group started, the
-    // link's next generation.
+    // Rank 0's: `healthy` ranks (of the old group, by rank) → the new group started, the
+    // link's next generation (a front's restart: Group::check_ranks).
     static Result<EpRestart> start_healthy(Group& g, const std::vector<bool>& healthy);
 
     bool started_ = false;

@@ -1,5 +1,6 @@
 #include "engine/dp_front.h"
 
+#include <algorithm>
 #include <span>
 #include <utility>
 
@@ -28,11 +29,10 @@ DpFront::~DpFront() = default;
 
 Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback callback) {
     DSI_RETURN_IF_ERROR(sync_link());
-    if (local_ == nullptr && (request.mask != nullptr || request.export_kv)) {
-        return unimplemented(
-            "--ep: a grammar mask (response format) or a KV export needs the engine in the "
-            "process that serves the request, and the --ep front holds no model (start "
-            "the server with --ep-front off to serve them from rank 0)");
+    // A grammar travels as its portable form, the rank rebuilds the mask (run_dp_rank); a
+    // KV export comes back with the finishing event (dp_wire "kv").
+    if (local_ == nullptr && request.mask != nullptr && request.mask->portable_form().empty()) {
+        return unimplemented("--ep: this request's token mask cannot be rebuilt on a rank");
     }
     // A grammar mask, n > 1 and a KV export keep their state in rank 0's process.
     const bool any_rank = local_ == nullptr ? spread_
@@ -305,7 +305,13 @@ Status DpFront::step() {
     DSI_RETURN_IF_ERROR(poll_pipes(&ended, &received));
     if (local_ == nullptr) {
         DSI_RETURN_IF_ERROR(check_front_ranks(ended));
-        if (!received) comm::RankPipe::wait_any_readable(pipes_, kFrontWaitNs);
+        if (link_->restarting()) {
+            // The old pipes have ended (always readable): pause instead of spinning; the
+            // caller's loop goes on (the server's /metrics and queued requests).
+            env_->sleep_ns(kFrontWaitNs);
+        } else if (!received) {
+            comm::RankPipe::wait_any_readable(pipes_, kFrontWaitNs);
+        }
         return Status::ok();
     }
     if (local_->has_work()) return local_->step();
@@ -375,6 +381,7 @@ EngineStats DpFront::stats() const {
         if (group_stats_) ep = *group_stats_;
         ep.num_ranks = num_ranks();
         ep.failovers = failovers_;
+        ep.restarting = link_->restarting();
         for (size_t r = 0; r < reports_.size(); ++r) {
             s.num_live_seqs += reports_[r].running_seqs;
             s.pool.num_used += reports_[r].kv_blocks_used;
@@ -413,7 +420,8 @@ EngineStats DpFront::stats() const {
 }
 
 Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, Env* env,
-                   const ResetEngine& reset_engine, bool report_group_stats) {
+                   const ResetEngine& reset_engine, bool report_group_stats,
+                   grammar::PortableMaskBuilder* masks) {
     (void)env;
     Engine* engine = &first_engine;
     struct Local {
@@ -421,9 +429,54 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
         int32_t live = 1;  // completions not finished (n)
     };
     std::unordered_map<RequestId, Local> engine_id;  // by front id
-    bool ended = false;                              // rank 0 sent the end, or is gone
+    // Requests whose mask is being rebuilt (off this thread: the group keeps stepping).
+    struct Building {
+        RequestId front_id = 0;
+        GenerateRequest request;
+        std::unique_ptr<grammar::CompileHandle> handle;
+    };
+    std::vector<Building> building;
+    bool ended = false;  // rank 0 sent the end, or is gone
     auto send = [&](const std::string& message) {
         if (!pipe.send(message).is_ok()) ended = true;  // rank 0 is gone
+    };
+    auto add = [&](RequestId front_id, GenerateRequest request) {
+        const int32_t n = request.sampling.n;
+        Result<RequestId> id =
+            engine->add_request(std::move(request), [&, front_id](const TokenEvent& ev) {
+                send(dp_wire::encode_event(front_id, ev));
+                auto it = engine_id.find(front_id);
+                if (ev.finished && it != engine_id.end() && --it->second.live <= 0) {
+                    engine_id.erase(it);
+                }
+            });
+        if (id.is_ok()) {
+            engine_id[front_id] = {*id, n};
+        } else {
+            send(dp_wire::encode_error(front_id, id.status()));
+        }
+    };
+    // Adds the requests whose masks are built (in any order: a request's tokens do not
+    // depend on its neighbours); a grammar that does not rebuild fails its request.
+    auto add_built = [&] {
+        bool added = false;
+        for (size_t i = 0; i < building.size();) {
+            Building& b = building[i];
+            if (!b.handle->ready()) {
+                ++i;
+                continue;
+            }
+            grammar::CompileResult built = b.handle->poll();
+            if (built.is_ok()) {
+                b.request.mask = grammar::PortableMaskBuilder::provider(std::move(built).value());
+                add(b.front_id, std::move(b.request));
+            } else {
+                send(dp_wire::encode_error(b.front_id, built.status()));
+            }
+            building.erase(building.begin() + static_cast<std::ptrdiff_t>(i));
+            added = true;
+        }
+        return added;
     };
     dp_wire::RankLoad reported{-1, -1, -1};
     int64_t reported_steps = -1;  // report_group_stats: the group steps last reported
@@ -438,20 +491,21 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
             const RequestId front_id = m.id;
             switch (m.kind) {
                 case dp_wire::Message::Kind::kRequest: {
-                    const int32_t n = m.request.sampling.n;
-                    Result<RequestId> id = engine->add_request(
-                        std::move(m.request), [&, front_id](const TokenEvent& ev) {
-                            send(dp_wire::encode_event(front_id, ev));
-                            auto it = engine_id.find(front_id);
-                            if (ev.finished && it != engine_id.end() && --it->second.live <= 0) {
-                                engine_id.erase(it);
-                            }
-                        });
-                    if (id.is_ok()) {
-                        engine_id[front_id] = {*id, n};
-                    } else {
-                        send(dp_wire::encode_error(front_id, id.status()));
+                    if (!m.has_mask) {
+                        add(front_id, std::move(m.request));
+                        break;
                     }
+                    // S-SO: the grammar the front compiled, rebuilt here over this rank's
+                    // vocabulary: the rank samples, so the mask applies here every step.
+                    Result<std::unique_ptr<grammar::CompileHandle>> handle =
+                        masks != nullptr
+                            ? masks->submit(m.mask_form)
+                            : unimplemented("this --ep rank cannot rebuild grammar masks");
+                    if (!handle.is_ok()) {
+                        send(dp_wire::encode_error(front_id, handle.status()));
+                        break;
+                    }
+                    building.push_back({front_id, std::move(m.request), std::move(handle).value()});
                     break;
                 }
                 case dp_wire::Message::Kind::kAbort: {
@@ -460,13 +514,24 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
                         const RequestId id = it->second.id;  // the abort's callback erases it
                         (void)engine->abort(id);
                     }
+                    auto b = std::find_if(building.begin(), building.end(), [&](const Building& x) {
+                        return x.front_id == front_id;
+                    });
+                    if (b != building.end()) {
+                        // Not in the engine yet: its finish is this rank's to send.
+                        building.erase(b);
+                        TokenEvent aborted;
+                        aborted.finished = true;
+                        aborted.reason = FinishReason::kAbort;
+                        send(dp_wire::encode_event(front_id, aborted));
+                    }
                     break;
                 }
                 case dp_wire::Message::Kind::kEnd:
                     ended = true;
                     break;
                 case dp_wire::Message::Kind::kReset: {
-                    if (!engine_id.empty() || !reset_engine) {
+                    if (!engine_id.empty() || !building.empty() || !reset_engine) {
                         return internal_error(!reset_engine
                                                   ? "dp: rank 0 sent a reset this rank cannot do"
                                                   : "dp: rank 0 sent a reset while " +
@@ -481,6 +546,7 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
                     return internal_error("dp: rank 0 sent a rank message");
             }
         }
+        if (!building.empty() && add_built()) changed = true;
         // The load goes out before this rank may wait in an idle step: rank 0 keeps
         // stepping until every rank's report matches what it knows runs there.
         if (changed) {
@@ -503,7 +569,9 @@ Status run_dp_rank(Engine& first_engine, CausalLm& model, comm::RankPipe& pipe, 
             changed = true;
             continue;
         }
-        DSI_ASSIGN_OR_RETURN(CausalLm::GroupStep step, model.group_idle_step(ended));
+        // (A request whose mask is still building keeps this rank in the group.)
+        DSI_ASSIGN_OR_RETURN(CausalLm::GroupStep step,
+                             model.group_idle_step(ended && building.empty()));
         switch (step) {
             case CausalLm::GroupStep::kNotGrouped:
                 // The group shrank to this rank (a failover): it runs its requests alone.

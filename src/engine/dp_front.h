@@ -33,10 +33,13 @@
 // then re-runs every request that was on a lost rank: as a continuation
 // (GenerateRequest::resume_output = the tokens already delivered), so the tokens that
 // follow are those the first run would have given and nothing is sent twice or lost.
-// Requests that must stay on rank 0 (a grammar mask, n > 1, KV export: their state does
-// not travel) run there; so do all requests when the group has one rank. A front refuses
-// the first and last (UNIMPLEMENTED); an n > 1 request goes to one rank and is re-run
-// only while none of its tokens was delivered (else its completions end with kError).
+// With rank 0 here, requests that keep state in its process (a grammar mask, n > 1, KV
+// export) run there; so do all requests when the group has one rank. A front sends a
+// grammar mask as its portable form (the serialised grammar; the rank rebuilds it:
+// run_dp_rank; a mask without one is UNIMPLEMENTED) and gets a KV export back with the
+// finishing event (dp_wire), for the serving process's hand-over sender; an n > 1
+// request goes to one rank and is re-run only while none of its tokens was delivered
+// (else its completions end with kError).
 //
 // Thread model: DpFront is used by one owner thread (Engine's contract); the link may be
 // changed by the thread that runs rank 0's forward passes (the failover), hence its
@@ -56,6 +59,7 @@
 #include "engine/dp_balance.h"
 #include "engine/dp_wire.h"
 #include "engine/engine.h"
+#include "grammar/mask_provider.h"
 #include "model/causal_lm.h"
 
 namespace dsi::engine {
@@ -77,10 +81,14 @@ public:
     // its end), or a rank process that exited. If so the link restarts the group with the
     // healthy ranks (a new generation; true), or fails with UNAVAILABLE naming the rank
     // (failover off, or no healthy rank). false: every rank is running.
+    // A restart may take long (the old ranks' reap waits up to the attach timeout): a
+    // link may run it in the background, check_ranks returning false until it is done;
+    // meanwhile this is true (the front's thread, as check_ranks).
     virtual Result<bool> check_ranks(bool pipe_ended) {
         (void)pipe_ended;
         return false;
     }
+    virtual bool restarting() const { return false; }
 };
 
 class DpFront final : public StepEngine {
@@ -189,7 +197,13 @@ using ResetEngine = std::function<Result<Engine*>(bool async)>;
 // `report_group_stats` (rank 0 of a front's group): its load reports carry the group's
 // ExpertParallelStats after every group step (the front has no model to ask). A rank
 // whose group shrank to itself (no group) runs its requests alone.
+// `masks`: rebuilds the grammar masks requests bring (dp_wire "mask": the grammar the
+// front compiled, serialised) over this rank's vocabulary, off this thread: the request
+// enters the engine once its mask is built, and the rank samples under it every step
+// (S-SO; a continuation's mask replays the grammar over its resume_output). nullptr:
+// such requests fail (UNIMPLEMENTED, back to the front).
 Status run_dp_rank(Engine& engine, CausalLm& model, comm::RankPipe& pipe, Env* env,
-                   const ResetEngine& reset_engine = nullptr, bool report_group_stats = false);
+                   const ResetEngine& reset_engine = nullptr, bool report_group_stats = false,
+                   grammar::PortableMaskBuilder* masks = nullptr);
 
 }  // namespace dsi::engine

@@ -20,9 +20,36 @@
 #include "comm/shm_group.h"
 #include "comm/test_ranks.h"
 #include "engine/engine_test_util.h"
+#include "grammar/compile_service.h"
+#include "grammar/mask_provider.h"
 
 namespace dsi::engine {
 namespace {
+
+// The grammar tests' vocabulary over the synthetic models' 512 ids: token i is the letter
+// 'a' + i % 26. The grammar: pairs of a first-half and a second-half letter, in either
+// order, so which tokens a step allows depends on the tokens before it.
+constexpr int kVocab = 512;
+std::shared_ptr<const grammar::Vocabulary> letter_vocab() {
+    static const std::shared_ptr<const grammar::Vocabulary> v = [] {
+        std::vector<std::string> tokens;
+        for (int i = 0; i < kVocab; ++i) {
+            tokens.push_back(std::string(1, static_cast<char>('a' + i % 26)));
+        }
+        return grammar::Vocabulary::from_tokens(std::move(tokens), {});
+    }();
+    return v;
+}
+std::shared_ptr<TokenMaskProvider> pairs_mask() {
+    grammar::GrammarSpec spec;
+    spec.kind = grammar::GrammarKind::kRegex;
+    spec.text = "([a-m][n-z]|[n-z][a-m])*";
+    Result<grammar::Grammar> g = grammar::compile_grammar(spec);
+    DSI_CHECK(g.is_ok(), g.status().to_string());
+    return std::make_shared<grammar::GrammarMaskProvider>(
+        std::make_shared<grammar::CompiledGrammar>(std::move(g).value(), letter_vocab()));
+}
+bool first_half(int32_t token) { return token % 26 < 13; }
 
 TEST(DpBalancerTest, FewestSequencesThenFewestKvTokensThenLowestRank) {
     DpBalancer b(3);
@@ -83,6 +110,7 @@ TEST(DpWireTest, ARequestWithEveryFieldRoundTrips) {
     r.deadline_ns = 123456789;
     r.agent_traffic = true;
     r.resume_output = {4, 5};
+    r.mask = pairs_mask();  // travels as its portable form (the serialised grammar)
     Result<dp_wire::Message> m = dp_wire::decode(dp_wire::encode_request(42, r));
     ASSERT_TRUE(m.is_ok()) << m.status().to_string();
     ASSERT_EQ(m->kind, dp_wire::Message::Kind::kRequest);
@@ -109,6 +137,20 @@ TEST(DpWireTest, ARequestWithEveryFieldRoundTrips) {
     EXPECT_EQ(g.deadline_ns, r.deadline_ns);
     EXPECT_EQ(g.agent_traffic, r.agent_traffic);
     EXPECT_EQ(g.resume_output, r.resume_output);
+    ASSERT_TRUE(m->has_mask);
+    EXPECT_EQ(g.mask, nullptr);
+    EXPECT_EQ(m->mask_form, r.mask->portable_form());
+    // The rank's rebuild is the same grammar.
+    grammar::PortableMaskBuilder builder(letter_vocab());
+    auto handle = builder.submit(m->mask_form);
+    ASSERT_TRUE(handle.is_ok());
+    grammar::CompileResult built = (*handle)->wait_for(int64_t{10} * 1000000000);
+    ASSERT_TRUE(built.is_ok()) << built.status().to_string();
+    EXPECT_EQ(grammar::PortableMaskBuilder::provider(*built)->portable_form(), m->mask_form);
+    r.mask = nullptr;
+    m = dp_wire::decode(dp_wire::encode_request(42, r));
+    ASSERT_TRUE(m.is_ok());
+    EXPECT_FALSE(m->has_mask);
 }
 
 TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
@@ -319,7 +361,9 @@ int serving_rank(const std::string& group, int rank, int ranks, int fd) {
     if (!engine.is_ok()) return 11;
     auto pipe = comm::RankPipe::adopt(fd);
     if (!pipe.is_ok()) return 12;
-    Status s = run_dp_rank(**engine, *model, **pipe, Env::default_env());
+    grammar::PortableMaskBuilder masks(letter_vocab());
+    Status s = run_dp_rank(**engine, *model, **pipe, Env::default_env(), nullptr,
+                           /*report_group_stats=*/false, &masks);
     if (!s.is_ok()) std::fprintf(stderr, "rank %d: %s\n", rank, s.to_string().c_str());
     return s.is_ok() ? 0 : 13;
 }
@@ -449,12 +493,16 @@ struct AllowAll : TokenMaskProvider {
     void fill(std::span<const int32_t>, TokenMask&) override {}
 };
 
+// Request 0 (on rank 0, the one killed) samples under a grammar mask: it travels as the
+// serialised grammar, rank 0 rebuilds it, and its re-run on the new group replays the
+// grammar over the tokens already delivered (a continuation).
 TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
     constexpr int kRanks = 3;
     constexpr int kFrontRequests = 3;  // one per rank
     auto request_of = [](int i) {
         GenerateRequest r = request(i);
         r.sampling.max_tokens = 30;
+        if (i == 0) r.mask = pairs_mask();
         return r;
     };
     ModelConfig config = synthetic_preset("tiny-v3").value();
@@ -467,7 +515,7 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
     bad.prompt.push_back(512);
     EXPECT_EQ(front.add_request(bad, nullptr).status().code(), StatusCode::kInvalidArgument);
     bad = request_of(0);
-    bad.mask = std::make_shared<AllowAll>();
+    bad.mask = std::make_shared<AllowAll>();  // a mask with no portable form cannot travel
     EXPECT_EQ(front.add_request(bad, nullptr).status().code(), StatusCode::kUnimplemented);
 
     auto res = std::make_unique<Results>();
@@ -501,6 +549,21 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
     // --ep printed "0 steps" before).
     EXPECT_GT(st.steps, 0);
     EXPECT_GT(st.forward_ns, 0);
+    // A KV export (`serve --ep N --role prefill`): the rank's finishing event brings the
+    // prompt's full blocks back to the front, for its hand-over sender.
+    GenerateRequest ex;
+    ex.prompt = random_prompt(2 * 128 + 20, 900, 500);
+    ex.sampling.max_tokens = 1;
+    ex.sampling.ignore_eos = true;
+    ex.export_kv = true;
+    std::shared_ptr<const kv::KvExport> exported;
+    auto keep_export = [](std::shared_ptr<const kv::KvExport>* out) {
+        return [out](const TokenEvent& ev) {
+            if (ev.finished) *out = ev.kv_export;
+        };
+    };
+    ASSERT_TRUE(front.add_request(ex, keep_export(&exported)).is_ok());
+    while (front.has_work()) ASSERT_TRUE(front.step().is_ok());
     EXPECT_TRUE(link.finish());
 
     // One engine, the whole model, the same requests: the same tokens, bitwise.
@@ -519,6 +582,27 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
             EXPECT_EQ(res->logprob_bits[i][t], ref->logprob_bits[i][t]) << "request " << i;
         }
         EXPECT_EQ(res->reason[i], static_cast<int32_t>(FinishReason::kLength));
+    }
+    // The export is the one engine's, bit for bit.
+    std::shared_ptr<const kv::KvExport> ref_export;
+    ASSERT_TRUE(one->add_request(ex, keep_export(&ref_export)).is_ok());
+    ASSERT_TRUE(one->run().is_ok());
+    ASSERT_NE(exported, nullptr);
+    ASSERT_NE(ref_export, nullptr);
+    EXPECT_EQ(exported->num_blocks(), 2u);
+    EXPECT_EQ(exported->model_id, ref_export->model_id);
+    EXPECT_EQ(exported->dtype, ref_export->dtype);
+    EXPECT_EQ(exported->block_tokens, ref_export->block_tokens);
+    // Under EP the model leaves its MTP layer out (docs/comm.md), and so its KV: the
+    // export holds the main layers, each equal to one engine's.
+    ASSERT_EQ(exported->num_layers() + 1, ref_export->num_layers());
+    for (size_t l = 0; l < exported->num_layers(); ++l) {
+        EXPECT_EQ(exported->layer_block_bytes[l], ref_export->layer_block_bytes[l]);
+        EXPECT_TRUE(exported->layers[l] == ref_export->layers[l]) << "layer " << l;
+    }
+    // The mask held on the rank: request 0's letters alternate halves pairwise.
+    for (int t = 0; t + 1 < 30; t += 2) {
+        EXPECT_NE(first_half(res->tokens[0][t]), first_half(res->tokens[0][t + 1])) << t;
     }
 }
 

@@ -52,17 +52,66 @@ SamplingParams sampling_from(const json& j) {
     return s;
 }
 
+// A KV export (a prefill's hand-over, issue 18) as the rank's finishing event carries
+// it; the layers as MessagePack bin. --ep runs no state-slot model (V4 is refused), so
+// the SWA state never travels: an export with one is not sent (the hand-over is empty).
+json kv_json(const kv::KvExport& x) {
+    json keys = json::array();
+    for (const kvstore::StoreKey& k : x.keys) keys.push_back({k.lo, k.hi});
+    json layers = json::array();
+    for (const std::vector<uint8_t>& l : x.layers) layers.push_back(json::binary(l));
+    return {{"model", x.model_id},
+            {"dtype", x.dtype},
+            {"traffic", static_cast<int>(x.traffic_class)},
+            {"block_tokens", x.block_tokens},
+            {"layer_bytes", x.layer_block_bytes},
+            {"keys", std::move(keys)},
+            {"hashes", x.token_hashes},
+            {"layers", std::move(layers)}};
+}
+
+Result<std::shared_ptr<const kv::KvExport>> kv_from(const json& j) {
+    auto x = std::make_shared<kv::KvExport>();
+    x->model_id = j.at("model").get<std::string>();
+    x->dtype = j.at("dtype").get<uint32_t>();
+    const int traffic = j.at("traffic").get<int>();
+    if (traffic < 0 || traffic >= kvstore::kNumTrafficClasses) {
+        return invalid_argument("dp message: traffic class " + std::to_string(traffic));
+    }
+    x->traffic_class = static_cast<kvstore::TrafficClass>(traffic);
+    x->block_tokens = j.at("block_tokens").get<uint32_t>();
+    x->layer_block_bytes = j.at("layer_bytes").get<std::vector<uint64_t>>();
+    for (const json& k : j.at("keys")) {
+        x->keys.push_back({k.at(0).get<uint64_t>(), k.at(1).get<uint64_t>()});
+    }
+    x->token_hashes = j.at("hashes").get<std::vector<uint64_t>>();
+    for (const json& l : j.at("layers")) x->layers.push_back(l.get_binary());
+    bool ok =
+        x->token_hashes.size() == x->keys.size() && x->layers.size() == x->layer_block_bytes.size();
+    for (size_t l = 0; ok && l < x->layers.size(); ++l) {
+        ok = x->layers[l].size() == x->keys.size() * x->layer_block_bytes[l];
+    }
+    if (!ok) return invalid_argument("dp message: a KV export of inconsistent sizes");
+    return std::shared_ptr<const kv::KvExport>(std::move(x));
+}
+
 }  // namespace
 
 std::string encode_request(RequestId id, const GenerateRequest& r) {
-    return pack({{"t", "req"},
-                 {"id", id},
-                 {"prompt", r.prompt},
-                 {"sampling", sampling_json(r.sampling)},
-                 {"cache_salt", r.cache_salt},
-                 {"deadline_ns", r.deadline_ns},
-                 {"agent_traffic", r.agent_traffic},
-                 {"resume_output", r.resume_output}});
+    json j = {{"t", "req"},
+              {"id", id},
+              {"prompt", r.prompt},
+              {"sampling", sampling_json(r.sampling)},
+              {"cache_salt", r.cache_salt},
+              {"deadline_ns", r.deadline_ns},
+              {"agent_traffic", r.agent_traffic},
+              {"resume_output", r.resume_output},
+              {"export_kv", r.export_kv}};
+    if (r.mask != nullptr) {
+        const std::string form = r.mask->portable_form();
+        j["mask"] = json::binary(std::vector<uint8_t>(form.begin(), form.end()));
+    }
+    return pack(j);
 }
 
 std::string encode_abort(RequestId id) { return pack({{"t", "abort"}, {"id", id}}); }
@@ -74,16 +123,20 @@ std::string encode_reset(bool async) { return pack({{"t", "reset"}, {"async", as
 std::string encode_event(RequestId id, const TokenEvent& e) {
     json top = json::array();
     for (const auto& [token, logprob] : e.top_logprobs) top.push_back({token, logprob});
-    return pack({{"t", "ev"},
-                 {"id", id},
-                 {"index", e.index},
-                 {"token", e.token},
-                 {"text", e.text},
-                 {"logprob", e.logprob},
-                 {"top", std::move(top)},
-                 {"finished", e.finished},
-                 {"reason", static_cast<int>(e.reason)},
-                 {"cached", e.cached_prompt_tokens}});
+    json j = {{"t", "ev"},
+              {"id", id},
+              {"index", e.index},
+              {"token", e.token},
+              {"text", e.text},
+              {"logprob", e.logprob},
+              {"top", std::move(top)},
+              {"finished", e.finished},
+              {"reason", static_cast<int>(e.reason)},
+              {"cached", e.cached_prompt_tokens}};
+    if (e.kv_export != nullptr && e.kv_export->swa_state == nullptr) {
+        j["kv"] = kv_json(*e.kv_export);
+    }
+    return pack(j);
 }
 
 std::string encode_error(RequestId id, const Status& error) {
@@ -128,6 +181,12 @@ Result<Message> decode(const std::string& text) {
             m.request.deadline_ns = j.at("deadline_ns").get<int64_t>();
             m.request.agent_traffic = j.at("agent_traffic").get<bool>();
             m.request.resume_output = j.at("resume_output").get<std::vector<int32_t>>();
+            m.request.export_kv = j.at("export_kv").get<bool>();
+            if (auto it = j.find("mask"); it != j.end()) {
+                const std::vector<uint8_t>& form = it->get_binary();
+                m.mask_form.assign(form.begin(), form.end());
+                m.has_mask = true;
+            }
         } else if (t == "abort") {
             m.kind = Message::Kind::kAbort;
             m.id = j.at("id").get<RequestId>();
@@ -154,6 +213,9 @@ Result<Message> decode(const std::string& text) {
             }
             m.event.reason = static_cast<FinishReason>(reason);
             m.event.cached_prompt_tokens = j.at("cached").get<int64_t>();
+            if (auto kv = j.find("kv"); kv != j.end()) {
+                DSI_ASSIGN_OR_RETURN(m.event.kv_export, kv_from(*kv));
+            }
         } else if (t == "err") {
             m.kind = Message::Kind::kError;
             m.id = j.at("id").get<RequestId>();

@@ -9,17 +9,21 @@
 //                      "reset" {async}         start a fresh engine (empty prefix cache,
 //                                              the async step loop on or off); sent only
 //                                              while no request runs there (benchmarks)
-//   rank r -> front    "ev"    {id, event}     one TokenEvent of request id
+//   rank r -> front    "ev"    {id, event[, kv]}  one TokenEvent of request id; kv: the
+//                                              finishing event's KV export (export_kv:
+//                                              the blocks, layers as bin), which the
+//                                              front's hand-over sender sends on
 //                      "err"   {id, code, msg} add_request refused it (nothing ran)
 //                      "load"  {running, used, blocks[, ep]}  the rank's sequences and
 //                                              KV blocks in use, sent when they change;
 //                                              `ep`: the group's ExpertParallelStats
 //                                              (rank 0 of a front with no model, after
 //                                              every group step: /metrics)
-// Every GenerateRequest field travels except the ones a request that may leave the front's
-// process cannot have (mask, export_kv: DpFront keeps those requests on rank 0's own
-// engine, or refuses them when it has none) and deadline_ns is
-// passed as is (Env clocks are CLOCK_MONOTONIC, one per host). A field added to
+// Every GenerateRequest field travels: deadline_ns as is (Env clocks are CLOCK_MONOTONIC,
+// one per host); a grammar mask as its portable form (TokenMaskProvider::portable_form:
+// the serialised grammar, in "mask" as MessagePack bin), which the rank rebuilds
+// (Message::mask_form; run_dp_rank). With rank 0 in the front's process (bench offline)
+// DpFront keeps masked and exporting requests on rank 0's own engine. A field added to
 // GenerateRequest or SamplingParams must be added here: dp_front_test round-trips a
 // request with every field set.
 #pragma once
@@ -56,7 +60,10 @@ struct RankCounters {
 struct Message {
     enum class Kind { kRequest, kAbort, kEnd, kReset, kEvent, kError, kLoad } kind = Kind::kEnd;
     RequestId id = 0;
-    GenerateRequest request;
+    GenerateRequest request;  // its mask is null: see mask_form
+    // kRequest with a mask (has_mask): its portable form, for the rank to rebuild.
+    bool has_mask = false;
+    std::string mask_form;
     TokenEvent event;
     std::vector<std::pair<int32_t, float>> top_logprobs;
     Status error;

@@ -90,4 +90,40 @@ GrammarMaskProvider::Stats GrammarMaskProvider::stats() const {
     return stats_;
 }
 
+namespace {
+CompileServiceOptions deserialising(CompileServiceOptions o) {
+    o.compile = [](const GrammarSpec& spec) { return Grammar::deserialize(spec.text); };
+    return o;
+}
+}  // namespace
+
+PortableMaskBuilder::PortableMaskBuilder(std::shared_ptr<const Vocabulary> vocab,
+                                         CompileServiceOptions options)
+    : vocab_(std::move(vocab)), service_(deserialising(std::move(options))) {}
+
+PortableMaskBuilder::PortableMaskBuilder(const Tokenizer& tokenizer, CompileServiceOptions options)
+    : vocab_thread_([this, &tokenizer] { vocab_ = Vocabulary::from_tokenizer(tokenizer); }),
+      service_(deserialising(std::move(options))) {}
+
+PortableMaskBuilder::~PortableMaskBuilder() {
+    if (vocab_thread_.joinable()) vocab_thread_.join();
+}
+
+Result<std::unique_ptr<CompileHandle>> PortableMaskBuilder::submit(const std::string& portable) {
+    std::call_once(vocab_once_, [this] {
+        if (vocab_thread_.joinable()) vocab_thread_.join();
+    });
+    // The kind only keys the cache (text taken as given); the compile function above
+    // deserialises whatever the kind.
+    GrammarSpec spec;
+    spec.kind = GrammarKind::kEbnf;
+    spec.text = portable;
+    return service_.submit(spec, vocab_);
+}
+
+std::shared_ptr<TokenMaskProvider> PortableMaskBuilder::provider(
+    std::shared_ptr<const CompiledGrammar> grammar) {
+    return std::make_shared<GrammarMaskProvider>(std::move(grammar));
+}
+
 }  // namespace dsi::grammar

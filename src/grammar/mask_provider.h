@@ -27,10 +27,15 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "grammar/compile_service.h"
 #include "grammar/matcher.h"
+#include "grammar/vocabulary.h"
 #include "sampling/sampler.h"
+#include "tokenizer/tokenizer.h"
 
 namespace dsi::grammar {
 
@@ -40,6 +45,9 @@ public:
                                  int max_matchers = 8);
 
     void fill(std::span<const int32_t> output, TokenMask& allowed) override;
+    // The serialised Grammar (Grammar::serialize): PortableMaskBuilder rebuilds this
+    // provider from it in another process.
+    std::string portable_form() const override { return grammar_->grammar().serialize(); }
 
     struct Stats {
         int64_t fills = 0;
@@ -68,6 +76,40 @@ private:
     TokenBitmask scratch_;     // GUARDED_BY(mu_)
     uint64_t clock_ = 0;       // GUARDED_BY(mu_)
     Stats stats_;              // GUARDED_BY(mu_)
+};
+
+// Rebuilds GrammarMaskProviders from their portable form (the serialised Grammar a
+// compile made) in another process over the same tokenizer's vocabulary: an --ep rank
+// samples the requests whose grammars the front with no model compiled
+// (engine/dp_front.h). The same Grammar over the same vocabulary gives the same masks,
+// so the rank's tokens are the front's would-be tokens bit for bit, and no schema is
+// parsed twice. It is a CompileService whose compile function deserialises: the same
+// cache (keyed by the bytes), de-duplication, shared position tables and worker threads
+// as a compile, so the caller (the rank's step loop) never waits on a build.
+//
+// Thread model: thread-safe (as CompileService).
+class PortableMaskBuilder {
+public:
+    // REQUIRES: vocab != nullptr (the tokenizer's, as the compiling process's).
+    explicit PortableMaskBuilder(std::shared_ptr<const Vocabulary> vocab,
+                                 CompileServiceOptions options = {});
+    // Over `tokenizer`'s vocabulary, built on a thread started here (tens of ms at the V3
+    // vocabulary; a submit waits for it), so a rank's first grammar does not stall its
+    // group's steps. REQUIRES: `tokenizer` outlives this.
+    explicit PortableMaskBuilder(const Tokenizer& tokenizer, CompileServiceOptions options = {});
+    ~PortableMaskBuilder();  // joins the vocabulary's thread
+    // Starts rebuilding (or finds cached) the grammar of `portable`; bytes that are not a
+    // serialised Grammar are DATA_LOSS at the handle.
+    Result<std::unique_ptr<CompileHandle>> submit(const std::string& portable);
+    // The engine's provider over a rebuilt grammar.
+    static std::shared_ptr<TokenMaskProvider> provider(
+        std::shared_ptr<const CompiledGrammar> grammar);
+
+private:
+    std::shared_ptr<const Vocabulary> vocab_;  // written by vocab_thread_, then read
+    std::thread vocab_thread_;                 // joined once (vocab_once_) before a read
+    std::once_flag vocab_once_;
+    CompileService service_;
 };
 
 }  // namespace dsi::grammar

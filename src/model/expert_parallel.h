@@ -112,6 +112,7 @@ struct ExpertParallelOptions {
 struct ExpertParallelStats {
     int num_ranks = 1;              // the group's ranks now (after failovers)
     int64_t failovers = 0;          // restarts with the healthy ranks (S-DEPLOY)
+    bool restarting = false;        // a front's group restart is in progress (reap, start)
     int64_t steps = 0;              // group forward passes
     int64_t placement_changes = 0;  // switches to a new placement, all ranks at once
     // Rows each rank's experts computed since the start, all MoE layers ([num_ranks]).

@@ -87,6 +87,9 @@ class TokenMaskProvider {
 public:
     virtual ~TokenMaskProvider() = default;
     virtual void fill(std::span<const int32_t> output, TokenMask& allowed) = 0;
+    // The provider in a form another process rebuilds an equal one from (an --ep rank
+    // that samples the request: engine/dp_front.h); "" when it cannot travel.
+    virtual std::string portable_form() const { return {}; }
 };
 
 struct SampleContext {

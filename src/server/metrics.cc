@@ -239,6 +239,9 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
         counter(&out, "dsinfer_ep_failovers_total",
                 "--ep group restarts with the healthy ranks after a rank died (S-DEPLOY)",
                 static_cast<double>(ep.failovers));
+        gauge(&out, "dsinfer_ep_restarting",
+              "1 while the --ep front restarts its group (the old ranks' reap, the new start)",
+              ep.restarting ? 1 : 0);
     }
     if (!s.engine.dp_ranks.empty()) {
         // Issue 19: attention data parallelism over the --ep ranks (engine/dp_front.h):
