@@ -167,16 +167,19 @@ void SwaDirectory::set_engines(const std::map<std::string, uint64_t>& live) {
     }
 }
 
-void SwaDirectory::expire(int64_t now_ns) {
-    if (settings_.entry_ttl_ns <= 0) return;
+std::vector<std::string> SwaDirectory::expire(int64_t now_ns) {
+    std::vector<std::string> out;
+    if (settings_.entry_ttl_ns <= 0) return out;
     for (auto it = last_announce_ns_.begin(); it != last_announce_ns_.end();) {
         if (now_ns - it->second > settings_.entry_ttl_ns) {
+            out.push_back(it->first);
             erase_engine(it->first);
             it = last_announce_ns_.erase(it);
         } else {
             ++it;
         }
     }
+    return out;
 }
 
 std::vector<SwaHolder> SwaDirectory::holders(const SwaStateId& id) const {

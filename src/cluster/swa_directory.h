@@ -102,8 +102,9 @@ public:
     // Membership: the live engines and their incarnations. Entries of others, and of
     // other incarnations, are dropped.
     void set_engines(const std::map<std::string, uint64_t>& live);
-    // Drops the entries of engines not heard from for entry_ttl_ns (no-op when it is 0).
-    void expire(int64_t now_ns);
+    // Drops the entries of engines not heard from for entry_ttl_ns (no-op when it is 0);
+    // returns those engines (their next announcement should be a snapshot).
+    std::vector<std::string> expire(int64_t now_ns);
 
     // The holders of `id`, most recently announced first (empty: none known).
     std::vector<SwaHolder> holders(const SwaStateId& id) const;

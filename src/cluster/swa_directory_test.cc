@@ -151,7 +151,7 @@ TEST(SwaDirectoryTest, EnginesNotHeardFromAgeOut) {
     ASSERT_TRUE(d.announce(changes("e1", 1, {state(1)}), 0).is_ok());
     ASSERT_TRUE(d.announce(changes("e2", 1, {state(2)}), 0).is_ok());
     ASSERT_TRUE(d.announce(changes("e1", 1, {}), 90).is_ok());  // nothing new: still heard
-    d.expire(150);
+    EXPECT_EQ(d.expire(150), std::vector<std::string>{"e2"});
     EXPECT_TRUE(d.contains(state(1)));
     EXPECT_FALSE(d.contains(state(2)));
     d.expire(191);

@@ -46,6 +46,7 @@ struct Route {
 
 Route route_of(std::string_view path, std::optional<Endpoint> endpoint, bool engine_rpc) {
     if (engine_rpc && path == kEngineRpcPath) return {RouteKind::kEngineRpc, "POST", "engine_rpc"};
+    if (engine_rpc && path == kSwaStatesPath) return {RouteKind::kSwaStates, "GET", "swa_states"};
     if (path == "/health") return {RouteKind::kHealth, "GET", "health"};
     if (path == "/ready") return {RouteKind::kReady, "GET", "ready"};
     if (path == "/metrics") return {RouteKind::kMetrics, "GET", "metrics"};
@@ -169,7 +170,8 @@ HeadVerdict check_head(const RequestHead& head, const HeadPolicy& policy) {
         return expects_continue || len > kDropLimitBytes ? 0 : len;
     };
 
-    const bool is_api = path.rfind("/v1/", 0) == 0 || route.kind == RouteKind::kEngineRpc;
+    const bool is_api = path.rfind("/v1/", 0) == 0 || route.kind == RouteKind::kEngineRpc ||
+                        route.kind == RouteKind::kSwaStates;
     const bool need_key = policy.api_keys != nullptr && !policy.api_keys->empty();
     const ApiKey* key = need_key ? authorized_key(head, *policy.api_keys) : nullptr;
     if (key != nullptr) v.key_salt = key->cache_salt;

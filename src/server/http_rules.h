@@ -48,11 +48,22 @@ struct HeadPolicy {
     int64_t max_body_bytes = int64_t{4} << 20;
     int64_t retry_after_s = 1;
     bool draining = false;
-    // POST /internal/v1/generate (engine_rpc.h) is routed; otherwise it is a 404.
+    // POST /internal/v1/generate and GET /internal/v1/swa_states (engine_rpc.h) are
+    // routed; otherwise they are a 404.
     bool engine_rpc = false;
 };
 
-enum class RouteKind { kHealth, kReady, kMetrics, kModels, kWeb, kGenerate, kEngineRpc, kNone };
+enum class RouteKind {
+    kHealth,
+    kReady,
+    kMetrics,
+    kModels,
+    kWeb,
+    kGenerate,
+    kEngineRpc,
+    kSwaStates,
+    kNone
+};
 
 // What to do with a request after its head.
 struct HeadVerdict {
