@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "base/check.h"
+#include "base/clock.h"
 #include "base/logging.h"
 
 namespace dsi::server {
@@ -77,6 +78,7 @@ void SwaPullService::loop() {
             hand_on(std::move(job));
             continue;
         }
+        const int64_t start_ns = steady_clock_ns();
         Result<kv::SwaState> st =
             serving::fetch_swa_state(*transport_, *job.generation.swa_pull, options_.fetch);
         Status put = st.status();
@@ -90,6 +92,7 @@ void SwaPullService::loop() {
             if (put.is_ok()) {
                 ++stats_.num_pulls;
                 stats_.bytes += bytes;
+                stats_.micros += (steady_clock_ns() - start_ns) / 1000;
             } else {
                 ++stats_.num_failed;
             }
@@ -135,6 +138,8 @@ ServiceStats SwaPullService::stats_snapshot() const {
         {"swa_state_pulls_skipped_total", "SWA state pulls skipped (queue full)", p.num_skipped});
     s.extra_counters.push_back(
         {"swa_state_pull_bytes_total", "bytes of the pulled SWA states", p.bytes});
+    s.extra_counters.push_back({"swa_state_pull_microseconds_total",
+                                "time of the successful SWA state pulls, summed", p.micros});
     return s;
 }
 

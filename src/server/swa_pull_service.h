@@ -35,6 +35,7 @@ struct SwaPullStats {
     int64_t num_held = 0;     // asked for a state the pool already held
     int64_t num_skipped = 0;  // queue full
     int64_t bytes = 0;        // pulled state bytes
+    int64_t micros = 0;       // time of the successful pulls (connect to pool put), summed
 };
 
 class SwaPullService final : public GenerationService {

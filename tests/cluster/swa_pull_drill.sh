@@ -73,5 +73,7 @@ hits="$(metric "$router_port" dsinfer_router_swa_state_hits_total)"
 [[ "${exact:-0}" -eq 1 && "${replays:-1}" -eq 0 ]] ||
   fail "drill 2: engine-a's exact SWA hits $exact, replays $replays (want 1, 0)"
 [[ -n "$want" && "$got" == "$want" ]] || fail "drill 2: B's answer differs from one engine's"
-echo "drill 2: engine-a pulled engine-b's SWA state, one exact SWA hit, no replay; answer == one engine's"
+pull_us="$(metric "$a_port" dsinfer_swa_state_pull_microseconds_total)"
+pull_bytes="$(metric "$a_port" dsinfer_swa_state_pull_bytes_total)"
+echo "drill 2: engine-a pulled engine-b's SWA state ($pull_bytes bytes in $pull_us us), one exact SWA hit, no replay; answer == one engine's"
 echo "PASS"
