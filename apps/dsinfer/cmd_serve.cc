@@ -486,14 +486,22 @@ int run_router(const ServeFlags& f) {
         ro.swa_chain_keys = [id = rep.cache_identity()](const engine::GenerateRequest& r) {
             return kv::chain_keys(r.prompt, kv::make_salt(id, r.cache_salt));
         };
+        // Routers of one cluster share their API keys: a lookup at another router carries
+        // this router's first one.
+        if (!keys->empty()) ro.swa_directory.router_api_key = keys->front().key;
     }
     router::RemoteService remote(ro);
     Result<std::vector<membership::Member>> engines =
         (*registry)->watch([&remote](const membership::MemberChange& c) { remote.apply(c); });
     if (!engines.is_ok()) return fail(engines.status(), "router");  // (they came as joins)
     server::Metrics metrics;
-    Result<std::unique_ptr<server::HttpServer>> srv = server::HttpServer::create(
-        &ctx, &remote, &metrics, server_options(f, std::move(keys).value()));
+    server::ServerOptions router_so = server_options(f, std::move(keys).value());
+    if (router::SwaDirectoryService* d = remote.swa_directory()) {
+        // Other routers ask this one about the SWA states in its part of the directory.
+        router_so.swa_lookup = [d](std::string_view target) { return d->answer_lookup(target); };
+    }
+    Result<std::unique_ptr<server::HttpServer>> srv =
+        server::HttpServer::create(&ctx, &remote, &metrics, std::move(router_so));
     if (!srv.is_ok()) return fail(srv.status(), "router");
     membership::Member self = self_record(f, membership::Role::kRouter, (*srv)->port());
     if (router::SwaDirectoryService* d = remote.swa_directory()) d->set_self_id(self.id);

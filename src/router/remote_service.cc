@@ -937,6 +937,10 @@ server::ServiceStats RemoteService::stats_snapshot() const {
              d.num_poll_failures},
             {"router_swa_routers", "routers the SWA directory's keys are split over",
              d.num_routers},
+            {"router_swa_remote_lookups_total", "lookups at the router owning the keys",
+             d.num_remote_lookups},
+            {"router_swa_remote_lookup_failures_total", "of which unanswered (planned as no state)",
+             d.num_remote_lookup_failures},
         };
         s.extra_counters.insert(s.extra_counters.end(), swa.begin(), swa.end());
     }

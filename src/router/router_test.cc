@@ -50,13 +50,15 @@ class ServerThread {
 public:
     ServerThread(const server::ApiContext* ctx, server::GenerationService* service, bool engine_rpc,
                  int64_t drain_grace_ms = 2000,
-                 std::function<std::string(std::string_view)> swa_states = nullptr) {
+                 std::function<std::string(std::string_view)> swa_states = nullptr,
+                 std::function<std::string(std::string_view)> swa_lookup = nullptr) {
         server::ServerOptions o;
         o.port = 0;
         o.num_io_threads = 1;
         o.drain_grace_ms = drain_grace_ms;
         o.engine_rpc = engine_rpc;
         o.swa_states = std::move(swa_states);
+        o.swa_lookup = std::move(swa_lookup);
         auto s = server::HttpServer::create(ctx, service, &metrics_, o);
         EXPECT_TRUE(s.is_ok()) << s.status().to_string();
         server_ = std::move(s).value();
@@ -1048,6 +1050,94 @@ TEST(Router, AV4PrefixHitPullsTheSwaStateFromTheEngineThatHoldsIt) {
     EXPECT_EQ(puller.pull->pull_stats().num_failed, 1);  // NOT_FOUND at the holder
     EXPECT_EQ(holder.fetch->stats().num_not_found, 1);
     EXPECT_EQ(puller.service->stats_snapshot().engine.swa.total().swa_exact_hits, 1);
+}
+
+// Two routers split the SWA directory's keys (swa_owner) and ask each other for the
+// rest: every key is found from either router, each holds only its part, and a router
+// that stops answering costs the other only the state (a replay plan, counted).
+TEST(Router, TheSwaDirectoryIsSplitOverRoutersThatAskEachOther) {
+    server::ApiContext ctx = context();
+    RemoteService idle;  // the servers' generation service (never used)
+    std::vector<std::vector<kv::BlockKey>> chains;
+    std::vector<kv::SwaStateKey> states;
+    for (uint64_t i = 0; i < 16; ++i) {
+        chains.push_back({kv::BlockKey{i, 1}, kv::BlockKey{i, 2}});
+        states.push_back(kv::swa_state_key(chains.back(), 256));
+    }
+    ServerThread engine(&ctx, &idle, /*engine_rpc=*/true, 2000, [states](std::string_view) {
+        server::SwaAnnouncementReply r;
+        r.incarnation = 1;
+        r.fetch_address = "127.0.0.1:1";
+        r.changes.next = 1;
+        r.changes.snapshot = true;
+        r.changes.added = states;
+        return server::encode_swa_announcement(r);
+    });
+    SwaDirectoryServiceOptions o1;
+    o1.self_id = "r1";
+    o1.poll_interval_ms = 3600 * 1000;
+    o1.lookup_timeout_ms = 5000;
+    SwaDirectoryServiceOptions o2 = o1;
+    o2.self_id = "r2";
+    SwaDirectoryService d1(o1), d2(o2);
+    ServerThread s1(&ctx, &idle, false, 2000, nullptr,
+                    [&d1](std::string_view t) { return d1.answer_lookup(t); });
+    ServerThread s2(&ctx, &idle, false, 2000, nullptr,
+                    [&d2](std::string_view t) { return d2.answer_lookup(t); });
+    const std::vector<membership::Member> members = {
+        member("r1", s1.port(), membership::Role::kRouter),
+        member("r2", s2.port(), membership::Role::kRouter), member("e", engine.port())};
+    d1.set_members(members);
+    d2.set_members(members);
+    for (int i = 0; i < 500; ++i) {
+        d1.poll_now();
+        d2.poll_now();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (d1.stats().directory.announcements >= 1 && d2.stats().directory.announcements >= 1) {
+            break;
+        }
+    }
+    const int64_t n1 = d1.stats().directory.num_states, n2 = d2.stats().directory.num_states;
+    EXPECT_EQ(n1 + n2, 16);  // each holds its part
+    EXPECT_GT(n1, 0);
+    EXPECT_GT(n2, 0);
+    EXPECT_EQ(d1.stats().num_routers, 2);
+    for (size_t i = 0; i < chains.size(); ++i) {
+        for (SwaDirectoryService* d : {&d1, &d2}) {
+            const SwaRoutePlan p = d->plan(chains[i], 400, 256);
+            EXPECT_EQ(p.plan.kind, kv::SwaHitKind::kExact) << i;
+            EXPECT_EQ(p.plan.hit_tokens, 256);
+            EXPECT_EQ(p.key, states[i]);
+            ASSERT_EQ(p.holders.size(), 1u) << i;
+            EXPECT_EQ(p.holders[0].engine, "e");
+        }
+    }
+    // A plan asks about L1 = 256 and L1 - 128 = 128: one lookup when the other router
+    // owns either key.
+    const std::vector<std::string> routers = {"r1", "r2"};
+    int64_t asks_r2 = 0, asks_r1 = 0;
+    for (const auto& chain : chains) {
+        const int o256 = cluster::swa_owner(to_state_id(kv::swa_state_key(chain, 256)), routers);
+        const int o128 = cluster::swa_owner(to_state_id(kv::swa_state_key(chain, 128)), routers);
+        asks_r2 += (o256 == 1 || o128 == 1) ? 1 : 0;
+        asks_r1 += (o256 == 0 || o128 == 0) ? 1 : 0;
+    }
+    EXPECT_EQ(d1.stats().num_remote_lookups, asks_r2);
+    EXPECT_EQ(d2.stats().num_remote_lookups, asks_r1);
+    EXPECT_EQ(d1.stats().num_remote_lookup_failures, 0);
+    // r2 stops answering: its keys are a replay at r1 (hit 256 - 128), never an error.
+    s2.stop();
+    int64_t replays = 0;
+    for (const auto& chain : chains) {
+        const SwaRoutePlan p = d1.plan(chain, 400, 256);
+        if (p.plan.kind == kv::SwaHitKind::kReplay) {
+            ++replays;
+            EXPECT_EQ(p.plan.hit_tokens, 128);
+            EXPECT_TRUE(p.holders.empty());
+        }
+    }
+    EXPECT_EQ(replays, n2);
+    EXPECT_EQ(d1.stats().num_remote_lookup_failures, asks_r2);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ SwaDirectoryService::~SwaDirectoryService() {
     {
         MutexLock l(&mu_);
         for (auto& [id, p] : peers_) clients.push_back(std::move(p.client));
+        for (auto& [id, c] : router_clients_) clients.push_back(std::move(c));
         for (auto& c : retired_) clients.push_back(std::move(c));
         retired_.clear();
     }
@@ -44,6 +45,11 @@ void SwaDirectoryService::add_locked(const membership::Member& m) {
         if (std::find(routers_.begin(), routers_.end(), m.id) == routers_.end()) {
             routers_.push_back(m.id);
             std::sort(routers_.begin(), routers_.end());
+        }
+        if (m.id != self_id_ && !m.address.empty() && router_clients_.count(m.id) == 0) {
+            const size_t colon = m.address.rfind(':');
+            router_clients_[m.id] = std::make_shared<net::HttpClient>(
+                net::HttpTarget{m.address.substr(0, colon), m.address.substr(colon + 1), ""});
         }
         return;
     }
@@ -66,6 +72,10 @@ void SwaDirectoryService::add_locked(const membership::Member& m) {
 
 void SwaDirectoryService::remove_locked(const std::string& id) {
     routers_.erase(std::remove(routers_.begin(), routers_.end(), id), routers_.end());
+    if (auto r = router_clients_.find(id); r != router_clients_.end()) {
+        retired_.push_back(std::move(r->second));
+        router_clients_.erase(r);
+    }
     auto it = peers_.find(id);
     if (it == peers_.end()) return;
     it->second.client->cancel_all();
@@ -220,34 +230,102 @@ void SwaDirectoryService::loop() {
 
 SwaRoutePlan SwaDirectoryService::plan(std::span<const kv::BlockKey> chain, int64_t input_tokens,
                                        int64_t block_hit_tokens) {
-    auto key_at = [&](int64_t pos) { return kv::swa_state_key(chain, pos); };
-    MutexLock l(&mu_);
-    // The rule asks only for positions <= the block hit (<= the chain's length).
-    const int64_t n =
-        std::min<int64_t>(block_hit_tokens / kv::kBlockTokens, static_cast<int64_t>(chain.size()));
-    std::vector<bool> held(static_cast<size_t>(n) + 1, false);  // by position / 128
-    for (int64_t b = 1; b <= n; ++b) {
-        const cluster::SwaStateId id = to_state_id(key_at(b * kv::kBlockTokens));
-        held[static_cast<size_t>(b)] = owned_locked(id) && directory_.contains(id);
+    // The positions the rule asks about (L1, then L1 - 128): a probe with no states.
+    std::vector<int64_t> asked;
+    const bool probed = kv::plan_swa_hit(input_tokens, block_hit_tokens, [&asked](int64_t pos) {
+                            asked.push_back(pos);
+                            return false;
+                        }).is_ok();
+    DSI_CHECK(probed, "SwaDirectoryService::plan: malformed hit");
+    std::map<int64_t, std::vector<cluster::SwaHolder>> found;  // by position
+    // Keys other routers own, by owner; asked there without the lock.
+    std::map<std::string, std::vector<kv::SwaStateKey>> remote;
+    std::map<std::string, std::shared_ptr<net::HttpClient>> clients;
+    {
+        MutexLock l(&mu_);
+        for (int64_t pos : asked) {
+            if (pos / kv::kBlockTokens > static_cast<int64_t>(chain.size())) continue;
+            const kv::SwaStateKey key = kv::swa_state_key(chain, pos);
+            const cluster::SwaStateId id = to_state_id(key);
+            if (owned_locked(id)) {
+                found[pos] = directory_.holders(id);
+                continue;
+            }
+            const std::string& owner =
+                routers_[static_cast<size_t>(cluster::swa_owner(id, routers_))];
+            auto c = router_clients_.find(owner);
+            if (c == router_clients_.end()) continue;
+            remote[owner].push_back(key);
+            clients[owner] = c->second;
+        }
     }
-    auto has_state = [&held](int64_t pos) {
-        const int64_t b = pos / kv::kBlockTokens;
-        return b >= 1 && b < static_cast<int64_t>(held.size()) && held[static_cast<size_t>(b)];
+    int64_t num_remote = 0;
+    int64_t num_failed = 0;
+    for (const auto& [owner, keys] : remote) {
+        ++num_remote;
+        net::HttpRequest req;
+        req.method = "GET";
+        req.path = server::encode_swa_lookup_target(keys);
+        req.timeout_ms = options_.lookup_timeout_ms;
+        if (!options_.router_api_key.empty()) {
+            req.headers.emplace_back("Authorization", "Bearer " + options_.router_api_key);
+        }
+        Result<net::HttpResponse> r = net::fetch(*clients.at(owner), std::move(req));
+        Result<std::vector<server::SwaLookupHeld>> held =
+            r.is_ok() && r->status == 200
+                ? server::decode_swa_lookup_answer(r->body)
+                : Result<std::vector<server::SwaLookupHeld>>(unavailable("no answer"));
+        if (!held.is_ok()) {
+            ++num_failed;
+            continue;
+        }
+        for (const server::SwaLookupHeld& h : *held) {
+            for (const kv::SwaStateKey& k : keys) {
+                if (!(k == h.key)) continue;
+                for (const std::string& e : h.engines) {
+                    found[k.position].push_back(cluster::SwaHolder{e, 0, 0});
+                }
+            }
+        }
+    }
+    auto has_state = [&found](int64_t pos) {
+        auto it = found.find(pos);
+        return it != found.end() && !it->second.empty();
     };
     Result<kv::SwaHitPlan> p = kv::plan_swa_hit(input_tokens, block_hit_tokens, has_state);
     DSI_CHECK(p.is_ok(), p.status().to_string());
     SwaRoutePlan out;
     out.plan = *p;
+    if (p->swa_hit() && p->swa_state_position > 0) {
+        out.key = kv::swa_state_key(chain, p->swa_state_position);
+        out.holders = found[p->swa_state_position];
+    }
+    MutexLock l(&mu_);
     ++stats_.num_lookups;
+    stats_.num_remote_lookups += num_remote;
+    stats_.num_remote_lookup_failures += num_failed;
     stats_.block_hit_tokens += p->block_hit_tokens;
     stats_.hit_tokens += p->hit_tokens;
     if (p->swa_hit()) ++stats_.num_state_hits;
     if (p->kind == kv::SwaHitKind::kReplay) ++stats_.num_replays;
-    if (p->swa_hit() && p->swa_state_position > 0) {
-        out.key = key_at(p->swa_state_position);
-        out.holders = directory_.holders(to_state_id(out.key));
-    }
     return out;
+}
+
+std::string SwaDirectoryService::answer_lookup(std::string_view target) const {
+    Result<std::vector<kv::SwaStateKey>> keys = server::decode_swa_lookup_target(target);
+    std::vector<server::SwaLookupHeld> held;
+    if (keys.is_ok()) {
+        MutexLock l(&mu_);
+        for (const kv::SwaStateKey& k : *keys) {
+            server::SwaLookupHeld h;
+            h.key = k;
+            for (const cluster::SwaHolder& e : directory_.holders(to_state_id(k))) {
+                h.engines.push_back(e.engine);
+            }
+            if (!h.engines.empty()) held.push_back(std::move(h));
+        }
+    }
+    return server::encode_swa_lookup_answer(held);
 }
 
 std::vector<cluster::SwaHolder> SwaDirectoryService::holders(const kv::SwaStateKey& key) const {

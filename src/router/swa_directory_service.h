@@ -13,8 +13,9 @@
 //
 // Partition: with several routers in membership, each keeps only the keys it owns
 // (cluster::swa_owner over the sorted router ids; this router's id is self_id). A
-// lookup of a key another router owns is not answered here (left: a router-to-router
-// lookup), so it counts as no state: the request takes the S-KV-10 replay price and the
+// lookup of a key another router owns asks that router (GET /internal/v1/swa_lookup,
+// answer_lookup there; at most lookup_timeout_ms, on the caller's thread); an owner that
+// does not answer counts as no state: the request takes the S-KV-10 replay price and the
 // engine its own pool's hit -- never an error.
 //
 // Lookup (plan): S-KV-10 at the router: L1 = min(block hit, the largest multiple of 128
@@ -31,6 +32,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -49,6 +51,8 @@ struct SwaDirectoryServiceOptions {
     std::string engine_api_key;
     int64_t poll_interval_ms = 200;
     int64_t poll_timeout_ms = 2000;
+    std::string router_api_key;      // sent to other routers' lookups ("" = none)
+    int64_t lookup_timeout_ms = 50;  // one lookup at another router
     cluster::SwaDirectorySettings directory{.entry_ttl_ns = int64_t{30} * 1000000000};
 };
 
@@ -67,11 +71,13 @@ struct SwaDirectoryServiceStats {
     int64_t num_answers = 0;        // polls that ended (answered, failed or cancelled)
     int64_t num_poll_failures = 0;  // unreachable, non-200, malformed, stale
     int64_t num_lookups = 0;
-    int64_t num_state_hits = 0;    // a state found in [L1 - 128, L1] (kExact, kCatchUp)
-    int64_t num_replays = 0;       // none found: hit L1 - 128
-    int64_t block_hit_tokens = 0;  // sum of L1
-    int64_t hit_tokens = 0;        // sum of S-KV-10 hits
-    int64_t num_routers = 0;       // routers the keys are split over (>= 1)
+    int64_t num_state_hits = 0;              // a state found in [L1 - 128, L1] (kExact, kCatchUp)
+    int64_t num_replays = 0;                 // none found: hit L1 - 128
+    int64_t block_hit_tokens = 0;            // sum of L1
+    int64_t hit_tokens = 0;                  // sum of S-KV-10 hits
+    int64_t num_routers = 0;                 // routers the keys are split over (>= 1)
+    int64_t num_remote_lookups = 0;          // lookups sent to the owning router
+    int64_t num_remote_lookup_failures = 0;  // unanswered (counted as no state)
 };
 
 class SwaDirectoryService {
@@ -88,10 +94,13 @@ public:
     // This router's membership id (known once it listens); its part of the keys.
     void set_self_id(std::string id);
 
-    // S-KV-10 with the directory. REQUIRES: chain holds the prompt's full-block keys,
-    // 0 <= block_hit_tokens <= input_tokens, block_hit_tokens a multiple of 128.
+    // S-KV-10 with the directory (its own part, and the owners' for the rest). Blocks up
+    // to lookup_timeout_ms per other router asked. REQUIRES: chain holds the prompt's
+    // full-block keys, 0 <= block_hit_tokens <= input_tokens, a multiple of 128.
     SwaRoutePlan plan(std::span<const kv::BlockKey> chain, int64_t input_tokens,
                       int64_t block_hit_tokens);
+    // The body of GET /internal/v1/swa_lookup at this router (its part only).
+    std::string answer_lookup(std::string_view target) const;
     // The engines the directory says hold `key` (no counters change).
     std::vector<cluster::SwaHolder> holders(const kv::SwaStateKey& key) const;
     // Where the engine serves pulls of its states (its last announcement; "" if unknown).
@@ -127,6 +136,7 @@ private:
     cluster::SwaDirectory directory_ DSI_GUARDED_BY(mu_);
     std::map<std::string, Peer> peers_ DSI_GUARDED_BY(mu_);
     std::vector<std::string> routers_ DSI_GUARDED_BY(mu_);  // sorted ids
+    std::map<std::string, std::shared_ptr<net::HttpClient>> router_clients_ DSI_GUARDED_BY(mu_);
     // Clients of engines that left, kept until the service ends (their callbacks may run).
     std::vector<std::shared_ptr<net::HttpClient>> retired_ DSI_GUARDED_BY(mu_);
     SwaDirectoryServiceStats stats_ DSI_GUARDED_BY(mu_);

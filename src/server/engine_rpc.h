@@ -29,6 +29,8 @@ namespace dsi::server {
 inline constexpr std::string_view kEngineRpcPath = "/internal/v1/generate";
 // GET: the engine's SWA-state announcements (swa_announce.h).
 inline constexpr std::string_view kSwaStatesPath = "/internal/v1/swa_states";
+// GET on a router: holders of SWA states in its part of the directory (swa_announce.h).
+inline constexpr std::string_view kSwaLookupPath = "/internal/v1/swa_lookup";
 
 // `timeout_ms` is the time left of the request's deadline (0: none).
 std::string encode_generation(const Generation& g, int64_t timeout_ms);

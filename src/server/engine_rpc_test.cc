@@ -164,6 +164,26 @@ TEST(EngineRpc, SwaAnnouncementsRoundTripAndTheirRouteIsAnEnginesOnly) {
     EXPECT_EQ(swa_announcement_since("/internal/v1/swa_states"), 0u);
     EXPECT_EQ(swa_announcement_since("/internal/v1/swa_states?since=x"), 0u);
 
+    // Router to router: the lookup's query and answer.
+    const std::vector<kv::SwaStateKey> asked = {{kv::BlockKey{1, 2}, 128},
+                                                {kv::BlockKey{~0ULL, 7}, 256}};
+    auto q = decode_swa_lookup_target(encode_swa_lookup_target(asked));
+    ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+    EXPECT_EQ(*q, asked);
+    for (const char* bad : {"/internal/v1/swa_lookup", "/internal/v1/swa_lookup?q=12.128",
+                            "/internal/v1/swa_lookup?q=00000000000000000000000000000001.0"}) {
+        EXPECT_EQ(decode_swa_lookup_target(bad).status().code(), StatusCode::kInvalidArgument)
+            << bad;
+    }
+    std::vector<kv::SwaStateKey> many(kMaxSwaLookupStates + 1, asked[0]);
+    EXPECT_FALSE(decode_swa_lookup_target(encode_swa_lookup_target(many)).is_ok());
+    auto held = decode_swa_lookup_answer(encode_swa_lookup_answer({{asked[1], {"e1", "e2"}}}));
+    ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+    ASSERT_EQ(held->size(), 1u);
+    EXPECT_EQ((*held)[0].key, asked[1]);
+    EXPECT_EQ((*held)[0].engines, (std::vector<std::string>{"e1", "e2"}));
+    EXPECT_FALSE(decode_swa_lookup_answer(R"({"held":[["1",128,[]]]})").is_ok());
+
     RequestHead h;
     h.method = "GET";
     h.target = std::string(kSwaStatesPath) + "?since=3";
@@ -178,6 +198,13 @@ TEST(EngineRpc, SwaAnnouncementsRoundTripAndTheirRouteIsAnEnginesOnly) {
     EXPECT_EQ(check_head(h, p).status, 401);
     h.fields.emplace_back("Authorization", "Bearer sekrit");
     EXPECT_EQ(check_head(h, p).status, 0);
+    // A router's lookup route, behind its keys too.
+    h.target = encode_swa_lookup_target(asked);
+    EXPECT_EQ(check_head(h, p).status, 404);
+    p.swa_lookup = true;
+    EXPECT_EQ(check_head(h, p).route, RouteKind::kSwaLookup);
+    h.fields.pop_back();
+    EXPECT_EQ(check_head(h, p).status, 401);
 }
 
 TEST(EngineRpc, GrammarTravelsAsSourceAndNeedsACompiler) {

@@ -51,6 +51,8 @@ struct HeadPolicy {
     // POST /internal/v1/generate and GET /internal/v1/swa_states (engine_rpc.h) are
     // routed; otherwise they are a 404.
     bool engine_rpc = false;
+    // GET /internal/v1/swa_lookup (a router's SWA directory part) is routed.
+    bool swa_lookup = false;
 };
 
 enum class RouteKind {
@@ -62,6 +64,7 @@ enum class RouteKind {
     kGenerate,
     kEngineRpc,
     kSwaStates,
+    kSwaLookup,
     kNone
 };
 

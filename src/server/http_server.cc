@@ -309,6 +309,7 @@ private:
         policy.retry_after_s = ctx().limits.retry_after_s;
         policy.draining = server_->draining.load();
         policy.engine_rpc = server_->options.engine_rpc;
+        policy.swa_lookup = static_cast<bool>(server_->options.swa_lookup);
         verdict_ = check_head(head_, policy);
         if (verdict_.status != 0) {
             if (verdict_.drop_body_bytes > 0) {
@@ -438,6 +439,12 @@ private:
                                     {}},
                           "swa_states");
                 }
+                break;
+            case RouteKind::kSwaLookup:
+                reply(
+                    HttpReply{
+                        200, "application/json", server_->options.swa_lookup(head_.target), {}},
+                    "swa_lookup");
                 break;
             case RouteKind::kNone:
                 DSI_CHECK(false, "check_head accepted a request without a route");

@@ -67,6 +67,9 @@ struct ServerOptions {
     // request's target; null: that route answers 404 (an engine without SWA states).
     // Called on an I/O thread; must not block long.
     std::function<std::string(std::string_view target)> swa_states;
+    // A router: the body of GET /internal/v1/swa_lookup for the request's target (its part
+    // of the SWA-state directory); null: no such route. On an I/O thread; must not block.
+    std::function<std::string(std::string_view target)> swa_lookup;
     // Called once (on the I/O thread) when a drain starts: an engine leaves the
     // cluster directory here, so routers stop sending it work while it finishes its
     // generations. Must not block long.

@@ -79,6 +79,72 @@ Result<SwaAnnouncementReply> decode_swa_announcement(std::string_view body) {
     return r;
 }
 
+std::string encode_swa_lookup_target(std::span<const kv::SwaStateKey> keys) {
+    std::string t = std::string(kSwaLookupPath) + "?q=";
+    for (size_t i = 0; i < keys.size(); ++i) {
+        if (i > 0) t += ',';
+        t += chain_key_hex(keys[i].chain) + "." + std::to_string(keys[i].position);
+    }
+    return t;
+}
+
+Result<std::vector<kv::SwaStateKey>> decode_swa_lookup_target(std::string_view target) {
+    const size_t q = target.find("?q=");
+    if (q == std::string_view::npos) return invalid_argument("swa_lookup: no q= in the query");
+    std::string_view rest = target.substr(q + 3);
+    std::vector<kv::SwaStateKey> out;
+    while (!rest.empty()) {
+        const size_t comma = rest.find(',');
+        const std::string_view item = rest.substr(0, comma);
+        const size_t dot = item.find('.');
+        kv::SwaStateKey k;
+        uint64_t pos = 0;
+        if (dot == std::string_view::npos || !parse_chain_key_hex(item.substr(0, dot), &k.chain) ||
+            !parse_u64(item.substr(dot + 1), &pos) || pos == 0 || pos > (uint64_t{1} << 40)) {
+            return invalid_argument("swa_lookup: each state is KEY(32 hex).POSITION");
+        }
+        k.position = static_cast<int64_t>(pos);
+        out.push_back(k);
+        if (out.size() > kMaxSwaLookupStates)
+            return invalid_argument("swa_lookup: too many states");
+        if (comma == std::string_view::npos) break;
+        rest = rest.substr(comma + 1);
+    }
+    return out;
+}
+
+std::string encode_swa_lookup_answer(const std::vector<SwaLookupHeld>& held) {
+    json a = json::array();
+    for (const SwaLookupHeld& h : held) {
+        a.push_back(json::array({chain_key_hex(h.key.chain), h.key.position, h.engines}));
+    }
+    return json{{"held", std::move(a)}}.dump();
+}
+
+Result<std::vector<SwaLookupHeld>> decode_swa_lookup_answer(std::string_view body) {
+    json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (!j.is_object() || !j.contains("held") || !j["held"].is_array()) {
+        return invalid_argument("swa_lookup answer: no held array");
+    }
+    std::vector<SwaLookupHeld> out;
+    for (const json& e : j["held"]) {
+        SwaLookupHeld h;
+        if (!e.is_array() || e.size() != 3 || !e[0].is_string() || !e[1].is_number_integer() ||
+            !e[2].is_array() ||
+            !parse_chain_key_hex(e[0].get_ref<const std::string&>(), &h.key.chain)) {
+            return invalid_argument("swa_lookup answer: each entry is [key, position, [engines]]");
+        }
+        h.key.position = e[1].get<int64_t>();
+        for (const json& n : e[2]) {
+            if (!n.is_string())
+                return invalid_argument("swa_lookup answer: engine ids are strings");
+            h.engines.push_back(n.get<std::string>());
+        }
+        out.push_back(std::move(h));
+    }
+    return out;
+}
+
 uint64_t swa_announcement_since(std::string_view target) {
     const size_t q = target.find('?');
     if (q == std::string_view::npos) return 0;

@@ -14,8 +14,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/status.h"
 #include "kv/swa_pool.h"
@@ -35,6 +37,20 @@ struct SwaAnnouncementReply {
 std::string encode_swa_announcement(const SwaAnnouncementReply& reply);
 // INVALID_ARGUMENT naming the field for a malformed body.
 Result<SwaAnnouncementReply> decode_swa_announcement(std::string_view body);
+
+// Router to router (GET /internal/v1/swa_lookup?q=KEY.POS,KEY.POS...): the holders of
+// states in the answering router's part of the directory. Answer:
+//   {"held": [["key", position, ["engine", ...]], ...]}   (only states it knows holders of)
+inline constexpr size_t kMaxSwaLookupStates = 64;
+std::string encode_swa_lookup_target(std::span<const kv::SwaStateKey> keys);
+// INVALID_ARGUMENT for a malformed query or more than kMaxSwaLookupStates states.
+Result<std::vector<kv::SwaStateKey>> decode_swa_lookup_target(std::string_view target);
+struct SwaLookupHeld {
+    kv::SwaStateKey key;
+    std::vector<std::string> engines;
+};
+std::string encode_swa_lookup_answer(const std::vector<SwaLookupHeld>& held);
+Result<std::vector<SwaLookupHeld>> decode_swa_lookup_answer(std::string_view body);
 
 // The `since` of a request target's query ("...?since=N"); 0 when absent or malformed.
 uint64_t swa_announcement_since(std::string_view target);
