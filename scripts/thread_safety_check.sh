@@ -20,6 +20,7 @@ sources=(
   src/transfer/transfer_state.cc
   src/membership/etcd_registry.cc src/membership/file_registry.cc src/router/remote_service.cc
   src/serving/kv_handoff.cc src/server/handoff_service.cc
+  src/router/swa_directory_service.cc src/serving/swa_fetch.cc src/server/swa_pull_service.cc
   src/model/expert_parallel.cc apps/dsinfer/ep_launch.cc
 )
 status=0

@@ -3,6 +3,7 @@
 // --membership). `dsinfer router`: the same HTTP APIs over the engines membership
 // lists (router/remote_service.h). Flags only; the libraries do the work. With no
 // --model both use the embedded default model (serving/default_model.h).
+#include <atomic>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -15,6 +16,7 @@
 #include "engine/dp_front.h"
 #include "ep_launch.h"
 #include "kv/block_key.h"
+#include "kv/swa_pool.h"
 #include "kvstore/block_store.h"
 #include "membership/registry.h"
 #include "protocol/encoder.h"
@@ -26,8 +28,11 @@
 #include "server/http_server.h"
 #include "server/metrics.h"
 #include "server/structured_output.h"
+#include "server/swa_announce.h"
+#include "server/swa_pull_service.h"
 #include "serving/kv_handoff.h"
 #include "serving/replica.h"
+#include "serving/swa_fetch.h"
 
 namespace dsi {
 namespace {
@@ -204,6 +209,8 @@ int run_serve(const ServeFlags& f) {
     }
     const bool receives_kv = (f.role == "decode" || f.role == "both") && f.kv_transfer_port >= 0;
     if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
+    // V4 / V4.1 engines of a cluster announce their SWA states to the routers' directory.
+    options->own_swa_pool = !f.role.empty();
     // The KV hand-over's transports (sender, inbox), made before the model loads: a
     // build without UCX refuses --kv-transport ucx at once.
     std::unique_ptr<transfer::Transport> handoff_transport;
@@ -312,6 +319,41 @@ int run_serve(const ServeFlags& f) {
     }
     server::ServerOptions so = server_options(f, std::move(keys).value());
     so.engine_rpc = !f.role.empty();
+    // The membership record's incarnation, once known: announcements carry it so a
+    // router never mixes the change logs of two processes at one address.
+    std::atomic<uint64_t> announce_incarnation{0};
+    // S-KV-8: other engines pull this engine's SWA states from its fetch server, and it
+    // pulls states the router names before a prefill (SwaPullService, outermost).
+    std::unique_ptr<serving::SwaFetchServer> swa_fetch;
+    std::unique_ptr<server::SwaPullService> swa_pull;
+    std::string swa_fetch_address;
+    if (kv::SwaStatePool* pool = rep.swa_pool(); pool != nullptr && so.engine_rpc) {
+        Result<std::unique_ptr<transfer::Transport>> t = transfer::make_transport(f.kv_transport);
+        if (!t.is_ok()) return fail(t.status().with_context("--kv-transport"));
+        serving::SwaFetchServerOptions fo;
+        fo.host = f.host;
+        fo.incarnation = incarnation;
+        fo.pool = pool;
+        Result<std::unique_ptr<serving::SwaFetchServer>> fs =
+            serving::SwaFetchServer::start(std::move(fo), std::move(t).value());
+        if (!fs.is_ok()) return fail(fs.status().with_context("SWA state fetch server"));
+        swa_fetch = std::move(fs).value();
+        t = transfer::make_transport(f.kv_transport);
+        if (!t.is_ok()) return fail(t.status().with_context("--kv-transport"));
+        server::SwaPullServiceOptions po;
+        po.pool = pool;
+        po.fetch.incarnation = incarnation;
+        po.fetch.state_bytes = rep.kv_block_shape()->swa_state_bytes;
+        swa_pull = std::make_unique<server::SwaPullService>(service, po, std::move(t).value());
+        service = swa_pull.get();
+        so.swa_states = [pool, &announce_incarnation, &swa_fetch_address](std::string_view target) {
+            server::SwaAnnouncementReply r;
+            r.incarnation = announce_incarnation.load();
+            r.fetch_address = swa_fetch_address;
+            r.changes = pool->changes_since(server::swa_announcement_since(target));
+            return server::encode_swa_announcement(r);
+        };
+    }
     std::unique_ptr<membership::Registry> registry;
     if (!f.membership.empty()) {
         Result<std::unique_ptr<membership::Registry>> r = open_membership(f);
@@ -327,6 +369,12 @@ int run_serve(const ServeFlags& f) {
     if (registry) {
         membership::Member self =
             self_record(f, membership::parse_role(f.role).value(), (*srv)->port());
+        if (swa_fetch) {
+            const std::string& a = self.address;
+            swa_fetch_address = a.substr(0, a.rfind(':') + 1) + std::to_string(swa_fetch->port());
+            std::printf("dsinfer serve: SWA state fetch on %s\n", swa_fetch_address.c_str());
+        }
+        announce_incarnation.store(self.incarnation);
         if (receives_kv && rep.kv_inbox() != nullptr) {
             serving::KvInboxOptions io;
             io.host = f.host;
@@ -367,9 +415,11 @@ int run_serve(const ServeFlags& f) {
     // The engine thread first (its last updates run through the hand-over service),
     // then the sends in progress, then the inbox; the server object outlives them all.
     engine_service->stop();
+    swa_pull.reset();
+    swa_fetch.reset();
     handoff.reset();
     inbox.reset();
-    engine_service.reset();              // the engine goes before the replica
+    engine_service.reset();  // the engine goes before the replica
     front.reset();
     if (s.is_ok()) s = ep->finish(rep);  // --ep: end the group, reap the ranks
     if (!s.is_ok()) return fail(s);
@@ -446,15 +496,31 @@ int run_router(const ServeFlags& f) {
             return n.is_ok() ? *n * kv::kBlockTokens : int64_t{-1};
         };
     }
+    if (rep.config().v4_layout()) {
+        // S-KV-8..10: the router's part of the SWA-state directory, keyed as the engines
+        // key their states.
+        ro.swa_chain_keys = [id = rep.cache_identity()](const engine::GenerateRequest& r) {
+            return kv::chain_keys(r.prompt, kv::make_salt(id, r.cache_salt));
+        };
+        // Routers of one cluster share their API keys: a lookup at another router carries
+        // this router's first one.
+        if (!keys->empty()) ro.swa_directory.router_api_key = keys->front().key;
+    }
     router::RemoteService remote(ro);
     Result<std::vector<membership::Member>> engines =
         (*registry)->watch([&remote](const membership::MemberChange& c) { remote.apply(c); });
     if (!engines.is_ok()) return fail(engines.status(), "router");  // (they came as joins)
     server::Metrics metrics;
-    Result<std::unique_ptr<server::HttpServer>> srv = server::HttpServer::create(
-        &ctx, &remote, &metrics, server_options(f, std::move(keys).value()));
+    server::ServerOptions router_so = server_options(f, std::move(keys).value());
+    if (router::SwaDirectoryService* d = remote.swa_directory()) {
+        // Other routers ask this one about the SWA states in its part of the directory.
+        router_so.swa_lookup = [d](std::string_view target) { return d->answer_lookup(target); };
+    }
+    Result<std::unique_ptr<server::HttpServer>> srv =
+        server::HttpServer::create(&ctx, &remote, &metrics, std::move(router_so));
     if (!srv.is_ok()) return fail(srv.status(), "router");
     membership::Member self = self_record(f, membership::Role::kRouter, (*srv)->port());
+    if (router::SwaDirectoryService* d = remote.swa_directory()) d->set_self_id(self.id);
     if (Status s = (*registry)->join(self); !s.is_ok()) return fail(s, "router");
     std::printf("dsinfer router: %zu engine(s) in %s\n", engines->size(),
                 (*registry)->describe().c_str());
@@ -496,8 +562,9 @@ void add_http_flags(CLI::App* cmd, ServeFlags* f) {
                 "generations in flight; 429 above");
     add_setting(*cmd, "--header-timeout-ms", f->limits.header_timeout_ms,
                 "deadline for a request's head once it started; 408 after it");
-    add_setting(*cmd, "--idle-timeout-ms", f->limits.idle_timeout_ms,
-                "deadline for a connection with no request byte yet (new or kept alive); closed quietly");
+    add_setting(
+        *cmd, "--idle-timeout-ms", f->limits.idle_timeout_ms,
+        "deadline for a connection with no request byte yet (new or kept alive); closed quietly");
     add_setting(*cmd, "--body-timeout-ms", f->limits.body_timeout_ms,
                 "deadline for the body; 408 after it");
     add_setting(*cmd, "--write-timeout-ms", f->limits.write_timeout_ms,

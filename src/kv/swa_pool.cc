@@ -38,8 +38,44 @@ void SwaStatePool::remove_locked(Lru::iterator it, bool eviction) {
         stats_.evicted_bytes += b;
         stats_.evictions_by_class[cls_index(s.traffic_class)] += 1;
     }
+    log_locked(s.key, /*added=*/false);
     index_.erase(s.key);
     lru_.erase(it);
+}
+
+void SwaStatePool::log_locked(const SwaStateKey& key, bool added) {
+    log_.push_back(Change{key, added});
+    ++next_seq_;
+    if (log_.size() > kChangeLogLength) log_.pop_front();
+}
+
+SwaPoolChanges SwaStatePool::changes_since(uint64_t since) const {
+    MutexLock l(&mu_);
+    SwaPoolChanges out;
+    out.next = next_seq_;
+    const uint64_t first = next_seq_ - log_.size();  // the oldest change kept
+    if (since == 0 || since < first || since > next_seq_) {
+        out.snapshot = true;
+        for (const auto& s : lru_) {
+            out.added.push_back(s->key);
+        }
+        return out;
+    }
+    // The last change of each key wins (an add then an eviction is a removal).
+    std::unordered_map<SwaStateKey, bool, SwaStateKeyHash> last;
+    std::vector<SwaStateKey> order;
+    for (uint64_t seq = since; seq < next_seq_; ++seq) {
+        const Change& c = log_[static_cast<size_t>(seq - first)];
+        if (last.emplace(c.key, c.added).second) {
+            order.push_back(c.key);
+        } else {
+            last[c.key] = c.added;
+        }
+    }
+    for (const SwaStateKey& k : order) {
+        (last[k] ? out.added : out.removed).push_back(k);
+    }
+    return out;
 }
 
 Status SwaStatePool::put(const SwaStateKey& key, kvstore::TrafficClass traffic_class,
@@ -73,6 +109,7 @@ Status SwaStatePool::put(const SwaStateKey& key, kvstore::TrafficClass traffic_c
     }
     lru_.push_front(std::move(state));
     index_.emplace(key, lru_.begin());
+    log_locked(key, /*added=*/true);
     stats_.bytes += b;
     stats_.bytes_by_class[cls_index(traffic_class)] += b;
     stats_.num_entries += 1;

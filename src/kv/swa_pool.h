@@ -20,6 +20,10 @@
 //     a fetch thread may still copy an entry that the scheduling thread's put() has
 //     just evicted). Evicted bytes stop counting against the budget when evicted, and
 //     are freed when the last holder lets go.
+//   - Change log: every add (put) and removal (eviction, replacement, erase) gets a
+//     sequence number; the last kChangeLogLength are kept, so a reader (the engine's
+//     announcements to the cluster's SWA directory) asks for what changed since its
+//     cursor, or gets a snapshot of every key when the log no longer reaches back.
 // Thread model: thread-safe (one mutex); the engine's scheduling thread (lookups for
 // the hit rule, puts at request end) and a fetch thread (gets for remote pulls) may
 // call it at once. Returned entries are immutable.
@@ -27,6 +31,7 @@
 
 #include <array>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <memory>
 #include <span>
@@ -79,8 +84,19 @@ struct SwaPoolStats {
     std::array<int64_t, kvstore::kNumTrafficClasses> evictions_by_class{};
 };
 
+// What changed in a pool since a cursor (SwaStatePool::changes_since).
+struct SwaPoolChanges {
+    uint64_t next = 0;      // the cursor for the next call
+    bool snapshot = false;  // `added` is every key the pool holds; `removed` is empty
+    // Net changes, each key at most once: held now (added since) or not (removed since).
+    std::vector<SwaStateKey> added;
+    std::vector<SwaStateKey> removed;
+};
+
 class SwaStatePool {
 public:
+    static constexpr size_t kChangeLogLength = 4096;
+
     // REQUIRES: capacity_bytes >= 0 (0: every put is refused).
     explicit SwaStatePool(int64_t capacity_bytes);
 
@@ -96,6 +112,10 @@ public:
     // Removes the entry (not counted as an eviction); false if absent.
     bool erase(const SwaStateKey& key) DSI_EXCLUDES(mu_);
 
+    // The changes after cursor `since` (from a previous call's `next`); since = 0, or a
+    // cursor the log no longer reaches back to, gives a snapshot.
+    SwaPoolChanges changes_since(uint64_t since) const DSI_EXCLUDES(mu_);
+
     SwaPoolStats stats() const DSI_EXCLUDES(mu_);
     // INTERNAL on a broken invariant (index vs LRU list vs byte counts).
     Status check_invariants() const DSI_EXCLUDES(mu_);
@@ -103,11 +123,19 @@ public:
 private:
     using Lru = std::list<std::shared_ptr<const SwaState>>;  // front: most recent
     void remove_locked(Lru::iterator it, bool eviction) DSI_REQUIRES(mu_);
+    void log_locked(const SwaStateKey& key, bool added) DSI_REQUIRES(mu_);
+
+    struct Change {
+        SwaStateKey key;
+        bool added = false;
+    };
 
     mutable Mutex mu_;
     Lru lru_ DSI_GUARDED_BY(mu_);
     std::unordered_map<SwaStateKey, Lru::iterator, SwaStateKeyHash> index_ DSI_GUARDED_BY(mu_);
     SwaPoolStats stats_ DSI_GUARDED_BY(mu_);
+    std::deque<Change> log_ DSI_GUARDED_BY(mu_);  // changes next_seq_ - size .. next_seq_ - 1
+    uint64_t next_seq_ DSI_GUARDED_BY(mu_) = 1;
 };
 
 // Where a hit's SWA state is pulled from: this process's pool, or (the cluster issue)

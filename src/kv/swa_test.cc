@@ -415,6 +415,40 @@ TEST(SwaStatePoolTest, ReplaceRefuseEraseAndPin) {
               StatusCode::kResourceExhausted);
 }
 
+// The change log the engine announces to the cluster's SWA directory.
+TEST(SwaStatePoolTest, ChangesSinceACursorAndSnapshots) {
+    SwaStatePool pool(300);
+    SwaPoolChanges c = pool.changes_since(0);
+    EXPECT_TRUE(c.snapshot);
+    EXPECT_TRUE(c.added.empty());
+    const uint64_t start = c.next;
+    ASSERT_TRUE(pool.put(key(1), TrafficClass::kChatbot, bytes(100)).is_ok());
+    ASSERT_TRUE(pool.put(key(2), TrafficClass::kChatbot, bytes(100)).is_ok());
+    c = pool.changes_since(start);
+    EXPECT_FALSE(c.snapshot);
+    EXPECT_EQ(c.added, (std::vector<SwaStateKey>{key(1), key(2)}));
+    EXPECT_TRUE(c.removed.empty());
+    const uint64_t mid = c.next;
+    // Evictions and erases are removals; an add then a removal nets to a removal, a
+    // replacement to an add.
+    ASSERT_TRUE(pool.put(key(3), TrafficClass::kChatbot, bytes(150)).is_ok());  // evicts 1
+    ASSERT_TRUE(pool.put(key(2), TrafficClass::kAgent, bytes(100)).is_ok());    // replaces 2
+    EXPECT_TRUE(pool.erase(key(3)));
+    c = pool.changes_since(mid);
+    EXPECT_EQ(c.added, (std::vector<SwaStateKey>{key(2)}));
+    EXPECT_EQ(c.removed, (std::vector<SwaStateKey>{key(1), key(3)}));
+    EXPECT_TRUE(pool.changes_since(c.next).added.empty());
+    EXPECT_TRUE(pool.changes_since(c.next).removed.empty());
+    // A cursor the log no longer reaches (or one from another pool) gets a snapshot.
+    for (size_t i = 0; i < SwaStatePool::kChangeLogLength; ++i) {
+        ASSERT_TRUE(pool.put(key(2), TrafficClass::kAgent, bytes(100)).is_ok());
+    }
+    c = pool.changes_since(mid);
+    EXPECT_TRUE(c.snapshot);
+    EXPECT_EQ(c.added, (std::vector<SwaStateKey>{key(2)}));
+    EXPECT_TRUE(pool.changes_since(c.next + 5).snapshot);
+}
+
 TEST(SwaStatePoolTest, KeysFromTheChainAndLocalPull) {
     std::vector<BlockKey> chain = {{1, 1}, {2, 2}, {3, 3}};
     EXPECT_EQ(swa_state_key(chain, 256).chain, (BlockKey{2, 2}));

@@ -60,6 +60,8 @@ struct RemoteService::Call {
     // prompt again, or takes it from the shared store).
     std::string handoff_engine;
     int64_t prefix_hit_tokens = -1;  // S-KV-4, before routing; -1: unknown
+    // S-KV-10 with the SWA directory: the state the hit starts from and its holders.
+    SwaRoutePlan swa;
     // The first engine's prefix-cache hit (usage.cached_tokens): what a later engine
     // takes from a hand-over or its own cache was computed for this request, not cached.
     int64_t cached_prompt_tokens = -1;
@@ -149,6 +151,11 @@ bool routable(const membership::Member& m) { return m.role != membership::Role::
 RemoteService::RemoteService(RemoteServiceOptions options)
     : options_(std::move(options)), lb_(options_.lb) {
     DSI_CHECK(options_.prefill_lb.validate().is_ok(), options_.prefill_lb.validate().to_string());
+    if (options_.swa_chain_keys) {
+        SwaDirectoryServiceOptions so = options_.swa_directory;
+        if (so.engine_api_key.empty()) so.engine_api_key = options_.engine_api_key;
+        swa_ = std::make_unique<SwaDirectoryService>(std::move(so));
+    }
     pump_thread_ = std::thread([this] { pump_loop(); });
 }
 
@@ -160,6 +167,7 @@ RemoteService::~RemoteService() {
     pump_cv_.notify_all();
     pump_thread_.join();
     abort_all();
+    swa_.reset();
     // The clients end (and join their threads) while every member is alive: their last
     // callbacks run into this object.
     std::vector<std::shared_ptr<net::HttpClient>> clients;
@@ -227,6 +235,7 @@ void RemoteService::remove_engine_locked(const std::string& id, bool cut_streams
 }
 
 void RemoteService::set_engines(const std::vector<membership::Member>& members) {
+    if (swa_) swa_->set_members(members);
     Failures failed;
     {
         MutexLock l(&mu_);
@@ -254,6 +263,7 @@ void RemoteService::set_engines(const std::vector<membership::Member>& members) 
 }
 
 void RemoteService::apply(const membership::MemberChange& change) {
+    if (swa_) swa_->apply(change);
     Failures failed;
     {
         MutexLock l(&mu_);
@@ -392,6 +402,7 @@ bool RemoteService::dispatch_locked(const std::shared_ptr<Call>& call) {
                 engines_.at(decode).member.transfer_address, next_transfer_id()};
         }
     }
+    set_swa_pull_locked(*call, id);
     Engine& e = engines_.at(id);
     if (on_prefill) {
         call->prefill_cost_ns = prefill_cost_locked(*call);
@@ -651,6 +662,16 @@ void RemoteService::start(Ticket ticket, Generation generation, Sink sink) {
     if (options_.prefix_hit) {
         call->prefix_hit_tokens = options_.prefix_hit(call->generation.request);
     }
+    if (swa_ && call->prefix_hit_tokens >= 0) {
+        // S-KV-10: the blocks give L1, the states the directory knows decide the hit.
+        const engine::GenerateRequest& r = call->generation.request;
+        const std::vector<kv::BlockKey> keys = options_.swa_chain_keys(r);
+        const auto input = static_cast<int64_t>(r.prompt.size());
+        const int64_t blocks = std::min<int64_t>(call->prefix_hit_tokens / kv::kBlockTokens,
+                                                 static_cast<int64_t>(keys.size()));
+        call->swa = swa_->plan(keys, input, std::min(blocks * kv::kBlockTokens, input));
+        call->prefix_hit_tokens = call->swa.plan.hit_tokens;
+    }
     Failures failed;
     bool sent = false;
     {
@@ -903,7 +924,60 @@ server::ServiceStats RemoteService::stats_snapshot() const {
          static_cast<int64_t>(prefill_waiting_.size())},
         {"router_engines", "engines it may route to now", static_cast<int64_t>(engines_.size())},
     };
+    if (swa_) {
+        const SwaDirectoryServiceStats d = swa_->stats();
+        const std::vector<server::ServiceStats::Counter> swa = {
+            {"router_swa_lookups_total", "V4 requests planned with the SWA-state directory",
+             d.num_lookups},
+            {"router_swa_state_hits_total", "of which some engine held a state in [L1-128, L1]",
+             d.num_state_hits},
+            {"router_swa_replays_total", "of which none did (hit L1 - 128, S-KV-10)",
+             d.num_replays},
+            {"router_swa_block_hit_tokens_total", "their block hits L1, in tokens",
+             d.block_hit_tokens},
+            {"router_swa_hit_tokens_total", "their S-KV-10 hits, in tokens", d.hit_tokens},
+            {"router_swa_pull_hints_total", "generations told to pull an SWA state",
+             stats_.num_swa_pull_hints},
+            {"router_swa_directory_states", "SWA states this router's directory part holds",
+             d.directory.num_states},
+            {"router_swa_directory_entries", "its (state, engine) entries",
+             d.directory.num_entries},
+            {"router_swa_directory_evictions_total", "entries dropped by its bounds",
+             d.directory.evicted},
+            {"router_swa_directory_expired_total",
+             "entries dropped: engine left, restarted or silent", d.directory.expired},
+            {"router_swa_announcements_total", "engine announcements applied",
+             d.directory.announcements},
+            {"router_swa_poll_failures_total", "announcement polls that failed",
+             d.num_poll_failures},
+            {"router_swa_routers", "routers the SWA directory's keys are split over",
+             d.num_routers},
+            {"router_swa_remote_lookups_total", "lookups at the router owning the keys",
+             d.num_remote_lookups},
+            {"router_swa_remote_lookup_failures_total", "of which unanswered (planned as no state)",
+             d.num_remote_lookup_failures},
+        };
+        s.extra_counters.insert(s.extra_counters.end(), swa.begin(), swa.end());
+    }
     return s;
+}
+
+// S-KV-8: a first attempt (no output yet) sent to an engine that does not hold the state
+// its hit starts from is told where to pull it; a holder, a continuation and a hit
+// without such a state get nothing.
+void RemoteService::set_swa_pull_locked(Call& call, const std::string& engine) {
+    call.generation.swa_pull.reset();
+    if (!swa_ || call.delivered_tokens != 0 || call.swa.holders.empty()) return;
+    for (const cluster::SwaHolder& h : call.swa.holders) {
+        if (h.engine == engine) return;
+    }
+    for (const cluster::SwaHolder& h : call.swa.holders) {
+        const std::string address = swa_->fetch_address(h.engine);
+        if (address.empty() || engines_.count(h.engine) == 0) continue;
+        call.generation.swa_pull = serving::SwaPullTarget{address, call.swa.key};
+        ++stats_.num_swa_pull_hints;
+        return;
+    }
 }
 
 RouterStats RemoteService::router_stats() const {

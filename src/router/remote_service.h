@@ -73,6 +73,7 @@
 #include "cluster/prefill_lb.h"
 #include "membership/member.h"
 #include "net/http_client.h"
+#include "router/swa_directory_service.h"
 #include "server/generation_service.h"
 
 namespace dsi::router {
@@ -83,6 +84,14 @@ struct RemoteServiceOptions {
     // before routing (metadata only: the hash chain matched against the store). Null:
     // unknown. Called on the caller's thread of start(), before any lock.
     std::function<int64_t(const engine::GenerateRequest&)> prefix_hit;
+    // V4 / V4.1 (S-KV-8..10): the prompt's full-block chain keys as the engines key them.
+    // Non-null turns on the router's part of the SWA-state directory
+    // (swa_directory_service.h, options in swa_directory): with a known prefix hit, the
+    // hit becomes S-KV-10's (L1 when some engine holds a state in [L1 - 128, L1], else
+    // L1 - 128), and a generation sent to an engine that does not hold that state
+    // carries where to pull it (Generation::swa_pull).
+    std::function<std::vector<kv::BlockKey>(const engine::GenerateRequest&)> swa_chain_keys;
+    SwaDirectoryServiceOptions swa_directory;
     // Disaggregated: a request whose miss (prompt - hit) is at most this many tokens
     // skips the prefill engines and goes straight to a decode engine (its prefill is
     // no bigger than a decode step's speculation; S-LB prices prefill by what it misses).
@@ -112,6 +121,7 @@ struct RouterStats {
     int64_t kv_handoff_blocks = 0;
     int64_t kv_handoff_bytes = 0;
     int64_t num_prefix_checks = 0;   // requests matched against the store before routing
+    int64_t num_swa_pull_hints = 0;  // generations told to pull an SWA state (swa_pull)
     int64_t prefix_hit_tokens = 0;   // their hits, summed
     int64_t num_direct_decode = 0;   // disaggregated requests that skipped prefill (hit)
     int64_t num_prefill_queued = 0;  // generations that waited in the router for a prefill pull
@@ -142,6 +152,8 @@ public:
     void abort_all() override;
     server::ServiceStats stats_snapshot() const override;
     RouterStats router_stats() const;
+    // Null unless options.swa_chain_keys is set.
+    SwaDirectoryService* swa_directory() const { return swa_.get(); }
 
     struct Call;  // one generation (remote_service.cc)
 
@@ -176,6 +188,8 @@ private:
     std::string dispatch_state_locked(const Call& call) const DSI_REQUIRES(mu_);
     // Ends the current attempt's engine accounting.
     void release_engine_locked(Call& call) DSI_REQUIRES(mu_);
+    // Generation::swa_pull for `call` going to `engine`.
+    void set_swa_pull_locked(Call& call, const std::string& engine) DSI_REQUIRES(mu_);
     // Stops routing to `id`. cut_streams: its streams are cut now (they fail over);
     // otherwise only when nothing came from it for kStalledStreamNs (a draining
     // engine finishes its generations; a dead or frozen one has gone quiet).
@@ -194,6 +208,8 @@ private:
 
     const RemoteServiceOptions options_;
     const cluster::DecodeLb lb_;
+    // The SWA-state directory (options_.swa_chain_keys); null without. Own lock.
+    std::unique_ptr<SwaDirectoryService> swa_;
     mutable Mutex mu_;
     // PrefillLb over the prefill engines, index i = prefill_ids_[i] (sorted ids); rebuilt
     // with the waiting work submitted again, in arrival order, when that set changes.

@@ -30,7 +30,10 @@
 #include "server/handoff_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/swa_announce.h"
+#include "server/swa_pull_service.h"
 #include "server/test_support.h"
+#include "serving/swa_fetch.h"
 #include "transfer/fault_transport.h"
 
 namespace dsi::router {
@@ -46,12 +49,16 @@ server::ApiContext context() { return server::testing::api_context(); }
 class ServerThread {
 public:
     ServerThread(const server::ApiContext* ctx, server::GenerationService* service, bool engine_rpc,
-                 int64_t drain_grace_ms = 2000) {
+                 int64_t drain_grace_ms = 2000,
+                 std::function<std::string(std::string_view)> swa_states = nullptr,
+                 std::function<std::string(std::string_view)> swa_lookup = nullptr) {
         server::ServerOptions o;
         o.port = 0;
         o.num_io_threads = 1;
         o.drain_grace_ms = drain_grace_ms;
         o.engine_rpc = engine_rpc;
+        o.swa_states = std::move(swa_states);
+        o.swa_lookup = std::move(swa_lookup);
         auto s = server::HttpServer::create(ctx, service, &metrics_, o);
         EXPECT_TRUE(s.is_ok()) << s.status().to_string();
         server_ = std::move(s).value();
@@ -72,8 +79,10 @@ private:
     std::thread thread_;
 };
 
-// What an engine does with KV hand-overs (as `serve --role` sets them up).
-enum class Kv { kNone, kSends, kReceives };
+// What an engine does with KV hand-overs (as `serve --role` sets them up). kSwaPeer
+// (V4): a shared store below the engine, its own SWA pool announced on
+// /internal/v1/swa_states, an SwaFetchServer on it and an SwaPullService in front.
+enum class Kv { kNone, kSends, kReceives, kSwaPeer };
 
 // The tiny model (V3) or tiny-v4 (V4: KV of three cache groups and an SWA state slot).
 std::unique_ptr<CausalLm> load_model(bool v4) {
@@ -96,22 +105,40 @@ std::unique_ptr<CausalLm> load_model(bool v4) {
 // KvInbox into it (V4: and into the engine's SWA pool, as `serve` wires them).
 struct Engine {
     explicit Engine(int64_t drain_grace_ms = 2000, Kv kv = Kv::kNone,
-                    std::optional<transfer::FaultPlan> send_faults = std::nullopt,
-                    bool v4 = false) {
+                    std::optional<transfer::FaultPlan> send_faults = std::nullopt, bool v4 = false,
+                    kvstore::BlockStore* shared_store = nullptr) {
         model = load_model(v4);
         engine::EngineOptions eo;
         eo.num_kv_blocks = 64;
         eo.tokenizer = &tokenizer();
         const std::optional<engine::StoreBlockShape> shape = engine::store_block_shape(*model);
         EXPECT_TRUE(shape.has_value());
+        std::function<std::string(std::string_view)> swa_states;
+        if (kv == Kv::kSwaPeer && shape) {
+            eo.kv_store = shared_store;
+            swa_pool = std::make_unique<kv::SwaStatePool>(int64_t{64} << 20);
+            eo.swa_pool = swa_pool.get();
+            serving::SwaFetchServerOptions fo;
+            fo.host = "127.0.0.1";
+            fo.incarnation = 1;
+            fo.pool = swa_pool.get();
+            fetch = serving::SwaFetchServer::start(fo).value();
+            swa_states = [pool = swa_pool.get(), port = fetch->port()](std::string_view target) {
+                server::SwaAnnouncementReply r;
+                r.incarnation = 1;  // member()'s
+                r.fetch_address = "127.0.0.1:" + std::to_string(port);
+                r.changes = pool->changes_since(server::swa_announcement_since(target));
+                return server::encode_swa_announcement(r);
+            };
+        }
         if (kv == Kv::kReceives && shape) {
             static std::atomic<int> n{0};
             kvstore::ShmStoreOptions so;
             so.name = "dsi_router_test_" + std::to_string(::getpid()) + "_" + std::to_string(++n);
             so.num_slots = 16;
             so.slot_bytes = static_cast<int64_t>(
-                (kvstore::header_bytes(shape->num_layers()) + shape->block_bytes() + 4095) /
-                4096 * 4096);
+                (kvstore::header_bytes(shape->num_layers()) + shape->block_bytes() + 4095) / 4096 *
+                4096);
             so.unlink_on_close = true;
             inbox_store = kvstore::ShmBlockStore::open(so).value();
             eo.kv_store = inbox_store.get();
@@ -147,8 +174,18 @@ struct Engine {
                 std::make_unique<server::HandoffService>(service.get(), ho, std::move(transport));
             front = handoff.get();
         }
+        if (kv == Kv::kSwaPeer && shape) {
+            server::SwaPullServiceOptions po;
+            po.pool = swa_pool.get();
+            po.fetch.incarnation = 1;
+            po.fetch.state_bytes = shape->swa_state_bytes;
+            po.fetch.timeout = transfer::Timeout(5000);
+            pull = std::make_unique<server::SwaPullService>(front, po);
+            front = pull.get();
+        }
         ctx = context();
-        http = std::make_unique<ServerThread>(&ctx, front, /*engine_rpc=*/true, drain_grace_ms);
+        http = std::make_unique<ServerThread>(&ctx, front, /*engine_rpc=*/true, drain_grace_ms,
+                                              std::move(swa_states));
     }
     // As `serve` ends: the server drains and stops (it stays allocated), the engine
     // thread ends (its last sinks run into the hand-over service and the sessions),
@@ -156,8 +193,10 @@ struct Engine {
     ~Engine() {
         http->stop();
         service->stop();
+        pull.reset();
         handoff.reset();
         inbox.reset();
+        fetch.reset();
         http.reset();
     }
     std::string transfer_address() const { return "127.0.0.1:" + std::to_string(inbox->port()); }
@@ -167,6 +206,8 @@ struct Engine {
     std::unique_ptr<serving::KvInbox> inbox;
     std::unique_ptr<server::EngineService> service;
     std::unique_ptr<server::HandoffService> handoff;
+    std::unique_ptr<serving::SwaFetchServer> fetch;  // kSwaPeer
+    std::unique_ptr<server::SwaPullService> pull;    // kSwaPeer
     server::ApiContext ctx;
     std::unique_ptr<ServerThread> http;
 };
@@ -948,6 +989,200 @@ TEST(Router, ACorruptedHandOffIsRefusedAndTheStreamIsUnchanged) {
     EXPECT_EQ(d.inbox->stats().num_failed, 1);
     EXPECT_EQ(d.inbox->stats().blocks_stored, 0);
     EXPECT_EQ(d.service->stats_snapshot().engine.computed_prefill_tokens, 2 * 128 + 10 + 1);
+}
+
+// S-KV-8..10 across engines: request A's prefill leaves its SWA state at 256 on the
+// engine that ran it (b-holder); the router's directory learns it from that engine's
+// announcements. Request B shares A's first 256 tokens and goes to another engine
+// (a-puller, which the LB picks on a tie): the router plans the hit (L1 = 256, a state
+// there -> hit 256) and tells a-puller where the state is; a-puller pulls it over
+// transfer/ and starts from it (one exact SWA hit, [256, 400) computed). B's tokens are
+// one engine's without any cache. A state the holder has dropped since (the directory
+// is a hint) fails the pull; that request still completes, computed from 0.
+TEST(Router, AV4PrefixHitPullsTheSwaStateFromTheEngineThatHoldsIt) {
+    kvstore::ShmStoreOptions so;
+    so.name = "dsi_router_test_swa_" + std::to_string(::getpid());
+    so.num_slots = 32;
+    so.slot_bytes = int64_t{1} << 20;
+    so.unlink_on_close = true;
+    std::unique_ptr<kvstore::ShmBlockStore> store = kvstore::ShmBlockStore::open(so).value();
+    Engine holder(2000, Kv::kSwaPeer, std::nullopt, true, store.get());
+    Engine puller(2000, Kv::kSwaPeer, std::nullopt, true, store.get());
+    const auto shape = engine::store_block_shape(*holder.model).value();
+    ASSERT_LE(kvstore::header_bytes(shape.num_layers()) + shape.block_bytes(), uint64_t{1} << 20);
+    const std::string model_id = engine::EngineOptions{}.model_id;
+    auto chain = [model_id](const engine::GenerateRequest& r) {
+        return kv::chain_keys(r.prompt, kv::make_salt(model_id, r.cache_salt));
+    };
+    auto store_blocks = [&store, chain](const engine::GenerateRequest& r) {
+        std::vector<kvstore::StoreKey> keys;
+        for (const kv::BlockKey& k : chain(r)) keys.push_back({k.lo, k.hi});
+        Result<int64_t> n = store->match_prefix(keys, steady_clock_ns() + 1000000000);
+        return n.is_ok() ? *n : int64_t{-1};
+    };
+    RemoteServiceOptions ro;
+    ro.prefix_hit = [store_blocks](const engine::GenerateRequest& r) {
+        const int64_t n = store_blocks(r);
+        return n < 0 ? n : n * kv::kBlockTokens;
+    };
+    ro.swa_chain_keys = chain;
+    ro.swa_directory.poll_interval_ms = 3600 * 1000;  // polled by hand (poll_now)
+    RemoteService remote(ro);
+    const membership::Member hm = member("b-holder", holder.http->port());
+    const membership::Member pm = member("a-puller", puller.http->port());
+    RemoteService only_puller;  // the reference: B computed from 0 on one engine
+    only_puller.set_engines({pm});
+
+    server::Ticket ticket = 1;
+    // One round: A on the holder, B's reference, then B through both engines. Returns the
+    // prefill tokens the puller computed for the routed B.
+    auto round = [&](int salt, bool drop_state) {
+        server::Generation a = long_generation();
+        a.request.sampling.max_tokens = 4;
+        a.request.prompt.clear();
+        for (int i = 0; i < 300; ++i) a.request.prompt.push_back(100 + (i * 37 + salt) % 5000);
+        server::Generation b = a;
+        b.request.prompt.resize(256);
+        for (int i = 0; i < 144; ++i) b.request.prompt.push_back(300 + (i * 11 + salt) % 4000);
+        b.request.sampling.max_tokens = 8;
+        const kv::SwaStateKey key = kv::swa_state_key(chain(b.request), 256);
+
+        remote.set_engines({hm});
+        const auto [a_tokens, a_last] = run(remote, ticket++, a, nullptr);
+        EXPECT_TRUE(a_last.error.is_ok()) << a_last.error.to_string();
+        // The holder's state reaches the directory, with no announcement left in flight
+        // (one could name the drop below).
+        for (int i = 0; i < 500; ++i) {
+            remote.swa_directory()->poll_now();
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            const SwaDirectoryServiceStats st = remote.swa_directory()->stats();
+            if (store_blocks(b.request) >= 2 && !remote.swa_directory()->holders(key).empty() &&
+                st.num_answers == st.num_polls) {
+                break;
+            }
+        }
+        EXPECT_TRUE(holder.swa_pool->contains(key));
+        // The reference (its state goes at 384, not 256: nothing for the puller to hold).
+        const auto [expected, expected_last] = run(only_puller, ticket++, b, nullptr);
+        EXPECT_EQ(expected.size(), 8u);
+        EXPECT_FALSE(puller.swa_pool->contains(key));
+        if (drop_state) {
+            EXPECT_TRUE(holder.swa_pool->erase(key));  // the directory is stale
+        }
+        const int64_t computed = puller.service->stats_snapshot().engine.computed_prefill_tokens;
+        remote.set_engines({pm, hm});
+        const auto [tokens, last] = run(remote, ticket++, b, nullptr);
+        EXPECT_TRUE(last.error.is_ok()) << last.error.to_string();
+        EXPECT_EQ(tokens, expected);
+        return puller.service->stats_snapshot().engine.computed_prefill_tokens - computed;
+    };
+
+    EXPECT_EQ(round(0, /*drop_state=*/false), 400 - 256);
+    EXPECT_EQ(puller.pull->pull_stats().num_pulls, 1);
+    EXPECT_EQ(puller.pull->pull_stats().num_failed, 0);
+    const engine::EngineStats first = puller.service->stats_snapshot().engine;
+    EXPECT_EQ(first.swa.total().swa_exact_hits, 1);
+    EXPECT_EQ(first.swa.total().replays, 0);
+    const SwaDirectoryServiceStats d = remote.swa_directory()->stats();
+    EXPECT_EQ(d.num_state_hits, 1);  // B (A had no prefix hit)
+    EXPECT_EQ(d.hit_tokens, 256);
+    EXPECT_EQ(remote.router_stats().num_swa_pull_hints, 1);
+    EXPECT_EQ(holder.fetch->stats().num_served, 1);
+
+    EXPECT_EQ(round(1, /*drop_state=*/true), 400);  // no state: computed from 0
+    EXPECT_EQ(remote.router_stats().num_swa_pull_hints, 2);
+    EXPECT_EQ(puller.pull->pull_stats().num_pulls, 1);
+    EXPECT_EQ(puller.pull->pull_stats().num_failed, 1);  // NOT_FOUND at the holder
+    EXPECT_EQ(holder.fetch->stats().num_not_found, 1);
+    EXPECT_EQ(puller.service->stats_snapshot().engine.swa.total().swa_exact_hits, 1);
+}
+
+// Two routers split the SWA directory's keys (swa_owner) and ask each other for the
+// rest: every key is found from either router, each holds only its part, and a router
+// that stops answering costs the other only the state (a replay plan, counted).
+TEST(Router, TheSwaDirectoryIsSplitOverRoutersThatAskEachOther) {
+    server::ApiContext ctx = context();
+    RemoteService idle;  // the servers' generation service (never used)
+    std::vector<std::vector<kv::BlockKey>> chains;
+    std::vector<kv::SwaStateKey> states;
+    for (uint64_t i = 0; i < 16; ++i) {
+        chains.push_back({kv::BlockKey{i, 1}, kv::BlockKey{i, 2}});
+        states.push_back(kv::swa_state_key(chains.back(), 256));
+    }
+    ServerThread engine(&ctx, &idle, /*engine_rpc=*/true, 2000, [states](std::string_view) {
+        server::SwaAnnouncementReply r;
+        r.incarnation = 1;
+        r.fetch_address = "127.0.0.1:1";
+        r.changes.next = 1;
+        r.changes.snapshot = true;
+        r.changes.added = states;
+        return server::encode_swa_announcement(r);
+    });
+    SwaDirectoryServiceOptions o1;
+    o1.self_id = "r1";
+    o1.poll_interval_ms = 3600 * 1000;
+    o1.lookup_timeout_ms = 5000;
+    SwaDirectoryServiceOptions o2 = o1;
+    o2.self_id = "r2";
+    SwaDirectoryService d1(o1), d2(o2);
+    ServerThread s1(&ctx, &idle, false, 2000, nullptr,
+                    [&d1](std::string_view t) { return d1.answer_lookup(t); });
+    ServerThread s2(&ctx, &idle, false, 2000, nullptr,
+                    [&d2](std::string_view t) { return d2.answer_lookup(t); });
+    const std::vector<membership::Member> members = {
+        member("r1", s1.port(), membership::Role::kRouter),
+        member("r2", s2.port(), membership::Role::kRouter), member("e", engine.port())};
+    d1.set_members(members);
+    d2.set_members(members);
+    for (int i = 0; i < 500; ++i) {
+        d1.poll_now();
+        d2.poll_now();
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (d1.stats().directory.announcements >= 1 && d2.stats().directory.announcements >= 1) {
+            break;
+        }
+    }
+    const int64_t n1 = d1.stats().directory.num_states, n2 = d2.stats().directory.num_states;
+    EXPECT_EQ(n1 + n2, 16);  // each holds its part
+    EXPECT_GT(n1, 0);
+    EXPECT_GT(n2, 0);
+    EXPECT_EQ(d1.stats().num_routers, 2);
+    for (size_t i = 0; i < chains.size(); ++i) {
+        for (SwaDirectoryService* d : {&d1, &d2}) {
+            const SwaRoutePlan p = d->plan(chains[i], 400, 256);
+            EXPECT_EQ(p.plan.kind, kv::SwaHitKind::kExact) << i;
+            EXPECT_EQ(p.plan.hit_tokens, 256);
+            EXPECT_EQ(p.key, states[i]);
+            ASSERT_EQ(p.holders.size(), 1u) << i;
+            EXPECT_EQ(p.holders[0].engine, "e");
+        }
+    }
+    // A plan asks about L1 = 256 and L1 - 128 = 128: one lookup when the other router
+    // owns either key.
+    const std::vector<std::string> routers = {"r1", "r2"};
+    int64_t asks_r2 = 0, asks_r1 = 0;
+    for (const auto& chain : chains) {
+        const int o256 = cluster::swa_owner(to_state_id(kv::swa_state_key(chain, 256)), routers);
+        const int o128 = cluster::swa_owner(to_state_id(kv::swa_state_key(chain, 128)), routers);
+        asks_r2 += (o256 == 1 || o128 == 1) ? 1 : 0;
+        asks_r1 += (o256 == 0 || o128 == 0) ? 1 : 0;
+    }
+    EXPECT_EQ(d1.stats().num_remote_lookups, asks_r2);
+    EXPECT_EQ(d2.stats().num_remote_lookups, asks_r1);
+    EXPECT_EQ(d1.stats().num_remote_lookup_failures, 0);
+    // r2 stops answering: its keys are a replay at r1 (hit 256 - 128), never an error.
+    s2.stop();
+    int64_t replays = 0;
+    for (const auto& chain : chains) {
+        const SwaRoutePlan p = d1.plan(chain, 400, 256);
+        if (p.plan.kind == kv::SwaHitKind::kReplay) {
+            ++replays;
+            EXPECT_EQ(p.plan.hit_tokens, 128);
+            EXPECT_TRUE(p.holders.empty());
+        }
+    }
+    EXPECT_EQ(replays, n2);
+    EXPECT_EQ(d1.stats().num_remote_lookup_failures, asks_r2);
 }
 
 }  // namespace

@@ -138,6 +138,17 @@ Result<StatusCode> parse_code(std::string_view s) {
 
 }  // namespace
 
+std::string chain_key_hex(const kv::BlockKey& key) {
+    return transfer::TransferId{key.hi, key.lo}.to_string();
+}
+
+bool parse_chain_key_hex(std::string_view s, kv::BlockKey* key) {
+    Result<transfer::TransferId> id = parse_transfer_id(std::string(s));
+    if (!id.is_ok()) return false;
+    *key = kv::BlockKey{id->lo, id->hi};
+    return true;
+}
+
 std::string encode_generation(const Generation& g, int64_t timeout_ms) {
     const engine::GenerateRequest& r = g.request;
     const SamplingParams& s = r.sampling;
@@ -166,6 +177,11 @@ std::string encode_generation(const Generation& g, int64_t timeout_ms) {
     if (!r.resume_output.empty()) j["resume"] = r.resume_output;
     if (g.handoff) {
         j["handoff"] = {{"address", g.handoff->address}, {"id", g.handoff->id.to_string()}};
+    }
+    if (g.swa_pull) {
+        j["swa_pull"] = {{"address", g.swa_pull->address},
+                         {"key", chain_key_hex(g.swa_pull->key.chain)},
+                         {"position", g.swa_pull->key.position}};
     }
     if (g.structured) {
         j["grammar"] = {{"kind", grammar::grammar_kind_name(g.structured->spec.kind)},
@@ -228,6 +244,25 @@ Result<Generation> decode_generation(const ApiContext& ctx, std::string_view bod
         DSI_ASSIGN_OR_RETURN(t.id, parse_transfer_id(id));
         g.handoff = std::move(t);
     }
+    if (auto pit = j.find("swa_pull"); pit != j.end() && !pit->is_null()) {
+        if (!pit->is_object()) return invalid_argument("swa_pull: must be an object");
+        Reader pr(*pit, "swa_pull.");
+        serving::SwaPullTarget t;
+        std::string key;
+        DSI_RETURN_IF_ERROR(pr.get("address", &t.address, /*required=*/true));
+        DSI_RETURN_IF_ERROR(pr.get("key", &key, /*required=*/true));
+        DSI_RETURN_IF_ERROR(pr.get("position", &t.key.position, /*required=*/true));
+        if (t.address.empty() || t.address.size() > 300) {
+            return invalid_argument("swa_pull.address: must be host:port");
+        }
+        if (!parse_chain_key_hex(key, &t.key.chain)) {
+            return invalid_argument("swa_pull.key: must be 32 hex digits");
+        }
+        if (t.key.position <= 0 || t.key.position % kv::kBlockTokens != 0) {
+            return invalid_argument("swa_pull.position: must be a positive multiple of 128");
+        }
+        g.swa_pull = std::move(t);
+    }
     auto sit = j.find("sampling");
     if (sit == j.end() || !sit->is_object()) return invalid_argument("sampling: missing");
     Reader sr(*sit, "sampling.");
@@ -251,7 +286,8 @@ Result<Generation> decode_generation(const ApiContext& ctx, std::string_view bod
     DSI_RETURN_IF_ERROR(sr.get("n", &s.n));
     std::string seed;
     DSI_RETURN_IF_ERROR(sr.get("seed", &seed, /*required=*/true));
-    if (seed.empty() || seed.size() > 20 || seed.find_first_not_of("0123456789") != std::string::npos) {
+    if (seed.empty() || seed.size() > 20 ||
+        seed.find_first_not_of("0123456789") != std::string::npos) {
         return invalid_argument("sampling.seed: must be a decimal string");
     }
     errno = 0;

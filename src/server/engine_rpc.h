@@ -11,8 +11,8 @@
 // (with the seed the router assigned: a re-routed request samples the same tokens),
 // the cache salt, the time left of the deadline, the grammar source (the engine
 // compiles it; compiles are cached) -- never a compiled mask -- and, for a failover,
-// the output tokens the client already has ("resume", GenerateRequest::resume_output). A client that closes the
-// connection aborts the generation (as for /v1/).
+// the output tokens the client already has ("resume", GenerateRequest::resume_output). A client
+// that closes the connection aborts the generation (as for /v1/).
 //
 // Thread model: pure functions.
 #pragma once
@@ -27,6 +27,10 @@
 namespace dsi::server {
 
 inline constexpr std::string_view kEngineRpcPath = "/internal/v1/generate";
+// GET: the engine's SWA-state announcements (swa_announce.h).
+inline constexpr std::string_view kSwaStatesPath = "/internal/v1/swa_states";
+// GET on a router: holders of SWA states in its part of the directory (swa_announce.h).
+inline constexpr std::string_view kSwaLookupPath = "/internal/v1/swa_lookup";
 
 // `timeout_ms` is the time left of the request's deadline (0: none).
 std::string encode_generation(const Generation& g, int64_t timeout_ms);
@@ -36,6 +40,11 @@ std::string encode_generation(const Generation& g, int64_t timeout_ms);
 // compiled through ctx.structured_output (UNIMPLEMENTED without one). The deadline is
 // set on ctx's clock.
 Result<Generation> decode_generation(const ApiContext& ctx, std::string_view body);
+
+// A chain key as 32 hex digits, hi first (as a TransferId prints), and back (false
+// unless exactly 32 hex digits). The SWA fields of the RPC and of swa_announce.h.
+std::string chain_key_hex(const kv::BlockKey& key);
+bool parse_chain_key_hex(std::string_view s, kv::BlockKey* key);
 
 // One Update as one line (with its '\n').
 std::string encode_update(const Update& u);

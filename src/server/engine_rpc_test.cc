@@ -5,7 +5,10 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "server/http_rules.h"
+#include "server/swa_announce.h"
 
 namespace dsi::server {
 namespace {
@@ -83,7 +86,8 @@ TEST(EngineRpc, GenerationRoundTrip) {
 
 TEST(EngineRpc, TheHandOffTargetAndResultTravel) {
     Generation g = sample_generation();
-    g.handoff = serving::HandoffTarget{"decode-1.local:9100", {0x0123456789abcdefULL, 0xfedcba98ULL}};
+    g.handoff =
+        serving::HandoffTarget{"decode-1.local:9100", {0x0123456789abcdefULL, 0xfedcba98ULL}};
     auto back = decode_generation(context(), encode_generation(g, 0));
     ASSERT_TRUE(back.is_ok()) << back.status().to_string();
     ASSERT_TRUE(back->handoff);
@@ -105,10 +109,108 @@ TEST(EngineRpc, TheHandOffTargetAndResultTravel) {
     EXPECT_FALSE(decode_update(encode_update(Update{})).value().handoff);
 }
 
+// S-KV-8: where to pull an SWA state travels with the generation; malformed ones are
+// refused naming the field.
+TEST(EngineRpc, TheSwaPullTargetTravels) {
+    Generation g = sample_generation();
+    g.swa_pull = serving::SwaPullTarget{"engine-b.local:9200",
+                                        {kv::BlockKey{0x0123456789abcdefULL, 0xfULL}, 384}};
+    auto back = decode_generation(context(), encode_generation(g, 0));
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    ASSERT_TRUE(back->swa_pull);
+    EXPECT_EQ(back->swa_pull->address, "engine-b.local:9200");
+    EXPECT_EQ(back->swa_pull->key, g.swa_pull->key);
+    EXPECT_FALSE(decode_generation(context(), encode_generation(sample_generation(), 0))->swa_pull);
+    for (const char* bad :
+         {R"({"address":"a:1","lo":"12","hi":"0000000000000000","position":128})",
+          R"({"address":"a:1","lo":"000000000000000g","hi":"0000000000000000","position":128})",
+          R"({"address":"a:1","lo":"0000000000000000","hi":"0000000000000000","position":100})",
+          R"({"address":"","lo":"0000000000000000","hi":"0000000000000000","position":128})",
+          R"({"lo":"0000000000000000","hi":"0000000000000000","position":128})", R"("a:1")"}) {
+        nlohmann::json j = nlohmann::json::parse(encode_generation(sample_generation(), 0));
+        j["swa_pull"] = nlohmann::json::parse(bad);
+        auto r = decode_generation(context(), j.dump());
+        EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+        EXPECT_NE(r.status().message().find("swa_pull"), std::string::npos) << r.status().message();
+    }
+}
+
+// The engines' SWA announcements (swa_announce.h) and their route.
+TEST(EngineRpc, SwaAnnouncementsRoundTripAndTheirRouteIsAnEnginesOnly) {
+    SwaAnnouncementReply r;
+    r.incarnation = 18446744073709551615ULL;
+    r.fetch_address = "10.0.0.2:9300";
+    r.changes.next = 42;
+    r.changes.added = {{kv::BlockKey{1, 2}, 128}, {kv::BlockKey{~0ULL, 3}, 256}};
+    r.changes.removed = {{kv::BlockKey{4, 5}, 384}};
+    auto back = decode_swa_announcement(encode_swa_announcement(r));
+    ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+    EXPECT_EQ(back->incarnation, r.incarnation);
+    EXPECT_EQ(back->fetch_address, r.fetch_address);
+    EXPECT_EQ(back->changes.next, 42u);
+    EXPECT_FALSE(back->changes.snapshot);
+    EXPECT_EQ(back->changes.added, r.changes.added);
+    EXPECT_EQ(back->changes.removed, r.changes.removed);
+    for (const char* bad :
+         {"[]", R"({"incarnation":1,"next":"1","snapshot":false})",
+          R"({"incarnation":"1","next":"1"})",
+          R"({"incarnation":"1","next":"1","snapshot":true,"added":[["12",128]]})",
+          R"({"incarnation":"1","next":"1","snapshot":true,"added":{}})"}) {
+        EXPECT_EQ(decode_swa_announcement(bad).status().code(), StatusCode::kInvalidArgument)
+            << bad;
+    }
+    EXPECT_EQ(swa_announcement_since("/internal/v1/swa_states?since=17"), 17u);
+    EXPECT_EQ(swa_announcement_since("/internal/v1/swa_states?x=1&since=9"), 9u);
+    EXPECT_EQ(swa_announcement_since("/internal/v1/swa_states"), 0u);
+    EXPECT_EQ(swa_announcement_since("/internal/v1/swa_states?since=x"), 0u);
+
+    // Router to router: the lookup's query and answer.
+    const std::vector<kv::SwaStateKey> asked = {{kv::BlockKey{1, 2}, 128},
+                                                {kv::BlockKey{~0ULL, 7}, 256}};
+    auto q = decode_swa_lookup_target(encode_swa_lookup_target(asked));
+    ASSERT_TRUE(q.is_ok()) << q.status().to_string();
+    EXPECT_EQ(*q, asked);
+    for (const char* bad : {"/internal/v1/swa_lookup", "/internal/v1/swa_lookup?q=12.128",
+                            "/internal/v1/swa_lookup?q=00000000000000000000000000000001.0"}) {
+        EXPECT_EQ(decode_swa_lookup_target(bad).status().code(), StatusCode::kInvalidArgument)
+            << bad;
+    }
+    std::vector<kv::SwaStateKey> many(kMaxSwaLookupStates + 1, asked[0]);
+    EXPECT_FALSE(decode_swa_lookup_target(encode_swa_lookup_target(many)).is_ok());
+    auto held = decode_swa_lookup_answer(encode_swa_lookup_answer({{asked[1], {"e1", "e2"}}}));
+    ASSERT_TRUE(held.is_ok()) << held.status().to_string();
+    ASSERT_EQ(held->size(), 1u);
+    EXPECT_EQ((*held)[0].key, asked[1]);
+    EXPECT_EQ((*held)[0].engines, (std::vector<std::string>{"e1", "e2"}));
+    EXPECT_FALSE(decode_swa_lookup_answer(R"({"held":[["1",128,[]]]})").is_ok());
+
+    RequestHead h;
+    h.method = "GET";
+    h.target = std::string(kSwaStatesPath) + "?since=3";
+    h.version = 11;
+    h.fields = {{"Host", "x"}};
+    HeadPolicy p;
+    EXPECT_EQ(check_head(h, p).status, 404);  // not an engine of a cluster
+    p.engine_rpc = true;
+    EXPECT_EQ(check_head(h, p).route, RouteKind::kSwaStates);
+    std::vector<ApiKey> keys = {{"sekrit", ""}};
+    p.api_keys = &keys;
+    EXPECT_EQ(check_head(h, p).status, 401);
+    h.fields.emplace_back("Authorization", "Bearer sekrit");
+    EXPECT_EQ(check_head(h, p).status, 0);
+    // A router's lookup route, behind its keys too.
+    h.target = encode_swa_lookup_target(asked);
+    EXPECT_EQ(check_head(h, p).status, 404);
+    p.swa_lookup = true;
+    EXPECT_EQ(check_head(h, p).route, RouteKind::kSwaLookup);
+    h.fields.pop_back();
+    EXPECT_EQ(check_head(h, p).status, 401);
+}
+
 TEST(EngineRpc, GrammarTravelsAsSourceAndNeedsACompiler) {
     Generation g = sample_generation();
-    g.structured = protocol::StructuredRequest{{grammar::GrammarKind::kRegex, "[0-9]+"},
-                                               "guided_regex"};
+    g.structured =
+        protocol::StructuredRequest{{grammar::GrammarKind::kRegex, "[0-9]+"}, "guided_regex"};
     const std::string body = encode_generation(g, 0);
     EXPECT_NE(body.find(R"("kind":"regex")"), std::string::npos) << body;
     EXPECT_NE(body.find(R"("text":"[0-9]+")"), std::string::npos) << body;
@@ -138,12 +240,10 @@ TEST(EngineRpc, MalformedGenerationsNameTheField) {
         {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"99999999999999999999"}})",
          "sampling.seed"},
         {R"({"prompt":[1],"sampling":{"max_tokens":51,"seed":"1"}})", "sampling.max_tokens"},
-        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","top_p":"x"}})",
-         "sampling.top_p"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","top_p":"x"}})", "sampling.top_p"},
         {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","logit_bias":[[1]]}})",
          "sampling.logit_bias"},
-        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","stop":[1]}})",
-         "sampling.stop"},
+        {R"({"prompt":[1],"sampling":{"max_tokens":5,"seed":"1","stop":[1]}})", "sampling.stop"},
         {R"({"prompt":[1],"timeout_ms":-5,)" + ok_sampling + "}", "timeout_ms"},
         {R"({"prompt":[1],"grammar":{"kind":"yaml"},)" + ok_sampling + "}", "grammar.kind"},
         {R"({"prompt":[1],"grammar":"x",)" + ok_sampling + "}", "grammar"},
@@ -208,7 +308,11 @@ TEST(EngineRpc, UpdateRoundTrip) {
 
 TEST(EngineRpc, MalformedUpdatesAreRejected) {
     for (const char* line : {
-             "", "{", "[]", R"({"finished":true})", R"({"finished":true,"reason":"bored",
+             "",
+             "{",
+             "[]",
+             R"({"finished":true})",
+             R"({"finished":true,"reason":"bored",
              "tokens":[]})",
              R"({"finished":1,"reason":"stop","tokens":[]})",
              R"({"finished":false,"reason":"none"})",

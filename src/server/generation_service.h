@@ -24,6 +24,7 @@
 #include "protocol/renderer.h"
 #include "protocol/structured_output.h"
 #include "serving/kv_handoff.h"
+#include "serving/swa_fetch.h"
 
 namespace dsi::server {
 
@@ -35,11 +36,11 @@ using TokenOut = protocol::OutputToken;
 // sink; `error` non-OK: the engine refused the request (finished is true).
 // The prefill engine's hand-over of a generation's KV to a decode engine (issue 18).
 struct HandoffResult {
-    bool ok = false;         // the decode engine stored every block (or there was none)
-    int64_t blocks = 0;      // blocks sent
-    int64_t bytes = 0;       // KV bytes sent
-    int64_t micros = 0;      // from the export to the decode engine's Ack
-    std::string error;       // why not, when !ok
+    bool ok = false;     // the decode engine stored every block (or there was none)
+    int64_t blocks = 0;  // blocks sent
+    int64_t bytes = 0;   // KV bytes sent
+    int64_t micros = 0;  // from the export to the decode engine's Ack
+    std::string error;   // why not, when !ok
 };
 
 struct Update : protocol::OutputUpdate {
@@ -80,6 +81,9 @@ struct Generation {
     // Disaggregated prefill (issue 18): run only to the first token, then send the
     // prompt's KV to this decode engine and end with Update::handoff (HandoffService).
     std::optional<serving::HandoffTarget> handoff;
+    // S-KV-8 (issue 18): the router's directory says another engine holds the SWA state
+    // this prompt's hit starts from; pull it before the prefill (SwaPullService).
+    std::optional<serving::SwaPullTarget> swa_pull;
 };
 
 class GenerationService {

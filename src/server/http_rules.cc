@@ -44,8 +44,11 @@ struct Route {
     const char* metric = "other";
 };
 
-Route route_of(std::string_view path, std::optional<Endpoint> endpoint, bool engine_rpc) {
+Route route_of(std::string_view path, std::optional<Endpoint> endpoint, bool engine_rpc,
+               bool swa_lookup) {
+    if (swa_lookup && path == kSwaLookupPath) return {RouteKind::kSwaLookup, "GET", "swa_lookup"};
     if (engine_rpc && path == kEngineRpcPath) return {RouteKind::kEngineRpc, "POST", "engine_rpc"};
+    if (engine_rpc && path == kSwaStatesPath) return {RouteKind::kSwaStates, "GET", "swa_states"};
     if (path == "/health") return {RouteKind::kHealth, "GET", "health"};
     if (path == "/ready") return {RouteKind::kReady, "GET", "ready"};
     if (path == "/metrics") return {RouteKind::kMetrics, "GET", "metrics"};
@@ -104,7 +107,7 @@ HeadVerdict check_head(const RequestHead& head, const HeadPolicy& policy) {
     HeadVerdict v;
     const std::string path = head.path();
     v.endpoint = endpoint_for_path(path);
-    const Route route = route_of(path, v.endpoint, policy.engine_rpc);
+    const Route route = route_of(path, v.endpoint, policy.engine_rpc, policy.swa_lookup);
     // The engine RPC answers errors in the Chat Completions error shape.
     if (route.kind == RouteKind::kEngineRpc) v.endpoint = Endpoint::kChatCompletions;
     v.route = route.kind;
@@ -169,7 +172,8 @@ HeadVerdict check_head(const RequestHead& head, const HeadPolicy& policy) {
         return expects_continue || len > kDropLimitBytes ? 0 : len;
     };
 
-    const bool is_api = path.rfind("/v1/", 0) == 0 || route.kind == RouteKind::kEngineRpc;
+    const bool is_api = path.rfind("/v1/", 0) == 0 || route.kind == RouteKind::kEngineRpc ||
+                        route.kind == RouteKind::kSwaStates || route.kind == RouteKind::kSwaLookup;
     const bool need_key = policy.api_keys != nullptr && !policy.api_keys->empty();
     const ApiKey* key = need_key ? authorized_key(head, *policy.api_keys) : nullptr;
     if (key != nullptr) v.key_salt = key->cache_salt;

@@ -48,11 +48,25 @@ struct HeadPolicy {
     int64_t max_body_bytes = int64_t{4} << 20;
     int64_t retry_after_s = 1;
     bool draining = false;
-    // POST /internal/v1/generate (engine_rpc.h) is routed; otherwise it is a 404.
+    // POST /internal/v1/generate and GET /internal/v1/swa_states (engine_rpc.h) are
+    // routed; otherwise they are a 404.
     bool engine_rpc = false;
+    // GET /internal/v1/swa_lookup (a router's SWA directory part) is routed.
+    bool swa_lookup = false;
 };
 
-enum class RouteKind { kHealth, kReady, kMetrics, kModels, kWeb, kGenerate, kEngineRpc, kNone };
+enum class RouteKind {
+    kHealth,
+    kReady,
+    kMetrics,
+    kModels,
+    kWeb,
+    kGenerate,
+    kEngineRpc,
+    kSwaStates,
+    kSwaLookup,
+    kNone
+};
 
 // What to do with a request after its head.
 struct HeadVerdict {

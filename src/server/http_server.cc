@@ -197,7 +197,8 @@ private:
     // at least 1): a client that reads it (Node's undici does) closes an
     // idle connection before the server does instead of sending a request into the close.
     std::string keep_alive_value() const {
-        return "timeout=" + std::to_string(std::max<int64_t>(1, ctx().limits.idle_timeout_ms / 1000));
+        return "timeout=" +
+               std::to_string(std::max<int64_t>(1, ctx().limits.idle_timeout_ms / 1000));
     }
 
     // ---- reading ----
@@ -308,6 +309,7 @@ private:
         policy.retry_after_s = ctx().limits.retry_after_s;
         policy.draining = server_->draining.load();
         policy.engine_rpc = server_->options.engine_rpc;
+        policy.swa_lookup = static_cast<bool>(server_->options.swa_lookup);
         verdict_ = check_head(head_, policy);
         if (verdict_.status != 0) {
             if (verdict_.drop_body_bytes > 0) {
@@ -423,6 +425,26 @@ private:
                 break;
             case RouteKind::kEngineRpc:
                 engine_rpc();
+                break;
+            case RouteKind::kSwaStates:
+                if (server_->options.swa_states) {
+                    reply(
+                        HttpReply{
+                            200, "application/json", server_->options.swa_states(head_.target), {}},
+                        "swa_states");
+                } else {
+                    reply(HttpReply{404,
+                                    "application/json",
+                                    "{\"error\":\"this engine keeps no SWA states\"}",
+                                    {}},
+                          "swa_states");
+                }
+                break;
+            case RouteKind::kSwaLookup:
+                reply(
+                    HttpReply{
+                        200, "application/json", server_->options.swa_lookup(head_.target), {}},
+                    "swa_lookup");
                 break;
             case RouteKind::kNone:
                 DSI_CHECK(false, "check_head accepted a request without a route");
@@ -566,8 +588,10 @@ private:
             chunked_ = head_.version >= 11;
             if (!chunked_) keep_alive_ = false;
             if (chunked_) pending_ += "Transfer-Encoding: chunked\r\n";
-            pending_ += keep_alive_ ? "Connection: keep-alive\r\nKeep-Alive: " + keep_alive_value() + "\r\n\r\n"
-                                    : std::string("Connection: close\r\n\r\n");
+            pending_ +=
+                keep_alive_
+                    ? "Connection: keep-alive\r\nKeep-Alive: " + keep_alive_value() + "\r\n\r\n"
+                    : std::string("Connection: close\r\n\r\n");
         }
         if (rpc_mode_) {
             // Errors after the head travel inside the line (Update::error).

@@ -1,7 +1,7 @@
 // HttpServer: the HTTP/1.1 + SSE shell (Boost.Beast/Asio) over Api and a
-// GenerationService (the engine in this process, or the router's remote engines). This header is Beast-free; Asio lives only in http_server.cc (one
-// translation unit: CI builds on 2 cores; the parser settings it shares with
-// answer_offline are in internal/http_parse.h).
+// GenerationService (the engine in this process, or the router's remote engines). This header is
+// Beast-free; Asio lives only in http_server.cc (one translation unit: CI builds on 2 cores; the
+// parser settings it shares with answer_offline are in internal/http_parse.h).
 //
 // Per connection (at most max_connections; past it a connection gets 503 +
 // Retry-After and is closed): bytes are read into a bounded buffer and parsed from
@@ -41,6 +41,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "base/status.h"
@@ -52,7 +53,7 @@ namespace dsi::server {
 
 struct ServerOptions {
     std::string host = "127.0.0.1";
-    int port = 8000;      // 0: any free port (see port())
+    int port = 8000;  // 0: any free port (see port())
     // Accepted keys (Bearer or x-api-key) and their tenants' cache salts (api.h,
     // effective_cache_salt). Empty: no authentication.
     std::vector<ApiKey> api_keys;
@@ -62,6 +63,13 @@ struct ServerOptions {
     int64_t max_body_budget_bytes = int64_t{256} << 20;  // bodies held at once, all connections
     // Serve the engine RPC (engine_rpc.h) for a router: `serve --role ...`.
     bool engine_rpc = false;
+    // With engine_rpc: the body of GET /internal/v1/swa_states (swa_announce.h) for the
+    // request's target; null: that route answers 404 (an engine without SWA states).
+    // Called on an I/O thread; must not block long.
+    std::function<std::string(std::string_view target)> swa_states;
+    // A router: the body of GET /internal/v1/swa_lookup for the request's target (its part
+    // of the SWA-state directory); null: no such route. On an I/O thread; must not block.
+    std::function<std::string(std::string_view target)> swa_lookup;
     // Called once (on the I/O thread) when a drain starts: an engine leaves the
     // cluster directory here, so routers stop sending it work while it finishes its
     // generations. Must not block long.
@@ -75,8 +83,8 @@ class HttpServer {
 public:
     // Binds and listens. REQUIRES: ctx, service and metrics outlive the server.
     static Result<std::unique_ptr<HttpServer>> create(const ApiContext* ctx,
-                                                      GenerationService* service,
-                                                      Metrics* metrics, ServerOptions options);
+                                                      GenerationService* service, Metrics* metrics,
+                                                      ServerOptions options);
     ~HttpServer();
 
     int port() const;

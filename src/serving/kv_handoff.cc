@@ -8,6 +8,7 @@
 
 #include "base/logging.h"
 #include "kv/tiered_cache.h"
+#include "serving/internal/wire.h"
 
 namespace dsi::serving {
 namespace {
@@ -18,29 +19,14 @@ using transfer::Timeout;
 constexpr uint32_t kKvBlocksVersion = 1;
 constexpr size_t kKvBlocksHeaderBytes = 16;
 constexpr size_t kKvBlocksEntryBytes = 24;
-constexpr uint32_t kSwaStateVersion = 1;
-constexpr size_t kSwaStateHeaderBytes = 32;
-
-void put_u32(std::vector<uint8_t>& out, uint32_t v) {
-    uint8_t b[4];
-    std::memcpy(b, &v, 4);  // little-endian hosts only (x86-64, aarch64)
-    out.insert(out.end(), b, b + 4);
-}
-void put_u64(std::vector<uint8_t>& out, uint64_t v) {
-    uint8_t b[8];
-    std::memcpy(b, &v, 8);
-    out.insert(out.end(), b, b + 8);
-}
-uint32_t get_u32(const uint8_t* p) {
-    uint32_t v;
-    std::memcpy(&v, p, 4);
-    return v;
-}
-uint64_t get_u64(const uint8_t* p) {
-    uint64_t v;
-    std::memcpy(&v, p, 8);
-    return v;
-}
+using internal::get_u32;
+using internal::get_u64;
+using internal::kSwaStateHeaderBytes;
+using internal::kSwaStateVersion;
+using internal::put_u32;
+using internal::put_u64;
+using internal::split_address;
+using internal::valid_traffic_class;
 
 std::vector<uint8_t> encode_block_list(const kv::KvExport& kv) {
     std::vector<uint8_t> out;
@@ -59,22 +45,14 @@ std::vector<uint8_t> encode_block_list(const kv::KvExport& kv) {
 
 // The swa_state section: its header, then the stored state's bytes.
 std::vector<uint8_t> encode_state_section(const kv::SwaState& st) {
-    std::vector<uint8_t> out;
-    out.reserve(kSwaStateHeaderBytes + st.bytes.size());
-    put_u32(out, kSwaStateVersion);
-    put_u32(out, static_cast<uint32_t>(st.traffic_class));
-    put_u64(out, st.key.chain.lo);
-    put_u64(out, st.key.chain.hi);
-    put_u64(out, static_cast<uint64_t>(st.key.position));
+    std::vector<uint8_t> out = internal::encode_state_header(st);
     out.insert(out.end(), st.bytes.begin(), st.bytes.end());
     return out;
 }
 
-bool valid_traffic_class(uint32_t c) {
-    return c <= static_cast<uint32_t>(kvstore::TrafficClass::kAgent);
-}
+}  // namespace
 
-Result<std::pair<std::string, uint16_t>> split_address(const std::string& address) {
+Result<std::pair<std::string, uint16_t>> internal::split_address(const std::string& address) {
     const size_t colon = address.rfind(':');
     if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
         return invalid_argument("transfer address '" + address + "' is not host:port");
@@ -89,6 +67,8 @@ Result<std::pair<std::string, uint16_t>> split_address(const std::string& addres
     if (p == 0) return invalid_argument("transfer address '" + address + "': bad port");
     return std::pair<std::string, uint16_t>(address.substr(0, colon), static_cast<uint16_t>(p));
 }
+
+namespace {
 
 // The staging copy of one transfer: each layer and the block list contiguous, so the
 // transport reads the data straight into place (Destination::layer_memory).
@@ -119,8 +99,8 @@ private:
 
 }  // namespace
 
-Result<transfer::SendReport> send_kv_export(transfer::Transport& transport,
-                                            const kv::KvExport& kv, const HandoffTarget& target,
+Result<transfer::SendReport> send_kv_export(transfer::Transport& transport, const kv::KvExport& kv,
+                                            const HandoffTarget& target,
                                             const HandoffSendOptions& options) {
     if (kv.num_blocks() == 0 || kv.num_layers() == 0) {
         return invalid_argument("nothing to hand over: the export has no block");
@@ -153,8 +133,7 @@ Result<transfer::SendReport> send_kv_export(transfer::Transport& transport,
     return transfer::send_sequence(*conn, so, begin, source);
 }
 
-Result<std::unique_ptr<KvInbox>> KvInbox::start(KvInboxOptions options,
-                                                kvstore::BlockStore* store,
+Result<std::unique_ptr<KvInbox>> KvInbox::start(KvInboxOptions options, kvstore::BlockStore* store,
                                                 std::unique_ptr<transfer::Transport> transport) {
     if (store == nullptr || options.layer_block_bytes.empty() ||
         std::find(options.layer_block_bytes.begin(), options.layer_block_bytes.end(), 0) !=
@@ -409,9 +388,8 @@ void KvInbox::receive_one(transfer::Connection& conn) {
     ro.limits.expected_model_id = options_.model_id;
     ro.should_abort = [this] { return stopping_.load(); };
     ro.commit = [this](const transfer::TransferId&, const BeginMessage& begin,
-                       const transfer::HelloMessage&, transfer::Destination& d) {
-        return commit(begin, d);
-    };
+                       const transfer::HelloMessage&,
+                       transfer::Destination& d) { return commit(begin, d); };
     const transfer::DestinationFactory factory = [this](const transfer::TransferId&,
                                                         const BeginMessage& begin) {
         return make_destination(begin);

@@ -87,7 +87,7 @@ namespace {
 // layout, nothing in /dev/shm) in front of the store, sized in whole encoded blocks of
 // the model's shape.
 Result<std::unique_ptr<kvstore::ShmBlockStore>> open_kv_inbox(const engine::StoreBlockShape& shape,
-                                                             int64_t bytes, Env* env) {
+                                                              int64_t bytes, Env* env) {
     const int64_t block =
         static_cast<int64_t>(kvstore::header_bytes(shape.num_layers()) + shape.block_bytes());
     const int64_t slot = (block + 4095) / 4096 * 4096;
@@ -193,11 +193,6 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
             DSI_ASSIGN_OR_RETURN(std::unique_ptr<kvstore::ShmBlockStore> inbox,
                                  open_kv_inbox(*r->block_shape_, options.kv_inbox_bytes, env));
             r->inbox_ = inbox.get();
-            if (r->block_shape_->swa_state_bytes > 0 && eo.swa_pool == nullptr) {
-                // V4 / V4.1: handed-over states go where the engine's hit rule looks.
-                r->swa_pool_ = std::make_unique<kv::SwaStatePool>(eo.swa_pool_bytes);
-                eo.swa_pool = r->swa_pool_.get();
-            }
             if (r->store_) {
                 r->store_ = std::make_unique<kvstore::TieredBlockStore>(std::move(inbox),
                                                                         std::move(r->store_));
@@ -205,6 +200,12 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
                 r->store_ = std::move(inbox);
             }
         }
+    }
+    if (r->block_shape_ && r->block_shape_->swa_state_bytes > 0 && eo.swa_pool == nullptr &&
+        options.create_engine && (r->inbox_ != nullptr || options.own_swa_pool)) {
+        // V4 / V4.1: handed-over and pulled states go where the engine's hit rule looks.
+        r->swa_pool_ = std::make_unique<kv::SwaStatePool>(eo.swa_pool_bytes);
+        eo.swa_pool = r->swa_pool_.get();
     }
     r->engine_options_ = eo;
     r->engine_options_.model_id = r->cache_identity_;

@@ -82,6 +82,10 @@ struct ReplicaOptions {
     // replica then also owns the engine's SWA state pool (engine.swa_pool_bytes), where
     // the inbox puts the handed-over states (swa_pool()).
     int64_t kv_inbox_bytes = 0;
+    // Issue 18, every engine of a cluster: the replica owns the engine's SWA state pool
+    // for a V4 / V4.1 model (as with an inbox), so what it holds can be announced to the
+    // routers' SWA directory and pulled by other engines (swa_pool()).
+    bool own_swa_pool = false;
     // V4.1 (CED) decoder bounded replay (S-SWA, kv/yoco_prefill.h): checked at start
     // (to_replica_options) and again with the draft count by Engine::create for a V4.1
     // model; copied into engine.yoco_prefill.
@@ -112,8 +116,9 @@ public:
     // when none. Its blocks' shape: kv_block_shape().
     kvstore::BlockStore* kv_inbox() const { return inbox_; }
     const std::optional<engine::StoreBlockShape>& kv_block_shape() const { return block_shape_; }
-    // The engine's SWA state pool when the replica owns it (an inbox for a V4 / V4.1
-    // model: ReplicaOptions::kv_inbox_bytes); null otherwise. Thread-safe.
+    // The engine's SWA state pool when the replica owns it (a V4 / V4.1 model with an
+    // inbox, ReplicaOptions::kv_inbox_bytes, or own_swa_pool); null otherwise.
+    // Thread-safe.
     kv::SwaStatePool* swa_pool() const { return swa_pool_.get(); }
     // The options the engine was created with (after resolution).
     const engine::EngineOptions& engine_options() const { return engine_options_; }

@@ -1,0 +1,125 @@
+// The remote SWA-state pull over transfer/: a good fetch, a missing key, damaged frames
+// either way (digest), a broken seal, a wrong size, a holder that is gone or silent.
+#include "serving/swa_fetch.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kv/tiered_cache.h"
+#include "transfer/fault_transport.h"
+
+namespace dsi::serving {
+namespace {
+
+constexpr size_t kSlotBytes = 4000;
+
+kv::SwaStateKey key(uint64_t k, int64_t position = 256) { return {kv::BlockKey{k, ~k}, position}; }
+
+// A sealed state of kSlotBytes + the seal, as the engine stores it.
+std::vector<uint8_t> sealed(int64_t position, uint8_t fill) {
+    std::vector<uint8_t> b(kSlotBytes);
+    for (size_t i = 0; i < b.size(); ++i) b[i] = static_cast<uint8_t>(fill + i * 7);
+    kv::swa_seal(b, position);
+    return b;
+}
+
+class SwaFetchTest : public ::testing::Test {
+protected:
+    void start_holder(std::unique_ptr<transfer::Transport> transport = nullptr) {
+        SwaFetchServerOptions o;
+        o.host = "127.0.0.1";
+        o.incarnation = 7;
+        o.pool = &holder_pool_;
+        auto s = SwaFetchServer::start(o, std::move(transport));
+        ASSERT_TRUE(s.is_ok()) << s.status().to_string();
+        server_ = std::move(s).value();
+    }
+    SwaPullTarget target(const kv::SwaStateKey& k) const {
+        return {"127.0.0.1:" + std::to_string(server_->port()), k};
+    }
+    SwaFetchOptions options() const {
+        SwaFetchOptions o;
+        o.incarnation = 9;
+        o.state_bytes = kSlotBytes + kv::kSwaSealBytes;
+        o.timeout = transfer::Timeout(2000);
+        return o;
+    }
+
+    kv::SwaStatePool holder_pool_{int64_t{1} << 20};
+    std::unique_ptr<transfer::Transport> tcp_ = transfer::make_tcp_transport();
+    std::unique_ptr<SwaFetchServer> server_;
+};
+
+TEST_F(SwaFetchTest, APulledStateEqualsTheHoldersAndAMissingOneIsNotFound) {
+    start_holder();
+    ASSERT_TRUE(holder_pool_.put(key(1), kvstore::TrafficClass::kAgent, sealed(256, 3)).is_ok());
+    Result<kv::SwaState> got = fetch_swa_state(*tcp_, target(key(1)), options());
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(got->key, key(1));
+    EXPECT_EQ(got->traffic_class, kvstore::TrafficClass::kAgent);
+    EXPECT_EQ(got->bytes, sealed(256, 3));
+    // The same chain key at another position, and another key: not held.
+    EXPECT_EQ(fetch_swa_state(*tcp_, target(key(1, 384)), options()).status().code(),
+              StatusCode::kNotFound);
+    EXPECT_EQ(fetch_swa_state(*tcp_, target(key(2)), options()).status().code(),
+              StatusCode::kNotFound);
+    // A puller of another model (state size) refuses the answer.
+    SwaFetchOptions other = options();
+    other.state_bytes += 128;
+    EXPECT_EQ(fetch_swa_state(*tcp_, target(key(1)), other).status().code(),
+              StatusCode::kInvalidArgument);
+    const SwaFetchServerStats s = server_->stats();
+    EXPECT_EQ(s.num_served, 2);
+    EXPECT_EQ(s.num_not_found, 2);
+    EXPECT_EQ(s.num_failed, 0);
+}
+
+TEST_F(SwaFetchTest, DamagedFramesAndABrokenSealAreRefused) {
+    // The holder's answer has one byte flipped: the frame digest catches it.
+    transfer::FaultPlan flip;
+    flip.corrupt_rate = 1.0;
+    auto base = transfer::make_tcp_transport();
+    start_holder(std::make_unique<transfer::FaultInjectingTransport>(base.get(), flip));
+    ASSERT_TRUE(holder_pool_.put(key(1), kvstore::TrafficClass::kChatbot, sealed(256, 5)).is_ok());
+    EXPECT_EQ(fetch_swa_state(*tcp_, target(key(1)), options()).status().code(),
+              StatusCode::kDataLoss);
+    server_.reset();
+    // The puller's request is damaged: the holder refuses it and answers nothing.
+    start_holder();
+    ASSERT_TRUE(holder_pool_.put(key(1), kvstore::TrafficClass::kChatbot, sealed(256, 5)).is_ok());
+    transfer::FaultInjectingTransport damaged(tcp_.get(), flip);
+    EXPECT_FALSE(fetch_swa_state(damaged, target(key(1)), options()).is_ok());
+    // A state whose seal does not match (damaged in the holder's memory).
+    std::vector<uint8_t> bad = sealed(256, 6);
+    bad[10] ^= 1;
+    ASSERT_TRUE(holder_pool_.put(key(3), kvstore::TrafficClass::kChatbot, bad).is_ok());
+    EXPECT_EQ(fetch_swa_state(*tcp_, target(key(3)), options()).status().code(),
+              StatusCode::kDataLoss);
+    EXPECT_EQ(server_->stats().num_failed, 1);
+    EXPECT_EQ(server_->stats().num_served, 1);  // the unsealed one (the puller checks)
+}
+
+TEST_F(SwaFetchTest, AHolderThatIsGoneOrSilentFailsWithinTheTimeout) {
+    start_holder();
+    const SwaPullTarget gone = target(key(1));
+    server_.reset();  // the holder died
+    EXPECT_EQ(fetch_swa_state(*tcp_, gone, options()).status().code(), StatusCode::kUnavailable);
+    // A holder that accepts and never answers.
+    auto listener = tcp_->listen("127.0.0.1", 0);
+    ASSERT_TRUE(listener.is_ok());
+    SwaFetchOptions o = options();
+    o.timeout = transfer::Timeout(200);
+    const Status silent =
+        fetch_swa_state(*tcp_, {"127.0.0.1:" + std::to_string((*listener)->port()), key(1)}, o)
+            .status();
+    EXPECT_FALSE(silent.is_ok());
+    EXPECT_TRUE(silent.code() == StatusCode::kDeadlineExceeded ||
+                silent.code() == StatusCode::kUnavailable)
+        << silent.to_string();
+    EXPECT_EQ(fetch_swa_state(*tcp_, {"no-port", key(1)}, o).status().code(),
+              StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace dsi::serving
