@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <thread>
 #include <vector>
 
 #include "kv/tiered_cache.h"
@@ -45,6 +47,16 @@ protected:
         o.timeout = transfer::Timeout(2000);
         return o;
     }
+    // The holder counts a connection after the puller has its answer: wait until it has
+    // counted `total` of them (or 5 s) before reading its stats.
+    SwaFetchServerStats settled_stats(int64_t total) const {
+        for (int i = 0; i < 500; ++i) {
+            const SwaFetchServerStats s = server_->stats();
+            if (s.num_served + s.num_not_found + s.num_failed >= total) return s;
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        }
+        return server_->stats();
+    }
 
     kv::SwaStatePool holder_pool_{int64_t{1} << 20};
     std::unique_ptr<transfer::Transport> tcp_ = transfer::make_tcp_transport();
@@ -69,7 +81,7 @@ TEST_F(SwaFetchTest, APulledStateEqualsTheHoldersAndAMissingOneIsNotFound) {
     other.state_bytes += 128;
     EXPECT_EQ(fetch_swa_state(*tcp_, target(key(1)), other).status().code(),
               StatusCode::kInvalidArgument);
-    const SwaFetchServerStats s = server_->stats();
+    const SwaFetchServerStats s = settled_stats(4);
     EXPECT_EQ(s.num_served, 2);
     EXPECT_EQ(s.num_not_found, 2);
     EXPECT_EQ(s.num_failed, 0);
@@ -96,8 +108,9 @@ TEST_F(SwaFetchTest, DamagedFramesAndABrokenSealAreRefused) {
     ASSERT_TRUE(holder_pool_.put(key(3), kvstore::TrafficClass::kChatbot, bad).is_ok());
     EXPECT_EQ(fetch_swa_state(*tcp_, target(key(3)), options()).status().code(),
               StatusCode::kDataLoss);
-    EXPECT_EQ(server_->stats().num_failed, 1);
-    EXPECT_EQ(server_->stats().num_served, 1);  // the unsealed one (the puller checks)
+    const SwaFetchServerStats s = settled_stats(2);
+    EXPECT_EQ(s.num_failed, 1);
+    EXPECT_EQ(s.num_served, 1);  // the unsealed one (the puller checks)
 }
 
 TEST_F(SwaFetchTest, AHolderThatIsGoneOrSilentFailsWithinTheTimeout) {
