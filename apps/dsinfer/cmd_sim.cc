@@ -49,7 +49,46 @@ struct SimFlags {
     std::string fit_prefill_steps;  // fit mode: a prefill engine's --step-log
     std::string fit_decode_steps;   // and a decode engine's
     std::string fit_out;            // where the fitted overlay goes
+    // Per-request and per-decode-step records of the run (JSON lines).
+    std::string records_out;
+    std::string decode_steps_out;
 };
+
+// The run's per-request and per-decode-step records as JSON lines (SimOptions::keep_records).
+Status write_sim_records(Env* env, const SimFlags& f, const sim::SimResult& r) {
+    if (!f.records_out.empty()) {
+        std::string text;
+        for (const sim::SimRequestRecord& q : r.requests) {
+            text += nlohmann::json{{"index", q.index},
+                                   {"prompt_tokens", q.prompt_tokens},
+                                   {"output_tokens", q.output_tokens},
+                                   {"hit_tokens", q.hit_tokens},
+                                   {"arrival_ns", q.arrival_ns},
+                                   {"first_token_ns", q.first_token_ns},
+                                   {"decode_arrive_ns", q.decode_arrive_ns},
+                                   {"second_token_ns", q.second_token_ns},
+                                   {"finish_ns", q.finish_ns},
+                                   {"prefill_engine", q.prefill_engine},
+                                   {"decode_engine", q.decode_engine}}
+                        .dump();
+            text += '\n';
+        }
+        DSI_RETURN_IF_ERROR(env->write_file(f.records_out, text));
+    }
+    if (!f.decode_steps_out.empty()) {
+        std::string text;
+        for (const sim::SimDecodeStep& d : r.decode_steps) {
+            text += nlohmann::json{{"engine", d.engine},     {"start_ns", d.start_ns},
+                                   {"end_ns", d.end_ns},     {"running", d.running},
+                                   {"joining", d.joining},   {"kv_tokens", d.kv_tokens},
+                                   {"join_ns", d.join_ns}}
+                        .dump();
+            text += '\n';
+        }
+        DSI_RETURN_IF_ERROR(env->write_file(f.decode_steps_out, text));
+    }
+    return Status::ok();
+}
 
 nlohmann::json dist_json(const sim::Distribution& d) {
     return {{"mean", d.mean}, {"p50", d.p50}, {"p90", d.p90}, {"p99", d.p99}, {"max", d.max}};
@@ -208,7 +247,14 @@ int run_sim(const SimFlags& f) {
     ops.autoscale = ops.autoscale || f.autoscale;
 
     std::vector<std::string> prefill_policies = {f.prefill_policy};
+    const bool want_records = !f.records_out.empty() || !f.decode_steps_out.empty();
     if (f.prefill_policy == "all") {
+        if (want_records) {
+            std::fprintf(stderr,
+                         "INVALID_ARGUMENT: --records-out / --decode-steps-out record one run: "
+                         "give one --prefill-policy, not all\n");
+            return 2;
+        }
         prefill_policies = {"deepseek", "round-robin", "least-loaded", "prefix-affinity"};
     }
     nlohmann::json runs = nlohmann::json::array();
@@ -238,6 +284,7 @@ int run_sim(const SimFlags& f) {
         o.store = store == "shared" ? sim::StoreKind::kShared : sim::StoreKind::kPerEngine;
         o.target_load = f.load;
         o.time_scale = f.time_scale;
+        o.keep_records = want_records;
         if (f.prefill_quota_ms > 0) {
             // As `dsinfer router --prefill-quota-ms`: the buckets' quotas are q, 2q, 4q, 5q.
             const double q = f.prefill_quota_ms * 1e6;
@@ -249,6 +296,10 @@ int run_sim(const SimFlags& f) {
         if (!r.is_ok()) {
             std::fprintf(stderr, "%s\n", r.status().to_string().c_str());
             return 2;
+        }
+        if (Status st = write_sim_records(env, f, *r); !st.is_ok()) {
+            std::fprintf(stderr, "%s\n", st.to_string().c_str());
+            return 1;
         }
         nlohmann::json j = result_json(*r);
         j["prefill_policy"] = pp;
@@ -366,6 +417,12 @@ void register_sim_commands(CLI::App& app) {
     add_setting(*sim, "--fit-out", sf->fit_out,
                 "fit mode: write the fitted step costs here (a cluster-description overlay for "
                 "--step-fit)");
+    add_setting(*sim, "--records-out", sf->records_out,
+                "write one JSON line per request (arrival, first token out of prefill, at the "
+                "decode engine, second token, finish; ns from the first arrival)");
+    add_setting(*sim, "--decode-steps-out", sf->decode_steps_out,
+                "write one JSON line per decode step (engine, start, end, running, joining, "
+                "KV tokens, the joiners' recompute ns)");
     add_switch(*sim, "--autoscale", sf->autoscale,
                "autoscale prefill engines and decode instances (settings: --cluster "
                "operations.autoscaler)");

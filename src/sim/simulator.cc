@@ -370,7 +370,9 @@ void Sim::start_decode(int d, bool after_step) {
     }
     de.joining.clear();
     double join_ns = 0;  // the joining requests' partial last blocks (decode_join_recompute_block)
+    de.step_joined.clear();
     for (uint32_t r : join) {
+        if (reqs_[r].second_token_ns < 0) de.step_joined.push_back(r);
         de.finishing.push({de.step + reqs_[r].decode_left, r});
         ++de.running;
         if (const int64_t b = c_.decode_join_recompute_block; b > 0) {
@@ -386,6 +388,9 @@ void Sim::start_decode(int d, bool after_step) {
                             c_.decode_per_kv_token_ns * ranks_[d].kv_tokens + join_ns;
     de.busy = true;
     de.busy_ns += duration;
+    de.step_start_ns = now_;
+    de.step_join_ns = join_ns;
+    de.step_kv_tokens = ranks_[d].kv_tokens;
     if (o_.timeline_bin_ns > 0) {
         add_busy(decode_busy_bins_, now_, duration);
     }
@@ -403,6 +408,15 @@ void Sim::on_decode_done(int d) {
         }
         return;
     }
+    if (o_.keep_records) {
+        res_.decode_steps.push_back({d, de.step_start_ns - t0_ns_, now_ - t0_ns_, de.running,
+                                     static_cast<int64_t>(de.step_joined.size()),
+                                     de.step_kv_tokens, de.step_join_ns});
+    }
+    for (uint32_t r : de.step_joined) {
+        if (reqs_[r].second_token_ns < 0) reqs_[r].second_token_ns = now_;
+    }
+    de.step_joined.clear();
     ++de.step;
     ranks_[d].kv_tokens += de.running;  // every running request gained one token
     res_.decoded_tokens += de.running;
@@ -515,6 +529,14 @@ void Sim::summarize() {
             met = met && tpot.back() <= o_.slo_tpot_ms;
         }
         slo_met += (met && q.finishes == 1) ? 1 : 0;
+        if (o_.keep_records) {
+            auto rel = [&](int64_t t) { return t < 0 ? int64_t{-1} : t - t0_ns_; };
+            res_.requests.push_back({static_cast<int64_t>(i), tr.input_tokens, tr.output_tokens,
+                                     q.first_hit_tokens, rel(q.arrival_ns),
+                                     rel(q.first_token_ns), rel(q.decode_arrive_ns),
+                                     rel(q.second_token_ns), rel(q.finish_ns), q.prefill_engine,
+                                     q.decode_engine});
+        }
         res_.input_tokens += tr.input_tokens;
         output_tokens += tr.output_tokens;
     }

@@ -182,6 +182,10 @@ struct SimOptions {
     // requests: TTFT only).
     double slo_ttft_ms = 2000;
     double slo_tpot_ms = 50;
+    // SimResult::requests and SimResult::decode_steps: one record per request and per
+    // decode step, to set beside a live run's `bench serve --records-out` and the decode
+    // engine's `serve --step-log` (bench/sim_vs_live.sh).
+    bool keep_records = false;
 };
 
 // One bin of the timeline: mean share of busy engines of each stage, and the requests
@@ -191,6 +195,33 @@ struct TimelinePoint {
     double prefill_busy = 0;
     double decode_busy = 0;
     int64_t prefill_waiting = 0;
+};
+
+// One request of a simulation (SimOptions::keep_records); times in simulated ns from the
+// first arrival, -1 where the request never got there.
+struct SimRequestRecord {
+    int64_t index = 0;  // in the trace
+    int64_t prompt_tokens = 0;
+    int64_t output_tokens = 0;
+    int64_t hit_tokens = 0;
+    int64_t arrival_ns = 0;
+    int64_t first_token_ns = -1;   // out of prefill
+    int64_t decode_arrive_ns = -1; // at the decode engine (after transfer and hops)
+    int64_t second_token_ns = -1;  // the end of its first decode step (the join)
+    int64_t finish_ns = -1;
+    int32_t prefill_engine = -1;
+    int32_t decode_engine = -1;
+};
+
+// One decode step (SimOptions::keep_records).
+struct SimDecodeStep {
+    int32_t engine = 0;
+    int64_t start_ns = 0;  // from the first arrival
+    int64_t end_ns = 0;
+    int64_t running = 0;   // requests in the step, joiners included
+    int64_t joining = 0;   // requests whose first decode step this is
+    int64_t kv_tokens = 0;
+    double join_ns = 0;    // the joiners' recomputed partial blocks, inside the step
 };
 
 struct Distribution {
@@ -246,6 +277,8 @@ struct SimResult {
     int max_online_prefill = 0;
     double device_hours = 0;              // devices held (online, draining, restarting, spare)
     std::vector<TimelinePoint> timeline;  // empty unless SimOptions::timeline_bin_ns > 0
+    std::vector<SimRequestRecord> requests;  // empty unless SimOptions::keep_records
+    std::vector<SimDecodeStep> decode_steps;  // empty unless SimOptions::keep_records
 };
 
 Result<SimResult> simulate(const workload::Trace& trace, const ClusterDescription& cluster,

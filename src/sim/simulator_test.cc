@@ -313,6 +313,54 @@ TEST(SimulatorTest, AsyncDecodeJoinsTheStepAfterTheNext) {
     EXPECT_NEAR(tpot_max(true), 26, 1e-3);
 }
 
+// SimOptions::keep_records on the worked example above (asynchronous joins): request 0
+// at 0 ms, first token 1, decode steps 1..11, 11..21, ..., its 19th decode token (the
+// finish) at 191; request 1 at 14, first token and decode arrival at 15, joins the step
+// of 31..41 (its second token and finish at 41).
+TEST(SimulatorTest, RecordsTellEachRequestAndDecodeStep) {
+    const workload::Trace t = requests_at({{0, 100, 20}, {14'000'000, 100, 2}});
+    ClusterDescription c = one_and_one(1e4, 10e6);
+    c.decode_async_join = true;
+    SimOptions o;
+    auto none = simulate(t, c, o);
+    ASSERT_TRUE(none.is_ok());
+    EXPECT_TRUE(none->requests.empty());
+    EXPECT_TRUE(none->decode_steps.empty());
+    o.keep_records = true;
+    auto r = simulate(t, c, o);
+    ASSERT_TRUE(r.is_ok()) << r.status().to_string();
+    ASSERT_EQ(r->requests.size(), 2u);
+    const SimRequestRecord& a = r->requests[0];
+    const SimRequestRecord& b = r->requests[1];
+    EXPECT_EQ(a.index, 0);
+    EXPECT_EQ(a.prompt_tokens, 100);
+    EXPECT_EQ(a.output_tokens, 20);
+    EXPECT_EQ(a.arrival_ns, 0);
+    EXPECT_EQ(a.first_token_ns, 1'000'000);
+    EXPECT_EQ(a.decode_arrive_ns, 1'000'000);
+    EXPECT_EQ(a.second_token_ns, 11'000'000);
+    EXPECT_EQ(a.finish_ns, 191'000'000);
+    EXPECT_EQ(a.decode_engine, 0);
+    EXPECT_EQ(b.arrival_ns, 14'000'000);
+    EXPECT_EQ(b.first_token_ns, 15'000'000);
+    EXPECT_EQ(b.decode_arrive_ns, 15'000'000);
+    EXPECT_EQ(b.second_token_ns, 41'000'000);
+    EXPECT_EQ(b.finish_ns, 41'000'000);
+    // 19 steps of request 0, one of them (31..41) with request 1 joining.
+    ASSERT_EQ(r->decode_steps.size(), 19u);
+    int64_t joined = 0;
+    for (size_t i = 0; i < r->decode_steps.size(); ++i) {
+        const SimDecodeStep& s = r->decode_steps[i];
+        EXPECT_EQ(s.start_ns, 1'000'000 + 10'000'000 * static_cast<int64_t>(i));
+        EXPECT_EQ(s.end_ns - s.start_ns, 10'000'000);
+        EXPECT_EQ(s.running, s.start_ns == 31'000'000 ? 2 : 1);
+        joined += s.joining;
+    }
+    EXPECT_EQ(r->decode_steps[0].joining, 1);
+    EXPECT_EQ(r->decode_steps[3].joining, 1);
+    EXPECT_EQ(joined, 2);
+}
+
 TEST(SimulatorTest, ClusterDescriptionParsing) {
     auto c = parse_cluster_description(
         R"({"num_prefill": 4, "num_decode": 2, "prefill_cost": {"per_q_ns": 1000},

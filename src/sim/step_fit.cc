@@ -14,19 +14,22 @@ constexpr int kMaxColumns = 4;
 using Row = std::array<double, kMaxColumns>;
 
 // The squared weight of a step that took t ns in the relative fit (steps under 1 us count
-// as 1 us).
-double weight(double t_ns) {
+// as 1 us), times `count`: 1 for a prefill step (each step's error over its own time: a 5
+// ms step counts as much as a 500 ms one, TTFT percentiles are made of both), the tokens
+// a decode step makes (TPOT is a per-token figure: a step of 50 sequences holds 50 of
+// them, a step of 1 one; weighing steps alike let the many small steps of a lightly
+// loaded stretch set the costs of the full batches where most tokens are made).
+double weight(double t_ns, double count = 1.0) {
     const double t = std::max(t_ns, 1e3);
-    return 1.0 / (t * t);
+    return count / (t * t);
 }
 
-// Relative least squares, y ~ X b minimising sum ((X b - y) / t)^2 with t the step's
-// measured time (y is t less the parts taken out at the calibration: context terms, a
-// join's recompute; weighing by y would let a step whose y is near 0 outweigh thousands),
-// over the columns in `mask` (the others fixed at 0), by the normal equations and
-// Gaussian elimination with partial pivoting. Relative: a 5 ms step counts as much as a
-// 500 ms one (TTFT percentiles are made of both). False when singular.
-bool solve_subset(std::span<const Row> x, std::span<const double> y, std::span<const double> t,
+// Weighted least squares, y ~ X b minimising sum w (X b - y)^2 with w = weight(t, count):
+// t the step's measured time (y is t less the parts taken out at the calibration: context
+// terms, a join's recompute; weighing by y would let a step whose y is near 0 outweigh
+// thousands), over the columns in `mask` (the others fixed at 0), by the normal equations
+// and Gaussian elimination with partial pivoting. False when singular.
+bool solve_subset(std::span<const Row> x, std::span<const double> y, std::span<const double> w,
                   int num_cols, unsigned mask, Row& b) {
     int cols[kMaxColumns];
     int k = 0;
@@ -35,10 +38,9 @@ bool solve_subset(std::span<const Row> x, std::span<const double> y, std::span<c
     }
     double a[kMaxColumns][kMaxColumns + 1] = {};
     for (size_t i = 0; i < x.size(); ++i) {
-        const double w = weight(t[i]);
         for (int r = 0; r < k; ++r) {
-            for (int c = 0; c < k; ++c) a[r][c] += w * x[i][cols[r]] * x[i][cols[c]];
-            a[r][k] += w * x[i][cols[r]] * y[i];
+            for (int c = 0; c < k; ++c) a[r][c] += w[i] * x[i][cols[r]] * x[i][cols[c]];
+            a[r][k] += w[i] * x[i][cols[r]] * y[i];
         }
     }
     double scale = 0;
@@ -61,21 +63,21 @@ bool solve_subset(std::span<const Row> x, std::span<const double> y, std::span<c
     return true;
 }
 
-// Non-negative relative least squares for up to 4 columns: the subset of columns whose
+// Non-negative weighted least squares for up to 4 columns: the subset of columns whose
 // unconstrained solution is all >= 0 with the smallest residual (exact for so few).
 Row nonneg_least_squares(std::span<const Row> x, std::span<const double> y,
-                         std::span<const double> t, int num_cols) {
+                         std::span<const double> w, int num_cols) {
     Row best{};
     double best_sse = std::numeric_limits<double>::infinity();
     for (unsigned mask = 1; mask < (1u << num_cols); ++mask) {
         Row b;
-        if (!solve_subset(x, y, t, num_cols, mask, b)) continue;
+        if (!solve_subset(x, y, w, num_cols, mask, b)) continue;
         if (std::any_of(b.begin(), b.end(), [](double v) { return v < 0; })) continue;
         double sse = 0;
         for (size_t i = 0; i < x.size(); ++i) {
             double f = 0;
             for (int j = 0; j < num_cols; ++j) f += b[j] * x[i][j];
-            sse += weight(t[i]) * (f - y[i]) * (f - y[i]);
+            sse += w[i] * (f - y[i]) * (f - y[i]);
         }
         if (sse < best_sse) {
             best_sse = sse;
@@ -209,6 +211,7 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
     std::vector<Row> x;
     std::vector<double> y;
     std::vector<double> step_ns;  // each step's measured time (the fit's relative scale)
+    std::vector<double> w;        // each step's weight in the fit
     double cost_sum = 0;
     double wall_sum = 0;
     double cpu_sum = 0;
@@ -229,12 +232,13 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
         x.push_back(r);
         y.push_back(std::max(1.0, t.cost_ns - context_ns));
         step_ns.push_back(t.cost_ns);
+        w.push_back(weight(t.cost_ns));
         cost_sum += cost;
         wall_sum += static_cast<double>(t.record->end_ns - t.record->start_ns);
         have_cpu = have_cpu && t.cpu_ns >= 0;
         cpu_sum += static_cast<double>(t.cpu_ns);
     }
-    Row b = nonneg_least_squares(x, y, step_ns, 4);
+    Row b = nonneg_least_squares(x, y, w, 4);
     fit.prefill_step_overhead_ns = b[0];
     fit.prefill_time_cost = calibrated;
     fit.prefill_time_cost.base_ns = b[1];
@@ -250,6 +254,7 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
     x.clear();
     y.clear();
     step_ns.clear();
+    w.clear();
     for (const Timed& t : d) {
         double join_ns = 0;
         double kv_tokens = 0;
@@ -260,8 +265,9 @@ Result<StepCostFit> fit_step_costs(std::span<const engine::StepRecord> prefill,
         x.push_back({1.0, static_cast<double>(t.record->items.size()), kv_tokens, 0.0});
         y.push_back(std::max(0.0, t.cost_ns - join_ns));
         step_ns.push_back(t.cost_ns);
+        w.push_back(weight(t.cost_ns, static_cast<double>(t.record->items.size())));
     }
-    b = nonneg_least_squares(x, y, step_ns, 3);
+    b = nonneg_least_squares(x, y, w, 3);
     fit.decode_base_ns = b[0];
     fit.decode_per_request_ns = b[1];
     fit.decode_per_kv_token_ns = b[2];

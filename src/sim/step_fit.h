@@ -21,7 +21,10 @@
 //    recomputed partial block, ClusterDescription::decode_join_recompute_block) out.
 // Coefficients are relative least squares (each step's error over its own measured time,
 // so short steps weigh as much as long ones; not over the time left after the parts taken
-// out, which is near 0 for a join step the calibration overprices) with every
+// out, which is near 0 for a join step the calibration overprices), a decode step's
+// squared error counted once per token it makes (TPOT is a per-token figure: the full
+// batches where most tokens are made set the decode costs, not the many small steps of a
+// lightly loaded stretch), with every
 // coefficient >= 0 (the best of the column subsets whose solution is non-negative), so a
 // collinear record set gives a usable model rather than a negative slope.
 //

@@ -122,6 +122,33 @@ TEST(StepFitTest, AnOverpricedJoinDoesNotOutweighTheOtherSteps) {
                 2.606e6, 0.26e6);
 }
 
+// A decode step counts by the tokens it makes (TPOT is per token): forty steps of one
+// sequence (2.1 ms) and forty of two (2.2 ms) against one of 40 sequences that took 10 ms
+// (a full batch costs more per sequence than the small ones say: no line fits all three).
+// Weighing steps alike, the eighty small ones put the full batch at 9.1 ms (9 % short,
+// where half of the tokens are made); weighing by tokens, within 1 % of it, and the
+// small steps within 4 %.
+TEST(StepFitTest, ADecodeStepWeighsAsTheTokensItMakes) {
+    std::vector<engine::StepRecord> d;
+    int64_t t = 0;
+    auto add = [&](int n, int64_t wall_ns) {
+        d.push_back(step(t, t + wall_ns, std::vector<Item>(static_cast<size_t>(n), Item{1, 0})));
+        t += 100'000'000;  // idle between steps: no gap counts
+    };
+    for (int i = 0; i < 40; ++i) {
+        add(1, 2'100'000);
+        add(2, 2'200'000);
+    }
+    add(40, 10'000'000);
+    Result<StepCostFit> f = fit_step_costs(prefill_steps(), d, per_token_us());
+    ASSERT_TRUE(f.is_ok()) << f.status().to_string();
+    auto at = [&](double n) {
+        return f->decode_base_ns + n * (f->decode_per_request_ns + f->decode_per_kv_token_ns);
+    };
+    EXPECT_NEAR(at(40), 10e6, 0.1e6);
+    EXPECT_NEAR(at(1), 2.1e6, 0.1e6);
+}
+
 TEST(StepFitTest, CoefficientsStayNonNegative) {
     const std::vector<engine::StepRecord> d = {
         step(0, 3'000'000, {{1, 99}}),

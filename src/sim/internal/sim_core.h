@@ -60,6 +60,7 @@ struct Req {
     int64_t prefill_done_ns = -1;
     int64_t first_token_ns = -1;
     int64_t decode_arrive_ns = -1;
+    int64_t second_token_ns = -1;  // the end of its first decode step
     int64_t finish_ns = -1;
     int32_t finishes = 0;
     // Tokens this prefill round covers: the prompt, or prompt + generated after a re-route.
@@ -103,6 +104,11 @@ struct DecodeEngine {
     bool stale_step = false;           // the step in flight was lost to a failure
     bool evacuate_after_step = false;  // a drain's grace ended during this step
     uint32_t epoch = 0;                // bumped when the rank loses its requests
+    // The step in flight: who joined it, when it began, its partial-block recompute.
+    std::vector<uint32_t> step_joined;
+    int64_t step_start_ns = 0;
+    double step_join_ns = 0;
+    int64_t step_kv_tokens = 0;
 };
 
 // Operations: an EP instance of decode ranks (S-DEPLOY).
