@@ -44,6 +44,11 @@
 # SVL_INTERLEAVE=1 alternates fit and predicted runs (fit 1, predicted 1, fit 2, ...) and
 # pools every fit run: the machine's speed drifts over a batch, and a fit made before all
 # predicted runs carries its own moment's speed into them.
+# SVL_FIT_SCALES=1,0.6,0.45 (arrival-scale factors of the fit runs): the fit slice at
+# load LOAD runs the decode engine at much smaller batches than the predicted slice, and
+# a decode model fitted there is short on full batches; the factors send fit runs 2 and
+# 3 faster so the pooled fit covers them. The script prints each run's decode batch per
+# token made beside the simulator's (bench/RESULTS.md, session 21 batches).
 # The live hops (bench/sim_vs_live_hops.py: the router's quota pricing, its dispatch and
 # quota release, the hand-over's latency to the decode scheduler, the async join) are
 # fitted from the fit runs' request records (`bench serve --records-out`) and step logs
@@ -356,7 +361,8 @@ if [[ -n "$fit_offset" && "${SVL_INTERLEAVE:-0}" != 0 ]]; then
   fit_from "${fit_runs[@]}"
   step_fit=(--step-fit "$work/step_fit_hops.json")
   "$bin" sim --trace "$work/slice.jsonl" --cluster "$work/cluster.json" "${step_fit[@]}" \
-    --time-scale "$scale" --prefill-quota-ms "$quota_ms" > "$work/sim.json" 2> "$work/sim.json.err" ||
+    --time-scale "$scale" --prefill-quota-ms "$quota_ms" --records-out "$work/sim_records.jsonl" \
+    --decode-steps-out "$work/sim_decode_steps.jsonl" > "$work/sim.json" 2> "$work/sim.json.err" ||
     fail "sim failed: $(tail -3 "$work/sim.json.err")"
 else
   if [[ -n "$fit_offset" ]]; then
@@ -418,6 +424,28 @@ print(f"requests: sim {sims['sim']['requests']}, live " +
 keys = [(n, k, p) for n, k in (("TTFT", "ttft_ms"), ("TPOT", "tpot_ms")) for p in ("p50", "p90", "p99")]
 print("live, bench serve's nearest-rank report (median of the runs): " + ", ".join(
     f"{n} {p} {statistics.median(l['report'][k][p] for l in lives):.1f}" for n, k, p in keys))
+# The decode batches each side ran, counted per token (the batch a token was made in):
+# a fit whose runs never reached the predicted runs' batches extrapolates its decode
+# costs (SVL_FIT_SCALES below 1 sends the fit slice faster).
+def token_batches(path, key):
+    sizes = []
+    for line in open(path):
+        if line.strip():
+            s = json.loads(line)
+            n = s["running"] if key == "running" else len(s["items"])
+            sizes += [n] * n
+    return sorted(sizes)
+def batch_line(label, sizes):
+    return f"{label} {pct(sizes, .5):.0f} / {pct(sizes, .9):.0f}" if sizes else f"{label} -"
+import glob
+fit_steps = sorted(glob.glob(f"{work}/steps_d_fit[0-9]*.jsonl"))
+parts = [batch_line(os.path.basename(f)[8:-6], token_batches(f, "items")) for f in fit_steps]
+parts += [batch_line(f"predicted {r}", token_batches(f"{work}/steps_d_{r}.jsonl", "items"))
+          for r in range(1, reps + 1) if os.path.exists(f"{work}/steps_d_{r}.jsonl")]
+if os.path.exists(f"{work}/sim_decode_steps.jsonl"):
+    parts.append(batch_line("sim", token_batches(f"{work}/sim_decode_steps.jsonl", "running")))
+if parts:
+    print("decode batch per token made, p50 / p90: " + ", ".join(parts))
 for label, sim in sims.items():
     print(f"\n{label} vs live, ms (sim / live per run; median of the ratios)")
     print("| metric | sim | " + " | ".join(f"live {r}" for r in range(1, reps + 1)) +
@@ -434,7 +462,7 @@ PY
 if [[ -n "$keep" ]]; then
   mkdir -p "$keep"
   cp "$work"/cost.json "$work"/verify.json "$work"/cluster.json "$work"/sim*.json "$work"/live_*.json \
-    "$work"/steps_*.jsonl "$work"/records_*.jsonl "$work"/*slice.jsonl "$work"/metrics_*.txt "$keep"/ 2>/dev/null || true
+    "$work"/steps_*.jsonl "$work"/records_*.jsonl "$work"/sim_*.jsonl "$work"/*slice.jsonl "$work"/metrics_*.txt "$keep"/ 2>/dev/null || true
   [[ -f "$work/step_fit.json" ]] && cp "$work/step_fit.json" "$work/step_fit_report.json" \
     "$work/hops.json" "$work/step_fit_hops.json" "$work"/r_*.out "$keep"/
   echo "kept in $keep"
