@@ -16,6 +16,7 @@ DEB_PACKAGES=(
   libnuma-dev  # --ep ranks pinned to NUMA nodes (issue 19)
   etcd-server  # membership_test, the cluster drills (issue 18)
   iproute2     # netns_drill_test: ip netns, veth, bridge
+  nftables     # netns_drill_test: real packet loss (no sch_netem in the kernels here)
   nodejs npm
   python3-matplotlib  # tools/plots/plot.py: every figure, ctest plots_test
   clang libclang-rt-14-dev
