@@ -53,7 +53,9 @@ serve_start() {
         >"$tmp/$name.out" 2>"$tmp/$name.err" &
     serve_pid=$!
     for _ in $(seq 600); do
-        port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/$name.out")
+        # (the background shell may not have made NAME.out yet: under load the first look
+        # can come before its redirection, and a failing sed would end the test silently)
+        port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/$name.out" 2>/dev/null || true)
         [[ -n $port ]] && break
         kill -0 "$serve_pid" 2>/dev/null || break
         sleep 0.05
