@@ -10,6 +10,11 @@
 #      engine-b -> hit 256) and tells engine-a to pull it; engine-a pulls it
 #      (dsinfer_swa_state_pulls_total 1), starts from it (one exact SWA hit, no replay),
 #      and B's answer equals a single `serve`'s (greedy).
+#   3. a second router joins (the directory's keys are split over the two by rendezvous
+#      hashing); request C extends B and goes through each router in turn: each plans a
+#      state hit (B's state is held by engine-a), the router that does not own a key it
+#      needs asks the one that does (dsinfer_router_swa_remote_lookups_total >= 1 over
+#      the two, none failed), and both answers equal a single `serve`'s.
 # Usage: swa_pull_drill.sh BUILD_DIR
 set -euo pipefail
 build="$(cd "$1" && pwd)"
@@ -76,4 +81,36 @@ hits="$(metric "$router_port" dsinfer_router_swa_state_hits_total)"
 pull_us="$(metric "$a_port" dsinfer_swa_state_pull_microseconds_total)"
 pull_bytes="$(metric "$a_port" dsinfer_swa_state_pull_bytes_total)"
 echo "drill 2: engine-a pulled engine-b's SWA state ($pull_bytes bytes in $pull_us us), one exact SWA hit, no replay; answer == one engine's"
+
+# 3. A second router; C (B + more) through each router: state hits planned on both, the
+#    keys the other router owns asked for there.
+start router-2 router "${model[@]}" "${store[@]}" --membership "$membership"
+router2_port=$last_port
+for _ in $(seq 100); do
+  [[ "$(metric "$router_port" dsinfer_router_swa_routers)" -eq 2 &&
+     "$(metric "$router2_port" dsinfer_router_swa_routers)" -eq 2 &&
+     "$(metric "$router2_port" dsinfer_router_engines)" -eq 2 ]] && break
+  sleep 0.1
+done
+[[ "$(metric "$router2_port" dsinfer_router_swa_routers)" -eq 2 ]] ||
+  fail "drill 3: the routers do not see each other"
+sleep 1  # each router's poll of the engines (every 200 ms) keeps the keys it now owns
+prompt_c="$prompt_b And then it rained."
+want_c="$(ask "$ref_port" "$prompt_c" 12 | field 'j["choices"][0]["message"]["content"]')" ||
+  fail "request C on the reference"
+lookups=0
+for port in "$router_port" "$router2_port"; do
+  before="$(metric "$port" dsinfer_router_swa_state_hits_total)"
+  c="$(ask "$port" "$prompt_c" 12)" || fail "drill 3: request C through the router on $port"
+  [[ "$(field 'j["choices"][0]["message"]["content"]' <<< "$c")" == "$want_c" ]] ||
+    fail "drill 3: C's answer through the router on $port differs from one engine's"
+  after="$(metric "$port" dsinfer_router_swa_state_hits_total)"
+  [[ "$after" -eq $((before + 1)) ]] ||
+    fail "drill 3: the router on $port planned no SWA state hit for C ($before -> $after)"
+  lookups=$((lookups + $(metric "$port" dsinfer_router_swa_remote_lookups_total)))
+  failed="$(metric "$port" dsinfer_router_swa_remote_lookup_failures_total)"
+  [[ "${failed:-1}" -eq 0 ]] || fail "drill 3: $failed lookups at the other router failed"
+done
+[[ "$lookups" -ge 1 ]] || fail "drill 3: no router asked the other for a key it does not own"
+echo "drill 3: two routers; C planned as an SWA state hit through each ($lookups lookups at the owning router); answers == one engine's"
 echo "PASS"
