@@ -120,6 +120,7 @@ struct Engine::Impl {
     int64_t submitted_steps = 0;    // plans handed to the worker
     int64_t completed_steps = 0;    // their results taken
     bool landing_attached = false;  // options.kv_landing serves this engine's pool
+    int64_t landings_published = 0;  // landings held when serve_landing last ran
     int64_t prev_end_ns = 0;
     // DSpark (speculative.varlen): whether to speculate at the current batch size, from
     // the measured rates of both loop modes (spec/varlen.h).
@@ -219,6 +220,10 @@ struct Engine::Impl {
     void serve_landing() {
         if (!landing_attached) return;
         KvLanding& l = *options.kv_landing;
+        // Nothing held, nothing asked, and the counters published since the last change.
+        const int64_t held = cache->num_landings();
+        if (held == 0 && landings_published == 0 && !l.has_asks()) return;
+        landings_published = held;
         l.serve(*cache, env->now_ns(), submitted_steps, completed_steps,
                 !cache->has_pending_saves());
         l.expire(*cache, env->now_ns());
