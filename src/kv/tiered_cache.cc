@@ -311,7 +311,18 @@ Result<int64_t> TieredCache::reserve_landing(int64_t num_tokens) {
     if (!landing_supported() || num_tokens <= 0) {
         return failed_precondition("no hand-over landing for this cache layout");
     }
-    Result<std::vector<BlockId>> b = pool_->allocate(blocks_for_tokens(num_tokens));
+    // Running sequences keep a block each to grow into: a hand-over does not make the
+    // scheduler preempt them.
+    const int64_t need = blocks_for_tokens(num_tokens);
+    const auto running = static_cast<int64_t>(std::count_if(
+        seqs_.begin(), seqs_.end(), [](const auto& kv) { return kv.second.admitted; }));
+    if (need > pool_->num_available() - running) {
+        ++stats_.landings_refused;
+        return resource_exhausted("hand-over landing: " + std::to_string(need) + " blocks, " +
+                                  std::to_string(pool_->num_available()) + " available for " +
+                                  std::to_string(running) + " running sequences");
+    }
+    Result<std::vector<BlockId>> b = pool_->allocate(need);
     if (!b.is_ok()) {
         ++stats_.landings_refused;
         return b.status().with_context("hand-over landing");

@@ -335,8 +335,9 @@ public:
     // still writes (a sequence just finished); the caller hands it to the writer only
     // after every step submitted before the reservation has completed (engine.cc).
     bool landing_supported() const;
-    // RESOURCE_EXHAUSTED when the pool cannot spare the blocks (nothing is taken: the
-    // caller falls back to the store tier); FAILED_PRECONDITION when unsupported.
+    // RESOURCE_EXHAUSTED when the pool cannot spare the blocks and one more for each
+    // running sequence to grow into (nothing is taken: the caller falls back to the store
+    // tier); FAILED_PRECONDITION when unsupported.
     Result<int64_t> reserve_landing(int64_t num_tokens);
     // Per store layer, per block of the landing: that block's slice of that layer
     // (num_store_layers x blocks pointers to layer_block_bytes bytes).
