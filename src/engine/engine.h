@@ -46,6 +46,11 @@
 //   - swap-in (S-KV-6): the worker copies the fetched blocks into the pool on a
 //     swap-in thread layer by layer while the forward pass runs; attention on a
 //     fetched row waits (with a deadline) on a per-layer readiness counter.
+// KV hand-over landings (issue 18, EngineOptions::kv_landing, engine/kv_landing.h):
+// between steps the engine serves a receiver's asks for pool blocks (a reservation is
+// handed out once the steps in flight when it was taken have completed), lands them
+// (prefix index, held for the continuation) or drops them; a continuation whose tokens
+// give the landed keys starts past the prompt's tail rows too.
 //
 // The model (model/causal_lm.h) says what a sequence's cache is (KvLayout): paged
 // groups become the pool's cache groups; a state slot (DeepSeek V4) becomes one slot per

@@ -156,16 +156,18 @@ void KvLanding::grant_ready(kv::TieredCache& cache, int64_t completed_steps) {
 }
 
 void KvLanding::grant_locked(kv::TieredCache& cache, int64_t completed_steps) {
-    std::erase_if(granting_, [&](const std::shared_ptr<Ask>& a) {
-        if (a->ready_after > completed_steps) return false;
-        if (a->abandoned) {
+    std::vector<std::shared_ptr<Ask>> waiting;
+    for (std::shared_ptr<Ask>& a : granting_) {
+        if (a->ready_after > completed_steps) {
+            waiting.push_back(std::move(a));
+        } else if (a->abandoned) {
             cache.drop_landing(a->handle);
         } else {
             ++outstanding_;  // the receiver's to write from now on
             finish(*a, Status::ok());
         }
-        return true;
-    });
+    }
+    granting_ = std::move(waiting);
     publish_stats(cache);
 }
 

@@ -98,6 +98,8 @@ public:
     void detach();
 
 private:
+    // Shared by the asking thread (which waits on it, or abandons it at its deadline)
+    // and the engine thread (which answers it); fields under mu_.
     struct Ask {
         enum class Kind { kReserve, kLand, kDrop } kind = Kind::kReserve;
         int64_t num_tokens = 0;

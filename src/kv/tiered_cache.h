@@ -55,6 +55,11 @@
 //     the pinned blocks). States keep only swa_stored_ranges of the slot (S-KV-8's
 //     stored region); a restore writes them into a zeroed slot image (the dropped
 //     region is rebuilt by the model's replay).
+//   - Hand-over landings (issue 18, below): blocks a receiver writes while no table holds
+//     them; landed, the full ones are in the prefix index and all are held until the
+//     continuation is admitted (it adopts the tail block when its tokens give the tail
+//     key; one landing per continuation) or the landing expires. A reservation leaves
+//     each running sequence a block to grow into.
 //   - Block data hazards are ordered by the caller's steps (engine.h): a block released
 //     while a step may use it is handed out again only by a later plan.
 // Device-side copies (copy_block_to_host, copy_block_from_host, copy_fetched_layer) run
