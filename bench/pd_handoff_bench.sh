@@ -81,6 +81,8 @@ done
 metric() { curl -sf "http://127.0.0.1:$1/metrics" | sed -n "s/^$2 \([0-9.e+]*\)$/\1/p" | cut -d. -f1; }
 sent_us="$(metric "$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/pA.out")" dsinfer_kv_handoff_sent_microseconds_total)"
 echo "prefill engine A: export -> Ack of the hand-overs, mean $(( sent_us / rounds )) us"
+dport="$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$work/dA.out")"
+echo "decode engine A: landed in its pool $(metric "$dport" dsinfer_kv_inbox_landed_total), tail tokens attached $(metric "$dport" dsinfer_kv_landing_tail_tokens_total), store-tier fallbacks $(metric "$dport" dsinfer_kv_inbox_landing_fallbacks_total), stored in the store tier $(metric "$dport" dsinfer_kv_inbox_blocks_total) blocks"
 echo "router A: kv hand-overs $(metric "${rport[A]}" dsinfer_router_kv_handoffs_total), failed $(metric "${rport[A]}" dsinfer_router_kv_handoffs_failed_total); router B: $(metric "${rport[B]}" dsinfer_router_kv_handoffs_total)"
 [[ -n "${PD_BENCH_DEBUG:-}" ]] && cut -c1-600 "$results"
 python3 - "$results" <<'PY'

@@ -297,10 +297,35 @@ int run_serve(const ServeFlags& f) {
         // The peer id its inbox keeps incarnations under: unique per process.
         ho.self = {f.node_id.empty() ? "serve-" + std::to_string(incarnation) : f.node_id,
                    transfer::PeerRole::kPrefill, incarnation};
-        ho.extra_counters = [&inbox] {
+        ho.extra_counters = [&inbox, landing = rep.kv_landing()] {
             std::vector<server::ServiceStats::Counter> c;
             if (inbox == nullptr) return c;
             const serving::KvInboxStats s = inbox->stats();
+            c.push_back({"kv_inbox_landed_total", "KV hand-overs received into the engine's pool",
+                         s.num_landed});
+            c.push_back({"kv_inbox_landed_blocks_total", "full KV blocks received into the pool",
+                         s.blocks_landed});
+            c.push_back({"kv_inbox_landed_tail_tokens_total",
+                         "prompt tail rows received into the pool", s.tail_tokens_landed});
+            c.push_back({"kv_inbox_landing_fallbacks_total",
+                         "hand-overs stored in the store tier: the pool had no room",
+                         s.num_landing_fallbacks});
+            if (landing != nullptr) {
+                const engine::KvLandingStats l = landing->stats();
+                c.push_back({"kv_landing_attached_total",
+                             "continuations admitted onto a landed hand-over", l.attached});
+                c.push_back({"kv_landing_tail_tokens_total",
+                             "prompt tail tokens a continuation did not recompute", l.tail_tokens});
+                c.push_back({"kv_landing_expired_total",
+                             "landed hand-overs whose continuation never came (TTL)", l.expired});
+                c.push_back({"kv_landing_dropped_total",
+                             "pool reservations released by failed or aborted hand-overs",
+                             l.dropped});
+                c.push_back({"kv_landing_refused_total",
+                             "pool reservations refused (no room: store-tier path)", l.refused});
+                c.push_back({"kv_landing_blocks_held", "pool blocks held by hand-overs now",
+                             l.blocks_held});
+            }
             c.push_back({"kv_inbox_received_total", "KV hand-overs stored", s.num_received});
             c.push_back({"kv_inbox_failed_total", "KV hand-overs refused or broken", s.num_failed});
             c.push_back({"kv_inbox_rejected_total", "hand-over connections refused (busy)",
@@ -385,6 +410,10 @@ int run_serve(const ServeFlags& f) {
             io.layer_block_bytes = rep.kv_block_shape()->layer_block_bytes;
             io.swa_state_bytes = rep.kv_block_shape()->swa_state_bytes;
             io.swa_pool = rep.swa_pool();
+            io.landing = rep.kv_landing();
+            if (io.landing != nullptr) {
+                io.landing->set_waker([svc = engine_service.get()] { svc->wake(); });
+            }
             Result<std::unique_ptr<serving::KvInbox>> in =
                 serving::KvInbox::start(std::move(io), rep.kv_inbox(), std::move(inbox_transport));
             if (!in.is_ok()) return fail(in.status().with_context("--kv-transfer-port"));

@@ -60,14 +60,18 @@ json kv_json(const kv::KvExport& x) {
     for (const kvstore::StoreKey& k : x.keys) keys.push_back({k.lo, k.hi});
     json layers = json::array();
     for (const std::vector<uint8_t>& l : x.layers) layers.push_back(json::binary(l));
-    return {{"model", x.model_id},
-            {"dtype", x.dtype},
-            {"traffic", static_cast<int>(x.traffic_class)},
-            {"block_tokens", x.block_tokens},
-            {"layer_bytes", x.layer_block_bytes},
-            {"keys", std::move(keys)},
-            {"hashes", x.token_hashes},
-            {"layers", std::move(layers)}};
+    json j = {{"model", x.model_id},
+              {"dtype", x.dtype},
+              {"traffic", static_cast<int>(x.traffic_class)},
+              {"block_tokens", x.block_tokens},
+              {"layer_bytes", x.layer_block_bytes},
+              {"keys", std::move(keys)},
+              {"hashes", x.token_hashes},
+              {"layers", std::move(layers)}};
+    if (x.tail_tokens > 0) {
+        j["tail"] = {x.tail_tokens, x.tail_key.lo, x.tail_key.hi, x.tail_token_hash};
+    }
+    return j;
 }
 
 Result<std::shared_ptr<const kv::KvExport>> kv_from(const json& j) {
@@ -86,10 +90,16 @@ Result<std::shared_ptr<const kv::KvExport>> kv_from(const json& j) {
     }
     x->token_hashes = j.at("hashes").get<std::vector<uint64_t>>();
     for (const json& l : j.at("layers")) x->layers.push_back(l.get_binary());
-    bool ok =
-        x->token_hashes.size() == x->keys.size() && x->layers.size() == x->layer_block_bytes.size();
+    if (j.contains("tail")) {  // the rows past the last full block (kv::KvExport)
+        const json& t = j.at("tail");
+        x->tail_tokens = t.at(0).get<uint32_t>();
+        x->tail_key = {t.at(1).get<uint64_t>(), t.at(2).get<uint64_t>()};
+        x->tail_token_hash = t.at(3).get<uint64_t>();
+    }
+    bool ok = x->token_hashes.size() == x->keys.size() &&
+              x->layers.size() == x->layer_block_bytes.size() && x->tail_tokens < x->block_tokens;
     for (size_t l = 0; ok && l < x->layers.size(); ++l) {
-        ok = x->layers[l].size() == x->keys.size() * x->layer_block_bytes[l];
+        ok = x->layers[l].size() == x->keys.size() * x->layer_block_bytes[l] + x->tail_bytes(l);
     }
     if (!ok) return invalid_argument("dp message: a KV export of inconsistent sizes");
     return std::shared_ptr<const kv::KvExport>(std::move(x));

@@ -117,6 +117,10 @@ struct Engine::Impl {
     int64_t next_seq = 1;
     int in_flight = 0;
     int in_flight_speculative = 0;  // of which plans that draft or verify drafts
+    int64_t submitted_steps = 0;    // plans handed to the worker
+    int64_t completed_steps = 0;    // their results taken
+    bool landing_attached = false;  // options.kv_landing serves this engine's pool
+    int64_t landings_published = 0;  // landings held when serve_landing last ran
     int64_t prev_end_ns = 0;
     // DSpark (speculative.varlen): whether to speculate at the current batch size, from
     // the measured rates of both loop modes (spec/varlen.h).
@@ -208,7 +212,21 @@ struct Engine::Impl {
         worker.submit(std::move(plan));
         cache->end_plan();
         ++in_flight;
+        ++submitted_steps;
         return true;
+    }
+
+    // Hand-over landings (engine/kv_landing.h): the receiver's asks, served between steps.
+    void serve_landing() {
+        if (!landing_attached) return;
+        KvLanding& l = *options.kv_landing;
+        // Nothing held, nothing asked, and the counters published since the last change.
+        const int64_t held = cache->num_landings();
+        if (held == 0 && landings_published == 0 && !l.has_asks()) return;
+        landings_published = held;
+        l.serve(*cache, env->now_ns(), submitted_steps, completed_steps,
+                !cache->has_pending_saves());
+        l.expire(*cache, env->now_ns());
     }
 
     // The running sequences, and the head of the waiting queue with what admission
@@ -603,7 +621,7 @@ struct Engine::Impl {
         ev.reason = reason;
         if (s.export_kv && (reason == FinishReason::kLength || reason == FinishReason::kStop)) {
             // Its blocks are published (the step result came first) and still held.
-            ev.kv_export = cache->export_blocks(s.id, s.tokens);
+            ev.kv_export = cache->export_blocks(s.id, s.tokens, s.num_confirmed);
             if (ev.kv_export) {
                 ++stats.kv_exports;
                 stats.kv_export_bytes += static_cast<int64_t>(ev.kv_export->bytes());
@@ -806,11 +824,24 @@ Result<std::unique_ptr<Engine>> Engine::create(CausalLm* model, EngineOptions op
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<kv::TieredCache> cache,
                          kv::TieredCache::create(std::move(co)));
     auto impl = std::make_unique<Impl>(model, std::move(options), env, std::move(cache));
+    if (impl->options.kv_landing != nullptr) {
+        if (!impl->cache->landing_supported()) {
+            DSI_LOG(kInfo) << "kv hand-overs land in the store tier: this cache layout has no "
+                              "pool landings (state slots, or prefix caching off)";
+        } else if (!impl->options.kv_landing->attach()) {
+            DSI_LOG(kWarning) << "kv landing: another engine is attached; this one takes none";
+        } else {
+            impl->landing_attached = true;
+        }
+    }
     return std::unique_ptr<Engine>(new Engine(std::move(impl)));
 }
 
 Engine::Engine(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-Engine::~Engine() = default;
+Engine::~Engine() {
+    // The receiver's asks fail from now on; its writes into the pool end first.
+    if (impl_ && impl_->landing_attached) impl_->options.kv_landing->detach();
+}
 
 RequestLimits Engine::request_limits() const {
     const Impl& m = *impl_;
@@ -935,10 +966,13 @@ Status Engine::step() {
     if (m.in_flight < max_in_flight) {
         DSI_ASSIGN_OR_RETURN(submitted, m.schedule_and_submit());
     }
+    m.serve_landing();
     if (m.in_flight > 0 && (m.in_flight == max_in_flight || !submitted)) {
         StepResult r = m.worker.wait();
         --m.in_flight;
+        ++m.completed_steps;
         m.post_process(r);
+        if (m.landing_attached) m.options.kv_landing->grant_ready(*m.cache, m.completed_steps);
     } else if (!submitted && m.in_flight == 0 && m.cache->num_fetching() > 0) {
         // Only store fetches are pending: wait (briefly, with a deadline) for one.
         m.cache->wait_for_fetch(2);
@@ -963,7 +997,15 @@ Status Engine::run() {
     return Status::ok();
 }
 
-bool Engine::has_work() const { return !impl_->seqs.empty() || impl_->in_flight > 0; }
+bool Engine::has_work() const {
+    return !impl_->seqs.empty() || impl_->in_flight > 0 ||
+           (impl_->landing_attached && impl_->options.kv_landing->has_asks());
+}
+
+Status Engine::idle_check() {
+    impl_->serve_landing();
+    return Status::ok();
+}
 
 EngineStats Engine::stats() const {
     EngineStats s = impl_->stats;

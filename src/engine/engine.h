@@ -46,6 +46,11 @@
 //   - swap-in (S-KV-6): the worker copies the fetched blocks into the pool on a
 //     swap-in thread layer by layer while the forward pass runs; attention on a
 //     fetched row waits (with a deadline) on a per-layer readiness counter.
+// KV hand-over landings (issue 18, EngineOptions::kv_landing, engine/kv_landing.h):
+// between steps the engine serves a receiver's asks for pool blocks (a reservation is
+// handed out once the steps in flight when it was taken have completed), lands them
+// (prefix index, held for the continuation) or drops them; a continuation whose tokens
+// give the landed keys starts past the prompt's tail rows too.
 //
 // The model (model/causal_lm.h) says what a sequence's cache is (KvLayout): paged
 // groups become the pool's cache groups; a state slot (DeepSeek V4) becomes one slot per
@@ -74,6 +79,7 @@
 
 #include "base/env.h"
 #include "base/status.h"
+#include "engine/kv_landing.h"
 #include "engine/scheduler.h"
 #include "kv/block_pool.h"
 #include "kv/kv_export.h"
@@ -187,6 +193,12 @@ struct EngineOptions {
     // a hit equals the cold run bitwise). keep_tokens below the window plus the draft
     // count (speculative.k() when speculating) is INVALID_ARGUMENT at create.
     kv::YocoPrefillSettings yoco_prefill;
+    // Issue 18 hand-over into this engine's pool (engine/kv_landing.h): a KvInbox
+    // receives into blocks reserved here and the continuation attaches them (the
+    // prompt's tail rows too). Attached at create when the layout has landings (V2/V3
+    // with prefix caching); else the inbox keeps the store-tier path. May be shared with
+    // the engines that follow this one (one attached at a time).
+    std::shared_ptr<KvLanding> kv_landing;
     bool kv_store_write = true;          // offer completed blocks to the store
     int64_t swap_in_layer_delay_us = 0;  // tests: slow the swap-in per layer
 };
@@ -414,6 +426,8 @@ public:
     Status abort(RequestId id) override;
     // One iteration of the step loop. Errors from the model are fatal for the engine.
     Status step() override;
+    // Idle: hand-over landings past their TTL are released (EngineOptions::kv_landing).
+    Status idle_check() override;
     // Steps until no request is left.
     Status run();
     bool has_work() const override;

@@ -364,15 +364,20 @@ TEST(EngineStoreTest, ExportedBlocksLetAnotherEngineContinueWithColdOutputs) {
     ASSERT_EQ(first, std::vector<int32_t>{cold.tokens[0]});
     ASSERT_NE(exported, nullptr);
     EXPECT_EQ(a->stats().kv_exports, 1);
-    ASSERT_EQ(exported->num_blocks(), 5u);  // the full prompt blocks, not the partial one
+    ASSERT_EQ(exported->num_blocks(), 5u);  // the full prompt blocks; the partial one's rows:
+    EXPECT_EQ(exported->tail_tokens, static_cast<uint32_t>(kPromptLen % 128));
+    const std::span<const int32_t> tail = std::span<const int32_t>(prompt).subspan(5 * 128);
+    EXPECT_EQ(exported->tail_token_hash, kvstore::token_ids_hash(tail));
     const std::vector<kv::BlockKey> chain =
         kv::chain_keys(prompt, kv::make_salt(options().model_id, ""));
     for (size_t b = 0; b < 5; ++b) {
         EXPECT_EQ(exported->keys[b], (kvstore::StoreKey{chain[b].lo, chain[b].hi}));
     }
     ASSERT_EQ(exported->layer_block_bytes.size(), exported->num_layers());
-    EXPECT_EQ(exported->bytes(),
-              exported->num_blocks() * exported->num_layers() * exported->layer_block_bytes[0]);
+    EXPECT_EQ(exported->bytes(), exported->num_layers() * exported->num_blocks() *
+                                         exported->layer_block_bytes[0] +
+                                     exported->num_layers() * exported->tail_bytes(0));
+    EXPECT_EQ(exported->tail_bytes(0), exported->layer_block_bytes[0] / 128 * (kPromptLen % 128));
     EXPECT_EQ(exported->swa_state, nullptr);
 
     const std::string name = "dsi_engine_export_" + std::to_string(::getpid());

@@ -117,7 +117,7 @@ ScheduleDecision Scheduler::schedule(std::span<const SeqView> running,
         // Blocks the sequence holds once admitted (pinned hits, or swapped-in rows) and
         // what taking them costs the pool.
         const int64_t held_blocks =
-            w.num_swapped_blocks > 0 ? w.num_swapped_blocks : w.num_cached_tokens / kv::kBlockTokens;
+            w.num_swapped_blocks > 0 ? w.num_swapped_blocks : blocks_for_tokens(w.num_cached_tokens);
         const int64_t taken = w.num_cached_unreferenced_blocks + w.num_swapped_blocks;
         const int64_t free_after_pin = avail - taken;
         if (free_after_pin < 0) break;

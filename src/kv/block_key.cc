@@ -31,6 +31,24 @@ BlockKey chain_key(const BlockKey& parent, std::span<const int32_t> tokens, cons
     return {h.low64, h.high64};
 }
 
+BlockKey tail_key(const BlockKey& parent, std::span<const int32_t> tokens, const BlockKey& salt) {
+    DSI_CHECK(!tokens.empty() && static_cast<int64_t>(tokens.size()) < kBlockTokens);
+    // parent || tokens || salt || token count (a full block's buffer has no count).
+    uint8_t buf[sizeof(BlockKey) * 2 + kBlockTokens * sizeof(int32_t) + sizeof(uint32_t)];
+    const auto count = static_cast<uint32_t>(tokens.size());
+    size_t n = 0;
+    std::memcpy(buf, &parent, sizeof parent);
+    n += sizeof parent;
+    std::memcpy(buf + n, tokens.data(), tokens.size_bytes());
+    n += tokens.size_bytes();
+    std::memcpy(buf + n, &salt, sizeof salt);
+    n += sizeof salt;
+    std::memcpy(buf + n, &count, sizeof count);
+    n += sizeof count;
+    const XXH128_hash_t h = XXH3_128bits(buf, n);
+    return {h.low64, h.high64};
+}
+
 std::vector<BlockKey> chain_keys(std::span<const int32_t> tokens, const BlockKey& salt) {
     const size_t n = tokens.size() / kBlockTokens;
     std::vector<BlockKey> keys;

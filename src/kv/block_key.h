@@ -44,6 +44,12 @@ BlockKey make_salt(std::string_view model_id, std::string_view cache_salt);
 // One link of the chain. REQUIRES: tokens.size() == kBlockTokens.
 BlockKey chain_key(const BlockKey& parent, std::span<const int32_t> tokens, const BlockKey& salt);
 
+// The key of a partial tail block (1..kBlockTokens - 1 tokens) after the chain's `parent`
+// (BlockKey{} for none): a KV hand-over's tail rows are attached only to a sequence whose
+// tokens give the same key (issue 18). Never equal to a full block's key (the length is
+// hashed too); never in the prefix index.
+BlockKey tail_key(const BlockKey& parent, std::span<const int32_t> tokens, const BlockKey& salt);
+
 // Keys of every full block of `tokens` (floor(size / kBlockTokens) keys).
 std::vector<BlockKey> chain_keys(std::span<const int32_t> tokens, const BlockKey& salt);
 

@@ -30,8 +30,16 @@ struct KvExport {
     std::vector<uint64_t> layer_block_bytes;
     std::vector<kvstore::StoreKey> keys;    // hash-chain keys, block order
     std::vector<uint64_t> token_hashes;     // kvstore::token_ids_hash per block
-    // layers[l]: layer l of block 0, 1, ... (keys.size() * layer_block_bytes[l] bytes).
+    // layers[l]: layer l of block 0, 1, ... (keys.size() * layer_block_bytes[l] bytes),
+    // then the tail's rows of that layer (tail_bytes(l)).
     std::vector<std::vector<uint8_t>> layers;
+    // The rows past the last full block (V2/V3, one entry per token: issue 18's partial
+    // block), 0..block_tokens - 1 of them: the tail block's first tail_tokens rows of every
+    // layer, keyed by kv::tail_key after the last full block's key, so the decode engine
+    // attaches them only to the same tokens. 0: none (V4 / V4.1 never carry one).
+    uint32_t tail_tokens = 0;
+    kvstore::StoreKey tail_key;
+    uint64_t tail_token_hash = 0;  // kvstore::token_ids_hash of the tail's tokens
     // State-slot layouts: the stored SWA state (slot + seal, as SwaStatePool holds it) at
     // position num_blocks() x block_tokens, keyed by the last block's chain key. Null for
     // V2/V3.
@@ -39,10 +47,17 @@ struct KvExport {
 
     size_t num_blocks() const { return keys.size(); }
     uint32_t num_layers() const { return static_cast<uint32_t>(layers.size()); }
-    // Block bytes of every layer, plus the SWA state's.
+    // The tail's bytes of layer l (its rows of one block's layer slice).
+    uint64_t tail_bytes(size_t l) const {
+        return block_tokens == 0 ? 0 : layer_block_bytes[l] / block_tokens * tail_tokens;
+    }
+    uint64_t num_tokens() const { return num_blocks() * block_tokens + tail_tokens; }
+    // Block and tail bytes of every layer, plus the SWA state's.
     uint64_t bytes() const {
         uint64_t n = swa_state ? swa_state->bytes.size() : 0;
-        for (uint64_t b : layer_block_bytes) n += num_blocks() * b;
+        for (size_t l = 0; l < layer_block_bytes.size(); ++l) {
+            n += num_blocks() * layer_block_bytes[l] + tail_bytes(l);
+        }
         return n;
     }
     // The store's header fields of block b.

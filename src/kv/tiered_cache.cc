@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "base/check.h"
 #include "base/logging.h"
@@ -233,8 +234,8 @@ void TieredCache::offer_block(const Seq& s, std::span<const int32_t> tokens, int
     }
 }
 
-std::shared_ptr<const KvExport> TieredCache::export_blocks(SeqId id,
-                                                          std::span<const int32_t> tokens) const {
+std::shared_ptr<const KvExport> TieredCache::export_blocks(SeqId id, std::span<const int32_t> tokens,
+                                                          int64_t num_rows) const {
     const Seq& s = at(id);
     if (!options_.prefix_cache || s.num_published == 0) return nullptr;
     auto e = std::make_shared<KvExport>();
@@ -274,7 +275,158 @@ std::shared_ptr<const KvExport> TieredCache::export_blocks(SeqId id,
             }
         }
     }
+    // The rows past the last full block (V2/V3: one entry per token): the first rows of
+    // the tail block's slice of each layer, keyed after the last full block.
+    const int64_t full = static_cast<int64_t>(n) * kBlockTokens;
+    const int64_t tail = std::min<int64_t>(num_rows, static_cast<int64_t>(tokens.size())) - full;
+    if (landing_supported() && tail > 0 && tail < kBlockTokens && s.blocks.size() > n &&
+        static_cast<int64_t>(s.keys.size()) >= static_cast<int64_t>(n)) {
+        const auto rows = tokens.subspan(static_cast<size_t>(full), static_cast<size_t>(tail));
+        const BlockKey k = tail_key(n > 0 ? s.keys[n - 1] : BlockKey{}, rows, s.salt);
+        e->tail_tokens = static_cast<uint32_t>(tail);
+        e->tail_key = kvstore::StoreKey{k.lo, k.hi};
+        e->tail_token_hash = kvstore::token_ids_hash(rows);
+        size_t layer = 0;
+        for (size_t g = 0; g < options_.groups.size(); ++g) {
+            const CacheGroupSpec& spec = options_.groups[g];
+            const int64_t floats = spec.entries_per_block() * spec.floats_per_entry;
+            for (int64_t l = 0; l < spec.num_layers; ++l, ++layer) {
+                const auto* src =
+                    reinterpret_cast<const uint8_t*>(pool_->data(g, s.blocks[n]) + l * floats);
+                std::vector<uint8_t>& dst = e->layers[layer];
+                dst.insert(dst.end(), src, src + e->tail_bytes(layer));
+            }
+        }
+    }
     return e;
+}
+
+bool TieredCache::landing_supported() const {
+    if (slots_ != nullptr || !options_.prefix_cache) return false;
+    return std::all_of(options_.groups.begin(), options_.groups.end(),
+                       [](const CacheGroupSpec& g) { return g.tokens_per_entry == 1; });
+}
+
+Result<int64_t> TieredCache::reserve_landing(int64_t num_tokens) {
+    if (!landing_supported() || num_tokens <= 0) {
+        return failed_precondition("no hand-over landing for this cache layout");
+    }
+    // Running sequences keep a block each to grow into: a hand-over does not make the
+    // scheduler preempt them.
+    const int64_t need = blocks_for_tokens(num_tokens);
+    const auto running = static_cast<int64_t>(std::count_if(
+        seqs_.begin(), seqs_.end(), [](const auto& kv) { return kv.second.admitted; }));
+    if (need > pool_->num_available() - running) {
+        ++stats_.landings_refused;
+        return resource_exhausted("hand-over landing: " + std::to_string(need) + " blocks, " +
+                                  std::to_string(pool_->num_available()) + " available for " +
+                                  std::to_string(running) + " running sequences");
+    }
+    Result<std::vector<BlockId>> b = pool_->allocate(need);
+    if (!b.is_ok()) {
+        ++stats_.landings_refused;
+        return b.status().with_context("hand-over landing");
+    }
+    const int64_t handle = next_landing_++;
+    Landing& l = landings_[handle];
+    l.num_tokens = num_tokens;
+    l.blocks = std::move(b).value();
+    ++stats_.landings_reserved;
+    return handle;
+}
+
+std::vector<std::vector<uint8_t*>> TieredCache::landing_memory(int64_t handle) {
+    const Landing& l = landings_.at(handle);
+    std::vector<std::vector<uint8_t*>> out;
+    for (size_t g = 0; g < options_.groups.size(); ++g) {
+        const CacheGroupSpec& spec = options_.groups[g];
+        const int64_t floats = spec.entries_per_block() * spec.floats_per_entry;
+        for (int64_t layer = 0; layer < spec.num_layers; ++layer) {
+            std::vector<uint8_t*>& v = out.emplace_back();
+            for (BlockId b : l.blocks) {
+                v.push_back(reinterpret_cast<uint8_t*>(pool_->data(g, b) + layer * floats));
+            }
+        }
+    }
+    return out;
+}
+
+Status TieredCache::land(int64_t handle, std::span<const BlockKey> keys, const BlockKey& tail,
+                         int64_t expires_ns) {
+    auto it = landings_.find(handle);
+    if (it == landings_.end()) return not_found("hand-over landing " + std::to_string(handle));
+    Landing& l = it->second;
+    if (l.landed || static_cast<int64_t>(keys.size()) != l.num_full()) {
+        release_landing(it);
+        ++stats_.landings_dropped;
+        return invalid_argument("hand-over landing: keys for another block count");
+    }
+    // A key the index has already (the same prefix cached here) keeps that block; this
+    // one stays private to the landing, and the continuation pins the indexed one.
+    for (size_t b = 0; b < keys.size(); ++b) (void)pool_->publish(l.blocks[b], keys[b]);
+    l.landed = true;
+    l.last_key = keys.empty() ? BlockKey{} : keys.back();
+    l.tail_key = tail;
+    l.expires_ns = expires_ns;
+    ++stats_.landings_landed;
+    return Status::ok();
+}
+
+void TieredCache::release_landing(std::map<int64_t, Landing>::iterator it) {
+    pool_->release_all(it->second.blocks);
+    landings_.erase(it);
+}
+
+void TieredCache::drop_landing(int64_t handle) {
+    auto it = landings_.find(handle);
+    if (it == landings_.end()) return;
+    release_landing(it);
+    ++stats_.landings_dropped;
+}
+
+int64_t TieredCache::expire_landings(int64_t now_ns) {
+    int64_t n = 0;
+    for (auto it = landings_.begin(); it != landings_.end();) {
+        if (it->second.landed && it->second.expires_ns <= now_ns) {
+            release_landing(it++);
+            ++n;
+        } else {
+            ++it;
+        }
+    }
+    stats_.landings_expired += n;
+    return n;
+}
+
+int64_t TieredCache::match_landing(SeqId id, Seq& s, std::span<const int32_t> tokens,
+                                   int64_t hit_blocks) {
+    for (auto& [handle, l] : landings_) {
+        // S-KV-9: at least one token of the continuation is left to compute.
+        if (!l.landed || l.num_tokens >= static_cast<int64_t>(tokens.size()) ||
+            l.num_full() != hit_blocks) {
+            continue;
+        }
+        if (l.claimant != 0 && l.claimant != id) {
+            auto other = seqs_.find(l.claimant);
+            if (other != seqs_.end() && !other->second.admitted &&
+                other->second.landing == handle) {
+                continue;
+            }
+        }
+        const int64_t f = l.num_full();
+        ensure_keys(s, tokens, f);
+        const BlockKey parent = f > 0 ? s.keys[static_cast<size_t>(f - 1)] : BlockKey{};
+        if (parent != l.last_key) continue;
+        if (l.tail_tokens() > 0 &&
+            tail_key(parent, tokens.subspan(static_cast<size_t>(f * kBlockTokens),
+                                            static_cast<size_t>(l.tail_tokens())),
+                     s.salt) != l.tail_key) {
+            continue;
+        }
+        l.claimant = id;
+        return handle;
+    }
+    return 0;
 }
 
 // Keys of the first n full blocks of tokens.
@@ -424,6 +576,7 @@ std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
                                                          std::span<const int32_t> tokens) {
     Seq& s = at(id);
     AdmissionPeek p;
+    s.landing = 0;
     if (swa_ != nullptr) {  // no hit unless the SWA hit rule below finds one
         s.swa_plan = SwaHitPlan{};
         s.swa_plan.input_tokens = static_cast<int64_t>(tokens.size());
@@ -469,6 +622,11 @@ std::optional<AdmissionPeek> TieredCache::peek_admission(SeqId id,
         }
         p.num_cached_tokens = hit.num_hit_blocks * kBlockTokens;
         p.num_cached_unreferenced_blocks = hit.num_unreferenced;
+        if (s.continuation && !landings_.empty()) {
+            // A hand-over landed for it: start past the tail rows too (admit adopts them).
+            s.landing = match_landing(id, s, tokens, hit.num_hit_blocks);
+            if (s.landing != 0) p.num_cached_tokens = landings_.at(s.landing).num_tokens;
+        }
     }
     return p;
 }
@@ -628,7 +786,21 @@ int64_t TieredCache::admit(SeqId id, int64_t num_cached_tokens) {
         s.num_store_blocks = hit;
     }
     DSI_CHECK_EQ(static_cast<int64_t>(s.blocks.size()), hit);
-    return hit * kBlockTokens;
+    int64_t rows = hit * kBlockTokens;
+    if (auto it = landings_.find(std::exchange(s.landing, 0)); it != landings_.end()) {
+        // The hand-over's continuation: its full blocks are pinned above; the tail block
+        // (rows [hit x 128, num_tokens)) becomes the sequence's, and the landing lets go.
+        Landing& l = it->second;
+        if (l.tail_tokens() > 0 && num_cached_tokens == l.num_tokens && hit == l.num_full()) {
+            s.blocks.push_back(l.blocks.back());
+            l.blocks.pop_back();
+            rows = l.num_tokens;
+            stats_.landing_tail_tokens += l.tail_tokens();
+        }
+        release_landing(it);
+        ++stats_.landings_attached;
+    }
+    return rows;
 }
 
 bool TieredCache::swapped_out(SeqId id) const { return !at(id).swap_slots.empty(); }
@@ -835,6 +1007,9 @@ void TieredCache::wait_for_fetch(int64_t max_wait_ms) {
 TieredCacheStats TieredCache::stats() const {
     TieredCacheStats s = stats_;
     s.pool = pool_->stats();
+    for (const auto& [handle, l] : landings_) {
+        s.landing_blocks_held += static_cast<int64_t>(l.blocks.size());
+    }
     if (swa_ != nullptr) s.swa.set_pool(swa_->stats());
     s.swap_slots_held = swap_.num_held();
     if (slots_ != nullptr) s.state_slots_in_use = slots_->num_slots() - slots_->num_free();
@@ -874,6 +1049,13 @@ Status TieredCache::check_invariants() const {
         if (!s.admitted && !s.blocks.empty()) {
             return internal_error("waiting sequence " + std::to_string(id) + " holds blocks");
         }
+    }
+    for (const auto& [handle, l] : landings_) {
+        if (static_cast<int64_t>(l.blocks.size()) != blocks_for_tokens(l.num_tokens)) {
+            return internal_error("hand-over landing " + std::to_string(handle) +
+                                  " holds the wrong block count");
+        }
+        for (BlockId b : l.blocks) ++refs[static_cast<size_t>(b)];
     }
     DSI_RETURN_IF_ERROR(swap_.check_invariants(held_slots));
     if (slots_ != nullptr) {

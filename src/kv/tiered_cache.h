@@ -55,6 +55,11 @@
 //     the pinned blocks). States keep only swa_stored_ranges of the slot (S-KV-8's
 //     stored region); a restore writes them into a zeroed slot image (the dropped
 //     region is rebuilt by the model's replay).
+//   - Hand-over landings (issue 18, below): blocks a receiver writes while no table holds
+//     them; landed, the full ones are in the prefix index and all are held until the
+//     continuation is admitted (it adopts the tail block when its tokens give the tail
+//     key; one landing per continuation) or the landing expires. A reservation leaves
+//     each running sequence a block to grow into.
 //   - Block data hazards are ordered by the caller's steps (engine.h): a block released
 //     while a step may use it is handed out again only by a later plan.
 // Device-side copies (copy_block_to_host, copy_block_from_host, copy_fetched_layer) run
@@ -210,6 +215,18 @@ struct TieredCacheStats {
     int64_t swa_states_restored = 0;
     int64_t swa_states_rejected = 0;
     int64_t swa_fallback_tokens = 0;
+    // Hand-over landings (issue 18): reserved, landed (published and held), attached to
+    // a continuation, expired unclaimed, dropped (a failed or aborted transfer), refused
+    // (no room: the transfer takes the store-tier path), the tail rows attached, and the
+    // blocks held by landings now.
+    int64_t landings_reserved = 0;
+    int64_t landings_landed = 0;
+    int64_t landings_attached = 0;
+    int64_t landings_expired = 0;
+    int64_t landings_dropped = 0;
+    int64_t landings_refused = 0;
+    int64_t landing_tail_tokens = 0;
+    int64_t landing_blocks_held = 0;
 };
 
 // What admission would find for a waiting sequence now.
@@ -284,7 +301,10 @@ public:
     // at P, the prefill's store position of the tokens it was admitted with (S-KV-9),
     // taken from the SWA pool. Null when there is no block, prefix caching is off, or a
     // state-slot layout has no stored state at P (no SWA pool, P = 0, evicted).
-    std::shared_ptr<const KvExport> export_blocks(SeqId id, std::span<const int32_t> tokens) const;
+    // V2/V3 also export the rows [full blocks, num_rows) of the tail block (KvExport's
+    // tail; num_rows: the rows computed, at most tokens.size()).
+    std::shared_ptr<const KvExport> export_blocks(SeqId id, std::span<const int32_t> tokens,
+                                                  int64_t num_rows = 0) const;
     // Back to waiting: rows [0, rows) go to host slots when they fit and the sequence
     // has no state slot (true), else are dropped (recompute). Its blocks and state slot
     // are released either way.
@@ -304,8 +324,39 @@ public:
     // --- plans ---
     // Saves queued by preempt() since the last call: the next step runs them first.
     std::vector<HostCopy> take_saves();
+    bool has_pending_saves() const { return !pending_saves_.empty(); }
     // Call after submitting a plan: slots released before it become reusable.
     void end_plan();
+
+    // --- hand-over landings (issue 18, docs/cluster.md "KV hand-over") ---
+    // Pool blocks a KV hand-over is received into (one copy: wire -> pool): reserved for
+    // num_tokens rows (the full blocks, then a tail block for the rows past them), written
+    // by the receiver while no table holds them, then landed: the full blocks published
+    // to the prefix index under their chain keys, and every block held under the landing
+    // until a continuation whose tokens give the same keys (and the tail's tail_key) is
+    // admitted -- it pins the full blocks, adopts the tail block and starts at
+    // num_tokens -- or until expires_ns. Layouts with one entry per token and no state
+    // slot (V2/V3) only. Block data hazards: a reserved block may be one a step in flight
+    // still writes (a sequence just finished); the caller hands it to the writer only
+    // after every step submitted before the reservation has completed (engine.cc).
+    bool landing_supported() const;
+    // RESOURCE_EXHAUSTED when the pool cannot spare the blocks and one more for each
+    // running sequence to grow into (nothing is taken: the caller falls back to the store
+    // tier); FAILED_PRECONDITION when unsupported.
+    Result<int64_t> reserve_landing(int64_t num_tokens);
+    // Per store layer, per block of the landing: that block's slice of that layer
+    // (num_store_layers x blocks pointers to layer_block_bytes bytes).
+    std::vector<std::vector<uint8_t*>> landing_memory(int64_t handle);
+    // `keys`: the full blocks' chain keys (num_tokens / kBlockTokens of them); tail_key:
+    // kv::tail_key of the tail's tokens (ignored without a tail). NOT_FOUND for an
+    // unknown handle (dropped already).
+    Status land(int64_t handle, std::span<const BlockKey> keys, const BlockKey& tail,
+                int64_t expires_ns);
+    // Releases every block of a reserved or landed landing (unknown: nothing).
+    void drop_landing(int64_t handle);
+    // Drops the landed landings past their expiry; returns how many.
+    int64_t expire_landings(int64_t now_ns);
+    int64_t num_landings() const { return static_cast<int64_t>(landings_.size()); }
 
     // --- whole cache ---
     int64_t num_available_blocks() const { return pool_->num_available(); }
@@ -361,6 +412,18 @@ private:
         int64_t swa_held_pos = 0;
         std::vector<uint8_t> swa_held;  // sealed
         SwaStateKey swa_held_key;
+        int64_t landing = 0;  // the landing the last peek matched (0: none)
+    };
+    struct Landing {
+        int64_t num_tokens = 0;
+        std::vector<BlockId> blocks;  // full blocks, then the tail block (held: ref 1)
+        bool landed = false;
+        BlockKey last_key;  // the last full block's chain key (none: BlockKey{})
+        BlockKey tail_key;
+        int64_t expires_ns = 0;
+        SeqId claimant = 0;  // the waiting sequence whose last peek matched it
+        int64_t tail_tokens() const { return num_tokens % kBlockTokens; }
+        int64_t num_full() const { return num_tokens / kBlockTokens; }
     };
 
     TieredCache(TieredCacheOptions options, std::unique_ptr<BlockPool> pool);
@@ -393,6 +456,12 @@ private:
     bool swa_take_restore(Seq& s, int64_t hit_tokens);
     void swa_store_held(Seq& s);
     bool swa_has_state(const Seq& s, int64_t position) const;
+    // A landed landing this continuation's tokens continue (its keys and tail key), whose
+    // full blocks the index holds for it (`hit_blocks` of them): its handle, else 0.
+    // One landing serves one continuation: a landing another waiting sequence's peek
+    // matched is skipped.
+    int64_t match_landing(SeqId id, Seq& s, std::span<const int32_t> tokens, int64_t hit_blocks);
+    void release_landing(std::map<int64_t, Landing>::iterator it);
 
     TieredCacheOptions options_;
     std::unique_ptr<BlockPool> pool_;
@@ -402,6 +471,8 @@ private:
     SwaStatePool* swa_ = nullptr;  // null: no SWA state cache
     std::vector<HostCopy> pending_saves_;
     std::map<SeqId, Seq> seqs_;  // by id (= arrival order)
+    std::map<int64_t, Landing> landings_;  // by handle
+    int64_t next_landing_ = 1;
     int64_t num_fetching_ = 0;
     TieredCacheStats stats_;
     // Store tier (null: none). Declared last: destroyed first (threads before store).

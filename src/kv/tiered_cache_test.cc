@@ -1,6 +1,8 @@
 // TieredCache with a model that keeps per-sequence state (DeepSeek V4's KvLayout): state
 // slots taken at admission, released at preemption and removal, never swapped; and
-// PagedKvCache's addressing of several cache groups over one block table.
+// PagedKvCache's addressing of several cache groups over one block table. Hand-over
+// landings (V2/V3): one continuation adopts a landing's tail, a second with the same
+// tokens does not; reservations leave running sequences a block each; landings expire.
 #include "kv/tiered_cache.h"
 
 #include <gtest/gtest.h>
@@ -297,6 +299,55 @@ TEST(TieredCacheStateTest, BoundedReplayKeepsTheStoredRegionAndReplaysAMiss) {
     EXPECT_EQ(cache->stats().swa_fallback_tokens, 0);
     ASSERT_TRUE(cache->check_invariants().is_ok());
     cache->remove(3);
+}
+
+// A hand-over landed for 3 blocks + 10 tail tokens: the first continuation with those
+// tokens starts past all of them and adopts the tail block; a second one with the same
+// tokens (waiting at the same time) takes only the full blocks from the prefix index.
+TEST(TieredCacheLandingTest, OneContinuationAdoptsTheTailAndRunningSequencesKeepHeadroom) {
+    TieredCacheOptions o;
+    o.groups = {{"mla", 2, 1, 4}};
+    o.num_blocks = 8;
+    std::unique_ptr<TieredCache> cache = TieredCache::create(o).value();
+    ASSERT_TRUE(cache->landing_supported());
+    std::vector<int32_t> tokens(3 * 128 + 11);
+    for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int32_t>(i * 7 % 500);
+    const BlockKey salt = make_salt("m", "");
+    const int64_t h = cache->reserve_landing(3 * 128 + 10).value();
+    const std::vector<std::vector<uint8_t*>> mem = cache->landing_memory(h);
+    ASSERT_EQ(mem.size(), 2u);      // store layers
+    ASSERT_EQ(mem[0].size(), 4u);   // 3 full blocks + the tail block
+    const std::vector<BlockKey> keys = chain_keys(tokens, salt);
+    const BlockKey tail = tail_key(keys[2], std::span(tokens).subspan(3 * 128, 10), salt);
+    ASSERT_TRUE(cache->land(h, std::span(keys).first(3), tail, 1000).is_ok());
+    EXPECT_EQ(cache->stats().landing_blocks_held, 4);
+    for (SeqId id : {1, 2}) cache->add(id, salt, kvstore::TrafficClass::kChatbot, true);
+    EXPECT_EQ(cache->peek_admission(1, tokens)->num_cached_tokens, 3 * 128 + 10);
+    EXPECT_EQ(cache->peek_admission(2, tokens)->num_cached_tokens, 3 * 128);  // claimed
+    EXPECT_EQ(cache->admit(1, 3 * 128 + 10), 3 * 128 + 10);
+    EXPECT_EQ(cache->num_blocks(1), 4);
+    EXPECT_EQ(cache->num_exclusive_blocks(1), 4);  // the landing let go of the full ones
+    EXPECT_EQ(cache->num_landings(), 0);
+    EXPECT_EQ(cache->stats().landing_tail_tokens, 10);
+    EXPECT_EQ(cache->admit(2, 3 * 128), 3 * 128);
+    EXPECT_EQ(cache->num_exclusive_blocks(1), 1);  // the tail block; the rest are shared
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    // 4 blocks available, 2 running sequences: at most 2 for a hand-over.
+    EXPECT_EQ(cache->num_available_blocks(), 4);
+    EXPECT_EQ(cache->reserve_landing(3 * 128).status().code(), StatusCode::kResourceExhausted);
+    const int64_t h2 = cache->reserve_landing(2 * 128).value();
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    cache->drop_landing(h2);
+    // A landing whose continuation never comes goes at its expiry.
+    const int64_t h3 = cache->reserve_landing(128 + 1).value();
+    ASSERT_TRUE(cache->land(h3, std::span(keys).first(1), tail, 2000).is_ok());
+    EXPECT_EQ(cache->expire_landings(1999), 0);
+    EXPECT_EQ(cache->expire_landings(2000), 1);
+    cache->remove(1);
+    cache->remove(2);
+    ASSERT_TRUE(cache->check_invariants().is_ok());
+    EXPECT_EQ(cache->num_available_blocks(), 8);
+    EXPECT_EQ(cache->stats().landing_blocks_held, 0);
 }
 
 }  // namespace

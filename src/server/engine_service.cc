@@ -83,6 +83,12 @@ void EngineService::stop() {
     cv_.notify_one();
 }
 
+void EngineService::wake() {
+    // Under the lock: the loop checks for work and starts its wait atomically.
+    MutexLock lock(&mu_);
+    cv_.notify_one();
+}
+
 void EngineService::apply(Command& c) {
     switch (c.kind) {
         case Command::Kind::kSubmit: {

@@ -53,6 +53,9 @@ public:
     // Ends the thread after the commands queued so far; running generations are
     // aborted. Idempotent.
     void stop();
+    // Wakes the engine thread now if it waits for work (e.g. a hand-over's ask queued
+    // on the engine's engine::KvLanding). Thread-safe.
+    void wake();
 
 private:
     struct Command {

@@ -17,6 +17,7 @@ using transfer::BeginMessage;
 using transfer::Timeout;
 
 constexpr uint32_t kKvBlocksVersion = 1;
+constexpr uint32_t kKvBlocksTailVersion = 2;  // + the tail's entry
 constexpr size_t kKvBlocksHeaderBytes = 16;
 constexpr size_t kKvBlocksEntryBytes = 24;
 using internal::get_u32;
@@ -30,8 +31,8 @@ using internal::valid_traffic_class;
 
 std::vector<uint8_t> encode_block_list(const kv::KvExport& kv) {
     std::vector<uint8_t> out;
-    out.reserve(kKvBlocksHeaderBytes + kKvBlocksEntryBytes * kv.num_blocks());
-    put_u32(out, kKvBlocksVersion);
+    out.reserve(kKvBlocksHeaderBytes + kKvBlocksEntryBytes * (kv.num_blocks() + 1));
+    put_u32(out, kv.tail_tokens > 0 ? kKvBlocksTailVersion : kKvBlocksVersion);
     put_u32(out, kv.dtype);
     put_u32(out, static_cast<uint32_t>(kv.traffic_class));
     put_u32(out, static_cast<uint32_t>(kv.num_blocks()));
@@ -40,8 +41,37 @@ std::vector<uint8_t> encode_block_list(const kv::KvExport& kv) {
         put_u64(out, kv.keys[b].hi);
         put_u64(out, kv.token_hashes[b]);
     }
+    if (kv.tail_tokens > 0) {
+        put_u64(out, kv.tail_key.lo);
+        put_u64(out, kv.tail_key.hi);
+        put_u64(out, kv.tail_token_hash);
+    }
     return out;
 }
+
+// The export's layers, in pieces that never cross a block's slice: the inbox places
+// each chunk straight into that block of its pool (PoolDestination::layer_memory).
+class BlockPieceSource final : public transfer::SequenceSource {
+public:
+    BlockPieceSource(const kv::KvExport& kv, std::vector<std::span<const uint8_t>> states)
+        : kv_(kv), states_(std::move(states)) {}
+    std::span<const uint8_t> layer_piece(uint32_t layer, uint64_t offset,
+                                         uint64_t max_bytes) override {
+        const uint64_t b = kv_.layer_block_bytes[layer];
+        const uint64_t n = std::min(max_bytes, b - offset % b);
+        return std::span<const uint8_t>(kv_.layers[layer])
+            .subspan(offset, std::min<uint64_t>(n, kv_.layers[layer].size() - offset));
+    }
+    std::span<const uint8_t> state_piece(size_t section, uint64_t offset,
+                                         uint64_t max_bytes) override {
+        const std::span<const uint8_t> s = states_[section];
+        return s.subspan(offset, std::min<uint64_t>(max_bytes, s.size() - offset));
+    }
+
+private:
+    const kv::KvExport& kv_;
+    std::vector<std::span<const uint8_t>> states_;
+};
 
 // The swa_state section: its header, then the stored state's bytes.
 std::vector<uint8_t> encode_state_section(const kv::SwaState& st) {
@@ -70,31 +100,84 @@ Result<std::pair<std::string, uint16_t>> internal::split_address(const std::stri
 
 namespace {
 
-// The staging copy of one transfer: each layer and the block list contiguous, so the
-// transport reads the data straight into place (Destination::layer_memory).
-class StagingDestination final : public transfer::Destination {
+// Where one transfer is received: its state sections in host memory, its layers in
+// staging memory (StagingDestination) or in the decode engine's pool (PoolDestination).
+class InboxDestination : public transfer::Destination {
 public:
-    StagingDestination(const BeginMessage& begin) {
-        layers_.reserve(begin.layer_bytes.size());
-        for (uint64_t n : begin.layer_bytes) layers_.emplace_back(n);
+    explicit InboxDestination(const BeginMessage& begin) {
         sections_.reserve(begin.state_sections.size());
         for (const auto& s : begin.state_sections) sections_.emplace_back(s.bytes);
     }
-    void write_layer(uint32_t layer, uint64_t offset, std::span<const uint8_t> bytes) override {
-        std::memcpy(layers_[layer].data() + offset, bytes.data(), bytes.size());
-    }
     void write_state(size_t section, uint64_t offset, std::span<const uint8_t> bytes) override {
         std::memcpy(sections_[section].data() + offset, bytes.data(), bytes.size());
+    }
+    const std::vector<uint8_t>& section(size_t s) const { return sections_[s]; }
+    virtual bool in_pool() const = 0;
+
+private:
+    std::vector<std::vector<uint8_t>> sections_;
+};
+
+// The staging copy of one transfer: each layer contiguous, so the transport reads the
+// data straight into place (Destination::layer_memory).
+class StagingDestination final : public InboxDestination {
+public:
+    explicit StagingDestination(const BeginMessage& begin) : InboxDestination(begin) {
+        layers_.reserve(begin.layer_bytes.size());
+        for (uint64_t n : begin.layer_bytes) layers_.emplace_back(n);
+    }
+    void write_layer(uint32_t layer, uint64_t offset, std::span<const uint8_t> bytes) override {
+        std::memcpy(layers_[layer].data() + offset, bytes.data(), bytes.size());
     }
     std::span<uint8_t> layer_memory(uint32_t layer, uint64_t offset, uint64_t n) override {
         return std::span<uint8_t>(layers_[layer]).subspan(offset, n);
     }
     const std::vector<uint8_t>& layer(size_t l) const { return layers_[l]; }
-    const std::vector<uint8_t>& section(size_t s) const { return sections_[s]; }
+    bool in_pool() const override { return false; }
 
 private:
     std::vector<std::vector<uint8_t>> layers_;
-    std::vector<std::vector<uint8_t>> sections_;
+};
+
+// Blocks of the decode engine's pool reserved for one transfer (engine::KvLanding):
+// byte o of layer l is byte o % B of block o / B's slice of that layer (B: one layer of
+// one block), the tail's rows the first of the last block's. Dropped unless landed.
+class PoolDestination final : public InboxDestination {
+public:
+    PoolDestination(const BeginMessage& begin, engine::KvLanding* landing,
+                    engine::KvLanding::Grant grant, const std::vector<uint64_t>& block_bytes)
+        : InboxDestination(begin), landing_(landing), grant_(std::move(grant)),
+          block_bytes_(block_bytes) {}
+    ~PoolDestination() override {
+        if (!landed_) landing_->drop(grant_.handle);
+    }
+    void write_layer(uint32_t layer, uint64_t offset, std::span<const uint8_t> bytes) override {
+        while (!bytes.empty()) {
+            const uint64_t b = block_bytes_[layer];
+            const uint64_t n = std::min<uint64_t>(bytes.size(), b - offset % b);
+            std::memcpy(grant_.layers[layer][offset / b] + offset % b, bytes.data(), n);
+            bytes = bytes.subspan(n);
+            offset += n;
+        }
+    }
+    std::span<uint8_t> layer_memory(uint32_t layer, uint64_t offset, uint64_t n) override {
+        const uint64_t b = block_bytes_[layer];
+        if (offset % b + n > b) return {};  // across two blocks: write_layer
+        return {grant_.layers[layer][offset / b] + offset % b, n};
+    }
+    bool in_pool() const override { return true; }
+    // Publishes and holds the blocks for the continuation (the receiver writes no more).
+    Status land(std::vector<kv::BlockKey> keys, const kv::BlockKey& tail,
+                std::chrono::milliseconds wait) {
+        landed_ = true;
+        return landing_->land(grant_.handle, std::move(keys), tail, wait);
+    }
+
+private:
+    engine::KvLanding* const landing_;
+    engine::KvLanding::Grant grant_;
+    const std::vector<uint64_t>& block_bytes_;
+    bool landed_ = false;
 };
 
 }  // namespace
@@ -108,9 +191,11 @@ Result<transfer::SendReport> send_kv_export(transfer::Transport& transport, cons
     DSI_ASSIGN_OR_RETURN(auto hp, split_address(target.address));
     BeginMessage begin;
     begin.model_id = kv.model_id;
-    begin.num_tokens = kv.num_blocks() * kv.block_tokens;
+    begin.num_tokens = kv.num_tokens();
     begin.block_size_tokens = kv.block_tokens;
-    for (uint64_t b : kv.layer_block_bytes) begin.layer_bytes.push_back(kv.num_blocks() * b);
+    for (size_t l = 0; l < kv.layer_block_bytes.size(); ++l) {
+        begin.layer_bytes.push_back(kv.num_blocks() * kv.layer_block_bytes[l] + kv.tail_bytes(l));
+    }
     const std::vector<uint8_t> list = encode_block_list(kv);
     begin.state_sections.push_back({std::string(kKvBlocksSection), list.size()});
     std::vector<std::span<const uint8_t>> sections = {std::span<const uint8_t>(list)};
@@ -120,9 +205,7 @@ Result<transfer::SendReport> send_kv_export(transfer::Transport& transport, cons
         begin.state_sections.push_back({std::string(kSwaStateSection), state.size()});
         sections.emplace_back(state);
     }
-    std::vector<std::span<const uint8_t>> layers;
-    for (const auto& l : kv.layers) layers.emplace_back(l);
-    transfer::SpanSource source(std::move(layers), std::move(sections));
+    BlockPieceSource source(kv, std::move(sections));
     DSI_ASSIGN_OR_RETURN(std::unique_ptr<transfer::Connection> conn,
                          transport.connect(hp.first, hp.second, options.io_timeout));
     transfer::SendOptions so;
@@ -216,7 +299,7 @@ void KvInbox::receive_loop() {
 }
 
 Result<std::unique_ptr<transfer::Destination>> KvInbox::make_destination(
-    const BeginMessage& begin) const {
+    const BeginMessage& begin) {
     const auto fail = [&](const std::string& why) {
         return failed_precondition("kv hand-over refused: " + why);
     };
@@ -224,25 +307,34 @@ Result<std::unique_ptr<transfer::Destination>> KvInbox::make_destination(
         return fail("block size " + std::to_string(begin.block_size_tokens) + " tokens, not " +
                     std::to_string(options_.block_tokens));
     }
-    if (begin.num_tokens == 0 || begin.num_tokens % options_.block_tokens != 0) {
+    const uint64_t n = begin.num_tokens / options_.block_tokens;
+    const uint64_t tail = begin.num_tokens % options_.block_tokens;
+    // A tail (rows past the last full block) needs one entry per token (V2/V3).
+    const bool tails = options_.swa_state_bytes == 0 &&
+                       std::all_of(options_.layer_block_bytes.begin(),
+                                   options_.layer_block_bytes.end(),
+                                   [&](uint64_t b) { return b % options_.block_tokens == 0; });
+    if (n == 0 || (tail > 0 && !tails)) {
         return fail(std::to_string(begin.num_tokens) + " tokens are not whole blocks");
     }
-    const uint64_t n = begin.num_tokens / options_.block_tokens;
     const auto num_layers = static_cast<uint32_t>(options_.layer_block_bytes.size());
     if (begin.num_layers() != num_layers) {
         return fail(std::to_string(begin.num_layers()) + " layers, not " +
                     std::to_string(num_layers));
     }
     for (uint32_t l = 0; l < num_layers; ++l) {
-        if (begin.layer_bytes[l] != n * options_.layer_block_bytes[l]) {
+        const uint64_t b = options_.layer_block_bytes[l];
+        if (begin.layer_bytes[l] != n * b + tail * (b / options_.block_tokens)) {
             return fail("layer " + std::to_string(l) + " of " +
                         std::to_string(begin.layer_bytes[l]) + " bytes, not " + std::to_string(n) +
-                        " blocks of " + std::to_string(options_.layer_block_bytes[l]));
+                        " blocks of " + std::to_string(b) + " and " + std::to_string(tail) +
+                        " tail rows");
         }
     }
     const auto& sections = begin.state_sections;
+    const uint64_t entries = n + (tail > 0 ? 1 : 0);
     if (sections.empty() || sections[0].name != kKvBlocksSection ||
-        sections[0].bytes != kKvBlocksHeaderBytes + kKvBlocksEntryBytes * n) {
+        sections[0].bytes != kKvBlocksHeaderBytes + kKvBlocksEntryBytes * entries) {
         return fail("the block list is missing or of the wrong size");
     }
     // V4: the state at the blocks' end, of the model's size (checked here, before the
@@ -262,16 +354,30 @@ Result<std::unique_ptr<transfer::Destination>> KvInbox::make_destination(
                         " bytes, not " + std::to_string(want));
         }
     }
+    if (options_.landing != nullptr) {
+        // Straight into the decode engine's pool; no room (or no engine): staging.
+        Result<engine::KvLanding::Grant> g =
+            options_.landing->reserve(static_cast<int64_t>(begin.num_tokens), options_.landing_wait);
+        if (g.is_ok()) {
+            return std::unique_ptr<transfer::Destination>(new PoolDestination(
+                begin, options_.landing, std::move(g).value(), options_.layer_block_bytes));
+        }
+        DSI_LOG(kDebug) << "kv hand-over into the store tier: " << g.status().to_string();
+        MutexLock l(&mu_);
+        ++stats_.num_landing_fallbacks;
+    }
     return std::unique_ptr<transfer::Destination>(new StagingDestination(begin));
 }
 
 Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
-    const auto& dest = static_cast<const StagingDestination&>(d);
-    const std::vector<uint8_t>& list = dest.section(0);
+    auto& inbox_dest = static_cast<InboxDestination&>(d);
+    const std::vector<uint8_t>& list = inbox_dest.section(0);
     const uint64_t n = begin.num_tokens / options_.block_tokens;
-    if (get_u32(list.data()) != kKvBlocksVersion) {
+    const uint64_t tail = begin.num_tokens % options_.block_tokens;
+    if (get_u32(list.data()) != (tail > 0 ? kKvBlocksTailVersion : kKvBlocksVersion)) {
         return invalid_argument("kv hand-over: block list version " +
-                                std::to_string(get_u32(list.data())));
+                                std::to_string(get_u32(list.data())) + " with " +
+                                std::to_string(tail) + " tail tokens");
     }
     if (get_u32(list.data() + 4) != options_.dtype) {
         return failed_precondition("kv hand-over refused: KV dtype " +
@@ -290,7 +396,7 @@ Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
     // The state is checked before anything is stored: a bad one stores nothing.
     std::optional<kv::SwaState> state;
     if (options_.swa_state_bytes > 0) {
-        DSI_ASSIGN_OR_RETURN(state, parse_state(dest.section(1), list, n));
+        DSI_ASSIGN_OR_RETURN(state, parse_state(inbox_dest.section(1), list, n));
         const int64_t capacity = options_.swa_pool->stats().capacity_bytes;
         if (static_cast<int64_t>(state->bytes.size()) > capacity) {
             return resource_exhausted(
@@ -298,13 +404,36 @@ Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
                 " bytes is larger than the pool of " + std::to_string(capacity));
         }
     }
+    uint64_t block_bytes = 0;
+    for (uint64_t b : options_.layer_block_bytes) block_bytes += b;
+    if (inbox_dest.in_pool()) {
+        // Published under the chain keys and held for the continuation before the Ack.
+        std::vector<kv::BlockKey> keys;
+        for (uint64_t b = 0; b < n; ++b) {
+            const uint8_t* e = list.data() + kKvBlocksHeaderBytes + b * kKvBlocksEntryBytes;
+            keys.push_back({get_u64(e), get_u64(e + 8)});
+        }
+        const uint8_t* t = list.data() + kKvBlocksHeaderBytes + n * kKvBlocksEntryBytes;
+        const kv::BlockKey tail_key = tail > 0 ? kv::BlockKey{get_u64(t), get_u64(t + 8)}
+                                               : kv::BlockKey{};
+        DSI_RETURN_IF_ERROR(static_cast<PoolDestination&>(d)
+                                .land(std::move(keys), tail_key, options_.landing_wait)
+                                .with_context("kv hand-over: landing in the pool"));
+        MutexLock l(&mu_);
+        ++stats_.num_landed;
+        stats_.blocks_landed += static_cast<int64_t>(n);
+        stats_.tail_tokens_landed += static_cast<int64_t>(tail);
+        uint64_t tail_bytes = 0;
+        for (uint64_t b : options_.layer_block_bytes) tail_bytes += tail * b / options_.block_tokens;
+        stats_.bytes_received += static_cast<int64_t>(n * block_bytes + tail_bytes);
+        return Status();
+    }
+    const auto& dest = static_cast<const StagingDestination&>(d);
     const kvstore::StoreKey model = kvstore::model_identity(options_.model_id);
     const int64_t deadline =
         kvstore::deadline_after_ms(std::chrono::milliseconds(options_.io_timeout).count());
     const auto num_layers = static_cast<uint32_t>(options_.layer_block_bytes.size());
     std::vector<std::span<const uint8_t>> layers(num_layers);
-    uint64_t block_bytes = 0;
-    for (uint64_t b : options_.layer_block_bytes) block_bytes += b;
     for (uint64_t b = 0; b < n; ++b) {
         const uint8_t* e = list.data() + kKvBlocksHeaderBytes + b * kKvBlocksEntryBytes;
         kvstore::BlockInfo info;

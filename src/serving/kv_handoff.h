@@ -7,11 +7,15 @@
 // first output token are computed again.
 //
 // On the wire (transfer/, docs/transfer.md): Begin names the model id, the tokens
-// (blocks x 128), one layer per store layer of blocks x layer_block_bytes[l] bytes
-// (layer l of block 0, 1, ...; V4: every cache group's layers, sizes by group), and
-// the State section "kv_blocks":
-//   u32 version (1), u32 dtype, u32 traffic class, u32 block count n,
+// (blocks x 128, plus t tail tokens), one layer per store layer of blocks x
+// layer_block_bytes[l] bytes (layer l of block 0, 1, ...; V4: every cache group's
+// layers, sizes by group), then the tail's t rows of that layer (t x
+// layer_block_bytes[l] / 128 bytes; V2/V3 only), and the State section "kv_blocks":
+//   u32 version (1; 2 with a tail), u32 dtype, u32 traffic class, u32 block count n,
 //   then n x { u64 key lo, u64 key hi, u64 token-id hash }   (little-endian)
+//   version 2: then the tail's { u64 kv::tail_key lo, hi, u64 token-id hash }
+// (a sender without a tail sends version 1, which every inbox reads; an inbox before
+// tails refuses a transfer with one, and the continuation recomputes.)
 // V4 / V4.1 (docs/cluster.md "V4 / V4.1 hand-over") add a second State section,
 // "swa_state", the SWA state at the blocks' end (position n x 128):
 //   u32 version (1), u32 traffic class, u64 chain key lo, u64 chain key hi,
@@ -24,6 +28,13 @@
 // "stored": a store that refuses a block (a full inbox) or a pool that refuses the
 // state is the sender's Failure. Every refused or failed transfer releases its staging
 // memory at once.
+// With a landing (KvInboxOptions::landing, engine/kv_landing.h: V2/V3 decode engines),
+// Begin reserves blocks of the decode engine's own pool instead, every layer is
+// written straight into them (the transport places a chunk's bytes there), and End
+// lands them: the full blocks in the prefix index, the tail held for the continuation,
+// which starts past both (only the first output token is computed). A failed transfer
+// drops the reservation at once; a pool with no room takes the staging path above
+// (tail rows are then dropped: only full blocks are stored).
 //
 // Thread model: send_kv_export runs on the caller's thread (blocking, bounded by
 // io_timeout per read or write). KvInbox runs one accept thread and `num_threads`
@@ -32,6 +43,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -43,6 +55,7 @@
 
 #include "base/mutex.h"
 #include "base/status.h"
+#include "engine/kv_landing.h"
 #include "kv/kv_export.h"
 #include "kv/swa_pool.h"
 #include "kvstore/block_store.h"
@@ -89,6 +102,10 @@ struct KvInboxOptions {
     // inbox). 0: none (V2/V3; a transfer with a state section is refused).
     uint64_t swa_state_bytes = 0;
     kv::SwaStatePool* swa_pool = nullptr;
+    // The decode engine's pool landing (V2/V3; REQUIRES: outlives the inbox); null or
+    // refused: the store-tier path. landing_wait bounds each wait for the engine thread.
+    engine::KvLanding* landing = nullptr;
+    std::chrono::milliseconds landing_wait{3000};
     uint64_t max_transfer_bytes = uint64_t{1} << 30;
     int num_threads = 2;      // transfers received at once
     int max_queued = 16;      // accepted connections waiting for a thread; more are closed
@@ -102,6 +119,12 @@ struct KvInboxStats {
     int64_t blocks_stored = 0;
     int64_t states_stored = 0;   // SWA states put into the pool (V4)
     int64_t bytes_received = 0;  // KV bytes (blocks and states) of the stored transfers
+    // Into the decode engine's pool (landing): transfers landed, their full blocks and
+    // tail tokens, and transfers that took the store path because the pool had no room.
+    int64_t num_landed = 0;
+    int64_t blocks_landed = 0;
+    int64_t tail_tokens_landed = 0;
+    int64_t num_landing_fallbacks = 0;
 };
 
 class KvInbox {
@@ -126,7 +149,7 @@ private:
     void receive_loop();
     void receive_one(transfer::Connection& conn);
     Result<std::unique_ptr<transfer::Destination>> make_destination(
-        const transfer::BeginMessage& begin) const;
+        const transfer::BeginMessage& begin);
     Status commit(const transfer::BeginMessage& begin, transfer::Destination& d);
     // The state section's state, checked against the blocks' list (V4).
     Result<kv::SwaState> parse_state(std::span<const uint8_t> section,

@@ -207,6 +207,11 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
         r->swa_pool_ = std::make_unique<kv::SwaStatePool>(eo.swa_pool_bytes);
         eo.swa_pool = r->swa_pool_.get();
     }
+    if (r->inbox_ != nullptr && r->block_shape_->swa_state_bytes == 0 &&
+        eo.kv_landing == nullptr) {
+        // V2/V3: a hand-over is received straight into the engine's pool.
+        eo.kv_landing = std::make_shared<engine::KvLanding>();
+    }
     r->engine_options_ = eo;
     r->engine_options_.model_id = r->cache_identity_;
     r->engine_options_.tokenizer = r->tokenizer_.get();

@@ -120,6 +120,10 @@ public:
     // inbox, ReplicaOptions::kv_inbox_bytes, or own_swa_pool); null otherwise.
     // Thread-safe.
     kv::SwaStatePool* swa_pool() const { return swa_pool_.get(); }
+    // Where hand-overs land in the engine's own pool (engine/kv_landing.h): made with
+    // an inbox for a V2/V3 model (engine_options().kv_landing); null otherwise.
+    // Thread-safe; survives reset_engine (the new engine attaches).
+    engine::KvLanding* kv_landing() const { return engine_options_.kv_landing.get(); }
     // The options the engine was created with (after resolution).
     const engine::EngineOptions& engine_options() const { return engine_options_; }
 

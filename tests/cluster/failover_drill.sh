@@ -186,23 +186,27 @@ metric() {  # metric PORT NAME
   curl -sf "http://127.0.0.1:$1/metrics" | sed -n "s/^$2 \([0-9.e+]*\)$/\1/p" | cut -d. -f1
 }
 p1_out="$(metric "$p1_port" dsinfer_engine_output_tokens_total)"
-d1_hits="$(metric "$d1_port" dsinfer_store_hit_tokens_total)"
 handoffs="$(metric "$pd_port" dsinfer_router_kv_handoffs_total)"
 sent="$(metric "$p1_port" dsinfer_kv_handoff_blocks_sent_total)"
-stored="$(metric "$d1_port" dsinfer_kv_inbox_blocks_total)"
+# Received into the decode engine's pool (full blocks and the prompt's tail rows); its
+# continuation starts past the whole prompt: it computes only the first output token.
+landed="$(metric "$d1_port" dsinfer_kv_inbox_landed_blocks_total)"
+tail_rows="$(metric "$d1_port" dsinfer_kv_inbox_landed_tail_tokens_total)"
+d1_hits="$(metric "$d1_port" dsinfer_prefix_hit_tokens_total)"
+d1_prompt="$(metric "$d1_port" dsinfer_engine_prompt_tokens_total)"
 [[ "$p1_out" -eq 1 ]] || fail "drill 6: the prefill engine sampled $p1_out tokens (want the first only)"
 [[ "$handoffs" -eq 1 ]] || fail "drill 6: the router saw $handoffs KV hand-overs (want 1)"
-[[ "$sent" -ge 3 && "$stored" -eq "$sent" ]] \
-  || fail "drill 6: the prefill engine sent $sent blocks, the decode inbox stored $stored"
-[[ "$d1_hits" -eq $((sent * 128)) ]] \
-  || fail "drill 6: the decode engine took $d1_hits prompt tokens from its tiers (want $((sent * 128)))"
+[[ "$sent" -ge 3 && "$landed" -eq "$sent" ]] \
+  || fail "drill 6: the prefill engine sent $sent blocks, the decode engine's pool took $landed"
+[[ "$d1_hits" -eq $((sent * 128 + tail_rows)) && "$d1_prompt" -eq $((d1_hits + 1)) ]] \
+  || fail "drill 6: the decode engine took $d1_hits of $d1_prompt tokens (want $((sent * 128 + tail_rows)) of $((sent * 128 + tail_rows + 1)))"
 # The same prompt again: the router's prefix check (S-KV-4) finds it in the store and
 # sends it straight to the decode engine.
 pd_out="$(python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$pd_body")"
 [[ "$(content <<< "$pd_out")" == "$pd_ref" ]] || fail "drill 6: the second stream differs"
 direct="$(metric "$pd_port" dsinfer_router_direct_decode_total)"
 [[ "$direct" -ge 1 ]] || fail "drill 6: the router's prefix check did not skip prefill on a stored prompt"
-echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token, handed $sent blocks to the decode inbox, decode took $d1_hits prompt tokens from them; the repeat skipped prefill (prefix check)"
+echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token, handed $sent blocks + $tail_rows tail rows into the decode engine's pool, decode took $d1_hits of $d1_prompt tokens from them; the repeat skipped prefill (prefix check)"
 # 7. Faults in the disaggregated cluster (a second prefill and decode engine join):
 #    kill -9 the decode engine serving a stream, then the prefill engine running a
 #    request's prefill; each stream equals the reference and the survivors hold no KV
