@@ -113,6 +113,10 @@ structured so_ep --ep 2 >"$tmp/so_ep.txt"
 grep -q '"tool_calls":\[{' "$tmp/so_one.txt" || { cat "$tmp/so_one.txt"; fail "no tool call"; }
 cmp -s "$tmp/so_one.txt" "$tmp/so_ep.txt" ||
     { diff "$tmp/so_one.txt" "$tmp/so_ep.txt" || true; fail "structured output differs under --ep 2"; }
+# The front compiles but never masks: it skips the token-table warm-up one process runs.
+grep -q "grammar table cache warmed" "$tmp/so_one.err" || fail "serve did not warm its grammar tables"
+grep -q "grammar table cache not warmed" "$tmp/so_ep.err" && ! grep -q "grammar table cache warmed" \
+    "$tmp/so_ep.err" || { cat "$tmp/so_ep.err"; fail "the --ep front warmed grammar tables"; }
 
 echo "rank 0 of --ep 3 killed -9: serve (3 requests) gives one process's completions; the"
 echo "  group goes on with 2 ranks (counted in /metrics); the front maps no weights"
@@ -120,3 +124,4 @@ echo "rank 1 killed -9 while idle: the group restarts with 2 ranks before any re
 echo "a failover's reap (rank 1 stopped, rank 0 killed): /metrics answers with the restart in"
 echo "  progress, a request queues and is answered by the 1-rank group"
 echo "a json_schema response format and a forced tool call under --ep 2: one process's output"
+echo "  (the front skips the grammar table warm-up: the ranks build the masks)"
