@@ -11,8 +11,8 @@ namespace dsi::comm::internal {
 namespace {
 
 MoeShape shape() {
-    return {.num_ranks = 2, .hidden = 64, .top_k = 2, .max_tokens_per_rank = 16,
-            .slots_per_rank = 8};
+    return {
+        .num_ranks = 2, .hidden = 64, .top_k = 2, .max_tokens_per_rank = 16, .slots_per_rank = 8};
 }
 
 TEST(Bootstrap, AJoinFrameRoundTrips) {
@@ -29,7 +29,8 @@ TEST(Bootstrap, AJoinFrameRoundTrips) {
     longer.push_back(0);
     EXPECT_FALSE(decode_join(longer).is_ok());
     for (size_t n : {size_t{0}, size_t{3}, size_t{12}, frame.size() - 1}) {
-        EXPECT_FALSE(decode_join({frame.begin(), frame.begin() + static_cast<ptrdiff_t>(n)}).is_ok())
+        EXPECT_FALSE(
+            decode_join({frame.begin(), frame.begin() + static_cast<ptrdiff_t>(n)}).is_ok())
             << n;
     }
     std::vector<uint8_t> foreign = frame;
@@ -61,7 +62,9 @@ TEST(Bootstrap, AnswersRoundTripAndBadOnesAreInternal) {
 
     for (uint32_t code : {256u, 15u, 0xffffffffu}) {
         std::vector<uint8_t> bad = encode_error(error);
-        for (int i = 0; i < 4; ++i) bad[static_cast<size_t>(i)] = static_cast<uint8_t>(code >> (8 * i));
+        for (size_t i = 0; i < 4; ++i) {
+            bad[i] = static_cast<uint8_t>(code >> (8 * i));
+        }
         got = decode_answer(bad, 3, "h:1");
         EXPECT_EQ(got.status().code(), StatusCode::kInternal) << code;
         EXPECT_NE(got.status().message().find("h:1"), std::string::npos);
@@ -79,8 +82,8 @@ TEST(Bootstrap, CoordinatorAddresses) {
     EXPECT_EQ(parse_host_port("10.0.0.1:29500")->port, 29500);
     EXPECT_EQ(parse_host_port("[::1]:7")->host, "::1");
     EXPECT_TRUE(parse_host_port("h:0", /*allow_zero=*/true).is_ok());
-    for (const char* bad : {"", "h", ":1", "h:", "h:0", "h:65536", "h:1x", "[::1]", "[::1]7",
-                            "[]:1"}) {
+    for (const char* bad :
+         {"", "h", ":1", "h:", "h:0", "h:65536", "h:1x", "[::1]", "[::1]7", "[]:1"}) {
         EXPECT_FALSE(parse_host_port(bad).is_ok()) << bad;
     }
 }

@@ -285,8 +285,8 @@ TEST(EngineRpc, MalformedGenerationsNameTheField) {
         {R"({"prompt":[1],"grammar":{"kind":"json_object","flexible_whitespace":"yes"},)" +
              ok_sampling + "}",
          "grammar.flexible_whitespace: wrong type"},
-        {R"({"prompt":[1],"grammar":{"kind":"json_object","any_property_order":1},)" +
-             ok_sampling + "}",
+        {R"({"prompt":[1],"grammar":{"kind":"json_object","any_property_order":1},)" + ok_sampling +
+             "}",
          "grammar.any_property_order: wrong type"},
         {R"({"prompt":[1],"handoff":"x",)" + ok_sampling + "}", "handoff"},
         {R"({"prompt":[1],"handoff":{"id":"00000000000000000000000000000001"},)" + ok_sampling +

@@ -49,9 +49,9 @@ Result<kv::SwaState> fetch_swa_state(transfer::Transport& transport, const SwaPu
         kMaxAnswerPrefixBytes + internal::kSwaStateHeaderBytes + options.state_bytes;
     transfer::FrameReader reader(conn.get(), max_payload);
     DSI_ASSIGN_OR_RETURN(transfer::FrameView got, reader.read(options.timeout));
-    DSI_ASSIGN_OR_RETURN(kv::SwaState st, decode_swa_fetch_answer(got, target.key,
-                                                                  options.state_bytes,
-                                                                  target.address));
+    DSI_ASSIGN_OR_RETURN(
+        kv::SwaState st,
+        decode_swa_fetch_answer(got, target.key, options.state_bytes, target.address));
     if (!kv::swa_sealed_ok(st, options.state_bytes - kv::kSwaSealBytes)) {
         return data_loss("SWA fetch: the state fails its seal");
     }
@@ -113,10 +113,10 @@ void SwaFetchServer::accept_loop() {
         {
             MutexLock l(&mu_);
             // In flight (answered or waiting) at most max_connections + max_waiting.
-            if (stats_.active + static_cast<int64_t>(waiting_.size()) <
+            if (stats_.num_active + static_cast<int64_t>(waiting_.size()) <
                 options_.max_connections + options_.max_waiting) {
                 waiting_.push_back(std::move(conn).value());
-                stats_.waiting = static_cast<int64_t>(waiting_.size());
+                stats_.num_waiting = static_cast<int64_t>(waiting_.size());
                 work_cv_.notify_one();
                 continue;
             }
@@ -167,18 +167,18 @@ void SwaFetchServer::worker_loop() {
                     ++stats_.num_failed;
                 }
                 waiting_.clear();
-                stats_.waiting = 0;
+                stats_.num_waiting = 0;
                 return;
             }
             conn = std::move(waiting_.front());
             waiting_.pop_front();
-            stats_.waiting = static_cast<int64_t>(waiting_.size());
-            ++stats_.active;
+            stats_.num_waiting = static_cast<int64_t>(waiting_.size());
+            ++stats_.num_active;
         }
         const Status s = serve_one(*conn);
         conn->close();
         MutexLock l(&mu_);
-        --stats_.active;
+        --stats_.num_active;
         count(s);
     }
 }

@@ -20,9 +20,9 @@
 // lookup and one write, each bounded by io_timeout), so a slow or silent puller holds
 // one worker, not every puller. Accepted connections wait for a free worker; with
 // max_connections + max_waiting in flight (answered or waiting) a new one is refused
-// at once with a Failure frame (RESOURCE_EXHAUSTED) and counted. The destructor stops accepting, closes the waiting
-// connections unanswered, and joins every thread: a worker leaves a request read
-// within 100 ms, a write within io_timeout.
+// at once with a Failure frame (RESOURCE_EXHAUSTED) and counted. The destructor stops
+// accepting, closes the waiting connections unanswered, and joins every thread: a
+// worker leaves a request read within 100 ms, a write within io_timeout.
 #pragma once
 
 #include <atomic>
@@ -77,13 +77,13 @@ struct SwaFetchServerStats {
     int64_t num_failed = 0;     // malformed or damaged requests, broken connections, and
                                 // connections still waiting at shutdown
     int64_t num_refused = 0;    // turned away at the bound (RESOURCE_EXHAUSTED)
-    int64_t active = 0;         // now: connections a worker is answering
-    int64_t waiting = 0;        // now: accepted, waiting for a worker
+    int64_t num_active = 0;     // now: connections a worker is answering
+    int64_t num_waiting = 0;    // now: accepted, waiting for a worker
 };
 
 class SwaFetchServer {
 public:
-    // `transport` null: TCP.
+    // `transport` null: TCP. INVALID_ARGUMENT for max_connections < 1 or max_waiting < 0.
     static Result<std::unique_ptr<SwaFetchServer>> start(
         SwaFetchServerOptions options, std::unique_ptr<transfer::Transport> transport = nullptr);
     ~SwaFetchServer();

@@ -165,7 +165,7 @@ TEST_F(SwaFetchTest, ASilentPullerDoesNotHoldUpAGoodOne) {
     ASSERT_TRUE(holder_pool_.put(key(1), kvstore::TrafficClass::kChatbot, sealed(256, 4)).is_ok());
     std::unique_ptr<transfer::Connection> silent = silent_puller();
     ASSERT_NE(silent, nullptr);
-    ASSERT_EQ(stats_when([](const auto& s) { return s.active == 1; }).active, 1);
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 1; }).num_active, 1);
     SwaFetchOptions po = options();
     po.timeout = transfer::Timeout(30'000);
     Result<kv::SwaState> got = fetch_swa_state(*tcp_, target(key(1)), po);
@@ -173,12 +173,12 @@ TEST_F(SwaFetchTest, ASilentPullerDoesNotHoldUpAGoodOne) {
     EXPECT_EQ(got->bytes, sealed(256, 4));
     SwaFetchServerStats s = settled_stats(1);
     EXPECT_EQ(s.num_served, 1);
-    EXPECT_EQ(s.active, 1);  // the silent one, still waited for
+    EXPECT_EQ(s.num_active, 1);  // the silent one, still waited for
     EXPECT_EQ(s.num_failed, 0);
     silent->close();  // its worker reads the end of the stream
     s = settled_stats(2);
     EXPECT_EQ(s.num_failed, 1);
-    EXPECT_EQ(s.active, 0);
+    EXPECT_EQ(s.num_active, 0);
 }
 
 // max_connections answered + max_waiting waiting: the next puller is refused at once
@@ -188,18 +188,19 @@ TEST_F(SwaFetchTest, PullersOverTheBoundAreRefusedAndCounted) {
     start_holder(o);
     ASSERT_TRUE(holder_pool_.put(key(1), kvstore::TrafficClass::kChatbot, sealed(256, 4)).is_ok());
     std::unique_ptr<transfer::Connection> answered = silent_puller();
-    ASSERT_EQ(stats_when([](const auto& s) { return s.active == 1; }).active, 1);
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 1; }).num_active, 1);
     std::unique_ptr<transfer::Connection> waiting = silent_puller();
-    ASSERT_EQ(stats_when([](const auto& s) { return s.waiting == 1; }).waiting, 1);
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_waiting == 1; }).num_waiting, 1);
     SwaFetchOptions po = options();
     po.timeout = transfer::Timeout(30'000);
     EXPECT_EQ(fetch_swa_state(*tcp_, target(key(1)), po).status().code(),
               StatusCode::kResourceExhausted);
     EXPECT_EQ(server_->stats().num_refused, 1);
     answered->close();  // the waiting one gets the worker
-    ASSERT_EQ(stats_when([](const auto& s) { return s.waiting == 0 && s.active == 1; }).active, 1);
+    const auto one_answered = [](const auto& s) { return s.num_waiting == 0 && s.num_active == 1; };
+    ASSERT_EQ(stats_when(one_answered).num_active, 1);
     waiting->close();
-    ASSERT_EQ(stats_when([](const auto& s) { return s.active == 0; }).active, 0);
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 0; }).num_active, 0);
     EXPECT_TRUE(fetch_swa_state(*tcp_, target(key(1)), po).is_ok());
     const SwaFetchServerStats s = settled_stats(4);
     EXPECT_EQ(s.num_served, 1);
@@ -217,10 +218,10 @@ TEST_F(SwaFetchTest, ShutdownWithConnectionsOpenClosesThem) {
     start_holder(holder_options(transfer::Timeout(3'600'000), 1, 2));
     std::vector<std::unique_ptr<transfer::Connection>> pullers;
     pullers.push_back(silent_puller());
-    ASSERT_EQ(stats_when([](const auto& s) { return s.active == 1; }).active, 1);
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 1; }).num_active, 1);
     pullers.push_back(silent_puller());
     pullers.push_back(silent_puller());
-    ASSERT_EQ(stats_when([](const auto& s) { return s.waiting == 2; }).waiting, 2);
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_waiting == 2; }).num_waiting, 2);
     server_.reset();
     for (auto& p : pullers) {
         uint8_t b[16];

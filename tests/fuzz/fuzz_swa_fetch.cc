@@ -46,7 +46,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     if ((data[0] & 1) == 0) {
         const std::span<const uint8_t> payload(data + 2, size - 2);
-        Result<kv::SwaStateKey> key = serving::decode_swa_fetch_request(frame(type_of(data[1]), payload));
+        Result<kv::SwaStateKey> key =
+            serving::decode_swa_fetch_request(frame(type_of(data[1]), payload));
         if (key.is_ok()) {
             const std::vector<uint8_t> again = serving::encode_swa_fetch_request(*key);
             DSI_CHECK(again.size() == payload.size(), "a request of another size decoded");
@@ -58,8 +59,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     const uint64_t state_bytes = 9 + data[2];  // more than the 8-byte seal
     const std::span<const uint8_t> payload(data + 3, size - 3);
-    Result<kv::SwaState> st =
-        serving::decode_swa_fetch_answer(frame(type_of(data[1]), payload), kWant, state_bytes, "fuzz");
+    Result<kv::SwaState> st = serving::decode_swa_fetch_answer(frame(type_of(data[1]), payload),
+                                                               kWant, state_bytes, "fuzz");
     if (st.is_ok()) {
         DSI_CHECK(st->key == kWant, "an answer for another state passed");
         DSI_CHECK(st->bytes.size() == state_bytes, "an answer of another size passed");

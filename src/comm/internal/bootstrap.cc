@@ -311,8 +311,7 @@ constexpr size_t kShapeFields = 6;
 
 }  // namespace
 
-std::vector<uint8_t> encode_join(int rank, const MoeShape& s,
-                                 const std::vector<uint8_t>& address) {
+std::vector<uint8_t> encode_join(int rank, const MoeShape& s, const std::vector<uint8_t>& address) {
     FrameWriter w;
     w.u32(kJoinMagic);
     w.u32(kJoinVersion);
