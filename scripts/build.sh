@@ -20,7 +20,8 @@ case "$kind" in
   fuzz) dir=build-fuzz; flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=$release_flags"
         -DDSINFER_FUZZ=ON -DDSINFER_WERROR=ON
         -DDSINFER_BUILD_BENCH=OFF -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++)
-        targets=(fuzz_http fuzz_safetensors fuzz_gguf fuzz_v4_load v4_fuzz_seed fuzz_transfer) ;;
+        targets=(fuzz_http fuzz_safetensors fuzz_gguf fuzz_v4_load v4_fuzz_seed fuzz_transfer
+          fuzz_swa_fetch fuzz_bootstrap) ;;
   *) echo "usage: build.sh [release|asan|fuzz]" >&2; exit 2 ;;
 esac
 if [[ ! -f "$dir/build.ninja" ]]; then

@@ -260,7 +260,12 @@ int run_serve(const ServeFlags& f) {
     // One grammar compile service per server, over the served tokenizer's vocabulary.
     server::StructuredOutput structured(*rep.tokenizer());
     ctx.structured_output = &structured;
-    {
+    if (ep->front()) {
+        // --ep front: it only compiles (a bad grammar is a 400 here) and sends the grammar
+        // serialised; each rank rebuilds it over its own tokenizer (PortableMaskBuilder)
+        // and builds the token tables it masks with. Tables warmed here would go unused.
+        DSI_LOG(kInfo) << "grammar table cache not warmed: the --ep ranks build the masks";
+    } else {
         // Issue 21: the common grammar tables now, not in the first requests' steps.
         const int64_t start_ns = env->now_ns();
         const grammar::WarmupStats ws = structured.warm_table_cache();

@@ -30,6 +30,7 @@
 #include "server/handoff_service.h"
 #include "server/http_server.h"
 #include "server/metrics.h"
+#include "server/structured_output.h"
 #include "server/swa_announce.h"
 #include "server/swa_pull_service.h"
 #include "server/test_support.h"
@@ -44,6 +45,13 @@ using J = nlohmann::json;
 using server::testing::tokenizer;
 
 server::ApiContext context() { return server::testing::api_context(); }
+
+// One grammar compile service for every engine and router that has structured output
+// (thread-safe, as `serve` shares one between its sessions).
+server::StructuredOutput& structured_output() {
+    static server::StructuredOutput so(tokenizer());
+    return so;
+}
 
 // An HttpServer on a free loopback port, run on its own thread.
 class ServerThread {
@@ -106,7 +114,7 @@ std::unique_ptr<CausalLm> load_model(bool v4) {
 struct Engine {
     explicit Engine(int64_t drain_grace_ms = 2000, Kv kv = Kv::kNone,
                     std::optional<transfer::FaultPlan> send_faults = std::nullopt, bool v4 = false,
-                    kvstore::BlockStore* shared_store = nullptr) {
+                    kvstore::BlockStore* shared_store = nullptr, bool grammars = false) {
         model = load_model(v4);
         engine::EngineOptions eo;
         eo.num_kv_blocks = 64;
@@ -184,6 +192,7 @@ struct Engine {
             front = pull.get();
         }
         ctx = context();
+        if (grammars) ctx.structured_output = &structured_output();
         http = std::make_unique<ServerThread>(&ctx, front, /*engine_rpc=*/true, drain_grace_ms,
                                               std::move(swa_states));
     }
@@ -369,6 +378,56 @@ TEST(Router, AnswersAsTheEngineDoes) {
     EXPECT_EQ(sse_content(streamed.body), expected);
     EXPECT_EQ(remote.router_stats().num_routed, 3);
     EXPECT_EQ(remote.router_stats().num_failovers, 0);
+}
+
+// The grammar's options travel with its source: a JSON schema with
+// flexible_whitespace and any_property_order gives the same output through the router
+// as from one engine, and the options are in effect (with whitespace favoured, the
+// flexible grammar's output is not the compact one's).
+TEST(Router, AGrammarsOptionsReachTheEngine) {
+    Engine a(2000, Kv::kNone, std::nullopt, false, nullptr, /*grammars=*/true);
+    Engine b(2000, Kv::kNone, std::nullopt, false, nullptr, /*grammars=*/true);
+    RemoteService remote;
+    remote.set_engines({member("a", a.http->port()), member("b", b.http->port())});
+    server::ApiContext ctx = context();
+    ctx.structured_output = &structured_output();  // the router checks grammars too
+    ServerThread router(&ctx, &remote, /*engine_rpc=*/false);
+
+    J bias = J::object();
+    for (const char* ws : {" ", "\n", "  "}) {
+        for (int32_t id : tokenizer().encode(ws)) bias[std::to_string(id)] = 100;
+    }
+    const auto body = [&](bool options) {
+        J schema = {{"type", "object"},
+                    {"properties", {{"b", {{"type", "integer"}}}, {"a", {{"type", "string"}}}}},
+                    {"required", J::array({"b", "a"})}};
+        J format = {{"name", "x"}, {"schema", std::move(schema)}};
+        if (options) {
+            format["flexible_whitespace"] = true;
+            format["any_property_order"] = true;
+        }
+        return J{{"model", "m"},
+                 {"messages", J::array({J{{"role", "user"}, {"content", "Give me JSON"}}})},
+                 {"max_tokens", 12},
+                 {"temperature", 0},
+                 {"logit_bias", bias},
+                 {"response_format", {{"type", "json_schema"}, {"json_schema", format}}}}
+            .dump();
+    };
+    const auto content = [](const net::HttpResponse& r) {
+        return J::parse(r.body)["choices"][0]["message"]["content"].get<std::string>();
+    };
+    const net::HttpResponse direct = post(a.http->port(), "/v1/chat/completions", body(true));
+    ASSERT_EQ(direct.status, 200) << direct.body;
+    const net::HttpResponse compact = post(a.http->port(), "/v1/chat/completions", body(false));
+    ASSERT_EQ(compact.status, 200) << compact.body;
+    EXPECT_NE(content(direct), content(compact));
+    for (int i = 0; i < 2; ++i) {  // both engines
+        const net::HttpResponse routed = post(router.port(), "/v1/chat/completions", body(true));
+        ASSERT_EQ(routed.status, 200) << routed.body;
+        EXPECT_EQ(content(routed), content(direct));
+    }
+    EXPECT_EQ(remote.router_stats().num_routed, 2);
 }
 
 TEST(Router, AStreamCutMidwayFailsOverWithoutASeam) {

@@ -184,8 +184,13 @@ std::string encode_generation(const Generation& g, int64_t timeout_ms) {
                          {"position", g.swa_pull->key.position}};
     }
     if (g.structured) {
-        j["grammar"] = {{"kind", grammar::grammar_kind_name(g.structured->spec.kind)},
-                        {"text", g.structured->spec.text},
+        // The whole spec: a field added to grammar::GrammarSpec must be added here and in
+        // decode_generation (engine_rpc_test round-trips a spec with every field set).
+        const grammar::GrammarSpec& spec = g.structured->spec;
+        j["grammar"] = {{"kind", grammar::grammar_kind_name(spec.kind)},
+                        {"text", spec.text},
+                        {"flexible_whitespace", spec.flexible_whitespace},
+                        {"any_property_order", spec.any_property_order},
                         {"field", g.structured->field}};
     }
     // The salt may hold bytes that are not UTF-8: replace rather than throw (a salt
@@ -306,6 +311,8 @@ Result<Generation> decode_generation(const ApiContext& ctx, std::string_view bod
         DSI_RETURN_IF_ERROR(gr.get("kind", &kind, /*required=*/true));
         DSI_ASSIGN_OR_RETURN(so.spec.kind, parse_grammar_kind(kind));
         DSI_RETURN_IF_ERROR(gr.get("text", &so.spec.text));
+        DSI_RETURN_IF_ERROR(gr.get("flexible_whitespace", &so.spec.flexible_whitespace));
+        DSI_RETURN_IF_ERROR(gr.get("any_property_order", &so.spec.any_property_order));
         DSI_RETURN_IF_ERROR(gr.get("field", &so.field));
         if (ctx.structured_output == nullptr) {
             return unimplemented(so.field + ": structured output is not enabled on this engine");

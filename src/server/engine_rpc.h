@@ -9,10 +9,11 @@
 // The route exists only on an engine started for a cluster (`serve --role ...`) and
 // takes the server's API keys like /v1/. The request carries token ids, sampling
 // (with the seed the router assigned: a re-routed request samples the same tokens),
-// the cache salt, the time left of the deadline, the grammar source (the engine
-// compiles it; compiles are cached) -- never a compiled mask -- and, for a failover,
-// the output tokens the client already has ("resume", GenerateRequest::resume_output). A client
-// that closes the connection aborts the generation (as for /v1/).
+// the cache salt, the time left of the deadline, the grammar source with its options
+// (the whole grammar::GrammarSpec: the engine compiles it; compiles are cached) -- never
+// a compiled mask -- and, for a failover, the output tokens the client already has
+// ("resume", GenerateRequest::resume_output). A client that closes the connection
+// aborts the generation (as for /v1/).
 //
 // Thread model: pure functions.
 #pragma once

@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 
 #include "server/http_rules.h"
+#include "server/structured_output.h"
 #include "server/swa_announce.h"
+#include "server/test_support.h"
 
 namespace dsi::server {
 namespace {
@@ -220,6 +222,39 @@ TEST(EngineRpc, GrammarTravelsAsSourceAndNeedsACompiler) {
     EXPECT_NE(back.status().message().find("guided_regex"), std::string::npos);
 }
 
+// Every field of the spec travels (a field added to grammar::GrammarSpec must be set
+// here), and the engine compiles what the router's caller asked for: the options are
+// part of the compile service's cache key, so four settings are four compiles.
+TEST(EngineRpc, TheWholeGrammarSpecTravels) {
+    StructuredOutput so(testing::tokenizer());
+    ApiContext ctx = testing::api_context();
+    ctx.structured_output = &so;
+    Generation g = sample_generation();
+    for (bool flexible : {false, true}) {
+        for (bool any_order : {false, true}) {
+            grammar::GrammarSpec spec;
+            spec.kind = grammar::GrammarKind::kJsonSchema;
+            spec.text = R"({"type":"object","properties":{"a":{"type":"integer"},)"
+                        R"("b":{"type":"integer"}},"required":["a","b"]})";
+            spec.flexible_whitespace = flexible;
+            spec.any_property_order = any_order;
+            g.structured = protocol::StructuredRequest{spec, "response_format"};
+            auto back = decode_generation(ctx, encode_generation(g, 0));
+            ASSERT_TRUE(back.is_ok()) << back.status().to_string();
+            ASSERT_TRUE(back->structured);
+            const grammar::GrammarSpec& got = back->structured->spec;
+            EXPECT_EQ(got.kind, spec.kind);
+            EXPECT_EQ(got.text, spec.text);
+            EXPECT_EQ(got.flexible_whitespace, flexible);
+            EXPECT_EQ(got.any_property_order, any_order);
+            EXPECT_EQ(back->structured->field, "response_format");
+            EXPECT_NE(back->request.mask, nullptr);
+        }
+    }
+    EXPECT_EQ(so.stats().compiled, 4);
+    EXPECT_EQ(so.stats().failed, 0);
+}
+
 TEST(EngineRpc, MalformedGenerationsNameTheField) {
     const ApiContext ctx = context();
     const std::string ok_sampling = R"("sampling":{"max_tokens":5,"seed":"1"})";
@@ -247,6 +282,12 @@ TEST(EngineRpc, MalformedGenerationsNameTheField) {
         {R"({"prompt":[1],"timeout_ms":-5,)" + ok_sampling + "}", "timeout_ms"},
         {R"({"prompt":[1],"grammar":{"kind":"yaml"},)" + ok_sampling + "}", "grammar.kind"},
         {R"({"prompt":[1],"grammar":"x",)" + ok_sampling + "}", "grammar"},
+        {R"({"prompt":[1],"grammar":{"kind":"json_object","flexible_whitespace":"yes"},)" +
+             ok_sampling + "}",
+         "grammar.flexible_whitespace: wrong type"},
+        {R"({"prompt":[1],"grammar":{"kind":"json_object","any_property_order":1},)" + ok_sampling +
+             "}",
+         "grammar.any_property_order: wrong type"},
         {R"({"prompt":[1],"handoff":"x",)" + ok_sampling + "}", "handoff"},
         {R"({"prompt":[1],"handoff":{"id":"00000000000000000000000000000001"},)" + ok_sampling +
              "}",

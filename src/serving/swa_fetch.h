@@ -15,26 +15,32 @@
 // seal before anything goes into its pool.
 //
 // Thread model: fetch_swa_state blocks the caller's thread (bounded by `timeout` per
-// read or write). SwaFetchServer runs one thread that accepts and answers connections
-// one at a time (each answer is one pool lookup and one write, bounded by io_timeout);
-// its destructor stops and joins it.
+// read or write). SwaFetchServer runs one accept thread and `max_connections` workers
+// that answer connections concurrently (each answer is one request read, one pool
+// lookup and one write, each bounded by io_timeout), so a slow or silent puller holds
+// one worker, not every puller. Accepted connections wait for a free worker; with
+// max_connections + max_waiting in flight (answered or waiting) a new one is refused
+// at once with a Failure frame (RESOURCE_EXHAUSTED) and counted. The destructor stops
+// accepting, closes the waiting connections unanswered, and joins every thread: a
+// worker leaves a request read within 100 ms, a write within io_timeout.
 #pragma once
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "base/mutex.h"
 #include "base/status.h"
 #include "kv/swa_pool.h"
+#include "serving/swa_fetch_wire.h"
 #include "transfer/transport.h"
 
 namespace dsi::serving {
-
-inline constexpr std::string_view kSwaFetchSection = "swa_fetch";
 
 // Where to pull one state from: the holder's fetch address ("host:port") and the key.
 struct SwaPullTarget {
@@ -60,17 +66,24 @@ struct SwaFetchServerOptions {
     uint64_t incarnation = 0;
     kv::SwaStatePool* pool = nullptr;  // REQUIRES: non-null, outlives the server
     transfer::Timeout io_timeout{2'000};
+    int max_connections = 4;  // answered at once (worker threads; >= 1)
+    int max_waiting = 16;     // accepted beyond the workers, waiting; more are refused
 };
 
+// Every accepted connection ends in exactly one of the four counts.
 struct SwaFetchServerStats {
     int64_t num_served = 0;     // states sent
     int64_t num_not_found = 0;  // asked for a state the pool does not hold
-    int64_t num_failed = 0;     // malformed or damaged requests, broken connections
+    int64_t num_failed = 0;     // malformed or damaged requests, broken connections, and
+                                // connections still waiting at shutdown
+    int64_t num_refused = 0;    // turned away at the bound (RESOURCE_EXHAUSTED)
+    int64_t num_active = 0;     // now: connections a worker is answering
+    int64_t num_waiting = 0;    // now: accepted, waiting for a worker
 };
 
 class SwaFetchServer {
 public:
-    // `transport` null: TCP.
+    // `transport` null: TCP. INVALID_ARGUMENT for max_connections < 1 or max_waiting < 0.
     static Result<std::unique_ptr<SwaFetchServer>> start(
         SwaFetchServerOptions options, std::unique_ptr<transfer::Transport> transport = nullptr);
     ~SwaFetchServer();
@@ -82,8 +95,12 @@ public:
 
 private:
     SwaFetchServer() = default;
-    void loop();
+    void accept_loop() DSI_EXCLUDES(mu_);
+    void worker_loop() DSI_EXCLUDES(mu_);
+    // Answers a connection over the bound with a Failure frame, then closes it.
+    void refuse(transfer::Connection& conn);
     Status serve_one(transfer::Connection& conn);
+    void count(const Status& s) DSI_REQUIRES(mu_);
 
     SwaFetchServerOptions options_;
     std::unique_ptr<transfer::Transport> transport_;
@@ -91,8 +108,11 @@ private:
     uint16_t port_ = 0;
     std::atomic<bool> stopping_{false};
     mutable Mutex mu_;
+    CondVar work_cv_;  // a connection queued, or stopping
+    std::deque<std::unique_ptr<transfer::Connection>> waiting_ DSI_GUARDED_BY(mu_);
     SwaFetchServerStats stats_ DSI_GUARDED_BY(mu_);
-    std::thread thread_;
+    std::thread accept_thread_;
+    std::vector<std::thread> workers_;
 };
 
 }  // namespace dsi::serving

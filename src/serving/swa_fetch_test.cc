@@ -28,11 +28,22 @@ std::vector<uint8_t> sealed(int64_t position, uint8_t fill) {
 
 class SwaFetchTest : public ::testing::Test {
 protected:
-    void start_holder(std::unique_ptr<transfer::Transport> transport = nullptr) {
+    SwaFetchServerOptions holder_options(transfer::Timeout io_timeout = transfer::Timeout(2'000),
+                                         int max_connections = 4, int max_waiting = 16) {
         SwaFetchServerOptions o;
         o.host = "127.0.0.1";
         o.incarnation = 7;
         o.pool = &holder_pool_;
+        o.io_timeout = io_timeout;
+        o.max_connections = max_connections;
+        o.max_waiting = max_waiting;
+        return o;
+    }
+    void start_holder(std::unique_ptr<transfer::Transport> transport = nullptr) {
+        start_holder(holder_options(), std::move(transport));
+    }
+    void start_holder(const SwaFetchServerOptions& o,
+                      std::unique_ptr<transfer::Transport> transport = nullptr) {
         auto s = SwaFetchServer::start(o, std::move(transport));
         ASSERT_TRUE(s.is_ok()) << s.status().to_string();
         server_ = std::move(s).value();
@@ -50,12 +61,25 @@ protected:
     // The holder counts a connection after the puller has its answer: wait until it has
     // counted `total` of them (or 5 s) before reading its stats.
     SwaFetchServerStats settled_stats(int64_t total) const {
+        return stats_when([&](const SwaFetchServerStats& s) {
+            return s.num_served + s.num_not_found + s.num_failed + s.num_refused >= total;
+        });
+    }
+    // The holder's stats once `pred` holds of them (or after 5 s).
+    template <class Pred>
+    SwaFetchServerStats stats_when(Pred pred) const {
         for (int i = 0; i < 500; ++i) {
             const SwaFetchServerStats s = server_->stats();
-            if (s.num_served + s.num_not_found + s.num_failed >= total) return s;
+            if (pred(s)) return s;
             std::this_thread::sleep_for(std::chrono::milliseconds(10));
         }
         return server_->stats();
+    }
+    // A puller that connects and sends nothing.
+    std::unique_ptr<transfer::Connection> silent_puller() {
+        auto c = tcp_->connect("127.0.0.1", server_->port(), transfer::Timeout(2000));
+        EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+        return c.is_ok() ? std::move(c).value() : nullptr;
     }
 
     kv::SwaStatePool holder_pool_{int64_t{1} << 20};
@@ -132,6 +156,79 @@ TEST_F(SwaFetchTest, AHolderThatIsGoneOrSilentFailsWithinTheTimeout) {
         << silent.to_string();
     EXPECT_EQ(fetch_swa_state(*tcp_, {"no-port", key(1)}, o).status().code(),
               StatusCode::kInvalidArgument);
+}
+
+// A silent puller holds one worker, not the server: a good pull is answered while the
+// silent connection is still open and uncounted (the holder would wait a minute for it).
+TEST_F(SwaFetchTest, ASilentPullerDoesNotHoldUpAGoodOne) {
+    start_holder(holder_options(transfer::Timeout(60'000)));
+    ASSERT_TRUE(holder_pool_.put(key(1), kvstore::TrafficClass::kChatbot, sealed(256, 4)).is_ok());
+    std::unique_ptr<transfer::Connection> silent = silent_puller();
+    ASSERT_NE(silent, nullptr);
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 1; }).num_active, 1);
+    SwaFetchOptions po = options();
+    po.timeout = transfer::Timeout(30'000);
+    Result<kv::SwaState> got = fetch_swa_state(*tcp_, target(key(1)), po);
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(got->bytes, sealed(256, 4));
+    SwaFetchServerStats s = settled_stats(1);
+    EXPECT_EQ(s.num_served, 1);
+    EXPECT_EQ(s.num_active, 1);  // the silent one, still waited for
+    EXPECT_EQ(s.num_failed, 0);
+    silent->close();  // its worker reads the end of the stream
+    s = settled_stats(2);
+    EXPECT_EQ(s.num_failed, 1);
+    EXPECT_EQ(s.num_active, 0);
+}
+
+// max_connections answered + max_waiting waiting: the next puller is refused at once
+// with RESOURCE_EXHAUSTED, counted; once the silent ones go, pulls are answered again.
+TEST_F(SwaFetchTest, PullersOverTheBoundAreRefusedAndCounted) {
+    SwaFetchServerOptions o = holder_options(transfer::Timeout(60'000), 1, 1);
+    start_holder(o);
+    ASSERT_TRUE(holder_pool_.put(key(1), kvstore::TrafficClass::kChatbot, sealed(256, 4)).is_ok());
+    std::unique_ptr<transfer::Connection> answered = silent_puller();
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 1; }).num_active, 1);
+    std::unique_ptr<transfer::Connection> waiting = silent_puller();
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_waiting == 1; }).num_waiting, 1);
+    SwaFetchOptions po = options();
+    po.timeout = transfer::Timeout(30'000);
+    EXPECT_EQ(fetch_swa_state(*tcp_, target(key(1)), po).status().code(),
+              StatusCode::kResourceExhausted);
+    EXPECT_EQ(server_->stats().num_refused, 1);
+    answered->close();  // the waiting one gets the worker
+    const auto one_answered = [](const auto& s) { return s.num_waiting == 0 && s.num_active == 1; };
+    ASSERT_EQ(stats_when(one_answered).num_active, 1);
+    waiting->close();
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 0; }).num_active, 0);
+    EXPECT_TRUE(fetch_swa_state(*tcp_, target(key(1)), po).is_ok());
+    const SwaFetchServerStats s = settled_stats(4);
+    EXPECT_EQ(s.num_served, 1);
+    EXPECT_EQ(s.num_failed, 2);
+    EXPECT_EQ(s.num_refused, 1);
+    EXPECT_EQ(s.num_not_found, 0);
+    // Bounds that allow no worker are refused.
+    o.max_connections = 0;
+    EXPECT_EQ(SwaFetchServer::start(o).status().code(), StatusCode::kInvalidArgument);
+}
+
+// The destructor, with a connection being answered and two waiting (io_timeout far
+// past the test's limit): it returns, and every puller reads the end of the stream.
+TEST_F(SwaFetchTest, ShutdownWithConnectionsOpenClosesThem) {
+    start_holder(holder_options(transfer::Timeout(3'600'000), 1, 2));
+    std::vector<std::unique_ptr<transfer::Connection>> pullers;
+    pullers.push_back(silent_puller());
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_active == 1; }).num_active, 1);
+    pullers.push_back(silent_puller());
+    pullers.push_back(silent_puller());
+    ASSERT_EQ(stats_when([](const auto& s) { return s.num_waiting == 2; }).num_waiting, 2);
+    server_.reset();
+    for (auto& p : pullers) {
+        uint8_t b[16];
+        Result<size_t> n = p->read_some(b, transfer::Timeout(5'000));
+        EXPECT_TRUE((n.is_ok() && *n == 0) || n.status().code() == StatusCode::kUnavailable)
+            << (n.is_ok() ? std::to_string(*n) : n.status().to_string());
+    }
 }
 
 }  // namespace

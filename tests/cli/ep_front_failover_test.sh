@@ -79,8 +79,9 @@ kill -TERM "$serve_pid"
 wait "$serve_pid" || { cat "$tmp/idle.err"; fail "idle exit status after SIGTERM"; }
 serve_pid=""
 # Structured output under the front (S-SO): the grammar the front compiles travels to the
-# rank that samples (serialised) and is rebuilt there; a json_schema response format and a
-# forced tool call give exactly what one process gives.
+# rank that samples (serialised) and is rebuilt there; a json_schema response format (also
+# with the JSON options flexible_whitespace and any_property_order, compiled into what
+# travels) and a forced tool call give exactly what one process gives.
 structured() {
     local name=$1 port=""
     shift
@@ -91,13 +92,14 @@ structured() {
     local i=0
     for body in \
         "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"who\"}],\"max_tokens\":40,\"temperature\":0,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"strict\":true,\"schema\":$schema}}}" \
-        "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"weather\"}],\"max_tokens\":120,\"temperature\":1,\"seed\":7,\"tools\":[$tool],\"tool_choice\":\"required\",\"parallel_tool_calls\":false}"; do
+        "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"weather\"}],\"max_tokens\":120,\"temperature\":1,\"seed\":7,\"tools\":[$tool],\"tool_choice\":\"required\",\"parallel_tool_calls\":false}" \
+        "{\"model\":\"tiny\",\"messages\":[{\"role\":\"user\",\"content\":\"who\"}],\"max_tokens\":40,\"temperature\":0,\"response_format\":{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"p\",\"schema\":$schema,\"flexible_whitespace\":true,\"any_property_order\":true}}}"; do
         i=$((i + 1))
         curl -sS --max-time 300 "http://127.0.0.1:$port/v1/chat/completions" \
             -H 'Content-Type: application/json' -d "$body" >"$tmp/$name.$i.json" &
     done
     wait $(jobs -p | grep -vx "$serve_pid")
-    for i in 1 2; do  # the message and finish reason (tool call ids are per request)
+    for i in 1 2 3; do  # the message and finish reason (tool call ids are per request)
         node -e 'const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
             const c = r.choices[0], m = c.message;
             for (const t of m.tool_calls || []) delete t.id;
@@ -113,6 +115,10 @@ structured so_ep --ep 2 >"$tmp/so_ep.txt"
 grep -q '"tool_calls":\[{' "$tmp/so_one.txt" || { cat "$tmp/so_one.txt"; fail "no tool call"; }
 cmp -s "$tmp/so_one.txt" "$tmp/so_ep.txt" ||
     { diff "$tmp/so_one.txt" "$tmp/so_ep.txt" || true; fail "structured output differs under --ep 2"; }
+# The front compiles but never masks: it skips the token-table warm-up one process runs.
+grep -q "grammar table cache warmed" "$tmp/so_one.err" || fail "serve did not warm its grammar tables"
+grep -q "grammar table cache not warmed" "$tmp/so_ep.err" && ! grep -q "grammar table cache warmed" \
+    "$tmp/so_ep.err" || { cat "$tmp/so_ep.err"; fail "the --ep front warmed grammar tables"; }
 
 echo "rank 0 of --ep 3 killed -9: serve (3 requests) gives one process's completions; the"
 echo "  group goes on with 2 ranks (counted in /metrics); the front maps no weights"
@@ -120,3 +126,4 @@ echo "rank 1 killed -9 while idle: the group restarts with 2 ranks before any re
 echo "a failover's reap (rank 1 stopped, rank 0 killed): /metrics answers with the restart in"
 echo "  progress, a request queues and is answered by the 1-rank group"
 echo "a json_schema response format and a forced tool call under --ep 2: one process's output"
+echo "  (the front skips the grammar table warm-up: the ranks build the masks)"

@@ -65,7 +65,8 @@ Result<HostPort> parse_host_port(const std::string& text, bool allow_zero) {
     std::string port;
     if (!text.empty() && text[0] == '[') {
         const size_t close = text.find(']');
-        if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':') {
+        if (close == std::string::npos || close == 1 || close + 1 >= text.size() ||
+            text[close + 1] != ':') {
             return invalid_argument("coordinator '" + text + "': expected [v6 address]:port");
         }
         hp.host = text.substr(1, close - 1);
@@ -306,9 +307,11 @@ namespace {
 
 constexpr uint32_t kJoinMagic = 0x4d435855;  // "UXCM"
 constexpr uint32_t kJoinVersion = 1;
+constexpr size_t kShapeFields = 6;
 
-std::vector<uint8_t> encode_shape(int rank, const MoeShape& s,
-                                  const std::vector<uint8_t>& address) {
+}  // namespace
+
+std::vector<uint8_t> encode_join(int rank, const MoeShape& s, const std::vector<uint8_t>& address) {
     FrameWriter w;
     w.u32(kJoinMagic);
     w.u32(kJoinVersion);
@@ -323,6 +326,79 @@ std::vector<uint8_t> encode_shape(int rank, const MoeShape& s,
     return std::move(w.data());
 }
 
+Result<JoinMessage> decode_join(const std::vector<uint8_t>& frame) {
+    FrameReader r(frame);
+    JoinMessage m;
+    uint32_t magic = 0;
+    m.shape.resize(kShapeFields);
+    bool ok = r.u32(magic) && r.u32(m.version) && r.u32(m.rank) && magic == kJoinMagic;
+    if (ok && m.version != kJoinVersion) {
+        return m;  // another layout may follow: the coordinator names the version
+    }
+    for (int64_t& v : m.shape) {
+        ok = ok && r.i64(v);
+    }
+    ok = ok && r.bytes(m.address);
+    if (!ok || !r.at_end()) {
+        return invalid_argument("ucx group: not a join frame");
+    }
+    return m;
+}
+
+std::vector<uint8_t> encode_table(const std::vector<std::vector<uint8_t>>& addresses) {
+    FrameWriter w;
+    w.u32(0);
+    w.bytes("", 0);
+    for (const auto& a : addresses) {
+        w.bytes(a.data(), a.size());
+    }
+    return std::move(w.data());
+}
+
+std::vector<uint8_t> encode_error(const Status& error) {
+    FrameWriter w;
+    w.u32(static_cast<uint32_t>(error.code()));
+    w.bytes(error.message().data(), error.message().size());
+    return std::move(w.data());
+}
+
+Result<std::vector<std::vector<uint8_t>>> decode_answer(const std::vector<uint8_t>& frame,
+                                                        int num_ranks,
+                                                        const std::string& coordinator) {
+    const auto bad = [&](const char* what) {
+        return internal_error("ucx group: " + std::string(what) + " from the coordinator " +
+                              coordinator);
+    };
+    FrameReader r(frame);
+    uint32_t code = 0;
+    std::vector<uint8_t> message;
+    if (!r.u32(code) || !r.bytes(message)) {
+        return bad("bad answer");
+    }
+    if (code != 0) {
+        // A code outside StatusCode would wrap (to OK at 256) in the cast.
+        if (code > static_cast<uint32_t>(StatusCode::kDataLoss) || !r.at_end()) {
+            return bad("bad error answer");
+        }
+        return Status(static_cast<StatusCode>(code), std::string(message.begin(), message.end()));
+    }
+    if (!message.empty()) {
+        return bad("bad answer");  // a table's message is empty
+    }
+    std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(std::max(num_ranks, 0)));
+    for (auto& a : addresses) {
+        if (!r.bytes(a)) {
+            return bad("short address table");
+        }
+    }
+    if (!r.at_end()) {
+        return bad("long address table");
+    }
+    return addresses;
+}
+
+namespace {
+
 // FAILED_PRECONDITION naming the first field that differs ("hidden 32 at rank 1, 64 at
 // rank 0").
 Status compare_shapes(int rank, const std::vector<int64_t>& theirs, const MoeShape& s) {
@@ -330,7 +406,7 @@ Status compare_shapes(int rank, const std::vector<int64_t>& theirs, const MoeSha
                            "slots per rank", "receive capacity"};
     const int64_t ours[] = {s.num_ranks,           s.hidden,         s.top_k,
                             s.max_tokens_per_rank, s.slots_per_rank, s.recv_capacity()};
-    for (size_t i = 0; i < 6; ++i) {
+    for (size_t i = 0; i < kShapeFields; ++i) {
         if (theirs[i] != ours[i]) {
             return failed_precondition("ucx group: layout differs: " + std::string(names[i]) + " " +
                                        std::to_string(theirs[i]) + " at rank " +
@@ -339,13 +415,6 @@ Status compare_shapes(int rank, const std::vector<int64_t>& theirs, const MoeSha
         }
     }
     return Status::ok();
-}
-
-std::vector<uint8_t> encode_status(const Status& s) {
-    FrameWriter w;
-    w.u32(static_cast<uint32_t>(s.code()));
-    w.bytes(s.message().data(), s.message().size());
-    return std::move(w.data());
 }
 
 struct FdCloser {
@@ -391,18 +460,12 @@ Result<std::vector<std::vector<uint8_t>>> coordinate(const UcxGroupOptions& o, c
         if (!frame.is_ok()) {
             continue;  // not one of ours, or it died: the deadline names the missing rank
         }
-        FrameReader r(*frame);
-        uint32_t magic = 0, version = 0, rank = 0;
-        std::vector<int64_t> shape(6);
-        std::vector<uint8_t> address;
-        bool ok = r.u32(magic) && r.u32(version) && r.u32(rank);
-        for (int64_t& v : shape) {
-            ok = ok && r.i64(v);
-        }
-        ok = ok && r.bytes(address);
-        if (!ok || magic != kJoinMagic) {
+        Result<JoinMessage> join = decode_join(*frame);
+        if (!join.is_ok()) {
             continue;
         }
+        const uint32_t version = join->version;
+        const uint32_t rank = join->rank;
         if (version != kJoinVersion) {
             failure = failed_precondition("ucx group: rank " + std::to_string(rank) +
                                           " speaks protocol version " + std::to_string(version) +
@@ -414,24 +477,19 @@ Result<std::vector<std::vector<uint8_t>>> coordinate(const UcxGroupOptions& o, c
             failure = Status(StatusCode::kAlreadyExists,
                              "ucx group: two processes joined as rank " + std::to_string(rank));
         } else {
-            failure = compare_shapes(static_cast<int>(rank), shape, o.shape);
+            failure = compare_shapes(static_cast<int>(rank), join->shape, o.shape);
         }
         if (rank > 0 && rank < static_cast<uint32_t>(n) && fds[rank] < 0) {
             fds[rank] = *fd;
-            addresses[rank] = std::move(address);
+            addresses[rank] = std::move(join->address);
             ++joined;
         } else if (!failure.is_ok()) {
-            (void)send_frame(*fd, encode_status(failure), deadline);
+            (void)send_frame(*fd, encode_error(failure), deadline);
         }
     }
     // Everyone who joined hears the outcome: the table or the error.
-    FrameWriter table;
-    table.u32(0);
-    table.bytes("", 0);
-    for (const auto& a : addresses) {
-        table.bytes(a.data(), a.size());
-    }
-    const std::vector<uint8_t> answer = failure.is_ok() ? table.data() : encode_status(failure);
+    const std::vector<uint8_t> answer =
+        failure.is_ok() ? encode_table(addresses) : encode_error(failure);
     for (int r = 1; r < n; ++r) {
         if (fds[static_cast<size_t>(r)] >= 0) {
             const Status sent = send_frame(fds[static_cast<size_t>(r)], answer, deadline);
@@ -452,29 +510,14 @@ Result<std::vector<std::vector<uint8_t>>> join(const UcxGroupOptions& o, const H
     DSI_ASSIGN_OR_RETURN(int fd, connect_with_retry(at, deadline));
     FdCloser closer;
     closer.fds.push_back(fd);
-    DSI_RETURN_IF_ERROR(send_frame(fd, encode_shape(o.rank, o.shape, own_address), deadline));
+    DSI_RETURN_IF_ERROR(send_frame(fd, encode_join(o.rank, o.shape, own_address), deadline));
     Result<std::vector<uint8_t>> frame = recv_frame(fd, deadline, 64 << 20);
     if (!frame.is_ok()) {
         const Status& s = frame.status();
         return Status(s.code(), "ucx group: no answer from the coordinator " + o.coordinator +
                                     ": " + s.message());
     }
-    FrameReader r(*frame);
-    uint32_t code = 0;
-    std::vector<uint8_t> message;
-    if (!r.u32(code) || !r.bytes(message)) {
-        return internal_error("ucx group: bad answer from the coordinator");
-    }
-    if (code != 0) {
-        return Status(static_cast<StatusCode>(code), std::string(message.begin(), message.end()));
-    }
-    std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(o.shape.num_ranks));
-    for (auto& a : addresses) {
-        if (!r.bytes(a)) {
-            return internal_error("ucx group: short address table from the coordinator");
-        }
-    }
-    return addresses;
+    return decode_answer(*frame, o.shape.num_ranks, o.coordinator);
 }
 
 }  // namespace

@@ -62,6 +62,8 @@ public:
     bool u32(uint32_t& v);
     bool i64(int64_t& v);
     bool bytes(std::vector<uint8_t>& out);
+    // Every read succeeded and took the frame to its end.
+    bool at_end() const { return ok_ && pos_ == data_.size(); }
 
 private:
     bool take(void* p, size_t n);
@@ -69,6 +71,31 @@ private:
     size_t pos_ = 0;
     bool ok_ = true;
 };
+
+// The formation's messages, apart from the sockets (fuzzed: tests/fuzz/fuzz_bootstrap.cc).
+// A rank's join frame: magic, version, its rank, the shape's six sizes (ranks, hidden,
+// top_k, max tokens per rank, slots per rank, receive capacity), its worker address.
+struct JoinMessage {
+    uint32_t version = 0;
+    uint32_t rank = 0;
+    std::vector<int64_t> shape;  // the six sizes, in that order
+    std::vector<uint8_t> address;
+};
+std::vector<uint8_t> encode_join(int rank, const MoeShape& shape,
+                                 const std::vector<uint8_t>& address);
+// INVALID_ARGUMENT for a frame that is not a whole join frame (short, trailing bytes,
+// another magic). A frame of another version carries only its version and rank (the
+// coordinator names the mismatch).
+Result<JoinMessage> decode_join(const std::vector<uint8_t>& frame);
+// Rank 0's answer: the worker address table (`addresses` [num_ranks]) or an error.
+std::vector<uint8_t> encode_table(const std::vector<std::vector<uint8_t>>& addresses);
+std::vector<uint8_t> encode_error(const Status& error);
+// The table of `num_ranks` addresses, the coordinator's error as it sent it, or
+// INTERNAL for an answer that is neither (short, trailing bytes, a code that is no
+// StatusCode, a table with a message or of another size). `coordinator` names rank 0 in errors.
+Result<std::vector<std::vector<uint8_t>>> decode_answer(const std::vector<uint8_t>& frame,
+                                                        int num_ranks,
+                                                        const std::string& coordinator);
 
 // The group's formation (ucx_group.h "Bootstrap"): rank 0 (o.rank == 0) listens on `at`,
 // accepts every other rank's join frame (rank, MoeShape, worker address), checks it and

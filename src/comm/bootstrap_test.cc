@@ -1,0 +1,92 @@
+// The UCX group's bootstrap messages (internal/bootstrap.h), without sockets: a join
+// frame and the answers round-trip; a frame of another version still names it; short,
+// long and foreign frames are refused; an error answer keeps its code, and a code that
+// is no StatusCode (256 would wrap to OK) is refused. The formation itself is in
+// ucx_group_test (ranks as processes).
+#include "comm/internal/bootstrap.h"
+
+#include <gtest/gtest.h>
+
+namespace dsi::comm::internal {
+namespace {
+
+MoeShape shape() {
+    return {
+        .num_ranks = 2, .hidden = 64, .top_k = 2, .max_tokens_per_rank = 16, .slots_per_rank = 8};
+}
+
+TEST(Bootstrap, AJoinFrameRoundTrips) {
+    const std::vector<uint8_t> address = {1, 2, 3, 0, 255};
+    const std::vector<uint8_t> frame = encode_join(1, shape(), address);
+    Result<JoinMessage> m = decode_join(frame);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    EXPECT_EQ(m->version, 1u);
+    EXPECT_EQ(m->rank, 1u);
+    EXPECT_EQ(m->shape, (std::vector<int64_t>{2, 64, 2, 16, 8, shape().recv_capacity()}));
+    EXPECT_EQ(m->address, address);
+
+    std::vector<uint8_t> longer = frame;
+    longer.push_back(0);
+    EXPECT_FALSE(decode_join(longer).is_ok());
+    for (size_t n : {size_t{0}, size_t{3}, size_t{12}, frame.size() - 1}) {
+        EXPECT_FALSE(
+            decode_join({frame.begin(), frame.begin() + static_cast<ptrdiff_t>(n)}).is_ok())
+            << n;
+    }
+    std::vector<uint8_t> foreign = frame;
+    foreign[0] ^= 1;  // the magic
+    EXPECT_FALSE(decode_join(foreign).is_ok());
+    // Version 2, whatever follows: its version and rank, for the coordinator's error.
+    std::vector<uint8_t> v2(frame.begin(), frame.begin() + 12);
+    v2[4] = 2;
+    v2.push_back(7);
+    m = decode_join(v2);
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    EXPECT_EQ(m->version, 2u);
+    EXPECT_EQ(m->rank, 1u);
+}
+
+TEST(Bootstrap, AnswersRoundTripAndBadOnesAreInternal) {
+    const std::vector<std::vector<uint8_t>> table = {{1, 2}, {}, {3}};
+    Result<std::vector<std::vector<uint8_t>>> got = decode_answer(encode_table(table), 3, "h:1");
+    ASSERT_TRUE(got.is_ok()) << got.status().to_string();
+    EXPECT_EQ(*got, table);
+    // A table of another size than the group's.
+    EXPECT_EQ(decode_answer(encode_table(table), 4, "h:1").status().code(), StatusCode::kInternal);
+    EXPECT_EQ(decode_answer(encode_table(table), 2, "h:1").status().code(), StatusCode::kInternal);
+
+    const Status error = failed_precondition("ucx group: layout differs");
+    got = decode_answer(encode_error(error), 3, "h:1");
+    EXPECT_EQ(got.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_EQ(got.status().message(), error.message());
+
+    for (uint32_t code : {256u, 15u, 0xffffffffu}) {
+        std::vector<uint8_t> bad = encode_error(error);
+        for (size_t i = 0; i < 4; ++i) {
+            bad[i] = static_cast<uint8_t>(code >> (8 * i));
+        }
+        got = decode_answer(bad, 3, "h:1");
+        EXPECT_EQ(got.status().code(), StatusCode::kInternal) << code;
+        EXPECT_NE(got.status().message().find("h:1"), std::string::npos);
+    }
+    EXPECT_EQ(decode_answer({}, 3, "h:1").status().code(), StatusCode::kInternal);
+    // A table whose (OK) status carries a message (fuzz_bootstrap's first finding).
+    std::vector<uint8_t> with_message = {0, 0, 0, 0, 2, 0, 0, 0, ';', 0};
+    EXPECT_EQ(decode_answer(with_message, 0, "h:1").status().code(), StatusCode::kInternal);
+    with_message.resize(8);
+    with_message[4] = 0;
+    EXPECT_TRUE(decode_answer(with_message, 0, "h:1").is_ok());
+}
+
+TEST(Bootstrap, CoordinatorAddresses) {
+    EXPECT_EQ(parse_host_port("10.0.0.1:29500")->port, 29500);
+    EXPECT_EQ(parse_host_port("[::1]:7")->host, "::1");
+    EXPECT_TRUE(parse_host_port("h:0", /*allow_zero=*/true).is_ok());
+    for (const char* bad :
+         {"", "h", ":1", "h:", "h:0", "h:65536", "h:1x", "[::1]", "[::1]7", "[]:1"}) {
+        EXPECT_FALSE(parse_host_port(bad).is_ok()) << bad;
+    }
+}
+
+}  // namespace
+}  // namespace dsi::comm::internal
