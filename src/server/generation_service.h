@@ -62,8 +62,9 @@ struct ServiceStats {
     int64_t queue_depth = 0;  // commands waiting for the engine thread
     int64_t num_running = 0;  // generations admitted and not finished
     int64_t num_step_errors = 0;
-    // Counters a service adds to /metrics beyond the engine's: (name, help, value), the
-    // name without the dsinfer_ prefix (the router's routing and failover counts).
+    // Figures a service adds to /metrics beyond the engine's: (name, help, value), the
+    // name without the dsinfer_ prefix (the router's routing and failover counts); a name
+    // ending in _total is exported as a counter, any other as a gauge (a level).
     struct Counter {
         std::string name;
         std::string help;

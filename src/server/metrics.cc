@@ -107,8 +107,15 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
             static_cast<double>(output_tokens_));
     counter(&out, "dsinfer_client_disconnects_total", "requests aborted by a client disconnect",
             static_cast<double>(disconnects_));
+    // A service's own figures: cumulative ones end in _total (counters); the others are
+    // levels (engines listed, requests waiting, blocks held now): gauges.
     for (const ServiceStats::Counter& c : s.extra_counters) {
-        counter(&out, "dsinfer_" + c.name, c.help, static_cast<double>(c.value));
+        const std::string name = "dsinfer_" + c.name;
+        if (name.ends_with("_total")) {
+            counter(&out, name, c.help, static_cast<double>(c.value));
+        } else {
+            gauge(&out, name, c.help, static_cast<double>(c.value));
+        }
     }
     header(&out, "dsinfer_connection_timeouts_total", "counter",
            "connection deadlines fired, by kind (idle, header, body, write)");

@@ -790,6 +790,23 @@ TEST(MetricsTest, RendersSpeculationCounters) {
     }
 }
 
+// A service's own figures (ServiceStats::extra_counters): a name ending in _total is a
+// counter, any other a level, exported as a gauge (Prometheus' rate() of a level would
+// be nonsense).
+TEST(MetricsTest, AServicesFiguresAreCountersOrGaugesByName) {
+    ServiceStats st;
+    st.extra_counters = {{"router_kv_handoffs_total", "hand-overs", 3},
+                         {"router_engines", "engines now", 2},
+                         {"kv_landing_blocks_held", "blocks held now", 5}};
+    const std::string text = Metrics().render(st, 0, true);
+    for (const char* want :
+         {"# TYPE dsinfer_router_kv_handoffs_total counter\n", "dsinfer_router_kv_handoffs_total 3\n",
+          "# TYPE dsinfer_router_engines gauge\n", "dsinfer_router_engines 2\n",
+          "# TYPE dsinfer_kv_landing_blocks_held gauge\n", "dsinfer_kv_landing_blocks_held 5\n"}) {
+        EXPECT_NE(text.find(want), std::string::npos) << want;
+    }
+}
+
 // The DSpark gate's counters (issue 24): steps and probes per loop mode, switches,
 // switches priced out, the MTP catch-up rows and times.
 TEST(MetricsTest, RendersSpeculationGateCounters) {
