@@ -1,11 +1,18 @@
 // The UCX group's bootstrap messages (internal/bootstrap.h), without sockets: a join
 // frame and the answers round-trip; a frame of another version still names it; short,
 // long and foreign frames are refused; an error answer keeps its code, and a code that
-// is no StatusCode (256 would wrap to OK) is refused. The formation itself is in
-// ucx_group_test (ranks as processes).
+// is no StatusCode (256 would wrap to OK) is refused; frames put together from bytes as
+// they come. The formation over sockets with strays at the coordinator (threads, no UCX);
+// with UCX and ranks as processes it is in ucx_group_test.
 #include "comm/internal/bootstrap.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "base/clock.h"
 
 namespace dsi::comm::internal {
 namespace {
@@ -85,6 +92,88 @@ TEST(Bootstrap, CoordinatorAddresses) {
     for (const char* bad :
          {"", "h", ":1", "h:", "h:0", "h:65536", "h:1x", "[::1]", "[::1]7", "[]:1"}) {
         EXPECT_FALSE(parse_host_port(bad).is_ok()) << bad;
+    }
+}
+
+TEST(Bootstrap, FramesAssembleByteByByteAndBadHeadersAreRefused) {
+    const std::vector<uint8_t> body = {9, 8, 7, 6, 5};
+    std::vector<uint8_t> wire = {5, 0, 0, 0};
+    wire.insert(wire.end(), body.begin(), body.end());
+    wire.insert(wire.end(), {0, 0, 0, 0});  // a second, empty frame
+    FrameAssembler a(16);
+    std::vector<std::vector<uint8_t>> frames;
+    for (uint8_t b : wire) {
+        ASSERT_FALSE(a.space().empty());
+        a.space()[0] = b;
+        ASSERT_TRUE(a.received(1).is_ok());
+        if (a.done()) frames.push_back(a.take());
+    }
+    EXPECT_EQ(frames, (std::vector<std::vector<uint8_t>>{body, {}}));
+    EXPECT_FALSE(a.done());
+
+    FrameAssembler small(4);
+    const std::vector<uint8_t> header = {5, 0, 0, 0};
+    std::copy(header.begin(), header.end(), small.space().begin());
+    EXPECT_EQ(small.received(4).code(), StatusCode::kInvalidArgument);
+    EXPECT_FALSE(small.done());
+    EXPECT_FALSE(small.space().empty());
+}
+
+// A client connected to rank 0's coordinator port; `say` is written, then it stays
+// connected until destroyed.
+struct Stray {
+    int fd = -1;
+    Stray(const HostPort& at, const std::vector<uint8_t>& say) {
+        Result<int> c = connect_with_retry(at, steady_clock_ns() + 5'000'000'000);
+        EXPECT_TRUE(c.is_ok()) << c.status().to_string();
+        fd = c.is_ok() ? *c : -1;
+        if (fd >= 0 && !say.empty()) {
+            EXPECT_EQ(::send(fd, say.data(), say.size(), MSG_NOSIGNAL),
+                      static_cast<ssize_t>(say.size()));
+        }
+    }
+    ~Stray() {
+        if (fd >= 0) ::close(fd);
+    }
+};
+
+// Strays at the coordinator -- one silent, one that sends half a header, one that
+// announces a 4 GiB frame, one that sends a frame that is no join -- connect before the
+// ranks; the group still forms (read one by one, the silent one held rank 0 until the
+// attach deadline, and the group failed DEADLINE_EXCEEDED).
+TEST(Bootstrap, StraysAtTheCoordinatorHoldNobodyUp) {
+    const HostPort at{"127.0.0.1", pick_free_port("127.0.0.1").value()};
+    UcxGroupOptions o;
+    o.coordinator = at.host + ":" + std::to_string(at.port);
+    o.shape = {
+        .num_ranks = 3, .hidden = 64, .top_k = 2, .max_tokens_per_rank = 16, .slots_per_rank = 8};
+    o.attach_timeout_ms = 20'000;  // what a silent stray cost before: the whole of it
+    const int64_t deadline = steady_clock_ns() + o.attach_timeout_ms * 1'000'000;
+    Result<std::vector<std::vector<uint8_t>>> table0 = internal_error("not run");
+    std::thread rank0([&] { table0 = exchange_worker_addresses(o, at, {0, 0}, deadline); });
+    std::vector<std::unique_ptr<Stray>> strays;
+    strays.push_back(std::make_unique<Stray>(at, std::vector<uint8_t>{}));
+    strays.push_back(std::make_unique<Stray>(at, std::vector<uint8_t>{7, 0}));
+    strays.push_back(std::make_unique<Stray>(at, std::vector<uint8_t>{255, 255, 255, 255}));
+    strays.push_back(std::make_unique<Stray>(at, std::vector<uint8_t>{3, 0, 0, 0, 1, 2, 3}));
+    std::vector<Result<std::vector<std::vector<uint8_t>>>> tables(2, internal_error("not run"));
+    std::vector<std::thread> ranks;
+    for (int r = 1; r <= 2; ++r) {
+        ranks.emplace_back([&, r] {
+            UcxGroupOptions mine = o;
+            mine.rank = r;
+            tables[static_cast<size_t>(r - 1)] = exchange_worker_addresses(
+                mine, at, {static_cast<uint8_t>(r), static_cast<uint8_t>(r)}, deadline);
+        });
+    }
+    for (std::thread& t : ranks) t.join();
+    rank0.join();
+    const std::vector<std::vector<uint8_t>> want = {{0, 0}, {1, 1}, {2, 2}};
+    ASSERT_TRUE(table0.is_ok()) << table0.status().to_string();
+    EXPECT_EQ(*table0, want);
+    for (const auto& t : tables) {
+        ASSERT_TRUE(t.is_ok()) << t.status().to_string();
+        EXPECT_EQ(*t, want);
     }
 }
 

@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <thread>
 
 #include "base/clock.h"
@@ -166,17 +167,6 @@ Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns) {
     }
 }
 
-Result<int> accept_until(int listen_fd, int64_t deadline_ns) {
-    if (!wait_fd(listen_fd, POLLIN, deadline_ns)) {
-        return deadline_exceeded("");
-    }
-    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-    if (fd < 0) {
-        return internal_error(errno_text("accept"));
-    }
-    return fd;
-}
-
 Status send_frame(int fd, const std::vector<uint8_t>& bytes, int64_t deadline_ns) {
     std::vector<uint8_t> frame(4 + bytes.size());
     const uint32_t n = static_cast<uint32_t>(bytes.size());
@@ -201,43 +191,74 @@ Status send_frame(int fd, const std::vector<uint8_t>& bytes, int64_t deadline_ns
     return Status::ok();
 }
 
+std::span<uint8_t> FrameAssembler::space() {
+    if (!in_body_) {
+        return std::span<uint8_t>(header_).subspan(header_done_);
+    }
+    return std::span<uint8_t>(body_).subspan(body_done_);
+}
+
+Status FrameAssembler::received(size_t n) {
+    if (in_body_) {
+        body_done_ += n;
+        return Status::ok();
+    }
+    header_done_ += n;
+    if (header_done_ < header_.size()) {
+        return Status::ok();
+    }
+    const size_t len = header_[0] | (size_t{header_[1]} << 8) | (size_t{header_[2]} << 16) |
+                       (size_t{header_[3]} << 24);
+    if (len > max_bytes_) {
+        header_done_ = 0;  // space() stays non-empty; the caller drops the peer
+        return invalid_argument("bootstrap frame of " + std::to_string(len) + " bytes (at most " +
+                                std::to_string(max_bytes_) + ")");
+    }
+    in_body_ = true;
+    body_.assign(len, 0);
+    body_done_ = 0;
+    return Status::ok();
+}
+
+std::vector<uint8_t> FrameAssembler::take() {
+    std::vector<uint8_t> out = std::move(body_);
+    body_.clear();
+    in_body_ = false;
+    header_done_ = 0;
+    body_done_ = 0;
+    return out;
+}
+
+namespace {
+
+// One non-blocking read into `a`. OK with nothing read when the socket has no data;
+// UNAVAILABLE when the peer closed or failed; the assembler's error on a bad header.
+Status read_some(int fd, FrameAssembler& a) {
+    const std::span<uint8_t> space = a.space();
+    const ssize_t r = ::recv(fd, space.data(), space.size(), 0);
+    if (r > 0) {
+        return a.received(static_cast<size_t>(r));
+    }
+    if (r == 0) {
+        return unavailable("bootstrap peer closed the connection");
+    }
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        return Status::ok();
+    }
+    return unavailable(errno_text("bootstrap recv"));
+}
+
+}  // namespace
+
 Result<std::vector<uint8_t>> recv_frame(int fd, int64_t deadline_ns, size_t max_bytes) {
-    std::vector<uint8_t> out(4);
-    size_t want = 4, done = 0;
-    bool header = true;
-    for (;;) {
-        while (done < want) {
-            const ssize_t r = ::recv(fd, out.data() + done, want - done, 0);
-            if (r > 0) {
-                done += static_cast<size_t>(r);
-                continue;
-            }
-            if (r == 0) {
-                return unavailable("bootstrap peer closed the connection");
-            }
-            if (errno != EAGAIN && errno != EINTR) {
-                return unavailable(errno_text("bootstrap recv"));
-            }
-            if (!wait_fd(fd, POLLIN, deadline_ns)) {
-                return deadline_exceeded("bootstrap answer timed out");
-            }
-        }
-        if (!header) {
-            return out;
-        }
-        const size_t n =
-            out[0] | (size_t{out[1]} << 8) | (size_t{out[2]} << 16) | (size_t{out[3]} << 24);
-        if (n > max_bytes) {
-            return invalid_argument("bootstrap frame of " + std::to_string(n) + " bytes");
-        }
-        header = false;
-        out.assign(n, 0);
-        want = n;
-        done = 0;
-        if (n == 0) {
-            return out;
+    FrameAssembler a(max_bytes);
+    while (!a.done()) {
+        DSI_RETURN_IF_ERROR(read_some(fd, a));
+        if (!a.done() && !wait_fd(fd, POLLIN, deadline_ns)) {
+            return deadline_exceeded("bootstrap answer timed out");
         }
     }
+    return a.take();
 }
 
 void FrameWriter::u32(uint32_t v) {
@@ -307,6 +328,10 @@ namespace {
 
 constexpr uint32_t kJoinMagic = 0x4d435855;  // "UXCM"
 constexpr uint32_t kJoinVersion = 1;
+// A join frame is ~100 bytes plus a worker address (UCX: a few hundred bytes).
+constexpr size_t kMaxJoinFrame = 1 << 20;
+// Connections rank 0 reads at once while the group forms (ranks and strays).
+constexpr size_t kMaxPendingJoins = 64;
 constexpr size_t kShapeFields = 6;
 
 }  // namespace
@@ -426,65 +451,125 @@ struct FdCloser {
     }
 };
 
+// Rank 0's view of a join frame: the failure it makes the group's (OK if none), and
+// whether the connection is rank `rank`'s (kept for the answer).
+struct JoinVerdict {
+    Status failure;
+    bool joins = false;
+    uint32_t rank = 0;
+};
+
+JoinVerdict judge_join(const JoinMessage& join, const std::vector<int>& fds,
+                       const MoeShape& shape) {
+    const int n = shape.num_ranks;
+    JoinVerdict v;
+    v.rank = join.rank;
+    if (join.version != kJoinVersion) {
+        v.failure = failed_precondition("ucx group: rank " + std::to_string(join.rank) +
+                                        " speaks protocol version " + std::to_string(join.version) +
+                                        ", rank 0 " + std::to_string(kJoinVersion));
+    } else if (join.rank == 0 || join.rank >= static_cast<uint32_t>(n)) {
+        v.failure = invalid_argument("ucx group: a process joined as rank " +
+                                     std::to_string(join.rank) + " of " + std::to_string(n));
+    } else if (fds[join.rank] >= 0) {
+        v.failure = Status(StatusCode::kAlreadyExists,
+                           "ucx group: two processes joined as rank " + std::to_string(join.rank));
+    } else {
+        v.failure = compare_shapes(static_cast<int>(join.rank), join.shape, shape);
+    }
+    v.joins = join.rank > 0 && join.rank < static_cast<uint32_t>(n) && fds[join.rank] < 0;
+    return v;
+}
+
+// A connection whose join frame has not come whole yet.
+struct Pending {
+    int fd = -1;
+    FrameAssembler frame{kMaxJoinFrame};
+};
+
 // Rank 0: accept every other rank's join frame, check its shape, answer each with the
-// table of worker addresses (or the error every rank then returns).
+// table of worker addresses (or the error every rank then returns). Every connection is
+// read as its bytes come (poll over the listening socket and all of them), so a client
+// that connects and says nothing, or dribbles, holds nobody up; at most
+// kMaxPendingJoins wait at once (the oldest goes first), and a connection that sends
+// something that is no join frame is dropped.
 Result<std::vector<std::vector<uint8_t>>> coordinate(const UcxGroupOptions& o, const HostPort& at,
                                                      std::vector<uint8_t> own_address,
                                                      int64_t deadline) {
     DSI_ASSIGN_OR_RETURN(int listen_fd, listen_on(at));
-    FdCloser closer;
+    FdCloser closer;  // the listening socket and the joined ranks' connections
     closer.fds.push_back(listen_fd);
+    std::deque<Pending> pending;
+    struct PendingCloser {
+        std::deque<Pending>& p;
+        ~PendingCloser() {
+            for (const Pending& c : p) ::close(c.fd);
+        }
+    } pending_closer{pending};
     const int n = o.shape.num_ranks;
     std::vector<std::vector<uint8_t>> addresses(static_cast<size_t>(n));
     std::vector<int> fds(static_cast<size_t>(n), -1);
     addresses[0] = std::move(own_address);
     Status failure;
-    for (int joined = 1; joined < n && failure.is_ok();) {
-        Result<int> fd = accept_until(listen_fd, deadline);
-        if (!fd.is_ok()) {
+    int joined = 1;
+    std::vector<pollfd> polled;
+    while (joined < n && failure.is_ok()) {
+        if (steady_clock_ns() >= deadline) {
             std::string missing;
             for (int r = 1; r < n; ++r) {
                 if (fds[static_cast<size_t>(r)] < 0) {
                     missing += (missing.empty() ? "" : ",") + std::to_string(r);
                 }
             }
-            failure = fd.status().code() == StatusCode::kDeadlineExceeded
-                          ? deadline_exceeded("ucx group " + o.coordinator + ": ranks " + missing +
-                                              " did not join within " +
-                                              std::to_string(o.attach_timeout_ms) + " ms")
-                          : fd.status();
+            failure = deadline_exceeded("ucx group " + o.coordinator + ": ranks " + missing +
+                                        " did not join within " +
+                                        std::to_string(o.attach_timeout_ms) + " ms");
             break;
         }
-        closer.fds.push_back(*fd);
-        Result<std::vector<uint8_t>> frame = recv_frame(*fd, deadline, 1 << 20);
-        if (!frame.is_ok()) {
-            continue;  // not one of ours, or it died: the deadline names the missing rank
-        }
-        Result<JoinMessage> join = decode_join(*frame);
-        if (!join.is_ok()) {
+        polled.assign(1, pollfd{listen_fd, POLLIN, 0});
+        for (const Pending& c : pending) polled.push_back(pollfd{c.fd, POLLIN, 0});
+        if (::poll(polled.data(), polled.size(), poll_ms(deadline)) <= 0) {
             continue;
         }
-        const uint32_t version = join->version;
-        const uint32_t rank = join->rank;
-        if (version != kJoinVersion) {
-            failure = failed_precondition("ucx group: rank " + std::to_string(rank) +
-                                          " speaks protocol version " + std::to_string(version) +
-                                          ", rank 0 " + std::to_string(kJoinVersion));
-        } else if (rank == 0 || rank >= static_cast<uint32_t>(n)) {
-            failure = invalid_argument("ucx group: a process joined as rank " +
-                                       std::to_string(rank) + " of " + std::to_string(n));
-        } else if (fds[rank] >= 0) {
-            failure = Status(StatusCode::kAlreadyExists,
-                             "ucx group: two processes joined as rank " + std::to_string(rank));
-        } else {
-            failure = compare_shapes(static_cast<int>(rank), join->shape, o.shape);
+        // Joining connections first (their indices are those of `pending` now).
+        std::vector<size_t> done;  // indices into `pending`, ascending
+        for (size_t i = 0; i < pending.size() && failure.is_ok(); ++i) {
+            if (polled[i + 1].revents == 0) continue;
+            Pending& c = pending[i];
+            const Status read = read_some(c.fd, c.frame);
+            if (!read.is_ok()) {
+                done.push_back(i);  // gone, or no join frame: not one of ours
+                continue;
+            }
+            if (!c.frame.done()) continue;
+            done.push_back(i);
+            Result<JoinMessage> join = decode_join(c.frame.take());
+            if (!join.is_ok()) continue;
+            const JoinVerdict v = judge_join(*join, fds, o.shape);
+            failure = v.failure;
+            if (v.joins) {
+                fds[v.rank] = c.fd;
+                closer.fds.push_back(c.fd);
+                c.fd = -1;
+                addresses[v.rank] = std::move(join->address);
+                ++joined;
+            } else if (!failure.is_ok()) {
+                (void)send_frame(c.fd, encode_error(failure), deadline);
+            }
         }
-        if (rank > 0 && rank < static_cast<uint32_t>(n) && fds[rank] < 0) {
-            fds[rank] = *fd;
-            addresses[rank] = std::move(join->address);
-            ++joined;
-        } else if (!failure.is_ok()) {
-            (void)send_frame(*fd, encode_error(failure), deadline);
+        for (auto it = done.rbegin(); it != done.rend(); ++it) {
+            if (pending[*it].fd >= 0) ::close(pending[*it].fd);
+            pending.erase(pending.begin() + static_cast<ptrdiff_t>(*it));
+        }
+        if ((polled[0].revents & POLLIN) != 0 && failure.is_ok()) {
+            const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
+            if (fd >= 0) {
+                if (pending.size() >= kMaxPendingJoins) {
+                    ::close(pending.front().fd);
+                    pending.pop_front();
+                }
+                pending.push_back(Pending{fd, FrameAssembler(kMaxJoinFrame)});
+            }
         }
     }
     // Everyone who joined hears the outcome: the table or the error.

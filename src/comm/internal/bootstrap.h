@@ -6,7 +6,9 @@
 // Thread model: free functions, blocking the caller until their deadline (steady clock, ns).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -34,14 +36,35 @@ Result<int> bound_port(int fd);
 // (the coordinator may not listen yet). DEADLINE_EXCEEDED then; INVALID_ARGUMENT when
 // the host does not resolve.
 Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns);
-// Accepts one connection, or DEADLINE_EXCEEDED (an empty status message: the caller
-// names who is missing).
-Result<int> accept_until(int listen_fd, int64_t deadline_ns);
-
 Status send_frame(int fd, const std::vector<uint8_t>& bytes, int64_t deadline_ns);
 // UNAVAILABLE when the peer closes first, DEADLINE_EXCEEDED at the deadline,
 // INVALID_ARGUMENT on a frame longer than `max_bytes`.
 Result<std::vector<uint8_t>> recv_frame(int fd, int64_t deadline_ns, size_t max_bytes);
+
+// One frame ([u32 little-endian length][bytes]) put together from bytes as they come, for
+// a reader that must not block on one peer (the coordinator reads every joining
+// connection at once: a stray client that connects and says nothing must not hold the
+// group's formation up). Pure: the caller reads into space() and reports what it read.
+class FrameAssembler {
+public:
+    explicit FrameAssembler(size_t max_bytes) : max_bytes_(max_bytes) {}
+    // Where the next received bytes go: never empty before done().
+    std::span<uint8_t> space();
+    // `n` (<= space().size()) bytes were written into space(). INVALID_ARGUMENT when the
+    // header announces a frame longer than max_bytes (the assembler is then stuck).
+    Status received(size_t n);
+    bool done() const { return in_body_ && body_done_ == body_.size(); }
+    // The frame's bytes. REQUIRES: done(). The assembler is empty again after it.
+    std::vector<uint8_t> take();
+
+private:
+    size_t max_bytes_;
+    std::array<uint8_t, 4> header_{};
+    size_t header_done_ = 0;
+    bool in_body_ = false;
+    std::vector<uint8_t> body_;
+    size_t body_done_ = 0;
+};
 
 // Little-endian encoding of the frames' fields.
 class FrameWriter {
