@@ -34,6 +34,36 @@ struct Spawned {
 
 namespace {
 
+// A started rank's word from its launcher that the group it is joining was abandoned (a
+// peer died before it attached, which no waiting rank can see): set by SIGUSR1, polled
+// by the attach (ExpertParallelOptions::abandoned). Started ranks begin with SIGUSR1
+// ignored (set between fork and exec) until their handler is in place, so an early
+// signal cannot kill one; the launcher repeats it while it waits.
+std::atomic<bool> g_group_abandoned{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+
+void on_abandon_signal(int) { g_group_abandoned.store(true, std::memory_order_relaxed); }
+
+void install_abandon_handler() {
+    struct sigaction sa {};
+    sa.sa_handler = on_abandon_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    (void)::sigaction(SIGUSR1, &sa, nullptr);
+}
+
+// The index of the first of `pids` that has exited (not reaped: WNOWAIT), or -1.
+int first_exited(const std::vector<pid_t>& pids) {
+    for (size_t r = 0; r < pids.size(); ++r) {
+        siginfo_t info{};
+        if (::waitid(P_PID, static_cast<id_t>(pids[r]), &info, WEXITED | WNOHANG | WNOWAIT) == 0 &&
+            info.si_pid == pids[r]) {
+            return static_cast<int>(r);
+        }
+    }
+    return -1;
+}
+
 Result<std::vector<std::string>> own_command_line() {
     const int fd = ::open("/proc/self/cmdline", O_RDONLY | O_CLOEXEC);
     if (fd < 0) return internal_error(std::string("/proc/self/cmdline: ") + std::strerror(errno));
@@ -116,6 +146,10 @@ Result<Spawned> spawn(int num_ranks, const std::string& group, bool restarted, b
             ::prctl(PR_SET_PDEATHSIG, SIGTERM);
             if (::getppid() != parent) ::_exit(1);
             if (child_fd >= 0 && !comm::RankPipe::inherit_in_child(child_fd)) ::_exit(1);
+            // Ignored across the exec until the rank's handler is in place.
+            struct sigaction ignore {};
+            ignore.sa_handler = SIG_IGN;
+            (void)::sigaction(SIGUSR1, &ignore, nullptr);
             ::execv("/proc/self/exe", argv.data());
             ::_exit(127);
         }
@@ -375,6 +409,10 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     launch.pipe_fd_ = f.pipe_fd;
     launch.report_group_ = f.report_group;
     launch.spread_ = f.attention == "dp";
+    if (started) {
+        install_abandon_handler();
+        ep.abandoned = [] { return g_group_abandoned.load(std::memory_order_relaxed); };
+    }
     if (!is_front) {
         DSI_RETURN_IF_ERROR(pin_rank_process(f, ep.rank, ep.num_ranks, o.num_threads));
         if (o.num_threads == 0) o.num_threads = std::max(1, env->num_cpus() / f.ep);  // shared
@@ -415,6 +453,12 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     if (!is_front && g.failover) {
         ep.restart = [group = launch.group_](const Status&) { return restart(*group); };
     }
+    if (!is_front) {
+        // Rank 0 attaches in this process: a started rank that died before it attached
+        // ends the wait at once (read on the thread that attaches, which is also the one
+        // that restarts the group and rewrites the pids).
+        ep.abandoned = [group = launch.group_] { return first_exited(group->pids) >= 0; };
+    }
     return launch;
 }
 
@@ -446,7 +490,8 @@ int EpLaunch::started_rank_exit_code(const Status& s) {
 namespace {
 
 // Reaps the old group's ranks and says which were healthy. They see the group's end (the
-// dead peer, or rank 0 leaving) at once and exit with kPeerLost: those are healthy. One
+// dead peer, or rank 0 leaving) at once -- one still attaching hears it from SIGUSR1 --
+// and exit with kPeerLost: those are healthy. One
 // that is dead, failed otherwise or does not exit within the deadline (or once `cancel`
 // is set: the instance ends) is not.
 std::vector<bool> reap_for_restart(std::vector<pid_t>& pids, int64_t deadline_ms,
@@ -457,9 +502,13 @@ std::vector<bool> reap_for_restart(std::vector<pid_t>& pids, int64_t deadline_ms
     for (pid_t pid : pids) {
         int status = 0;
         pid_t got = 0;
-        while ((got = ::waitpid(pid, &status, WNOHANG)) == 0 &&
-               std::chrono::steady_clock::now() < deadline &&
-               !(cancel != nullptr && cancel->load())) {
+        for (int i = 0;
+             (got = ::waitpid(pid, &status, WNOHANG)) == 0 &&
+             std::chrono::steady_clock::now() < deadline && !(cancel != nullptr && cancel->load());
+             ++i) {
+            // A rank still attaching cannot see a peer that never came: tell it (again
+            // every 100 ms, in case it had not put its handler in place yet).
+            if (i % 50 == 0) ::kill(pid, SIGUSR1);
             std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
         if (got != pid) {
@@ -554,17 +603,7 @@ void EpLaunch::Group::abandon_restart() {
 Result<bool> EpLaunch::Group::check_ranks(bool pipe_ended) {
     // A rank that exited (not reaped here: WNOWAIT), or the one whose pipe ended (its exit
     // follows at once: wait a little for it, to name it).
-    auto exited = [this] {
-        for (size_t r = 0; r < pids.size(); ++r) {
-            siginfo_t info{};
-            if (::waitid(P_PID, static_cast<id_t>(pids[r]), &info, WEXITED | WNOHANG | WNOWAIT) ==
-                    0 &&
-                info.si_pid == pids[r]) {
-                return static_cast<int>(r);
-            }
-        }
-        return -1;
-    };
+    auto exited = [this] { return first_exited(pids); };
     if (!broken.is_ok()) return broken;  // (said once, when it broke)
     if (restarting_) return poll_restart();
     int lost = exited();
@@ -635,6 +674,7 @@ Status EpLaunch::run_started_rank(serving::Replica& replica, Env* env, bool gram
         grammar::CompileServiceOptions mo;
         mo.num_workers = 1;
         masks = std::make_unique<grammar::PortableMaskBuilder>(*replica.tokenizer(), mo);
+        masks->start_table_warmup();  // serve's start-up warm-up, beside the rank's steps
     }
     return engine::run_dp_rank(*replica.engine(), *replica.model(), *pipe, env, reset,
                                report_group_, masks.get())

@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <thread>
 
 #include "base/clock.h"
@@ -175,6 +176,34 @@ TEST(Bootstrap, StraysAtTheCoordinatorHoldNobodyUp) {
         ASSERT_TRUE(t.is_ok()) << t.status().to_string();
         EXPECT_EQ(*t, want);
     }
+}
+
+// The launcher's word that the group is abandoned ends rank 0's wait for joins and a
+// rank's wait for the coordinator with UNAVAILABLE (the attach deadline is far off).
+TEST(Bootstrap, AnAbandonedGroupEndsTheWaitsAtOnce) {
+    const HostPort at{"127.0.0.1", pick_free_port("127.0.0.1").value()};
+    std::atomic<bool> abandoned{false};
+    UcxGroupOptions o;
+    o.coordinator = at.host + ":" + std::to_string(at.port);
+    o.shape = {
+        .num_ranks = 3, .hidden = 64, .top_k = 2, .max_tokens_per_rank = 16, .slots_per_rank = 8};
+    o.attach_timeout_ms = 600'000;
+    o.abandoned = [&] { return abandoned.load(); };
+    const int64_t deadline = steady_clock_ns() + o.attach_timeout_ms * 1'000'000;
+    Result<std::vector<std::vector<uint8_t>>> table0 = internal_error("not run");
+    std::thread rank0([&] { table0 = exchange_worker_addresses(o, at, {0}, deadline); });
+    UcxGroupOptions one = o;
+    one.rank = 1;
+    Result<std::vector<std::vector<uint8_t>>> table1 = internal_error("not run");
+    std::thread rank1([&] { table1 = exchange_worker_addresses(one, at, {1}, deadline); });
+    abandoned = true;  // rank 2 never comes
+    rank0.join();
+    rank1.join();
+    EXPECT_EQ(table0.status().code(), StatusCode::kUnavailable) << table0.status().to_string();
+    // Rank 1 hears rank 0's error, or stops waiting for rank 0 to listen.
+    EXPECT_EQ(table1.status().code(), StatusCode::kUnavailable) << table1.status().to_string();
+    EXPECT_EQ(connect_with_retry(at, deadline, o.abandoned).status().code(),
+              StatusCode::kUnavailable);
 }
 
 }  // namespace

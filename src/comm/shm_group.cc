@@ -342,11 +342,15 @@ Result<std::byte*> create_segment(const std::string& path, const MoeShape& shape
 // Ranks > 0: open the segment rank 0 creates, retrying until the deadline; then check
 // that it is the layout this rank expects.
 Result<std::byte*> attach_segment(const std::string& path, const MoeShape& shape, size_t total,
-                                  int64_t deadline_ns) {
+                                  int64_t deadline_ns, const std::function<bool()>& abandoned) {
     for (;; std::this_thread::sleep_for(std::chrono::milliseconds(1))) {
         if (steady_clock_ns() > deadline_ns) {
             return deadline_exceeded("shm group: segment " + path +
                                      " did not appear (or was not initialised) in time");
+        }
+        if (abandoned && abandoned()) {
+            return unavailable("shm group: segment " + path +
+                               ": the group was abandoned while this rank attached");
         }
         int fd = ::shm_open(path.c_str(), O_RDWR | O_CLOEXEC, 0600);
         if (fd < 0) {
@@ -412,7 +416,8 @@ Result<std::unique_ptr<ShmMoeCommunicator>> ShmMoeCommunicator::create(
     if (options.rank == 0) {
         DSI_ASSIGN_OR_RETURN(seg->base, create_segment(path, options.shape, total));
     } else {
-        DSI_ASSIGN_OR_RETURN(seg->base, attach_segment(path, options.shape, total, deadline));
+        DSI_ASSIGN_OR_RETURN(
+            seg->base, attach_segment(path, options.shape, total, deadline, options.abandoned));
     }
     Control& mine = seg->control(options.rank);
     uint32_t expected = 0;
@@ -434,11 +439,16 @@ Result<std::unique_ptr<ShmMoeCommunicator>> ShmMoeCommunicator::create(
         if (missing.empty()) {
             break;
         }
-        if (steady_clock_ns() > deadline) {
+        const bool abandoned = options.abandoned && options.abandoned();
+        if (abandoned || steady_clock_ns() > deadline) {
             if (options.rank == 0) {
                 ::shm_unlink(path.c_str());
             }
             at(mine.state).store(kStateLeft, std::memory_order_release);
+            if (abandoned) {
+                return unavailable("shm group " + options.name + ": abandoned while ranks " +
+                                   missing + " had not attached");
+            }
             return deadline_exceeded("shm group " + options.name + ": ranks " + missing +
                                      " did not attach within " +
                                      std::to_string(options.attach_timeout_ms) + " ms");

@@ -51,6 +51,10 @@ struct ShmOptions {
     // (non-temporal) stores, a smaller one with plain stores (they stay in cache). -1:
     // twice this core's L2 (shm_group.cc says why).
     int64_t streaming_min_bytes = -1;
+    // Polled while the group forms (about every ms): true gives UNAVAILABLE at once. The
+    // launcher's word that a rank died before it attached, which the waiting ranks cannot
+    // see (apps/: EpLaunch). Unset: only the attach deadline ends the wait.
+    std::function<bool()> abandoned;
     // Test hook: called on this rank after dispatch() wrote its rows and before it
     // publishes them (the fault tests kill the rank here). Empty in production.
     std::function<void(uint64_t call)> before_dispatch_publish;

@@ -315,6 +315,35 @@ TEST_F(ShmGroupTest, AttachErrors) {
     EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kInvalidArgument);
 }
 
+// The launcher's word that the group is abandoned (a rank died before it attached, which
+// the waiting ranks cannot see) ends both waits with UNAVAILABLE, long before the attach
+// deadline: rank 0 waiting for its peers, and a rank waiting for the segment.
+TEST_F(ShmGroupTest, AnAbandonedGroupEndsTheAttachAtOnce) {
+    std::atomic<bool> abandoned{false};
+    ShmOptions a;
+    a.name = name_;
+    a.rank = 0;
+    a.shape = test_shape(3, kExperts / 3);
+    a.attach_timeout_ms = 600'000;  // only the word can end these waits within the test
+    a.abandoned = [&] { return abandoned.load(); };
+    Status rank0;
+    std::thread t([&] { rank0 = ShmMoeCommunicator::create(a).status(); });
+    ShmOptions b = a;
+    b.rank = 1;
+    Status rank1;
+    std::thread t1([&] { rank1 = ShmMoeCommunicator::create(b).status(); });
+    // Rank 2 never comes; rank 1 attaches and waits with rank 0.
+    abandoned = true;
+    t.join();
+    t1.join();
+    EXPECT_EQ(rank0.code(), StatusCode::kUnavailable) << rank0.to_string();
+    EXPECT_NE(rank0.message().find("abandoned"), std::string::npos) << rank0.message();
+    EXPECT_EQ(rank1.code(), StatusCode::kUnavailable) << rank1.to_string();
+    EXPECT_EQ(ShmMoeCommunicator::unlink(name_).code(), StatusCode::kNotFound);
+    // No segment at all: the attaching rank stops waiting for it.
+    EXPECT_EQ(ShmMoeCommunicator::create(b).status().code(), StatusCode::kUnavailable);
+}
+
 // A segment larger than /dev/shm can hold fails at creation, not with SIGBUS mid-step.
 TEST_F(ShmGroupTest, SegmentTooLargeForSharedMemoryIsRefused) {
     ShmOptions a;

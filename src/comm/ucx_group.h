@@ -48,6 +48,9 @@ struct UcxGroupOptions {
     MoeShape shape;
     int64_t attach_timeout_ms = 10'000;  // for the coordinator to answer and all to join
     int64_t op_timeout_ms = 10'000;      // every collective step's deadline
+    // Polled while the group forms (rank 0's wait for the joins, the others' wait for rank
+    // 0 to listen): true gives UNAVAILABLE at once (as ShmOptions::abandoned).
+    std::function<bool()> abandoned;
     // Test hook: called on this rank after dispatch() posted its sends and before it
     // waits for them (the fault tests kill the rank here). Empty in production.
     std::function<void(uint64_t call)> before_dispatch_wait;

@@ -153,6 +153,20 @@ TEST(DpWireTest, ARequestWithEveryFieldRoundTrips) {
     EXPECT_FALSE(m->has_mask);
 }
 
+// A rank's mask builder warms its table cache off the rank's steps, as `serve` does
+// before it listens (the --ep ranks did not: their first grammars built the tables in
+// their decode steps).
+TEST(DpWireTest, ARanksMaskBuilderWarmsItsTablesOnItsOwnThread) {
+    grammar::PortableMaskBuilder cold(letter_vocab());
+    EXPECT_EQ(cold.wait_table_warmup().num_grammars, 0);
+    grammar::PortableMaskBuilder builder(letter_vocab());
+    builder.start_table_warmup();
+    const grammar::WarmupStats ws = builder.wait_table_warmup();
+    EXPECT_GT(ws.num_grammars, 0);
+    EXPECT_GT(ws.num_masks, 0);
+    EXPECT_GT(ws.tables_added, 0);
+}
+
 TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
     const std::vector<std::pair<int32_t, float>> top = {
         {3, -0.1234567f}, {8, -std::numeric_limits<float>::infinity()}};

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "base/check.h"
+
 namespace dsi::grammar {
 
 GrammarMaskProvider::GrammarMaskProvider(std::shared_ptr<const CompiledGrammar> grammar,
@@ -106,13 +108,31 @@ PortableMaskBuilder::PortableMaskBuilder(const Tokenizer& tokenizer, CompileServ
       service_(deserialising(std::move(options))) {}
 
 PortableMaskBuilder::~PortableMaskBuilder() {
+    if (warm_thread_.joinable()) warm_thread_.join();
     if (vocab_thread_.joinable()) vocab_thread_.join();
 }
 
-Result<std::unique_ptr<CompileHandle>> PortableMaskBuilder::submit(const std::string& portable) {
+void PortableMaskBuilder::join_vocab() {
     std::call_once(vocab_once_, [this] {
         if (vocab_thread_.joinable()) vocab_thread_.join();
     });
+}
+
+void PortableMaskBuilder::start_table_warmup() {
+    DSI_CHECK(!warm_thread_.joinable(), "start_table_warmup called twice");
+    warm_thread_ = std::thread([this] {
+        join_vocab();
+        warmup_ = service_.warm_table_cache(vocab_);
+    });
+}
+
+WarmupStats PortableMaskBuilder::wait_table_warmup() {
+    if (warm_thread_.joinable()) warm_thread_.join();
+    return warmup_;
+}
+
+Result<std::unique_ptr<CompileHandle>> PortableMaskBuilder::submit(const std::string& portable) {
+    join_vocab();
     // The kind only keys the cache (text taken as given); the compile function above
     // deserialises whatever the kind.
     GrammarSpec spec;

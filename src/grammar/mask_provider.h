@@ -33,6 +33,7 @@
 
 #include "grammar/compile_service.h"
 #include "grammar/matcher.h"
+#include "grammar/table_warmup.h"
 #include "grammar/vocabulary.h"
 #include "sampling/sampler.h"
 #include "tokenizer/tokenizer.h"
@@ -104,12 +105,22 @@ public:
     // The engine's provider over a rebuilt grammar.
     static std::shared_ptr<TokenMaskProvider> provider(
         std::shared_ptr<const CompiledGrammar> grammar);
+    // Warms the table cache the rebuilt grammars share with the common tables
+    // (table_warmup.h; what `serve` does before it listens, ~0.1 s at the V3
+    // vocabulary) on a thread of its own once the vocabulary is built, so the rank's
+    // first grammars do not build them in its decode steps. Called at most once.
+    void start_table_warmup();
+    // Waits for the warm-up start_table_warmup began; {} when none was started.
+    WarmupStats wait_table_warmup();
 
 private:
+    void join_vocab();
     std::shared_ptr<const Vocabulary> vocab_;  // written by vocab_thread_, then read
     std::thread vocab_thread_;                 // joined once (vocab_once_) before a read
     std::once_flag vocab_once_;
     CompileService service_;
+    WarmupStats warmup_;  // written by warm_thread_, read after joining it
+    std::thread warm_thread_;
 };
 
 }  // namespace dsi::grammar

@@ -127,6 +127,7 @@ Result<std::unique_ptr<ExpertParallelGroup>> ExpertParallelGroup::create(
         o.shape = shape;
         o.attach_timeout_ms = options.attach_timeout_ms;
         o.op_timeout_ms = options.op_timeout_ms;
+        o.abandoned = options.abandoned;
     };
     std::unique_ptr<comm::MoeCommunicator> comm;
     if (options.transport == EpTransport::kUcx) {

@@ -78,6 +78,9 @@ struct ExpertParallelOptions {
     // the segment (comm::ShmMoeCommunicator::segment_bytes).
     int max_tokens_per_call = 128;
     int64_t attach_timeout_ms = 60'000;  // every rank attached (ranks load in parallel)
+    // Polled while the group forms: true ends the attach with UNAVAILABLE (a rank the
+    // launcher saw die before it attached; comm::ShmOptions::abandoned).
+    std::function<bool()> abandoned;
     int64_t op_timeout_ms = 60'000;      // one collective step of a forward pass
     // An idle rank's wait for its peers' next step (they may be loading, tokenizing or
     // between requests); dead peers are still seen at once.

@@ -37,10 +37,12 @@ complete() {
 # has stepped a little (the front maps no weights, rank 0 does).
 serve_failover 0 3
 # A rank that dies while nothing runs -- here as soon as it is started, before the group
-# attached (the others give up at --ep-attach-timeout-ms and count as healthy; if it
-# attached already, they see the loss at once): the front's idle check restarts the group
-# without a request (/metrics), and the next request is answered.
-serve_start idle --ep 3 --ep-attach-timeout-ms 3000
+# attached (the front tells the others, which cannot see a peer that never came, with
+# SIGUSR1 and they leave the attach as healthy; if it attached already, they see the loss
+# at once): the front's idle check restarts the group without a request (/metrics), and the
+# next request is answered. The attach timeout is the default 60 s: the restart must not
+# wait for it (await_metric gives up after ~30 s; before the word it took 60 + s).
+serve_start idle --ep 3
 victim=""
 for _ in $(seq 200); do
     victim=$(pgrep -P "$serve_pid" -f -- "--ep-rank 1" || true)

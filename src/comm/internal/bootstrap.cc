@@ -127,7 +127,8 @@ Result<int> bound_port(int fd) {
     return static_cast<int>(ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port));
 }
 
-Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns) {
+Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns,
+                               const std::function<bool()>& abandoned) {
     DSI_ASSIGN_OR_RETURN(addrinfo * found, resolve(to, false));
     std::string last = "no answer";
     for (;;) {
@@ -162,6 +163,11 @@ Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns) {
             ::freeaddrinfo(found);
             return deadline_exceeded("coordinator " + to.host + ":" + std::to_string(to.port) +
                                      " did not answer in time (" + last + ")");
+        }
+        if (abandoned && abandoned()) {
+            ::freeaddrinfo(found);
+            return unavailable("coordinator " + to.host + ":" + std::to_string(to.port) +
+                               ": the group was abandoned while this rank joined");
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(20));
     }
@@ -514,6 +520,11 @@ Result<std::vector<std::vector<uint8_t>>> coordinate(const UcxGroupOptions& o, c
     int joined = 1;
     std::vector<pollfd> polled;
     while (joined < n && failure.is_ok()) {
+        if (o.abandoned && o.abandoned()) {
+            failure =
+                unavailable("ucx group " + o.coordinator + ": abandoned while ranks were joining");
+            break;
+        }
         if (steady_clock_ns() >= deadline) {
             std::string missing;
             for (int r = 1; r < n; ++r) {
@@ -592,7 +603,7 @@ Result<std::vector<std::vector<uint8_t>>> coordinate(const UcxGroupOptions& o, c
 Result<std::vector<std::vector<uint8_t>>> join(const UcxGroupOptions& o, const HostPort& at,
                                                const std::vector<uint8_t>& own_address,
                                                int64_t deadline) {
-    DSI_ASSIGN_OR_RETURN(int fd, connect_with_retry(at, deadline));
+    DSI_ASSIGN_OR_RETURN(int fd, connect_with_retry(at, deadline, o.abandoned));
     FdCloser closer;
     closer.fds.push_back(fd);
     DSI_RETURN_IF_ERROR(send_frame(fd, encode_join(o.rank, o.shape, own_address), deadline));

@@ -34,8 +34,9 @@ Result<int> listen_on(const HostPort& at);
 Result<int> bound_port(int fd);
 // Connects to `to`, retrying a refused connection every 20 ms until `deadline_ns`
 // (the coordinator may not listen yet). DEADLINE_EXCEEDED then; INVALID_ARGUMENT when
-// the host does not resolve.
-Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns);
+// the host does not resolve; UNAVAILABLE once `abandoned` says so (polled between tries).
+Result<int> connect_with_retry(const HostPort& to, int64_t deadline_ns,
+                               const std::function<bool()>& abandoned = {});
 Status send_frame(int fd, const std::vector<uint8_t>& bytes, int64_t deadline_ns);
 // UNAVAILABLE when the peer closes first, DEADLINE_EXCEEDED at the deadline,
 // INVALID_ARGUMENT on a frame longer than `max_bytes`.
