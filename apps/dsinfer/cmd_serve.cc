@@ -66,6 +66,8 @@ struct ServeFlags {
     int kv_transfer_port = 0;
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
+    int kv_inbox_threads = serving::KvInboxOptions{}.num_threads;
+    int64_t kv_inbox_transfer_timeout_ms = serving::KvInboxOptions{}.max_transfer_time.count();
     std::string kv_transport = "tcp";  // tcp | ucx: KV hand-over (sender and inbox)
     EpFlags ep;                        // serve: expert parallelism (issue 19, ep_launch.h)
     std::string step_log;              // serve: one JSON line per engine step ("" = none)
@@ -415,6 +417,8 @@ int run_serve(const ServeFlags& f) {
             io.layer_block_bytes = rep.kv_block_shape()->layer_block_bytes;
             io.swa_state_bytes = rep.kv_block_shape()->swa_state_bytes;
             io.swa_pool = rep.swa_pool();
+            io.num_threads = f.kv_inbox_threads;
+            io.max_transfer_time = transfer::Timeout(f.kv_inbox_transfer_timeout_ms);
             io.landing = rep.kv_landing();
             if (io.landing != nullptr) {
                 io.landing->set_waker([svc = engine_service.get()] { svc->wake(); });
@@ -652,6 +656,14 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--kv-inbox-mb", f->kv_inbox_mb,
                 "decode / both engines: MiB of the in-process shm tier handed-over KV lands in")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    add_setting(*cmd, "--kv-inbox-threads", f->kv_inbox_threads,
+                "decode / both engines: hand-overs the inbox receives at once (more wait, up "
+                "to 16, then are refused)")
+        ->check(CLI::Range(1, 64));
+    add_setting(*cmd, "--kv-inbox-transfer-timeout-ms", f->kv_inbox_transfer_timeout_ms,
+                "decode / both engines: the longest one hand-over may take from its first byte "
+                "to the Ack (a sender that trickles bytes cannot hold a receiving thread longer)")
+        ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
     add_setting(*cmd, "--step-log", f->step_log,
                 "write each engine step as a JSON line to this file: wall and worker CPU ns, "
                 "[new tokens, context] per sequence (`dsinfer sim --fit-prefill-steps` reads it)");

@@ -513,6 +513,7 @@ void KvInbox::receive_one(transfer::Connection& conn) {
     transfer::ReceiveOptions ro;
     ro.self = options_.self;
     ro.io_timeout = options_.io_timeout;
+    ro.max_duration = options_.max_transfer_time;
     ro.limits.max_transfer_bytes = options_.max_transfer_bytes;
     ro.limits.expected_model_id = options_.model_id;
     ro.should_abort = [this] { return stopping_.load(); };

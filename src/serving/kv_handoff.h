@@ -38,8 +38,10 @@
 //
 // Thread model: send_kv_export runs on the caller's thread (blocking, bounded by
 // io_timeout per read or write). KvInbox runs one accept thread and `num_threads`
-// receiving threads; its methods are thread-safe; the destructor stops and joins them
-// (a transfer in progress ends within io_timeout).
+// receiving threads (--kv-inbox-threads); one transfer holds a thread at most
+// max_transfer_time (--kv-inbox-transfer-timeout-ms; a sender that trickles bytes is cut
+// there and told with a Failure); its methods are thread-safe; the destructor stops and
+// joins them (a transfer in progress ends within io_timeout).
 #pragma once
 
 #include <atomic>
@@ -107,9 +109,13 @@ struct KvInboxOptions {
     engine::KvLanding* landing = nullptr;
     std::chrono::milliseconds landing_wait{3000};
     uint64_t max_transfer_bytes = uint64_t{1} << 30;
-    int num_threads = 2;      // transfers received at once
+    int num_threads = 4;      // transfers received at once
     int max_queued = 16;      // accepted connections waiting for a thread; more are closed
     transfer::Timeout io_timeout{10'000};
+    // One transfer, first wait to Ack (transfer::ReceiveOptions::max_duration): a sender
+    // that trickles bytes (each read within io_timeout) holds a thread no longer. 1 GiB
+    // (max_transfer_bytes) at 10 MB/s takes ~107 s.
+    transfer::Timeout max_transfer_time{120'000};
 };
 
 struct KvInboxStats {

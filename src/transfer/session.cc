@@ -110,6 +110,11 @@ constexpr Timeout kAbortPollSlice{200};
 Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions& options,
                                           PeerTable& peers, const DestinationFactory& factory) {
     FrameReader reader(&conn, options.max_payload_bytes);
+    const auto deadline = std::chrono::steady_clock::now() + options.max_duration;
+    const bool limited = options.max_duration > Timeout(0);
+    if (limited) {
+        reader.set_deadline(deadline);
+    }
     // The first frame names the transfer when the caller did not. Read like the others
     // (never past a frame's end), so no KV is buffered before it can be placed.
     const PlaceFn no_place = [](const FrameHeader&, std::span<const uint8_t>) {
@@ -124,7 +129,8 @@ Result<ReceivedSequence> receive_sequence(Connection& conn, const ReceiveOptions
         first_read = reader.read_placing(slice, no_place);
         waited += slice;
         if (first_read.is_ok() || first_read.status().code() != StatusCode::kDeadlineExceeded ||
-            waited >= options.io_timeout) {
+            waited >= options.io_timeout ||
+            (limited && std::chrono::steady_clock::now() >= deadline)) {
             break;
         }
         if (options.should_abort && options.should_abort()) {

@@ -54,6 +54,11 @@ struct ReceiveOptions {
     HelloMessage self;
     Timeout io_timeout{10'000};
     Timeout linger{2'000};
+    // The whole receive, from the first wait to the Ack, ends by then (0: no limit):
+    // every read is cut to what is left, so a sender that trickles a byte now and then
+    // (each read within io_timeout) cannot hold the receiver for longer.
+    // kDeadlineExceeded, told to the sender as Failure.
+    Timeout max_duration{0};
     uint64_t max_payload_bytes = kDefaultMaxPayloadBytes;
     ReceiverLimits limits;
     // Called when more layers became wholly written (decode may start on them).

@@ -335,6 +335,31 @@ TEST_P(TransferTest, BytesThatAreNotFramesAreRefused) {
     EXPECT_NE(got.status().message().find("bad magic"), std::string::npos);
 }
 
+// A sender that trickles its frames (a byte every 20 ms: each read well within io_timeout)
+// holds the receiver no longer than max_duration. The trickled Hello's last byte is wrong,
+// so a receiver without the limit reads all of it and fails on the digest instead.
+TEST_P(TransferTest, ASenderThatTricklesIsCutAtTheTransfersTimeLimit) {
+    receive_.max_duration = 300ms;
+    ReceiverThread receiver(listener_.get(), receive_, &peers_);
+    auto conn = transport_->connect("127.0.0.1", listener_->port(), 5s);
+    ASSERT_TRUE(conn.is_ok()) << conn.status().to_string();
+    FrameStamper stamper(kId, kPrefill.incarnation);
+    const std::vector<uint8_t> payload = encode_payload(kPrefill);
+    std::vector<uint8_t> bytes = stamper.stamp(MessageType::kHello, payload).flatten();
+    bytes.back() ^= 1;
+    std::thread trickle([&] {
+        for (const uint8_t& b : bytes) {
+            const std::span<const uint8_t> one(&b, 1);
+            if (!(*conn)->write(std::span(&one, 1), 5s).is_ok()) return;
+            std::this_thread::sleep_for(20ms);
+        }
+    });
+    auto got = receiver.join();
+    trickle.join();
+    EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded) << got.status().to_string();
+    EXPECT_GT(bytes.size(), size_t{30});  // > 0.6 s of trickle: past the limit by far
+}
+
 TEST_P(TransferTest, ConnectAndAcceptFailCleanly) {
     const uint16_t port = listener_->port();
     listener_->close();

@@ -32,6 +32,17 @@ Status write_frame(Connection& conn, const EncodedFrame& frame, Timeout timeout)
 FrameReader::FrameReader(Connection* conn, uint64_t max_payload_bytes)
     : conn_(conn), decoder_(max_payload_bytes) {}
 
+Result<Timeout> FrameReader::bounded(Timeout timeout) const {
+    if (!deadline_) {
+        return timeout;
+    }
+    const auto left = std::chrono::ceil<Timeout>(*deadline_ - std::chrono::steady_clock::now());
+    if (left <= Timeout(0)) {
+        return deadline_exceeded("the transfer ran past its time limit");
+    }
+    return std::min(timeout, left);
+}
+
 bool FrameReader::has_input() { return decoder_.buffered_bytes() > 0 || conn_->available() > 0; }
 
 Result<FrameView> FrameReader::read(Timeout timeout) {
@@ -41,7 +52,8 @@ Result<FrameView> FrameReader::read(Timeout timeout) {
             return *frame;
         }
         const std::span<uint8_t> buf = decoder_.writable(kMinReadBytes);
-        DSI_ASSIGN_OR_RETURN(const size_t n, conn_->read_some(buf, timeout));
+        DSI_ASSIGN_OR_RETURN(const Timeout t, bounded(timeout));
+        DSI_ASSIGN_OR_RETURN(const size_t n, conn_->read_some(buf, t));
         if (n == 0) {
             DSI_RETURN_IF_ERROR(decoder_.finish());
             return unavailable("end of stream: the peer closed the connection");
@@ -78,7 +90,8 @@ Result<ReadFrame> FrameReader::read_placing(Timeout timeout, const PlaceFn& plac
             }
         }
         const std::span<uint8_t> buf = decoder_.writable(want).first(want);
-        DSI_ASSIGN_OR_RETURN(const size_t n, conn_->read_some(buf, timeout));
+        DSI_ASSIGN_OR_RETURN(const Timeout t, bounded(timeout));
+        DSI_ASSIGN_OR_RETURN(const size_t n, conn_->read_some(buf, t));
         if (n == 0) {
             DSI_RETURN_IF_ERROR(decoder_.finish());
             return unavailable("end of stream: the peer closed the connection");
@@ -101,7 +114,8 @@ Result<ReadFrame> FrameReader::read_placed(const PartialFrame& peeked, std::span
     decoder_.skip_peeked(peeked);
     digester_.update(memory.first(have));
     while (have < memory.size()) {
-        DSI_ASSIGN_OR_RETURN(const size_t n, conn_->read_some(memory.subspan(have), timeout));
+        DSI_ASSIGN_OR_RETURN(const Timeout t, bounded(timeout));
+        DSI_ASSIGN_OR_RETURN(const size_t n, conn_->read_some(memory.subspan(have), t));
         if (n == 0) {
             return data_loss("truncated frame: the stream ended " + std::to_string(have) +
                              " bytes into a LayerChunk's data");

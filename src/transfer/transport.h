@@ -110,8 +110,14 @@ public:
     // True when bytes of a next frame are buffered or readable now (read() may still
     // wait for the rest of that frame). Never blocks.
     bool has_input();
+    // From now on every wait ends by `deadline` too (each read's timeout is cut to what
+    // is left), and a read that starts or waits past it is kDeadlineExceeded: a peer
+    // that sends a byte now and then cannot hold the reader beyond it.
+    void set_deadline(std::chrono::steady_clock::time_point deadline) { deadline_ = deadline; }
 
 private:
+    // `timeout` cut to the deadline, or kDeadlineExceeded once it passed.
+    Result<Timeout> bounded(Timeout timeout) const;
     Result<ReadFrame> read_placed(const PartialFrame& peeked, std::span<uint8_t> memory,
                                   Timeout timeout);
 
@@ -119,6 +125,7 @@ private:
     FrameDecoder decoder_;
     FrameDigester digester_;  // a placed frame's digest, piece by piece
     std::vector<uint8_t> placed_prefix_;
+    std::optional<std::chrono::steady_clock::time_point> deadline_;
 };
 
 // FrameReader reads into the decoder's buffer whenever it has at least this much room.
