@@ -67,6 +67,7 @@ struct ServeFlags {
     std::string kv_transfer_advertise;  // host:port prefill engines reach the inbox at
     int64_t kv_inbox_mb = 256;
     int kv_inbox_threads = serving::KvInboxOptions{}.num_threads;
+    int64_t kv_landing_ttl_ms = serving::ReplicaOptions{}.kv_landing_ttl.count();
     int64_t kv_inbox_transfer_timeout_ms = serving::KvInboxOptions{}.max_transfer_time.count();
     std::string kv_transport = "tcp";  // tcp | ucx: KV hand-over (sender and inbox)
     EpFlags ep;                        // serve: expert parallelism (issue 19, ep_launch.h)
@@ -210,7 +211,10 @@ int run_serve(const ServeFlags& f) {
         };
     }
     const bool receives_kv = (f.role == "decode" || f.role == "both") && f.kv_transfer_port >= 0;
-    if (receives_kv) options->kv_inbox_bytes = f.kv_inbox_mb << 20;
+    if (receives_kv) {
+        options->kv_inbox_bytes = f.kv_inbox_mb << 20;
+        options->kv_landing_ttl = std::chrono::milliseconds(f.kv_landing_ttl_ms);
+    }
     // V4 / V4.1 engines of a cluster announce their SWA states to the routers' directory.
     options->own_swa_pool = !f.role.empty();
     // The KV hand-over's transports (sender, inbox), made before the model loads: a
@@ -656,6 +660,10 @@ void register_serve_commands(CLI::App& app) {
     add_setting(*cmd, "--kv-inbox-mb", f->kv_inbox_mb,
                 "decode / both engines: MiB of the in-process shm tier handed-over KV lands in")
         ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+    add_setting(*cmd, "--kv-landing-ttl-ms", f->kv_landing_ttl_ms,
+                "decode / both engines: how long a hand-over received into the engine's pool "
+                "is held for its continuation (then its blocks go back to the pool)")
+        ->check(CLI::Range(int64_t{100}, int64_t{3'600'000}));
     add_setting(*cmd, "--kv-inbox-threads", f->kv_inbox_threads,
                 "decode / both engines: hand-overs the inbox receives at once (more wait, up "
                 "to 16, then are refused)")

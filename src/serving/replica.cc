@@ -210,7 +210,7 @@ Result<std::unique_ptr<Replica>> open_replica(ReplicaOptions options, Env* env) 
     if (r->inbox_ != nullptr && r->block_shape_->swa_state_bytes == 0 &&
         eo.kv_landing == nullptr) {
         // V2/V3: a hand-over is received straight into the engine's pool.
-        eo.kv_landing = std::make_shared<engine::KvLanding>();
+        eo.kv_landing = std::make_shared<engine::KvLanding>(options.kv_landing_ttl);
     }
     r->engine_options_ = eo;
     r->engine_options_.model_id = r->cache_identity_;

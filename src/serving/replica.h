@@ -17,6 +17,7 @@
 // own rules (engine/engine.h) apply to engine().
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -82,6 +83,9 @@ struct ReplicaOptions {
     // replica then also owns the engine's SWA state pool (engine.swa_pool_bytes), where
     // the inbox puts the handed-over states (swa_pool()).
     int64_t kv_inbox_bytes = 0;
+    // With an inbox (V2/V3): how long a hand-over landed in the engine's pool is held for
+    // its continuation (engine::KvLanding's ttl).
+    std::chrono::milliseconds kv_landing_ttl{10'000};
     // Issue 18, every engine of a cluster: the replica owns the engine's SWA state pool
     // for a V4 / V4.1 model (as with an inbox), so what it holds can be announced to the
     // routers' SWA directory and pulled by other engines (swa_pool()).
