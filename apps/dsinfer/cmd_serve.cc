@@ -282,11 +282,13 @@ int run_serve(const ServeFlags& f) {
     engine::StepEngine* stepped = rep.engine();
     if (ep->front()) {
         front = std::make_unique<engine::DpFront>(ep->dp_link(), ep->front_limits(rep),
-                                                  ep->spread(), env);
+                                                  ep->spread(), env,
+                                                  dp_routing(f.ep, rep.cache_identity()));
         stepped = front.get();
     } else if (engine::DpRankLink* link = ep->dp_link()) {
         // --ep-front off with --ep-attention dp: rank 0 (this process) spreads the requests.
-        front = std::make_unique<engine::DpFront>(rep.engine(), rep.model(), link, env);
+        front = std::make_unique<engine::DpFront>(rep.engine(), rep.model(), link, env,
+                                                  dp_routing(f.ep, rep.cache_identity()));
         stepped = front.get();
     }
     auto engine_service = std::make_unique<server::EngineService>(stepped);

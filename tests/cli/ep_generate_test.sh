@@ -98,6 +98,8 @@ expect_error "--eplb must be off, prefill or decode" --ep 2 --eplb sometimes
 expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
 expect_error "--ep-attention must be dp or rank0" --ep 2 --ep-attention some
 expect_error "--ep-comm must be shm or ucx" --ep 2 --ep-comm mpi
+expect_error "--ep-dp-routing must be prefix or load" --ep 2 --ep-dp-routing cache
+expect_error "--ep-dp-balance-rel" --ep 2 --ep-dp-balance-rel 0.5
 expect_error "expected host:port" --ep 2 --ep-comm ucx --ep-coordinator nowhere --ep-attach-timeout-ms 2000
 expect_error "--ep-local-ranks < --ep (ranks on other hosts) needs --ep-comm ucx" --ep 2 --ep-local-ranks 1
 expect_error "--ep must be >= 1" --ep 0
