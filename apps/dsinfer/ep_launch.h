@@ -69,8 +69,8 @@ struct EpFlags {
     // sequences exceed the least-loaded rank's by more than dp_balance_abs AND more than
     // dp_balance_rel times) | load (the least-loaded rank); the front's keys per rank.
     std::string dp_routing = "prefix";
-    int64_t dp_balance_abs = 8;
-    double dp_balance_rel = 1.5;
+    int64_t dp_balance_abs = 2;
+    double dp_balance_rel = 1.25;
     int64_t dp_prefix_blocks = int64_t{1} << 16;
     // The all-to-all: shm | ucx (comm/ucx_group.h), and UCX's rank 0 address ("host:port";
     // empty: the started process picks a free port on 127.0.0.1 for its local ranks).

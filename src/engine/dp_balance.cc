@@ -52,15 +52,14 @@ DpBalancer::Choice DpBalancer::pick(bool any_rank, std::span<const kv::BlockKey>
         return {least, matched_blocks(least, chain), Reason::kLoad};
     }
     std::vector<int64_t> match(loads_.size());
-    int64_t best = 0;
-    for (size_t r = 0; r < loads_.size(); ++r) {
-        match[r] = matched_blocks(static_cast<int>(r), chain);
-        best = std::max(best, match[r]);
+    for (size_t r = 0; r < loads_.size(); ++r) match[r] = matched_blocks(static_cast<int>(r), chain);
+    const auto [lo, hi] = std::minmax_element(match.begin(), match.end());
+    const int64_t best = *hi;
+    if (best == *lo) {
+        // No rank holds more of it than another (none, or a prefix every rank holds).
+        return {least, best, Reason::kLoad};
     }
-    if (best == 0 || match[static_cast<size_t>(least)] == best) {
-        // No rank holds a block of it, or the least-loaded rank holds as much as any.
-        return {least, match[static_cast<size_t>(least)], Reason::kLoad};
-    }
+    if (match[static_cast<size_t>(least)] == best) return {least, best, Reason::kPrefix};
     const int cand = least_loaded(match, best);
     const int64_t seqs = loads_[static_cast<size_t>(cand)].running_seqs;
     const int64_t min_seqs = loads_[static_cast<size_t>(least)].running_seqs;

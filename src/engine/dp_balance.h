@@ -23,11 +23,14 @@
 // matched prefix); the rank with the longest match wins (ties: the load rule among them)
 // unless it is too loaded: its running sequences exceed the least-loaded rank's (the load
 // rule's pick) by more than balance_abs_seqs AND by a factor above balance_rel (both, as
-// SGLang's balance_abs_threshold / balance_rel_threshold); then, or with no match of a
-// full block anywhere, the load rule. Defaults: 8 sequences and 1.5x — a rank's prefill of
-// a long shared prefix costs more than a few extra rows of decode attention per step (the
-// MoE and dense layers, the bulk of a step, run over every rank's rows together whatever
-// the split), but a rank far above the others stretches every step of the group.
+// SGLang's balance_abs_threshold / balance_rel_threshold); then, or when every rank
+// matches as much (none, or a prefix all hold), the load rule. Defaults: 2 sequences and
+// 1.25x, far tighter than SGLang's router (64, 1.5) between independent servers: the ranks
+// of an --ep group step in lockstep, so a busier rank stretches every rank's step, and a
+// loose bound starves the other ranks — one system prompt shared by every request sent
+// all 32 requests of a multi-turn run to rank 0 with 8 (bench/RESULTS.md "Prefix-aware
+// rank choice"); 2 lets the other ranks learn the shared prefix and keeps turns of one
+// conversation on their rank.
 //
 // Bounded memory: at most max_blocks_per_rank keys per rank (default 65,536 = 8.4 M
 // tokens, about 100 bytes each: ~6.5 MiB per rank), further capped by the rank's KV pool
@@ -56,8 +59,8 @@ namespace dsi::engine {
 // (Outside the class: a default argument cannot use a nested type's member initializers.)
 struct DpBalanceOptions {
     bool prefix = true;  // false: the load rule only (--ep-dp-routing load)
-    int64_t balance_abs_seqs = 8;
-    double balance_rel = 1.5;
+    int64_t balance_abs_seqs = 2;
+    double balance_rel = 1.25;
     int64_t max_blocks_per_rank = int64_t{1} << 16;
 };
 
@@ -70,8 +73,8 @@ public:
         int64_t requests = 0;  // assigned since the start
     };
     enum class Reason {
-        kLoad,        // the load rule (no match, a tie of matches on every rank, load routing)
-        kPrefix,      // the longest matched prefix
+        kLoad,        // the load rule (load routing; or every rank matches as much)
+        kPrefix,      // a rank holding the longest matched prefix (others hold less)
         kOverloaded,  // the longest match's rank was too loaded: the load rule
         kRankZero,    // the request must stay on rank 0
     };

@@ -136,6 +136,15 @@ TEST(DpPrefixTest, TheLongestMatchWinsTiesGoByLoad) {
     c = b.pick(false, keys_of(next));
     EXPECT_EQ(c.rank, 0);
     EXPECT_EQ(c.reason, DpBalancer::Reason::kRankZero);
+    // A prefix every rank holds decides nothing: the load rule.
+    DpBalancer both(2);
+    both.learn(0, keys_of(a));
+    both.learn(1, keys_of(a));
+    both.on_start(0, 10);
+    c = both.pick(true, keys_of(next));
+    EXPECT_EQ(c.rank, 1);
+    EXPECT_EQ(c.matched_blocks, 3);
+    EXPECT_EQ(c.reason, DpBalancer::Reason::kLoad);
     // --ep-dp-routing load: nothing is learned, the load rule only.
     DpBalancer load(2, {.prefix = false});
     load.on_start(0, 10);
@@ -145,23 +154,22 @@ TEST(DpPrefixTest, TheLongestMatchWinsTiesGoByLoad) {
 }
 
 TEST(DpPrefixTest, ATooLoadedRankFallsBackToTheLoadRule) {
-    // Too loaded: more than 8 sequences above the least-loaded rank AND above 1.5 times it.
+    // Too loaded: more than 2 sequences above the least-loaded rank AND above 1.25 times it.
     DpBalancer b(2);
     const std::vector<int32_t> a = prompt_of(2, 2);
     b.learn(1, keys_of(a));
-    for (int i = 0; i < 8; ++i) b.on_start(1, 10);
-    EXPECT_EQ(b.pick(true, keys_of(a)).rank, 1);  // 8 - 0: not more than 8
+    for (int i = 0; i < 2; ++i) b.on_start(1, 10);
+    EXPECT_EQ(b.pick(true, keys_of(a)).rank, 1);  // 2 - 0: not more than 2
     b.on_start(1, 10);
     DpBalancer::Choice c = b.pick(true, keys_of(a));
     EXPECT_EQ(c.rank, 0);
     EXPECT_EQ(c.reason, DpBalancer::Reason::kOverloaded);
     EXPECT_EQ(c.matched_blocks, 0);
-    // Rank 0 runs 20: rank 1's 29 is 9 more but not 1.5x; 31 is both.
+    // Rank 0 runs 20: rank 1's 25 is 5 more but not above 1.25x; 26 is both.
     for (int i = 0; i < 20; ++i) b.on_start(0, 10);
-    for (int i = 0; i < 20; ++i) b.on_start(1, 10);
-    EXPECT_EQ(b.loads()[1].running_seqs, 29);
+    for (int i = 0; i < 22; ++i) b.on_start(1, 10);
+    EXPECT_EQ(b.loads()[1].running_seqs, 25);
     EXPECT_EQ(b.pick(true, keys_of(a)).rank, 1);
-    b.on_start(1, 10);
     b.on_start(1, 10);
     EXPECT_EQ(b.pick(true, keys_of(a)).reason, DpBalancer::Reason::kOverloaded);
     // Other thresholds (--ep-dp-balance-abs 0 --ep-dp-balance-rel 1): any excess is too much.
