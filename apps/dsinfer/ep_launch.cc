@@ -280,9 +280,9 @@ Status pin_rank_process(const EpFlags& f, int rank, int num_ranks, int& num_thre
     return Status::ok();
 }
 
-engine::DpRouting dp_routing(const EpFlags& f, std::string model_id) {
+engine::DpRouting dp_routing(const EpFlags& f, std::string model_id, bool prefix_cache) {
     engine::DpRouting r;
-    r.balance.prefix = f.dp_routing == "prefix";
+    r.balance.prefix = f.dp_routing == "prefix" && prefix_cache;
     r.balance.balance_abs_seqs = f.dp_balance_abs;
     r.balance.balance_rel = f.dp_balance_rel;
     r.balance.max_blocks_per_rank = f.dp_prefix_blocks;

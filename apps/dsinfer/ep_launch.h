@@ -93,8 +93,9 @@ Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep);
 void add_ep_flags(CLI::App& cmd, EpFlags* f);
 
 // The DpFront's rank choice from --ep-dp-routing / --ep-dp-balance-* / --ep-dp-prefix-blocks
-// (checked by EpLaunch::start); `model_id`: the ranks' EngineOptions::model_id.
-engine::DpRouting dp_routing(const EpFlags& f, std::string model_id);
+// (checked by EpLaunch::start); `model_id`: the ranks' EngineOptions::model_id;
+// `prefix_cache`: theirs (--prefix-cache false: nothing to route to, the load rule).
+engine::DpRouting dp_routing(const EpFlags& f, std::string model_id, bool prefix_cache);
 
 // This process's part of an --ep group.
 class EpLaunch {

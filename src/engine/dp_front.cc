@@ -116,7 +116,10 @@ Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
     // Prefix routing: the rank will publish these blocks (and the output's, at the end).
     run.chain.clear();
     run.tail.clear();
-    if (routing_.balance.prefix && request.sampling.n == 1) {
+    std::vector<kv::BlockKey> prompt_chain;  // n > 1: the prompt's only (outputs differ)
+    if (routing_.balance.prefix && request.sampling.n > 1) {
+        prompt_chain = chain_of(request);
+    } else if (routing_.balance.prefix) {
         run.salt = kv::make_salt(routing_.model_id, request.cache_salt);
         run.chain = chain_of(request);
         const size_t full = run.chain.size() * static_cast<size_t>(kv::kBlockTokens);
@@ -125,9 +128,6 @@ Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
                                    ? request.prompt[i]
                                    : request.resume_output[i - request.prompt.size()]);
         }
-    } else if (routing_.balance.prefix) {
-        // n > 1: the prompt's blocks only (the completions' outputs differ).
-        balancer_.learn(run.rank, chain_of(request));
     }
     if (!piped(run.rank)) {
         DSI_ASSIGN_OR_RETURN(run.local_id,
@@ -142,7 +142,7 @@ Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
     }
     run.kv_tokens = kv_tokens;
     balancer_.on_start(run.rank, kv_tokens);
-    balancer_.learn(run.rank, run.chain);
+    balancer_.learn(run.rank, prompt_chain.empty() ? run.chain : prompt_chain);
     return Status::ok();
 }
 

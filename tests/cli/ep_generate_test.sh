@@ -150,6 +150,12 @@ for r in 0 1; do
     grep -q "^dsinfer_dp_rank_kv_blocks_used{rank=\"$r\"} 0$" "$tmp/serve2.metrics" ||
         { cat "$tmp/serve2.metrics"; fail "serve --ep 2: rank $r still holds KV blocks"; }
 done
+# Prefix routing's counters (the prompts are shorter than a block: nothing to match here;
+# engine_dp_test DpPrefixRoutingTest checks a hit).
+for m in 'dsinfer_dp_prefix_routed_total 0' 'dsinfer_dp_prefix_matched_tokens_total 0' \
+    'dsinfer_dp_prefix_overloaded_total 0' 'dsinfer_dp_rank_prefix_blocks{rank="1"} 0'; do
+    grep -qF "$m" "$tmp/serve2.metrics" || { cat "$tmp/serve2.metrics"; fail "serve --ep 2 /metrics: $m"; }
+done
 ! grep -q dsinfer_dp_ "$tmp/serve1.metrics" || fail "serve without --ep shows DP metrics"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
     { diff "$tmp/serve1.txt" "$tmp/serve2.txt" || true; fail "serve --ep 2 completions differ"; }
