@@ -112,8 +112,9 @@ Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t
     std::unique_ptr<engine::DpFront> front;
     engine::StepEngine* eng = local;
     if (dp != nullptr) {
-        front = std::make_unique<engine::DpFront>(local, replica->model(), dp, env,
-                                                  dp_routing(f.ep, replica->cache_identity(), f.replica.prefix_cache));
+        front = std::make_unique<engine::DpFront>(
+            local, replica->model(), dp, env,
+            dp_routing(f.ep, replica->cache_identity(), f.replica.prefix_cache));
         DSI_RETURN_IF_ERROR(front->reset_ranks(async));
         eng = front.get();
     }

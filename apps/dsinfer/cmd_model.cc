@@ -233,9 +233,9 @@ int run_generate(const GenerateFlags& f) {
         eng = front.get();
     } else if (engine::DpRankLink* link = ep->dp_link()) {
         // --ep-front off with --ep-attention dp: rank 0 (this process) spreads the prompts.
-        front = std::make_unique<engine::DpFront>((*replica)->engine(), (*replica)->model(),
-                                                  link, env,
-                                                  dp_routing(f.ep, (*replica)->cache_identity(), f.replica.prefix_cache));
+        front = std::make_unique<engine::DpFront>(
+            (*replica)->engine(), (*replica)->model(), link, env,
+            dp_routing(f.ep, (*replica)->cache_identity(), f.replica.prefix_cache));
         eng = front.get();
     }
     if (ep->front()) {

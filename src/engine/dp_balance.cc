@@ -52,7 +52,9 @@ DpBalancer::Choice DpBalancer::pick(bool any_rank, std::span<const kv::BlockKey>
         return {least, matched_blocks(least, chain), Reason::kLoad};
     }
     std::vector<int64_t> match(loads_.size());
-    for (size_t r = 0; r < loads_.size(); ++r) match[r] = matched_blocks(static_cast<int>(r), chain);
+    for (size_t r = 0; r < loads_.size(); ++r) {
+        match[r] = matched_blocks(static_cast<int>(r), chain);
+    }
     const auto [lo, hi] = std::minmax_element(match.begin(), match.end());
     const int64_t best = *hi;
     if (best == *lo) {
@@ -63,9 +65,9 @@ DpBalancer::Choice DpBalancer::pick(bool any_rank, std::span<const kv::BlockKey>
     const int cand = least_loaded(match, best);
     const int64_t seqs = loads_[static_cast<size_t>(cand)].running_seqs;
     const int64_t min_seqs = loads_[static_cast<size_t>(least)].running_seqs;
-    const bool too_loaded = seqs - min_seqs > options_.balance_abs_seqs &&
-                            static_cast<double>(seqs) >
-                                static_cast<double>(min_seqs) * options_.balance_rel;
+    const bool too_loaded =
+        seqs - min_seqs > options_.balance_abs_seqs &&
+        static_cast<double>(seqs) > static_cast<double>(min_seqs) * options_.balance_rel;
     if (too_loaded) return {least, match[static_cast<size_t>(least)], Reason::kOverloaded};
     return {cand, best, Reason::kPrefix};
 }

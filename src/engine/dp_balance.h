@@ -121,8 +121,7 @@ private:
     // One rank's keys, most recently used first.
     struct Keys {
         std::list<kv::BlockKey> lru;
-        std::unordered_map<kv::BlockKey, std::list<kv::BlockKey>::iterator, kv::BlockKeyHash>
-            where;
+        std::unordered_map<kv::BlockKey, std::list<kv::BlockKey>::iterator, kv::BlockKeyHash> where;
         int64_t pool_blocks = 0;  // 0: unknown
     };
     // The load rule over ranks r with match[r] == best (every rank when `match` is empty).

@@ -22,8 +22,7 @@ constexpr int64_t kSettleNs = 1'000'000'000;
 DpFront::DpFront(Engine* local, CausalLm* model, DpRankLink* link, Env* env, DpRouting routing)
     : local_(local), model_(model), link_(link), env_(env), routing_(std::move(routing)) {}
 
-DpFront::DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env,
-                 DpRouting routing)
+DpFront::DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env, DpRouting routing)
     : link_(link),
       env_(env),
       first_piped_(0),

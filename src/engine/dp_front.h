@@ -111,8 +111,7 @@ public:
     // `limits`: the checks the ranks' engines make (num_pool_blocks -1: taken from the
     // ranks' load reports once they arrive). `spread`: requests over all ranks (the
     // balancer), or all on rank 0 (--ep-attention rank0; no per-rank stats then).
-    DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env,
-            DpRouting routing = {});
+    DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env, DpRouting routing = {});
     ~DpFront() override;
 
     Result<RequestId> add_request(GenerateRequest request, StreamCallback callback) override;

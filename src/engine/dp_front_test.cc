@@ -59,8 +59,8 @@ TEST(DpBalancerTest, FewestSequencesThenFewestKvTokensThenLowestRank) {
     b.on_start(1, 50);
     EXPECT_EQ(b.pick(true).rank, 2);
     b.on_start(2, 70);
-    EXPECT_EQ(b.pick(true).rank, 1);                  // one each: rank 1 holds the fewest KV tokens
-    EXPECT_EQ(b.pick(false).rank, 0);                 // a request that must stay on rank 0
+    EXPECT_EQ(b.pick(true).rank, 1);             // one each: rank 1 holds the fewest KV tokens
+    EXPECT_EQ(b.pick(false).rank, 0);            // a request that must stay on rank 0
     for (int i = 0; i < 30; ++i) b.on_token(1);  // rank 1: 80 tokens, rank 2: 70
     EXPECT_EQ(b.pick(true).rank, 2);
     b.on_finish(0, 100);
@@ -218,8 +218,8 @@ TEST(DpPrefixTest, ARestartedRankForgetsMalformedPromptsMatchNothing) {
     // Empty, short (no full block) and garbage prompts: no keys, the load rule.
     b.learn(1, keys_of(a));
     b.on_start(0, 5);
-    for (const std::vector<int32_t>& p :
-         {std::vector<int32_t>{}, std::vector<int32_t>(127, 7), std::vector<int32_t>{-5, 1 << 30}}) {
+    for (const std::vector<int32_t>& p : {std::vector<int32_t>{}, std::vector<int32_t>(127, 7),
+                                          std::vector<int32_t>{-5, 1 << 30}}) {
         const DpBalancer::Choice c = b.pick(true, keys_of(p));
         EXPECT_EQ(c.rank, 1);
         EXPECT_EQ(c.matched_blocks, 0);
@@ -593,7 +593,8 @@ GenerateRequest prefix_request(int i) {
     GenerateRequest r;
     r.prompt = i == 0 ? prompt_of(800, kSharedBlocks, 40) : prompt_of(801, kSharedBlocks, 0);
     if (i > 0) {
-        const std::vector<int32_t> tail = random_prompt(20 + 9 * i, 810 + static_cast<uint32_t>(i), 500);
+        const std::vector<int32_t> tail =
+            random_prompt(20 + 9 * i, 810 + static_cast<uint32_t>(i), 500);
         r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
     }
     r.sampling.max_tokens = kPrefixMaxTokens;
