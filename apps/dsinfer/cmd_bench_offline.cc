@@ -112,7 +112,9 @@ Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t
     std::unique_ptr<engine::DpFront> front;
     engine::StepEngine* eng = local;
     if (dp != nullptr) {
-        front = std::make_unique<engine::DpFront>(local, replica->model(), dp, env);
+        front = std::make_unique<engine::DpFront>(
+            local, replica->model(), dp, env,
+            dp_routing(f.ep, replica->cache_identity(), f.replica.prefix_cache));
         DSI_RETURN_IF_ERROR(front->reset_ranks(async));
         eng = front.get();
     }
@@ -139,6 +141,8 @@ Result<json> run_batch(serving::Replica* replica, const OfflineFlags& f, int64_t
         json per_rank = json::array();
         for (const engine::EngineStats::DpRank& r : st.dp_ranks) per_rank.push_back(r.requests);
         out["dp_rank_requests"] = per_rank;
+        out["dp_prefix_routed"] = st.dp_prefix_routed;
+        out["cached_prompt_tokens"] = st.cached_prompt_tokens;
     }
     if (st.spec_verify_steps > 0) {  // --speculative (issue 24)
         json per = json::array();

@@ -227,13 +227,15 @@ int run_generate(const GenerateFlags& f) {
     // engine/dp_front.h).
     std::unique_ptr<engine::DpFront> front;
     if (ep->front()) {
-        front = std::make_unique<engine::DpFront>(ep->dp_link(), ep->front_limits(**replica),
-                                                  ep->spread(), env);
+        front = std::make_unique<engine::DpFront>(
+            ep->dp_link(), ep->front_limits(**replica), ep->spread(), env,
+            dp_routing(f.ep, (*replica)->cache_identity(), f.replica.prefix_cache));
         eng = front.get();
     } else if (engine::DpRankLink* link = ep->dp_link()) {
         // --ep-front off with --ep-attention dp: rank 0 (this process) spreads the prompts.
-        front = std::make_unique<engine::DpFront>((*replica)->engine(), (*replica)->model(),
-                                                  link, env);
+        front = std::make_unique<engine::DpFront>(
+            (*replica)->engine(), (*replica)->model(), link, env,
+            dp_routing(f.ep, (*replica)->cache_identity(), f.replica.prefix_cache));
         eng = front.get();
     }
     if (ep->front()) {
@@ -332,8 +334,12 @@ int run_generate(const GenerateFlags& f) {
         for (const engine::EngineStats::DpRank& r : st.dp_ranks) {
             per_rank += (per_rank.empty() ? "" : " ") + std::to_string(r.requests);
         }
-        std::fprintf(stderr, "attention data parallelism: requests per rank [%s], %lld re-run\n",
-                     per_rank.c_str(), static_cast<long long>(st.dp_reruns));
+        std::fprintf(stderr,
+                     "attention data parallelism: requests per rank [%s], %lld re-run, %lld "
+                     "routed by prefix (%lld tokens matched)\n",
+                     per_rank.c_str(), static_cast<long long>(st.dp_reruns),
+                     static_cast<long long>(st.dp_prefix_routed),
+                     static_cast<long long>(st.dp_prefix_matched_tokens));
     }
     if (st.spec_verify_steps > 0) {
         std::string per_pos;

@@ -287,12 +287,15 @@ int run_serve(const ServeFlags& f) {
     std::unique_ptr<engine::DpFront> front;
     engine::StepEngine* stepped = rep.engine();
     if (ep->front()) {
-        front = std::make_unique<engine::DpFront>(ep->dp_link(), ep->front_limits(rep),
-                                                  ep->spread(), env);
+        front = std::make_unique<engine::DpFront>(
+            ep->dp_link(), ep->front_limits(rep), ep->spread(), env,
+            dp_routing(f.ep, rep.cache_identity(), f.replica.prefix_cache));
         stepped = front.get();
     } else if (engine::DpRankLink* link = ep->dp_link()) {
         // --ep-front off with --ep-attention dp: rank 0 (this process) spreads the requests.
-        front = std::make_unique<engine::DpFront>(rep.engine(), rep.model(), link, env);
+        front = std::make_unique<engine::DpFront>(
+            rep.engine(), rep.model(), link, env,
+            dp_routing(f.ep, rep.cache_identity(), f.replica.prefix_cache));
         stepped = front.get();
     }
     auto engine_service = std::make_unique<server::EngineService>(stepped);

@@ -261,6 +261,18 @@ void add_ep_flags(CLI::App& cmd, EpFlags* f) {
                 "dp | rank0: with --ep, every rank runs its own requests with its own KV "
                 "(attention data parallelism; rank 0 spreads the requests), or only rank 0 "
                 "holds requests and the other ranks lend it their experts");
+    add_setting(cmd, "--ep-dp-routing", f->dp_routing,
+                "prefix | load (--ep-attention dp): send a request to the rank whose prefix "
+                "cache holds the longest prefix of its prompt (as far as the front knows), "
+                "unless that rank is too loaded, or always to the least-loaded rank");
+    add_setting(cmd, "--ep-dp-balance-abs", f->dp_balance_abs,
+                "prefix routing: the longest-prefix rank is too loaded when its running "
+                "sequences exceed the least-loaded rank's by more than this...");
+    add_setting(cmd, "--ep-dp-balance-rel", f->dp_balance_rel,
+                "...and more than this many times (>= 1)");
+    add_setting(cmd, "--ep-dp-prefix-blocks", f->dp_prefix_blocks,
+                "prefix routing: the 128-token blocks the front remembers per rank (LRU; also "
+                "capped by the rank's KV pool)");
     add_setting(cmd, "--ep-comm", f->comm,
                 "shm | ucx: the --ep ranks' all-to-all over one shared-memory segment, or over "
                 "UCX (TCP unless UCX_TLS says otherwise; ranks may be on other hosts)");
@@ -300,6 +312,16 @@ Status pin_rank_process(const EpFlags& f, int rank, int num_ranks, int& num_thre
                    << (topology.faked ? " (faked topology: CPUs only)" : "");
     if (num_threads == 0) num_threads = static_cast<int>(pinning.cpus.size());
     return Status::ok();
+}
+
+engine::DpRouting dp_routing(const EpFlags& f, std::string model_id, bool prefix_cache) {
+    engine::DpRouting r;
+    r.balance.prefix = f.dp_routing == "prefix" && prefix_cache;
+    r.balance.balance_abs_seqs = f.dp_balance_abs;
+    r.balance.balance_rel = f.dp_balance_rel;
+    r.balance.max_blocks_per_rank = f.dp_prefix_blocks;
+    r.model_id = std::move(model_id);
+    return r;
 }
 
 Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep) {
@@ -354,6 +376,15 @@ Result<EpLaunch> EpLaunch::start(const EpFlags& f, Env* env, serving::ReplicaOpt
     }
     if (f.attention != "dp" && f.attention != "rank0") {
         return invalid_argument("--ep-attention must be dp or rank0, not '" + f.attention + "'");
+    }
+    if (f.dp_routing != "prefix" && f.dp_routing != "load") {
+        return invalid_argument("--ep-dp-routing must be prefix or load, not '" + f.dp_routing +
+                                "'");
+    }
+    if (f.dp_balance_abs < 0 || !(f.dp_balance_rel >= 1.0) || f.dp_prefix_blocks < 0) {
+        return invalid_argument(
+            "--ep-dp-balance-abs and --ep-dp-prefix-blocks must be >= 0, --ep-dp-balance-rel "
+            ">= 1");
     }
     if (f.comm != "shm" && f.comm != "ucx") {
         return invalid_argument("--ep-comm must be shm or ucx, not '" + f.comm + "'");

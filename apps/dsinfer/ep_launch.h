@@ -64,6 +64,14 @@ struct EpFlags {
     // Where attention runs: dp (every rank its own requests, sequences and KV; rank 0
     // spreads the requests) | rank0 (only rank 0 holds requests). bench offline: rank0.
     std::string attention = "dp";
+    // dp: how the front picks a request's rank (engine/dp_balance.h): prefix (the rank
+    // holding the longest prefix of the prompt in its prefix cache, unless its running
+    // sequences exceed the least-loaded rank's by more than dp_balance_abs AND more than
+    // dp_balance_rel times) | load (the least-loaded rank); the front's keys per rank.
+    std::string dp_routing = "prefix";
+    int64_t dp_balance_abs = 2;
+    double dp_balance_rel = 1.25;
+    int64_t dp_prefix_blocks = int64_t{1} << 16;
     // The all-to-all: shm | ucx (comm/ucx_group.h), and UCX's rank 0 address ("host:port";
     // empty: the started process picks a free port on 127.0.0.1 for its local ranks).
     std::string comm = "shm";
@@ -83,6 +91,11 @@ Status apply_eplb_flags(const EpFlags& f, ExpertParallelOptions& ep);
 
 // --ep, --ep-attach-timeout-ms, and the hidden --ep-rank / --ep-group.
 void add_ep_flags(CLI::App& cmd, EpFlags* f);
+
+// The DpFront's rank choice from --ep-dp-routing / --ep-dp-balance-* / --ep-dp-prefix-blocks
+// (checked by EpLaunch::start); `model_id`: the ranks' EngineOptions::model_id;
+// `prefix_cache`: theirs (--prefix-cache false: nothing to route to, the load rule).
+engine::DpRouting dp_routing(const EpFlags& f, std::string model_id, bool prefix_cache);
 
 // This process's part of an --ep group.
 class EpLaunch {

@@ -19,11 +19,16 @@ constexpr int64_t kSettleNs = 1'000'000'000;
 
 }  // namespace
 
-DpFront::DpFront(Engine* local, CausalLm* model, DpRankLink* link, Env* env)
-    : local_(local), model_(model), link_(link), env_(env) {}
+DpFront::DpFront(Engine* local, CausalLm* model, DpRankLink* link, Env* env, DpRouting routing)
+    : local_(local), model_(model), link_(link), env_(env), routing_(std::move(routing)) {}
 
-DpFront::DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env)
-    : link_(link), env_(env), first_piped_(0), limits_(limits), spread_(spread) {}
+DpFront::DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env, DpRouting routing)
+    : link_(link),
+      env_(env),
+      first_piped_(0),
+      limits_(limits),
+      spread_(spread),
+      routing_(std::move(routing)) {}
 
 DpFront::~DpFront() = default;
 
@@ -39,7 +44,8 @@ Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback c
                                             : !pipes_.empty() && request.sampling.n == 1 &&
                                                   request.mask == nullptr && !request.export_kv;
     Running run;
-    run.rank = balancer_.pick(any_rank);
+    const DpBalancer::Choice choice = pick_rank(any_rank, request);
+    run.rank = choice.rank;
     run.callback = std::move(callback);
     run.live = request.sampling.n;
     const RequestId id = next_id_++;
@@ -61,8 +67,43 @@ Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback c
         run.request = request;
     }
     DSI_RETURN_IF_ERROR(start(id, run, std::move(request)));
+    count_choice(choice);
     running_.emplace(id, std::move(run));
     return id;
+}
+
+std::vector<kv::BlockKey> DpFront::chain_of(const GenerateRequest& request) const {
+    if (!routing_.balance.prefix) return {};
+    const kv::BlockKey salt = kv::make_salt(routing_.model_id, request.cache_salt);
+    if (request.resume_output.empty()) return kv::chain_keys(request.prompt, salt);
+    std::vector<int32_t> tokens = request.prompt;
+    tokens.insert(tokens.end(), request.resume_output.begin(), request.resume_output.end());
+    return kv::chain_keys(tokens, salt);
+}
+
+DpBalancer::Choice DpFront::pick_rank(bool any_rank, const GenerateRequest& request) const {
+    return balancer_.pick(any_rank, chain_of(request));
+}
+
+void DpFront::count_choice(const DpBalancer::Choice& c) {
+    prefix_matched_tokens_ += c.matched_blocks * kv::kBlockTokens;
+    if (c.reason == DpBalancer::Reason::kPrefix) ++prefix_routed_;
+    if (c.reason == DpBalancer::Reason::kOverloaded) ++prefix_overloaded_;
+}
+
+void DpFront::learn_finished(Running& run) {
+    if (run.chain.empty() && run.tail.empty()) return;
+    // The last token's KV is never written (no step ran on it): the rank publishes the
+    // full blocks before it.
+    if (!run.tail.empty()) run.tail.pop_back();
+    const size_t full = run.tail.size() / static_cast<size_t>(kv::kBlockTokens);
+    for (size_t b = 0; b < full; ++b) {
+        const std::span<const int32_t> block(run.tail.data() + b * kv::kBlockTokens,
+                                             static_cast<size_t>(kv::kBlockTokens));
+        run.chain.push_back(
+            kv::chain_key(run.chain.empty() ? kv::BlockKey{} : run.chain.back(), block, run.salt));
+    }
+    balancer_.learn(run.rank, run.chain);
 }
 
 Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
@@ -71,6 +112,22 @@ Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
                                  run.delivered.end());
     const int64_t kv_tokens =
         static_cast<int64_t>(request.prompt.size() + request.resume_output.size());
+    // Prefix routing: the rank will publish these blocks (and the output's, at the end).
+    run.chain.clear();
+    run.tail.clear();
+    std::vector<kv::BlockKey> prompt_chain;  // n > 1: the prompt's only (outputs differ)
+    if (routing_.balance.prefix && request.sampling.n > 1) {
+        prompt_chain = chain_of(request);
+    } else if (routing_.balance.prefix) {
+        run.salt = kv::make_salt(routing_.model_id, request.cache_salt);
+        run.chain = chain_of(request);
+        const size_t full = run.chain.size() * static_cast<size_t>(kv::kBlockTokens);
+        for (size_t i = full; i < static_cast<size_t>(kv_tokens); ++i) {
+            run.tail.push_back(i < request.prompt.size()
+                                   ? request.prompt[i]
+                                   : request.resume_output[i - request.prompt.size()]);
+        }
+    }
     if (!piped(run.rank)) {
         DSI_ASSIGN_OR_RETURN(run.local_id,
                              local_->add_request(std::move(request), local_callback(id)));
@@ -84,6 +141,7 @@ Status DpFront::start(RequestId id, Running& run, GenerateRequest request) {
     }
     run.kv_tokens = kv_tokens;
     balancer_.on_start(run.rank, kv_tokens);
+    balancer_.learn(run.rank, prompt_chain.empty() ? run.chain : prompt_chain);
     return Status::ok();
 }
 
@@ -100,6 +158,7 @@ void DpFront::deliver(RequestId id, const TokenEvent& ev) {
     if (ev.token >= 0) {
         balancer_.on_token(run.rank);
         ++run.kv_tokens;
+        if (!run.chain.empty() || !run.tail.empty()) run.tail.push_back(ev.token);
         if (piped(run.rank)) {
             run.delivered.push_back(ev.token);
             ++remote_output_tokens_;
@@ -114,6 +173,7 @@ void DpFront::deliver(RequestId id, const TokenEvent& ev) {
     }
     StreamCallback callback = std::move(run.callback);
     balancer_.on_finish(run.rank, run.kv_tokens);
+    learn_finished(run);
     if (piped(run.rank)) {
         settle_until_ns_ = env_->now_ns() + kSettleNs;
         --num_remote_;
@@ -167,7 +227,8 @@ Status DpFront::sync_link() {
     reports_.assign(static_cast<size_t>(ranks), dp_wire::RankLoad{});
     counters_.assign(static_cast<size_t>(ranks), dp_wire::RankCounters{});
     if (!restarted) {
-        balancer_ = DpBalancer(ranks);
+        balancer_ = DpBalancer(ranks, routing_.balance);
+        if (local_ != nullptr) balancer_.set_pool_blocks(0, local_->stats().pool.num_blocks);
         return Status::ok();
     }
     ++failovers_;
@@ -215,7 +276,10 @@ Status DpFront::sync_link() {
             if (callback) callback(done);
             continue;
         }
-        run.rank = balancer_.pick(local_ == nullptr ? spread_ : !pipes_.empty());
+        const DpBalancer::Choice choice =
+            pick_rank(local_ == nullptr ? spread_ : !pipes_.empty(), run.request);
+        run.rank = choice.rank;
+        count_choice(choice);
         run.live = run.request.sampling.n;
         run.finished.assign(run.finished.size(), false);
         ++reruns_;
@@ -252,6 +316,7 @@ Status DpFront::on_message(int rank, dp_wire::Message& m) {
             if (static_cast<size_t>(rank) < reports_.size()) {
                 reports_[static_cast<size_t>(rank)] = m.load;
                 counters_[static_cast<size_t>(rank)] = m.counters;
+                balancer_.set_pool_blocks(rank, m.load.kv_blocks);
             }
             if (m.ep) group_stats_ = std::move(m.ep);
             return Status::ok();
@@ -363,6 +428,8 @@ Status DpFront::reset_ranks(bool async) {
     for (const std::shared_ptr<comm::RankPipe>& p : pipes_) {
         DSI_RETURN_IF_ERROR(p->send(dp_wire::encode_reset(async)));
     }
+    // Fresh engines, empty prefix caches (rank 0's caller resets `local` likewise).
+    for (int r = 0; r < balancer_.num_ranks(); ++r) balancer_.forget(r);
     return Status::ok();
 }
 
@@ -394,6 +461,9 @@ EngineStats DpFront::stats() const {
     s.cached_prompt_tokens += remote_cached_tokens_;
     s.output_tokens += remote_output_tokens_;
     s.dp_reruns = reruns_;
+    s.dp_prefix_routed = prefix_routed_;
+    s.dp_prefix_matched_tokens = prefix_matched_tokens_;
+    s.dp_prefix_overloaded = prefix_overloaded_;
     // The ranks' engine steps: summed (each rank steps its own engine).
     for (size_t r = static_cast<size_t>(first_piped_); r < counters_.size(); ++r) {
         s.steps += counters_[r].steps;
@@ -406,6 +476,7 @@ EngineStats DpFront::stats() const {
     for (size_t r = 0; r < loads.size(); ++r) {
         EngineStats::DpRank& d = s.dp_ranks[r];
         d.requests = loads[r].requests;
+        d.prefix_blocks = balancer_.num_blocks(static_cast<int>(r));
         if (!piped(static_cast<int>(r))) {
             d.running_seqs = s.num_live_seqs;
             d.kv_blocks_used = s.pool.num_used;

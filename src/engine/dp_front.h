@@ -7,7 +7,9 @@
 // (model/expert_parallel.h; a rank without tokens joins with zero rows). Requests reach
 // the ranks through rank 0:
 //   - DpFront (rank 0) is the StepEngine the server / `generate` drive. add_request picks
-//     a rank with DpBalancer (engine/dp_balance.h): rank 0 runs it in its own engine,
+//     a rank with DpBalancer (engine/dp_balance.h: the rank holding the longest prefix of
+//     the prompt in its prefix cache unless too loaded, else the least loaded; it learns
+//     each request's chain keys at its start and finish): rank 0 runs it in its own engine,
 //     another rank gets it over its comm::RankPipe (engine/dp_wire.h). Each rank streams
 //     its token events back over the pipe; step() relays them to the callbacks, steps
 //     rank 0's engine when it has work, and otherwise joins the peers' forward passes
@@ -50,6 +52,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -91,16 +94,24 @@ public:
     virtual bool restarting() const { return false; }
 };
 
+// How DpFront picks ranks (`--ep-dp-routing`, `--ep-dp-balance-*`: apps/ ep_launch).
+struct DpRouting {
+    DpBalancer::Options balance;
+    // The ranks' EngineOptions::model_id: the prompts' chain keys are salted with it (and
+    // each request's cache_salt) as the ranks' prefix index salts theirs.
+    std::string model_id = "model";
+};
+
 class DpFront final : public StepEngine {
 public:
     // REQUIRES: `local` runs over `model` (rank 0 of the group), everything outlives the
     // front, and nobody else uses `local`.
-    DpFront(Engine* local, CausalLm* model, DpRankLink* link, Env* env);
+    DpFront(Engine* local, CausalLm* model, DpRankLink* link, Env* env, DpRouting routing = {});
     // A front with no model: every rank (rank 0 included) behind a pipe of `link`.
     // `limits`: the checks the ranks' engines make (num_pool_blocks -1: taken from the
     // ranks' load reports once they arrive). `spread`: requests over all ranks (the
     // balancer), or all on rank 0 (--ep-attention rank0; no per-rank stats then).
-    DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env);
+    DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env, DpRouting routing = {});
     ~DpFront() override;
 
     Result<RequestId> add_request(GenerateRequest request, StreamCallback callback) override;
@@ -123,7 +134,8 @@ public:
     int rank_of(RequestId id) const;
     // Benchmarks (`bench offline --ep N`): every other rank starts a fresh engine (empty
     // prefix cache, the async step loop on or off) before the requests that follow, as
-    // rank 0's caller does with `local`. FAILED_PRECONDITION while a request runs.
+    // rank 0's caller does with `local`; the balancer forgets every rank's prefixes.
+    // FAILED_PRECONDITION while a request runs.
     Status reset_ranks(bool async);
 
 private:
@@ -137,7 +149,21 @@ private:
         std::vector<bool> finished;      // per completion (n > 1 on another rank)
         int64_t kv_tokens = 0;           // counted in the balancer
         bool abort_sent = false;
+        // Prefix routing (n == 1): the chain keys of the tokens run so far, and the tokens
+        // after its last full block (output appended as it comes): the balancer learns
+        // prompt + output at the finish, as the rank publishes them.
+        std::vector<kv::BlockKey> chain;
+        std::vector<int32_t> tail;
+        kv::BlockKey salt;
     };
+    // The full-block chain keys of prompt + resume_output as the ranks key them (empty
+    // without the prefix rule).
+    std::vector<kv::BlockKey> chain_of(const GenerateRequest& request) const;
+    // A request ends on run.rank: the balancer learns its tokens' chain.
+    void learn_finished(Running& run);
+    // The balancer's choice for `request`; count_choice adds a started one to the stats.
+    DpBalancer::Choice pick_rank(bool any_rank, const GenerateRequest& request) const;
+    void count_choice(const DpBalancer::Choice& c);
     // Relays the events of a restarted group's old ranks, then re-runs their requests.
     Status sync_link();
     // Relays every pipe's events; `ended`: a pipe reached its end (a rank died).
@@ -177,7 +203,12 @@ private:
     std::vector<std::shared_ptr<comm::RankPipe>> pipes_;
     std::vector<dp_wire::RankLoad> reports_;  // [num ranks], index 0 unused
     std::vector<dp_wire::RankCounters> counters_;  // [num ranks], as reports_
+    DpRouting routing_;
     DpBalancer balancer_{1};
+    // Prefix routing (stats): requests the longest match moved off the load rule's pick,
+    // its full-block tokens predicted on the chosen ranks, and the matches passed over
+    // for load (the matched rank was too loaded).
+    int64_t prefix_routed_ = 0, prefix_matched_tokens_ = 0, prefix_overloaded_ = 0;
     RequestId next_id_ = 1;
     std::unordered_map<RequestId, Running> running_;
     int64_t num_remote_ = 0;  // running on other ranks

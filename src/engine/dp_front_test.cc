@@ -53,23 +53,23 @@ bool first_half(int32_t token) { return token % 26 < 13; }
 
 TEST(DpBalancerTest, FewestSequencesThenFewestKvTokensThenLowestRank) {
     DpBalancer b(3);
-    EXPECT_EQ(b.pick(true), 0);  // all equal: the lowest rank
+    EXPECT_EQ(b.pick(true).rank, 0);  // all equal: the lowest rank
     b.on_start(0, 100);
-    EXPECT_EQ(b.pick(true), 1);
+    EXPECT_EQ(b.pick(true).rank, 1);
     b.on_start(1, 50);
-    EXPECT_EQ(b.pick(true), 2);
+    EXPECT_EQ(b.pick(true).rank, 2);
     b.on_start(2, 70);
-    EXPECT_EQ(b.pick(true), 1);                  // one each: rank 1 holds the fewest KV tokens
-    EXPECT_EQ(b.pick(false), 0);                 // a request that must stay on rank 0
+    EXPECT_EQ(b.pick(true).rank, 1);             // one each: rank 1 holds the fewest KV tokens
+    EXPECT_EQ(b.pick(false).rank, 0);            // a request that must stay on rank 0
     for (int i = 0; i < 30; ++i) b.on_token(1);  // rank 1: 80 tokens, rank 2: 70
-    EXPECT_EQ(b.pick(true), 2);
+    EXPECT_EQ(b.pick(true).rank, 2);
     b.on_finish(0, 100);
-    EXPECT_EQ(b.pick(true), 0);
+    EXPECT_EQ(b.pick(true).rank, 0);
     // Idle ranks: the one that got the fewest requests so far.
     DpBalancer turns(2);
     turns.on_start(0, 10);
     turns.on_finish(0, 10);
-    EXPECT_EQ(turns.pick(true), 1);
+    EXPECT_EQ(turns.pick(true).rank, 1);
     EXPECT_EQ(b.loads()[1].requests, 1);
     EXPECT_EQ(b.loads()[1].kv_tokens, 80);
     b.resize(2);  // a failover: rank 0 keeps its load, the others start empty
@@ -84,6 +84,153 @@ TEST(DpBalancerTest, FewestSequencesThenFewestKvTokensThenLowestRank) {
     EXPECT_EQ(b.loads()[0].requests, 2);
     EXPECT_EQ(b.loads()[0].running_seqs, 0);
     EXPECT_EQ(b.loads()[0].kv_tokens, 0);
+}
+
+// --- prefix routing (DpBalancer::Options::prefix) ---------------------------------------
+
+// The chain keys a rank's prefix index would give `tokens` (model "m", no cache_salt).
+std::vector<kv::BlockKey> keys_of(const std::vector<int32_t>& tokens,
+                                  std::string_view cache_salt = "") {
+    return kv::chain_keys(tokens, kv::make_salt("m", cache_salt));
+}
+// `blocks` full blocks of a conversation `seed` followed by a tail of `tail` tokens.
+std::vector<int32_t> prompt_of(uint32_t seed, int64_t blocks, int64_t tail = 10) {
+    std::vector<int32_t> p = random_prompt(blocks * kv::kBlockTokens, seed, 500);
+    const std::vector<int32_t> t = random_prompt(tail, seed + 1000, 500);
+    p.insert(p.end(), t.begin(), t.end());
+    return p;
+}
+
+TEST(DpPrefixTest, TheLongestMatchWinsTiesGoByLoad) {
+    DpBalancer b(3);
+    const std::vector<int32_t> a = prompt_of(1, 3);
+    b.learn(1, keys_of(a));
+    // Rank 2 holds a's first block only (another prompt with the same opening).
+    std::vector<int32_t> opening(a.begin(), a.begin() + kv::kBlockTokens);
+    const std::vector<int32_t> other_tail = random_prompt(200, 77, 500);
+    opening.insert(opening.end(), other_tail.begin(), other_tail.end());
+    b.learn(2, keys_of(opening));
+    EXPECT_EQ(b.num_blocks(2), 2);
+    // A later turn of a: rank 1 holds its 3 blocks, though rank 0 is the least loaded.
+    std::vector<int32_t> next = a;
+    next.insert(next.end(), other_tail.begin(), other_tail.end());
+    DpBalancer::Choice c = b.pick(true, keys_of(next));
+    EXPECT_EQ(c.rank, 1);
+    EXPECT_EQ(c.matched_blocks, 3);
+    EXPECT_EQ(c.reason, DpBalancer::Reason::kPrefix);
+    // One block in common with ranks 1 and 2: the load rule between those two (rank 1
+    // runs one more sequence).
+    b.on_start(1, 100);
+    std::vector<int32_t> one(a.begin(), a.begin() + kv::kBlockTokens + 5);
+    c = b.pick(true, keys_of(one));
+    EXPECT_EQ(c.rank, 2);
+    EXPECT_EQ(c.matched_blocks, 1);
+    // Nothing in common: the load rule over every rank.
+    c = b.pick(true, keys_of(prompt_of(9, 2)));
+    EXPECT_EQ(c.rank, 0);
+    EXPECT_EQ(c.matched_blocks, 0);
+    EXPECT_EQ(c.reason, DpBalancer::Reason::kLoad);
+    // Another tenant (cache_salt) shares no key, whatever its tokens.
+    EXPECT_EQ(b.pick(true, keys_of(next, "tenant")).rank, 0);
+    // A request that must stay on rank 0 does, match or not.
+    c = b.pick(false, keys_of(next));
+    EXPECT_EQ(c.rank, 0);
+    EXPECT_EQ(c.reason, DpBalancer::Reason::kRankZero);
+    // A prefix every rank holds decides nothing: the load rule.
+    DpBalancer both(2);
+    both.learn(0, keys_of(a));
+    both.learn(1, keys_of(a));
+    both.on_start(0, 10);
+    c = both.pick(true, keys_of(next));
+    EXPECT_EQ(c.rank, 1);
+    EXPECT_EQ(c.matched_blocks, 3);
+    EXPECT_EQ(c.reason, DpBalancer::Reason::kLoad);
+    // --ep-dp-routing load: nothing is learned, the load rule only.
+    DpBalancer load(2, {.prefix = false});
+    load.on_start(0, 10);
+    load.learn(0, keys_of(a));
+    EXPECT_EQ(load.num_blocks(0), 0);
+    EXPECT_EQ(load.pick(true, keys_of(a)).rank, 1);
+}
+
+TEST(DpPrefixTest, ATooLoadedRankFallsBackToTheLoadRule) {
+    // Too loaded: more than 2 sequences above the least-loaded rank AND above 1.25 times it.
+    DpBalancer b(2);
+    const std::vector<int32_t> a = prompt_of(2, 2);
+    b.learn(1, keys_of(a));
+    for (int i = 0; i < 2; ++i) b.on_start(1, 10);
+    EXPECT_EQ(b.pick(true, keys_of(a)).rank, 1);  // 2 - 0: not more than 2
+    b.on_start(1, 10);
+    DpBalancer::Choice c = b.pick(true, keys_of(a));
+    EXPECT_EQ(c.rank, 0);
+    EXPECT_EQ(c.reason, DpBalancer::Reason::kOverloaded);
+    EXPECT_EQ(c.matched_blocks, 0);
+    // Rank 0 runs 20: rank 1's 25 is 5 more but not above 1.25x; 26 is both.
+    for (int i = 0; i < 20; ++i) b.on_start(0, 10);
+    for (int i = 0; i < 22; ++i) b.on_start(1, 10);
+    EXPECT_EQ(b.loads()[1].running_seqs, 25);
+    EXPECT_EQ(b.pick(true, keys_of(a)).rank, 1);
+    b.on_start(1, 10);
+    EXPECT_EQ(b.pick(true, keys_of(a)).reason, DpBalancer::Reason::kOverloaded);
+    // Other thresholds (--ep-dp-balance-abs 0 --ep-dp-balance-rel 1): any excess is too much.
+    DpBalancer strict(2, {.balance_abs_seqs = 0, .balance_rel = 1.0});
+    strict.learn(1, keys_of(a));
+    strict.on_start(1, 10);
+    EXPECT_EQ(strict.pick(true, keys_of(a)).rank, 0);
+}
+
+TEST(DpPrefixTest, MemoryIsBoundedTheOldestKeysGoFirst) {
+    DpBalancer b(1, {.max_blocks_per_rank = 4});
+    const std::vector<int32_t> a = prompt_of(3, 3), c = prompt_of(4, 3);
+    b.learn(0, keys_of(a));
+    b.learn(0, keys_of(c));
+    EXPECT_EQ(b.num_blocks(0), 4);
+    // a is older: its deepest blocks went, its first stays (a parent never before its
+    // children, so a match is always a whole prefix).
+    EXPECT_EQ(b.matched_blocks(0, keys_of(a)), 1);
+    EXPECT_EQ(b.matched_blocks(0, keys_of(c)), 3);
+    b.learn(0, keys_of(a));  // used again: now c is the older
+    EXPECT_EQ(b.matched_blocks(0, keys_of(a)), 3);
+    EXPECT_EQ(b.matched_blocks(0, keys_of(c)), 1);
+    // A chain longer than the cap keeps its first blocks.
+    const std::vector<int32_t> long_one = prompt_of(5, 10);
+    b.learn(0, keys_of(long_one));
+    EXPECT_EQ(b.matched_blocks(0, keys_of(long_one)), 4);
+    EXPECT_EQ(b.matched_blocks(0, keys_of(a)), 0);
+    // The rank's KV pool caps it too.
+    b.set_pool_blocks(0, 2);
+    EXPECT_EQ(b.num_blocks(0), 2);
+    EXPECT_EQ(b.matched_blocks(0, keys_of(long_one)), 2);
+}
+
+TEST(DpPrefixTest, ARestartedRankForgetsMalformedPromptsMatchNothing) {
+    DpBalancer b(3);
+    const std::vector<int32_t> a = prompt_of(6, 2);
+    for (int r = 0; r < 3; ++r) b.learn(r, keys_of(a));
+    b.forget(2);  // a fresh engine (bench offline's reset)
+    EXPECT_EQ(b.matched_blocks(2, keys_of(a)), 0);
+    EXPECT_EQ(b.matched_blocks(1, keys_of(a)), 2);
+    b.resize(2);  // a failover: rank 0 (this process) keeps its cache, the others are new
+    EXPECT_EQ(b.matched_blocks(0, keys_of(a)), 2);
+    EXPECT_EQ(b.matched_blocks(1, keys_of(a)), 0);
+    b.resize(2, /*keep_rank0=*/false);  // a front's failover: every rank is new
+    EXPECT_EQ(b.matched_blocks(0, keys_of(a)), 0);
+    // Empty, short (no full block) and garbage prompts: no keys, the load rule.
+    b.learn(1, keys_of(a));
+    b.on_start(0, 5);
+    for (const std::vector<int32_t>& p : {std::vector<int32_t>{}, std::vector<int32_t>(127, 7),
+                                          std::vector<int32_t>{-5, 1 << 30}}) {
+        const DpBalancer::Choice c = b.pick(true, keys_of(p));
+        EXPECT_EQ(c.rank, 1);
+        EXPECT_EQ(c.matched_blocks, 0);
+        b.learn(0, keys_of(p));
+    }
+    EXPECT_EQ(b.num_blocks(0), 0);
+    // Out-of-vocabulary ids hash like any other: only an equal chain matches.
+    std::vector<int32_t> odd(kv::kBlockTokens, -1);
+    b.learn(0, keys_of(odd));
+    EXPECT_EQ(b.matched_blocks(0, keys_of(odd)), 1);
+    EXPECT_EQ(b.matched_blocks(0, keys_of(a)), 0);
 }
 
 TEST(DpWireTest, ARequestWithEveryFieldRoundTrips) {
@@ -312,6 +459,19 @@ StreamCallback recorder(Results* res, int i) {
     };
 }
 
+// Rank 0 sends the end and leaves the group once every rank is idle.
+int leave_group(const std::vector<std::shared_ptr<comm::RankPipe>>& pipes, CausalLm& model) {
+    for (const auto& pipe : pipes) {
+        if (!pipe->send(dp_wire::encode_end()).is_ok()) return 16;
+    }
+    for (;;) {
+        for (const auto& pipe : pipes) (void)pipe->flush();
+        Result<CausalLm::GroupStep> g = model.group_idle_step(/*leaving=*/true);
+        if (!g.is_ok()) return 17;
+        if (*g == CausalLm::GroupStep::kStopped) return 0;
+    }
+}
+
 int front_rank(const std::string& group, int ranks,
                std::vector<std::shared_ptr<comm::RankPipe>> pipes, Results* res) {
     auto model = ep_model(group, 0, ranks);
@@ -357,15 +517,7 @@ int front_rank(const std::string& group, int ranks,
     for (size_t r = 0; r < st.dp_ranks.size() && r < 4; ++r) {
         res->requests_per_rank[r] = st.dp_ranks[r].requests;
     }
-    for (const auto& pipe : link.ranks.pipes) {
-        if (!pipe->send(dp_wire::encode_end()).is_ok()) return 16;
-    }
-    for (;;) {
-        for (const auto& pipe : link.ranks.pipes) (void)pipe->flush();
-        Result<CausalLm::GroupStep> g = model->group_idle_step(/*leaving=*/true);
-        if (!g.is_ok()) return 17;
-        if (*g == CausalLm::GroupStep::kStopped) return 0;
-    }
+    return leave_group(link.ranks.pipes, *model);
 }
 
 int serving_rank(const std::string& group, int rank, int ranks, int fd) {
@@ -441,6 +593,146 @@ TEST_P(DpFrontTest, RequestsSpreadOverTheRanksGetOneEnginesTokensBitwise) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Ranks, DpFrontTest, ::testing::Values(2, 4));
+
+// Prefix routing with forked ranks: request 0 runs on rank 0, request 1 (a long prompt) on
+// rank 1; once both finished, request 2 shares request 1's first 3 blocks. With prefix
+// routing it goes to rank 1 and takes those 384 tokens from rank 1's prefix cache; with
+// load routing to rank 0 (both idle, one request each: the lowest rank), computing them.
+// Either way its tokens and logprobs are one engine's, bitwise.
+constexpr int kPrefixRequests = 3;
+constexpr int kPrefixMaxTokens = 8;
+constexpr int64_t kSharedBlocks = 3;
+
+GenerateRequest prefix_request(int i) {
+    GenerateRequest r;
+    r.prompt = i == 0 ? prompt_of(800, kSharedBlocks, 40) : prompt_of(801, kSharedBlocks, 0);
+    if (i > 0) {
+        const std::vector<int32_t> tail =
+            random_prompt(20 + 9 * i, 810 + static_cast<uint32_t>(i), 500);
+        r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+    }
+    r.sampling.max_tokens = kPrefixMaxTokens;
+    r.sampling.temperature = i == 2 ? 0.8 : 0.0;
+    r.sampling.seed = 90 + static_cast<uint64_t>(i);
+    r.sampling.ignore_eos = true;
+    r.sampling.logprobs = 2;
+    return r;
+}
+
+struct PrefixResults {
+    int32_t tokens[kPrefixRequests][kPrefixMaxTokens];
+    uint32_t logprob_bits[kPrefixRequests][kPrefixMaxTokens];
+    int32_t num_tokens[kPrefixRequests];
+    int64_t cached[kPrefixRequests];  // usage.cached_tokens: the finishing event's
+    int32_t rank[kPrefixRequests];
+    int64_t prefix_routed;
+    int64_t matched_tokens;
+    int64_t cached_total;  // EngineStats::cached_prompt_tokens over both ranks
+};
+
+StreamCallback prefix_recorder(PrefixResults* res, int i) {
+    return [res, i](const TokenEvent& ev) {
+        if (ev.token >= 0) {
+            const int n = res->num_tokens[i]++;
+            res->tokens[i][n] = ev.token;
+            res->logprob_bits[i][n] = bits(ev.logprob);
+        }
+        if (ev.finished) res->cached[i] = ev.cached_prompt_tokens;
+    };
+}
+
+int prefix_front_rank(const std::string& group, bool prefix,
+                      std::vector<std::shared_ptr<comm::RankPipe>> pipes, PrefixResults* res) {
+    auto model = ep_model(group, 0, 2);
+    if (model == nullptr) return 10;
+    auto engine = Engine::create(model.get(), rank_options(), Env::default_env());
+    if (!engine.is_ok()) return 11;
+    FixedLink link;
+    link.ranks.pipes = std::move(pipes);
+    DpRouting routing;
+    routing.balance.prefix = prefix;
+    routing.model_id = rank_options().model_id;
+    DpFront front(engine->get(), model.get(), &link, Env::default_env(), routing);
+    for (int i = 0; i < kPrefixRequests; ++i) {
+        Result<RequestId> id = front.add_request(prefix_request(i), prefix_recorder(res, i));
+        if (!id.is_ok()) return 12;
+        res->rank[i] = front.rank_of(*id);
+        // Requests 0 and 1 run together; request 2 comes once they are done.
+        if (i == 0) continue;
+        while (front.has_work()) {
+            if (!front.step().is_ok()) return 13;
+        }
+    }
+    const EngineStats st = front.stats();
+    res->prefix_routed = st.dp_prefix_routed;
+    res->matched_tokens = st.dp_prefix_matched_tokens;
+    res->cached_total = st.cached_prompt_tokens;
+    return leave_group(link.ranks.pipes, *model);
+}
+
+class DpPrefixRoutingTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DpPrefixRoutingTest, ASharedPrefixLandsWhereItIsCached) {
+    const bool prefix = GetParam();
+    comm::SharedArray<PrefixResults> shared(1);
+    PrefixResults* res = shared.data();
+    comm::RankPipe::Pair p = comm::RankPipe::create_pair().value();
+    std::vector<std::shared_ptr<comm::RankPipe>> parents{std::move(p.parent)};
+    const std::string group = unique_group();
+    auto codes = comm::run_ranks(
+        2,
+        [&](int r) {
+            if (r == 0) return prefix_front_rank(group, prefix, parents, res);
+            parents.clear();
+            return serving_rank(group, r, 2, p.child_fd);
+        },
+        120'000);
+    (void)comm::ShmMoeCommunicator::unlink(group);
+    for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+
+    EXPECT_EQ(res->rank[0], 0);
+    EXPECT_EQ(res->rank[1], 1);
+    const int64_t shared_tokens = kSharedBlocks * kv::kBlockTokens;
+    if (prefix) {
+        EXPECT_EQ(res->rank[2], 1);
+        EXPECT_EQ(res->cached[2], shared_tokens);  // rank 1's prefix cache, as usage says
+        EXPECT_EQ(res->prefix_routed, 1);
+        EXPECT_EQ(res->matched_tokens, shared_tokens);
+    } else {
+        EXPECT_EQ(res->rank[2], 0);
+        EXPECT_EQ(res->cached[2], 0);
+        EXPECT_EQ(res->prefix_routed, 0);
+        EXPECT_EQ(res->matched_tokens, 0);
+    }
+    EXPECT_EQ(res->cached[0], 0);
+    EXPECT_EQ(res->cached[1], 0);
+    EXPECT_EQ(res->cached_total, res->cached[2]);
+
+    // One engine, the same requests in the same order: the same tokens, bitwise.
+    comm::SharedArray<PrefixResults> ref_shared(1);
+    PrefixResults* ref = ref_shared.data();
+    auto one = Engine::create(&shared_model(), rank_options(), Env::default_env()).value();
+    for (int i = 0; i < kPrefixRequests; ++i) {
+        ASSERT_TRUE(one->add_request(prefix_request(i), prefix_recorder(ref, i)).is_ok());
+        if (i > 0) {
+            ASSERT_TRUE(one->run().is_ok());
+        }
+    }
+    EXPECT_EQ(ref->cached[2], shared_tokens);
+    for (int i = 0; i < kPrefixRequests; ++i) {
+        ASSERT_EQ(res->num_tokens[i], kPrefixMaxTokens) << "request " << i;
+        ASSERT_EQ(ref->num_tokens[i], kPrefixMaxTokens);
+        for (int t = 0; t < kPrefixMaxTokens; ++t) {
+            EXPECT_EQ(res->tokens[i][t], ref->tokens[i][t]) << "request " << i << " token " << t;
+            EXPECT_EQ(res->logprob_bits[i][t], ref->logprob_bits[i][t]) << "request " << i;
+        }
+    }
+}
+
+INSTANTIATE_TEST_SUITE_P(Routing, DpPrefixRoutingTest, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                             return p.param ? std::string("Prefix") : std::string("Load");
+                         });
 
 // A front with no model (serve / generate --ep): every rank, rank 0 included, is a forked
 // process behind a pipe; the link restarts the group with the healthy ranks when one is

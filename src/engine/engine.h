@@ -351,9 +351,17 @@ struct EngineStats {
         int64_t kv_blocks_used = 0;
         int64_t kv_blocks = 0;
         int64_t requests = 0;  // since the start (re-runs after a failover included)
+        int64_t prefix_blocks = 0;  // chain keys the front holds for it (prefix routing)
     };
     std::vector<DpRank> dp_ranks;
     int64_t dp_reruns = 0;  // requests re-run on the healthy ranks after a rank died
+    // Prefix routing (engine/dp_balance.h): requests sent to the rank with the longest
+    // matched prefix instead of the least-loaded one; the matched full-block tokens the
+    // front predicted on the chosen ranks (usage cached_tokens is what the ranks took);
+    // requests whose longest match was passed over because its rank was too loaded.
+    int64_t dp_prefix_routed = 0;
+    int64_t dp_prefix_matched_tokens = 0;
+    int64_t dp_prefix_overloaded = 0;
 };
 
 // One KV block as the prefill -> decode hand-over carries it, and the store tier holds

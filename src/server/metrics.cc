@@ -266,16 +266,36 @@ std::string Metrics::render(const ServiceStats& s, int64_t num_in_flight, bool r
                          Field{&engine::EngineStats::DpRank::kv_blocks}},
               std::tuple{"dsinfer_dp_rank_requests_total", "counter",
                          "requests sent to each --ep rank (since the group last (re)started)",
-                         Field{&engine::EngineStats::DpRank::requests}}}) {
+                         Field{&engine::EngineStats::DpRank::requests}},
+              std::tuple{"dsinfer_dp_rank_prefix_blocks", "gauge",
+                         "prefix chain keys the front holds for each --ep rank (prefix "
+                         "routing: the blocks it expects the rank's prefix cache to hold)",
+                         Field{&engine::EngineStats::DpRank::prefix_blocks}}}) {
             header(&out, name, type, help);
             for (size_t r = 0; r < ranks.size(); ++r) {
                 line(&out, std::string(name) + "{rank=\"" + std::to_string(r) + "\"}",
                      static_cast<double>(ranks[r].*field));
             }
         }
-        counter(&out, "dsinfer_dp_reruns_total",
-                "requests re-run on the healthy ranks after their rank died (S-DEPLOY)",
-                static_cast<double>(s.engine.dp_reruns));
+        for (const auto& [name, help, value] :
+             {std::tuple{"dsinfer_dp_reruns_total",
+                         "requests re-run on the healthy ranks after their rank died (S-DEPLOY)",
+                         s.engine.dp_reruns},
+              std::tuple{"dsinfer_dp_prefix_routed_total",
+                         "requests sent to the --ep rank holding the longest prefix of the "
+                         "prompt rather than the least-loaded one (--ep-dp-routing prefix)",
+                         s.engine.dp_prefix_routed},
+              std::tuple{"dsinfer_dp_prefix_matched_tokens_total",
+                         "prompt tokens in full blocks the front expected the chosen --ep rank's "
+                         "prefix cache to hold (dsinfer_prefix_hit_tokens_total: what the ranks "
+                         "took)",
+                         s.engine.dp_prefix_matched_tokens},
+              std::tuple{"dsinfer_dp_prefix_overloaded_total",
+                         "requests whose longest-prefix --ep rank was too loaded "
+                         "(--ep-dp-balance-abs/-rel): sent to the least-loaded rank",
+                         s.engine.dp_prefix_overloaded}}) {
+            counter(&out, name, help, static_cast<double>(value));
+        }
     }
     counter(&out, "dsinfer_store_hit_tokens_total", "prompt tokens taken from the KV store",
             static_cast<double>(s.engine.store_hit_tokens));

@@ -98,6 +98,8 @@ expect_error "--eplb must be off, prefill or decode" --ep 2 --eplb sometimes
 expect_error "--ep-failover must be on or off" --ep 2 --ep-failover maybe
 expect_error "--ep-attention must be dp or rank0" --ep 2 --ep-attention some
 expect_error "--ep-comm must be shm or ucx" --ep 2 --ep-comm mpi
+expect_error "--ep-dp-routing must be prefix or load" --ep 2 --ep-dp-routing cache
+expect_error "--ep-dp-balance-rel" --ep 2 --ep-dp-balance-rel 0.5
 expect_error "expected host:port" --ep 2 --ep-comm ucx --ep-coordinator nowhere --ep-attach-timeout-ms 2000
 expect_error "--ep-local-ranks < --ep (ranks on other hosts) needs --ep-comm ucx" --ep 2 --ep-local-ranks 1
 expect_error "--ep must be >= 1" --ep 0
@@ -147,6 +149,12 @@ for r in 0 1; do
         { cat "$tmp/serve2.metrics"; fail "serve --ep 2: no request on rank $r"; }
     grep -q "^dsinfer_dp_rank_kv_blocks_used{rank=\"$r\"} 0$" "$tmp/serve2.metrics" ||
         { cat "$tmp/serve2.metrics"; fail "serve --ep 2: rank $r still holds KV blocks"; }
+done
+# Prefix routing's counters (the prompts are shorter than a block: nothing to match here;
+# engine_dp_test DpPrefixRoutingTest checks a hit).
+for m in 'dsinfer_dp_prefix_routed_total 0' 'dsinfer_dp_prefix_matched_tokens_total 0' \
+    'dsinfer_dp_prefix_overloaded_total 0' 'dsinfer_dp_rank_prefix_blocks{rank="1"} 0'; do
+    grep -qF "$m" "$tmp/serve2.metrics" || { cat "$tmp/serve2.metrics"; fail "serve --ep 2 /metrics: $m"; }
 done
 ! grep -q dsinfer_dp_ "$tmp/serve1.metrics" || fail "serve without --ep shows DP metrics"
 cmp -s "$tmp/serve1.txt" "$tmp/serve2.txt" ||
