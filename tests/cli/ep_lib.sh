@@ -14,13 +14,12 @@ streaming_rank() {
     echo "$pid"
 }
 
-# generate_kill_rank RANK EP [MODEL]: `generate --ep EP` of 100 tokens with rank RANK killed
-# -9 once tokens stream: the front restarts the group with the EP - 1 healthy ranks, re-runs
-# the request as a continuation and prints exactly one process's text; the failover counted.
-# MODEL: the checkpoint ($tmp/tiny by default).
+# generate_kill_rank RANK EP: `generate --ep EP` of 100 tokens with rank RANK killed -9 once
+# tokens stream: the front restarts the group with the EP - 1 healthy ranks, re-runs the
+# request as a continuation and prints exactly one process's text; the failover counted.
 generate_kill_rank() {
-    local rank=$1 ep=$2 model=${3:-$tmp/tiny} leader victim=""
-    local args=(generate --model "$model" --threads 1 --kv-cache-mb 64 --prompt "The experts"
+    local rank=$1 ep=$2 leader victim=""
+    local args=(generate --model "$tmp/tiny" --threads 1 --kv-cache-mb 64 --prompt "The experts"
         --max-tokens 100)
     "$bin" "${args[@]}" >"$tmp/fo1.out" 2>/dev/null || fail "generate (100)"
     # (the binary itself in the background: $! is the front)
