@@ -147,10 +147,6 @@ struct DeepseekModel::Impl {
     std::vector<double> inv_freq;
     double rope_factor = 1.0;
     float softmax_scale = 1.0f;
-    // Expert parallelism (model/internal/ep_host.h): the group, failover, live EPLB's
-    // moves of `experts` (by local slot); null without --ep.
-    std::unique_ptr<internal::EpExperts<Mlp>> ep;
-    bool grouped() const { return ep != nullptr && ep->grouped(); }
     std::vector<size_t> moe_layers;  // index into `layers` of each MoE layer
 
     Status load_layer(int64_t i, Layer& layer);
@@ -186,6 +182,12 @@ struct DeepseekModel::Impl {
     Status block(const Layer& layer, float* x, const TokenSlots& slots);
     // x[t * H + i] += y[t * H + i] for t < T, rows over the pool.
     void add_rows(float* x, const float* y, int64_t T, int64_t H);
+
+    // Expert parallelism (model/internal/ep_host.h): the group, failover, live EPLB's
+    // moves of `experts` (by local slot); null without --ep. The last member: destroyed
+    // first, it joins a background weight load that reads the members above.
+    std::unique_ptr<internal::EpExperts<Mlp>> ep;
+    bool grouped() const { return ep != nullptr && ep->grouped(); }
 };
 
 Status DeepseekModel::Impl::pack(WeightClass cls, Linear& lin) {

@@ -101,10 +101,6 @@ struct DeepseekV4Model::Impl {
     HcParams hc_head;
     Linear head;
     std::optional<V4Mtp> mtp;
-    // Expert parallelism (model/internal/ep_host.h): layer l's MoE is MoE layer l; null
-    // without --ep.
-    std::unique_ptr<internal::EpExperts<internal::Expert>> ep;
-    bool grouped() const { return ep != nullptr && ep->grouped(); }
     // KV rows (deepseek_v4.h): f32, or e4m3 (main rows FP8, indexer keys MXFP4).
     kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
     bool fp8() const { return kv_dtype == kernels::KvDtype::kE4m3; }
@@ -197,6 +193,12 @@ struct DeepseekV4Model::Impl {
     }
     void logits_of(const HcParams& hcp, const std::vector<float>& norm, const float* x,
                    std::span<const int64_t> rows, float* logits);
+
+    // Expert parallelism (model/internal/ep_host.h): layer l's MoE is MoE layer l; null
+    // without --ep. The last member: destroyed first, it joins a background weight load
+    // that reads the members above.
+    std::unique_ptr<internal::EpExperts<internal::Expert>> ep;
+    bool grouped() const { return ep != nullptr && ep->grouped(); }
 };
 
 Status DeepseekV4Model::Impl::load_compressor(const std::string& p, int64_t ratio, int64_t dim,

@@ -94,10 +94,6 @@ struct DeepseekV41Model::Impl {
     std::vector<LayerSlots> slots;
     int64_t ids_ring = -1, ids_ring_len = 0;  // Engram: the last token ids
     int64_t first_decoder = 0;                // v41_first_decoder_layer
-    // Expert parallelism (model/internal/ep_host.h): layer l's MoE is MoE layer l; null
-    // without --ep.
-    std::unique_ptr<internal::EpExperts<internal::Expert>> ep;
-    bool grouped() const { return ep != nullptr && ep->grouped(); }
 
     int64_t hc() const { return cfg.hc_mult; }
     int64_t H() const { return cfg.hidden_size; }
@@ -180,6 +176,12 @@ struct DeepseekV41Model::Impl {
                       std::vector<int64_t>& row);
     Status gather(std::span<const SequenceStep> steps, Tokens& tk,
                   std::vector<int64_t>& logit_tokens, std::vector<int64_t>& logit_row);
+
+    // Expert parallelism (model/internal/ep_host.h): layer l's MoE is MoE layer l; null
+    // without --ep. The last member: destroyed first, it joins a background weight load
+    // that reads the members above.
+    std::unique_ptr<internal::EpExperts<internal::Expert>> ep;
+    bool grouped() const { return ep != nullptr && ep->grouped(); }
 };
 
 // ---- loading ----
