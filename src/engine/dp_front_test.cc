@@ -14,6 +14,7 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <string>
 
@@ -520,8 +521,9 @@ int front_rank(const std::string& group, int ranks,
     return leave_group(link.ranks.pipes, *model);
 }
 
-int serving_rank(const std::string& group, int rank, int ranks, int fd) {
-    auto model = ep_model(group, rank, ranks);
+int serving_rank(const std::string& group, int rank, int ranks, int fd,
+                 const std::string& preset = "tiny-v3") {
+    auto model = ep_model(group, rank, ranks, preset);
     if (model == nullptr) return 10;
     auto engine = Engine::create(model.get(), rank_options(), Env::default_env());
     if (!engine.is_ok()) return 11;
@@ -738,6 +740,7 @@ INSTANTIATE_TEST_SUITE_P(Routing, DpPrefixRoutingTest, ::testing::Values(true, f
 // process behind a pipe; the link restarts the group with the healthy ranks when one is
 // lost, as apps/ ep_launch does (a rank whose group broke under it exits with 13 here).
 struct ForkingLink final : DpRankLink {
+    std::string preset = "tiny-v3";  // the ranks' model
     std::string name;
     std::vector<pid_t> pids;
     std::vector<std::shared_ptr<comm::RankPipe>> pipes;
@@ -754,7 +757,7 @@ struct ForkingLink final : DpRankLink {
             comm::RankPipe::Pair p = comm::RankPipe::create_pair().value();
             const pid_t pid = ::fork();
             DSI_CHECK(pid >= 0, "fork");
-            if (pid == 0) ::_exit(serving_rank(group, r, ranks, p.child_fd));
+            if (pid == 0) ::_exit(serving_rank(group, r, ranks, p.child_fd, preset));
             ::close(p.child_fd);
             pids.push_back(pid);
             pipes.push_back(std::move(p.parent));
@@ -799,6 +802,46 @@ struct AllowAll : TokenMaskProvider {
     void fill(std::span<const int32_t>, TokenMask&) override {}
 };
 
+// Adds request_of(i) for i < n (request i lands on rank i), steps the front to the end and
+// kills rank `victim` -9 once its request has `after` of its `tokens` tokens (mid-stream);
+// then the restart with the healthy ranks is checked.
+void run_killing_rank(DpFront& front, ForkingLink& link, int n,
+                      const std::function<GenerateRequest(int)>& request_of, Results* res,
+                      int victim, int after, int tokens) {
+    for (int i = 0; i < n; ++i) {
+        Result<RequestId> id = front.add_request(request_of(i), recorder(res, i));
+        ASSERT_TRUE(id.is_ok()) << id.status().to_string();
+        EXPECT_EQ(front.rank_of(*id), i);
+    }
+    const pid_t pid = link.pids[static_cast<size_t>(victim)];
+    bool killed = false;
+    while (front.has_work()) {
+        Status s = front.step();
+        ASSERT_TRUE(s.is_ok()) << s.to_string();
+        if (!killed && res->num_tokens[victim] >= after) {
+            ASSERT_LT(res->num_tokens[victim], tokens);  // killed mid-stream
+            ::kill(pid, SIGKILL);
+            killed = true;
+        }
+    }
+    ASSERT_TRUE(killed);
+    EXPECT_EQ(link.restarts, 1);
+    EXPECT_EQ(link.last_healthy, n - 1);
+}
+
+// Requests 0..n-1 got `tokens` tokens each, bitwise `want`'s (tokens and logprobs).
+void expect_same_tokens(const Results& got, const Results& want, int n, int tokens) {
+    for (int i = 0; i < n; ++i) {
+        ASSERT_EQ(got.num_tokens[i], tokens) << "request " << i;
+        ASSERT_EQ(want.num_tokens[i], tokens);
+        for (int t = 0; t < tokens; ++t) {
+            EXPECT_EQ(got.tokens[i][t], want.tokens[i][t]) << "request " << i << " token " << t;
+            EXPECT_EQ(got.logprob_bits[i][t], want.logprob_bits[i][t]) << "request " << i;
+        }
+        EXPECT_EQ(got.reason[i], static_cast<int32_t>(FinishReason::kLength));
+    }
+}
+
 // Request 0 (on rank 0, the one killed) samples under a grammar mask: it travels as the
 // serialised grammar, rank 0 rebuilds it, and its re-run on the new group replays the
 // grammar over the tokens already delivered (a continuation).
@@ -826,25 +869,9 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
 
     auto res = std::make_unique<Results>();
     std::memset(res.get(), 0, sizeof(Results));
-    for (int i = 0; i < kFrontRequests; ++i) {
-        Result<RequestId> id = front.add_request(request_of(i), recorder(res.get(), i));
-        ASSERT_TRUE(id.is_ok()) << id.status().to_string();
-        EXPECT_EQ(front.rank_of(*id), i);
-    }
-    const pid_t rank0 = link.pids[0];
-    bool killed = false;
-    while (front.has_work()) {
-        Status s = front.step();
-        ASSERT_TRUE(s.is_ok()) << s.to_string();
-        if (!killed && res->num_tokens[0] >= 5) {
-            ASSERT_LT(res->num_tokens[0], 30);  // killed mid-stream
-            ::kill(rank0, SIGKILL);
-            killed = true;
-        }
-    }
-    ASSERT_TRUE(killed);
-    EXPECT_EQ(link.restarts, 1);
-    EXPECT_EQ(link.last_healthy, kRanks - 1);
+    static_assert(kFrontRequests == kRanks);
+    run_killing_rank(front, link, kRanks, request_of, res.get(), 0, 5, 30);
+    if (HasFatalFailure()) return;
     const EngineStats st = front.stats();
     ASSERT_TRUE(st.expert_parallel.has_value());
     EXPECT_EQ(st.expert_parallel->num_ranks, kRanks - 1);
@@ -880,15 +907,7 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
         ASSERT_TRUE(one->add_request(request_of(i), recorder(ref.get(), i)).is_ok());
     }
     ASSERT_TRUE(one->run().is_ok());
-    for (int i = 0; i < kFrontRequests; ++i) {
-        ASSERT_EQ(res->num_tokens[i], 30) << "request " << i;
-        ASSERT_EQ(ref->num_tokens[i], 30);
-        for (int t = 0; t < 30; ++t) {
-            EXPECT_EQ(res->tokens[i][t], ref->tokens[i][t]) << "request " << i << " token " << t;
-            EXPECT_EQ(res->logprob_bits[i][t], ref->logprob_bits[i][t]) << "request " << i;
-        }
-        EXPECT_EQ(res->reason[i], static_cast<int32_t>(FinishReason::kLength));
-    }
+    expect_same_tokens(*res, *ref, kFrontRequests, 30);
     // The export is the one engine's, bit for bit.
     std::shared_ptr<const kv::KvExport> ref_export;
     ASSERT_TRUE(one->add_request(ex, keep_export(&ref_export)).is_ok());
@@ -910,6 +929,48 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
     for (int t = 0; t + 1 < 30; t += 2) {
         EXPECT_NE(first_half(res->tokens[0][t]), first_half(res->tokens[0][t + 1])) << t;
     }
+}
+
+// DeepSeek V4 under EP (docs/comm.md "V4 and V4.1 under EP"): three requests over forked
+// ranks 0..2 with no model in the front, each rank's engine with its own SWA state slots;
+// rank 1 killed -9 mid-stream: the group restarts with 2 ranks, the requests re-run as
+// continuations, every token and logprob bitwise one engine's.
+TEST(DpFrontNoModelTest, V4RankKilledMidStreamLosesNothing) {
+    constexpr int kRanks = 3;
+    constexpr int kTokens = 20;
+    auto request_of = [](int i) {
+        GenerateRequest r = request(i);
+        r.sampling.max_tokens = kTokens;
+        return r;
+    };
+    ModelConfig config = synthetic_preset("tiny-v4").value();
+    const RequestLimits limits{512, config.max_position_embeddings, -1, false};
+    ForkingLink link;
+    link.preset = "tiny-v4";
+    link.start(kRanks, unique_group());
+    DpFront front(&link, limits, /*spread=*/true, Env::default_env());
+    auto res = std::make_unique<Results>();
+    std::memset(res.get(), 0, sizeof(Results));
+    run_killing_rank(front, link, kRanks, request_of, res.get(), 1, 4, kTokens);
+    if (HasFatalFailure()) return;
+    const EngineStats st = front.stats();
+    ASSERT_TRUE(st.expert_parallel.has_value());
+    EXPECT_EQ(st.expert_parallel->num_ranks, kRanks - 1);
+    EXPECT_GE(st.dp_reruns, 1);
+    EXPECT_TRUE(link.finish());
+    // One engine, the whole model, the same requests: the same tokens, bitwise.
+    ModelOptions mo;
+    mo.num_threads = 1;
+    auto model = load_causal_lm(test_weights("tiny-v4"), mo);
+    ASSERT_TRUE(model.is_ok()) << model.status().to_string();
+    auto ref = std::make_unique<Results>();
+    std::memset(ref.get(), 0, sizeof(Results));
+    auto one = Engine::create(model->get(), rank_options(), Env::default_env()).value();
+    for (int i = 0; i < kRanks; ++i) {
+        ASSERT_TRUE(one->add_request(request_of(i), recorder(ref.get(), i)).is_ok());
+    }
+    ASSERT_TRUE(one->run().is_ok());
+    expect_same_tokens(*res, *ref, kRanks, kTokens);
 }
 
 }  // namespace

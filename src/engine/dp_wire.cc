@@ -53,8 +53,8 @@ SamplingParams sampling_from(const json& j) {
 }
 
 // A KV export (a prefill's hand-over, issue 18) as the rank's finishing event carries
-// it; the layers as MessagePack bin. --ep runs no state-slot model (V4 is refused), so
-// the SWA state never travels: an export with one is not sent (the hand-over is empty).
+// it; the layers as MessagePack bin. The SWA state (V4, V4.1) does not travel yet: an
+// export with one is not sent (the hand-over is empty; docs/comm.md).
 json kv_json(const kv::KvExport& x) {
     json keys = json::array();
     for (const kvstore::StoreKey& k : x.keys) keys.push_back({k.lo, k.hi});

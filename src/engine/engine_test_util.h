@@ -4,8 +4,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
+
 #include <cstdio>
 #include <map>
 #include <memory>
@@ -18,6 +18,7 @@
 #include "kvstore/block_format.h"
 #include "kvstore/block_store.h"
 #include "kvstore/shm_store.h"
+#include "model/causal_lm.h"
 #include "model/deepseek.h"
 #include "model/synthetic.h"
 
@@ -37,12 +38,20 @@ inline DeepseekModel& shared_model() {
     return *m;
 }
 
-// Rank `rank` of an expert-parallel group of `ranks` over make_model()'s weights (the
-// forked-rank tests); nullptr (and the reason on stderr) when it cannot load or attach.
-inline std::unique_ptr<DeepseekModel> ep_model(const std::string& group, int rank, int ranks) {
-    ModelConfig c = synthetic_preset("tiny-v3").value();
+// The synthetic weights of the engine tests' `preset` (tiny-v3: make_model()'s; V4 presets
+// through their own generator), vocabulary 512.
+inline std::unique_ptr<WeightSource> test_weights(const std::string& preset) {
+    ModelConfig c = synthetic_preset(preset).value();
     c.vocab_size = 512;
-    DeepseekModel::Options o;
+    if (c.v4_layout()) return synthetic_v4_memory_model(c, 1234);
+    return synthetic_memory_model(c, 1234);
+}
+
+// Rank `rank` of an expert-parallel group of `ranks` over test_weights(preset) (the
+// forked-rank tests); nullptr (and the reason on stderr) when it cannot load or attach.
+inline std::unique_ptr<CausalLm> ep_model(const std::string& group, int rank, int ranks,
+                                          const std::string& preset = "tiny-v3") {
+    ModelOptions o;
     o.num_threads = 1;
     o.expert_parallel.num_ranks = ranks;
     o.expert_parallel.rank = rank;
@@ -50,7 +59,7 @@ inline std::unique_ptr<DeepseekModel> ep_model(const std::string& group, int ran
     o.expert_parallel.max_tokens_per_call = 8;  // prefills take several MoE rounds
     o.expert_parallel.op_timeout_ms = 20'000;
     o.expert_parallel.idle_timeout_ms = 20'000;
-    auto m = DeepseekModel::load(synthetic_memory_model(c, 1234), o);
+    auto m = load_causal_lm(test_weights(preset), o);
     if (!m.is_ok()) {
         std::fprintf(stderr, "rank %d: %s\n", rank, m.status().to_string().c_str());
         return nullptr;

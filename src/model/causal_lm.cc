@@ -9,10 +9,10 @@ namespace dsi {
 Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> source,
                                                  const ModelOptions& options) {
     if (source->config().is_v41()) {
-        if (options.reference_kernels || options.expert_parallel.enabled()) {
+        if (options.reference_kernels) {
             return invalid_argument(source->description() +
-                                    ": DeepSeek V4.1 runs without reference_kernels and expert "
-                                    "parallelism (V2/V3 options)");
+                                    ": DeepSeek V4.1 has no reference-kernel path "
+                                    "(reference_kernels is for V2/V3)");
         }
         DeepseekV41Model::Options o;
         if (!kernels::parse_kv_dtype(options.kv_dtype.c_str(), &o.kv_dtype) ||
@@ -23,6 +23,7 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> s
         }
         o.num_threads = options.num_threads;
         o.weight_format = options.weight_format;
+        o.expert_parallel = options.expert_parallel;
         DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekV41Model> m,
                              DeepseekV41Model::load(std::move(source), o));
         return std::unique_ptr<CausalLm>(std::move(m));
@@ -40,12 +41,9 @@ Result<std::unique_ptr<CausalLm>> load_causal_lm(std::unique_ptr<WeightSource> s
                                     ": DeepSeek V4 keeps its KV in f32 or " + "e4m3; kv dtype '" +
                                     options.kv_dtype + "' is not supported");
         }
-        if (options.expert_parallel.enabled()) {
-            return unimplemented(source->description() +
-                                 ": expert parallelism (--ep) runs DeepSeek V2/V3 only yet");
-        }
         o.num_threads = options.num_threads;
         o.weight_format = options.weight_format;
+        o.expert_parallel = options.expert_parallel;
         DSI_ASSIGN_OR_RETURN(std::unique_ptr<DeepseekV4Model> m,
                              DeepseekV4Model::load(std::move(source), o));
         return std::unique_ptr<CausalLm>(std::move(m));

@@ -112,7 +112,7 @@ struct ModelOptions {
     bool reference_kernels = false;
     // KV cache dtype: "f32", "bf16", "e4m3" for V2/V3; "f32", "e4m3" for V4 and V4.1.
     std::string kv_dtype = "f32";
-    // Expert parallelism across processes (V2/V3 only; model/expert_parallel.h).
+    // Expert parallelism across processes (every family; model/expert_parallel.h).
     ExpertParallelOptions expert_parallel;
 };
 

@@ -2,15 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
-#include <future>
 #include <numeric>
 #include <optional>
 
-#include "base/logging.h"
-#include "base/mutex.h"
 #include "kernels/attention.h"
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
+#include "model/internal/ep_host.h"
 #include "model/internal/linear.h"
 
 namespace dsi {
@@ -134,7 +132,7 @@ struct Mtp {
 
 }  // namespace
 
-struct DeepseekModel::Impl final : ExpertParallelGroup::WeightMover {
+struct DeepseekModel::Impl {
     std::unique_ptr<WeightSource> source;
     ModelConfig cfg;
     std::unique_ptr<ThreadPool> pool;
@@ -149,30 +147,7 @@ struct DeepseekModel::Impl final : ExpertParallelGroup::WeightMover {
     std::vector<double> inv_freq;
     double rope_factor = 1.0;
     float softmax_scale = 1.0f;
-    // Expert parallelism: the group, and the MoE rounds of the forward pass under way.
-    // Written only by the thread running forward passes (at a failover), under ep_mu;
-    // other threads read it (stats) under ep_mu.
-    std::unique_ptr<ExpertParallelGroup> ep;
-    ExpertParallelOptions ep_options;
-    ExpertParallelStats ep_past;  // steps, changes and failovers of the groups before `ep`
-    mutable Mutex ep_mu;
-    int ep_rounds = 0;
-    // S-DEPLOY: after a peer's death, continues with the group ep_options.restart gives
-    // (or alone); this rank's experts move to its slots there.
-    Status fail_over(const Status& failure);
     std::vector<size_t> moe_layers;  // index into `layers` of each MoE layer
-
-    // Live EPLB (ExpertParallelGroup::WeightMover): a new placement's experts of this rank.
-    // Slots whose expert this rank holds already take it over at the commit (moved, not
-    // copied); the others load from the checkpoint on a background thread, as at start-up
-    // (the same bytes, so the same results).
-    void begin_move(std::vector<int> next_local) override;
-    Result<bool> move_ready() override;
-    void commit_move() override;
-    std::vector<std::vector<int>> move_from;  // [moe layer][slot]: old slot, or -1: loaded
-    std::vector<std::vector<Mlp>> moved;      // [moe layer][slot]: the loaded experts
-    bool move_loaded = false;
-    std::future<Status> move_load;  // last member: joined first on destruction
 
     Status load_layer(int64_t i, Layer& layer);
     Status load_mlp(const std::string& prefix, int64_t inter, WeightClass cls, Mlp& mlp);
@@ -207,6 +182,12 @@ struct DeepseekModel::Impl final : ExpertParallelGroup::WeightMover {
     Status block(const Layer& layer, float* x, const TokenSlots& slots);
     // x[t * H + i] += y[t * H + i] for t < T, rows over the pool.
     void add_rows(float* x, const float* y, int64_t T, int64_t H);
+
+    // Expert parallelism (model/internal/ep_host.h): the group, failover, live EPLB's
+    // moves of `experts` (by local slot); null without --ep. The last member: destroyed
+    // first, it joins a background weight load that reads the members above.
+    std::unique_ptr<internal::EpExperts<Mlp>> ep;
+    bool grouped() const { return ep != nullptr && ep->grouped(); }
 };
 
 Status DeepseekModel::Impl::pack(WeightClass cls, Linear& lin) {
@@ -298,10 +279,7 @@ Status DeepseekModel::Impl::load_layer(int64_t i, Layer& L) {
     // read, so a mapped checkpoint does not even page them in).
     std::vector<int> held(static_cast<size_t>(c.n_routed_experts));
     std::iota(held.begin(), held.end(), 0);
-    if (ep != nullptr) {
-        const auto local = ep->local_experts(L.moe_index);
-        held.assign(local.begin(), local.end());
-    }
+    if (ep != nullptr) held = ep->held(L.moe_index);
     L.experts.resize(held.size());
     for (size_t slot = 0; slot < held.size(); ++slot) {
         if (held[slot] < 0) continue;  // an empty slot receives no rows
@@ -785,105 +763,6 @@ void DeepseekModel::Impl::moe(const Layer& L, const float* h, int64_t T, float* 
     });
 }
 
-void DeepseekModel::Impl::begin_move(std::vector<int> next_local) {
-    if (move_load.valid()) move_load.wait();  // a move of an abandoned group
-    const size_t slots = next_local.size() / moe_layers.size();
-    move_from.assign(moe_layers.size(), std::vector<int>(slots, -1));
-    moved.assign(moe_layers.size(), std::vector<Mlp>(slots));
-    std::vector<std::pair<size_t, size_t>> to_load;  // (moe layer, slot)
-    for (size_t l = 0; l < moe_layers.size(); ++l) {
-        const auto held = ep->local_experts(static_cast<int>(l));
-        std::vector<bool> taken(held.size(), false);
-        for (size_t s = 0; s < slots; ++s) {
-            const int e = next_local[l * slots + s];
-            if (e < 0) continue;
-            for (size_t old = 0; old < held.size(); ++old) {
-                if (held[old] == e && !taken[old]) {
-                    taken[old] = true;
-                    move_from[l][s] = static_cast<int>(old);
-                    break;
-                }
-            }
-            if (move_from[l][s] < 0) to_load.emplace_back(l, s);
-        }
-    }
-    // The forward passes never touch `source` or `moved`: this thread has them alone.
-    move_load = std::async(std::launch::async, [this, to_load, next_local, slots]() -> Status {
-        for (const auto& [l, s] : to_load) {
-            const Layer& L = layers[moe_layers[l]];
-            const std::string prefix = "model.layers." + std::to_string(L.index) + ".mlp.experts." +
-                                       std::to_string(next_local[l * slots + s]) + ".";
-            DSI_RETURN_IF_ERROR(
-                load_mlp(prefix, cfg.moe_intermediate_size, WeightClass::kExperts, moved[l][s]));
-        }
-        return Status::ok();
-    });
-}
-
-Result<bool> DeepseekModel::Impl::move_ready() {
-    if (move_loaded) return true;
-    DSI_CHECK(move_load.valid(), "move_ready without begin_move");
-    if (move_load.wait_for(std::chrono::seconds(0)) != std::future_status::ready) return false;
-    Status s = move_load.get();
-    if (!s.is_ok()) return s.with_context("eplb: loading the moved experts");
-    move_loaded = true;  // get() consumed the future; commit_move follows
-    return true;
-}
-
-void DeepseekModel::Impl::commit_move() {
-    for (size_t l = 0; l < moe_layers.size(); ++l) {
-        Layer& L = layers[moe_layers[l]];
-        std::vector<Mlp> next(moved[l].size());
-        for (size_t s = 0; s < next.size(); ++s) {
-            const int from = move_from[l][s];
-            next[s] = from >= 0 ? std::move(L.experts[static_cast<size_t>(from)])
-                                : std::move(moved[l][s]);
-        }
-        L.experts = std::move(next);
-    }
-    moved.clear();
-    move_from.clear();
-    move_loaded = false;
-}
-
-Status DeepseekModel::Impl::fail_over(const Status& failure) {
-    DSI_LOG(kWarning) << "expert parallelism: " << failure.to_string()
-                      << "; restarting with the healthy ranks (S-DEPLOY)";
-    DSI_ASSIGN_OR_RETURN(EpRestart next, ep_options.restart(failure));
-    ExpertParallelOptions o = ep_options;
-    o.num_ranks = next.num_ranks;
-    o.group = next.group;
-    std::unique_ptr<ExpertParallelGroup> group;
-    std::vector<int> next_local;
-    if (o.num_ranks > 1) {
-        DSI_ASSIGN_OR_RETURN(group, ExpertParallelGroup::create(o, cfg));
-        for (int l = 0; l < group->num_moe_layers(); ++l) {
-            const auto local = group->local_experts(l);
-            next_local.insert(next_local.end(), local.begin(), local.end());
-        }
-    } else {
-        for (size_t l = 0; l < moe_layers.size(); ++l) {
-            for (int64_t e = 0; e < cfg.n_routed_experts; ++e) {
-                next_local.push_back(static_cast<int>(e));
-            }
-        }
-    }
-    begin_move(std::move(next_local));
-    // The pass waits for the weights: nothing can run before they are here.
-    DSI_RETURN_IF_ERROR(move_load.get().with_context("expert parallelism failover"));
-    move_loaded = true;
-    commit_move();
-    const ExpertParallelStats old = ep->stats(0);
-    MutexLock lock(&ep_mu);
-    ep_past.steps += old.steps;
-    ep_past.placement_changes += old.placement_changes;
-    ++ep_past.failovers;
-    ep_options = o;
-    ep = std::move(group);
-    if (ep != nullptr) ep->set_weight_mover(this);
-    return Status::ok();
-}
-
 Status DeepseekModel::Impl::moe_ep(const Layer& L, const float* h, int64_t T, float* out) {
     const ModelConfig& c = cfg;
     const int64_t H = c.hidden_size;
@@ -904,10 +783,8 @@ Status DeepseekModel::Impl::moe_ep(const Layer& L, const float* h, int64_t T, fl
     }
     // The combine sums each token's experts in k order (ids ascending) from +0.0f, as
     // moe() does: the same bits wherever the experts ran (S-ENG-2, docs/comm.md).
-    DSI_RETURN_IF_ERROR(ep->run_moe(
-        L.moe_index, std::span<const float>(h, static_cast<size_t>(T * H)), T, ids, gate, ep_rounds,
-        [&](int slot, const float* x, int64_t rows, float* y) { mlp(L.experts[slot], x, rows, y); },
-        std::span<float>(out, static_cast<size_t>(T * H))));
+    DSI_RETURN_IF_ERROR(ep->moe(L.moe_index, std::span<const float>(h, static_cast<size_t>(T * H)),
+                                T, ids, gate, std::span<float>(out, static_cast<size_t>(T * H))));
     if (L.has_shared && T > 0) {
         std::vector<float> s(static_cast<size_t>(T * H));
         mlp(L.shared, h, T, s.data());
@@ -927,7 +804,7 @@ Status DeepseekModel::Impl::block(const Layer& L, float* x, const TokenSlots& sl
         add_rows(x, y.data(), T, H);
         rms_norm(x, L.post_norm, T, H, h.data());
     }
-    if (L.moe && ep != nullptr) {
+    if (L.moe && grouped()) {
         DSI_RETURN_IF_ERROR(moe_ep(L, h.data(), T, y.data()));
     } else if (L.moe) {
         moe(L, h.data(), T, y.data());
@@ -978,10 +855,19 @@ Result<std::unique_ptr<DeepseekModel>> DeepseekModel::load(std::unique_ptr<Weigh
     if (options.expert_parallel.enabled()) {
         // Joined before the weights load: a rank whose load fails leaves the group at
         // once, so its peers fail fast instead of at their attach deadline.
-        DSI_ASSIGN_OR_RETURN(impl->ep,
-                             ExpertParallelGroup::create(options.expert_parallel, impl->cfg));
-        impl->ep->set_weight_mover(impl.get());
-        impl->ep_options = options.expert_parallel;
+        Impl& m = *impl;
+        impl->ep = std::make_unique<internal::EpExperts<Mlp>>(
+            [&m](int l) -> std::vector<Mlp>& { return m.layers[m.moe_layers[l]].experts; },
+            [&m](int l, int e, Mlp& out) {
+                const std::string prefix = "model.layers." + std::to_string(m.moe_layers[l]) +
+                                           ".mlp.experts." + std::to_string(e) + ".";
+                return m.load_mlp(prefix, m.cfg.moe_intermediate_size, WeightClass::kExperts, out);
+            });
+        DSI_RETURN_IF_ERROR(impl->ep->join(
+            options.expert_parallel, impl->cfg,
+            [&m](int l, int slot, const float* x, int64_t rows, float* y) {
+                m.mlp(m.layers[m.moe_layers[l]].experts[static_cast<size_t>(slot)], x, rows, y);
+            }));
     }
     impl->source = std::move(source);
     impl->pool = std::make_unique<ThreadPool>(options.num_threads);
@@ -1090,9 +976,7 @@ Status forward_batch_impl(DeepseekModel::Impl& m, std::span<const SequenceStep> 
         }
     }
     const int64_t N = slots.size();
-    if (m.ep != nullptr) {
-        DSI_ASSIGN_OR_RETURN(m.ep_rounds, m.ep->begin_forward(N));
-    }
+    if (m.grouped()) DSI_RETURN_IF_ERROR(m.ep->begin_pass(N));
     std::vector<float> x(static_cast<size_t>(N * H));
     m.embed_rows(m.embed, tokens, x.data());
     for (const Layer& layer : m.layers) DSI_RETURN_IF_ERROR(m.block(layer, x.data(), slots));
@@ -1111,57 +995,20 @@ Status forward_batch_impl(DeepseekModel::Impl& m, std::span<const SequenceStep> 
 }  // namespace
 
 Status DeepseekModel::forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) {
-    for (;;) {
-        Status s = forward_batch_impl(*impl_, steps, out);
-        if (s.is_ok() || impl_->ep == nullptr) return s;
-        // With expert parallelism any failure (bad input here, or a peer's) ends this
-        // rank's membership: its peers must not wait for a collective it will not join.
-        impl_->ep->abandon();
-        if (s.code() != StatusCode::kUnavailable || !impl_->ep_options.restart) return s;
-        // S-DEPLOY: a peer died. Continue with the healthy ranks and run this pass again:
-        // it rewrites the same KV rows with the same values, so nothing is lost.
-        DSI_RETURN_IF_ERROR(impl_->fail_over(s));
-    }
-}
-
-std::optional<ExpertParallelStats> DeepseekModel::expert_parallel_stats(size_t max_windows) const {
-    MutexLock lock(&impl_->ep_mu);
-    const ExpertParallelStats& past = impl_->ep_past;
-    if (impl_->ep == nullptr && past.failovers == 0) return std::nullopt;
-    ExpertParallelStats s;  // alone after a failover: no group left
-    if (impl_->ep != nullptr) s = impl_->ep->stats(max_windows);
-    s.steps += past.steps;
-    s.placement_changes += past.placement_changes;
-    s.failovers = past.failovers;
+    Status s = forward_batch_impl(*impl_, steps, out);
+    // With expert parallelism any failure (bad input here, or a peer's that no failover
+    // could mend) ends this rank's membership: its peers must not wait for a collective
+    // it will not join.
+    if (!s.is_ok() && impl_->ep != nullptr) impl_->ep->abandon();
     return s;
 }
 
+std::optional<ExpertParallelStats> DeepseekModel::expert_parallel_stats(size_t max_windows) const {
+    return internal::group_stats(impl_->ep.get(), max_windows);
+}
+
 Result<CausalLm::GroupStep> DeepseekModel::group_idle_step(bool leaving) {
-    Impl& m = *impl_;
-    if (m.ep == nullptr) return GroupStep::kNotGrouped;
-    Result<int> rounds = m.ep->idle(leaving);
-    if (!rounds.is_ok()) {
-        m.ep->abandon();
-        if (rounds.status().code() != StatusCode::kUnavailable || !m.ep_options.restart) {
-            return rounds.status();
-        }
-        // S-DEPLOY: a peer died while this rank idled; continue with the healthy ranks.
-        DSI_RETURN_IF_ERROR(m.fail_over(rounds.status()));
-        return m.ep == nullptr ? GroupStep::kNotGrouped : GroupStep::kAllIdle;
-    }
-    if (*rounds == ExpertParallelGroup::kStopped) return GroupStep::kStopped;
-    if (*rounds == 0) return GroupStep::kAllIdle;
-    // A peer's step: this rank brings no tokens and joins every MoE exchange.
-    m.ep_rounds = *rounds;
-    const TokenSlots none;
-    for (const Layer& layer : m.layers) {
-        Status s = m.block(layer, nullptr, none);
-        if (!s.is_ok()) {
-            m.ep->abandon();
-            return s;
-        }
-    }
-    return GroupStep::kJoinedPeers;
+    return internal::group_idle_step(impl_->ep.get(), leaving);
 }
 
 Status DeepseekModel::mtp_forward(std::span<const int32_t> next_tokens,

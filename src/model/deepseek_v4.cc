@@ -135,8 +135,10 @@ struct DeepseekV4Model::Impl {
     Status gather(std::span<const SequenceStep> steps, Tokens& tk,
                   std::vector<int64_t>& logit_tokens, std::vector<int64_t>& logit_row);
     // The main forward pass over gathered tokens: streams [N, hc, H] out; lengths advanced.
-    void run(std::span<const SequenceStep> steps, const Tokens& tk, std::vector<float>& x,
-             std::vector<std::vector<float>>* layer_streams);
+    // Under expert parallelism a collective (the pass starts here); a failure leaves the
+    // group.
+    Status run(std::span<const SequenceStep> steps, const Tokens& tk, std::vector<float>& x,
+               std::vector<std::vector<float>>* layer_streams);
 
     int64_t hc() const { return cfg.hc_mult; }
     int64_t H() const { return cfg.hidden_size; }
@@ -171,7 +173,7 @@ struct DeepseekV4Model::Impl {
     // The head's collapse of the streams into [N, H] (no Sinkhorn).
     void hc_collapse(const HcParams& p, const float* x, int64_t n, float* y);
 
-    void block(const V4Layer& L, float* x, const Tokens& tk);
+    Status block(const V4Layer& L, float* x, const Tokens& tk);
     void attention(const V4Layer& L, const float* h, const Tokens& tk, float* out);
     // Feeds the chunk's tokens through a compressor, emitting entries into `entries`.
     void compress(const V4Layer& L, const Compressor& cp, const float* h, const Tokens& tk,
@@ -191,6 +193,12 @@ struct DeepseekV4Model::Impl {
     }
     void logits_of(const HcParams& hcp, const std::vector<float>& norm, const float* x,
                    std::span<const int64_t> rows, float* logits);
+
+    // Expert parallelism (model/internal/ep_host.h): layer l's MoE is MoE layer l; null
+    // without --ep. The last member: destroyed first, it joins a background weight load
+    // that reads the members above.
+    std::unique_ptr<internal::EpExperts<internal::Expert>> ep;
+    bool grouped() const { return ep != nullptr && ep->grouped(); }
 };
 
 Status DeepseekV4Model::Impl::load_compressor(const std::string& p, int64_t ratio, int64_t dim,
@@ -231,8 +239,11 @@ Status DeepseekV4Model::Impl::load_layer(const std::string& p, int64_t index, V4
         DSI_RETURN_IF_ERROR(
             load_compressor(a + "indexer.compressor.", 4, c.index_head_dim, L.idx_comp));
     }
+    // With expert parallelism only this rank's slots (the MTP layer is not loaded then).
+    const std::vector<int> held =
+        ep != nullptr ? ep->held(static_cast<int>(index)) : std::vector<int>{};
     return internal::load_moe(loader, c, p + "ffn.", c.n_routed_experts, c.num_experts_per_tok,
-                              index < c.num_hash_layers, L.moe);
+                              index < c.num_hash_layers, held, L.moe);
 }
 
 void DeepseekV4Model::Impl::hc_pre(const HcParams& p, const float* x, int64_t n, float* xin,
@@ -388,7 +399,7 @@ void DeepseekV4Model::Impl::attention(const V4Layer& L, const float* h, const To
     internal::attn_output(L.attn, c, pool.get(), tk.pos, o, out);
 }
 
-void DeepseekV4Model::Impl::block(const V4Layer& L, float* x, const Tokens& tk) {
+Status DeepseekV4Model::Impl::block(const V4Layer& L, float* x, const Tokens& tk) {
     const int64_t n = tk.size();
     const int64_t hc = this->hc();
     const int64_t hid = H();
@@ -402,9 +413,16 @@ void DeepseekV4Model::Impl::block(const V4Layer& L, float* x, const Tokens& tk) 
     std::copy(next.begin(), next.end(), x);
     hc_pre(L.hc_ffn, x, n, xin.data(), post.data(), comb.data());
     rms_norm(xin.data(), L.ffn_norm.data(), n, hid, xin.data());
-    internal::moe_forward(L.moe, cfg, pool.get(), xin.data(), tk.ids, n, y.data());
+    if (grouped() && L.index < cfg.num_hidden_layers) {
+        DSI_RETURN_IF_ERROR(internal::moe_forward_ep(L.moe, cfg, pool.get(), *ep,
+                                                     static_cast<int>(L.index), xin.data(), tk.ids,
+                                                     n, y.data()));
+    } else {
+        internal::moe_forward(L.moe, cfg, pool.get(), xin.data(), tk.ids, n, y.data());
+    }
     hc_post(x, y.data(), post.data(), comb.data(), n, next.data());
     std::copy(next.begin(), next.end(), x);
+    return Status::ok();
 }
 
 void DeepseekV4Model::Impl::logits_of(const HcParams& hcp, const std::vector<float>& norm,
@@ -454,8 +472,15 @@ Result<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::load(std::unique_ptr<W
             std::to_string(c.index_head_dim));
     }
     const int64_t H = c.hidden_size;
-    DSI_ASSIGN_OR_RETURN(impl->embed, src.matrix("embed.weight", c.vocab_size, H));
     impl->layers.resize(static_cast<size_t>(c.num_hidden_layers));
+    if (options.expert_parallel.enabled()) {
+        // Joined before the weights load: a rank whose load fails leaves the group at
+        // once, so its peers fail fast instead of at their attach deadline.
+        DSI_ASSIGN_OR_RETURN(
+            impl->ep, internal::join_expert_parallel(options.expert_parallel, impl->cfg,
+                                                     impl->loader, impl->pool.get(), impl->layers));
+    }
+    DSI_ASSIGN_OR_RETURN(impl->embed, src.matrix("embed.weight", c.vocab_size, H));
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
         DSI_RETURN_IF_ERROR(impl->load_layer("layers." + std::to_string(i) + ".", i,
                                              impl->layers[static_cast<size_t>(i)]));
@@ -464,7 +489,8 @@ Result<std::unique_ptr<DeepseekV4Model>> DeepseekV4Model::load(std::unique_ptr<W
     DSI_RETURN_IF_ERROR(impl->load_hc("hc_head", c.hc_mult, 1, impl->hc_head));
     DSI_RETURN_IF_ERROR(
         impl->load_linear("head.weight", c.vocab_size, H, WeightClass::kHead, impl->head));
-    if (c.num_nextn_predict_layers > 0) {
+    // Expert parallelism leaves the MTP layer out: its MoE would be a collective of its own.
+    if (c.num_nextn_predict_layers > 0 && impl->ep == nullptr) {
         V4Mtp m;
         const std::string p = "mtp.0.";
         DSI_RETURN_IF_ERROR(
@@ -496,7 +522,9 @@ void DeepseekV4Model::Impl::plan_cache() {
     key_words = fp8() && c.index_head_dim > 0
                     ? (internal::v4_index_row_bytes(c.index_head_dim) + 3) / 4
                     : c.index_head_dim;
-    const int64_t nl = c.num_hidden_layers + (mtp ? 1 : 0);
+    // The MTP layer's rows also when expert parallelism left it out: one layout per
+    // checkpoint.
+    const int64_t nl = c.num_hidden_layers + (c.num_nextn_predict_layers > 0 ? 1 : 0);
     slots.assign(static_cast<size_t>(nl), LayerSlots{});
     int64_t n4 = 0, n128 = 0;
     for (int64_t i = 0; i < nl; ++i) {
@@ -591,7 +619,11 @@ Status DeepseekV4Model::forward(std::span<const int32_t> tokens, int64_t start_p
 Status DeepseekV4Model::Impl::gather(std::span<const SequenceStep> steps, Tokens& tk,
                                      std::vector<int64_t>& logit_tokens,
                                      std::vector<int64_t>& logit_row) {
-    DSI_RETURN_IF_ERROR(internal::gather_steps(steps, cfg, "V4", tk, logit_tokens, logit_row));
+    Status s = internal::gather_steps(steps, cfg, "V4", tk, logit_tokens, logit_row);
+    if (!s.is_ok()) {
+        if (ep != nullptr) ep->abandon();  // bad input ends this rank's membership too
+        return s;
+    }
     // Every step is valid: sequences at position 0 start afresh.
     for (const SequenceStep& st : steps) {
         if (st.start_pos == 0) reset_state(st.cache->state());
@@ -599,10 +631,17 @@ Status DeepseekV4Model::Impl::gather(std::span<const SequenceStep> steps, Tokens
     return Status::ok();
 }
 
-void DeepseekV4Model::Impl::run(std::span<const SequenceStep> steps, const Tokens& tk,
-                                std::vector<float>& x,
-                                std::vector<std::vector<float>>* layer_streams) {
+Status DeepseekV4Model::Impl::run(std::span<const SequenceStep> steps, const Tokens& tk,
+                                  std::vector<float>& x,
+                                  std::vector<std::vector<float>>* layer_streams) {
     const int64_t n = tk.size();
+    if (grouped()) {
+        Status s = ep->begin_pass(n);
+        if (!s.is_ok()) {
+            ep->abandon();
+            return s;
+        }
+    }
     const int64_t hc = this->hc();
     x.resize(static_cast<size_t>(n * hc * H()));
     for (int64_t t = 0; t < n; ++t) {
@@ -612,13 +651,20 @@ void DeepseekV4Model::Impl::run(std::span<const SequenceStep> steps, const Token
     }
     if (layer_streams != nullptr) layer_streams->clear();
     for (const V4Layer& L : layers) {
-        block(L, x.data(), tk);
+        Status s = block(L, x.data(), tk);
+        if (!s.is_ok()) {
+            // With expert parallelism a failure ends this rank's membership: its peers
+            // must not wait for a collective it will not join.
+            if (ep != nullptr) ep->abandon();
+            return s;
+        }
         if (layer_streams != nullptr) layer_streams->push_back(x);
     }
     for (const SequenceStep& st : steps) {
         float* slot = st.cache->state();
         header_set(slot, 0, header_get(slot, 0) + static_cast<int64_t>(st.tokens.size()));
     }
+    return Status::ok();
 }
 
 Status DeepseekV4Model::forward_batch(std::span<const V4Step> steps, V4Output& out) {
@@ -635,7 +681,7 @@ Status DeepseekV4Model::forward_batch(std::span<const V4Step> steps, V4Output& o
     std::vector<int64_t> logit_tokens;
     DSI_RETURN_IF_ERROR(m.gather(seq, tk, logit_tokens, out.logit_row));
     std::vector<float> x;
-    m.run(seq, tk, x, out.capture_layers ? &out.layer_streams : nullptr);
+    DSI_RETURN_IF_ERROR(m.run(seq, tk, x, out.capture_layers ? &out.layer_streams : nullptr));
     if (!out.capture_layers) out.layer_streams.clear();
     out.logits.resize(logit_tokens.size() * static_cast<size_t>(m.cfg.vocab_size));
     m.logits_of(m.hc_head, m.final_norm, x.data(), logit_tokens, out.logits.data());
@@ -649,16 +695,28 @@ Status DeepseekV4Model::forward_batch(std::span<const SequenceStep> steps, Batch
     std::vector<int64_t> logit_tokens;
     DSI_RETURN_IF_ERROR(m.gather(steps, tk, logit_tokens, out.logit_row));
     std::vector<float> x;
-    m.run(steps, tk, x, nullptr);
+    DSI_RETURN_IF_ERROR(m.run(steps, tk, x, nullptr));
     out.logits.resize(logit_tokens.size() * static_cast<size_t>(m.cfg.vocab_size));
     m.logits_of(m.hc_head, m.final_norm, x.data(), logit_tokens, out.logits.data());
     out.hidden.clear();
     return Status::ok();
 }
+Result<CausalLm::GroupStep> DeepseekV4Model::group_idle_step(bool leaving) {
+    return internal::group_idle_step(impl_->ep.get(), leaving);
+}
+
+std::optional<ExpertParallelStats> DeepseekV4Model::expert_parallel_stats(
+    size_t max_windows) const {
+    return internal::group_stats(impl_->ep.get(), max_windows);
+}
+
 Status DeepseekV4Model::mtp_forward(std::span<const int32_t> next_tokens,
                                     std::span<const float> streams, int64_t start_pos,
                                     V4State& state, std::vector<float>& logits) {
     Impl& m = *impl_;
+    if (m.ep != nullptr) {
+        return failed_precondition("mtp_forward: not with expert parallelism (yet)");
+    }
     if (!m.mtp) return failed_precondition("mtp_forward: the checkpoint has no MTP layer");
     const ModelConfig& c = m.cfg;
     const int64_t T = static_cast<int64_t>(next_tokens.size());
@@ -703,7 +761,7 @@ Status DeepseekV4Model::mtp_forward(std::span<const int32_t> next_tokens,
             for (int64_t i = 0; i < H; ++i) xr[i] += ep[t * H + i];
         }
     }
-    m.block(mtp.block, x.data(), tk);
+    DSI_RETURN_IF_ERROR(m.block(mtp.block, x.data(), tk));
     header_set(s->state(), 1, mtp_length + T);
     std::vector<int64_t> rows(static_cast<size_t>(T));
     std::iota(rows.begin(), rows.end(), 0);

@@ -32,12 +32,12 @@
 // then per layer (main layers, then MTP) the sliding-window ring [sliding_window main
 // rows] and the compressors' accumulators (f32 kv and score rows [coff * ratio, coff
 // * D], main compressor then indexer's). A main row is head_dim floats (f32) or 584
-// bytes (e4m3, head_dim 512); a key row index_head_dim floats or 68 bytes. A step at start_pos 0 resets the slot (the
-// accumulators' scores to -inf); the window ring and entries are only read where
-// written. Prefixes are not reusable from the paged groups alone (the slot depends on
-// the whole history), but a copy of the slot taken after B tokens resumes the sequence
-// at B with the paged groups of [0, B) (KvLayout::state_snapshot_resumes): the engine's
-// SWA state cache (docs/swa_cache.md).
+// bytes (e4m3, head_dim 512); a key row index_head_dim floats or 68 bytes. A step at start_pos 0
+// resets the slot (the accumulators' scores to -inf); the window ring and entries are only read
+// where written. Prefixes are not reusable from the paged groups alone (the slot depends on the
+// whole history), but a copy of the slot taken after B tokens resumes the sequence at B with the
+// paged groups of [0, B) (KvLayout::state_snapshot_resumes): the engine's SWA state cache
+// (docs/swa_cache.md).
 //
 // Thread model: a loaded model is immutable; forward calls use the model's thread
 // pool, so callers serialise them. A V4State belongs to one sequence.
@@ -45,6 +45,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -108,6 +109,13 @@ public:
         // kF32 or kE4m3 (the class comment); INVALID_ARGUMENT for kBf16, or kE4m3 with
         // an index_head_dim that is not a power of two >= 32.
         kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
+        // With enabled(): this model is one rank of an expert-parallel group
+        // (model/expert_parallel.h; docs/comm.md "V4 and V4.1 under EP"). It loads only its
+        // own routed experts (and no MTP layer: mtp_forward is FAILED_PRECONDITION; the
+        // cache keeps its MTP rows, so the layout is one process's), and every
+        // forward_batch is a collective of the group (group_idle_step when this rank has
+        // no work).
+        ExpertParallelOptions expert_parallel;
     };
 
     // Reads and checks every tensor of the config (presence, dtype, shape);
@@ -119,12 +127,14 @@ public:
     const ModelConfig& config() const override;
     std::unique_ptr<V4State> new_state(int64_t capacity) const;
 
-    // CausalLm (the engine's seam): the layout above, Options::kv_dtype, a contiguous cache, and the
-    // forward pass over caches of that layout (BatchOutput::hidden stays empty).
+    // CausalLm (the engine's seam): the layout above, Options::kv_dtype, a contiguous cache, and
+    // the forward pass over caches of that layout (BatchOutput::hidden stays empty).
     KvLayout kv_layout() const override;
     kernels::KvDtype kv_dtype() const override;
     std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const override;
     Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) override;
+    Result<GroupStep> group_idle_step(bool leaving) override;
+    std::optional<ExpertParallelStats> expert_parallel_stats(size_t max_windows) const override;
 
     // Runs the steps' tokens (sequences in one batch, each continuing its state, or
     // starting afresh at 0). Errors: empty steps or tokens, ids outside the vocabulary,

@@ -161,17 +161,27 @@ struct DeepseekV41Model::Impl {
     void attention(const V41Layer& L, const float* h, const Tokens& tk, Selections& sel, float* out,
                    V41Trace* trace);
     // Both sub-layers of L; `pre` [n, hc] is the previous sub-layer's and becomes L's last.
-    void block(const V41Layer& L, float* x, std::vector<float>& pre, const Tokens& tk,
-               Selections& sel, V41Trace* trace);
+    Status block(const V41Layer& L, float* x, std::vector<float>& pre, const Tokens& tk,
+                 Selections& sel, V41Trace* trace);
     // The streams after the encoder and the decoder layers. The decoder runs for the
     // tokens at or past their step's decoder_begin (none with encoder_only); the others
     // get only the decoder kv source's projection. Returns each batch token's row in x
-    // and pre (the decoder's tokens), -1 for a token the decoder did not run for.
-    std::vector<int64_t> run(std::span<const SequenceStep> steps, const Tokens& tk,
-                             bool encoder_only, std::vector<float>& x, std::vector<float>& pre,
-                             V41Trace* trace);
+    // and pre (the decoder's tokens), -1 for a token the decoder did not run for. Under
+    // expert parallelism a collective (the pass starts here); a failure leaves the group.
+    Status run(std::span<const SequenceStep> steps, const Tokens& tk, bool encoder_only,
+               std::vector<float>& x, std::vector<float>& pre, V41Trace* trace,
+               std::vector<int64_t>& row);
+    Status run_layers(std::span<const SequenceStep> steps, const Tokens& tk, bool encoder_only,
+                      std::vector<float>& x, std::vector<float>& pre, V41Trace* trace,
+                      std::vector<int64_t>& row);
     Status gather(std::span<const SequenceStep> steps, Tokens& tk,
                   std::vector<int64_t>& logit_tokens, std::vector<int64_t>& logit_row);
+
+    // Expert parallelism (model/internal/ep_host.h): layer l's MoE is MoE layer l; null
+    // without --ep. The last member: destroyed first, it joins a background weight load
+    // that reads the members above.
+    std::unique_ptr<internal::EpExperts<internal::Expert>> ep;
+    bool grouped() const { return ep != nullptr && ep->grouped(); }
 };
 
 // ---- loading ----
@@ -213,8 +223,11 @@ Status DeepseekV41Model::Impl::load_layer(int64_t index, V41Layer& L) {
         DSI_RETURN_IF_ERROR(loader.linear(a + "indexer.weights_proj.weight", c.index_n_heads, H(),
                                           WeightClass::kAttn, L.idx_weights));
     }
+    // With expert parallelism only this rank's slots.
+    const std::vector<int> held =
+        ep != nullptr ? ep->held(static_cast<int>(index)) : std::vector<int>{};
     return internal::load_moe(loader, c, p + "ffn.", c.n_routed_experts, c.num_experts_per_tok,
-                              false, L.moe);
+                              false, held, L.moe);
 }
 
 Status DeepseekV41Model::Impl::load_engram(int64_t layer, int64_t e, Engram& g) {
@@ -615,8 +628,8 @@ void DeepseekV41Model::Impl::attention(const V41Layer& L, const float* h, const 
 
 // Single-pass mHC (reference §7.4): X' = comb X + post F(pre_prev X), the coefficients
 // from this sub-layer's mixes of X, its pre handed to the next sub-layer.
-void DeepseekV41Model::Impl::block(const V41Layer& L, float* x, std::vector<float>& pre,
-                                   const Tokens& tk, Selections& sel, V41Trace* trace) {
+Status DeepseekV41Model::Impl::block(const V41Layer& L, float* x, std::vector<float>& pre,
+                                     const Tokens& tk, Selections& sel, V41Trace* trace) {
     const int64_t n = tk.size();
     const int64_t hcn = hc();
     const int64_t hid = H();
@@ -639,12 +652,19 @@ void DeepseekV41Model::Impl::block(const V41Layer& L, float* x, std::vector<floa
             attention(L, xin.data(), tk, sel, y.data(), trace);
         } else {
             rms_norm(xin.data(), L.ffn_norm.data(), n, hid, xin.data());
-            internal::moe_forward(L.moe, cfg, pool.get(), xin.data(), tk.ids, n, y.data());
+            if (grouped()) {
+                DSI_RETURN_IF_ERROR(internal::moe_forward_ep(L.moe, cfg, pool.get(), *ep,
+                                                             static_cast<int>(L.index), xin.data(),
+                                                             tk.ids, n, y.data()));
+            } else {
+                internal::moe_forward(L.moe, cfg, pool.get(), xin.data(), tk.ids, n, y.data());
+            }
         }
         internal::hc_post(x, y.data(), post.data(), comb.data(), n, hcn, hid, next.data());
         std::copy(next.begin(), next.end(), x);
         pre.swap(next_pre);
     }
+    return Status::ok();
 }
 
 namespace {
@@ -676,10 +696,22 @@ std::vector<float> row_subset(const std::vector<float>& a, int64_t width,
 
 }  // namespace
 
-std::vector<int64_t> DeepseekV41Model::Impl::run(std::span<const SequenceStep> steps,
-                                                 const Tokens& tk, bool encoder_only,
-                                                 std::vector<float>& x, std::vector<float>& pre,
-                                                 V41Trace* trace) {
+Status DeepseekV41Model::Impl::run(std::span<const SequenceStep> steps, const Tokens& tk,
+                                   bool encoder_only, std::vector<float>& x,
+                                   std::vector<float>& pre, V41Trace* trace,
+                                   std::vector<int64_t>& row) {
+    Status s = grouped() ? ep->begin_pass(tk.size()) : Status::ok();
+    if (s.is_ok()) s = run_layers(steps, tk, encoder_only, x, pre, trace, row);
+    // With expert parallelism a failure ends this rank's membership: its peers must not
+    // wait for a collective it will not join.
+    if (!s.is_ok() && ep != nullptr) ep->abandon();
+    return s;
+}
+
+Status DeepseekV41Model::Impl::run_layers(std::span<const SequenceStep> steps, const Tokens& tk,
+                                          bool encoder_only, std::vector<float>& x,
+                                          std::vector<float>& pre, V41Trace* trace,
+                                          std::vector<int64_t>& row) {
     const int64_t n = tk.size();
     const int64_t hcn = hc();
     const int64_t nl = cfg.num_hidden_layers;
@@ -712,7 +744,7 @@ std::vector<int64_t> DeepseekV41Model::Impl::run(std::span<const SequenceStep> s
             }
         }
     }
-    std::vector<int64_t> row(static_cast<size_t>(n), -1);
+    row.assign(static_cast<size_t>(n), -1);
     for (size_t i = 0; i < decoded.size(); ++i)
         row[static_cast<size_t>(decoded[i])] = static_cast<int64_t>(i);
     Selections sel;
@@ -731,7 +763,12 @@ std::vector<int64_t> DeepseekV41Model::Impl::run(std::span<const SequenceStep> s
             internal::hc_mix_in(xh.data(), ph.data(), th.size(), hcn, H(), h.data());
             rms_norm(h.data(), L.attn_norm.data(), th.size(), H(), h.data());
             compress(L, h.data(), th);
-            if (decoded.empty()) break;
+            if (decoded.empty()) {
+                // The decoder runs none of this rank's tokens; under expert parallelism
+                // its MoE layers' exchanges still need this rank.
+                if (grouped()) DSI_RETURN_IF_ERROR(ep->join_layers(static_cast<int>(L.index)));
+                break;
+            }
             // The decoder's Engram reads the skipped tokens' ids from the slot.
             if (ids_ring >= 0) {
                 for (int64_t t : skipped) {
@@ -748,7 +785,7 @@ std::vector<int64_t> DeepseekV41Model::Impl::run(std::span<const SequenceStep> s
         if (L.index >= first_decoder) DSI_CHECK(L.topk_src < 0 || L.topk_src >= first_decoder);
         if (L.engram >= 0)
             engram_forward(engrams[static_cast<size_t>(L.engram)], L.index, x.data(), *cur, trace);
-        block(L, x.data(), pre, *cur, sel, trace);
+        DSI_RETURN_IF_ERROR(block(L, x.data(), pre, *cur, sel, trace));
         if (trace != nullptr) trace->layer_streams.push_back(x);
     }
     for (const SequenceStep& st : steps) {
@@ -761,7 +798,7 @@ std::vector<int64_t> DeepseekV41Model::Impl::run(std::span<const SequenceStep> s
             std::memcpy(tk.cache[t]->state() + ids_ring + tk.pos[t] % ids_ring_len, &id, sizeof id);
         }
     }
-    return row;
+    return Status::ok();
 }
 
 Status DeepseekV41Model::Impl::begin_replays(std::span<const SequenceStep> steps) {
@@ -883,8 +920,15 @@ Result<std::unique_ptr<DeepseekV41Model>> DeepseekV41Model::load(
             "config has " +
             std::to_string(c.index_head_dim));
     }
-    DSI_ASSIGN_OR_RETURN(impl->embed, src.matrix("embed.weight", c.vocab_size, c.hidden_size));
     impl->layers.resize(static_cast<size_t>(c.num_hidden_layers));
+    if (options.expert_parallel.enabled()) {
+        // Joined before the weights load: a rank whose load fails leaves the group at
+        // once, so its peers fail fast instead of at their attach deadline.
+        DSI_ASSIGN_OR_RETURN(
+            impl->ep, internal::join_expert_parallel(options.expert_parallel, impl->cfg,
+                                                     impl->loader, impl->pool.get(), impl->layers));
+    }
+    DSI_ASSIGN_OR_RETURN(impl->embed, src.matrix("embed.weight", c.vocab_size, c.hidden_size));
     for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
         V41Layer& L = impl->layers[static_cast<size_t>(i)];
         DSI_RETURN_IF_ERROR(impl->load_layer(i, L));
@@ -898,8 +942,9 @@ Result<std::unique_ptr<DeepseekV41Model>> DeepseekV41Model::load(
     DSI_RETURN_IF_ERROR(impl->loader.linear("head.weight", c.vocab_size, c.hidden_size,
                                             WeightClass::kHead, impl->head));
     // DSpark: every tensor checked and held, none packed (speculative decoding's issue).
+    // Expert parallelism leaves them out (their experts would be every rank's).
     for (const V4TensorSpec& spec : deepseek_v41_tensor_specs(c)) {
-        if (!spec.name.starts_with("mtp.")) continue;
+        if (!spec.name.starts_with("mtp.") || impl->ep != nullptr) continue;
         if (spec.shape.size() == 1) {
             DSI_ASSIGN_OR_RETURN(std::vector<float> v, src.vector(spec.name, spec.shape[0]));
             impl->draft_vectors.push_back(std::move(v));
@@ -922,9 +967,13 @@ Status DeepseekV41Model::forward_batch(std::span<const SequenceStep> steps, Batc
     Impl& m = *impl_;
     Tokens tk;
     std::vector<int64_t> logit_tokens;
-    DSI_RETURN_IF_ERROR(m.gather(steps, tk, logit_tokens, out.logit_row));
+    if (Status s = m.gather(steps, tk, logit_tokens, out.logit_row); !s.is_ok()) {
+        if (m.ep != nullptr) m.ep->abandon();  // bad input ends this rank's membership too
+        return s;
+    }
     std::vector<float> x, pre;
-    const std::vector<int64_t> row = m.run(steps, tk, false, x, pre, trace);
+    std::vector<int64_t> row;
+    DSI_RETURN_IF_ERROR(m.run(steps, tk, false, x, pre, trace, row));
     // The last sub-layer's pre collapses the streams; then norm and head. A token the
     // decoder did not run for (below its step's decoder_begin) has a NaN row.
     const int64_t rows = static_cast<int64_t>(logit_tokens.size());
@@ -956,14 +1005,26 @@ Status DeepseekV41Model::forward_batch(std::span<const SequenceStep> steps, Batc
     return Status::ok();
 }
 
+Result<CausalLm::GroupStep> DeepseekV41Model::group_idle_step(bool leaving) {
+    return internal::group_idle_step(impl_->ep.get(), leaving);
+}
+
+std::optional<ExpertParallelStats> DeepseekV41Model::expert_parallel_stats(
+    size_t max_windows) const {
+    return internal::group_stats(impl_->ep.get(), max_windows);
+}
+
 Status DeepseekV41Model::forward_encoder(std::span<const SequenceStep> steps) {
     Impl& m = *impl_;
     Tokens tk;
     std::vector<int64_t> logit_tokens, logit_row;
-    DSI_RETURN_IF_ERROR(m.gather(steps, tk, logit_tokens, logit_row));
+    if (Status s = m.gather(steps, tk, logit_tokens, logit_row); !s.is_ok()) {
+        if (m.ep != nullptr) m.ep->abandon();  // bad input ends this rank's membership too
+        return s;
+    }
     std::vector<float> x, pre;
-    m.run(steps, tk, true, x, pre, nullptr);
-    return Status::ok();
+    std::vector<int64_t> row;
+    return m.run(steps, tk, true, x, pre, nullptr, row);
 }
 
 }  // namespace dsi

@@ -52,6 +52,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -83,6 +84,11 @@ public:
         std::string weight_format = "auto";  // as DeepseekV4Model::Options
         // kF32 or kE4m3 (the production formats above); INVALID_ARGUMENT for kBf16.
         kernels::KvDtype kv_dtype = kernels::KvDtype::kF32;
+        // With enabled(): one rank of an expert-parallel group (model/expert_parallel.h;
+        // docs/comm.md "V4 and V4.1 under EP"): only this rank's routed experts load (and
+        // no DSpark tensors), every forward_batch / forward_encoder is a collective of the
+        // group (group_idle_step when this rank has no work).
+        ExpertParallelOptions expert_parallel;
     };
 
     // Reads and checks every tensor of deepseek_v41_tensor_specs (presence, dtype,
@@ -96,6 +102,8 @@ public:
     kernels::KvDtype kv_dtype() const override;
     std::unique_ptr<KvCache> new_kv_cache(int64_t capacity) const override;
     Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out) override;
+    Result<GroupStep> group_idle_step(bool leaving) override;
+    std::optional<ExpertParallelStats> expert_parallel_stats(size_t max_windows) const override;
     // The same, recording what each layer did into `trace` when it is not null.
     Status forward_batch(std::span<const SequenceStep> steps, BatchOutput& out, V41Trace* trace);
 

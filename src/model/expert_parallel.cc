@@ -65,9 +65,6 @@ Status validate_expert_parallel(const ExpertParallelOptions& o, const ModelConfi
         return invalid_argument(ep + ": rank " + std::to_string(o.rank) + " not in [0, " +
                                 std::to_string(o.num_ranks) + ")");
     }
-    if (c.v4_layout()) {
-        return invalid_argument(ep + ": runs DeepSeek V2/V3 only yet, not " + c.architecture);
-    }
     const int64_t experts = c.n_routed_experts;
     if (experts <= 0 || c.num_experts_per_tok <= 0) {
         return invalid_argument(ep + ": the model has no routed experts");

@@ -101,10 +101,13 @@ struct ExpertParallelOptions {
     // EP failover (S-DEPLOY), rank 0 only. When set, a forward pass that fails because a
     // peer died or left (UNAVAILABLE) does not fail: `restart` (apps/: reaps the old
     // ranks, starts the new group's others) gives the group of the healthy ranks; this
-    // rank loads the experts its new slots need, joins it and runs the pass again — the
-    // same inputs at the same KV positions, so the same bits; nothing is lost. Counted in
-    // ExpertParallelStats::failovers.
+    // rank loads the experts its new slots need, joins it and resumes the pass at the MoE
+    // layer that failed (model/internal/ep_host.h) — the same inputs, so the same bits;
+    // nothing runs twice and nothing is lost. Counted in ExpertParallelStats::failovers.
     std::function<Result<EpRestart>(const Status& failure)> restart;
+    // Tests: called on this rank before each MoE layer's exchanges (a rank that dies in
+    // the middle of a forward pass).
+    std::function<void(int moe_layer)> on_moe_layer;
 
     // A group: several ranks, or one rank with a placement policy (live EPLB moving
     // experts between one rank's slots: EP 1 of the bitwise tests).
@@ -138,7 +141,7 @@ struct ExpertParallelStats {
 
 // INVALID_ARGUMENT when the options cannot place `config`'s routed experts: a rank out of
 // range, more ranks than routed experts ("--ep 16: more ranks than the 8 routed experts"),
-// more redundant experts per rank than experts, a model without routed experts, DeepSeek V4.
+// more redundant experts per rank than experts, a model without routed experts.
 Status validate_expert_parallel(const ExpertParallelOptions& options, const ModelConfig& config);
 
 // S-EPLB: slots per rank = (E + redundant * N) / N, the total rounded up to a multiple of

@@ -1,10 +1,12 @@
-// Expert parallelism of DeepseekModel across forked rank processes (issue 19): each rank
+// Expert parallelism of every model family (DeepseekModel V2/V3, DeepseekV4Model,
+// DeepseekV41Model; load_causal_lm) across forked rank processes (issue 19): each rank
 // runs its own batch (attention data parallelism), with only its share of the routed
 // experts loaded, and every rank's logits are bitwise those of one process running the
-// same batch — for EP 2 and 4, V2 and V3 routing, with redundant replicas, with forward
-// passes cut into several MoE rounds, ranks stepping different numbers of times and a
-// rank with no tokens at all. Bad input: ranks vs experts, a rank that cannot attach, a
-// rank that dies mid-run (an error on its peers, never a hang).
+// same batch — for EP 2 and 4, V2 and V3 routing, V4's hash layers, V4.1's encoder-only
+// pass, with redundant replicas, with forward passes cut into several MoE rounds, ranks
+// stepping different numbers of times and a rank with no tokens at all. Bad input: ranks
+// vs experts, a rank that cannot attach, a rank that dies mid-run (an error on its peers,
+// never a hang).
 #include "model/expert_parallel.h"
 
 #include <gtest/gtest.h>
@@ -12,6 +14,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <map>
 #include <set>
 #include <string>
 #include <tuple>
@@ -19,7 +22,9 @@
 #include "cluster/eplb_live.h"
 #include "comm/shm_group.h"
 #include "comm/test_ranks.h"
+#include "model/causal_lm.h"
 #include "model/deepseek.h"
+#include "model/deepseek_v41.h"
 #include "model/synthetic.h"
 
 namespace dsi {
@@ -36,7 +41,42 @@ constexpr int kMaxLogitRows = 4;  // logits rows per step (one per sequence)
 ModelConfig config_of(const std::string& preset) {
     ModelConfig c = synthetic_preset(preset).value();
     c.vocab_size = 512;
+    if (c.is_v41()) {
+        c.v41.dspark_noise_token_id = 500;
+        c.v41.image_token_id = 501;
+    }
     return c;
+}
+
+// The synthetic weights of a preset (generated once, before any rank forks), copied per
+// model.
+std::unique_ptr<WeightSource> weights_of(const std::string& preset) {
+    static std::map<std::string, std::unique_ptr<MemoryWeightSource>> made;
+    std::unique_ptr<MemoryWeightSource>& base = made[preset];
+    if (base == nullptr) {
+        const ModelConfig c = config_of(preset);
+        base =
+            c.v4_layout() ? synthetic_v4_memory_model(c, kSeed) : synthetic_memory_model(c, kSeed);
+    }
+    auto copy = std::make_unique<MemoryWeightSource>(base->config());
+    for (const auto& [name, t] : base->tensors()) copy->add(name, t.shape, t.data);
+    return copy;
+}
+
+// The model of `preset`, one rank of `ep` (or one process without a group).
+Result<std::unique_ptr<CausalLm>> load_model(const std::string& preset,
+                                             const ExpertParallelOptions& ep,
+                                             std::unique_ptr<WeightSource> source = nullptr) {
+    ModelOptions o;
+    o.expert_parallel = ep;
+    return load_causal_lm(source != nullptr ? std::move(source) : weights_of(preset), o);
+}
+
+// Routed expert e's first matrix in MoE layer 0 (a rank reads it only if it holds e).
+std::string expert_tensor(const ModelConfig& c, int64_t e) {
+    if (c.v4_layout()) return "layers.0.ffn.experts." + std::to_string(e) + ".w1.weight";
+    return "model.layers." + std::to_string(c.first_k_dense_replace) + ".mlp.experts." +
+           std::to_string(e) + ".up_proj.weight";
 }
 
 // Records which tensors a load asked for (a rank must not read other ranks' experts).
@@ -53,6 +93,11 @@ public:
     Result<std::vector<float>> vector(const std::string& name, int64_t n) override {
         names_->insert(name);
         return inner_->vector(name, n);
+    }
+    Result<std::vector<int32_t>> int_matrix(const std::string& name, int64_t rows,
+                                            int64_t cols) override {
+        names_->insert(name);
+        return inner_->int_matrix(name, rows, cols);
     }
     std::string description() const override { return inner_->description(); }
 
@@ -71,6 +116,9 @@ std::string unique_group() {
 struct RankWork {
     std::vector<std::vector<int32_t>> prompts;
     int decode = 0;
+    // V4.1: after the prompts, the first prompt again through forward_encoder (a pass
+    // whose decoder layers run no token of this rank) on a cache of its own.
+    bool encoder_pass = false;
 };
 
 RankWork work_of(int rank, int ranks) {
@@ -87,6 +135,7 @@ RankWork work_of(int rank, int ranks) {
         w.prompts.push_back(p);
     }
     w.decode = 1 + rank % 3;  // ranks step different numbers of times
+    w.encoder_pass = rank == 1;
     return w;
 }
 
@@ -94,7 +143,7 @@ int32_t decode_token(int seq, int step) { return (seq * 17 + step * 7 + 1) % 512
 
 // Runs a rank's work on `model`: step 0 the prompts, then the decode steps; logits rows
 // of step i go to out[i * kMaxLogitRows * vocab ...].
-Status run_work(DeepseekModel& model, const RankWork& w, float* out) {
+Status run_work(CausalLm& model, const RankWork& w, float* out) {
     const int64_t vocab = model.config().vocab_size;
     std::vector<std::unique_ptr<KvCache>> caches;
     for (size_t s = 0; s < w.prompts.size(); ++s) caches.push_back(model.new_kv_cache(64));
@@ -111,6 +160,12 @@ Status run_work(DeepseekModel& model, const RankWork& w, float* out) {
         BatchOutput o;
         DSI_RETURN_IF_ERROR(model.forward_batch(steps, o));
         std::copy(o.logits.begin(), o.logits.end(), out + step * kMaxLogitRows * vocab);
+        auto* v41 = dynamic_cast<DeepseekV41Model*>(&model);
+        if (step == 0 && w.encoder_pass && v41 != nullptr) {
+            auto cache = model.new_kv_cache(64);
+            SequenceStep enc{w.prompts[0], 0, cache.get(), false};
+            DSI_RETURN_IF_ERROR(v41->forward_encoder(std::span<const SequenceStep>(&enc, 1)));
+        }
     }
     return Status::ok();
 }
@@ -140,10 +195,8 @@ ExpertParallelOptions ep_options(const std::string& group, int rank, const EpCas
 int ep_rank(const std::string& group, int rank, const EpCase& k, float* out) {
     const ModelConfig c = config_of(k.preset);
     std::set<std::string> names;
-    DeepseekModel::Options o;
-    o.expert_parallel = ep_options(group, rank, k);
-    auto m = DeepseekModel::load(
-        std::make_unique<RecordingSource>(synthetic_memory_model(c, kSeed), &names), o);
+    auto m = load_model(k.preset, ep_options(group, rank, k),
+                        std::make_unique<RecordingSource>(weights_of(k.preset), &names));
     if (!m.is_ok()) {
         std::fprintf(stderr, "rank %d: %s\n", rank, m.status().to_string().c_str());
         return 10;
@@ -157,9 +210,7 @@ int ep_rank(const std::string& group, int rank, const EpCase& k, float* out) {
     const auto held = placement->slot_expert().subspan(static_cast<size_t>(rank) * slots, slots);
     for (int64_t e = 0; e < c.n_routed_experts; ++e) {
         const bool mine = std::find(held.begin(), held.end(), e) != held.end();
-        const std::string name = "model.layers." + std::to_string(c.first_k_dense_replace) +
-                                 ".mlp.experts." + std::to_string(e) + ".up_proj.weight";
-        if (names.count(name) != (mine ? 1u : 0u)) return 13;
+        if (names.count(expert_tensor(c, e)) != (mine ? 1u : 0u)) return 13;
     }
     Status s = run_work(**m, work_of(rank, k.ranks), out);
     if (!s.is_ok()) {
@@ -189,7 +240,7 @@ TEST_P(ExpertParallelTest, EveryRanksLogitsAreBitwiseThoseOfOneProcess) {
     (void)comm::ShmMoeCommunicator::unlink(group);
     for (int r = 0; r < k.ranks; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
     // The reference: one process, every expert, each rank's batch run alone.
-    auto ref = DeepseekModel::load(synthetic_memory_model(c, kSeed), DeepseekModel::Options{});
+    auto ref = load_model(k.preset, ExpertParallelOptions{});
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
     std::vector<float> want(per_rank);
     for (int r = 0; r < k.ranks; ++r) {
@@ -212,7 +263,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // 3 ranks over 8 experts: 3 slots each, one holding a replica
                       EpCase{"tiny", 3, 0, 128},
                       // V3: sigmoid + noaux_tc group routing, q_lora, MTP layer left out
-                      EpCase{"tiny-v3", 2, 2, 5}, EpCase{"tiny-v3", 4, 0, 128}),
+                      EpCase{"tiny-v3", 2, 2, 5}, EpCase{"tiny-v3", 4, 0, 128},
+                      // V4: hash routing (layers 0, 1) and sqrt-softplus top-k, the SWA
+                      // state; V4.1: CED (an encoder-only pass), single-pass mHC
+                      EpCase{"tiny-v4", 2, 1, 5}, EpCase{"tiny-v4", 4, 0, 128},
+                      EpCase{"tiny-v41", 2, 0, 128}, EpCase{"tiny-v41", 4, 1, 3}),
     [](const ::testing::TestParamInfo<EpCase>& p) {
         std::string n = p.param.preset + "_ep" + std::to_string(p.param.ranks) + "_r" +
                         std::to_string(p.param.redundant) + "_t" +
@@ -260,9 +315,7 @@ TEST_P(LiveEplbTest, LogitsStayBitwiseAcrossPlacementChanges) {
     auto codes = run_ranks(
         k.ranks,
         [&](int r) {
-            DeepseekModel::Options o;
-            o.expert_parallel = eplb_options(group, r, k);
-            auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
+            auto m = load_model(k.preset, eplb_options(group, r, k));
             if (!m.is_ok()) {
                 std::fprintf(stderr, "rank %d: %s\n", r, m.status().to_string().c_str());
                 return 10;
@@ -287,7 +340,7 @@ TEST_P(LiveEplbTest, LogitsStayBitwiseAcrossPlacementChanges) {
     // ranks; one rank's slots may settle after the first switch.
     EXPECT_GE(changes[0], k.ranks > 1 ? 2 : 1);
     for (int r = 1; r < k.ranks; ++r) EXPECT_EQ(changes[static_cast<size_t>(r)], changes[0]);
-    auto ref = DeepseekModel::load(synthetic_memory_model(c, kSeed), DeepseekModel::Options{});
+    auto ref = load_model(k.preset, ExpertParallelOptions{});
     ASSERT_TRUE(ref.is_ok()) << ref.status().to_string();
     std::vector<float> want(per_rank);
     for (int r = 0; r < k.ranks; ++r) {
@@ -301,8 +354,12 @@ TEST_P(LiveEplbTest, LogitsStayBitwiseAcrossPlacementChanges) {
 INSTANTIATE_TEST_SUITE_P(Sizes, LiveEplbTest,
                          ::testing::Values(EpCase{"tiny", 1, 1, 128}, EpCase{"tiny", 2, 0, 128},
                                            EpCase{"tiny", 4, 1, 3}, EpCase{"tiny-v3", 1, 0, 128},
-                                           EpCase{"tiny-v3", 2, 2, 5},
-                                           EpCase{"tiny-v3", 4, 0, 128}),
+                                           EpCase{"tiny-v3", 2, 2, 5}, EpCase{"tiny-v3", 4, 0, 128},
+                                           EpCase{"tiny-v4", 1, 1, 128},
+                                           EpCase{"tiny-v4", 2, 0, 128}, EpCase{"tiny-v4", 4, 1, 3},
+                                           EpCase{"tiny-v41", 1, 0, 128},
+                                           EpCase{"tiny-v41", 2, 1, 5},
+                                           EpCase{"tiny-v41", 4, 0, 128}),
                          [](const ::testing::TestParamInfo<EpCase>& p) {
                              std::string n = p.param.preset + "_ep" +
                                              std::to_string(p.param.ranks) + "_r" +
@@ -313,11 +370,13 @@ INSTANTIATE_TEST_SUITE_P(Sizes, LiveEplbTest,
                              return n;
                          });
 
-// EP failover (S-DEPLOY): rank 2 of 3 is killed -9 between rank 0's steps; rank 0's
+// EP failover (S-DEPLOY): rank 2 of 3 is killed -9 between rank 0's steps, or in the
+// middle of one (before MoE layer `die_at_layer` of its second joined pass); rank 0's
 // restart callback starts a group of the 2 healthy ranks (a fresh rank 1), rank 0 moves
-// its experts to its new slots and re-runs the step: every logit is still bitwise one
-// process's, and the survivor of the old group exits as healthy (UNAVAILABLE).
-int idle_until_stopped(DeepseekModel& m, int die_after_joins) {
+// its experts to its new slots and resumes the step (at the MoE layer that failed: V4's
+// window ring and compressors must not see a layer twice): every logit is still bitwise
+// one process's, and the survivor of the old group exits as healthy (UNAVAILABLE).
+int idle_until_stopped(CausalLm& m, int die_after_joins) {
     int joins = 0;
     for (;;) {
         auto step = m.group_idle_step(/*leaving=*/true);
@@ -329,9 +388,17 @@ int idle_until_stopped(DeepseekModel& m, int die_after_joins) {
     }
 }
 
-TEST(ExpertParallelFailover, ARankKilledMidRunLosesNothing) {
-    const ModelConfig c = config_of("tiny");
-    const EpCase k{"tiny", 3, 1, 128};
+struct FailoverCase {
+    std::string preset;
+    int die_at_layer = -1;  // -1: between passes
+};
+
+class ExpertParallelFailover : public ::testing::TestWithParam<FailoverCase> {};
+
+TEST_P(ExpertParallelFailover, ARankKilledMidRunLosesNothing) {
+    const FailoverCase fc = GetParam();
+    const ModelConfig c = config_of(fc.preset);
+    const EpCase k{fc.preset, 3, 1, 128};
     const RankWork work = eplb_work(0, 1);  // rank 0's prompts, several decode steps
     const size_t per_rank = static_cast<size_t>(kEplbDecode + 1) * kMaxLogitRows * c.vocab_size;
     SharedArray<float> out(per_rank);
@@ -341,25 +408,29 @@ TEST(ExpertParallelFailover, ARankKilledMidRunLosesNothing) {
     auto codes = run_ranks(
         3,
         [&](int r) {
-            DeepseekModel::Options o;
-            o.expert_parallel = ep_options(group, r, k);
+            ExpertParallelOptions o = ep_options(group, r, k);
             std::vector<pid_t> started;
             if (r == 0) {
-                o.expert_parallel.restart = [&](const Status&) -> Result<EpRestart> {
+                o.restart = [&](const Status&) -> Result<EpRestart> {
                     const pid_t pid = ::fork();
                     if (pid == 0) {
-                        DeepseekModel::Options ro;
-                        ro.expert_parallel = ep_options(group2, 1, EpCase{"tiny", 2, 1, 128});
-                        auto rm = DeepseekModel::load(synthetic_memory_model(c, kSeed), ro);
+                        auto rm = load_model(fc.preset,
+                                             ep_options(group2, 1, EpCase{fc.preset, 2, 1, 128}));
                         ::_exit(rm.is_ok() ? idle_until_stopped(**rm, -1) : 10);
                     }
                     started.push_back(pid);
                     return EpRestart{2, group2};
                 };
             }
-            auto m = DeepseekModel::load(synthetic_memory_model(c, kSeed), o);
+            if (r == 2 && fc.die_at_layer >= 0) {
+                o.on_moe_layer = [&, passes = 0](int layer) mutable {
+                    passes += layer == 0 ? 1 : 0;
+                    if (passes == 2 && layer == fc.die_at_layer) ::raise(SIGKILL);
+                };
+            }
+            auto m = load_model(fc.preset, o);
             if (!m.is_ok()) return 10;
-            if (r > 0) return idle_until_stopped(**m, r == 2 ? 2 : -1);
+            if (r > 0) return idle_until_stopped(**m, r == 2 && fc.die_at_layer < 0 ? 2 : -1);
             Status s = run_work(**m, work, out.data());
             if (!s.is_ok()) {
                 std::fprintf(stderr, "rank 0: %s\n", s.to_string().c_str());
@@ -385,12 +456,27 @@ TEST(ExpertParallelFailover, ARankKilledMidRunLosesNothing) {
     EXPECT_EQ(result[0], 1);  // one failover, to 2 ranks, whose rank 1 ended cleanly
     EXPECT_EQ(result[1], 2);
     EXPECT_EQ(result[2], 1);
-    auto ref = DeepseekModel::load(synthetic_memory_model(c, kSeed), DeepseekModel::Options{});
+    auto ref = load_model(fc.preset, ExpertParallelOptions{});
     ASSERT_TRUE(ref.is_ok());
     std::vector<float> want(per_rank, 0.0f);
     ASSERT_TRUE(run_work(**ref, work, want.data()).is_ok());
     EXPECT_EQ(std::memcmp(want.data(), out.data(), per_rank * sizeof(float)), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Kills, ExpertParallelFailover,
+                         ::testing::Values(FailoverCase{"tiny", -1}, FailoverCase{"tiny", 1},
+                                           FailoverCase{"tiny-v4", 2}),
+                         [](const ::testing::TestParamInfo<FailoverCase>& p) {
+                             std::string n =
+                                 p.param.preset +
+                                 (p.param.die_at_layer < 0
+                                      ? "_between_passes"
+                                      : "_at_moe_layer_" + std::to_string(p.param.die_at_layer));
+                             for (char& ch : n) {
+                                 if (ch == '-') ch = '_';
+                             }
+                             return n;
+                         });
 
 TEST(ExpertParallelBadInput, RanksAndReplicasMustFitTheRoutedExperts) {
     const ModelConfig c = config_of("tiny");  // 8 routed experts
@@ -410,11 +496,20 @@ TEST(ExpertParallelBadInput, RanksAndReplicasMustFitTheRoutedExperts) {
     EXPECT_EQ(slots_per_rank(8, 2, 0), 4);
 }
 
-TEST(ExpertParallelBadInput, V4IsRefused) {
-    ExpertParallelOptions o = ep_options("g", 0, EpCase{"tiny-v4", 2});
-    Status s = validate_expert_parallel(o, synthetic_preset("tiny-v4").value());
-    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(s.message().find("V2/V3 only"), std::string::npos) << s.message();
+TEST(ExpertParallelBadInput, V4RanksMustFitItsRoutedExperts) {
+    // tiny-v4: 16 routed experts, tiny-v41: 8; checked from the config (what apps/ does
+    // before any rank starts) and by the load.
+    for (const auto& [preset, ranks, want] :
+         {std::tuple{"tiny-v4", 32, "more ranks than the 16 routed experts"},
+          std::tuple{"tiny-v41", 9, "more ranks than the 8 routed experts"}}) {
+        const ExpertParallelOptions o = ep_options(unique_group(), 0, EpCase{preset, ranks});
+        Status s = validate_expert_parallel(o, config_of(preset));
+        EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(s.message().find(want), std::string::npos) << s.message();
+        auto m = load_model(preset, o);
+        ASSERT_EQ(m.status().code(), StatusCode::kInvalidArgument);
+        EXPECT_NE(m.status().message().find(want), std::string::npos) << m.status().message();
+    }
 }
 
 TEST(ExpertParallelBadInput, ARankThatCannotAttachFailsInsteadOfHanging) {

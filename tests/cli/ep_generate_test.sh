@@ -176,7 +176,44 @@ done
 tr -d ' \n' <"$tmp/offline_dp.json" | grep -q '"dp_rank_requests":\[2,2\]' ||
     { cat "$tmp/offline_dp.json"; fail "bench offline --ep 2 (dp): requests not spread 2 + 2"; }
 ! grep -q dp_rank_requests "$tmp/offline_rank0.json" || fail "bench offline rank0 shows DP ranks"
+# DeepSeek V4 and V4.1 (docs/comm.md "V4 and V4.1 under EP"): `generate --ep 2` prints the
+# text one process prints (one sampled prompt on each; on tiny-v4 the batch spread over both
+# ranks, each rank's engine with its own SWA state slots; on tiny-v41 a ~600-token prompt,
+# whose compact prefill runs the decoder layers over its last 140 tokens only, inside the
+# MoE rounds the whole pass agreed on); --ep above V4's routed experts is refused. (Bitwise
+# logits at EP 1, 2, 4, live EPLB and a rank killed mid-step: model_ep_test; a V4 rank
+# killed under a front: engine_dp_test.)
+long=$(for i in $(seq 0 149); do printf 'expert%d routes tokens ' "$i"; done)
+for preset in tiny-v4 tiny-v41; do
+    "$bin" make-model --preset $preset --format hf --tokenizer-dir "$tok" --out "$tmp/$preset" \
+        >/dev/null 2>"$tmp/make.err" || { cat "$tmp/make.err"; fail "make-model $preset"; }
+    genv() { "$bin" generate --model "$tmp/$preset" --threads 1 --kv-cache-mb 64 "$@"; }
+    if [[ $preset == tiny-v4 ]]; then
+        genv --input "$tmp/in.jsonl" --output "$tmp/v4one.jsonl" 2>/dev/null || fail "$preset generate --input"
+        genv --input "$tmp/in.jsonl" --output "$tmp/v4ep.jsonl" --ep 2 2>"$tmp/v4ep.err" ||
+            { cat "$tmp/v4ep.err"; fail "$preset generate --input --ep 2"; }
+        grep -Eq "attention data parallelism: requests per rank \[[12] [12]\]" "$tmp/v4ep.err" ||
+            { cat "$tmp/v4ep.err"; fail "$preset --ep 2 did not spread the prompts over both ranks"; }
+        cmp -s "$tmp/v4one.jsonl" "$tmp/v4ep.jsonl" ||
+            { diff "$tmp/v4one.jsonl" "$tmp/v4ep.jsonl" || true; fail "$preset batch differs"; }
+        prompt=(--prompt "The experts")
+    else
+        prompt=(--prompt "$long")
+    fi
+    genv "${prompt[@]}" --max-tokens 12 --temperature 0.9 --seed 7 >"$tmp/v4one.out" 2>/dev/null ||
+        fail "$preset generate"
+    genv "${prompt[@]}" --max-tokens 12 --temperature 0.9 --seed 7 --ep 2 >"$tmp/v4ep.out" \
+        2>"$tmp/v4ep.err" || { cat "$tmp/v4ep.err"; fail "$preset generate --ep 2"; }
+    cmp -s "$tmp/v4one.out" "$tmp/v4ep.out" ||
+        { diff "$tmp/v4one.out" "$tmp/v4ep.out" || true; fail "$preset --ep 2 printed other text"; }
+done
+if "$bin" generate --model "$tmp/tiny-v4" --prompt x --max-tokens 2 --ep 17 >/dev/null 2>"$tmp/bad.err"; then
+    fail "tiny-v4 accepted --ep 17"
+fi
+grep -q "more ranks than the 16 routed experts" "$tmp/bad.err" || { cat "$tmp/bad.err"; fail "tiny-v4 --ep 17 message"; }
+
 echo "generate --ep: same text as one process for EP 2, 3 (live EPLB) and 4, EP 2 over UCX; bad values refused;"
+echo "  V4 / V4.1: the same text at EP 2 (a batch spread over the ranks, a compact prefill)"
 echo "  a killed rank is an error with --ep-failover off, and with failover nothing is lost"
 echo "serve --ep 2: the same completions as serve; SIGTERM ends every rank; rank 2 of 4 killed"
 echo "  under serve: every request completes with one process's text"

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <numeric>
 
 #include "kernels/matmul.h"
 #include "kernels/ops.h"
@@ -368,6 +369,8 @@ Status load_expert(const V4Loader& ld, const ModelConfig& c, const std::string& 
     return Status::ok();
 }
 
+}  // namespace
+
 void expert_forward(const Expert& e, const ModelConfig& c, ThreadPool* pool, const float* x,
                     int64_t n, float* y) {
     const int64_t inter = e.w1.rows();
@@ -385,10 +388,14 @@ void expert_forward(const Expert& e, const ModelConfig& c, ThreadPool* pool, con
     matmul(e.w2, g.data(), n, y, pool);
 }
 
-}  // namespace
+Status load_routed_expert(const V4Loader& ld, const ModelConfig& c, const std::string& f,
+                          int expert, Expert& e) {
+    return load_expert(ld, c, f + "experts." + std::to_string(expert) + ".",
+                       c.moe_intermediate_size, WeightClass::kExperts, e);
+}
 
 Status load_moe(const V4Loader& ld, const ModelConfig& c, const std::string& f, int64_t num_experts,
-                int64_t top_k, bool hash, Moe& m) {
+                int64_t top_k, bool hash, std::span<const int> held, Moe& m) {
     const int64_t E = num_experts;
     WeightSource& src = *ld.source;
     m.top_k = top_k;
@@ -413,11 +420,18 @@ Status load_moe(const V4Loader& ld, const ModelConfig& c, const std::string& f, 
     } else {
         DSI_ASSIGN_OR_RETURN(m.gate_bias, src.vector(f + "gate.bias", E));
     }
-    m.experts.resize(static_cast<size_t>(E));
-    for (int64_t e = 0; e < E; ++e) {
-        DSI_RETURN_IF_ERROR(load_expert(ld, c, f + "experts." + std::to_string(e) + ".",
-                                        c.moe_intermediate_size, WeightClass::kExperts,
-                                        m.experts[static_cast<size_t>(e)]));
+    // With expert parallelism only this rank's slots (the other experts' bytes are never
+    // read, so a mapped checkpoint does not even page them in).
+    std::vector<int> all;
+    if (held.empty()) {
+        all.resize(static_cast<size_t>(E));
+        std::iota(all.begin(), all.end(), 0);
+        held = all;
+    }
+    m.experts.resize(held.size());
+    for (size_t slot = 0; slot < held.size(); ++slot) {
+        if (held[slot] < 0) continue;  // an empty slot receives no rows
+        DSI_RETURN_IF_ERROR(load_routed_expert(ld, c, f, held[slot], m.experts[slot]));
     }
     if (c.n_shared_experts > 0) {
         m.has_shared = true;
@@ -428,17 +442,18 @@ Status load_moe(const V4Loader& ld, const ModelConfig& c, const std::string& f, 
     return Status::ok();
 }
 
-void moe_forward(const Moe& L, const ModelConfig& c, ThreadPool* pool, const float* h,
-                 std::span<const int32_t> token_ids, int64_t n, float* out) {
-    const int64_t E = static_cast<int64_t>(L.experts.size());
+void moe_route(const Moe& L, const ModelConfig& c, ThreadPool* pool, const float* h,
+               std::span<const int32_t> token_ids, int64_t n, std::vector<int32_t>& ids,
+               std::vector<float>& weights) {
+    const int64_t E = L.gate.rows();
     const int64_t k = L.top_k;
-    const int64_t hid = c.hidden_size;
     std::vector<float> logits(static_cast<size_t>(n * E));
     matmul(L.gate, h, n, logits.data(), pool);
-    // Per token: (expert, weight) pairs sorted by expert id (one fixed sum order).
-    std::vector<std::vector<std::pair<int32_t, float>>> routes(static_cast<size_t>(n));
+    ids.resize(static_cast<size_t>(n * k));
+    weights.resize(static_cast<size_t>(n * k));
     std::vector<float> s(static_cast<size_t>(E)), choice(static_cast<size_t>(E));
-    std::vector<int32_t> ids(static_cast<size_t>(k));
+    std::vector<int32_t> top(static_cast<size_t>(k));
+    std::vector<std::pair<int32_t, float>> r;
     for (int64_t t = 0; t < n; ++t) {
         for (int64_t e = 0; e < E; ++e) {
             const float x = logits[t * E + e];
@@ -446,15 +461,16 @@ void moe_forward(const Moe& L, const ModelConfig& c, ThreadPool* pool, const flo
             s[static_cast<size_t>(e)] = std::sqrt(sp);
         }
         if (L.hash) {
-            std::copy_n(L.tid2eid.data() + static_cast<int64_t>(token_ids[t]) * k, k, ids.data());
+            std::copy_n(L.tid2eid.data() + static_cast<int64_t>(token_ids[t]) * k, k, top.data());
         } else {
             for (int64_t e = 0; e < E; ++e) choice[e] = s[e] + L.gate_bias[e];
-            kernels::top_k(choice.data(), E, k, ids.data());
+            kernels::top_k(choice.data(), E, k, top.data());
         }
-        auto& r = routes[static_cast<size_t>(t)];
+        // The weights' sum in the order the choice gives, then (expert, weight) pairs
+        // sorted by expert id: one fixed sum order per token.
         r.clear();
         float sum = 0.0f;
-        for (int32_t e : ids) {
+        for (int32_t e : top) {
             r.emplace_back(e, s[static_cast<size_t>(e)]);
             sum += s[static_cast<size_t>(e)];
         }
@@ -463,41 +479,96 @@ void moe_forward(const Moe& L, const ModelConfig& c, ThreadPool* pool, const flo
             w *= static_cast<float>(c.routed_scaling_factor);
         }
         std::sort(r.begin(), r.end());
+        for (int64_t j = 0; j < k; ++j) {
+            ids[static_cast<size_t>(t * k + j)] = r[static_cast<size_t>(j)].first;
+            weights[static_cast<size_t>(t * k + j)] = r[static_cast<size_t>(j)].second;
+        }
     }
-    std::vector<std::vector<int64_t>> tokens_of(static_cast<size_t>(E));
-    for (int64_t t = 0; t < n; ++t) {
-        for (auto& [e, w] : routes[static_cast<size_t>(t)])
-            tokens_of[static_cast<size_t>(e)].push_back(t);
-    }
+}
+
+namespace {
+
+// out[i] += the shared expert's output of h (n tokens).
+void add_shared(const Moe& L, const ModelConfig& c, ThreadPool* pool, const float* h, int64_t n,
+                float* out) {
+    const int64_t hid = c.hidden_size;
+    std::vector<float> sh(static_cast<size_t>(n * hid));
+    expert_forward(L.shared, c, pool, h, n, sh.data());
+    for (int64_t i = 0; i < n * hid; ++i) out[i] += sh[i];
+}
+
+}  // namespace
+
+void moe_forward(const Moe& L, const ModelConfig& c, ThreadPool* pool, const float* h,
+                 std::span<const int32_t> token_ids, int64_t n, float* out) {
+    const int64_t E = static_cast<int64_t>(L.experts.size());
+    const int64_t k = L.top_k;
+    const int64_t hid = c.hidden_size;
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    moe_route(L, c, pool, h, token_ids, n, ids, weights);
+    std::vector<std::vector<int64_t>> rows_of(static_cast<size_t>(E));  // t * k + j
+    for (int64_t i = 0; i < n * k; ++i) rows_of[static_cast<size_t>(ids[i])].push_back(i);
     std::vector<float> y_routed(static_cast<size_t>(n * k * hid));
     for (int64_t e = 0; e < E; ++e) {
-        const auto& toks = tokens_of[static_cast<size_t>(e)];
-        if (toks.empty()) continue;
-        const int64_t m = static_cast<int64_t>(toks.size());
+        const auto& rows = rows_of[static_cast<size_t>(e)];
+        if (rows.empty()) continue;
+        const int64_t m = static_cast<int64_t>(rows.size());
         std::vector<float> xin(static_cast<size_t>(m * hid)), y(static_cast<size_t>(m * hid));
-        for (int64_t i = 0; i < m; ++i) std::copy_n(h + toks[i] * hid, hid, xin.data() + i * hid);
+        for (int64_t i = 0; i < m; ++i) {
+            std::copy_n(h + rows[static_cast<size_t>(i)] / k * hid, hid, xin.data() + i * hid);
+        }
         expert_forward(L.experts[static_cast<size_t>(e)], c, pool, xin.data(), m, y.data());
         for (int64_t i = 0; i < m; ++i) {
-            const auto& r = routes[static_cast<size_t>(toks[i])];
-            int64_t j = 0;
-            while (r[static_cast<size_t>(j)].first != e) ++j;
-            std::copy_n(y.data() + i * hid, hid, y_routed.data() + (toks[i] * k + j) * hid);
+            std::copy_n(y.data() + i * hid, hid,
+                        y_routed.data() + rows[static_cast<size_t>(i)] * hid);
         }
     }
     std::fill(out, out + n * hid, 0.0f);
     for (int64_t t = 0; t < n; ++t) {
-        const auto& r = routes[static_cast<size_t>(t)];
-        for (int64_t j = 0; j < static_cast<int64_t>(r.size()); ++j) {
-            const float w = r[static_cast<size_t>(j)].second;
+        for (int64_t j = 0; j < k; ++j) {
+            const float w = weights[static_cast<size_t>(t * k + j)];
             const float* y = y_routed.data() + (t * k + j) * hid;
             for (int64_t i = 0; i < hid; ++i) out[t * hid + i] += w * y[i];
         }
     }
-    if (L.has_shared) {
-        std::vector<float> sh(static_cast<size_t>(n * hid));
-        expert_forward(L.shared, c, pool, h, n, sh.data());
-        for (int64_t i = 0; i < n * hid; ++i) out[i] += sh[i];
+    if (L.has_shared) add_shared(L, c, pool, h, n, out);
+}
+
+Status moe_forward_ep(const Moe& L, const ModelConfig& c, ThreadPool* pool, EpHost& ep,
+                      int moe_layer, const float* h, std::span<const int32_t> token_ids, int64_t n,
+                      float* out) {
+    const size_t hn = static_cast<size_t>(n * c.hidden_size);
+    std::vector<int32_t> ids;
+    std::vector<float> weights;
+    if (n > 0) moe_route(L, c, pool, h, token_ids, n, ids, weights);
+    // The combine sums each token's experts in k order (ids ascending) from +0.0f, as
+    // moe_forward does: the same bits wherever the experts ran (S-ENG-2, docs/comm.md).
+    DSI_RETURN_IF_ERROR(ep.moe(moe_layer, std::span<const float>(h, hn), n, ids, weights,
+                               std::span<float>(out, hn)));
+    if (L.has_shared && n > 0) add_shared(L, c, pool, h, n, out);
+    return Status::ok();
+}
+
+Result<std::unique_ptr<EpExperts<Expert>>> join_expert_parallel(
+    const ExpertParallelOptions& options, const ModelConfig& c, const V4Loader& ld,
+    ThreadPool* pool, std::function<Moe&(int layer)> moe_of) {
+    for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        if (!c.is_moe_layer(i)) {
+            return invalid_argument("expert parallelism: layer " + std::to_string(i) +
+                                    " of this V4-family config has no MoE (every layer needs one)");
+        }
     }
+    auto ep = std::make_unique<EpExperts<Expert>>(
+        [moe_of](int l) -> std::vector<Expert>& { return moe_of(l).experts; },
+        [&ld, &c](int l, int e, Expert& out) {
+            return load_routed_expert(ld, c, "layers." + std::to_string(l) + ".ffn.", e, out);
+        });
+    DSI_RETURN_IF_ERROR(ep->join(
+        options, c, [moe_of, &c, pool](int l, int slot, const float* x, int64_t rows, float* y) {
+            expert_forward(moe_of(l).experts[static_cast<size_t>(slot)], c, pool, x, rows, y);
+        }));
+    return ep;
 }
 
 // ---- batching ----

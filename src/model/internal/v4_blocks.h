@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "base/thread_pool.h"
 #include "model/causal_lm.h"
 #include "model/config.h"
+#include "model/internal/ep_host.h"
 #include "model/internal/linear.h"
 #include "model/weights.h"
 
@@ -178,13 +180,46 @@ struct Moe {
     Expert shared;
 };
 // `f` is the "layers.N.ffn." prefix; hash: route by ffn.gate.tid2eid (checked), else
-// ffn.gate.bias.
+// ffn.gate.bias. `held`: the routed expert of each slot (-1: an empty slot), expert
+// parallelism's local slots; empty: every expert, slot = expert id.
 Status load_moe(const V4Loader& ld, const ModelConfig& c, const std::string& f, int64_t num_experts,
-                int64_t top_k, bool hash, Moe& m);
-// sqrt(softplus) scores, top-k by score + bias (or the token's hash row), weights
-// normalised and scaled; experts with the SwiGLU clamp; plus the shared expert.
+                int64_t top_k, bool hash, std::span<const int> held, Moe& m);
+// Routed expert `expert` of the MoE at prefix `f` (a live EPLB move, a failover).
+Status load_routed_expert(const V4Loader& ld, const ModelConfig& c, const std::string& f,
+                          int expert, Expert& e);
+// The routing of n tokens (token_ids: hash layers route by them): sqrt(softplus) scores,
+// top-k by score + bias (or the token's hash row), weights normalised and scaled. ids and
+// weights [n, top_k], each token's ids ascending.
+void moe_route(const Moe& m, const ModelConfig& c, ThreadPool* pool, const float* h,
+               std::span<const int32_t> token_ids, int64_t n, std::vector<int32_t>& ids,
+               std::vector<float>& weights);
+// One expert on n rows: y [n, hidden] = w2(silu(clamp(w1 x)) * clamp(w3 x)).
+void expert_forward(const Expert& e, const ModelConfig& c, ThreadPool* pool, const float* x,
+                    int64_t n, float* y);
+// moe_route, the routed experts with the SwiGLU clamp (each token's outputs summed in
+// ascending expert order from 0), plus the shared expert.
 void moe_forward(const Moe& m, const ModelConfig& c, ThreadPool* pool, const float* h,
                  std::span<const int32_t> ids, int64_t n, float* out);
+// moe_forward with the routed experts spread over the group (model/internal/ep_host.h),
+// bitwise the same; n may be 0 (this rank brings no tokens to the layer).
+Status moe_forward_ep(const Moe& m, const ModelConfig& c, ThreadPool* pool, EpHost& ep,
+                      int moe_layer, const float* h, std::span<const int32_t> token_ids, int64_t n,
+                      float* out);
+// The expert-parallel group of a V4 / V4.1 model, joined (before the weights load); MoE
+// layer l is layer l (INVALID_ARGUMENT for a config with a dense layer), `moe_of(l)` its
+// Moe. `c`, `ld` and `pool` must outlive the result.
+Result<std::unique_ptr<EpExperts<Expert>>> join_expert_parallel(
+    const ExpertParallelOptions& options, const ModelConfig& c, const V4Loader& ld,
+    ThreadPool* pool, std::function<Moe&(int layer)> moe_of);
+// The same for a model whose layers (with a `moe` member) are `layers`.
+template <typename Layer>
+Result<std::unique_ptr<EpExperts<Expert>>> join_expert_parallel(
+    const ExpertParallelOptions& options, const ModelConfig& c, const V4Loader& ld,
+    ThreadPool* pool, std::vector<Layer>& layers) {
+    return join_expert_parallel(options, c, ld, pool, [&layers](int l) -> Moe& {
+        return layers[static_cast<size_t>(l)].moe;
+    });
+}
 
 // ---- batching ----
 
