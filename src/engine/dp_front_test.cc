@@ -384,6 +384,43 @@ TEST(DpWireTest, EventsKeepTheirBitsAndTheOtherMessagesRoundTrip) {
     }
 }
 
+// A V4 export's SWA state travels with it (serve --ep N --role prefill on V4 / V4.1); a
+// state that is not at the export's end (another key or position) is refused.
+TEST(DpWireTest, AKvExportWithItsSwaStateRoundTrips) {
+    auto x = std::make_shared<kv::KvExport>();
+    x->model_id = "m";
+    x->block_tokens = 4;
+    x->layer_block_bytes = {8};
+    x->keys = {{1, 2}, {3, 4}};
+    x->token_hashes = {5, 6};
+    x->layers = {std::vector<uint8_t>(16, 7)};
+    auto st = std::make_shared<kv::SwaState>();
+    st->key = {kv::BlockKey{3, 4}, 8};
+    st->traffic_class = kvstore::TrafficClass::kAgent;
+    st->bytes = {1, 2, 0, 255};
+    x->swa_state = st;
+    TokenEvent e;
+    e.finished = true;
+    e.reason = FinishReason::kLength;
+    e.kv_export = x;
+    Result<dp_wire::Message> m = dp_wire::decode(dp_wire::encode_event(9, e));
+    ASSERT_TRUE(m.is_ok()) << m.status().to_string();
+    const std::shared_ptr<const kv::KvExport>& got = m->event.kv_export;
+    ASSERT_NE(got, nullptr);
+    EXPECT_EQ(got->keys, x->keys);
+    EXPECT_EQ(got->layers, x->layers);
+    ASSERT_NE(got->swa_state, nullptr);
+    EXPECT_EQ(got->swa_state->key, st->key);
+    EXPECT_EQ(got->swa_state->traffic_class, st->traffic_class);
+    EXPECT_EQ(got->swa_state->bytes, st->bytes);
+    for (const kv::SwaStateKey& bad :
+         {kv::SwaStateKey{kv::BlockKey{1, 2}, 8}, kv::SwaStateKey{kv::BlockKey{3, 4}, 4}}) {
+        st->key = bad;
+        EXPECT_EQ(dp_wire::decode(dp_wire::encode_event(9, e)).status().code(),
+                  StatusCode::kInvalidArgument);
+    }
+}
+
 TEST(DpWireTest, GarbageIsAnError) {
     EXPECT_EQ(dp_wire::decode("not msgpack at all").status().code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(dp_wire::decode(std::string("\x81\xa1t\xa3zzz", 7)).status().code(),
@@ -525,7 +562,11 @@ int serving_rank(const std::string& group, int rank, int ranks, int fd,
                  const std::string& preset = "tiny-v3") {
     auto model = ep_model(group, rank, ranks, preset);
     if (model == nullptr) return 10;
-    auto engine = Engine::create(model.get(), rank_options(), Env::default_env());
+    // V4: an SWA state pool, as a --role rank's replica owns (a KV export carries the state).
+    kv::SwaStatePool swa_pool(int64_t{64} << 20);
+    EngineOptions eo = rank_options();
+    if (preset != "tiny-v3") eo.swa_pool = &swa_pool;
+    auto engine = Engine::create(model.get(), eo, Env::default_env());
     if (!engine.is_ok()) return 11;
     auto pipe = comm::RankPipe::adopt(fd);
     if (!pipe.is_ok()) return 12;
@@ -957,6 +998,20 @@ TEST(DpFrontNoModelTest, V4RankKilledMidStreamLosesNothing) {
     ASSERT_TRUE(st.expert_parallel.has_value());
     EXPECT_EQ(st.expert_parallel->num_ranks, kRanks - 1);
     EXPECT_GE(st.dp_reruns, 1);
+    // A V4 KV export (`serve --ep N --role prefill`) comes back with its SWA state.
+    GenerateRequest ex;
+    ex.prompt = random_prompt(2 * 128 + 20, 900, 500);
+    ex.sampling.max_tokens = 1;
+    ex.sampling.ignore_eos = true;
+    ex.export_kv = true;
+    std::shared_ptr<const kv::KvExport> exported;
+    auto keep_export = [](std::shared_ptr<const kv::KvExport>* out) {
+        return [out](const TokenEvent& ev) {
+            if (ev.finished) *out = ev.kv_export;
+        };
+    };
+    ASSERT_TRUE(front.add_request(ex, keep_export(&exported)).is_ok());
+    while (front.has_work()) ASSERT_TRUE(front.step().is_ok());
     EXPECT_TRUE(link.finish());
     // One engine, the whole model, the same requests: the same tokens, bitwise.
     ModelOptions mo;
@@ -965,12 +1020,32 @@ TEST(DpFrontNoModelTest, V4RankKilledMidStreamLosesNothing) {
     ASSERT_TRUE(model.is_ok()) << model.status().to_string();
     auto ref = std::make_unique<Results>();
     std::memset(ref.get(), 0, sizeof(Results));
-    auto one = Engine::create(model->get(), rank_options(), Env::default_env()).value();
+    kv::SwaStatePool swa_pool(int64_t{64} << 20);
+    EngineOptions eo = rank_options();
+    eo.swa_pool = &swa_pool;
+    auto one = Engine::create(model->get(), eo, Env::default_env()).value();
     for (int i = 0; i < kRanks; ++i) {
         ASSERT_TRUE(one->add_request(request_of(i), recorder(ref.get(), i)).is_ok());
     }
     ASSERT_TRUE(one->run().is_ok());
     expect_same_tokens(*res, *ref, kRanks, kTokens);
+    // The export is one engine's: the same blocks and the same SWA state, bit for bit.
+    std::shared_ptr<const kv::KvExport> ref_export;
+    ASSERT_TRUE(one->add_request(ex, keep_export(&ref_export)).is_ok());
+    ASSERT_TRUE(one->run().is_ok());
+    ASSERT_NE(exported, nullptr);
+    ASSERT_NE(ref_export, nullptr);
+    EXPECT_EQ(exported->num_blocks(), 2u);
+    EXPECT_EQ(exported->keys, ref_export->keys);
+    ASSERT_EQ(exported->num_layers(), ref_export->num_layers());
+    for (size_t l = 0; l < exported->num_layers(); ++l) {
+        EXPECT_TRUE(exported->layers[l] == ref_export->layers[l]) << "layer " << l;
+    }
+    ASSERT_NE(exported->swa_state, nullptr);
+    ASSERT_NE(ref_export->swa_state, nullptr);
+    EXPECT_EQ(exported->swa_state->key, ref_export->swa_state->key);
+    EXPECT_EQ(exported->swa_state->key.position, 256);
+    EXPECT_TRUE(exported->swa_state->bytes == ref_export->swa_state->bytes);
 }
 
 }  // namespace

@@ -53,8 +53,8 @@ SamplingParams sampling_from(const json& j) {
 }
 
 // A KV export (a prefill's hand-over, issue 18) as the rank's finishing event carries
-// it; the layers as MessagePack bin. The SWA state (V4, V4.1) does not travel yet: an
-// export with one is not sent (the hand-over is empty; docs/comm.md).
+// it; the layers and the SWA state (V4, V4.1: the stored slot + seal at the last full
+// block's end) as MessagePack bin.
 json kv_json(const kv::KvExport& x) {
     json keys = json::array();
     for (const kvstore::StoreKey& k : x.keys) keys.push_back({k.lo, k.hi});
@@ -70,6 +70,11 @@ json kv_json(const kv::KvExport& x) {
               {"layers", std::move(layers)}};
     if (x.tail_tokens > 0) {
         j["tail"] = {x.tail_tokens, x.tail_key.lo, x.tail_key.hi, x.tail_token_hash};
+    }
+    if (x.swa_state != nullptr) {
+        const kv::SwaState& s = *x.swa_state;
+        j["swa"] = {s.key.chain.lo, s.key.chain.hi, s.key.position,
+                    static_cast<int>(s.traffic_class), json::binary(s.bytes)};
     }
     return j;
 }
@@ -95,6 +100,27 @@ Result<std::shared_ptr<const kv::KvExport>> kv_from(const json& j) {
         x->tail_tokens = t.at(0).get<uint32_t>();
         x->tail_key = {t.at(1).get<uint64_t>(), t.at(2).get<uint64_t>()};
         x->tail_token_hash = t.at(3).get<uint64_t>();
+    }
+    if (j.contains("swa")) {  // the SWA state at the last full block's end (V4, V4.1)
+        const json& s = j.at("swa");
+        auto st = std::make_shared<kv::SwaState>();
+        st->key.chain = {s.at(0).get<uint64_t>(), s.at(1).get<uint64_t>()};
+        st->key.position = s.at(2).get<int64_t>();
+        const int state_traffic = s.at(3).get<int>();
+        if (state_traffic < 0 || state_traffic >= kvstore::kNumTrafficClasses) {
+            return invalid_argument("dp message: SWA state traffic class " +
+                                    std::to_string(state_traffic));
+        }
+        st->traffic_class = static_cast<kvstore::TrafficClass>(state_traffic);
+        st->bytes = s.at(4).get_binary();
+        const bool at_end =
+            !x->keys.empty() && x->tail_tokens == 0 &&
+            st->key.chain == kv::BlockKey{x->keys.back().lo, x->keys.back().hi} &&
+            st->key.position == static_cast<int64_t>(x->keys.size() * x->block_tokens);
+        if (!at_end || st->bytes.empty()) {
+            return invalid_argument("dp message: an SWA state that is not the export's end");
+        }
+        x->swa_state = std::move(st);
     }
     bool ok = x->token_hashes.size() == x->keys.size() &&
               x->layers.size() == x->layer_block_bytes.size() && x->tail_tokens < x->block_tokens;
@@ -143,7 +169,7 @@ std::string encode_event(RequestId id, const TokenEvent& e) {
               {"finished", e.finished},
               {"reason", static_cast<int>(e.reason)},
               {"cached", e.cached_prompt_tokens}};
-    if (e.kv_export != nullptr && e.kv_export->swa_state == nullptr) {
+    if (e.kv_export != nullptr) {
         j["kv"] = kv_json(*e.kv_export);
     }
     return pack(j);
