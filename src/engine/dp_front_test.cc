@@ -558,6 +558,23 @@ int front_rank(const std::string& group, int ranks,
     return leave_group(link.ranks.pipes, *model);
 }
 
+// A prefill's request whose finishing event brings its KV export (2 full blocks + 20).
+GenerateRequest export_request() {
+    GenerateRequest ex;
+    ex.prompt = random_prompt(2 * 128 + 20, 900, 500);
+    ex.sampling.max_tokens = 1;
+    ex.sampling.ignore_eos = true;
+    ex.export_kv = true;
+    return ex;
+}
+
+// A callback that keeps the finishing event's export in *out.
+StreamCallback keep_export(std::shared_ptr<const kv::KvExport>* out) {
+    return [out](const TokenEvent& ev) {
+        if (ev.finished) *out = ev.kv_export;
+    };
+}
+
 int serving_rank(const std::string& group, int rank, int ranks, int fd,
                  const std::string& preset = "tiny-v3") {
     auto model = ep_model(group, rank, ranks, preset);
@@ -925,17 +942,8 @@ TEST(DpFrontNoModelTest, RankZeroKilledMidStreamLosesNothing) {
     EXPECT_GT(st.forward_ns, 0);
     // A KV export (`serve --ep N --role prefill`): the rank's finishing event brings the
     // prompt's full blocks back to the front, for its hand-over sender.
-    GenerateRequest ex;
-    ex.prompt = random_prompt(2 * 128 + 20, 900, 500);
-    ex.sampling.max_tokens = 1;
-    ex.sampling.ignore_eos = true;
-    ex.export_kv = true;
+    const GenerateRequest ex = export_request();
     std::shared_ptr<const kv::KvExport> exported;
-    auto keep_export = [](std::shared_ptr<const kv::KvExport>* out) {
-        return [out](const TokenEvent& ev) {
-            if (ev.finished) *out = ev.kv_export;
-        };
-    };
     ASSERT_TRUE(front.add_request(ex, keep_export(&exported)).is_ok());
     while (front.has_work()) ASSERT_TRUE(front.step().is_ok());
     EXPECT_TRUE(link.finish());
@@ -999,17 +1007,8 @@ TEST(DpFrontNoModelTest, V4RankKilledMidStreamLosesNothing) {
     EXPECT_EQ(st.expert_parallel->num_ranks, kRanks - 1);
     EXPECT_GE(st.dp_reruns, 1);
     // A V4 KV export (`serve --ep N --role prefill`) comes back with its SWA state.
-    GenerateRequest ex;
-    ex.prompt = random_prompt(2 * 128 + 20, 900, 500);
-    ex.sampling.max_tokens = 1;
-    ex.sampling.ignore_eos = true;
-    ex.export_kv = true;
+    const GenerateRequest ex = export_request();
     std::shared_ptr<const kv::KvExport> exported;
-    auto keep_export = [](std::shared_ptr<const kv::KvExport>* out) {
-        return [out](const TokenEvent& ev) {
-            if (ev.finished) *out = ev.kv_export;
-        };
-    };
     ASSERT_TRUE(front.add_request(ex, keep_export(&exported)).is_ok());
     while (front.has_work()) ASSERT_TRUE(front.step().is_ok());
     EXPECT_TRUE(link.finish());
