@@ -16,6 +16,12 @@ namespace {
 using transfer::BeginMessage;
 using transfer::Timeout;
 
+// Refusals of connections over the queue bound: at most this many pending (more are
+// closed without a word); each waits this long for the sender's first frame and lingers
+// this long after the Failure.
+constexpr size_t kMaxPendingRefusals = 16;
+constexpr transfer::Timeout kRefusalWait{1'000};
+constexpr transfer::Timeout kRefusalLinger{500};
 constexpr uint32_t kKvBlocksVersion = 1;
 constexpr uint32_t kKvBlocksTailVersion = 2;  // + the tail's entry
 constexpr size_t kKvBlocksHeaderBytes = 16;
@@ -234,6 +240,7 @@ Result<std::unique_ptr<KvInbox>> KvInbox::start(KvInboxOptions options, kvstore:
                          inbox->transport_->listen(inbox->options_.host, inbox->options_.port));
     inbox->port_ = inbox->listener_->port();
     inbox->threads_.emplace_back([p = inbox.get()] { p->accept_loop(); });
+    inbox->threads_.emplace_back([p = inbox.get()] { p->refuse_loop(); });
     for (int i = 0; i < inbox->options_.num_threads; ++i) {
         inbox->threads_.emplace_back([p = inbox.get()] { p->receive_loop(); });
     }
@@ -272,11 +279,43 @@ void KvInbox::accept_loop() {
         MutexLock l(&mu_);
         if (static_cast<int>(queue_.size()) >= options_.max_queued) {
             ++stats_.num_rejected;
-            (*conn)->close();
+            if (refusals_.size() >= kMaxPendingRefusals) {
+                (*conn)->close();
+            } else {
+                refusals_.push_back(std::move(conn).value());
+                cv_.notify_all();
+            }
             continue;
         }
         queue_.push_back(std::move(conn).value());
-        cv_.notify_one();
+        cv_.notify_all();  // (the refusing thread waits on cv_ too)
+    }
+}
+
+// Tells the senders of connections over the queue bound that the inbox is busy (their
+// send fails RESOURCE_EXHAUSTED at once, not with a reset connection), one at a time.
+void KvInbox::refuse_loop() {
+    for (;;) {
+        std::unique_ptr<transfer::Connection> conn;
+        int64_t waiting = 0;
+        {
+            MutexLock l(&mu_);
+            while (refusals_.empty() && !stopping_) {
+                cv_.wait_for(&mu_, std::chrono::milliseconds(200));
+            }
+            if (stopping_) {
+                for (auto& c : refusals_) c->close();
+                refusals_.clear();
+                return;
+            }
+            conn = std::move(refusals_.front());
+            refusals_.pop_front();
+            waiting = static_cast<int64_t>(queue_.size());
+        }
+        const Status busy =
+            resource_exhausted("kv inbox busy: " + std::to_string(options_.num_threads) +
+                               " transfers in progress, " + std::to_string(waiting) + " waiting");
+        transfer::refuse_transfer(*conn, options_.self, busy, kRefusalWait, kRefusalLinger);
     }
 }
 

@@ -110,7 +110,7 @@ struct KvInboxOptions {
     std::chrono::milliseconds landing_wait{3000};
     uint64_t max_transfer_bytes = uint64_t{1} << 30;
     int num_threads = 4;      // transfers received at once
-    int max_queued = 16;      // accepted connections waiting for a thread; more are closed
+    int max_queued = 16;      // accepted connections waiting for a thread; more are refused
     transfer::Timeout io_timeout{10'000};
     // One transfer, first wait to Ack (transfer::ReceiveOptions::max_duration): a sender
     // that trickles bytes (each read within io_timeout) holds a thread no longer. 1 GiB
@@ -121,7 +121,10 @@ struct KvInboxOptions {
 struct KvInboxStats {
     int64_t num_received = 0;     // transfers stored and acknowledged
     int64_t num_failed = 0;       // refused, broken, timed out or not stored
-    int64_t num_rejected = 0;     // connections closed because every thread was busy
+    // Connections refused because every thread was busy and max_queued wait: told so
+    // (RESOURCE_EXHAUSTED Failure, by one refusing thread), or closed without a word when
+    // 16 refusals are already pending.
+    int64_t num_rejected = 0;
     int64_t blocks_stored = 0;
     int64_t states_stored = 0;   // SWA states put into the pool (V4)
     int64_t bytes_received = 0;  // KV bytes (blocks and states) of the stored transfers
@@ -153,6 +156,7 @@ private:
             std::unique_ptr<transfer::Transport> transport);
     void accept_loop();
     void receive_loop();
+    void refuse_loop();
     void receive_one(transfer::Connection& conn);
     Result<std::unique_ptr<transfer::Destination>> make_destination(
         const transfer::BeginMessage& begin);
@@ -172,6 +176,7 @@ private:
     mutable Mutex mu_;
     CondVar cv_;
     std::deque<std::unique_ptr<transfer::Connection>> queue_ DSI_GUARDED_BY(mu_);
+    std::deque<std::unique_ptr<transfer::Connection>> refusals_ DSI_GUARDED_BY(mu_);
     KvInboxStats stats_ DSI_GUARDED_BY(mu_);
     std::vector<std::thread> threads_;
 };

@@ -153,6 +153,27 @@ TEST_F(KvHandoffTest, BlocksArriveInTheStoreBeforeTheSendersOk) {
     EXPECT_EQ(st.bytes_received, static_cast<int64_t>(7 * kLayers * kLayerBlockBytes));
 }
 
+// Over the queue bound (here 0: every connection) a sender is told the inbox is busy --
+// RESOURCE_EXHAUSTED naming it -- instead of seeing its connection reset; nothing is
+// stored and the refusal is counted.
+TEST_F(KvHandoffTest, ASenderOverTheQueueBoundIsToldTheInboxIsBusy) {
+    KvInboxOptions o = inbox_options();
+    o.max_queued = 0;
+    start_inbox(o);
+    const kv::KvExport e = make_export(3, 1);
+    auto sent = send(e, 1);
+    ASSERT_FALSE(sent.is_ok());
+    EXPECT_EQ(sent.status().code(), StatusCode::kResourceExhausted) << sent.status().to_string();
+    EXPECT_NE(sent.status().message().find("kv inbox busy"), std::string::npos)
+        << sent.status().to_string();
+    for (size_t b = 0; b < e.num_blocks(); ++b) {
+        EXPECT_FALSE(store_->contains(e.info(b).key).value()) << b;
+    }
+    const KvInboxStats st = inbox_->stats();
+    EXPECT_EQ(st.num_rejected, 1);
+    EXPECT_EQ(st.num_received, 0);
+}
+
 TEST_F(KvHandoffTest, TransfersOfAnotherShapeAreRefusedAndNothingIsStored) {
     struct Case {
         const char* what;

@@ -104,6 +104,23 @@ Result<SendReport> send_sequence(Connection& conn, const SendOptions& options,
     return sender_result(sender, frames_sent);
 }
 
+void refuse_transfer(Connection& conn, const HelloMessage& self, const Status& why, Timeout wait,
+                     Timeout linger, uint64_t max_payload_bytes) {
+    FrameReader reader(&conn, max_payload_bytes);
+    reader.set_deadline(Clock::now() + wait);
+    const Result<FrameView> first = reader.read(wait);
+    if (!first.is_ok()) {
+        conn.close();
+        return;
+    }
+    FrameStamper stamper(first->header.transfer_id, self.incarnation);
+    (void)write_frame(conn,
+                      stamper.stamp(MessageType::kFailure,
+                                    encode_payload(FailureMessage{why.code(), why.message()})),
+                      wait);
+    linger_and_close(conn, linger);
+}
+
 // How often a receiver waiting for a sender's first frame checks should_abort.
 constexpr Timeout kAbortPollSlice{200};
 

@@ -75,6 +75,14 @@ struct ReceiveOptions {
         commit;
 };
 
+// Refuses a transfer before it starts (a receiver with no room for it now): waits at most
+// `wait` for the sender's first frame (to learn the transfer id its reply must carry),
+// sends `why` as Failure, reads and drops what still arrives for at most `linger`, and
+// closes. A sender that says nothing in time, or not in frames, is closed without a word.
+// The sender's send then fails with why's code ("receiver failed the transfer: ...").
+void refuse_transfer(Connection& conn, const HelloMessage& self, const Status& why, Timeout wait,
+                     Timeout linger, uint64_t max_payload_bytes = kDefaultMaxPayloadBytes);
+
 struct ReceivedSequence {
     TransferId transfer_id;
     std::unique_ptr<Destination> destination;
