@@ -427,6 +427,13 @@ int run_serve(const ServeFlags& f) {
             io.num_threads = f.kv_inbox_threads;
             io.max_transfer_time = transfer::Timeout(f.kv_inbox_transfer_timeout_ms);
             io.landing = rep.kv_landing();
+            if (front != nullptr && !ep->front()) {
+                // --ep-front off with attention DP: the hand-over is rank 0's (this
+                // process's pool or store tier); the continuation follows it there.
+                io.on_stored = [fr = front.get()](std::vector<kv::BlockKey> chain) {
+                    fr->learn_local(std::move(chain));
+                };
+            }
             if (io.landing != nullptr) {
                 io.landing->set_waker([svc = engine_service.get()] { svc->wake(); });
             }

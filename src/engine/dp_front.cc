@@ -32,8 +32,24 @@ DpFront::DpFront(DpRankLink* link, RequestLimits limits, bool spread, Env* env, 
 
 DpFront::~DpFront() = default;
 
+void DpFront::learn_local(std::vector<kv::BlockKey> chain) {
+    if (local_ == nullptr || !routing_.balance.prefix || chain.empty()) return;
+    MutexLock lock(&local_keys_mu_);
+    local_keys_.push_back(std::move(chain));
+}
+
+void DpFront::take_local_keys() {
+    std::vector<std::vector<kv::BlockKey>> chains;
+    {
+        MutexLock lock(&local_keys_mu_);
+        chains.swap(local_keys_);
+    }
+    for (const std::vector<kv::BlockKey>& chain : chains) balancer_.learn(0, chain);
+}
+
 Result<RequestId> DpFront::add_request(GenerateRequest request, StreamCallback callback) {
     DSI_RETURN_IF_ERROR(sync_link());
+    take_local_keys();
     // A grammar travels as its portable form, the rank rebuilds the mask (run_dp_rank); a
     // KV export comes back with the finishing event (dp_wire "kv").
     if (local_ == nullptr && request.mask != nullptr && request.mask->portable_form().empty()) {
@@ -366,6 +382,7 @@ bool DpFront::ranks_ready() const {
 
 Status DpFront::step() {
     DSI_RETURN_IF_ERROR(sync_link());
+    take_local_keys();
     bool ended = false, received = false;
     DSI_RETURN_IF_ERROR(poll_pipes(&ended, &received));
     if (local_ == nullptr) {

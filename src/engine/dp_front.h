@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "base/env.h"
+#include "base/mutex.h"
 #include "base/status.h"
 #include "comm/rank_pipe.h"
 #include "engine/dp_balance.h"
@@ -137,6 +138,11 @@ public:
     // rank 0's caller does with `local`; the balancer forgets every rank's prefixes.
     // FAILED_PRECONDITION while a request runs.
     Status reset_ranks(bool async);
+    // Rank 0 (here) holds the blocks of `chain` now -- a KV hand-over its inbox put into
+    // its pool or store tier (`serve --ep N --ep-front off --role decode`): the prefix
+    // rule sends the continuation there. Any thread; taken in at the next add_request or
+    // step. A no-op for a front with no model, or without the prefix rule.
+    void learn_local(std::vector<kv::BlockKey> chain) DSI_EXCLUDES(local_keys_mu_);
 
 private:
     struct Running {
@@ -205,6 +211,10 @@ private:
     std::vector<dp_wire::RankCounters> counters_;  // [num ranks], as reports_
     DpRouting routing_;
     DpBalancer balancer_{1};
+    // learn_local's chains, for the owner thread (take_local_keys).
+    void take_local_keys() DSI_EXCLUDES(local_keys_mu_);
+    Mutex local_keys_mu_;
+    std::vector<std::vector<kv::BlockKey>> local_keys_ DSI_GUARDED_BY(local_keys_mu_);
     // Prefix routing (stats): requests the longest match moved off the load rule's pick,
     // its full-block tokens predicted on the chosen ranks, and the matches passed over
     // for load (the matched rank was too loaded).

@@ -17,6 +17,7 @@
 #include <functional>
 #include <limits>
 #include <string>
+#include <thread>
 
 #include "comm/shm_group.h"
 #include "comm/test_ranks.h"
@@ -701,18 +702,38 @@ StreamCallback prefix_recorder(PrefixResults* res, int i) {
     };
 }
 
+// Rank 0 of two in this process: its model, its engine and its DpFront over rank 1's pipe,
+// prefix routing on or off. 0, or 10 / 11 when the model / engine could not be made.
+struct LocalFront {
+    std::unique_ptr<CausalLm> model;
+    std::unique_ptr<Engine> engine;
+    FixedLink link;
+    DpRouting routing;
+    std::unique_ptr<DpFront> front;
+
+    int start(const std::string& group, bool prefix,
+              std::vector<std::shared_ptr<comm::RankPipe>> pipes) {
+        model = ep_model(group, 0, 2);
+        if (model == nullptr) return 10;
+        auto e = Engine::create(model.get(), rank_options(), Env::default_env());
+        if (!e.is_ok()) return 11;
+        engine = std::move(e).value();
+        link.ranks.pipes = std::move(pipes);
+        routing.balance.prefix = prefix;
+        routing.model_id = rank_options().model_id;
+        front = std::make_unique<DpFront>(engine.get(), model.get(), &link, Env::default_env(),
+                                          routing);
+        return 0;
+    }
+};
+
 int prefix_front_rank(const std::string& group, bool prefix,
                       std::vector<std::shared_ptr<comm::RankPipe>> pipes, PrefixResults* res) {
-    auto model = ep_model(group, 0, 2);
-    if (model == nullptr) return 10;
-    auto engine = Engine::create(model.get(), rank_options(), Env::default_env());
-    if (!engine.is_ok()) return 11;
-    FixedLink link;
-    link.ranks.pipes = std::move(pipes);
-    DpRouting routing;
-    routing.balance.prefix = prefix;
-    routing.model_id = rank_options().model_id;
-    DpFront front(engine->get(), model.get(), &link, Env::default_env(), routing);
+    LocalFront local;
+    if (const int code = local.start(group, prefix, std::move(pipes)); code != 0) return code;
+    DpFront& front = *local.front;
+    FixedLink& link = local.link;
+    CausalLm* model = local.model.get();
     for (int i = 0; i < kPrefixRequests; ++i) {
         Result<RequestId> id = front.add_request(prefix_request(i), prefix_recorder(res, i));
         if (!id.is_ok()) return 12;
@@ -730,25 +751,35 @@ int prefix_front_rank(const std::string& group, bool prefix,
     return leave_group(link.ranks.pipes, *model);
 }
 
-class DpPrefixRoutingTest : public ::testing::TestWithParam<bool> {};
+using Pipes = std::vector<std::shared_ptr<comm::RankPipe>>;
 
-TEST_P(DpPrefixRoutingTest, ASharedPrefixLandsWhereItIsCached) {
-    const bool prefix = GetParam();
-    comm::SharedArray<PrefixResults> shared(1);
-    PrefixResults* res = shared.data();
+// Two ranks as processes: rank 0 runs `front` (its DpFront over its own engine and rank 1's
+// pipe), rank 1 serves behind the pipe; both must exit 0.
+void run_front_and_rank1(const std::function<int(const std::string& group, Pipes pipes)>& front) {
     comm::RankPipe::Pair p = comm::RankPipe::create_pair().value();
-    std::vector<std::shared_ptr<comm::RankPipe>> parents{std::move(p.parent)};
+    Pipes parents{std::move(p.parent)};
     const std::string group = unique_group();
     auto codes = comm::run_ranks(
         2,
         [&](int r) {
-            if (r == 0) return prefix_front_rank(group, prefix, parents, res);
+            if (r == 0) return front(group, parents);
             parents.clear();
             return serving_rank(group, r, 2, p.child_fd);
         },
         120'000);
     (void)comm::ShmMoeCommunicator::unlink(group);
     for (int r = 0; r < 2; ++r) ASSERT_EQ(codes[r], 0) << "rank " << r;
+}
+
+class DpPrefixRoutingTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DpPrefixRoutingTest, ASharedPrefixLandsWhereItIsCached) {
+    const bool prefix = GetParam();
+    comm::SharedArray<PrefixResults> shared(1);
+    PrefixResults* res = shared.data();
+    ASSERT_NO_FATAL_FAILURE(run_front_and_rank1([&](const std::string& group, Pipes pipes) {
+        return prefix_front_rank(group, prefix, std::move(pipes), res);
+    }));
 
     EXPECT_EQ(res->rank[0], 0);
     EXPECT_EQ(res->rank[1], 1);
@@ -792,6 +823,59 @@ TEST_P(DpPrefixRoutingTest, ASharedPrefixLandsWhereItIsCached) {
 INSTANTIATE_TEST_SUITE_P(Routing, DpPrefixRoutingTest, ::testing::Values(true, false),
                          [](const ::testing::TestParamInfo<bool>& p) {
                              return p.param ? std::string("Prefix") : std::string("Load");
+                         });
+
+// `serve --ep 2 --ep-front off --role decode`: a KV hand-over lands in rank 0's pool (this
+// process's inbox), and the front is told its chain keys (learn_local, from the inbox's
+// on_stored): the continuation goes to rank 0 by prefix although rank 0 is busier (one
+// request running there, none on rank 1) -- without the word, to rank 1 by load.
+int landed_front_rank(const std::string& group, bool told,
+                      std::vector<std::shared_ptr<comm::RankPipe>> pipes, PrefixResults* res) {
+    LocalFront local;
+    if (const int code = local.start(group, /*prefix=*/true, std::move(pipes)); code != 0) {
+        return code;
+    }
+    DpFront& front = *local.front;
+    const GenerateRequest continuation = prefix_request(1);
+    if (told) {
+        // From the inbox's thread, as serve does.
+        std::thread inbox([&] {
+            front.learn_local(
+                kv::chain_keys(continuation.prompt, kv::make_salt(local.routing.model_id, "")));
+        });
+        inbox.join();
+    }
+    const GenerateRequest requests[2] = {prefix_request(0), continuation};
+    for (int i = 0; i < 2; ++i) {
+        Result<RequestId> id = front.add_request(requests[i], prefix_recorder(res, i));
+        if (!id.is_ok()) return 12;
+        res->rank[i] = front.rank_of(*id);
+    }
+    while (front.has_work()) {
+        if (!front.step().is_ok()) return 13;
+    }
+    res->prefix_routed = front.stats().dp_prefix_routed;
+    return leave_group(local.link.ranks.pipes, *local.model);
+}
+
+class DpLandedRoutingTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DpLandedRoutingTest, AHandOverOnRankZeroDrawsItsContinuation) {
+    const bool told = GetParam();
+    comm::SharedArray<PrefixResults> shared(1);
+    PrefixResults* res = shared.data();
+    ASSERT_NO_FATAL_FAILURE(run_front_and_rank1([&](const std::string& group, Pipes pipes) {
+        return landed_front_rank(group, told, std::move(pipes), res);
+    }));
+    EXPECT_EQ(res->rank[0], 0);
+    EXPECT_EQ(res->rank[1], told ? 0 : 1);
+    EXPECT_EQ(res->prefix_routed, told ? 1 : 0);
+    EXPECT_EQ(res->num_tokens[1], kPrefixMaxTokens);
+}
+
+INSTANTIATE_TEST_SUITE_P(Routing, DpLandedRoutingTest, ::testing::Values(true, false),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                             return p.param ? std::string("Told") : std::string("NotTold");
                          });
 
 // A front with no model (serve / generate --ep): every rank, rank 0 included, is a forked

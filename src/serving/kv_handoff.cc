@@ -445,26 +445,31 @@ Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
     }
     uint64_t block_bytes = 0;
     for (uint64_t b : options_.layer_block_bytes) block_bytes += b;
+    std::vector<kv::BlockKey> keys;  // the blocks' chain keys
+    for (uint64_t b = 0; b < n; ++b) {
+        const uint8_t* e = list.data() + kKvBlocksHeaderBytes + b * kKvBlocksEntryBytes;
+        keys.push_back({get_u64(e), get_u64(e + 8)});
+    }
     if (inbox_dest.in_pool()) {
         // Published under the chain keys and held for the continuation before the Ack.
-        std::vector<kv::BlockKey> keys;
-        for (uint64_t b = 0; b < n; ++b) {
-            const uint8_t* e = list.data() + kKvBlocksHeaderBytes + b * kKvBlocksEntryBytes;
-            keys.push_back({get_u64(e), get_u64(e + 8)});
-        }
         const uint8_t* t = list.data() + kKvBlocksHeaderBytes + n * kKvBlocksEntryBytes;
         const kv::BlockKey tail_key = tail > 0 ? kv::BlockKey{get_u64(t), get_u64(t + 8)}
                                                : kv::BlockKey{};
         DSI_RETURN_IF_ERROR(static_cast<PoolDestination&>(d)
-                                .land(std::move(keys), tail_key, options_.landing_wait)
+                                .land(keys, tail_key, options_.landing_wait)
                                 .with_context("kv hand-over: landing in the pool"));
-        MutexLock l(&mu_);
-        ++stats_.num_landed;
-        stats_.blocks_landed += static_cast<int64_t>(n);
-        stats_.tail_tokens_landed += static_cast<int64_t>(tail);
-        uint64_t tail_bytes = 0;
-        for (uint64_t b : options_.layer_block_bytes) tail_bytes += tail * b / options_.block_tokens;
-        stats_.bytes_received += static_cast<int64_t>(n * block_bytes + tail_bytes);
+        {
+            MutexLock l(&mu_);
+            ++stats_.num_landed;
+            stats_.blocks_landed += static_cast<int64_t>(n);
+            stats_.tail_tokens_landed += static_cast<int64_t>(tail);
+            uint64_t tail_bytes = 0;
+            for (uint64_t b : options_.layer_block_bytes) {
+                tail_bytes += tail * b / options_.block_tokens;
+            }
+            stats_.bytes_received += static_cast<int64_t>(n * block_bytes + tail_bytes);
+        }
+        if (options_.on_stored) options_.on_stored(std::move(keys));
         return Status();
     }
     const auto& dest = static_cast<const StagingDestination&>(d);
@@ -507,10 +512,13 @@ Status KvInbox::commit(const BeginMessage& begin, transfer::Destination& d) {
             return s.with_context("kv hand-over: the SWA state");
         }
     }
-    MutexLock l(&mu_);
-    stats_.blocks_stored += static_cast<int64_t>(n);
-    stats_.states_stored += state ? 1 : 0;
-    stats_.bytes_received += static_cast<int64_t>(n * block_bytes + state_bytes);
+    {
+        MutexLock l(&mu_);
+        stats_.blocks_stored += static_cast<int64_t>(n);
+        stats_.states_stored += state ? 1 : 0;
+        stats_.bytes_received += static_cast<int64_t>(n * block_bytes + state_bytes);
+    }
+    if (options_.on_stored) options_.on_stored(std::move(keys));
     return Status();
 }
 

@@ -109,6 +109,10 @@ struct KvInboxOptions {
     engine::KvLanding* landing = nullptr;
     std::chrono::milliseconds landing_wait{3000};
     uint64_t max_transfer_bytes = uint64_t{1} << 30;
+    // Called on a receiving thread once a transfer's blocks are in the pool or the store
+    // tier (before its Ack), with their chain keys (e.g. engine::DpFront::learn_local: the
+    // continuation is routed to the rank that holds them).
+    std::function<void(std::vector<kv::BlockKey> chain)> on_stored;
     int num_threads = 4;      // transfers received at once
     int max_queued = 16;      // accepted connections waiting for a thread; more are refused
     transfer::Timeout io_timeout{10'000};

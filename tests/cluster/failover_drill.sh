@@ -22,6 +22,8 @@
 #      (transfer/ over TCP), where the decode engine took them as prefix hits; the same
 #      prompt again is found in the shared store by the router's prefix check and
 #      skips prefill;
+#   6b. the same with `--ep 2` on both engines (decode `--ep-front off`): the hand-over
+#      lands in the decode engine's rank 0, its continuation follows by prefix;
 #   7. with a second prefill and decode engine: kill -9 the decode engine serving a
 #      stream, then the prefill engine running a request; both complete unchanged and
 #      the survivors hold no KV block once idle;
@@ -207,6 +209,27 @@ pd_out="$(python3 "$client" "http://127.0.0.1:$pd_port/v1/chat/completions" "$pd
 direct="$(metric "$pd_port" dsinfer_router_direct_decode_total)"
 [[ "$direct" -ge 1 ]] || fail "drill 6: the router's prefix check did not skip prefill on a stored prompt"
 echo "drill 6: prefill -> decode stream == reference; prefill sampled $p1_out token, handed $sent blocks + $tail_rows tail rows into the decode engine's pool, decode took $d1_hits of $d1_prompt tokens from them; the repeat skipped prefill (prefix check)"
+# 6b. The same with expert parallelism on both sides (issue 19): a `--ep 2` prefill engine
+#     (its front relays rank's export) hands over to a `--ep 2 --ep-front off` decode engine,
+#     whose rank 0 lands it in its pool and whose front is told the blocks' keys, so the
+#     continuation goes to rank 0 by prefix. No shared store: the router must prefill.
+epd="etcd://127.0.0.1:$ecp/pdep/"
+epd_args=(serve --threads 1 --membership "$epd" --lease-ttl-s 3 --ep 2)
+start pe "${epd_args[@]}" --role prefill --node-id pe
+pe_pid=$last_pid
+start de "${epd_args[@]}" --role decode --node-id de --ep-front off --ep-attention dp
+de_port=$last_port de_pid=$last_pid
+start eprouter router --membership "$epd" --lease-ttl-s 3
+ep_out="$(python3 "$client" "http://127.0.0.1:$last_port/v1/chat/completions" "$pd_body")"
+[[ "$(content <<< "$ep_out")" == "$pd_ref" ]] || fail "drill 6b: the --ep disaggregated stream differs"
+ep_landed="$(metric "$de_port" dsinfer_kv_inbox_landed_blocks_total)"
+ep_tail="$(metric "$de_port" dsinfer_kv_inbox_landed_tail_tokens_total)"
+ep_hits="$(metric "$de_port" dsinfer_prefix_hit_tokens_total)"
+ep_routed="$(metric "$de_port" dsinfer_dp_prefix_routed_total)"
+[[ "$ep_landed" -ge 3 && "$ep_hits" -eq $((ep_landed * 128 + ep_tail)) && "$ep_routed" -eq 1 ]] ||
+  fail "drill 6b: landed $ep_landed blocks + $ep_tail rows, $ep_hits hit tokens, $ep_routed routed by prefix"
+kill -9 "$pe_pid" "$de_pid" "$last_pid"
+echo "drill 6b: --ep 2 prefill -> --ep 2 decode stream == reference; $ep_landed blocks + $ep_tail tail rows landed in rank 0's pool, $ep_hits prompt tokens reused, the continuation routed to rank 0 by prefix"
 # 7. Faults in the disaggregated cluster (a second prefill and decode engine join):
 #    kill -9 the decode engine serving a stream, then the prefill engine running a
 #    request's prefill; each stream equals the reference and the survivors hold no KV
